@@ -1,0 +1,38 @@
+"""kernel-hub: Pallas and Tokamax kernels for PyTorch users.
+
+Public names are imported lazily so ``import kernel_hub`` stays cheap (no jax, no torch).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "get_kernel": ".resolver",
+    "load_registry": ".registry",
+    "KernelHubError": ".errors",
+}
+
+if TYPE_CHECKING:
+    from .errors import KernelHubError
+    from .registry import load_registry
+    from .resolver import get_kernel
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernel_hub' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+__all__ = ["KernelHubError", "__version__", "get_kernel", "load_registry"]

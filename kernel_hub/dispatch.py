@@ -1,0 +1,100 @@
+"""Implementation tables: each op has several implementations (pallas, tokamax, xla), tried in a
+per-platform order; one that cannot take the inputs says why, and the next one runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import NoImplementationError, UnknownNameError
+from .platform import Platform, jax_platform
+
+log = logging.getLogger(__name__)
+
+SupportCheck = Callable[..., "str | None"]
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One way to compute an op. ``supports`` returns why it cannot take the inputs, or None."""
+
+    name: str
+    fn: Callable[..., Any]
+    platforms: tuple[Platform, ...]
+    supports: SupportCheck | None = None
+
+    def rejection(self, platform: Platform, *args: Any, **kwargs: Any) -> str | None:
+        if platform not in self.platforms:
+            return f"runs on {', '.join(self.platforms)}, not {platform}"
+        return self.supports(*args, **kwargs) if self.supports is not None else None
+
+
+class ImplementationTable:
+    """The implementations of one op and the order they are tried in on each platform."""
+
+    def __init__(
+        self,
+        op: str,
+        implementations: Sequence[Implementation],
+        default_order: Mapping[Platform, Sequence[str]],
+    ):
+        self.op = op
+        self.implementations = {impl.name: impl for impl in implementations}
+        self._order: dict[Platform, tuple[str, ...]] = {}
+        for platform, names in default_order.items():
+            self.set_order(platform, names)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.implementations)
+
+    def order(self, platform: Platform) -> tuple[str, ...]:
+        return self._order.get(platform, ())
+
+    def set_order(self, platform: Platform, names: Sequence[str]) -> None:
+        """Preferred order on a platform (the registry sets it when the kernel is loaded)."""
+        for name in names:
+            if name not in self.implementations:
+                raise UnknownNameError(f"implementation of {self.op}", name, self.implementations)
+        self._order[platform] = tuple(names)
+
+    def explain(
+        self, *args: Any, implementation: str | None = None, platform: Platform | None = None,
+        **kwargs: Any,
+    ) -> list[tuple[str, str | None]]:
+        """(name, reason it was skipped or None) for each candidate, in the order tried."""
+        platform = platform or jax_platform()
+        if implementation is not None:
+            if implementation not in self.implementations:
+                raise UnknownNameError(f"implementation of {self.op}", implementation, self.implementations)
+            candidates: tuple[str, ...] = (implementation,)
+        else:
+            candidates = self.order(platform)
+        return [
+            (name, self.implementations[name].rejection(platform, *args, **kwargs))
+            for name in candidates
+        ]
+
+    def select(
+        self, *args: Any, implementation: str | None = None, platform: Platform | None = None,
+        **kwargs: Any,
+    ) -> Implementation:
+        """First implementation that accepts the inputs; a clear error when none does."""
+        platform = platform or jax_platform()
+        verdicts = self.explain(*args, implementation=implementation, platform=platform, **kwargs)
+        for position, (name, reason) in enumerate(verdicts):
+            if reason is None:
+                for skipped, why in verdicts[:position]:
+                    log.info("%s: skipped %s on %s: %s", self.op, skipped, platform, why)
+                return self.implementations[name]
+        reasons = "; ".join(f"{name}: {why}" for name, why in verdicts) or (
+            f"no implementation is listed for {platform}"
+        )
+        raise NoImplementationError(f"{self.op}: nothing can run these inputs on {platform} ({reasons})")
+
+    def __call__(self, *args: Any, implementation: str | None = None, **kwargs: Any) -> Any:
+        impl = self.select(*args, implementation=implementation, **kwargs)
+        return impl.fn(*args, **kwargs)

@@ -1,0 +1,177 @@
+"""Pallas RMSNorm for TPU: row blocks with the whole hidden dimension in VMEM.
+
+The forward saves the per-row reciprocal RMS, so the backward is one pass. dweight is reduced per
+row block into a partial sum (summed by XLA afterwards) so every grid step stays independent and
+the grid can be split across TensorCores ("parallel").
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from .reference import statistics_dtype
+
+# Half of v4's 16 MiB default scoped VMEM, so the default config fits every generation.
+VMEM_BUDGET_BYTES = 8 * 1024 * 1024
+MAX_BLOCK_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Rows per grid step. Must be a multiple of the dtype's sublane tile, or all rows."""
+
+    block_rows: int
+
+
+def sublane_multiple(dtype) -> int:
+    """Rows in one TPU vreg tile: 8 for 32-bit, 16 for 16-bit types."""
+    return 8 * max(1, 4 // jnp.dtype(dtype).itemsize)
+
+
+def _vmem_bytes_per_row(hidden: int, itemsize: int) -> int:
+    # Backward is the larger pass: x, g and dx blocks double-buffered, plus ~5 f32 temporaries.
+    return hidden * (3 * 2 * itemsize + 5 * 4)
+
+
+def default_config(rows: int, hidden: int, dtype, *, interpret: bool = False) -> BlockConfig:
+    """Largest row block that fits the VMEM budget; one block per call in interpret mode."""
+    if interpret:
+        return BlockConfig(block_rows=rows)
+    multiple = sublane_multiple(dtype)
+    fit = VMEM_BUDGET_BYTES // _vmem_bytes_per_row(hidden, jnp.dtype(dtype).itemsize)
+    block = max(multiple, min(MAX_BLOCK_ROWS, fit) // multiple * multiple)
+    return BlockConfig(block_rows=rows if rows <= block else block)
+
+
+def config_problem(rows: int, dtype, config: BlockConfig) -> str | None:
+    """Why a block config is illegal for TPU tiling, or None."""
+    multiple = sublane_multiple(dtype)
+    if config.block_rows == rows or (config.block_rows > 0 and config.block_rows % multiple == 0):
+        return None
+    return f"block_rows={config.block_rows} must equal rows ({rows}) or be a multiple of {multiple}"
+
+
+def _compiler_params(semantics: tuple[str, ...]) -> pltpu.CompilerParams:
+    return pltpu.CompilerParams(dimension_semantics=semantics)
+
+
+def _forward_kernel(x_ref, w_ref, y_ref, rstd_ref, *, eps: float):
+    acc = rstd_ref.dtype
+    x = x_ref[...].astype(acc)
+    rstd = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    y_ref[...] = (x * rstd * w_ref[...].astype(acc)).astype(y_ref.dtype)
+    rstd_ref[...] = rstd
+
+
+def _backward_kernel(x_ref, w_ref, rstd_ref, g_ref, dx_ref, dw_ref, *, rows: int):
+    acc = rstd_ref.dtype
+    block_rows = x_ref.shape[0]
+    x = x_ref[...].astype(acc)
+    g = g_ref[...].astype(acc)
+    rstd = rstd_ref[...]
+    x_hat = x * rstd
+    wg = w_ref[...].astype(acc) * g
+    correction = jnp.mean(wg * x_hat, axis=-1, keepdims=True)
+    dx_ref[...] = (rstd * (wg - x_hat * correction)).astype(dx_ref.dtype)
+    # Rows past the end of a ragged last block hold garbage: keep them out of dweight.
+    row = pl.program_id(0) * block_rows + jax.lax.broadcasted_iota(jnp.int32, (block_rows, 1), 0)
+    contribution = jnp.where(row < rows, g * x_hat, 0.0)
+    dw_ref[...] = jnp.sum(contribution, axis=0, keepdims=True)
+
+
+def _forward(x, weight, eps, config: BlockConfig, interpret: bool):
+    rows, hidden = x.shape
+    acc = statistics_dtype(x.dtype)
+    out_dtype = jnp.result_type(x, weight)
+    block = config.block_rows
+    itemsize = x.dtype.itemsize
+    cost = pl.CostEstimate(
+        flops=4 * rows * hidden,
+        transcendentals=rows,
+        bytes_accessed=rows * hidden * (itemsize + jnp.dtype(out_dtype).itemsize)
+        + hidden * weight.dtype.itemsize
+        + rows * 4,
+    )
+    return pl.pallas_call(
+        functools.partial(_forward_kernel, eps=eps),
+        out_shape=(
+            jax.ShapeDtypeStruct((rows, hidden), out_dtype),
+            jax.ShapeDtypeStruct((rows, 1), acc),
+        ),
+        grid=(pl.cdiv(rows, block),),
+        in_specs=[
+            pl.BlockSpec((block, hidden), lambda i: (i, 0)),
+            pl.BlockSpec((1, hidden), lambda i: (0, 0)),
+        ],
+        out_specs=(
+            pl.BlockSpec((block, hidden), lambda i: (i, 0)),
+            pl.BlockSpec((block, 1), lambda i: (i, 0)),
+        ),
+        compiler_params=_compiler_params(("parallel",)),
+        cost_estimate=cost,
+        interpret=interpret,
+        name="rms_norm_forward",
+    )(x, weight.reshape(1, hidden))
+
+
+def _backward(x, weight, rstd, grad, config: BlockConfig, interpret: bool):
+    rows, hidden = x.shape
+    block = config.block_rows
+    num_blocks = pl.cdiv(rows, block)
+    itemsize = x.dtype.itemsize
+    cost = pl.CostEstimate(
+        flops=9 * rows * hidden,
+        transcendentals=0,
+        bytes_accessed=rows * hidden * (itemsize + grad.dtype.itemsize + itemsize)
+        + hidden * weight.dtype.itemsize
+        + num_blocks * hidden * 4
+        + rows * 4,
+    )
+    dx, dw_partial = pl.pallas_call(
+        functools.partial(_backward_kernel, rows=rows),
+        out_shape=(
+            jax.ShapeDtypeStruct((rows, hidden), x.dtype),
+            jax.ShapeDtypeStruct((num_blocks, 1, hidden), rstd.dtype),
+        ),
+        grid=(num_blocks,),
+        in_specs=[
+            pl.BlockSpec((block, hidden), lambda i: (i, 0)),
+            pl.BlockSpec((1, hidden), lambda i: (0, 0)),
+            pl.BlockSpec((block, 1), lambda i: (i, 0)),
+            pl.BlockSpec((block, hidden), lambda i: (i, 0)),
+        ],
+        out_specs=(
+            pl.BlockSpec((block, hidden), lambda i: (i, 0)),
+            pl.BlockSpec((None, 1, hidden), lambda i: (i, 0, 0)),
+        ),
+        compiler_params=_compiler_params(("parallel",)),
+        cost_estimate=cost,
+        interpret=interpret,
+        name="rms_norm_backward",
+    )(x, weight.reshape(1, hidden), rstd, grad)
+    return dx, jnp.sum(dw_partial, axis=(0, 1)).astype(weight.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def rms_norm_2d(x, weight, eps: float, config: BlockConfig, interpret: bool):
+    """RMSNorm of a [rows, hidden] array."""
+    return _forward(x, weight, eps, config, interpret)[0]
+
+
+def _rms_norm_fwd(x, weight, eps, config, interpret):
+    y, rstd = _forward(x, weight, eps, config, interpret)
+    return y, (x, weight, rstd)
+
+
+def _rms_norm_bwd(eps, config, interpret, residuals, grad):
+    x, weight, rstd = residuals
+    return _backward(x, weight, rstd, grad, config, interpret)
+
+
+rms_norm_2d.defvjp(_rms_norm_fwd, _rms_norm_bwd)
