@@ -1,15 +1,19 @@
-"""JAX function -> torch custom op. This is the public API kernels build their torch ops with.
+"""JAX function -> torch op. This is the public API kernels build their torch ops with.
 
 A kernel writes a *stub*: a typed Python function whose signature is the op's schema and whose body
-validates the arguments (it runs before any JAX work, for real and for fake tensors). ``jax_op``
-turns it into a ``torch.library.custom_op`` that
+validates the arguments (it runs before any JAX work, for real and for fake tensors; for real
+tensors once per distinct signature, so it may look only at shapes, dtypes and devices).
+``jax_op`` turns it into a torch operator (``torch.library`` define/impl) that
 
-* runs the JAX function on the tensors' device through the runtime for that device type,
+* runs the JAX function on the tensors' device through the runtime for that device type, compiled
+  once per signature (``executor.py``, ``runtimes/``),
 * has a fake (meta) implementation from ``jax.eval_shape``,
-* has autograd from the JAX function's VJP, the backward itself a custom op,
-* passes non-tensor arguments to JAX as static (hashable) arguments, one compile per value.
+* has autograd from the JAX function's VJP, the backward itself an op,
+* passes non-tensor arguments to JAX as static (hashable) arguments, one compile per value,
+* optionally pads a row dimension to buckets (``RowBuckets``) so varying lengths share compiles.
 
-    @jax_op(op_namespace(__name__), api.rms_norm, differentiable=("x", "weight"))
+    @jax_op(op_namespace(__name__), api.rms_norm, differentiable=("x", "weight"),
+            buckets=RowBuckets(inputs=("x",)))
     def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
         check_rms_norm(x, weight)
 """
@@ -20,19 +24,24 @@ import functools
 import inspect
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import torch
 
-from .errors import KernelInputError, UnsupportedDeviceError
-from .runtimes import runtime_for
-from .runtimes.dlpack import needs_x64, tensor_leaves, x64_scope
+from .buckets import RowBuckets, power_of_two
+from .executor import OpExecutor, check_devices
+from .op_spec import JaxBackward, OpSpec, hashable
+from .tensors import needs_x64, tensor_leaves, torch_to_jax_dtype, x64_scope
 
-__all__ = ["JaxOp", "jax_op", "op_namespace", "torch_to_jax_dtype"]
-
-JaxBackward = Callable[..., Sequence[Any]]
+__all__ = [
+    "JaxOp",
+    "RowBuckets",
+    "jax_op",
+    "op_namespace",
+    "power_of_two",
+    "torch_to_jax_dtype",
+]
 
 
 def op_namespace(module_name: str) -> str:
@@ -40,89 +49,30 @@ def op_namespace(module_name: str) -> str:
     return re.sub(r"\W", "_", module_name.split(".")[0]).strip("_") or "kernel_hub"
 
 
-def torch_to_jax_dtype(dtype: torch.dtype) -> Any:
-    """The JAX dtype for a torch dtype; a clear error for dtypes JAX cannot hold."""
-    name = str(dtype).removeprefix("torch.")
-    try:
-        return jax.numpy.dtype(name)
-    except TypeError:
-        raise KernelInputError(f"dtype {dtype} has no JAX equivalent") from None
-
-
-@dataclass(frozen=True)
-class _OpSpec:
-    qualname: str
-    signature: inspect.Signature
-    tensor_params: tuple[str, ...]
-    static_params: tuple[str, ...]
-    differentiable: tuple[str, ...]
-    jax_fn: Callable[..., Any]
-    jax_backward: JaxBackward | None
-    validate: Callable[..., Any]
-
-    def bind(self, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return dict(bound.arguments)
-
-    def static_kwargs(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        return {name: _hashable(arguments[name]) for name in self.static_params}
-
-
-def _hashable(value: Any) -> Any:
-    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
-
-
 def _is_tensor_annotation(annotation: Any) -> bool:
-    return annotation in (torch.Tensor, Optional[torch.Tensor], torch.Tensor | None)
+    return annotation in (torch.Tensor, torch.Tensor | None)
 
 
-def _check_devices(arguments: dict[str, Any], tensor_params: Sequence[str]) -> str:
-    devices = {
-        name: arguments[name].device for name in tensor_params if arguments[name] is not None
-    }
-    kinds = {(d.type, d.index) for d in devices.values()}
-    if len(kinds) > 1:
-        listing = ", ".join(f"{name} on {device}" for name, device in devices.items())
-        raise UnsupportedDeviceError(f"all tensor arguments must be on one device; got {listing}")
-    return next(iter(devices.values())).type
+def _positional(signature: inspect.Signature, args: Sequence[Any], kwargs: dict) -> tuple:
+    """Every argument in parameter order."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return tuple(bound.arguments.values())
 
 
-@functools.cache
-def _compiled(spec: _OpSpec, static: tuple[tuple[str, Any], ...], role: str) -> Callable[..., Any]:
-    """One jitted function per op, static arguments and role (forward/backward)."""
-    kwargs = dict(static)
-    if role == "forward":
-        return jax.jit(functools.partial(spec.jax_fn, **kwargs))
-    return jax.jit(functools.partial(_vjp, spec, kwargs))
+def _positional_fast(signature: inspect.Signature) -> Callable[[tuple, dict], tuple]:
+    """``_positional`` for how the dispatcher calls an implementation: positionally, trailing
+    arguments left at their defaults omitted; anything else takes the general path."""
+    params = list(signature.parameters.values())
+    defaults = tuple(p.default for p in params)
+    required = sum(p.default is inspect.Parameter.empty for p in params)
 
+    def complete(args: tuple, kwargs: dict) -> tuple:
+        if kwargs or not required <= len(args) <= len(defaults):
+            return _positional(signature, args, kwargs)
+        return args + defaults[len(args) :]
 
-def _vjp(spec: _OpSpec, static: dict[str, Any], inputs, outputs, cotangents):
-    if spec.jax_backward is not None:
-        named = dict(zip(spec.tensor_params, inputs, strict=True))
-        return tuple(spec.jax_backward(named, tuple(outputs), tuple(cotangents), **static))
-    positions = [spec.tensor_params.index(name) for name in spec.differentiable]
-
-    def forward(*diff_args):
-        args = list(inputs)
-        for position, value in zip(positions, diff_args, strict=True):
-            args[position] = value
-        return spec.jax_fn(*args, **static)
-
-    primal_out, pullback = jax.vjp(forward, *(inputs[p] for p in positions))
-    cotangent = tuple(cotangents) if isinstance(primal_out, tuple) else cotangents[0]
-    return tuple(pullback(cotangent))
-
-
-def _static_key(spec: _OpSpec, arguments: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-    return tuple(spec.static_kwargs(arguments).items())
-
-
-def _run(spec: _OpSpec, role: str, static: tuple, tensors: Sequence[Any]) -> Any:
-    device_type = tensor_leaves(tensors)[0].device.type
-    return runtime_for(device_type).call(
-        _compiled(spec, static, role), tensors, key=(spec.qualname, role, static)
-    )
+    return complete
 
 
 def _concrete(size: Any) -> int:
@@ -132,7 +82,7 @@ def _concrete(size: Any) -> int:
     return int(size)
 
 
-def _fake_outputs(spec: _OpSpec, arguments: dict[str, Any]) -> Any:
+def _fake_outputs(spec: OpSpec, arguments: dict[str, Any]) -> Any:
     """Output shapes from ``jax.eval_shape``; symbolic input sizes map back to their symbols.
 
     JAX needs concrete sizes, so symbolic ones are replaced by their example values; an output size
@@ -150,10 +100,9 @@ def _fake_outputs(spec: _OpSpec, arguments: dict[str, Any]) -> Any:
         else jax.ShapeDtypeStruct(tuple(_concrete(s) for s in t.shape), torch_to_jax_dtype(t.dtype))
         for t in tensors
     ]
+    static = {name: hashable(arguments[name]) for name in spec.static_params}
     with x64_scope(needs_x64(tensors)):
-        shapes = jax.eval_shape(
-            functools.partial(spec.jax_fn, **spec.static_kwargs(arguments)), *structs
-        )
+        shapes = jax.eval_shape(functools.partial(spec.jax_fn, **static), *structs)
     like = tensor_leaves(tensors)[0]
 
     def make(struct):
@@ -164,10 +113,14 @@ def _fake_outputs(spec: _OpSpec, arguments: dict[str, Any]) -> Any:
 
 
 class JaxOp:
-    """A callable torch op backed by a JAX function (``.jax_fn``); ``.op`` is the torch op."""
+    """A callable torch op backed by a JAX function (``.jax_fn``); ``.op`` is the torch
+    ``OpOverload`` (what ``torch.library.opcheck`` and ``torch.compile`` see)."""
 
-    def __init__(self, spec: _OpSpec, op: Any, backward_op: Any, stub: Callable[..., Any]):
+    def __init__(
+        self, spec: OpSpec, op: Any, backward_op: Any, stub: Callable[..., Any], library: Any
+    ):
         self._spec = spec
+        self._library = library  # the registrations live as long as this object
         self.op = op
         self.backward_op = backward_op
         self.jax_fn = spec.jax_fn
@@ -188,14 +141,16 @@ def jax_op(
     name: str | None = None,
     differentiable: Sequence[str] = (),
     jax_backward: JaxBackward | None = None,
+    buckets: RowBuckets | None = None,
 ) -> Callable[[Callable[..., Any]], JaxOp]:
-    """Decorator: turn a typed, validating stub into a torch custom op running ``jax_fn``.
+    """Decorator: turn a typed, validating stub into a torch op running ``jax_fn``.
 
     ``jax_fn`` takes the stub's tensor arguments positionally (as JAX arrays, None stays None) and
     its other arguments as keywords. ``differentiable`` names the tensor arguments that get
     gradients. ``jax_backward(inputs_by_name, outputs, cotangents, **static)`` may replace the
     default backward (``jax.vjp`` of ``jax_fn``), e.g. to reuse saved outputs; it returns one
-    gradient per differentiable argument.
+    gradient per differentiable argument. ``buckets`` declares a row axis that may be padded (see
+    ``RowBuckets``; then ``jax_fn`` receives the bucketed inputs as ``[rows, *features]``).
     """
 
     def decorate(stub: Callable[..., Any]) -> JaxOp:
@@ -206,7 +161,10 @@ def jax_op(
         unknown = set(differentiable) - set(tensor_params)
         if unknown:
             raise TypeError(f"differentiable names non-tensor arguments: {sorted(unknown)}")
-        spec = _OpSpec(
+        not_tensors = set(buckets.inputs if buckets else ()) - set(tensor_params)
+        if not_tensors:
+            raise TypeError(f"buckets name non-tensor arguments: {sorted(not_tensors)}")
+        spec = OpSpec(
             qualname=f"{namespace}::{name or stub.__name__}",
             signature=signature,
             tensor_params=tensor_params,
@@ -215,43 +173,56 @@ def jax_op(
             jax_fn=jax_fn,
             jax_backward=jax_backward,
             validate=stub,
+            buckets=buckets,
         )
-        op = _define_forward(spec, stub)
-        backward_op = _define_backward(spec, stub) if differentiable else None
+        executor = OpExecutor(spec)
+        library = torch.library.Library(namespace, "FRAGMENT")
+        op = _define_forward(library, spec, executor, stub)
+        backward_op = _define_backward(library, spec, executor) if differentiable else None
         if backward_op is not None:
-            _register_autograd(spec, op, backward_op)
-        return JaxOp(spec, op, backward_op, stub)
+            _register_autograd(library, spec, op, backward_op)
+        return JaxOp(spec, op, backward_op, stub, library)
 
     return decorate
 
 
-def _define_forward(spec: _OpSpec, stub: Callable[..., Any]) -> Any:
-    schema = torch.library.infer_schema(stub, mutates_args=())
+def _define(library: Any, qualname: str, schema: str, impl: Callable[..., Any]) -> Any:
+    """Define ``qualname`` with ``schema`` and its one implementation (every backend); the
+    ``OpOverload``. The implementation never runs under torch.compile's frame evaluation."""
+    namespace, op_name = qualname.split("::")
+    library.define(op_name + schema)
+    library.impl(op_name, torch._disable_dynamo(impl), "CompositeExplicitAutograd")
+    return getattr(getattr(torch.ops, namespace), op_name).default
+
+
+def _define_forward(library: Any, spec: OpSpec, executor: OpExecutor, stub: Callable) -> Any:
+    names = spec.param_names
+    tensor_positions = [names.index(n) for n in spec.tensor_params]
+    static_positions = [names.index(n) for n in spec.static_params]
+
+    complete = _positional_fast(spec.signature)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        arguments = spec.bind(args, kwargs)
-        _check_devices(arguments, spec.tensor_params)
-        spec.validate(**arguments)
-        tensors = [arguments[name] for name in spec.tensor_params]
-        return _run(spec, "forward", _static_key(spec, arguments), tensors)
+        args = complete(args, kwargs)
+        static = tuple([hashable(args[i]) for i in static_positions])
+        return executor.forward(static, [args[i] for i in tensor_positions])
 
-    op = torch.library.custom_op(spec.qualname, forward, mutates_args=(), schema=schema)
-
-    @op.register_fake
-    def _(*args: Any, **kwargs: Any) -> Any:
-        arguments = spec.bind(args, kwargs)
-        _check_devices(arguments, spec.tensor_params)
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        arguments = dict(zip(names, _positional(spec.signature, args, kwargs), strict=True))
+        check_devices(arguments, spec.tensor_params)
         spec.validate(**arguments)
         return _fake_outputs(spec, arguments)
 
+    op = _define(library, spec.qualname, torch.library.infer_schema(stub, mutates_args=()), forward)
+    torch.library.register_fake(spec.qualname, fake, lib=library)
     return op
 
 
-def _backward_schema(spec: _OpSpec) -> str:
+def _backward_schema(spec: OpSpec) -> str:
     params = [
         inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=a)
         for n, a in (
-            ("inputs", list[Optional[torch.Tensor]]),
+            ("inputs", list[torch.Tensor | None]),
             ("outputs", list[torch.Tensor]),
             ("cotangents", list[torch.Tensor]),
         )
@@ -267,26 +238,24 @@ def _backward_schema(spec: _OpSpec) -> str:
     return torch.library.infer_schema(prototype, mutates_args=())
 
 
-def _define_backward(spec: _OpSpec, stub: Callable[..., Any]) -> Any:
+def _define_backward(library: Any, spec: OpSpec, executor: OpExecutor) -> Any:
     diff_positions = [spec.tensor_params.index(name) for name in spec.differentiable]
 
     def backward(inputs, outputs, cotangents, *static_values):
-        static = tuple(zip(spec.static_params, map(_hashable, static_values), strict=True))
-        return list(_run(spec, "backward", static, [list(inputs), list(outputs), list(cotangents)]))
+        static = tuple([hashable(v) for v in static_values])
+        return list(executor.backward(static, inputs, outputs, cotangents))
 
-    op = torch.library.custom_op(
-        f"{spec.qualname}_backward", backward, mutates_args=(), schema=_backward_schema(spec)
-    )
-
-    @op.register_fake
-    def _(inputs, outputs, cotangents, *static_values):
+    def fake(inputs, outputs, cotangents, *static_values):
         return [torch.empty_like(inputs[p]) for p in diff_positions]
 
+    qualname = f"{spec.qualname}_backward"
+    op = _define(library, qualname, _backward_schema(spec), backward)
+    torch.library.register_fake(qualname, fake, lib=library)
     return op
 
 
-def _register_autograd(spec: _OpSpec, op: Any, backward_op: Any) -> None:
-    arg_names = list(spec.signature.parameters)
+def _register_autograd(library: Any, spec: OpSpec, op: Any, backward_op: Any) -> None:
+    arg_names = spec.param_names
 
     def setup_context(ctx, inputs, output):
         arguments = dict(zip(arg_names, inputs, strict=True))
@@ -306,4 +275,6 @@ def _register_autograd(spec: _OpSpec, op: Any, backward_op: Any) -> None:
             next(diff_grads) if name in spec.differentiable else None for name in arg_names
         )
 
-    op.register_autograd(backward, setup_context=setup_context)
+    torch.library.register_autograd(
+        spec.qualname, backward, setup_context=setup_context, lib=library
+    )

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from kernel_hub.bridge import jax_op, op_namespace
+from kernel_hub.bridge import RowBuckets, jax_op, op_namespace
 
 from . import api
 
 
-@jax_op(op_namespace(__name__), api.rms_norm, differentiable=("x", "weight"))
+# Rows are independent, so leading dims are flattened and padded to power-of-two buckets: a
+# decode loop or varying prompt lengths compile a handful of shapes, not one per length.
+@jax_op(
+    op_namespace(__name__),
+    api.rms_norm,
+    differentiable=("x", "weight"),
+    buckets=RowBuckets(inputs=("x",), outputs=(0,)),
+)
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, implementation: str | None = None
 ) -> torch.Tensor:

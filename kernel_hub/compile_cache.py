@@ -1,0 +1,80 @@
+"""JAX's persistent compilation cache for the bridge's own compiles, on by default.
+
+A fresh process then loads a kernel's executables from disk instead of compiling them again
+(tracing and lowering still run). The cache is switched on only inside ``persistent_cache()``,
+around the bridge's compiles for local devices, never globally: the user's own JAX compiles keep
+their settings, and deviceless TPU compiles (which cannot be read back from the cache) are never
+written to it.
+
+``KERNEL_HUB_COMPILATION_CACHE=0`` (or ``off``/``false``) switches it off;
+``KERNEL_HUB_COMPILATION_CACHE_DIR`` moves it (default: ``$XDG_CACHE_HOME/kernel-hub/jax`` or
+``~/.cache/kernel-hub/jax``); ``set_compilation_cache_dir()`` does either from Python. A directory
+the user set with ``jax_compilation_cache_dir`` is used as it is. JAX opens its cache once per
+process, at the first compile that uses it: change the directory before that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ENABLE_ENV = "KERNEL_HUB_COMPILATION_CACHE"
+DIR_ENV = "KERNEL_HUB_COMPILATION_CACHE_DIR"
+_OFF_VALUES = ("0", "off", "false", "no")
+
+_UNSET = object()
+_override: object = _UNSET  # set_compilation_cache_dir() value: a Path, None (off) or unset
+
+
+def set_compilation_cache_dir(directory: str | os.PathLike | None) -> None:
+    """Use ``directory`` for the bridge's compilation cache; None switches the cache off."""
+    global _override
+    _override = None if directory is None else Path(directory)
+
+
+def compilation_cache_dir() -> Path | None:
+    """Where the bridge's executables are cached, or None when the cache is off."""
+    if _override is not _UNSET:
+        return _override  # type: ignore[return-value]
+    if os.environ.get(ENABLE_ENV, "1").strip().lower() in _OFF_VALUES:
+        return None
+    configured = os.environ.get(DIR_ENV)
+    if configured:
+        return Path(configured).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "kernel-hub" / "jax"
+
+
+@contextlib.contextmanager
+def persistent_cache() -> Iterator[None]:
+    """Compiles inside this block read and write the persistent cache (every entry, however
+    fast it compiled). Nothing changes when the cache is off or the user configured JAX's."""
+    import jax
+
+    directory = compilation_cache_dir()
+    if directory is None or not jax.config.jax_enable_compilation_cache:
+        yield
+        return
+    try:
+        from jax._src import config as jax_config
+
+        settings = (
+            jax_config.persistent_cache_min_compile_time_secs(0),
+            jax_config.persistent_cache_min_entry_size_bytes(-1),
+        )
+        if jax.config.jax_compilation_cache_dir is None:
+            directory.mkdir(parents=True, exist_ok=True)
+            settings += (jax_config.compilation_cache_dir(str(directory)),)
+    except (ImportError, AttributeError, TypeError, OSError) as exc:
+        log.debug("persistent compilation cache not used: %s", exc)
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        for setting in settings:
+            stack.enter_context(setting)
+        yield

@@ -1,0 +1,138 @@
+"""Hot path of a bridged op call: one cached plan per call signature.
+
+The first call with a new signature (static arguments; each tensor's shape, dtype and device)
+builds a plan: the stub validates the arguments, the runtime for the device type is looked up and
+row buckets are laid out. Later calls with that signature only look the plan up and run it, so
+per call there is no argument binding, no validation and no context manager. A stub's verdict may
+depend only on what the signature holds (it also runs on fake tensors, which have nothing else).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .buckets import RowLayout
+from .errors import UnsupportedDeviceError
+from .op_spec import OpSpec, Static
+from .runtimes import runtime_for
+
+Plan = Callable[..., Any]
+
+
+def _signature(tensors: Sequence[Any]) -> tuple:
+    return tuple(None if t is None else (t.shape, t.dtype, t.device) for t in tensors)
+
+
+def check_devices(arguments: dict[str, Any], tensor_params: Sequence[str]) -> str:
+    """The device type all tensor arguments share; a clear error when they are on several."""
+    devices = {
+        name: arguments[name].device for name in tensor_params if arguments[name] is not None
+    }
+    if not devices:
+        raise UnsupportedDeviceError("a kernel-hub op call needs at least one tensor argument")
+    if len({(d.type, d.index) for d in devices.values()}) > 1:
+        listing = ", ".join(f"{name} on {device}" for name, device in devices.items())
+        raise UnsupportedDeviceError(f"all tensor arguments must be on one device; got {listing}")
+    return next(iter(devices.values())).type
+
+
+class OpExecutor:
+    """Runs one op's forward and backward on torch tensors through the device's runtime."""
+
+    def __init__(self, spec: OpSpec):
+        self.spec = spec
+        self._forward_plans: dict[tuple, Plan] = {}
+        self._backward_plans: dict[tuple, Plan] = {}
+
+    def forward(self, static: Static, tensors: list[Any]) -> Any:
+        key = (static, _signature(tensors))
+        plan = self._forward_plans.get(key)
+        if plan is None:
+            plan = self._forward_plans[key] = self._plan_forward(static, tensors)
+        return plan(tensors)
+
+    def backward(
+        self, static: Static, inputs: list[Any], outputs: list[Any], cotangents: list[Any]
+    ) -> tuple[Any, ...]:
+        """Gradients of the differentiable arguments, in their declared order."""
+        key = (static, _signature(inputs), _signature(outputs), _signature(cotangents))
+        plan = self._backward_plans.get(key)
+        if plan is None:
+            plan = self._backward_plans[key] = self._plan_backward(static, inputs)
+        return plan(inputs, outputs, cotangents)
+
+    def _layout(self, arguments: dict[str, Any]) -> RowLayout | None:
+        buckets = self.spec.buckets
+        return None if buckets is None else buckets.layout(arguments)
+
+    def _bucketed_inputs(self) -> list[int]:
+        names = self.spec.buckets.inputs
+        return [i for i, name in enumerate(self.spec.tensor_params) if name in names]
+
+    def _plan_forward(self, static: Static, tensors: list[Any]) -> Plan:
+        spec = self.spec
+        arguments = spec.arguments(static, tensors)
+        runtime = runtime_for(check_devices(arguments, spec.tensor_params))
+        spec.validate(**arguments)
+        fn = spec.jitted("forward", static)
+        key = (spec.qualname, "forward", static)
+        layout = self._layout(arguments)
+        if layout is None:
+            return lambda tensors: runtime.call(fn, tensors, key=key)
+        padded_inputs = self._bucketed_inputs()
+        padded_outputs = spec.buckets.outputs
+
+        def run(tensors: list[Any]) -> Any:
+            tensors = _pad(tensors, padded_inputs, layout)
+            out = runtime.call(fn, tensors, key=key)
+            if isinstance(out, tuple):
+                return tuple(_unpad(out, padded_outputs, layout))
+            return layout.unpad(out) if 0 in padded_outputs else out
+
+        return run
+
+    def _plan_backward(self, static: Static, inputs: list[Any]) -> Plan:
+        spec = self.spec
+        arguments = spec.arguments(static, inputs)
+        runtime = runtime_for(check_devices(arguments, spec.tensor_params))
+        fn = spec.jitted("backward", static)
+        key = (spec.qualname, "backward", static)
+        layout = self._layout(arguments)
+        if layout is None:
+            return lambda inputs, outputs, cotangents: runtime.call(
+                fn, [inputs, outputs, cotangents], key=key
+            )
+        padded_inputs = self._bucketed_inputs()
+        padded_outputs = spec.buckets.outputs
+        padded_grads = [
+            i for i, name in enumerate(spec.differentiable) if name in spec.buckets.inputs
+        ]
+
+        def run(inputs: list[Any], outputs: list[Any], cotangents: list[Any]) -> Any:
+            grads = runtime.call(
+                fn,
+                [
+                    _pad(inputs, padded_inputs, layout),
+                    _pad(outputs, padded_outputs, layout),
+                    _pad(cotangents, padded_outputs, layout, zeros=True),
+                ],
+                key=key,
+            )
+            return tuple(_unpad(grads, padded_grads, layout))
+
+        return run
+
+
+def _pad(
+    tensors: Sequence[Any], positions: Sequence[int], layout: RowLayout, *, zeros: bool = False
+) -> list[Any]:
+    padded = list(tensors)
+    for i in positions:
+        if padded[i] is not None:
+            padded[i] = layout.pad(padded[i], zeros=zeros)
+    return padded
+
+
+def _unpad(tensors: Sequence[Any], positions: Sequence[int], layout: RowLayout) -> list[Any]:
+    return [layout.unpad(t) if i in positions else t for i, t in enumerate(tensors)]

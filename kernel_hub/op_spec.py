@@ -1,0 +1,80 @@
+"""What a bridged op computes: its parameters and its JAX forward and backward functions.
+
+``bridge.py`` builds an ``OpSpec`` from a kernel's stub; ``executor.py`` runs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .buckets import RowBuckets
+
+JaxBackward = Callable[..., Sequence[Any]]
+Static = tuple[Any, ...]  # the op's non-tensor arguments, in parameter order, made hashable
+
+
+def hashable(value: Any) -> Any:
+    """Lists (``int[]`` arguments) as tuples, so static arguments can key caches."""
+    return tuple(hashable(v) for v in value) if isinstance(value, list) else value
+
+
+@dataclass(frozen=True, eq=False)
+class OpSpec:
+    qualname: str
+    signature: inspect.Signature
+    tensor_params: tuple[str, ...]
+    static_params: tuple[str, ...]
+    differentiable: tuple[str, ...]
+    jax_fn: Callable[..., Any]
+    jax_backward: JaxBackward | None
+    validate: Callable[..., Any]
+    buckets: RowBuckets | None = None
+    _jitted: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(self.signature.parameters)
+
+    def arguments(self, static: Static, tensors: Sequence[Any]) -> dict[str, Any]:
+        """All arguments by name, from the static values and the tensors."""
+        named = dict(zip(self.tensor_params, tensors, strict=True))
+        named.update(zip(self.static_params, static, strict=True))
+        return {name: named[name] for name in self.param_names}
+
+    def jitted(self, role: str, static: Static) -> Callable[..., Any]:
+        """The jitted forward (tensors...) or backward (inputs, outputs, cotangents) function."""
+        key = (role, static)
+        fn = self._jitted.get(key)
+        if fn is None:
+            import jax
+
+            kwargs = dict(zip(self.static_params, static, strict=True))
+            if role == "forward":
+                fn = jax.jit(functools.partial(self.jax_fn, **kwargs))
+            else:
+                fn = jax.jit(functools.partial(_vjp, self, kwargs))
+            self._jitted[key] = fn
+        return fn
+
+
+def _vjp(spec: OpSpec, static: dict[str, Any], inputs, outputs, cotangents):
+    if spec.jax_backward is not None:
+        named = dict(zip(spec.tensor_params, inputs, strict=True))
+        return tuple(spec.jax_backward(named, tuple(outputs), tuple(cotangents), **static))
+    import jax
+
+    positions = [spec.tensor_params.index(name) for name in spec.differentiable]
+
+    def forward(*diff_args):
+        args = list(inputs)
+        for position, value in zip(positions, diff_args, strict=True):
+            args[position] = value
+        return spec.jax_fn(*args, **static)
+
+    primal_out, pullback = jax.vjp(forward, *(inputs[p] for p in positions))
+    cotangent = tuple(cotangents) if isinstance(primal_out, tuple) else cotangents[0]
+    return tuple(pullback(cotangent))

@@ -1,0 +1,3 @@
+"""placeholder during measurement"""
+def apply_default_policy() -> None:
+    pass
