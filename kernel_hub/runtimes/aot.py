@@ -4,7 +4,7 @@ Runtimes compile once per (op key, device, shapes, dtypes) and then call the exe
 no jit dispatch and no ``jax.default_device`` or x64 context per call. The device and 64-bit
 types matter only while tracing (implementation tables ask which platform they trace for), so
 that is the only place they are set. Compiles go through kernel-hub's persistent compilation
-cache, and the first one applies kernel-hub's thread policy.
+cache.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import compile_cache, threads
+from .. import compile_cache
 from ..tensors import map_tensors, needs_x64, torch_to_jax_dtype, x64_scope
 
 _compiled = 0
@@ -31,7 +31,6 @@ def compile_for(jax_fn: Callable[..., Any], tensors: Any, device: Any) -> Any:
     from jax.sharding import SingleDeviceSharding
 
     global _compiled
-    threads.apply_default_policy()
     sharding = SingleDeviceSharding(device)
 
     def struct(tensor: Any) -> Any:

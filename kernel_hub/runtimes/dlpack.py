@@ -11,6 +11,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import threads
 from ..errors import UnsupportedDeviceError
 from ..tensors import needs_x64, tensor_leaves, x64_scope
 from .aot import compile_for
@@ -85,6 +86,7 @@ class DLPackRuntime:
 
     @staticmethod
     def _route(torch_device: Any) -> tuple[Exchange, Any]:
+        threads.apply_default_policy()  # before JAX's backends start
         device = _jax_device(torch_device.type, torch_device.index or 0)
         return exchange_for(torch_device.type, device), device
 

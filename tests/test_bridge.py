@@ -1,0 +1,348 @@
+"""The torch -> JAX -> torch bridge: op contract (opcheck, gradcheck, torch.compile), input
+layouts, scoped x64, row buckets, the DLPack paths, thread policy, compilation cache, lazy import.
+
+Runs on the rmsnorm kernel's op and on small test-only ops defined here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import pytest
+import torch
+
+from kernel_hub import get_kernel
+from kernel_hub.bridge import RowBuckets, jax_op, power_of_two
+from kernel_hub.errors import KernelInputError, UnknownNameError, UnsupportedDeviceError
+from kernel_hub.runtimes import dlpack
+from kernel_hub.runtimes.aot import compilations
+from kernel_hub.runtimes.exchange import exchange_for
+
+ROOT = Path(__file__).resolve().parent.parent
+NS = "kernel_hub_bridge_test"
+
+validations: list[tuple] = []
+
+
+def _scale_rows(x, w, bias, *, shift):
+    y = x * w + shift
+    return y if bias is None else y + bias
+
+
+@jax_op(NS, _scale_rows, differentiable=("x", "w"), buckets=RowBuckets(inputs=("x",)))
+def scale_rows(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, shift: float = 0.0
+) -> torch.Tensor:
+    """``x * w + shift (+ bias)`` per row; its weight gradient sums over rows, so wrongly padded
+    cotangents would show up in it."""
+    validations.append((tuple(x.shape), x.dtype, shift))
+    if tuple(w.shape) != (x.shape[-1],):
+        raise KernelInputError(f"scale_rows: w must have shape ({x.shape[-1]},), got {w.shape}")
+
+
+@jax_op(NS, lambda x: x)
+def passthrough(x: torch.Tensor) -> torch.Tensor:
+    """Returns its input: the bridge must still hand back a new buffer."""
+
+
+@pytest.fixture(scope="module")
+def rmsnorm():
+    return get_kernel("rmsnorm")
+
+
+def rms_norm_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.double()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+def assert_close_to(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
+    assert actual.shape == expected.shape
+    error = (actual.double() - expected.double()).abs().max().item() if actual.numel() else 0.0
+    assert error <= tol, f"max abs error {error:.3e} > {tol:.1e}"
+
+
+# --- op contract -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(8, 128), (3, 128), (2, 3, 128), (128,), (0, 128)])
+def test_rmsnorm_values(rmsnorm, shape):
+    x, w = torch.randn(shape), torch.randn(128)
+    assert_close_to(rmsnorm.rms_norm(x, w, 1e-6), rms_norm_reference(x, w, 1e-6), 2e-6)
+
+
+def test_opcheck_rmsnorm(rmsnorm):
+    x = torch.randn(3, 5, 32, requires_grad=True)
+    w = torch.randn(32, requires_grad=True)
+    torch.library.opcheck(rmsnorm.rms_norm.op, (x, w, 1e-5))
+    torch.library.opcheck(rmsnorm.rms_norm.op, (x.detach(), w.detach(), 1e-5))
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_opcheck_test_op(with_bias):
+    x = torch.randn(5, 16, requires_grad=True)
+    w = torch.randn(16, requires_grad=True)
+    bias = torch.randn(16) if with_bias else None
+    torch.library.opcheck(scale_rows.op, (x, w, bias, 0.5))
+    torch.library.opcheck(passthrough.op, (torch.randn(4, 3),))
+
+
+def test_gradcheck_f64_keeps_global_x64_off(rmsnorm):
+    assert not jax.config.jax_enable_x64
+    x = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(16, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: rmsnorm.rms_norm(x, w, 1e-6), (x, w))
+    assert torch.autograd.gradcheck(lambda x, w: scale_rows(x, w, None, 0.25), (x, w))
+    assert not jax.config.jax_enable_x64
+    y = rmsnorm.rms_norm(x.detach(), w.detach(), 1e-6)
+    assert y.dtype == torch.float64
+    assert_close_to(y, rms_norm_reference(x, w, 1e-6), 1e-12)  # really f64, not a f32 round trip
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, norm_op):
+        super().__init__()
+        self.norm_op = norm_op
+        self.proj = torch.nn.Linear(32, 32)
+        self.weight = torch.nn.Parameter(torch.randn(32))
+
+    def forward(self, x):
+        h = self.norm_op(self.proj(x), self.weight, 1e-6)
+        return scale_rows(torch.relu(h), self.weight, None, 1.0).sum(-1)
+
+
+def test_torch_compile_fullgraph_no_graph_breaks(rmsnorm):
+    block = _Block(rmsnorm.rms_norm)
+    x = torch.randn(2, 7, 32)
+    explanation = torch._dynamo.explain(block)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    out = compiled(x)
+    assert_close_to(out, block(x), 1e-5)
+    out.sum().backward()  # the backward op runs inside the compiled graph too
+    grad = block.weight.grad.clone()
+    block.weight.grad = None
+    block(x).sum().backward()
+    assert_close_to(grad, block.weight.grad, 1e-4)
+
+
+# --- input layouts -----------------------------------------------------------------------------
+
+
+def _layouts():
+    base = torch.randn(16, 64)
+    flat = torch.randn(16 * 64 + 1)
+    return {
+        "transposed": torch.randn(64, 16).T,
+        "strided": torch.randn(16, 128)[:, ::2],
+        "misaligned": flat[1:].view(16, 64),  # storage offset of 4 bytes
+        "expanded": torch.randn(1, 64).expand(16, 64),
+        "contiguous": base,
+    }
+
+
+LAYOUTS = ("transposed", "strided", "misaligned", "expanded", "contiguous")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_input_layouts(rmsnorm, layout):
+    x = _layouts()[layout]
+    w = torch.randn(64)
+    assert_close_to(rmsnorm.rms_norm(x, w, 1e-6), rms_norm_reference(x, w, 1e-6), 2e-6)
+    assert_close_to(scale_rows(x, w, None, 0.0), x * w, 0.0)
+
+
+def test_requires_grad_inputs(rmsnorm):
+    x = torch.randn(4, 32, requires_grad=True)
+    w = torch.randn(32, requires_grad=True)
+    with torch.no_grad():
+        assert not rmsnorm.rms_norm(x, w).requires_grad
+    y = rmsnorm.rms_norm(x, w)
+    assert y.requires_grad
+    y.pow(2).sum().backward()
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    rms_norm_reference(xr, wr, 1e-6).pow(2).sum().backward()
+    assert_close_to(x.grad, xr.grad, 1e-4)
+    assert_close_to(w.grad, wr.grad, 1e-4)
+
+
+def test_output_is_a_new_buffer():
+    x = torch.randn(4, 3)
+    y = passthrough(x)
+    assert torch.equal(x, y)
+    assert y.data_ptr() != x.data_ptr()
+    y.add_(1.0)
+    assert not torch.equal(x, y)
+
+
+def test_validation_once_per_signature_and_errors_not_cached():
+    x, w = torch.randn(6, 24), torch.randn(24)
+    before = len(validations)
+    for _ in range(3):
+        scale_rows(x, w, None, 0.125)
+    assert len(validations) == before + 1
+    for _ in range(2):
+        with pytest.raises(KernelInputError, match=r"w must have shape \(24,\)"):
+            scale_rows(x, torch.randn(5), None, 0.125)
+
+
+def test_mixed_devices_rejected():
+    with pytest.raises(UnsupportedDeviceError, match="one device"):
+        scale_rows(torch.randn(2, 3), torch.randn(3, device="meta"))
+
+
+# --- row buckets -------------------------------------------------------------------------------
+
+
+def test_power_of_two():
+    assert [power_of_two(n) for n in (0, 1, 2, 3, 5, 8, 9, 1000)] == [0, 1, 2, 4, 8, 8, 16, 1024]
+
+
+def test_bucket_layout():
+    buckets = RowBuckets(inputs=("x",))
+    assert buckets.layout({"x": torch.empty(8, 4)}) is None  # already a bucket: nothing to do
+    layout = buckets.layout({"x": torch.empty(2, 3, 4)})
+    assert (layout.lead, layout.rows, layout.padded) == ((2, 3), 6, 8)
+    both = RowBuckets(inputs=("x", "y"))
+    assert both.layout({"x": torch.empty(3, 4), "y": torch.empty(5, 4)}) is None  # disagree
+    with pytest.raises(ValueError, match="at least one input"):
+        RowBuckets(inputs=())
+
+
+def test_buckets_share_one_compilation_per_role():
+    w = torch.randn(40)
+    scale_rows(torch.randn(9, 40), w, None, 2.0)  # 16-row bucket
+    before = compilations()
+    for rows in (10, 13, 16):
+        x = torch.randn(rows, 40)
+        assert_close_to(scale_rows(x, w, None, 2.0), x * w + 2.0, 1e-6)
+    x = torch.randn(2, 5, 40)  # 10 rows in two leading dims
+    assert_close_to(scale_rows(x, w, None, 2.0), x * w + 2.0, 1e-6)
+    assert compilations() == before
+
+
+@pytest.mark.parametrize("rows", [3, 5, 11])
+def test_bucketed_gradients(rows):
+    x = torch.randn(rows, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(8, dtype=torch.float64)
+    g = torch.randn(rows, 8, dtype=torch.float64)
+    scale_rows(x, w, bias, 0.5).backward(g)
+    assert_close_to(w.grad, (g * x).sum(0), 1e-12)  # padded rows add nothing
+    assert_close_to(x.grad, g * w, 1e-12)
+    assert x.grad.shape == x.shape
+
+
+def test_bucketed_rmsnorm_gradients_with_zero_eps(rmsnorm):
+    """Filler rows repeat a real row: with eps=0 zero filler rows would give NaN in dweight."""
+    x = torch.randn(2, 3, 16, dtype=torch.float64, requires_grad=True)  # 6 rows -> bucket 8
+    w = torch.randn(16, dtype=torch.float64, requires_grad=True)
+    rmsnorm.rms_norm(x, w, 0.0).sum().backward()
+    xr, wr = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    rms_norm_reference(xr, wr, 0.0).sum().backward()
+    assert_close_to(x.grad, xr.grad, 1e-10)
+    assert_close_to(w.grad, wr.grad, 1e-10)
+
+
+# --- DLPack exchange ---------------------------------------------------------------------------
+
+
+def test_internal_exchange_used_on_cpu():
+    assert exchange_for("cpu", jax.devices("cpu")[0]).name == "internal"
+
+
+def test_public_exchange_gives_same_results(monkeypatch, rmsnorm):
+    monkeypatch.setenv("KERNEL_HUB_DLPACK", "public")
+    runtime = dlpack.DLPackRuntime()
+    fn = jax.jit(lambda x, w: rmsnorm.jax.rms_norm(x, w, 1e-6))
+    for dtype, tol in ((torch.float32, 2e-6), (torch.float64, 1e-12)):
+        w = torch.randn(16, dtype=dtype)
+        for x in (torch.randn(4, 16, dtype=dtype), torch.randn(65, dtype=dtype)[1:].view(4, 16)):
+            out = runtime.call(fn, [x, w], key="public")
+            assert out.dtype == dtype
+            assert_close_to(out, rms_norm_reference(x, w, 1e-6), tol)
+    assert runtime._exchanges[torch.device("cpu")][0].name == "public"
+
+
+# --- process-level settings (fresh interpreters) -----------------------------------------------
+
+_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import kernel_hub
+    report = {"jax_at_import": "jax" in sys.modules, "torch_at_import": "torch" in sys.modules}
+    import jax, jax.numpy as jnp, torch
+    events = []
+    jax.monitoring.register_event_listener(lambda e, **_: events.append(e))
+    k = kernel_hub.get_kernel("rmsnorm")
+    report["async_before_call"] = jax.config.read("jax_cpu_enable_async_dispatch")
+    k.rms_norm(torch.randn(5, 48), torch.randn(48), 1e-6)
+    report["async_after_call"] = jax.config.read("jax_cpu_enable_async_dispatch")
+    report["cache_hits"] = events.count("/jax/compilation_cache/cache_hits")
+    report["cache_misses"] = events.count("/jax/compilation_cache/cache_misses")
+    jax.jit(lambda a: a * 3 + 1)(jnp.ones(7)).block_until_ready()  # the user's own compile
+    report["user_cache_events"] = events.count("/jax/compilation_cache/cache_misses") - report[
+        "cache_misses"]
+    print(json.dumps(report))
+    """
+)
+
+
+def run_child(tmp_path: Path, **env: str) -> dict:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("KERNEL_HUB_")}
+    environment.update(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "xdg"), **env)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD], env=environment, capture_output=True, text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _cache_files(directory: Path) -> list[Path]:
+    return [p for p in directory.rglob("*") if p.is_file()] if directory.exists() else []
+
+
+def test_fresh_process_defaults(tmp_path):
+    """Lazy import, inline thread policy applied at the first call, cache in the per-user dir."""
+    first = run_child(tmp_path)
+    assert not first["jax_at_import"] and not first["torch_at_import"]
+    assert first["async_before_call"] is True  # nothing changed by import or get_kernel
+    assert first["async_after_call"] is False
+    default_dir = tmp_path / "xdg" / "kernel-hub" / "jax"
+    assert first["cache_misses"] == 1 and first["cache_hits"] == 0
+    written = _cache_files(default_dir)
+    assert written
+    assert first["user_cache_events"] == 0  # the user's own jit is not cached by kernel-hub
+    second = run_child(tmp_path)
+    assert second["cache_hits"] == 1 and second["cache_misses"] == 0
+    assert len(_cache_files(default_dir)) == len(written)
+
+
+@pytest.mark.slow
+def test_fresh_process_switches(tmp_path):
+    custom = tmp_path / "custom"
+    moved = run_child(tmp_path, KERNEL_HUB_COMPILATION_CACHE_DIR=str(custom))
+    assert moved["cache_misses"] == 1 and _cache_files(custom)
+    off = run_child(tmp_path, KERNEL_HUB_COMPILATION_CACHE="0", KERNEL_HUB_THREADS="default")
+    assert off["cache_misses"] == 0 and off["cache_hits"] == 0
+    assert not _cache_files(tmp_path / "xdg")
+    assert off["async_after_call"] is True
+
+
+def test_thread_policy_names(monkeypatch):
+    from kernel_hub import threads
+
+    monkeypatch.setenv("KERNEL_HUB_THREADS", "inlined")
+    with pytest.raises(UnknownNameError, match="inline"):
+        threads.thread_policy()
+    with pytest.raises(UnknownNameError, match="Valid"):
+        threads.set_thread_policy("fast")
+    monkeypatch.setenv("KERNEL_HUB_THREADS", "Default")
+    assert threads.thread_policy() == "default"
