@@ -122,9 +122,11 @@ def count_generate_compiles(new_tokens: int) -> dict[str, Any]:
 
     backend_compiles = []
     jax.monitoring.register_event_duration_secs_listener(
-        lambda event, _secs, **_: backend_compiles.append(event)
-        if event == "/jax/core/compile/backend_compile_duration"
-        else None
+        lambda event, _secs, **_: (
+            backend_compiles.append(event)
+            if event == "/jax/core/compile/backend_compile_duration"
+            else None
+        )
     )
     model = tiny_llama()
     kernelize_rmsnorm(model)
@@ -203,8 +205,10 @@ def bench_thread_policies() -> dict[str, dict[str, float]]:
 def _print_table(title: str, rows: dict[str, dict[str, float]], unit: str, scale: float) -> None:
     print(f"\n{title}")
     for name, values in rows.items():
-        cells = "  ".join(f"{key.removesuffix('_us').removesuffix('_s')} {value * scale:9.1f}"
-                          for key, value in values.items())
+        cells = "  ".join(
+            f"{key.removesuffix('_us').removesuffix('_s')} {value * scale:9.1f}"
+            for key, value in values.items()
+        )
         print(f"  {name:28s} {cells} {unit}")
 
 
@@ -217,8 +221,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import torch
 
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}, "
-          f"load {os.getloadavg()[0]:.1f}")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}, "
+        f"load {os.getloadavg()[0]:.1f}"
+    )
     results: dict[str, Any] = {"per_call": bench_per_call(calls)}
     _print_table(f"Per call, {SHAPE} f32 RMSNorm", results["per_call"], "us", 1)
     results["llama_forward"] = bench_llama(50 if args.quick else 200)
@@ -229,14 +235,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "us",
         1,
     )
-    print(f"  kernelized / stock (median): {llama['ratio_median']:.2f}x, "
-          f"{llama['rmsnorm_layers_swapped']} layers swapped, "
-          f"max |logit diff| {llama['max_abs_logit_diff']:.2e}")
+    print(
+        f"  kernelized / stock (median): {llama['ratio_median']:.2f}x, "
+        f"{llama['rmsnorm_layers_swapped']} layers swapped, "
+        f"max |logit diff| {llama['max_abs_logit_diff']:.2e}"
+    )
     results["generate_compiles"] = count_generate_compiles(64)
     print("\nCompilations during generate(64 new tokens) of the kernelized tiny Llama")
     for name, row in results["generate_compiles"].items():
-        print(f"  {name:18s} {row['new_tokens']} tokens: {row['bridge_compilations']} bridge "
-              f"executables, {row['xla_backend_compiles']} XLA backend compiles")
+        print(
+            f"  {name:18s} {row['new_tokens']} tokens: {row['bridge_compilations']} bridge "
+            f"executables, {row['xla_backend_compiles']} XLA backend compiles"
+        )
     results["first_call"] = bench_first_call()
     _print_table("First bridged call in a fresh process", results["first_call"], "ms", 1e3)
     results["thread_policies"] = bench_thread_policies()

@@ -298,7 +298,10 @@ def run_child(tmp_path: Path, **env: str) -> dict:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("KERNEL_HUB_")}
     environment.update(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "xdg"), **env)
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD], env=environment, capture_output=True, text=True,
+        [sys.executable, "-c", _CHILD],
+        env=environment,
+        capture_output=True,
+        text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
