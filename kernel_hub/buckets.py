@@ -2,8 +2,8 @@
 
 A kernel opts in per op with ``RowBuckets``: the leading dimensions (all but the last
 ``feature_dims``) of the named tensor arguments are flattened into one row axis and padded up to a
-bucket size; the listed outputs are sliced back to the real rows. Decode and prefill then compile
-once per bucket instead of once per sequence length.
+bucket size; the listed outputs are sliced back to the real rows. Varying lengths and batch shapes
+then compile once per bucket, not once per shape.
 
 This is only valid for ops whose rows are independent (norms, per-token activations). Padded input
 rows are copies of the last real row, so they compute nothing a real row would not (no new NaN or
@@ -64,7 +64,7 @@ class RowBuckets:
         padded = self.bucket(rows) if rows else 0  # no row to repeat
         if padded < rows:
             raise ValueError(f"bucket function returned {padded} rows for {rows}; must be >= rows")
-        if padded == rows and len(lead) == 1:
+        if padded == rows and len(lead) == 1:  # already [bucket, *features]
             return None
         return RowLayout(lead, rows, padded)
 
@@ -80,7 +80,7 @@ class RowLayout:
     def pad(self, tensor: Any, *, zeros: bool = False) -> Any:
         """``[*lead, *features]`` -> ``[padded, *features]``; filler rows repeat the last row, or
         are zeros (for cotangents)."""
-        flat = tensor.reshape(self.rows, *tensor.shape[len(self.lead) :])
+        flat = tensor.reshape((self.rows,) + tensor.shape[len(self.lead) :])
         extra = self.padded - self.rows
         if extra == 0:
             return flat
@@ -92,4 +92,6 @@ class RowLayout:
 
     def unpad(self, tensor: Any) -> Any:
         """``[padded, *features]`` -> ``[*lead, *features]`` (a view of the real rows)."""
-        return tensor[: self.rows].reshape(*self.lead, *tensor.shape[1:])
+        if self.padded != self.rows:
+            tensor = tensor[: self.rows]
+        return tensor.view(self.lead + tensor.shape[1:])

@@ -59,7 +59,9 @@ class OpExecutor:
         key = (static, _signature(inputs), _signature(outputs), _signature(cotangents))
         plan = self._backward_plans.get(key)
         if plan is None:
-            plan = self._backward_plans[key] = self._plan_backward(static, inputs)
+            plan = self._backward_plans[key] = self._plan_backward(
+                static, inputs, outputs, cotangents
+            )
         return plan(inputs, outputs, cotangents)
 
     def _layout(self, arguments: dict[str, Any]) -> RowLayout | None:
@@ -79,20 +81,20 @@ class OpExecutor:
         key = (spec.qualname, "forward", static)
         layout = self._layout(arguments)
         if layout is None:
-            return lambda tensors: runtime.call(fn, tensors, key=key)
+            return _bind(runtime, fn, tensors, key)
         padded_inputs = self._bucketed_inputs()
         padded_outputs = spec.buckets.outputs
+        run_padded = _bind(runtime, fn, _pad(tensors, padded_inputs, layout), key)
 
         def run(tensors: list[Any]) -> Any:
-            tensors = _pad(tensors, padded_inputs, layout)
-            out = runtime.call(fn, tensors, key=key)
+            out = run_padded(_pad(tensors, padded_inputs, layout))
             if isinstance(out, tuple):
                 return tuple(_unpad(out, padded_outputs, layout))
             return layout.unpad(out) if 0 in padded_outputs else out
 
         return run
 
-    def _plan_backward(self, static: Static, inputs: list[Any]) -> Plan:
+    def _plan_backward(self, static: Static, inputs: list[Any], outputs, cotangents) -> Plan:
         spec = self.spec
         arguments = spec.arguments(static, inputs)
         runtime = runtime_for(check_devices(arguments, spec.tensor_params))
@@ -100,28 +102,36 @@ class OpExecutor:
         key = (spec.qualname, "backward", static)
         layout = self._layout(arguments)
         if layout is None:
-            return lambda inputs, outputs, cotangents: runtime.call(
-                fn, [inputs, outputs, cotangents], key=key
-            )
+            run = _bind(runtime, fn, [inputs, outputs, cotangents], key)
+            return lambda inputs, outputs, cotangents: run([inputs, outputs, cotangents])
         padded_inputs = self._bucketed_inputs()
         padded_outputs = spec.buckets.outputs
         padded_grads = [
             i for i, name in enumerate(spec.differentiable) if name in spec.buckets.inputs
         ]
 
+        def pad_all(inputs: list[Any], outputs: list[Any], cotangents: list[Any]) -> list[Any]:
+            return [
+                _pad(inputs, padded_inputs, layout),
+                _pad(outputs, padded_outputs, layout),
+                _pad(cotangents, padded_outputs, layout, zeros=True),
+            ]
+
+        run_padded = _bind(runtime, fn, pad_all(inputs, outputs, cotangents), key)
+
         def run(inputs: list[Any], outputs: list[Any], cotangents: list[Any]) -> Any:
-            grads = runtime.call(
-                fn,
-                [
-                    _pad(inputs, padded_inputs, layout),
-                    _pad(outputs, padded_outputs, layout),
-                    _pad(cotangents, padded_outputs, layout, zeros=True),
-                ],
-                key=key,
-            )
+            grads = run_padded(pad_all(inputs, outputs, cotangents))
             return tuple(_unpad(grads, padded_grads, layout))
 
         return run
+
+
+def _bind(runtime: Any, fn: Callable[..., Any], tensors: list[Any], key: tuple) -> Plan:
+    """The runtime's call specialised to this signature when it offers one (``bind``)."""
+    bind = getattr(runtime, "bind", None)
+    if bind is not None:
+        return bind(fn, tensors, key=key)
+    return lambda tensors: runtime.call(fn, tensors, key=key)
 
 
 def _pad(

@@ -227,6 +227,14 @@ def test_buckets_share_one_compilation_per_role():
     assert compilations() == before
 
 
+def test_sixty_four_lengths_compile_seven_buckets():
+    w = torch.randn(56)
+    before = compilations()
+    for rows in range(1, 65):
+        scale_rows(torch.randn(1, rows, 56), w, None, 0.0)
+    assert compilations() - before == 7  # 1, 2, 4, ..., 64 rows
+
+
 @pytest.mark.parametrize("rows", [3, 5, 11])
 def test_bucketed_gradients(rows):
     x = torch.randn(rows, 8, dtype=torch.float64, requires_grad=True)
@@ -267,7 +275,7 @@ def test_public_exchange_gives_same_results(monkeypatch, rmsnorm):
             out = runtime.call(fn, [x, w], key="public")
             assert out.dtype == dtype
             assert_close_to(out, rms_norm_reference(x, w, 1e-6), tol)
-    assert runtime._exchanges[torch.device("cpu")][0].name == "public"
+    assert runtime._routes[torch.device("cpu")][0].name == "public"
 
 
 # --- process-level settings (fresh interpreters) -----------------------------------------------

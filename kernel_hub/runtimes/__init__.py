@@ -14,7 +14,14 @@ from ..errors import UnsupportedDeviceError
 
 
 class Runtime(Protocol):
-    """Runs a jitted JAX function on torch tensors of one device type and returns torch tensors."""
+    """Runs a jitted JAX function on torch tensors of one device type and returns torch tensors.
+
+    ``tensors`` are nested lists of tensors and Nones; ``key`` identifies (op, role, static
+    arguments), so a runtime may cache per (key, shapes, dtypes). A runtime may also offer
+    ``bind(jax_fn, tensors, *, key) -> run(tensors)``: a call specialised to tensors with the same
+    nesting, shapes, dtypes and device as ``tensors``, which callers that already key their
+    calls by signature (the executor) use to skip the runtime's own lookup.
+    """
 
     def call(self, jax_fn: Callable[..., Any], tensors: Sequence[Any], *, key: Any) -> Any: ...
 

@@ -67,28 +67,56 @@ class DLPackRuntime:
     """Tensors go to JAX and back through DLPack; outputs alias XLA's result buffers."""
 
     def __init__(self) -> None:
-        self._exchanges: dict[Any, tuple[Exchange, Any]] = {}
+        self._routes: dict[Any, tuple[Exchange, Any]] = {}
         self._executables: dict[tuple, Any] = {}
 
     def call(self, jax_fn: Callable[..., Any], tensors: Sequence[Any], *, key: Any = None) -> Any:
-        torch_device = _first_tensor(tensors).device
-        route = self._exchanges.get(torch_device)
-        if route is None:
-            route = self._exchanges[torch_device] = self._route(torch_device)
-        exchange, device = route
+        exchange, device = self._route(_first_tensor(tensors).device)
         signature: list = []
         arrays = _import(tensors, exchange.to_jax, signature)
-        cache_key = (jax_fn if key is None else key, torch_device, tuple(signature))
+        executable = self._executable(jax_fn, tensors, key, tuple(signature), device)
+        return _export(executable(*arrays), exchange.to_torch)
+
+    def bind(
+        self, jax_fn: Callable[..., Any], tensors: Sequence[Any], *, key: Any = None
+    ) -> Callable[[Sequence[Any]], Any]:
+        """``call`` specialised to tensors like ``tensors`` (same nesting, shapes, dtypes and
+        device): the caller guarantees that, and the executable is looked up only once."""
+        exchange, device = self._route(_first_tensor(tensors).device)
+        signature: list = []
+        _import(tensors, lambda tensor: None, signature)
+        executable = self._executable(jax_fn, tensors, key, tuple(signature), device)
+        to_jax, to_torch = exchange.to_jax, exchange.to_torch
+        if any(isinstance(t, (list, tuple)) for t in tensors):
+            return lambda tensors: _export(executable(*_import(tensors, to_jax, [])), to_torch)
+
+        def run(tensors: Sequence[Any]) -> Any:  # a flat list: the common forward case
+            out = executable(
+                *[
+                    None if t is None else to_jax(t if t.is_contiguous() else t.contiguous())
+                    for t in tensors
+                ]
+            )
+            return tuple(map(to_torch, out)) if isinstance(out, (tuple, list)) else to_torch(out)
+
+        return run
+
+    def _route(self, torch_device: Any) -> tuple[Exchange, Any]:
+        route = self._routes.get(torch_device)
+        if route is None:
+            threads.apply_default_policy()  # before JAX's backends start
+            device = _jax_device(torch_device.type, torch_device.index or 0)
+            route = self._routes[torch_device] = (exchange_for(torch_device.type, device), device)
+        return route
+
+    def _executable(
+        self, jax_fn: Callable[..., Any], tensors: Any, key: Any, signature: tuple, device: Any
+    ) -> Any:
+        cache_key = (jax_fn if key is None else key, device, signature)
         executable = self._executables.get(cache_key)
         if executable is None:
             executable = self._executables[cache_key] = compile_for(jax_fn, tensors, device)
-        return _export(executable(*arrays), exchange.to_torch)
-
-    @staticmethod
-    def _route(torch_device: Any) -> tuple[Exchange, Any]:
-        threads.apply_default_policy()  # before JAX's backends start
-        device = _jax_device(torch_device.type, torch_device.index or 0)
-        return exchange_for(torch_device.type, device), device
+        return executable
 
 
 RUNTIME = DLPackRuntime()
