@@ -21,7 +21,7 @@ import inspect
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import jax
 import torch
@@ -74,10 +74,11 @@ def _hashable(value: Any) -> Any:
 
 
 def _is_tensor_annotation(annotation: Any) -> bool:
-    return annotation in (torch.Tensor, Optional[torch.Tensor], torch.Tensor | None)
+    return annotation in (torch.Tensor, torch.Tensor | None)
 
 
-def _check_devices(arguments: dict[str, Any], tensor_params: Sequence[str]) -> str:
+def _check_devices(arguments: dict[str, Any], tensor_params: Sequence[str]) -> None:
+    """One device for all tensors, and a runtime on this host that can serve it."""
     devices = {
         name: arguments[name].device for name in tensor_params if arguments[name] is not None
     }
@@ -85,7 +86,8 @@ def _check_devices(arguments: dict[str, Any], tensor_params: Sequence[str]) -> s
     if len(kinds) > 1:
         listing = ", ".join(f"{name} on {device}" for name, device in devices.items())
         raise UnsupportedDeviceError(f"all tensor arguments must be on one device; got {listing}")
-    return next(iter(devices.values())).type
+    device = next(iter(devices.values()))
+    runtime_for(device.type).check_device(device)
 
 
 @functools.cache
@@ -251,7 +253,7 @@ def _backward_schema(spec: _OpSpec) -> str:
     params = [
         inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=a)
         for n, a in (
-            ("inputs", list[Optional[torch.Tensor]]),
+            ("inputs", list[torch.Tensor | None]),
             ("outputs", list[torch.Tensor]),
             ("cotangents", list[torch.Tensor]),
         )

@@ -117,9 +117,11 @@ def _placed(tree: Any, device: Any) -> Any:
 
     sharding = SingleDeviceSharding(device)
     return jax.tree.map(
-        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
-        if isinstance(s, jax.ShapeDtypeStruct)
-        else s,
+        lambda s: (
+            jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
+            if isinstance(s, jax.ShapeDtypeStruct)
+            else s
+        ),
         tree,
     )
 
@@ -136,8 +138,12 @@ def _memory_figures(compiled: Any) -> dict[str, int]:
     stats = compiled.memory_analysis()
     if stats is None:
         return {}
-    names = ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-             "generated_code_size_in_bytes")
+    names = (
+        "argument_size_in_bytes",
+        "output_size_in_bytes",
+        "temp_size_in_bytes",
+        "generated_code_size_in_bytes",
+    )
     return {name.removesuffix("_in_bytes"): int(getattr(stats, name)) for name in names}
 
 
@@ -148,7 +154,7 @@ def compile_case(
     direction: str = "forward",
     implementation: str = "pallas",
 ) -> CompileResult:
-    """Trace, lower and compile one case for one TPU generation; failures are results, not raises."""
+    """Trace, lower and compile one case for one TPU generation; a failure is a result."""
     import jax
 
     device = tpu_device(generation)
@@ -160,17 +166,28 @@ def compile_case(
     except Exception as exc:  # the compiler's message is the result
         message = f"{type(exc).__name__}: {exc}".strip()
         return CompileResult(
-            kernel, case.name, direction, generation, ok=False,
-            seconds=time.perf_counter() - start, error=message[:2000],
+            kernel,
+            case.name,
+            direction,
+            generation,
+            ok=False,
+            seconds=time.perf_counter() - start,
+            error=message[:2000],
             vmem_overflow=bool(_VMEM.search(message)),
         )
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list):
         cost = cost[0] if cost else {}
     return CompileResult(
-        kernel, case.name, direction, generation, ok=True,
-        seconds=time.perf_counter() - start, memory=_memory_figures(compiled),
-        flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"),
+        kernel,
+        case.name,
+        direction,
+        generation,
+        ok=True,
+        seconds=time.perf_counter() - start,
+        memory=_memory_figures(compiled),
+        flops=cost.get("flops"),
+        bytes_accessed=cost.get("bytes accessed"),
     )
 
 

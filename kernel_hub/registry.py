@@ -12,7 +12,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from .errors import SourceError, UnknownNameError
 from .paths import registry_path
 from .platform import PLATFORMS, Platform
-from .yaml_source import FieldReader, load_yaml
+from .yaml_source import FieldReader, line_of, load_yaml
 
 SCHEMA_VERSION = 1
 _OP_FIELDS = {"summary", "aliases", "kernel", "repo", "version", "implementations", "layers"}
@@ -70,7 +70,7 @@ class Registry:
 
 
 def _parse_op(path: Path, name: str, node: object, line: int | None) -> OpEntry:
-    fields = FieldReader(path, node, f"op {name!r}", _OP_FIELDS)
+    fields = FieldReader(path, node, f"op {name!r}", _OP_FIELDS, line)
     raw_version = fields.get("version", str)
     try:
         version = SpecifierSet(raw_version)
@@ -79,12 +79,22 @@ def _parse_op(path: Path, name: str, node: object, line: int | None) -> OpEntry:
             "version", f"invalid version range {raw_version!r} (expected e.g. '>=1.0,<2')"
         ) from None
     impl_node = fields.get("implementations", dict)
-    impl_fields = FieldReader(path, impl_node, f"op {name!r} implementations", set(PLATFORMS))
+    impl_fields = FieldReader(
+        path,
+        impl_node,
+        f"op {name!r} implementations",
+        set(PLATFORMS),
+        line_of(node, "implementations"),
+    )
     implementations = {
-        platform: impl_fields.get_str_list(platform) for platform in PLATFORMS if platform in impl_node
+        platform: impl_fields.get_str_list(platform)
+        for platform in PLATFORMS
+        if platform in impl_node
     }
     if not implementations:
-        raise fields.error("implementations", f"name at least one platform of {', '.join(PLATFORMS)}")
+        raise fields.error(
+            "implementations", f"name at least one platform of {', '.join(PLATFORMS)}"
+        )
     repo = fields.get("repo", str, None)
     if repo is not None and repo.count("/") != 1:
         raise fields.error("repo", f"expected 'org/name', got {repo!r}")
@@ -108,7 +118,9 @@ def parse_registry(path: str | Path, text: str | None = None) -> Registry:
     root = FieldReader(path, load_yaml(path, text), "registry", {"schema", "ops"})
     schema = root.get("schema", int)
     if schema != SCHEMA_VERSION:
-        raise root.error("schema", f"unsupported schema {schema}; this kernel-hub reads {SCHEMA_VERSION}")
+        raise root.error(
+            "schema", f"unsupported schema {schema}; this kernel-hub reads {SCHEMA_VERSION}"
+        )
     ops_node = root.get("ops", dict)
     ops: dict[str, OpEntry] = {}
     aliases: dict[str, str] = {}
@@ -118,7 +130,9 @@ def parse_registry(path: str | Path, text: str | None = None) -> Registry:
         for alias in entry.aliases:
             if alias in ops_node or alias in aliases:
                 taken_by = alias if alias in ops_node else aliases[alias]
-                raise SourceError(path, line, f"op {name!r}: alias {alias!r} is already op {taken_by!r}")
+                raise SourceError(
+                    path, line, f"op {name!r}: alias {alias!r} is already op {taken_by!r}"
+                )
             aliases[alias] = name
         ops[name] = entry
     return Registry(path=path, ops=ops, _aliases=aliases)

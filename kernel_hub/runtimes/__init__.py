@@ -16,6 +16,9 @@ from ..errors import UnsupportedDeviceError
 class Runtime(Protocol):
     """Runs a jitted JAX function on torch tensors of one device type and returns torch tensors."""
 
+    def check_device(self, device: Any) -> None:
+        """Raise ``UnsupportedDeviceError`` if this host cannot run JAX for torch ``device``."""
+
     def call(self, jax_fn: Callable[..., Any], tensors: Sequence[Any], *, key: Any) -> Any: ...
 
 

@@ -65,6 +65,9 @@ def x64_scope(enabled: bool) -> contextlib.AbstractContextManager:
 class DLPackRuntime:
     """Tensors go to JAX and back through DLPack; outputs alias JAX's buffers."""
 
+    def check_device(self, device: Any) -> None:
+        _jax_device(device.type, device.index or 0)
+
     def call(self, jax_fn: Callable[..., Any], tensors: Sequence[Any], *, key: Any = None) -> Any:
         import jax
 
