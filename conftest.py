@@ -5,6 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_hub.compile_check import allow_shared_libtpu
+
+# Tests, their subprocesses and deviceless TPU compiles all load libtpu at once.
+allow_shared_libtpu()
+
 
 @pytest.fixture(autouse=True)
 def _seeded() -> None:

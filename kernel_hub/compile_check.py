@@ -77,11 +77,22 @@ def _filtered_stderr() -> Iterator[None]:
                 os.write(2, ("\n".join(kept) + "\n").encode())
 
 
+def allow_shared_libtpu() -> None:
+    """Let this process load libtpu while another one holds it.
+
+    libtpu takes a host-wide lock file when it loads; deviceless compiles touch no chip, so several
+    processes (a test run and its subprocesses, a compile check beside a notebook) may share it.
+    Must run before JAX first initialises its backends to take effect.
+    """
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
 @functools.cache
 def tpu_device(generation: str) -> Any:
     """First device of a deviceless topology for ``generation`` (v4, v5e, v5p, v6e)."""
     if generation not in TOPOLOGIES:
         raise UnknownNameError("TPU generation", generation, TOPOLOGIES)
+    allow_shared_libtpu()
     from jax.experimental import topologies
 
     with _filtered_stderr():
