@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +16,18 @@ from .platform import PLATFORMS, Platform
 from .yaml_source import FieldReader, line_of, load_yaml
 
 SCHEMA_VERSION = 1
-_OP_FIELDS = {"summary", "aliases", "kernel", "repo", "version", "implementations", "layers"}
+_OP_FIELDS = {
+    "summary",
+    "aliases",
+    "kernel",
+    "repo",
+    "version",
+    "revision",
+    "commit",
+    "implementations",
+    "layers",
+}
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,10 @@ class OpEntry:
     aliases: tuple[str, ...] = ()
     repo: str | None = None
     """Hugging Face Hub repo with versioned builds, ``org/name``."""
+    revision: str | None = None
+    """Hub builds: a branch or tag to fetch instead of the highest version in ``version``."""
+    commit: str | None = None
+    """Hub builds: a pinned commit id (40 hex) to fetch instead of ``version``."""
     layers: tuple[str, ...] = ()
     source: str = ""
     line: int | None = None
@@ -98,6 +114,17 @@ def _parse_op(path: Path, name: str, node: object, line: int | None) -> OpEntry:
     repo = fields.get("repo", str, None)
     if repo is not None and repo.count("/") != 1:
         raise fields.error("repo", f"expected 'org/name', got {repo!r}")
+    revision = fields.get("revision", str, None)
+    commit = fields.get("commit", str, None)
+    for key, value in (("revision", revision), ("commit", commit)):
+        if value is not None and repo is None:
+            raise fields.error(key, f"{key!r} selects a hub build, so the op needs a 'repo' too")
+    if revision is not None and commit is not None:
+        raise fields.error("commit", "give 'revision' (a branch or tag) or 'commit', not both")
+    if revision is not None and not revision.strip():
+        raise fields.error("revision", "expected a branch or tag name, got an empty string")
+    if commit is not None and not _COMMIT.match(commit):
+        raise fields.error("commit", f"expected a full 40-hex commit id, got {commit!r}")
     return OpEntry(
         name=name,
         kernel=fields.get("kernel", str),
@@ -106,6 +133,8 @@ def _parse_op(path: Path, name: str, node: object, line: int | None) -> OpEntry:
         summary=fields.get("summary", str, ""),
         aliases=fields.get_str_list("aliases", ()),
         repo=repo,
+        revision=revision,
+        commit=commit,
         layers=fields.get_str_list("layers", ()),
         source=str(path),
         line=line,
