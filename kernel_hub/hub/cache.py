@@ -44,10 +44,8 @@ def cached_versions(repo: str, variant: str | None = None) -> dict[Version, str]
     versions = {}
     for ref, commit in cached_refs(repo).items():
         version = version_of_tag(ref)
-        folder = snapshot_dir(repo, commit) / "build"
-        if variant is not None:
-            folder = folder / variant
-        if version is not None and folder.is_dir():
+        present = cached_variants(repo, commit)
+        if version is not None and (variant in present if variant is not None else present):
             versions[version] = commit
     return versions
 

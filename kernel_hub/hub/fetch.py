@@ -184,7 +184,7 @@ def resolve_offline(request: HubRequest, what: str) -> Resolved:
         return Resolved(matching[best], tag_name(best), best)
     revision = request.revision
     commit = revision if COMMIT.match(revision) else cache.cached_refs(repo).get(revision)
-    if commit is None or not cache.snapshot_dir(repo, commit).is_dir():
+    if commit is None or not cache.cached_variants(repo, commit):
         raise HubError(
             f"{what}: {repo} revision {revision} is not in the cache; {offline_hint}. "
             "Fetch it once online or unset HF_HUB_OFFLINE"
