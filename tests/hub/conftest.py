@@ -2,8 +2,9 @@
 
 ``huggingface_hub`` reads ``HF_ENDPOINT``, ``HF_HUB_CACHE`` and ``HF_HUB_OFFLINE`` when it is
 imported, which has already happened in a pytest process. kernel-hub reads them at call time and
-passes endpoint, cache and offline mode to ``huggingface_hub`` explicitly (kernel_hub/hub/settings.py),
-so setting the environment variables is enough for kernel-hub's own calls. ``huggingface_hub`` also
+passes endpoint, cache and offline mode to ``huggingface_hub`` explicitly
+(kernel_hub/hub/settings.py), so setting the environment variables is enough for kernel-hub's own
+calls. ``huggingface_hub`` also
 makes calls of its own to ``constants.ENDPOINT`` (its agent-detection registry, when building the
 User-Agent): the ``hub_env`` fixture therefore also points ``constants.ENDPOINT`` and the URL
 template at the local server and turns telemetry off, so no test can reach the internet.
@@ -52,7 +53,9 @@ def hub_env(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fa
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(constants, "ENDPOINT", hub.url)
     monkeypatch.setattr(
-        constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+        constants,
+        "HUGGINGFACE_CO_URL_TEMPLATE",
+        hub.url + "/{repo_id}/resolve/{revision}/{filename}",
     )
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
     monkeypatch.chdir(tmp_path)  # no stray ./kernel-hub.lock is picked up
@@ -65,7 +68,7 @@ def cache_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def kernel_copy(tmp_path: Path):
-    """``kernel_copy("1.1.0")``: the rmsnorm kernel copied to a tmp dir with that manifest version."""
+    """``kernel_copy("1.1.0")``: rmsnorm copied to a tmp dir, with that manifest version."""
 
     def make(version: str) -> Path:
         (tmp_path / "src").mkdir(exist_ok=True)
@@ -82,7 +85,7 @@ def kernel_copy(tmp_path: Path):
 
 @pytest.fixture
 def publish(hub_env: FakeHub, kernel_copy):
-    """``publish("1.1.0", repo=...)``: publish a copy of rmsnorm at that version; returns Published."""
+    """``publish("1.1.0", repo=...)``: publish a copy of rmsnorm at that version."""
     from kernel_hub.hub.publish import publish_kernel
 
     def run(version: str, repo: str = REPO):

@@ -18,7 +18,9 @@ REGISTRY_TAIL = "    implementations: {cpu: [xla]}\n"
 
 @pytest.mark.parametrize("bad", ["~~1", "=>1", "latest", "", ">= one"])
 def test_malformed_version_range_says_what_is_valid(bad):
-    with pytest.raises(KernelHubError, match=r"invalid version range .*expected e\.g\. '>=1\.2,<2'"):
+    with pytest.raises(
+        KernelHubError, match=r"invalid version range .*expected e\.g\. '>=1\.2,<2'"
+    ):
         parse_range(bad)
 
 
@@ -39,7 +41,11 @@ def test_malformed_version_argument_fails_before_any_request(hub_env):
     [
         ("    repo: kernel-hub/rmsnorm\n    commit: abc123\n", "commit", 7),
         ("    revision: v1\n", "revision", 6),
-        ("    repo: kernel-hub/rmsnorm\n    revision: v1\n    commit: " + "a" * 40 + "\n", "commit", 8),
+        (
+            "    repo: kernel-hub/rmsnorm\n    revision: v1\n    commit: " + "a" * 40 + "\n",
+            "commit",
+            8,
+        ),
     ],
 )
 def test_registry_hub_fields_are_checked_with_file_and_line(tmp_path, extra, field, line):
@@ -53,9 +59,13 @@ def test_registry_hub_fields_are_checked_with_file_and_line(tmp_path, extra, fie
 def test_no_matching_version_lists_existing_ones(publish, hub_env):
     publish("1.0.0")
     publish("1.1.0")
-    with pytest.raises(HubError, match=r"no version matches >=2.*versions that exist: 1\.0\.0, 1\.1\.0"):
+    with pytest.raises(
+        HubError, match=r"no version matches >=2.*versions that exist: 1\.0\.0, 1\.1\.0"
+    ):
         get_kernel("rmsnorm", version=">=2")
-    with pytest.raises(HubError, match=r"no branch or tag 'v9'; branches: main, v1; tags: v1\.0\.0"):
+    with pytest.raises(
+        HubError, match=r"no branch or tag 'v9'; branches: main, v1; tags: v1\.0\.0"
+    ):
         get_kernel("rmsnorm", revision="v9")
 
 
@@ -87,7 +97,9 @@ def test_interrupted_download_leaves_nothing_half_written(publish, hub_env, tmp_
 
 def test_lock_and_override_inputs_are_checked(hub_env, tmp_path, monkeypatch):
     bad = tmp_path / "kernel-hub.lock"
-    bad.write_text('{"kernel-hub-lock": 1,\n "ops": {"rmsnorm": {"repo": "x/y", "commit": "abc"}}}\n')
+    bad.write_text(
+        '{"kernel-hub-lock": 1,\n "ops": {"rmsnorm": {"repo": "x/y", "commit": "abc"}}}\n'
+    )
     with pytest.raises(SourceError, match=r"kernel-hub.lock:2: op 'rmsnorm': 'commit' must be"):
         read_lock(bad)
     bad.write_text("{not json")
@@ -98,7 +110,9 @@ def test_lock_and_override_inputs_are_checked(hub_env, tmp_path, monkeypatch):
         get_kernel("rmsnorm", lock=False)
     monkeypatch.setenv("KERNEL_HUB_SOURCE", "cloud")
     monkeypatch.delenv("KERNEL_HUB_LOCAL_KERNELS")
-    with pytest.raises(KernelHubError, match=r"KERNEL_HUB_SOURCE='cloud'; valid values: local, hub"):
+    with pytest.raises(
+        KernelHubError, match=r"KERNEL_HUB_SOURCE='cloud'; valid values: local, hub"
+    ):
         get_kernel("rmsnorm", lock=False)
 
 

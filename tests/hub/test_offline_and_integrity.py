@@ -19,7 +19,14 @@ API_FILE = "build/torch-cpu/rmsnorm/api.py"
 
 
 def snapshot_variant(tmp_path, commit: str):
-    return cache_dir(tmp_path) / "kernels--kernel-hub--rmsnorm" / "snapshots" / commit / "build" / "torch-cpu"
+    return (
+        cache_dir(tmp_path)
+        / "kernels--kernel-hub--rmsnorm"
+        / "snapshots"
+        / commit
+        / "build"
+        / "torch-cpu"
+    )
 
 
 def test_offline_after_one_fetch_works_with_server_stopped(publish, hub_env, monkeypatch, tmp_path):
@@ -46,7 +53,9 @@ def test_offline_with_empty_cache_names_op_and_version(publish, hub_env, monkeyp
     assert len(hub_env.requests) == before  # no network call
 
 
-def test_file_changed_after_locking_is_refused_and_not_kept(publish, hub_env, tmp_path, monkeypatch):
+def test_file_changed_after_locking_is_refused_and_not_kept(
+    publish, hub_env, tmp_path, monkeypatch
+):
     old = publish("1.0.0")
     lock_path = tmp_path / "pinned.lock"
     lock_registry(load_registry(), lock_path)
@@ -76,8 +85,9 @@ def test_lock_covers_metadata_when_digest_is_rewritten_too(publish, hub_env, tmp
     ).decode()
     hub_env.tamper(REPO, old.commit, API_FILE, evil)
     hub_env.tamper(REPO, old.commit, "build/torch-cpu/metadata.json", json.dumps(metadata).encode())
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "fresh-cache"))  # locking cached the originals
-    with pytest.raises(IntegrityError, match="build/torch-cpu/metadata.json") as info:
+    # Locking cached the original bytes; a fresh cache makes get_kernel download the tampered ones.
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "fresh-cache"))
+    with pytest.raises(IntegrityError, match=r"build/torch-cpu/metadata\.json") as info:
         get_kernel("rmsnorm", lock=lock_path)
     assert API_FILE in str(info.value)
 
@@ -98,7 +108,7 @@ def test_cache_modified_after_download_is_refused(publish, hub_env, tmp_path):
     get_kernel("rmsnorm", version="1.1.0")
     target = (snapshot_variant(tmp_path, new.commit) / "rmsnorm" / "layers.py").resolve()
     target.write_text(target.read_text() + "\n# edited in the cache\n")
-    with pytest.raises(IntegrityError, match="changed: build/torch-cpu/rmsnorm/layers.py"):
+    with pytest.raises(IntegrityError, match=r"changed: build/torch-cpu/rmsnorm/layers\.py"):
         get_kernel("rmsnorm", version="1.1.0")
 
 
@@ -118,7 +128,7 @@ def test_untrusted_publisher_refused_unless_trusted(publish, hub_env, tmp_path, 
         "    version: '>=1,<2'\n    implementations: {cpu: [xla]}\n    layers: [RMSNorm]\n"
     )
     before = len(hub_env.requests)
-    with pytest.raises(UntrustedSourceError, match="'someone-else'.*not a trusted publisher"):
+    with pytest.raises(UntrustedSourceError, match=r"'someone-else'.*not a trusted publisher"):
         get_kernel("rmsnorm", registry=registry, source="hub")
     assert len(hub_env.requests) == before  # refused before any download
     assert get_kernel("rmsnorm", registry=registry, source="hub", trust_remote_code=[other])

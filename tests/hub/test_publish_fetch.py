@@ -62,8 +62,10 @@ def test_range_loads_newest_lock_loads_pinned_side_by_side(publish, hub_env, tmp
     for module in (newest, pinned):
         torch.testing.assert_close(module.rms_norm(x, weight), expected, rtol=1e-5, atol=1e-5)
 
-    # get_kernel downloaded only the variant for this (CPU) machine (locking fetched all of 1.0.0).
-    build = cache_dir(tmp_path) / "kernels--kernel-hub--rmsnorm" / "snapshots" / new.commit / "build"
+    # get_kernel downloaded only the variant for this (CPU) machine; locking fetched all of 1.0.0.
+    build = (
+        cache_dir(tmp_path) / "kernels--kernel-hub--rmsnorm" / "snapshots" / new.commit / "build"
+    )
     assert sorted(p.name for p in build.iterdir()) == ["torch-cpu"]
 
 
