@@ -19,11 +19,7 @@ from pathlib import Path
 
 import pytest
 from fake_hub_server import FakeHub
-
-from kernel_hub.paths import kernels_dir
-
-RMSNORM = kernels_dir() / "rmsnorm"
-REPO = "kernel-hub/rmsnorm"
+from hub_helpers import REPO, RMSNORM, cache_dir
 
 
 @pytest.fixture
@@ -38,7 +34,7 @@ def hub_env(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fa
 
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache_dir(tmp_path)))
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     for name in (
         "HF_HUB_OFFLINE",
@@ -60,10 +56,6 @@ def hub_env(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fa
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
     monkeypatch.chdir(tmp_path)  # no stray ./kernel-hub.lock is picked up
     return hub
-
-
-def cache_dir(tmp_path: Path) -> Path:
-    return tmp_path / "hf-cache"
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, cache_dir
 from fake_hub_server import Fault
+from hub_helpers import REPO, cache_dir
 
 from kernel_hub.errors import HubError, KernelHubError, SourceError
 from kernel_hub.hub.lockfile import read_lock

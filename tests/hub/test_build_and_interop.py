@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import RMSNORM
+from hub_helpers import RMSNORM
 
 from kernel_hub.errors import KernelHubError
 from kernel_hub.hub.build import build_kernel

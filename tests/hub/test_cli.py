@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import REPO
+from hub_helpers import REPO
 
 from kernel_hub.cli import main
 

@@ -7,7 +7,7 @@ import hashlib
 import json
 
 import pytest
-from conftest import REPO, cache_dir
+from hub_helpers import REPO, cache_dir
 from packaging.specifiers import SpecifierSet
 
 from kernel_hub.errors import HubError, IntegrityError, UntrustedSourceError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import REPO, cache_dir
+from hub_helpers import REPO, cache_dir
 
 from kernel_hub.errors import HubError
 from kernel_hub.hub.locking import lock_registry
