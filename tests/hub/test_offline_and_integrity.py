@@ -33,11 +33,14 @@ def test_offline_after_one_fetch_works_with_server_stopped(publish, hub_env, mon
     publish("1.0.0")
     new = publish("1.1.0")
     online = get_kernel("rmsnorm", version=">=1,<2")
+    lock_path = tmp_path / "pinned.lock"
+    lock_registry(load_registry(), lock_path)
     hub_env.stop()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     offline = get_kernel("rmsnorm", version=">=1,<2")
     assert offline is online and offline.origin.commit == new.commit
     assert get_kernel("rmsnorm", revision="v1.1.0").origin.commit == new.commit
+    assert get_kernel("rmsnorm", lock=lock_path).origin.commit == new.commit
 
 
 def test_offline_with_empty_cache_names_op_and_version(publish, hub_env, monkeypatch):
