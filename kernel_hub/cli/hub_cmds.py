@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import HubError
 from ..hub import cache, settings
 from ..hub.build import build_kernel
 from ..hub.client import hub_api, list_refs
@@ -204,8 +205,6 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_versions(args: argparse.Namespace) -> int:
     entry = load_registry(args.registry).get(args.op)
     if entry.repo is None:
-        from ..errors import HubError
-
         raise HubError(f"op {entry.name} has no hub repo in the registry")
     cached = cache.cached_versions(entry.repo)
     if settings.offline():

@@ -39,13 +39,12 @@ def cached_refs(repo: str) -> dict[str, str]:
     }
 
 
-def cached_versions(repo: str, variant: str | None = None) -> dict[Version, str]:
-    """Version -> commit for version tags whose snapshot (with ``variant``, if given) is cached."""
+def cached_versions(repo: str) -> dict[Version, str]:
+    """Version -> commit for the version tags whose snapshot holds at least one variant."""
     versions = {}
     for ref, commit in cached_refs(repo).items():
         version = version_of_tag(ref)
-        present = cached_variants(repo, commit)
-        if version is not None and (variant in present if variant is not None else present):
+        if version is not None and cached_variants(repo, commit):
             versions[version] = commit
     return versions
 

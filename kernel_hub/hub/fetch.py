@@ -192,26 +192,20 @@ def resolve_offline(request: HubRequest, what: str) -> Resolved:
     return Resolved(commit, revision, None)
 
 
-def list_build(api: HfApi, repo: str, commit: str, what: str) -> dict[str, list[str]]:
-    """Variant -> its files (paths inside the variant), refusing paths that escape ``build/``."""
-    from huggingface_hub.hf_api import RepoFile
-
+def list_build(api: HfApi, repo: str, commit: str, what: str) -> list[str]:
+    """The variants under ``build/`` at ``commit``; any file name escaping ``build/`` is refused."""
     with hub_errors(f"{what}: listing build/ of {repo} at {commit[:12]}"):
         entries = list(
             api.list_repo_tree(repo, "build", recursive=True, revision=commit, repo_type=REPO_TYPE)
         )
-    variants: dict[str, list[str]] = {}
+    variants = set()
     for entry in entries:
-        relative = check_relative_name(entry.path, f"{repo} build/").split("/", 1)
-        if relative[0] != "build" or len(relative) != 2:
+        parts = check_relative_name(entry.path, f"{repo} build/").split("/")
+        if parts[0] != "build" or len(parts) < 2:
             raise IntegrityError(f"{what}: refusing file name {entry.path!r}: it escapes build/")
-        variant, _, inner = relative[1].partition("/")
-        variants.setdefault(variant, [])
-        if isinstance(entry, RepoFile):
-            if not inner:
-                continue  # a loose file directly under build/ belongs to no variant
-            variants[variant].append(inner)
-    return variants
+        if len(parts) > 2:  # inside a variant folder (a loose file in build/ is no variant)
+            variants.add(parts[1])
+    return sorted(variants)
 
 
 def download(api: HfApi, repo: str, resolved: Resolved, variants: list[str], what: str) -> Path:
