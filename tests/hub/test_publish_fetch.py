@@ -91,3 +91,25 @@ def test_plain_get_kernel_stays_in_tree_without_network(publish, hub_env):
     module = get_kernel("rmsnorm")
     assert module.origin.source == "in-tree"
     assert len(hub_env.requests) == before
+
+
+def test_hugging_face_kernels_fetches_published_major_version(
+    publish, hub_env, tmp_path, monkeypatch
+):
+    from huggingface_hub import constants
+
+    import kernels
+
+    publish("1.0.0")
+    new = publish("1.1.0")
+    # kernels downloads into huggingface_hub's import-time cache unless told otherwise.
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "kernels-cache"))
+    # kernels 0.17.2 builds an invalid User-Agent header when telemetry is off; its telemetry
+    # requests go to constants.ENDPOINT, which hub_env points at the local server.
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
+    module = kernels.get_kernel(REPO, version=1, trust_remote_code=True)  # branch v1 -> 1.1.0
+    assert f"snapshots/{new.commit}/build/torch-cpu/" in module.__file__
+    x, weight = torch.randn(2, 8), torch.rand(8)
+    torch.testing.assert_close(
+        module.rms_norm(x, weight), reference_rms_norm(x, weight), rtol=1e-5, atol=1e-5
+    )
