@@ -78,7 +78,7 @@ def test_build_variant_loads_with_kernel_hub_loader(build):
     torch.testing.assert_close(module.rms_norm(x, weight), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_hugging_face_kernels_loads_build_and_kernelizes_layer(build):
+def test_hugging_face_kernels_loads_build_and_kernelizes_layer(build, hub_env):
     import kernels
     from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_forward_from_hub
 
@@ -108,3 +108,4 @@ def test_hugging_face_kernels_loads_build_and_kernelizes_layer(build):
         out = model(x)
     assert calls == []
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert hub_env.requests == []  # all of it offline (hub_env would catch any hub call)
