@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_hub_server import FakeHub
-from hub_helpers import REPO, RMSNORM, cache_dir
+
+from .fake_hub_server import FakeHub
+from .hub_helpers import REPO, RMSNORM, cache_dir
 
 
 @pytest.fixture

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from fake_hub_server import Fault
-from hub_helpers import REPO, cache_dir
 
 from kernel_hub.errors import HubError, KernelHubError, SourceError
 from kernel_hub.hub.lockfile import read_lock
 from kernel_hub.hub.versions import parse_range
 from kernel_hub.registry import parse_registry
 from kernel_hub.resolver import get_kernel
+
+from .fake_hub_server import Fault
+from .hub_helpers import REPO, cache_dir
 
 REGISTRY_HEAD = "schema: 1\nops:\n  rmsnorm:\n    kernel: rmsnorm\n    version: '>=1,<2'\n"
 REGISTRY_TAIL = "    implementations: {cpu: [xla]}\n"

@@ -7,7 +7,6 @@ import shutil
 
 import pytest
 import torch
-from hub_helpers import RMSNORM
 
 from kernel_hub.errors import KernelHubError
 from kernel_hub.hub.build import build_kernel
@@ -15,6 +14,8 @@ from kernel_hub.hub.digests import hash_tree
 from kernel_hub.hub.metadata import read_metadata
 from kernel_hub.loader import load_kernel_dir
 from kernel_hub.manifest import load_manifest
+
+from .hub_helpers import RMSNORM
 
 
 @pytest.fixture(scope="module")

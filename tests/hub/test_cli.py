@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from hub_helpers import REPO
-
 from kernel_hub.cli import main
+
+from .hub_helpers import REPO
 
 
 def run_json(capsys, *argv: str) -> dict:

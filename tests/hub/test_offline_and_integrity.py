@@ -7,13 +7,14 @@ import hashlib
 import json
 
 import pytest
-from hub_helpers import REPO, cache_dir
 from packaging.specifiers import SpecifierSet
 
 from kernel_hub.errors import HubError, IntegrityError, UntrustedSourceError
 from kernel_hub.hub.locking import lock_registry
 from kernel_hub.registry import load_registry
 from kernel_hub.resolver import get_kernel
+
+from .hub_helpers import REPO, cache_dir
 
 API_FILE = "build/torch-cpu/rmsnorm/api.py"
 

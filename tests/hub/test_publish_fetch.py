@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hub_helpers import REPO, cache_dir
 
 from kernel_hub.errors import HubError
 from kernel_hub.hub.locking import lock_registry
 from kernel_hub.registry import load_registry
 from kernel_hub.resolver import get_kernel
+
+from .hub_helpers import REPO, cache_dir
 
 
 def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
