@@ -80,7 +80,8 @@ def get_kernel(
         module = load_kernel_dir(path)
         origin = KernelOrigin("local", path)
     else:
-        lock_file = find_lock(lock)
+        # An explicit local source never reads a lock file (it pins hub builds only).
+        lock_file = None if (source or settings.source()) == "local" else find_lock(lock)
         locked = lock_file.ops.get(entry.name) if lock_file is not None else None
         chosen = _choose_source(source, version, revision, locked)
         if chosen == "local":

@@ -115,6 +115,7 @@ def test_lock_and_override_inputs_are_checked(hub_env, tmp_path, monkeypatch):
     bad.write_text("{not json")
     with pytest.raises(SourceError, match="invalid JSON"):
         get_kernel("rmsnorm")  # ./kernel-hub.lock is read when present
+    assert get_kernel("rmsnorm", source="local").origin.source == "in-tree"  # but not for local
     monkeypatch.setenv("KERNEL_HUB_LOCAL_KERNELS", "rmsnorm")
     with pytest.raises(KernelHubError, match=r"KERNEL_HUB_LOCAL_KERNELS: bad entry 'rmsnorm'"):
         get_kernel("rmsnorm", lock=False)
