@@ -62,14 +62,19 @@ class ImplementationTable:
         self._order[platform] = tuple(names)
 
     def explain(
-        self, *args: Any, implementation: str | None = None, platform: Platform | None = None,
+        self,
+        *args: Any,
+        implementation: str | None = None,
+        platform: Platform | None = None,
         **kwargs: Any,
     ) -> list[tuple[str, str | None]]:
         """(name, reason it was skipped or None) for each candidate, in the order tried."""
         platform = platform or jax_platform()
         if implementation is not None:
             if implementation not in self.implementations:
-                raise UnknownNameError(f"implementation of {self.op}", implementation, self.implementations)
+                raise UnknownNameError(
+                    f"implementation of {self.op}", implementation, self.implementations
+                )
             candidates: tuple[str, ...] = (implementation,)
         else:
             candidates = self.order(platform)
@@ -79,7 +84,10 @@ class ImplementationTable:
         ]
 
     def select(
-        self, *args: Any, implementation: str | None = None, platform: Platform | None = None,
+        self,
+        *args: Any,
+        implementation: str | None = None,
+        platform: Platform | None = None,
         **kwargs: Any,
     ) -> Implementation:
         """First implementation that accepts the inputs; a clear error when none does."""
@@ -93,7 +101,9 @@ class ImplementationTable:
         reasons = "; ".join(f"{name}: {why}" for name, why in verdicts) or (
             f"no implementation is listed for {platform}"
         )
-        raise NoImplementationError(f"{self.op}: nothing can run these inputs on {platform} ({reasons})")
+        raise NoImplementationError(
+            f"{self.op}: nothing can run these inputs on {platform} ({reasons})"
+        )
 
     def __call__(self, *args: Any, implementation: str | None = None, **kwargs: Any) -> Any:
         impl = self.select(*args, implementation=implementation, **kwargs)

@@ -53,3 +53,15 @@ class NoImplementationError(KernelHubError, RuntimeError):
 
 class RequirementError(KernelHubError, RuntimeError):
     """A kernel needs a library version this environment does not have."""
+
+
+class HubError(KernelHubError, RuntimeError):
+    """Talking to the Hugging Face Hub (or reading its cache) failed; names op, repo, version."""
+
+
+class IntegrityError(KernelHubError, RuntimeError):
+    """Files of a kernel build differ from their recorded digest or lock file; names the files."""
+
+
+class UntrustedSourceError(KernelHubError, PermissionError):
+    """Downloaded code from a publisher that is not on the allowlist."""

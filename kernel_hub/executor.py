@@ -15,7 +15,7 @@ from typing import Any
 from .buckets import RowLayout
 from .errors import UnsupportedDeviceError
 from .op_spec import OpSpec, Static
-from .runtimes import runtime_for
+from .runtimes import Runtime, runtime_for
 
 Plan = Callable[..., Any]
 
@@ -24,8 +24,9 @@ def _signature(tensors: Sequence[Any]) -> tuple:
     return tuple(None if t is None else (t.shape, t.dtype, t.device) for t in tensors)
 
 
-def check_devices(arguments: dict[str, Any], tensor_params: Sequence[str]) -> str:
-    """The device type all tensor arguments share; a clear error when they are on several."""
+def check_devices(arguments: dict[str, Any], tensor_params: Sequence[str]) -> Runtime:
+    """The runtime for the one device all tensor arguments share; a clear error when they are on
+    several, or when this host cannot run JAX for it."""
     devices = {
         name: arguments[name].device for name in tensor_params if arguments[name] is not None
     }
@@ -34,7 +35,10 @@ def check_devices(arguments: dict[str, Any], tensor_params: Sequence[str]) -> st
     if len({(d.type, d.index) for d in devices.values()}) > 1:
         listing = ", ".join(f"{name} on {device}" for name, device in devices.items())
         raise UnsupportedDeviceError(f"all tensor arguments must be on one device; got {listing}")
-    return next(iter(devices.values())).type
+    device = next(iter(devices.values()))
+    runtime = runtime_for(device.type)
+    runtime.check_device(device)
+    return runtime
 
 
 class OpExecutor:
@@ -75,7 +79,7 @@ class OpExecutor:
     def _plan_forward(self, static: Static, tensors: list[Any]) -> Plan:
         spec = self.spec
         arguments = spec.arguments(static, tensors)
-        runtime = runtime_for(check_devices(arguments, spec.tensor_params))
+        runtime = check_devices(arguments, spec.tensor_params)
         spec.validate(**arguments)
         fn = spec.jitted("forward", static)
         key = (spec.qualname, "forward", static)
@@ -97,7 +101,7 @@ class OpExecutor:
     def _plan_backward(self, static: Static, inputs: list[Any], outputs, cotangents) -> Plan:
         spec = self.spec
         arguments = spec.arguments(static, inputs)
-        runtime = runtime_for(check_devices(arguments, spec.tensor_params))
+        runtime = check_devices(arguments, spec.tensor_params)
         fn = spec.jitted("backward", static)
         key = (spec.qualname, "backward", static)
         layout = self._layout(arguments)

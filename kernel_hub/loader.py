@@ -39,7 +39,8 @@ def load_kernel_dir(kernel_dir: str | Path) -> ModuleType:
         init = package_dir / "__init__.py"
         if not init.is_file():
             raise KernelHubError(
-                f"{kernel_dir}: manifest names package {manifest.package!r} but {init} does not exist"
+                f"{kernel_dir}: manifest names package {manifest.package!r} "
+                f"but {init} does not exist"
             )
         spec = importlib.util.spec_from_file_location(
             name, init, submodule_search_locations=[str(package_dir)]

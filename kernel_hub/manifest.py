@@ -62,15 +62,13 @@ class Manifest:
             if not spec.contains(Version(installed), prereleases=True):
                 problems.append(f"{dist}{spec} (installed: {installed})")
         if problems:
-            raise RequirementError(
-                f"kernel {self.name} {self.version} needs {'; '.join(problems)}"
-            )
+            raise RequirementError(f"kernel {self.name} {self.version} needs {'; '.join(problems)}")
 
 
 def parse_manifest(path: str | Path, text: str | None = None) -> Manifest:
     path = Path(path)
     fields = FieldReader(path, load_yaml(path, text), "manifest", _FIELDS)
-    raw_version = str(fields.get("version", str))
+    raw_version = str(fields.get("version", (str, int, float)))
     if not _SEMVER.match(raw_version):
         raise fields.error("version", f"expected a semantic version X.Y.Z, got {raw_version!r}")
     try:
@@ -82,13 +80,12 @@ def parse_manifest(path: str | Path, text: str | None = None) -> Manifest:
         raise fields.error("package", f"{package!r} is not a Python identifier")
 
     impl_node = fields.get("implementations", dict)
+    impl_fields = FieldReader(path, impl_node, "manifest implementations", set(impl_node))
     implementations: dict[str, tuple[Platform, ...]] = {}
     for name, platforms in impl_node.items():
         if not isinstance(platforms, list) or not all(p in PLATFORMS for p in platforms):
-            raise fields.error(
-                "implementations",
-                f"implementation {name!r}: expected a list drawn from {', '.join(PLATFORMS)}, "
-                f"got {platforms!r}",
+            raise impl_fields.error(
+                name, f"expected a list drawn from {', '.join(PLATFORMS)}, got {platforms!r}"
             )
         implementations[name] = tuple(platforms)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,10 +13,21 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from .errors import SourceError, UnknownNameError
 from .paths import registry_path
 from .platform import PLATFORMS, Platform
-from .yaml_source import FieldReader, load_yaml
+from .yaml_source import FieldReader, line_of, load_yaml
 
 SCHEMA_VERSION = 1
-_OP_FIELDS = {"summary", "aliases", "kernel", "repo", "version", "implementations", "layers"}
+_OP_FIELDS = {
+    "summary",
+    "aliases",
+    "kernel",
+    "repo",
+    "version",
+    "revision",
+    "commit",
+    "implementations",
+    "layers",
+}
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,10 @@ class OpEntry:
     aliases: tuple[str, ...] = ()
     repo: str | None = None
     """Hugging Face Hub repo with versioned builds, ``org/name``."""
+    revision: str | None = None
+    """Hub builds: a branch or tag to fetch instead of the highest version in ``version``."""
+    commit: str | None = None
+    """Hub builds: a pinned commit id (40 hex) to fetch instead of ``version``."""
     layers: tuple[str, ...] = ()
     source: str = ""
     line: int | None = None
@@ -70,7 +86,7 @@ class Registry:
 
 
 def _parse_op(path: Path, name: str, node: object, line: int | None) -> OpEntry:
-    fields = FieldReader(path, node, f"op {name!r}", _OP_FIELDS)
+    fields = FieldReader(path, node, f"op {name!r}", _OP_FIELDS, line)
     raw_version = fields.get("version", str)
     try:
         version = SpecifierSet(raw_version)
@@ -79,15 +95,36 @@ def _parse_op(path: Path, name: str, node: object, line: int | None) -> OpEntry:
             "version", f"invalid version range {raw_version!r} (expected e.g. '>=1.0,<2')"
         ) from None
     impl_node = fields.get("implementations", dict)
-    impl_fields = FieldReader(path, impl_node, f"op {name!r} implementations", set(PLATFORMS))
+    impl_fields = FieldReader(
+        path,
+        impl_node,
+        f"op {name!r} implementations",
+        set(PLATFORMS),
+        line_of(node, "implementations"),
+    )
     implementations = {
-        platform: impl_fields.get_str_list(platform) for platform in PLATFORMS if platform in impl_node
+        platform: impl_fields.get_str_list(platform)
+        for platform in PLATFORMS
+        if platform in impl_node
     }
     if not implementations:
-        raise fields.error("implementations", f"name at least one platform of {', '.join(PLATFORMS)}")
+        raise fields.error(
+            "implementations", f"name at least one platform of {', '.join(PLATFORMS)}"
+        )
     repo = fields.get("repo", str, None)
     if repo is not None and repo.count("/") != 1:
         raise fields.error("repo", f"expected 'org/name', got {repo!r}")
+    revision = fields.get("revision", str, None)
+    commit = fields.get("commit", str, None)
+    for key, value in (("revision", revision), ("commit", commit)):
+        if value is not None and repo is None:
+            raise fields.error(key, f"{key!r} selects a hub build, so the op needs a 'repo' too")
+    if revision is not None and commit is not None:
+        raise fields.error("commit", "give 'revision' (a branch or tag) or 'commit', not both")
+    if revision is not None and not revision.strip():
+        raise fields.error("revision", "expected a branch or tag name, got an empty string")
+    if commit is not None and not _COMMIT.match(commit):
+        raise fields.error("commit", f"expected a full 40-hex commit id, got {commit!r}")
     return OpEntry(
         name=name,
         kernel=fields.get("kernel", str),
@@ -96,6 +133,8 @@ def _parse_op(path: Path, name: str, node: object, line: int | None) -> OpEntry:
         summary=fields.get("summary", str, ""),
         aliases=fields.get_str_list("aliases", ()),
         repo=repo,
+        revision=revision,
+        commit=commit,
         layers=fields.get_str_list("layers", ()),
         source=str(path),
         line=line,
@@ -108,7 +147,9 @@ def parse_registry(path: str | Path, text: str | None = None) -> Registry:
     root = FieldReader(path, load_yaml(path, text), "registry", {"schema", "ops"})
     schema = root.get("schema", int)
     if schema != SCHEMA_VERSION:
-        raise root.error("schema", f"unsupported schema {schema}; this kernel-hub reads {SCHEMA_VERSION}")
+        raise root.error(
+            "schema", f"unsupported schema {schema}; this kernel-hub reads {SCHEMA_VERSION}"
+        )
     ops_node = root.get("ops", dict)
     ops: dict[str, OpEntry] = {}
     aliases: dict[str, str] = {}
@@ -118,7 +159,9 @@ def parse_registry(path: str | Path, text: str | None = None) -> Registry:
         for alias in entry.aliases:
             if alias in ops_node or alias in aliases:
                 taken_by = alias if alias in ops_node else aliases[alias]
-                raise SourceError(path, line, f"op {name!r}: alias {alias!r} is already op {taken_by!r}")
+                raise SourceError(
+                    path, line, f"op {name!r}: alias {alias!r} is already op {taken_by!r}"
+                )
             aliases[alias] = name
         ops[name] = entry
     return Registry(path=path, ops=ops, _aliases=aliases)

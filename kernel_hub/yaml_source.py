@@ -73,7 +73,10 @@ def load_yaml(path: str | Path, text: str | None = None) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
-        raise SourceError(path, line, f"invalid YAML: {exc.problem or exc.context}") from None
+        message = f"invalid YAML: {exc.problem or exc.context}"
+        if exc.context and exc.context_mark is not None and exc.problem:
+            message += f" ({exc.context} at line {exc.context_mark.line + 1})"
+        raise SourceError(path, line, message) from None
     finally:
         loader.dispose()
 
@@ -88,34 +91,49 @@ def line_of(node: Any, key: str | None = None) -> int | None:
 class FieldReader:
     """Reads typed fields from one YAML mapping, raising ``SourceError`` at the right line."""
 
-    def __init__(self, path: str | Path, node: Any, context: str, allowed: set[str]):
+    def __init__(
+        self, path: str | Path, node: Any, context: str, allowed: set[str], line: int | None = None
+    ):
+        """``line`` locates ``node`` when it is a scalar (scalars do not remember their line)."""
         self.path = Path(path)
         self.context = context
         if not isinstance(node, dict):
             raise SourceError(
-                path, line_of(node), f"{context}: expected a mapping, got {type(node).__name__}"
+                path,
+                line_of(node) or line,
+                f"{context}: expected a mapping, got {type(node).__name__}",
             )
         self.node = node
+        self.line = line or line_of(node)
         unknown = sorted(set(node) - allowed)
         if unknown:
             raise SourceError(
                 path,
                 line_of(node, unknown[0]),
-                f"{context}: unknown field {unknown[0]!r}; valid fields: {', '.join(sorted(allowed))}",
+                f"{context}: unknown field {unknown[0]!r}; "
+                f"valid fields: {', '.join(sorted(allowed))}",
             )
 
     def error(self, key: str | None, message: str) -> SourceError:
         where = f"{self.context}: field {key!r}" if key else self.context
-        return SourceError(self.path, line_of(self.node, key), f"{where}: {message}")
+        line = line_of(self.node, key) if key else self.line
+        return SourceError(self.path, line, f"{where}: {message}")
 
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., ) -> Any:
+    def get(
+        self,
+        key: str,
+        kind: type | tuple[type, ...],
+        default: Any = ...,
+    ) -> Any:
         if key not in self.node:
             if default is ...:
                 raise self.error(None, f"missing required field {key!r}")
             return default
         value = self.node[key]
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            names = (
+                kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            )
             raise self.error(key, f"expected {names}, got {type(value).__name__} {value!r}")
         return value
 

@@ -9,7 +9,9 @@ from typing import Any
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     cells = [[str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)
+    ]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
     print(line.rstrip())
     print("  ".join("-" * w for w in widths))

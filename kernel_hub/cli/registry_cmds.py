@@ -49,7 +49,14 @@ def run_list(args: argparse.Namespace) -> int:
         print_json(rows)
         return 0
     print_table(
-        ["op", "version", "in-tree", f"order on {rows[0]['platform'] if rows else '?'}", "runs", "layers"],
+        [
+            "op",
+            "version",
+            "in-tree",
+            f"order on {rows[0]['platform'] if rows else '?'}",
+            "runs",
+            "layers",
+        ],
         [
             [
                 r["op"],

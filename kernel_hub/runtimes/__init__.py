@@ -23,6 +23,9 @@ class Runtime(Protocol):
     calls by signature (the executor) use to skip the runtime's own lookup.
     """
 
+    def check_device(self, device: Any) -> None:
+        """Raise ``UnsupportedDeviceError`` if this host cannot run JAX for torch ``device``."""
+
     def call(self, jax_fn: Callable[..., Any], tensors: Sequence[Any], *, key: Any) -> Any: ...
 
 

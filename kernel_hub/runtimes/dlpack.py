@@ -70,6 +70,9 @@ class DLPackRuntime:
         self._routes: dict[Any, tuple[Exchange, Any]] = {}
         self._executables: dict[tuple, Any] = {}
 
+    def check_device(self, device: Any) -> None:
+        self._route(device)
+
     def call(self, jax_fn: Callable[..., Any], tensors: Sequence[Any], *, key: Any = None) -> Any:
         exchange, device = self._route(_first_tensor(tensors).device)
         signature: list = []

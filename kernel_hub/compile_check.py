@@ -1,0 +1,219 @@
+"""Compile Pallas kernels for real TPU generations without a TPU (libtpu deviceless topologies).
+
+The Mosaic compiler runs exactly as on a TPU host, so illegal block shapes and VMEM overflow for a
+generation are caught here, not on a user's TPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .cases import KernelCase
+from .errors import UnknownNameError
+
+# Generation -> smallest topology name libtpu accepts for it.
+TOPOLOGIES: dict[str, str] = {
+    "v4": "v4:2x2x1",
+    "v5e": "v5e:2x2",
+    "v5p": "v5p:2x2x1",
+    "v6e": "v6e:2x2",
+}
+DEFAULT_GENERATIONS: tuple[str, ...] = tuple(TOPOLOGIES)
+
+# libtpu's start-up chatter on a host without a TPU; everything else on stderr is kept.
+_LIBTPU_NOISE = re.compile(
+    r"TPU_ACCELERATOR_TYPE|TPU_WORKER_HOSTNAMES|host bounds|Logging before InitGoogle|"
+    r"Source Location Trace|libtpu_init_utils|^\s*$|^E0000 .*common_lib\.cc"
+)
+_VMEM = re.compile(r"vmem|scoped memory|exceed", re.IGNORECASE)
+
+
+@dataclass
+class CompileResult:
+    """One cell of the compile matrix."""
+
+    kernel: str
+    case: str
+    direction: str  # "forward" or "backward"
+    generation: str
+    ok: bool
+    seconds: float
+    error: str | None = None
+    vmem_overflow: bool = False
+    memory: dict[str, int] = field(default_factory=dict)
+    flops: float | None = None
+    bytes_accessed: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@contextlib.contextmanager
+def _filtered_stderr() -> Iterator[None]:
+    """Swallow libtpu's known start-up warnings (written by C++ to fd 2), re-emit the rest."""
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            kept = [
+                line
+                for line in sink.read().decode(errors="replace").splitlines()
+                if not _LIBTPU_NOISE.search(line)
+            ]
+            if kept:
+                os.write(2, ("\n".join(kept) + "\n").encode())
+
+
+def allow_shared_libtpu() -> None:
+    """Let this process load libtpu while another one holds it.
+
+    libtpu takes a host-wide lock file when it loads; deviceless compiles touch no chip, so several
+    processes (a test run and its subprocesses, a compile check beside a notebook) may share it.
+    Must run before JAX first initialises its backends to take effect.
+    """
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+@functools.cache
+def tpu_device(generation: str) -> Any:
+    """First device of a deviceless topology for ``generation`` (v4, v5e, v5p, v6e)."""
+    if generation not in TOPOLOGIES:
+        raise UnknownNameError("TPU generation", generation, TOPOLOGIES)
+    allow_shared_libtpu()
+    from jax.experimental import topologies
+
+    with _filtered_stderr():
+        return topologies.get_topology_desc(TOPOLOGIES[generation], "tpu").devices[0]
+
+
+def _staged_function(case: KernelCase, direction: str, implementation: str):
+    """The function to compile and its abstract arguments, for a case and direction."""
+    import jax
+
+    forward = functools.partial(case.fn, **case.kwargs, implementation=implementation)
+    if direction == "forward":
+        return forward, case.args
+    diff = case.differentiable
+
+    def backward(args, cotangent):
+        def on_diff(*diff_args):
+            full = list(args)
+            for index, value in zip(diff, diff_args, strict=True):
+                full[index] = value
+            return forward(*full)
+
+        _, pullback = jax.vjp(on_diff, *(args[i] for i in diff))
+        return pullback(cotangent)
+
+    out = jax.eval_shape(forward, *case.args)
+    return backward, (case.args, out)
+
+
+def _placed(tree: Any, device: Any) -> Any:
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    sharding = SingleDeviceSharding(device)
+    return jax.tree.map(
+        lambda s: (
+            jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
+            if isinstance(s, jax.ShapeDtypeStruct)
+            else s
+        ),
+        tree,
+    )
+
+
+def _no_persistent_cache() -> contextlib.AbstractContextManager:
+    """Deviceless executables cannot be read back from JAX's persistent cache: keep them out."""
+    from jax._src import config  # the scoped switch has no public name in jax 0.10
+
+    state = getattr(config, "enable_compilation_cache", None)
+    return state(False) if state is not None else contextlib.nullcontext()
+
+
+def _memory_figures(compiled: Any) -> dict[str, int]:
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return {}
+    names = (
+        "argument_size_in_bytes",
+        "output_size_in_bytes",
+        "temp_size_in_bytes",
+        "generated_code_size_in_bytes",
+    )
+    return {name.removesuffix("_in_bytes"): int(getattr(stats, name)) for name in names}
+
+
+def compile_case(
+    kernel: str,
+    case: KernelCase,
+    generation: str,
+    direction: str = "forward",
+    implementation: str = "pallas",
+) -> CompileResult:
+    """Trace, lower and compile one case for one TPU generation; a failure is a result."""
+    import jax
+
+    device = tpu_device(generation)
+    fn, args = _staged_function(case, direction, implementation)
+    start = time.perf_counter()
+    try:
+        with _filtered_stderr(), _no_persistent_cache(), jax.default_device(device):
+            compiled = jax.jit(fn).trace(*_placed(args, device)).lower().compile()
+    except Exception as exc:  # the compiler's message is the result
+        message = f"{type(exc).__name__}: {exc}".strip()
+        return CompileResult(
+            kernel,
+            case.name,
+            direction,
+            generation,
+            ok=False,
+            seconds=time.perf_counter() - start,
+            error=message[:2000],
+            vmem_overflow=bool(_VMEM.search(message)),
+        )
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list):
+        cost = cost[0] if cost else {}
+    return CompileResult(
+        kernel,
+        case.name,
+        direction,
+        generation,
+        ok=True,
+        seconds=time.perf_counter() - start,
+        memory=_memory_figures(compiled),
+        flops=cost.get("flops"),
+        bytes_accessed=cost.get("bytes accessed"),
+    )
+
+
+def compile_matrix(
+    kernel: str,
+    cases: Sequence[KernelCase],
+    generations: Sequence[str] = DEFAULT_GENERATIONS,
+    *,
+    backward: bool = True,
+) -> list[CompileResult]:
+    """Every case x direction x generation."""
+    results = []
+    for generation in generations:
+        for case in cases:
+            directions = ["forward"] + (["backward"] if backward and case.differentiable else [])
+            for direction in directions:
+                results.append(compile_case(kernel, case, generation, direction))
+    return results

@@ -1,0 +1,28 @@
+"""Versioned kernel builds on the Hugging Face Hub.
+
+* :mod:`.build` turns ``kernels/<name>`` into ``build/<variant>/`` folders (kernel-hub's loader
+  and, for ``torch-*`` variants, Hugging Face ``kernels`` load them); :mod:`.metadata`,
+  :mod:`.digests`.
+* :mod:`.publish` uploads a build as tag ``vX.Y.Z`` and moves branch ``vX``; re-publishing a
+  version is refused.
+* :mod:`.fetch` resolves a version range / branch / commit over the repo's refs, downloads only the
+  variant for this machine into the Hugging Face cache and verifies it; :mod:`.cache` answers the
+  same questions offline.
+* :mod:`.lockfile` / :mod:`.locking`: ``kernel-hub.lock`` pins commits and every file's digest.
+* :mod:`.trust`: downloaded code is imported only from allowlisted publishers.
+
+``get_kernel`` (:mod:`kernel_hub.resolver`) decides between the in-tree kernel and a hub build.
+
+Environment (read at call time, see :mod:`.settings`):
+
+==============================  ==========================================================
+``HF_ENDPOINT``                 hub to talk to (default https://huggingface.co)
+``HF_HUB_CACHE`` / ``HF_HOME``  Hugging Face cache where builds are downloaded
+``HF_HUB_OFFLINE=1``            resolve from the cache only, no network call
+``KERNEL_HUB_SOURCE``           ``local`` (in-tree) or ``hub``: default source for get_kernel
+``KERNEL_HUB_LOCAL_KERNELS``    ``op=/path,...``: load these ops from a directory (development)
+``KERNEL_HUB_LOCK``             lock file to honour (default ``./kernel-hub.lock`` if present)
+``KERNEL_HUB_TRUSTED_PUBLISHERS``  comma-separated orgs whose code may be imported (``kernel-hub``)
+``KERNEL_HUB_VARIANT``          force a build variant (``torch-cpu``, ``torch-tpu``, ``jax-tpu``)
+==============================  ==========================================================
+"""

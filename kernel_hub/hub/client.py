@@ -1,0 +1,82 @@
+"""The ``huggingface_hub`` client kernel-hub uses, and its errors turned into ``HubError``s."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from packaging.version import Version
+
+from .. import __version__
+from ..errors import HubError, KernelHubError
+from . import settings
+from .versions import version_of_tag
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
+
+REPO_TYPE = "kernel"
+"""Kernel repos are the hub's ``kernel`` repo type, as Hugging Face ``kernels`` expects."""
+
+
+def hub_api(token: str | bool | None = None) -> HfApi:
+    """An ``HfApi`` bound to the endpoint the environment names now (see ``settings``)."""
+    from huggingface_hub import HfApi
+
+    return HfApi(
+        endpoint=settings.endpoint(),
+        token=token,
+        library_name="kernel-hub",
+        library_version=__version__,
+    )
+
+
+@contextlib.contextmanager
+def hub_errors(what: str) -> Iterator[None]:
+    """Re-raise ``huggingface_hub``/network failures as ``HubError`` starting with ``what``."""
+    import httpx2
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    endpoint = settings.endpoint()
+    try:
+        yield
+    except KernelHubError:
+        raise
+    except RepositoryNotFoundError:
+        raise HubError(f"{what}: repository not found on {endpoint}") from None
+    except RevisionNotFoundError as exc:
+        raise HubError(f"{what}: revision not found on {endpoint} ({_first_line(exc)})") from None
+    except RemoteEntryNotFoundError as exc:
+        raise HubError(f"{what}: file not found on {endpoint} ({_first_line(exc)})") from None
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "?"
+        raise HubError(f"{what}: the hub at {endpoint} answered HTTP {status}") from exc
+    except httpx2.HTTPError as exc:
+        raise HubError(
+            f"{what}: cannot reach the hub at {endpoint} ({type(exc).__name__}: {exc}); "
+            "set HF_HUB_OFFLINE=1 to use cached builds only"
+        ) from exc
+    except OSError as exc:  # interrupted or inconsistent downloads, missing cache entries
+        raise HubError(f"{what}: {type(exc).__name__}: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def list_refs(api: HfApi, repo: str) -> tuple[dict[Version, str], dict[str, str], dict[str, str]]:
+    """(version tag -> commit, branch -> commit, tag -> commit) of ``repo``."""
+    with hub_errors(f"listing versions of {repo}"):
+        refs = api.list_repo_refs(repo, repo_type=REPO_TYPE)
+    tags = {ref.name: ref.target_commit for ref in refs.tags}
+    branches = {ref.name: ref.target_commit for ref in refs.branches}
+    versions = {
+        v: commit for name, commit in tags.items() if (v := version_of_tag(name)) is not None
+    }
+    return versions, branches, tags

@@ -1,0 +1,94 @@
+"""Per-file sha256 digests of a build variant, and the checks run before its code is imported.
+
+Digests use the format of Hugging Face ``kernels`` metadata (``{"algorithm": "sha256", "files":
+{relative path: base64 sha256}}``) so both tools can check the same build. Like ``kernels``, the
+digest in ``metadata.json`` covers every file of the variant except ``metadata.json`` itself (and
+its signature); lock files add ``metadata.json``'s own digest, so a locked build is covered whole.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+
+from ..errors import IntegrityError
+
+ALGORITHM = "sha256"
+METADATA_FILE = "metadata.json"
+# Files the metadata digest leaves out (they describe the others). Bytecode is never in a build.
+UNDIGESTED = frozenset({METADATA_FILE, f"{METADATA_FILE}.sigstore"})
+BYTECODE_DIR = "__pycache__"
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def file_digest(path: str | Path) -> str:
+    """base64 sha256 of a file's bytes."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            sha.update(chunk)
+    return base64.b64encode(sha.digest()).decode("ascii")
+
+
+def check_relative_name(name: str, inside: str) -> str:
+    """``name`` if it is a plain relative path that stays inside ``inside``; else refuse it.
+
+    Refuses absolute paths, ``..`` segments, backslashes, drive letters and empty segments: a build
+    or lock file naming such a path would make kernel-hub read or write outside the build folder.
+    """
+    parts = name.split("/")
+    if (
+        not name
+        or name.startswith("/")
+        or "\\" in name
+        or _DRIVE.match(name)
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise IntegrityError(f"refusing file name {name!r}: it escapes {inside}")
+    return str(PurePosixPath(*parts))
+
+
+def hash_tree(root: str | Path, *, with_metadata: bool = False) -> dict[str, str]:
+    """Digest of every file under ``root`` (symlinks followed, bytecode caches skipped)."""
+    root = Path(root)
+    digests: dict[str, str] = {}
+    for directory, dirs, files in os.walk(root, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if d != BYTECODE_DIR)
+        for name in sorted(files):
+            path = Path(directory, name)
+            relative = path.relative_to(root).as_posix()
+            if not with_metadata and relative in UNDIGESTED:
+                continue
+            digests[relative] = file_digest(path)
+    return digests
+
+
+def verify_tree(root: str | Path, expected: Mapping[str, str], *, label: str) -> None:
+    """Raise ``IntegrityError`` naming every file of ``root`` that differs from ``expected``.
+
+    ``label`` prefixes the file names in the message (e.g. ``build/torch-cpu``) so they read as
+    repository paths. Files in ``expected`` are checked against what is on disk; files on disk
+    that ``expected`` does not list are refused too (extra code is never imported silently).
+    """
+    for name in expected:
+        check_relative_name(name, label)
+    with_metadata = METADATA_FILE in expected
+    actual = hash_tree(root, with_metadata=with_metadata)
+    changed = sorted(n for n in expected if n in actual and actual[n] != expected[n])
+    missing = sorted(n for n in expected if n not in actual)
+    unexpected = sorted(n for n in actual if n not in expected)
+    problems = [
+        f"{what}: {', '.join(f'{label}/{n}' for n in names)}"
+        for what, names in (
+            ("changed", changed),
+            ("missing", missing),
+            ("not in digest", unexpected),
+        )
+        if names
+    ]
+    if problems:
+        raise IntegrityError(f"{label} does not match its digest; " + "; ".join(problems))

@@ -1,0 +1,67 @@
+"""``kernel-hub lock``: pin every hub op of the registry to a commit and its files' digests.
+
+Every variant of the resolved commit is downloaded and checked against its own metadata digest;
+the lock then records the digest of every file as found (metadata.json included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import IntegrityError, SourceError
+from ..registry import OpEntry, Registry
+from . import cache
+from .client import hub_api
+from .digests import hash_tree
+from .fetch import HubRequest, download, list_build, resolve_online, verify_variant
+from .lockfile import LockedOp, LockFile, write_lock
+
+
+@dataclass(frozen=True)
+class LockResult:
+    lock: LockFile
+    skipped: dict[str, str]
+    """Op -> why it was not locked (no hub repo)."""
+
+
+def lock_registry(
+    registry: Registry, path: str | Path, ops: Iterable[str] | None = None
+) -> LockResult:
+    entries = [registry.get(op) for op in ops] if ops is not None else list(registry)
+    locked: dict[str, LockedOp] = {}
+    skipped: dict[str, str] = {}
+    for entry in entries:
+        if entry.repo is None:
+            skipped[entry.name] = "no 'repo' in the registry: in-tree only"
+            continue
+        locked[entry.name] = lock_op(entry, HubRequest.for_op(entry))
+    return LockResult(write_lock(path, locked), skipped)
+
+
+def lock_op(entry: OpEntry, request: HubRequest) -> LockedOp:
+    what = f"locking op {entry.name}"
+    api = hub_api()
+    resolved = resolve_online(api, request, what)
+    variants = sorted(list_build(api, request.repo, resolved.commit, what))
+    download(api, request.repo, resolved, variants, what)
+    snapshot = cache.snapshot_dir(request.repo, resolved.commit)
+    files = {}
+    versions = set()
+    for variant in variants:
+        try:
+            metadata = verify_variant(snapshot / "build" / variant, variant, resolved.version, None)
+        except (IntegrityError, SourceError) as exc:
+            cache.discard_variant(request.repo, resolved.commit, variant)
+            raise IntegrityError(
+                f"{what}: {request.repo} at {resolved.commit[:12]}: {exc}"
+            ) from None
+        versions.add(metadata.version)
+        files[variant] = hash_tree(snapshot / "build" / variant, with_metadata=True)
+    if len(versions) != 1:
+        raise IntegrityError(
+            f"{what}: the variants of {request.repo} at {resolved.commit[:12]} disagree on the "
+            f"version ({', '.join(sorted(map(str, versions))) or 'no variants'})"
+        )
+    return LockedOp(entry.name, request.repo, versions.pop(), resolved.commit, files)

@@ -1,0 +1,99 @@
+"""``kernel-hub publish``: build a kernel and upload it as version ``vX.Y.Z`` of a hub repo.
+
+One commit on ``main`` replaces ``build/`` with the new build; the tag ``vX.Y.Z`` marks it and the
+branch ``vX`` is moved to it when it is the highest ``X.*`` version (the ``kernels`` convention, so
+``kernels.get_kernel(repo, version=X)`` finds it). A version whose tag exists is refused: published
+versions are immutable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import Version
+
+from ..errors import HubError
+from .build import Build, build_kernel
+from .client import REPO_TYPE, hub_api, hub_errors, list_refs
+from .versions import branch_name, tag_name
+
+
+@dataclass(frozen=True)
+class Published:
+    repo: str
+    version: Version
+    commit: str
+    tag: str
+    branch: str | None
+    """The ``vX`` branch if it was moved to this commit (not for a back-ported older version)."""
+    build: Build
+
+
+def publish_kernel(
+    kernel_dir: str | Path,
+    repo: str,
+    *,
+    build_dir: str | Path | None = None,
+    token: str | bool | None = None,
+) -> Published:
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise HubError(f"--repo must be 'org/name', got {repo!r}")
+    build = build_kernel(kernel_dir, build_dir)
+    version = build.manifest.version
+    tag = tag_name(version)
+    what = f"publishing {build.manifest.name} {version} to {repo}"
+    api = hub_api(token)
+    with hub_errors(what):
+        api.create_repo(repo, repo_type=REPO_TYPE, exist_ok=True)
+    versions, branches, tags = list_refs(api, repo)
+    if tag in tags:
+        raise HubError(
+            f"{what}: version {version} is already published (tag {tag} -> {tags[tag][:12]}); "
+            "published versions are immutable, bump 'version' in kernel.yaml"
+        )
+    head = branches.get("main")
+    with hub_errors(what):
+        commit = api.create_commit(
+            repo,
+            _operations(api, repo, head, build.path),
+            commit_message=f"{build.manifest.name} {version}",
+            repo_type=REPO_TYPE,
+            parent_commit=head,
+        ).oid
+        api.create_tag(repo, tag=tag, revision=commit, repo_type=REPO_TYPE)
+    newer = [v for v in versions if v.major == version.major and v > version]
+    branch = None
+    if not newer:
+        branch = branch_name(version)
+        with hub_errors(f"{what}: moving branch {branch}"):
+            if branch in branches:
+                api.delete_branch(repo, branch=branch, repo_type=REPO_TYPE)
+            api.create_branch(repo, branch=branch, revision=commit, repo_type=REPO_TYPE)
+    return Published(repo, version, commit, tag, branch, build)
+
+
+def _operations(api, repo: str, head: str | None, build_path: Path) -> list:
+    """Add every file of the build under ``build/``; delete old build files it does not replace."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+    from huggingface_hub.hf_api import RepoFile
+
+    adds = [
+        CommitOperationAdd(
+            path_in_repo=f"build/{path.relative_to(build_path).as_posix()}", path_or_fileobj=path
+        )
+        for path in sorted(build_path.rglob("*"))
+        if path.is_file()
+    ]
+    new = {op.path_in_repo for op in adds}
+    old = []
+    if head is not None:
+        with hub_errors(f"listing files of {repo}"):
+            old = [
+                entry.path
+                for entry in api.list_repo_tree(
+                    repo, recursive=True, revision=head, repo_type=REPO_TYPE
+                )
+                if isinstance(entry, RepoFile) and entry.path.startswith("build/")
+            ]
+    return [CommitOperationDelete(path_in_repo=p) for p in old if p not in new] + adds

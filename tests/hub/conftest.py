@@ -1,0 +1,87 @@
+"""Fixtures: a fake hub on 127.0.0.1 and an environment that points everything at it.
+
+``huggingface_hub`` reads ``HF_ENDPOINT``, ``HF_HUB_CACHE`` and ``HF_HUB_OFFLINE`` when it is
+imported, which has already happened in a pytest process. kernel-hub reads them at call time and
+passes endpoint, cache and offline mode to ``huggingface_hub`` explicitly
+(kernel_hub/hub/settings.py), so setting the environment variables is enough for kernel-hub's own
+calls. ``huggingface_hub`` also
+makes calls of its own to ``constants.ENDPOINT`` (its agent-detection registry, when building the
+User-Agent): the ``hub_env`` fixture therefore also points ``constants.ENDPOINT`` and the URL
+template at the local server and turns telemetry off, so no test can reach the internet.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .fake_hub_server import FakeHub
+from .hub_helpers import REPO, RMSNORM, cache_dir
+
+
+@pytest.fixture
+def hub() -> Iterator[FakeHub]:
+    with FakeHub() as server:
+        yield server
+
+
+@pytest.fixture
+def hub_env(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache_dir(tmp_path)))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    for name in (
+        "HF_HUB_OFFLINE",
+        "HF_TOKEN",
+        "KERNEL_HUB_SOURCE",
+        "KERNEL_HUB_LOCAL_KERNELS",
+        "KERNEL_HUB_LOCK",
+        "KERNEL_HUB_TRUSTED_PUBLISHERS",
+        "KERNEL_HUB_VARIANT",
+        "KERNEL_HUB_REGISTRY",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(
+        constants,
+        "HUGGINGFACE_CO_URL_TEMPLATE",
+        hub.url + "/{repo_id}/resolve/{revision}/{filename}",
+    )
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    monkeypatch.chdir(tmp_path)  # no stray ./kernel-hub.lock is picked up
+    return hub
+
+
+@pytest.fixture
+def kernel_copy(tmp_path: Path):
+    """``kernel_copy("1.1.0")``: rmsnorm copied to a tmp dir, with that manifest version."""
+
+    def make(version: str) -> Path:
+        (tmp_path / "src").mkdir(exist_ok=True)
+        dest = Path(tempfile.mkdtemp(prefix=f"{version}-", dir=tmp_path / "src")) / "rmsnorm"
+        shutil.copytree(RMSNORM, dest, ignore=shutil.ignore_patterns("__pycache__", "build"))
+        manifest = dest / "kernel.yaml"
+        text = manifest.read_text()
+        assert "version: 1.0.0" in text
+        manifest.write_text(text.replace("version: 1.0.0", f"version: {version}"))
+        return dest
+
+    return make
+
+
+@pytest.fixture
+def publish(hub_env: FakeHub, kernel_copy):
+    """``publish("1.1.0", repo=...)``: publish a copy of rmsnorm at that version."""
+    from kernel_hub.hub.publish import publish_kernel
+
+    def run(version: str, repo: str = REPO):
+        return publish_kernel(kernel_copy(version), repo)
+
+    return run
