@@ -177,10 +177,10 @@ def jax_op(
         )
         executor = OpExecutor(spec)
         library = torch.library.Library(namespace, "FRAGMENT")
-        op = _define_forward(library, spec, executor, stub)
+        op, forward = _define_forward(library, spec, executor, stub)
         backward_op = _define_backward(library, spec, executor) if differentiable else None
         if backward_op is not None:
-            _register_autograd(library, spec, op, backward_op)
+            _register_autograd(library, spec, op, backward_op, forward)
         return JaxOp(spec, op, backward_op, stub, library)
 
     return decorate
@@ -195,7 +195,10 @@ def _define(library: Any, qualname: str, schema: str, impl: Callable[..., Any]) 
     return getattr(getattr(torch.ops, namespace), op_name).default
 
 
-def _define_forward(library: Any, spec: OpSpec, executor: OpExecutor, stub: Callable) -> Any:
+def _define_forward(
+    library: Any, spec: OpSpec, executor: OpExecutor, stub: Callable
+) -> tuple[Any, Callable[..., Any]]:
+    """The forward op and its implementation (which the autograd kernel may call directly)."""
     names = spec.param_names
     tensor_positions = [names.index(n) for n in spec.tensor_params]
     static_positions = [names.index(n) for n in spec.static_params]
@@ -215,7 +218,7 @@ def _define_forward(library: Any, spec: OpSpec, executor: OpExecutor, stub: Call
 
     op = _define(library, spec.qualname, torch.library.infer_schema(stub, mutates_args=()), forward)
     torch.library.register_fake(spec.qualname, fake, lib=library)
-    return op
+    return op, forward
 
 
 def _backward_schema(spec: OpSpec) -> str:
@@ -254,27 +257,62 @@ def _define_backward(library: Any, spec: OpSpec, executor: OpExecutor) -> Any:
     return op
 
 
-def _register_autograd(library: Any, spec: OpSpec, op: Any, backward_op: Any) -> None:
+def _register_autograd(
+    library: Any, spec: OpSpec, op: Any, backward_op: Any, forward: Callable[..., Any]
+) -> None:
+    """Autograd for ``op``: the backward op on the saved inputs and outputs.
+
+    What ``torch.library.register_autograd`` does, plus a shortcut: when nothing needs a gradient
+    and the tensors are plain CPU/CUDA ones (no fake, functional or traced tensors, no dispatch
+    mode: the redispatch would land straight in ``forward``), ``forward`` is called directly.
+    That saves a redispatch through the dispatcher on every inference call.
+    """
     arg_names = spec.param_names
+    complete = _positional_fast(spec.signature)
+    tensor_positions = [arg_names.index(n) for n in spec.tensor_params]
+    static_positions = [arg_names.index(n) for n in spec.static_params]
+    below_autograd = torch._C._after_autograd_keyset
+    direct_keys = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
 
-    def setup_context(ctx, inputs, output):
-        arguments = dict(zip(arg_names, inputs, strict=True))
-        outputs = output if isinstance(output, tuple) else (output,)
-        ctx.static_values = [arguments[name] for name in spec.static_params]
-        ctx.num_inputs = len(spec.tensor_params)
-        ctx.save_for_backward(*(arguments[n] for n in spec.tensor_params), *outputs)
+    class Backprop(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, keyset, *args):
+            with torch._C._AutoDispatchBelowAutograd():
+                output = op.redispatch(keyset & below_autograd, *args)
+            ctx.num_args = len(args)  # the dispatcher drops trailing arguments left at default
+            args = complete(args, {})
+            ctx.static_values = [args[i] for i in static_positions]
+            outputs = output if isinstance(output, tuple) else (output,)
+            ctx.save_for_backward(*(args[i] for i in tensor_positions), *outputs)
+            return output
 
-    def backward(ctx, *grads):
-        saved = ctx.saved_tensors
-        inputs, outputs = list(saved[: ctx.num_inputs]), list(saved[ctx.num_inputs :])
-        cotangents = [
-            torch.zeros_like(out) if g is None else g for g, out in zip(grads, outputs, strict=True)
-        ]
-        diff_grads = iter(backward_op(inputs, outputs, cotangents, *ctx.static_values))
-        return tuple(
-            next(diff_grads) if name in spec.differentiable else None for name in arg_names
-        )
+        @staticmethod
+        def backward(ctx, *grads):
+            saved = ctx.saved_tensors
+            count = len(tensor_positions)
+            inputs, outputs = list(saved[:count]), list(saved[count:])
+            cotangents = [
+                torch.zeros_like(out) if g is None else g
+                for g, out in zip(grads, outputs, strict=True)
+            ]
+            diff_grads = iter(backward_op(inputs, outputs, cotangents, *ctx.static_values))
+            per_arg = [next(diff_grads) if n in spec.differentiable else None for n in arg_names]
+            return (None, *per_arg[: ctx.num_args])
 
-    torch.library.register_autograd(
-        spec.qualname, backward, setup_context=setup_context, lib=library
+    def autograd_kernel(keyset: Any, *args: Any) -> Any:
+        if torch.is_grad_enabled() and any(
+            isinstance(a, torch.Tensor) and a.requires_grad for a in args
+        ):
+            return Backprop.apply(keyset, *args)
+        below = keyset & below_autograd
+        if below.highestPriorityTypeId() in direct_keys:
+            return forward(*args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op.redispatch(below, *args)
+
+    library.impl(
+        spec.qualname.split("::")[1],
+        torch._disable_dynamo(autograd_kernel),
+        "Autograd",
+        with_keyset=True,
     )

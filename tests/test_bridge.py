@@ -132,6 +132,18 @@ def test_torch_compile_fullgraph_no_graph_breaks(rmsnorm):
     assert_close_to(grad, block.weight.grad, 1e-4)
 
 
+def test_traced_and_fake_calls_reach_the_dispatcher(rmsnorm):
+    """The autograd kernel's shortcut (straight to the implementation) must not skip tracing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    graph = make_fx(lambda x, w: rmsnorm.rms_norm(x, w, 1e-6))(torch.randn(4, 8), torch.randn(8))
+    assert [n.target for n in graph.graph.nodes if n.op == "call_function"] == [rmsnorm.rms_norm.op]
+    with FakeTensorMode():
+        out = rmsnorm.rms_norm(torch.randn(2, 3, 8), torch.randn(8))
+    assert out.shape == (2, 3, 8) and type(out).__name__ == "FakeTensor"
+
+
 # --- input layouts -----------------------------------------------------------------------------
 
 
