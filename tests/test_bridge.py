@@ -290,6 +290,25 @@ def test_public_exchange_gives_same_results(monkeypatch, rmsnorm):
     assert runtime._routes[torch.device("cpu")][0].name == "public"
 
 
+def test_parameter_arrays_follow_updates(rmsnorm):
+    """Reused weight arrays see in-place updates and replaced storage, and die with the weight."""
+    import gc
+    import weakref
+
+    x = torch.randn(4, 16)
+    weight = torch.nn.Parameter(torch.randn(16))
+    with torch.no_grad():
+        rmsnorm.rms_norm(x, weight, 1e-6)
+        weight.mul_(3.0)  # optimizer-style in-place step
+        assert_close_to(rmsnorm.rms_norm(x, weight, 1e-6), rms_norm_reference(x, weight, 1e-6), 2e-6)
+        weight.data = torch.randn(16)  # new storage
+        assert_close_to(rmsnorm.rms_norm(x, weight, 1e-6), rms_norm_reference(x, weight, 1e-6), 2e-6)
+    alive = weakref.ref(weight)
+    del weight
+    gc.collect()
+    assert alive() is None  # the bridge keeps no reference to the parameter
+
+
 # --- process-level settings (fresh interpreters) -----------------------------------------------
 
 _CHILD = textwrap.dedent(

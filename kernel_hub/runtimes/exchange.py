@@ -18,6 +18,8 @@ import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from .parameter_arrays import reuse_parameter_arrays
+
 log = logging.getLogger(__name__)
 
 _DL_CPU = 1  # DLDeviceType.kDLCPU
@@ -90,7 +92,7 @@ def _internal_cpu(jax_device: Any) -> Exchange | None:
     if problem is not None:
         log.warning("kernel-hub: internal DLPack path disabled (%s); using jax.dlpack", problem)
         return None
-    return exchange
+    return exchange._replace(to_jax=reuse_parameter_arrays(to_jax))
 
 
 def _self_test(exchange: Exchange) -> str | None:
