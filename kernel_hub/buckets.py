@@ -80,7 +80,7 @@ class RowLayout:
     def pad(self, tensor: Any, *, zeros: bool = False) -> Any:
         """``[*lead, *features]`` -> ``[padded, *features]``; filler rows repeat the last row, or
         are zeros (for cotangents)."""
-        flat = tensor.reshape((self.rows,) + tensor.shape[len(self.lead) :])
+        flat = tensor.reshape((self.rows, *tensor.shape[len(self.lead) :]))
         extra = self.padded - self.rows
         if extra == 0:
             return flat
