@@ -186,12 +186,32 @@ def jax_op(
     return decorate
 
 
+def _untraced(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """``kernel`` (entered from the dispatcher) never traced by torch.compile, nor what it calls.
+
+    Marking the code object costs nothing per call; ``torch._disable_dynamo``'s wrapper (the
+    fallback where that internal API is missing) costs two Python frames per call.
+    """
+    try:
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+
+        skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+        set_code_exec_strategy(kernel.__code__, skip)
+    except (ImportError, AttributeError, TypeError):
+        return torch._disable_dynamo(kernel)
+    return kernel
+
+
 def _define(library: Any, qualname: str, schema: str, impl: Callable[..., Any]) -> Any:
     """Define ``qualname`` with ``schema`` and its one implementation (every backend); the
     ``OpOverload``. The implementation never runs under torch.compile's frame evaluation."""
     namespace, op_name = qualname.split("::")
     library.define(op_name + schema)
-    library.impl(op_name, torch._disable_dynamo(impl), "CompositeExplicitAutograd")
+    library.impl(op_name, _untraced(impl), "CompositeExplicitAutograd")
     return getattr(getattr(torch.ops, namespace), op_name).default
 
 
@@ -312,7 +332,7 @@ def _register_autograd(
 
     library.impl(
         spec.qualname.split("::")[1],
-        torch._disable_dynamo(autograd_kernel),
+        _untraced(autograd_kernel),
         "Autograd",
         with_keyset=True,
     )

@@ -21,7 +21,7 @@ Plan = Callable[..., Any]
 
 
 def _signature(tensors: Sequence[Any]) -> tuple:
-    return tuple(None if t is None else (t.shape, t.dtype, t.device) for t in tensors)
+    return tuple([None if t is None else (t.shape, t.dtype, t.device) for t in tensors])
 
 
 def check_devices(arguments: dict[str, Any], tensor_params: Sequence[str]) -> Runtime:

@@ -132,6 +132,30 @@ def test_torch_compile_fullgraph_no_graph_breaks(rmsnorm):
     assert_close_to(grad, block.weight.grad, 1e-4)
 
 
+def _frames_compiled(op, *args):
+    """Frames torch.compile compiles for a model whose eager part calls ``op`` (an OpOverload)
+    from C++ while dynamo's frame hook is active, i.e. where it would trace our kernels."""
+    from torch._dynamo.utils import counters
+
+    @torch._dynamo.disable(recursive=False)
+    def eager_part(*args):
+        return op(*args)
+
+    def model(*args):
+        return eager_part(*args) + 1
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.compile(model, backend="eager")(*args)
+    return counters["frames"]["total"]
+
+
+def test_kernels_are_never_traced_by_dynamo(rmsnorm):
+    x, w = torch.randn(4, 8), torch.randn(8)
+    baseline = _frames_compiled(torch.ops.aten.mul.Tensor, x, w)
+    assert _frames_compiled(rmsnorm.rms_norm.op, x, w, 1e-6) == baseline
+
+
 def test_traced_and_fake_calls_reach_the_dispatcher(rmsnorm):
     """The autograd kernel's shortcut (straight to the implementation) must not skip tracing."""
     from torch._subclasses.fake_tensor import FakeTensorMode
