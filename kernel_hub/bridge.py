@@ -60,19 +60,11 @@ def _positional(signature: inspect.Signature, args: Sequence[Any], kwargs: dict)
     return tuple(bound.arguments.values())
 
 
-def _positional_fast(signature: inspect.Signature) -> Callable[[tuple, dict], tuple]:
-    """``_positional`` for how the dispatcher calls an implementation: positionally, trailing
-    arguments left at their defaults omitted; anything else takes the general path."""
-    params = list(signature.parameters.values())
-    defaults = tuple(p.default for p in params)
-    required = sum(p.default is inspect.Parameter.empty for p in params)
-
-    def complete(args: tuple, kwargs: dict) -> tuple:
-        if kwargs or not required <= len(args) <= len(defaults):
-            return _positional(signature, args, kwargs)
-        return args + defaults[len(args) :]
-
-    return complete
+def _default_tails(signature: inspect.Signature) -> list[tuple]:
+    """``tails[n]``: the defaults of every parameter after the first ``n``. The dispatcher calls
+    an implementation positionally, leaving out trailing arguments that equal their defaults."""
+    defaults = [p.default for p in signature.parameters.values()]
+    return [tuple(defaults[n:]) for n in range(len(defaults) + 1)]
 
 
 def _concrete(size: Any) -> int:
@@ -222,12 +214,18 @@ def _define_forward(
     names = spec.param_names
     tensor_positions = [names.index(n) for n in spec.tensor_params]
     static_positions = [names.index(n) for n in spec.static_params]
-
-    complete = _positional_fast(spec.signature)
+    tails = _default_tails(spec.signature)
+    required = sum(p.default is inspect.Parameter.empty for p in spec.signature.parameters.values())
+    list_static = spec.list_static
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        args = complete(args, kwargs)
-        static = tuple([hashable(args[i]) for i in static_positions])
+        if kwargs or not required <= len(args) <= len(names):
+            args = _positional(spec.signature, args, kwargs)
+        else:
+            args += tails[len(args)]
+        static = tuple([args[i] for i in static_positions])
+        if list_static:
+            static = hashable(static)
         return executor.forward(static, [args[i] for i in tensor_positions])
 
     def fake(*args: Any, **kwargs: Any) -> Any:
@@ -264,8 +262,10 @@ def _backward_schema(spec: OpSpec) -> str:
 def _define_backward(library: Any, spec: OpSpec, executor: OpExecutor) -> Any:
     diff_positions = [spec.tensor_params.index(name) for name in spec.differentiable]
 
+    list_static = spec.list_static
+
     def backward(inputs, outputs, cotangents, *static_values):
-        static = tuple([hashable(v) for v in static_values])
+        static = hashable(static_values) if list_static else static_values
         return list(executor.backward(static, inputs, outputs, cotangents))
 
     def fake(inputs, outputs, cotangents, *static_values):
@@ -288,7 +288,7 @@ def _register_autograd(
     That saves a redispatch through the dispatcher on every inference call.
     """
     arg_names = spec.param_names
-    complete = _positional_fast(spec.signature)
+    tails = _default_tails(spec.signature)
     tensor_positions = [arg_names.index(n) for n in spec.tensor_params]
     static_positions = [arg_names.index(n) for n in spec.static_params]
     below_autograd = torch._C._after_autograd_keyset
@@ -300,7 +300,7 @@ def _register_autograd(
             with torch._C._AutoDispatchBelowAutograd():
                 output = op.redispatch(keyset & below_autograd, *args)
             ctx.num_args = len(args)  # the dispatcher drops trailing arguments left at default
-            args = complete(args, {})
+            args += tails[len(args)]
             ctx.static_values = [args[i] for i in static_positions]
             outputs = output if isinstance(output, tuple) else (output,)
             ctx.save_for_backward(*(args[i] for i in tensor_positions), *outputs)

@@ -50,7 +50,9 @@ class OpExecutor:
         self._backward_plans: dict[tuple, Plan] = {}
 
     def forward(self, static: Static, tensors: list[Any]) -> Any:
-        key = (static, _signature(tensors))
+        # _signature(tensors), inlined: this runs on every call.
+        signature = [None if t is None else (t.shape, t.dtype, t.device) for t in tensors]
+        key = (static, tuple(signature))
         plan = self._forward_plans.get(key)
         if plan is None:
             plan = self._forward_plans[key] = self._plan_forward(static, tensors)
@@ -91,7 +93,11 @@ class OpExecutor:
         run_padded = _bind(runtime, fn, _pad(tensors, padded_inputs, layout), key)
 
         def run(tensors: list[Any]) -> Any:
-            out = run_padded(_pad(tensors, padded_inputs, layout))
+            tensors = tensors.copy()
+            for i in padded_inputs:
+                if tensors[i] is not None:
+                    tensors[i] = layout.pad(tensors[i])
+            out = run_padded(tensors)
             if isinstance(out, tuple):
                 return tuple(_unpad(out, padded_outputs, layout))
             return layout.unpad(out) if 0 in padded_outputs else out

@@ -5,8 +5,11 @@
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import inspect
+import types
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +22,9 @@ Static = tuple[Any, ...]  # the op's non-tensor arguments, in parameter order, m
 
 def hashable(value: Any) -> Any:
     """Lists (``int[]`` arguments) as tuples, so static arguments can key caches."""
-    return tuple(hashable(v) for v in value) if isinstance(value, list) else value
+    if isinstance(value, (list, tuple)):
+        return tuple(hashable(v) for v in value)
+    return value
 
 
 @dataclass(frozen=True, eq=False)
@@ -38,6 +43,14 @@ class OpSpec:
     @property
     def param_names(self) -> tuple[str, ...]:
         return tuple(self.signature.parameters)
+
+    @property
+    def list_static(self) -> bool:
+        """Whether a non-tensor parameter takes a list (which must become a tuple to be a key)."""
+        return any(
+            _takes_sequence(self.signature.parameters[name].annotation)
+            for name in self.static_params
+        )
 
     def arguments(self, static: Static, tensors: Sequence[Any]) -> dict[str, Any]:
         """All arguments by name, from the static values and the tensors."""
@@ -59,6 +72,19 @@ class OpSpec:
                 fn = jax.jit(functools.partial(_vjp, self, kwargs))
             self._jitted[key] = fn
         return fn
+
+
+def _takes_sequence(annotation: Any) -> bool:
+    """``list[int]``, ``Sequence[float] | None`` and the like."""
+    options = typing.get_args(annotation) if _is_union(annotation) else (annotation,)
+    return any(
+        (typing.get_origin(option) or option) in (list, tuple, collections.abc.Sequence)
+        for option in options
+    )
+
+
+def _is_union(annotation: Any) -> bool:
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType)
 
 
 def _vjp(spec: OpSpec, static: dict[str, Any], inputs, outputs, cotangents):

@@ -51,6 +51,11 @@ def passthrough(x: torch.Tensor) -> torch.Tensor:
     """Returns its input: the bridge must still hand back a new buffer."""
 
 
+@jax_op(NS, lambda x, *, dims: x.sum(axis=dims))
+def sum_dims(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    """A list argument: static for JAX, so it must reach it hashable (as a tuple)."""
+
+
 @pytest.fixture(scope="module")
 def rmsnorm():
     return get_kernel("rmsnorm")
@@ -215,6 +220,13 @@ def test_output_is_a_new_buffer():
     assert y.data_ptr() != x.data_ptr()
     y.add_(1.0)
     assert not torch.equal(x, y)
+
+
+def test_list_arguments_are_static():
+    x = torch.randn(2, 3, 4)
+    assert_close_to(sum_dims(x, [0, 2]), x.sum((0, 2)), 1e-5)
+    assert_close_to(sum_dims(x, [1]), x.sum(1), 1e-5)
+    torch.library.opcheck(sum_dims.op, (x, [0, 2]))
 
 
 def test_validation_once_per_signature_and_errors_not_cached():

@@ -64,6 +64,7 @@ def public_exchange() -> Exchange:
 
 def _internal_cpu(jax_device: Any) -> Exchange | None:
     try:
+        import torch
         from jax._src.lib import _jax, jaxlib_extension_version
         from torch.utils.dlpack import from_dlpack, to_dlpack
 
@@ -84,8 +85,11 @@ def _internal_cpu(jax_device: Any) -> Exchange | None:
         def to_jax(tensor: Any) -> Any:
             return import_buffer(to_dlpack(tensor), jax_device, None, None)
 
+    # torch.utils.dlpack.from_dlpack only forwards a capsule to this; call it directly.
+    from_capsule = getattr(torch._C, "_from_dlpack", from_dlpack)
+
     def to_torch(array: Any) -> Any:
-        return from_dlpack(export_buffer(array, stream=None))
+        return from_capsule(export_buffer(array, stream=None))
 
     exchange = Exchange(to_jax, to_torch, "internal")
     problem = _self_test(exchange)
