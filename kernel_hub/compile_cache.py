@@ -53,7 +53,14 @@ def compilation_cache_dir() -> Path | None:
 @contextlib.contextmanager
 def persistent_cache() -> Iterator[None]:
     """Compiles inside this block read and write the persistent cache (every entry, however
-    fast it compiled). Nothing changes when the cache is off or the user configured JAX's."""
+    fast it compiled). Nothing changes when the cache is off.
+
+    JAX opens its cache at the first compile that finds a directory configured and then serves
+    every later compile in the process from it, whatever the configuration says by then. So when
+    the directory is kernel-hub's own, the cache is closed again on the way out: compiles outside
+    this block (the user's, deviceless TPU compiles) never read or write it. A directory the user
+    configured for JAX stays theirs: it is used, and left open, as JAX would.
+    """
     import jax
 
     directory = compilation_cache_dir()
@@ -61,20 +68,25 @@ def persistent_cache() -> Iterator[None]:
         yield
         return
     try:
+        from jax._src import compilation_cache as jax_cache
         from jax._src import config as jax_config
 
-        settings = (
+        settings = [
             jax_config.persistent_cache_min_compile_time_secs(0),
             jax_config.persistent_cache_min_entry_size_bytes(-1),
-        )
-        if jax.config.jax_compilation_cache_dir is None:
+        ]
+        own_directory = jax.config.jax_compilation_cache_dir is None
+        if own_directory:
             directory.mkdir(parents=True, exist_ok=True)
-            settings += (jax_config.compilation_cache_dir(str(directory)),)
+            settings.append(jax_config.compilation_cache_dir(str(directory)))
+            close = jax_cache.reset_cache
     except (ImportError, AttributeError, TypeError, OSError) as exc:
         log.debug("persistent compilation cache not used: %s", exc)
         yield
         return
     with contextlib.ExitStack() as stack:
+        if own_directory:
+            stack.callback(close)
         for setting in settings:
             stack.enter_context(setting)
         yield
