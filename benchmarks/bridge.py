@@ -252,13 +252,14 @@ def bench_thread_policies() -> dict[str, dict[str, float]]:
 
 
 def _print_rows(title: str, rows: dict[str, dict[str, float]], unit: str, scale: float) -> None:
-    print(f"\n{title}")
+    if title:
+        print(f"\n{title}")
     for name, values in rows.items():
         cells = "  ".join(
             f"{key.removesuffix('_us').removesuffix('_s')} {value * scale:8.1f}"
             for key, value in values.items()
         )
-        print(f"  {name:24s} {cells} {unit}")
+        print(f"  {name:30s} {cells} {unit}")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"\nTiny Llama forward, batch 1, 16 tokens ({llama['rmsnorm_layers']} RMSNorm layers)")
     for key, times in llama.items():
         if key.startswith("torch threads"):
-            rows = {f"{key}: {name}": times[name] for name in ("stock", "kernelized")}
+            rows = {f"{name}, {key}": times[name] for name in ("stock", "kernelized")}
             _print_rows("", rows, "us", 1)
             print(
                 f"  kernelized / stock: {times['ratio_median']:.2f}x (median), "
