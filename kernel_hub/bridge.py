@@ -147,6 +147,16 @@ def jax_op(
 
     def decorate(stub: Callable[..., Any]) -> JaxOp:
         signature = inspect.signature(stub, eval_str=True)
+        odd = [
+            p.name
+            for p in signature.parameters.values()
+            if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD
+        ]
+        if odd:
+            raise TypeError(
+                f"{stub.__name__}: parameters {odd} are keyword-only, positional-only or "
+                "variadic; an op stub takes plain parameters (name: type [= default])"
+            )
         tensor_params = tuple(
             p.name for p in signature.parameters.values() if _is_tensor_annotation(p.annotation)
         )

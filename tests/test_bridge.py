@@ -229,6 +229,20 @@ def test_list_arguments_are_static():
     torch.library.opcheck(sum_dims.op, (x, [0, 2]))
 
 
+def test_stub_definition_errors():
+    with pytest.raises(TypeError, match="keyword-only"):
+
+        @jax_op(NS, lambda x, *, k: x)
+        def kw_only(x: torch.Tensor, *, k: int = 1) -> torch.Tensor: ...
+
+    with pytest.raises(TypeError, match="non-tensor"):
+        jax_op(NS, lambda x: x, differentiable=("k",))(lambda x, k: x)
+    with pytest.raises(TypeError, match="buckets name non-tensor"):
+
+        @jax_op(NS, lambda x, *, k: x, buckets=RowBuckets(inputs=("k",)))
+        def bucket_static(x: torch.Tensor, k: int = 1) -> torch.Tensor: ...
+
+
 def test_validation_once_per_signature_and_errors_not_cached():
     x, w = torch.randn(6, 24), torch.randn(24)
     before = len(validations)
