@@ -30,6 +30,7 @@ import jax
 import torch
 
 from .buckets import RowBuckets, power_of_two
+from .eager import DirectCalls
 from .executor import OpExecutor, check_devices
 from .op_spec import JaxBackward, OpSpec, hashable
 from .tensors import needs_x64, tensor_leaves, torch_to_jax_dtype, x64_scope
@@ -106,13 +107,32 @@ def _fake_outputs(spec: OpSpec, arguments: dict[str, Any]) -> Any:
 
 class JaxOp:
     """A callable torch op backed by a JAX function (``.jax_fn``); ``.op`` is the torch
-    ``OpOverload`` (what ``torch.library.opcheck`` and ``torch.compile`` see)."""
+    ``OpOverload`` (what ``torch.library.opcheck`` and ``torch.compile`` see).
+
+    Plain eager calls (see ``eager.py``) call the implementation directly, as the dispatcher
+    would; everything else, torch.compile included, goes through ``.op``.
+    """
 
     def __init__(
-        self, spec: OpSpec, op: Any, backward_op: Any, stub: Callable[..., Any], library: Any
+        self,
+        spec: OpSpec,
+        op: Any,
+        backward_op: Any,
+        implementation: Callable[..., Any],
+        stub: Callable[..., Any],
+        library: Any,
     ):
         self._spec = spec
         self._library = library  # the registrations live as long as this object
+        self._implementation = implementation
+        names = spec.param_names
+        self._direct = DirectCalls(
+            [names.index(n) for n in spec.tensor_params],
+            required=sum(
+                p.default is inspect.Parameter.empty for p in spec.signature.parameters.values()
+            ),
+            count=len(names),
+        )
         self.op = op
         self.backward_op = backward_op
         self.jax_fn = spec.jax_fn
@@ -120,6 +140,8 @@ class JaxOp:
         functools.update_wrapper(self, stub)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling() and self._direct.allowed(args, kwargs):
+            return self._implementation(*args)
         return self.op(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -183,7 +205,7 @@ def jax_op(
         backward_op = _define_backward(library, spec, executor) if differentiable else None
         if backward_op is not None:
             _register_autograd(library, spec, op, backward_op, forward)
-        return JaxOp(spec, op, backward_op, stub, library)
+        return JaxOp(spec, op, backward_op, forward, stub, library)
 
     return decorate
 

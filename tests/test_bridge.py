@@ -173,6 +173,62 @@ def test_traced_and_fake_calls_reach_the_dispatcher(rmsnorm):
     assert out.shape == (2, 3, 8) and type(out).__name__ == "FakeTensor"
 
 
+def test_direct_calls_only_when_the_dispatcher_would_make_them(monkeypatch):
+    """Plain eager calls skip the dispatcher; modes, profilers, subclasses, gradients don't."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from kernel_hub.eager import DirectCalls
+
+    direct = DirectCalls([0, 1], required=2, count=4)
+    x, w = torch.randn(4, 8), torch.nn.Parameter(torch.randn(8))
+    frozen = torch.nn.Parameter(torch.randn(8), requires_grad=False)
+    assert direct.allowed((x, frozen, 1e-6), {})
+    assert not direct.allowed((x, frozen), {"eps": 1e-6})  # keywords: the dispatcher binds them
+    assert not direct.allowed((x, frozen, torch.tensor(1e-6)), {})  # a tensor for a float
+    assert not direct.allowed((x, x.to("meta")[0]), {})
+    assert not direct.allowed((x, w), {})  # w needs a gradient
+    with torch.no_grad():
+        assert direct.allowed((x, w), {})
+    with torch.inference_mode():
+        assert direct.allowed((x, frozen), {})
+    fake_x = FakeTensorMode().from_tensor(x)
+    assert not direct.allowed((fake_x, frozen), {})  # a tensor subclass
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Recorder():
+        assert not direct.allowed((x, frozen), {})
+    with torch.profiler.profile():
+        assert not direct.allowed((x, frozen), {})
+    monkeypatch.setenv("KERNEL_HUB_DIRECT_CALLS", "0")
+    assert not DirectCalls([0, 1], required=2, count=4).allowed((x, frozen), {})
+
+
+def test_modes_and_profilers_still_see_the_op(rmsnorm):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x, w = torch.randn(4, 8), torch.randn(8)
+    seen = []
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Recorder():
+        direct = rmsnorm.rms_norm(x, w, 1e-6)
+    assert rmsnorm.rms_norm.op in seen
+    with torch.profiler.profile() as profile:
+        rmsnorm.rms_norm(x, w, 1e-6)
+    assert any(event.name == rmsnorm.rms_norm.qualname for event in profile.events())
+    assert torch.equal(direct, rmsnorm.rms_norm(x, w, 1e-6))
+    # A 0-d tensor for a float goes through the dispatcher, which converts it.
+    assert torch.equal(direct, rmsnorm.rms_norm(x, w, torch.tensor(1e-6)))
+
+
 # --- input layouts -----------------------------------------------------------------------------
 
 

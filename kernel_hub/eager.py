@@ -1,0 +1,70 @@
+"""When a bridged op may skip torch's dispatcher and call its implementation directly.
+
+Entering an op through torch's dispatcher into a Python kernel costs ~8 us per call in a tight
+loop and ~40 us inside a model (boxing the arguments, two Python kernels, cold caches); for small
+ops that is a third of the call. For a plain eager call the dispatcher would only route to the
+op's autograd kernel, which (nothing needing a gradient) calls the implementation: ``DirectCalls``
+recognises exactly that case, so the op can make the same call itself.
+
+A call is plain when nothing could observe or redirect the dispatch: no profiler, no
+``torch.jit.trace``, no torch function or dispatch mode, no functorch transform, no tensor
+subclass (fake, functional, ...), every tensor argument a CPU or CUDA tensor in a tensor
+parameter's place and none needing a gradient, every other argument a non-tensor, passed
+positionally. The caller checks first that torch.compile is not tracing. Anything else goes through
+the dispatcher as usual. ``KERNEL_HUB_DIRECT_CALLS=0`` sends every call through the dispatcher.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+_C = torch._C
+_tls_includes = _C._dispatch_tls_local_include_set
+_function_mode = _C._is_torch_function_mode_enabled
+_profiling = torch.autograd._profiler_enabled
+_jit_tracing = _C._get_tracing_state
+_grad_enabled = _C.is_grad_enabled
+_PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+# Thread-local included dispatch keys with no mode or transform active (normal, inference mode).
+# A dispatch mode adds Python, functorch its layer keys, the Python dispatcher its own.
+_PLAIN_TLS_INCLUDES = (
+    _C.DispatchKeySet(_C.DispatchKey.BackendSelect).add(_C.DispatchKey.ADInplaceOrView),
+    _C.DispatchKeySet(_C.DispatchKey.BackendSelect),
+)
+
+
+class DirectCalls:
+    """Decides, per call of one op, whether it may call its implementation directly."""
+
+    def __init__(self, tensor_positions: Sequence[int], required: int, count: int):
+        self._tensor_positions = frozenset(tensor_positions)
+        self._required = required
+        self._count = count
+        self.enabled = os.environ.get("KERNEL_HUB_DIRECT_CALLS", "1").strip() != "0"
+
+    def allowed(self, args: tuple, kwargs: dict) -> bool:
+        if (
+            kwargs
+            or not self.enabled
+            or not self._required <= len(args) <= self._count
+            or _tls_includes() not in _PLAIN_TLS_INCLUDES
+            or _function_mode()
+            or _profiling()
+            or _jit_tracing() is not None
+        ):
+            return False
+        grad = _grad_enabled()
+        for position, value in enumerate(args):
+            if position not in self._tensor_positions:
+                if isinstance(value, torch.Tensor):
+                    return False
+            elif value is not None and not (
+                type(value) in _PLAIN_TENSOR_TYPES
+                and (value.is_cpu or value.is_cuda)
+                and not (grad and value.requires_grad)
+            ):
+                return False
+        return True
