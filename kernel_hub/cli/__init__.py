@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from ..errors import KernelHubError
 
 # Modules under kernel_hub.cli, each with ``register(subparsers)``; a command sets ``func``.
-COMMAND_MODULES = ("registry_cmds", "hub_cmds")
+COMMAND_MODULES = ("registry_cmds", "hub_cmds", "demo_cmds")
 
 
 def build_parser() -> argparse.ArgumentParser:
