@@ -65,11 +65,20 @@ DEFAULT_MODELS = ("llama", "mixtral")
 
 
 def build_tiny_model(name: str, seed: int = 0) -> torch.nn.Module:
-    """A tiny model with seeded random weights, in eval mode, f32."""
+    """A tiny model with seeded random weights, in eval mode, f32.
+
+    1-D parameters (norm weights, initialised to ones) are drawn around 1, so a kernel that
+    ignores or misapplies the weight changes the logits.
+    """
     if name not in TINY_MODELS:
         raise UnknownNameError("demo model", name, TINY_MODELS)
     torch.manual_seed(seed)
-    return TINY_MODELS[name]().eval()
+    model = TINY_MODELS[name]().eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 1:
+                param.normal_(1.0, 0.2)
+    return model
 
 
 def demo_batch(batch: int = 2, length: int = 12, padding: int = 3) -> dict[str, torch.Tensor]:
@@ -141,16 +150,30 @@ def compare_model(
 
 
 def run_demo(
-    models: Sequence[str] = DEFAULT_MODELS, *, registry: str | Path | None = None
+    models: Sequence[str] = DEFAULT_MODELS,
+    *,
+    registry: str | Path | None = None,
+    threads: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per model; a model whose kernelized run raises gets a row with ``error``."""
+    """One row per model; a model whose kernelized run raises gets a row with ``error``.
+
+    ``threads`` sets torch's intra-op threads for the run (restored after): on small CPUs
+    torch's and XLA's thread pools contend and make timings meaningless.
+    """
     for name in models:
         if name not in TINY_MODELS:
             raise UnknownNameError("demo model", name, TINY_MODELS)
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
     rows = []
-    for name in models:
-        try:
-            rows.append(compare_model(name, registry=registry))
-        except Exception as exc:  # a broken kernel must not hide the other models' results
-            rows.append({"model": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    try:
+        for name in models:
+            try:
+                row = compare_model(name, registry=registry)
+            except Exception as exc:  # a broken kernel must not hide the other models' results
+                row = {"model": name, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            rows.append({**row, "torch_threads": torch.get_num_threads()})
+    finally:
+        torch.set_num_threads(previous_threads)
     return rows

@@ -155,21 +155,22 @@ class _KernelSource:
         self.mode = mode
         self.overrides: dict[str, Override] = active_overrides(registry)
         self.platform, self.device_problem = _platform_for(device_type)
-        self._loaded: dict[str, types.ModuleType | _LeftAlone] = {}
+        self._loaded: dict[str, types.ModuleType | str] = {}
+        """Op -> its kernel, or the reason it has none."""
 
     def kernel(self, op: str) -> types.ModuleType:
         """The kernel for ``op`` on this device, or ``_LeftAlone`` saying why there is none."""
-        if op not in self.registry:
+        name = self.canonical(op)
+        if name is None:
             raise _LeftAlone(f"{self.registry.path.name} has no op {op!r}")
-        op = self.registry.get(op).name
-        if op not in self._loaded:
+        if name not in self._loaded:
             try:
-                self._loaded[op] = self._load(op)
+                self._loaded[name] = self._load(name)
             except _LeftAlone as reason:
-                self._loaded[op] = reason
-        found = self._loaded[op]
-        if isinstance(found, _LeftAlone):
-            raise found
+                self._loaded[name] = str(reason)
+        found = self._loaded[name]
+        if isinstance(found, str):
+            raise _LeftAlone(found)
         return found
 
     def _load(self, op: str) -> types.ModuleType:
@@ -196,6 +197,10 @@ class _KernelSource:
                 f"kernel {kernel_label(kernel)} has no implementation for {self.platform}"
             )
         return kernel
+
+    def canonical(self, op: str) -> str | None:
+        """The registry's name for op or alias ``op``, None if the registry lacks it."""
+        return self.registry.get(op).name if op in self.registry else None
 
     def owner(self, layer_name: str) -> str | None:
         """The op whose kernel provides ``layer_name``, if any."""
@@ -311,7 +316,7 @@ def _switch_interface(
     modules = [(n, m) for n, m in model.named_modules() if interface.dispatches(m)]
     if not modules:
         return []
-    outcome: dict[str, Any] = {"op": interface.op}
+    outcome: dict[str, Any] = {"op": source.canonical(interface.op)}
     try:
         kernel = source.kernel(interface.op)
         integration = getattr(kernel, "integrations", None)

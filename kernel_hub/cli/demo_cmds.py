@@ -6,6 +6,7 @@ import argparse
 from collections import Counter
 from typing import Any
 
+from ..errors import KernelHubError
 from .output import print_json, print_table
 
 
@@ -20,6 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"model to run (repeatable; default: {', '.join(DEFAULT_MODELS)})",
     )
     parser.add_argument("--registry", help="registry file (default: the in-tree registry.yaml)")
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="torch intra-op threads while timing (default 1: torch's and XLA's thread pools "
+        "contend on small CPUs; 0 keeps torch's default)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON (with full reports)")
     parser.set_defaults(func=run_demo_command)
 
@@ -30,6 +36,7 @@ def _swapped_cell(row: dict[str, Any]) -> str:
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
     done = [r for r in rows if "error" not in r]
+    print(f"torch threads: {rows[0]['torch_threads']}; forward times are medians, in ms\n")
     print_table(
         ["model", "swapped", "left alone", "max |dlogit|", "greedy same", "stock ms",
          "kernelized ms", "unkernelize exact", "ok"],
@@ -57,7 +64,11 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
 def run_demo_command(args: argparse.Namespace) -> int:
     from ..demo import DEFAULT_MODELS, run_demo
 
-    rows = run_demo(args.model or DEFAULT_MODELS, registry=args.registry)
+    if args.threads < 0:
+        raise KernelHubError(f"--threads must be 0 (torch's default) or more, got {args.threads}")
+    rows = run_demo(
+        args.model or DEFAULT_MODELS, registry=args.registry, threads=args.threads or None
+    )
     if args.json:
         print_json(rows)
     else:

@@ -102,9 +102,12 @@ class ModelInterface:
 
     def current(self, model: torch.nn.Module) -> dict[str, Any]:
         """The implementation of the model and of each sub-config, as the setter accepts it."""
-        config = getattr(model, "config", None)
-        if config is None:
-            raise KernelHubError(f"{type(model).__name__} has no Transformers config")
+        if not callable(getattr(model, self.setter, None)):
+            raise KernelHubError(
+                f"{type(model).__name__} has no {self.setter}(); kernelize the whole Transformers "
+                f"model (a PreTrainedModel) to switch its {self.kind}"
+            )
+        config = model.config
         current = {"": getattr(config, self.config_attribute)}
         for key in getattr(config, "sub_configs", {}):
             sub = getattr(config, key, None)
@@ -120,15 +123,9 @@ class ModelInterface:
         )
         if problem:
             raise KernelHubError(f"integrations.register() returned a name that {problem}")
-        setter = getattr(model, self.setter, None)
-        if setter is None:
-            raise KernelHubError(
-                f"{type(model).__name__} has no {self.setter}(); kernelize the whole Transformers "
-                "model (a PreTrainedModel) to switch its " + self.kind
-            )
         previous = self.current(model)
         try:
-            setter(name)
+            getattr(model, self.setter)(name)
         except (ValueError, KeyError, RuntimeError) as exc:
             raise KernelHubError(
                 f"{type(model).__name__}.{self.setter}({name!r}) failed: {exc}"
