@@ -98,8 +98,10 @@ def unmark_layer(target: type | str) -> None:
     """Drop a mark made by ``mark_layer`` (a missing mark is not an error)."""
     if isinstance(target, str):
         _marks_by_name.pop(target, None)
-    else:
+    elif isinstance(target, type):
         _marks_by_class.pop(target, None)
+    else:
+        raise KernelHubError(f"unmark_layer takes a class or a class name, got {target!r}")
 
 
 def find_mark(module: torch.nn.Module) -> tuple[str, str] | None:
@@ -136,14 +138,14 @@ class _Swap:
     """Stored on a swapped module: what it got."""
 
     layer: str
-    op: str
     kernel: str
 
     def describe(self) -> str:
         return f"{self.kernel} layers.{self.layer}"
 
 
-def kernel_label(kernel: types.ModuleType) -> str:
+def _kernel_label(kernel: types.ModuleType) -> str:
+    """``rmsnorm 1.0.0``."""
     return f"{kernel.manifest.name} {kernel.manifest.version}"
 
 
@@ -194,7 +196,7 @@ class _KernelSource:
             raise _LeftAlone(f"kernel for op {op!r} could not be loaded: {exc}") from None
         if not kernel.manifest.implementations_on(self.platform):
             raise _LeftAlone(
-                f"kernel {kernel_label(kernel)} has no implementation for {self.platform}"
+                f"kernel {_kernel_label(kernel)} has no implementation for {self.platform}"
             )
         return kernel
 
@@ -221,8 +223,8 @@ class _KernelSource:
         kernel = self.kernel(op)
         layer_cls = getattr(getattr(kernel, "layers", None), layer_name, None)
         if not isinstance(layer_cls, type):
-            raise _LeftAlone(f"kernel {kernel_label(kernel)} does not export layers.{layer_name}")
-        check_mode(layer_cls, self.mode, f"{kernel_label(kernel)} layers.{layer_name}")
+            raise _LeftAlone(f"kernel {_kernel_label(kernel)} does not export layers.{layer_name}")
+        _check_mode(layer_cls, self.mode, f"{_kernel_label(kernel)} layers.{layer_name}")
         return kernel, layer_cls
 
 
@@ -237,7 +239,7 @@ def _platform_for(device_type: str) -> tuple[Platform, str | None]:
     return platform, None
 
 
-def check_mode(provider: Any, mode: Mode, label: str) -> None:
+def _check_mode(provider: Any, mode: Mode, label: str) -> None:
     """``_LeftAlone`` when ``provider`` (a layer class or integration module) does not fit ``mode``.
 
     As for Hugging Face ``kernels`` layers: ``has_backward`` defaults to True,
@@ -281,7 +283,7 @@ def _module_problem(
     """The kernel's own check of the module's state (``layers.MODULE_CHECKS``, optional)."""
     check = getattr(kernel.layers, "MODULE_CHECKS", {}).get(layer_name)
     problem = check(module) if check is not None else None
-    return problem and f"unsupported by {kernel_label(kernel)} layers.{layer_name}: {problem}"
+    return problem and f"unsupported by {_kernel_label(kernel)} layers.{layer_name}: {problem}"
 
 
 def _swap_layer(
@@ -303,7 +305,7 @@ def _swap_layer(
             raise _LeftAlone(problem)
     except _LeftAlone as reason:
         return replace(entry, reason=str(reason))
-    swap = _Swap(layer=layer_name, op=entry.op, kernel=kernel_label(kernel))
+    swap = _Swap(layer=layer_name, kernel=_kernel_label(kernel))
     module.__dict__["forward"] = types.MethodType(layer_cls.forward, module)
     module.__dict__[_SWAP_ATTRIBUTE] = swap
     return replace(entry, swapped_to=swap.describe())
@@ -321,16 +323,14 @@ def _switch_interface(
         kernel = source.kernel(interface.op)
         integration = getattr(kernel, "integrations", None)
         if not callable(getattr(integration, "register", None)):
-            raise _LeftAlone(f"kernel {kernel_label(kernel)} has no integrations.register()")
-        check_mode(integration, source.mode, f"{kernel_label(kernel)} integrations")
+            raise _LeftAlone(f"kernel {_kernel_label(kernel)} has no integrations.register()")
+        _check_mode(integration, source.mode, f"{_kernel_label(kernel)} integrations")
         previous = interface.current(model)
         name = interface.switch(model, integration.register())
-        outcome["swapped_to"] = f"{kernel_label(kernel)} {name!r} (was {previous['']!r})"
+        outcome["swapped_to"] = f"{_kernel_label(kernel)} {name!r} (was {previous['']!r})"
         model.__dict__.setdefault(_INTERFACES_ATTRIBUTE, {})[interface] = previous
-    except _LeftAlone as reason:
+    except (_LeftAlone, KernelHubError) as reason:
         outcome["reason"] = str(reason)
-    except KernelHubError as exc:
-        outcome["reason"] = str(exc)
     return [
         ReportEntry(
             module=n, cls=type(m).__name__, kind=interface.kind, target=interface.name,

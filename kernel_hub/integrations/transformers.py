@@ -5,13 +5,15 @@ with no compatible ``kernels`` package installed that decorator is an inert stub
 kernel-hub then recognises a class as the ``RMSNorm`` layer when
 
 1. it is defined in a ``transformers.`` module and its name ends with ``RMSNorm``, and
-2. its ``forward``, run once on a probe object that holds only ``weight`` and
-   ``variance_epsilon``, returns ``weight * x / sqrt(mean(x**2, -1) + eps)`` for a random x
-   (Llama semantics: scale by ``weight``).
+2. its ``forward``, run on a probe object that holds only ``weight`` and ``variance_epsilon``,
+   computes Llama's ``weight * (x / sqrt(mean(x**2, -1) + eps)).to(x.dtype)``: same values and
+   same output dtype, for random f32 x and weight, and for bf16 x with an f32 weight (Llama
+   returns f32 there, as the kernel does).
 
 Gemma-style norms (scale by ``1 + weight``), unweighted, gated and ``self._norm(...)``-based
-variants fail 2 and are never swapped. In transformers 5.24 this accepts the ~145 Llama-style
-classes (Llama, Mistral, Mixtral, Qwen2/3, Qwen3-MoE, ...).
+variants fail 2 and are never swapped, and so do norms that cast the product back to the input
+dtype (``(weight * x).to(x.dtype)``). In transformers 5.24 this recognises 143 of the 198
+``*RMSNorm`` classes (Llama, Mistral, Mixtral, Qwen2/3, Qwen2/3-MoE, ...).
 
 Interfaces. Attention modules whose forward reads ``ALL_ATTENTION_FUNCTIONS`` and experts modules
 whose forward is the ``@use_experts_implementation`` dispatcher are switched as a whole model:
@@ -53,21 +55,29 @@ def is_llama_style_rmsnorm(cls: type) -> bool:
     """Rule 1 and 2 of the module docstring, checked once per class."""
     if not (cls.__module__.startswith("transformers.") and cls.__name__.endswith("RMSNorm")):
         return False
+    probes = ((torch.float32, 1e-5), (torch.bfloat16, 1e-2))
+    return all(_matches_llama(cls.forward, dtype, rtol) for dtype, rtol in probes)
+
+
+def _matches_llama(forward: Callable[..., Any], x_dtype: torch.dtype, rtol: float) -> bool:
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 8, generator=generator)
+    x = torch.randn(3, 8, generator=generator).to(x_dtype)
     probe = types.SimpleNamespace(
         weight=torch.randn(8, generator=generator), variance_epsilon=_PROBE_EPS
     )
     try:
         with torch.no_grad():
-            out = cls.forward(probe, x)
+            out = forward(probe, x)
     except Exception:  # it reads other state or wants other arguments: not the Llama form
         return False
-    expected = probe.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + _PROBE_EPS)
+    x32 = x.float()
+    normalized = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + _PROBE_EPS)
+    expected = probe.weight * normalized.to(x_dtype)
     return (
         isinstance(out, torch.Tensor)
         and out.shape == expected.shape
-        and torch.allclose(out, expected, rtol=1e-5, atol=1e-6)
+        and out.dtype == expected.dtype
+        and torch.allclose(out, expected, rtol=rtol, atol=rtol * 1e-1)
     )
 
 
