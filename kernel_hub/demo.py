@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,73 +20,18 @@ import torch
 from .errors import UnknownNameError
 from .layer_report import KernelizeReport
 from .layers import kernelize, unkernelize
+from .tiny_models import DEFAULT_MODELS, PAD_TOKEN_ID, TINY_MODELS, VOCAB_SIZE, build_tiny_model
 
 LOGIT_TOLERANCE = 1e-4
 """Largest |logit difference| (f32) the demo calls a match."""
-_VOCAB = 128
-_SHARED = dict(
-    vocab_size=_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1,
-    eos_token_id=None,
-)
-
-
-def _llama() -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    return LlamaForCausalLM(LlamaConfig(intermediate_size=128, **_SHARED))
-
-
-def _mixtral() -> torch.nn.Module:
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    config = MixtralConfig(
-        intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, **_SHARED
-    )
-    return MixtralForCausalLM(config)
-
-
-def _qwen3_moe() -> torch.nn.Module:
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    config = Qwen3MoeConfig(
-        intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-        head_dim=16, **_SHARED,
-    )
-    return Qwen3MoeForCausalLM(config)
-
-
-TINY_MODELS: dict[str, Callable[[], torch.nn.Module]] = {
-    "llama": _llama,
-    "mixtral": _mixtral,
-    "qwen3_moe": _qwen3_moe,
-}
-DEFAULT_MODELS = ("llama", "mixtral")
-
-
-def build_tiny_model(name: str, seed: int = 0) -> torch.nn.Module:
-    """A tiny model with seeded random weights, in eval mode, f32.
-
-    1-D parameters (norm weights, initialised to ones) are drawn around 1, so a kernel that
-    ignores or misapplies the weight changes the logits.
-    """
-    if name not in TINY_MODELS:
-        raise UnknownNameError("demo model", name, TINY_MODELS)
-    torch.manual_seed(seed)
-    model = TINY_MODELS[name]().eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 1:
-                param.normal_(1.0, 0.2)
-    return model
 
 
 def demo_batch(batch: int = 2, length: int = 12, padding: int = 3) -> dict[str, torch.Tensor]:
     """Token ids and attention mask; the last row is left-padded by ``padding`` tokens."""
     generator = torch.Generator().manual_seed(1234)
-    input_ids = torch.randint(3, _VOCAB, (batch, length), generator=generator)
+    input_ids = torch.randint(3, VOCAB_SIZE, (batch, length), generator=generator)
     attention_mask = torch.ones(batch, length, dtype=torch.long)
-    input_ids[-1, :padding] = _SHARED["pad_token_id"]
+    input_ids[-1, :padding] = PAD_TOKEN_ID
     attention_mask[-1, :padding] = 0
     return {"input_ids": input_ids, "attention_mask": attention_mask}
 
@@ -101,7 +46,7 @@ class _Run:
 def greedy(model: torch.nn.Module, batch: dict[str, torch.Tensor], new_tokens: int) -> torch.Tensor:
     """Greedy generation of ``new_tokens`` tokens (no early stop: the tiny configs have no EOS)."""
     return model.generate(
-        **batch, max_new_tokens=new_tokens, do_sample=False, pad_token_id=_SHARED["pad_token_id"]
+        **batch, max_new_tokens=new_tokens, do_sample=False, pad_token_id=PAD_TOKEN_ID
     )
 
 

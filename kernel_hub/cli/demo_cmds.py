@@ -11,7 +11,7 @@ from .output import print_json, print_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..demo import DEFAULT_MODELS, TINY_MODELS
+    from ..tiny_models import DEFAULT_MODELS, TINY_MODELS
 
     parser = subparsers.add_parser(
         "demo", help="kernelize tiny Llama/Mixtral models and compare them with stock"
@@ -62,7 +62,8 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
-    from ..demo import DEFAULT_MODELS, run_demo
+    from ..demo import run_demo
+    from ..tiny_models import DEFAULT_MODELS
 
     if args.threads < 0:
         raise KernelHubError(f"--threads must be 0 (torch's default) or more, got {args.threads}")

@@ -11,7 +11,8 @@ import torch
 from kernelize_helpers import TmpHub, attention_kernel, experts_kernel, max_masked_diff
 
 from kernel_hub import get_kernel, kernelize, unkernelize
-from kernel_hub.demo import build_tiny_model, demo_batch, greedy
+from kernel_hub.demo import demo_batch, greedy
+from kernel_hub.tiny_models import build_tiny_model
 
 
 def attention_hub(hub: TmpHub, **options: object) -> Path:

@@ -18,9 +18,10 @@ from kernel_hub import (
     unkernelize,
     use_kernel_forward,
 )
-from kernel_hub.demo import build_tiny_model, demo_batch
+from kernel_hub.demo import demo_batch
 from kernel_hub.errors import UnknownNameError
 from kernel_hub.paths import kernels_dir
+from kernel_hub.tiny_models import build_tiny_model
 
 NORMS = [
     "model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",

@@ -10,7 +10,8 @@ from kernelize_helpers import TOLERANCE, TmpHub, max_masked_diff, swapped_module
 from transformers import AutoModelForCausalLM
 
 import kernel_hub
-from kernel_hub.demo import build_tiny_model, demo_batch
+from kernel_hub.demo import demo_batch
+from kernel_hub.tiny_models import build_tiny_model
 
 
 def logits(model: torch.nn.Module, batch: dict) -> torch.Tensor:

@@ -18,7 +18,8 @@ from kernelize_helpers import (
 )
 
 from kernel_hub import get_kernel, kernelize, unkernelize
-from kernel_hub.demo import build_tiny_model, demo_batch, greedy
+from kernel_hub.demo import demo_batch, greedy
+from kernel_hub.tiny_models import build_tiny_model
 
 MODELS = ["llama", "mixtral", "qwen3_moe"]
 
