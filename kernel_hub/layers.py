@@ -12,6 +12,17 @@ the instance's ``forward`` (``module.forward = MethodType(layer.forward, module)
 parameters and buffers stay as they are, so ``unkernelize`` gives back the stock model exactly.
 Attention and MoE experts are switched through Transformers' interfaces instead (see
 ``integrations.transformers.MODEL_INTERFACES``).
+
+What a kernel provides for this:
+
+* ``layers.<Name>``: an ``nn.Module`` subclass with no ``__init__`` whose ``forward`` has the
+  same parameters (names, kinds, defaults) as the forward it replaces and reads its state from
+  the host module; class attributes ``has_backward`` (default True) and ``can_torch_compile``
+  (default False) decide the modes it is used in.
+* optionally ``layers.MODULE_CHECKS = {"<Name>": check}``, ``check(module) -> reason | None``,
+  for host modules whose state the layer cannot take (a 2-D weight, the meta device...).
+* for an interface op: ``integrations.register() -> name`` registering with the interface, and
+  module attributes ``has_backward`` / ``can_torch_compile`` with the same defaults.
 """
 
 from __future__ import annotations
