@@ -200,8 +200,8 @@ class _KernelSource:
             kernel = get_kernel(
                 op,
                 registry=self.registry.path,
-                version=override.version if override else None,
-                kernel_dir=override.kernel_dir if override else None,
+                version=str(override.version) if override and override.version else None,
+                local_dir=override.kernel_dir if override else None,
             )
         except KernelHubError as exc:
             raise _LeftAlone(f"kernel for op {op!r} could not be loaded: {exc}") from None

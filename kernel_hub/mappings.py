@@ -1,8 +1,11 @@
 """Scoped overrides of the registry for ``kernelize``: per op, a version, a local build, or off.
 
     with kernel_mapping({"rmsnorm": "off"}):               # leave RMSNorm layers stock
-    with kernel_mapping({"RMSNorm": "==1.0.0"}):           # a layer name means the op providing it
+    with kernel_mapping({"RMSNorm": ">=1.1,<2"}):          # a hub build: range, "1.1.0" or 1
     with kernel_mapping({"rmsnorm": Path("build/dev")}):   # a kernel directory (kernel.yaml + code)
+
+A layer name stands for the op providing it. Versions and directories are passed to ``get_kernel``
+as ``version=`` (a hub build) and ``local_dir=``.
 
 Overrides live in a ``ContextVar``, so they follow threads and asyncio tasks and end with the
 ``with`` block. Nested blocks add to the outer ones; for one op the innermost entry wins.
@@ -16,10 +19,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
+from packaging.specifiers import SpecifierSet
 
 from .errors import KernelHubError, UnknownNameError
+from .hub.versions import parse_range
 from .registry import Registry
 
 OFF = "off"
@@ -46,12 +49,15 @@ class Override:
 _ACTIVE: ContextVar[tuple[Override, ...]] = ContextVar("kernel_hub_mapping", default=())
 
 
-def parse_override(key: str, value: str | Path) -> Override:
-    """``"off"``, a version (``"1.0.0"``) or range (``">=1.0,<2"``), or a kernel directory."""
+def parse_override(key: str, value: str | int | Path) -> Override:
+    """``"off"``; a version range (``">=1.1,<2"``), exact version (``"1.1.0"``) or major version
+    (``1``); or a kernel directory (a ``Path``, or a string naming an existing directory)."""
     if not isinstance(key, str) or not key:
         raise KernelHubError(f"kernel_mapping keys are op or layer names, got {key!r}")
     if isinstance(value, Path):
         return Override(key, kernel_dir=_existing_dir(key, value))
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Override(key, version=parse_range(value))
     if not isinstance(value, str):
         raise KernelHubError(
             f"kernel_mapping[{key!r}]: expected 'off', a version or a kernel directory, "
@@ -59,27 +65,16 @@ def parse_override(key: str, value: str | Path) -> Override:
         )
     if value.strip().lower() == OFF:
         return Override(key, off=True)
-    version = _as_version_range(value)
-    if version is not None:
-        return Override(key, version=version)
+    try:
+        return Override(key, version=parse_range(value))
+    except KernelHubError:
+        pass
     if Path(value).expanduser().is_dir():
         return Override(key, kernel_dir=Path(value).expanduser())
     raise KernelHubError(
-        f"kernel_mapping[{key!r}] = {value!r} is neither 'off', a version (e.g. '1.0.0' or "
-        "'>=1.0,<2') nor an existing kernel directory"
+        f"kernel_mapping[{key!r}] = {value!r} is neither 'off', a version (e.g. '1.1.0', "
+        "'>=1.1,<2' or 1) nor an existing kernel directory"
     )
-
-
-def _as_version_range(value: str) -> SpecifierSet | None:
-    try:
-        return SpecifierSet(f"=={Version(value)}")
-    except InvalidVersion:
-        pass
-    try:
-        spec = SpecifierSet(value)
-    except InvalidSpecifier:
-        return None
-    return spec if len(spec) else None
 
 
 def _existing_dir(key: str, path: Path) -> Path:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kernelize_helpers import TmpHub
+
+from .kernelize_helpers import TmpHub
 
 
 @pytest.fixture

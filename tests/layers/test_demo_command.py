@@ -6,11 +6,12 @@ import json
 
 import pytest
 import torch
-from kernelize_helpers import TOLERANCE, TmpHub
 
 from kernel_hub.cli import main
 from kernel_hub.demo import run_demo
 from kernel_hub.errors import UnknownNameError
+
+from .kernelize_helpers import TOLERANCE, TmpHub
 
 
 def test_demo_table(capsys: pytest.CaptureFixture) -> None:

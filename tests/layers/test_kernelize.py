@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernelize_helpers import TmpHub, swapped_modules, torch_rmsnorm_kernel
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from kernel_hub import (
@@ -22,6 +21,8 @@ from kernel_hub.demo import demo_batch
 from kernel_hub.errors import UnknownNameError
 from kernel_hub.paths import kernels_dir
 from kernel_hub.tiny_models import build_tiny_model
+
+from .kernelize_helpers import TmpHub, swapped_modules, torch_rmsnorm_kernel
 
 NORMS = [
     "model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
@@ -129,17 +130,27 @@ def test_mapping_off_leaves_layers_alone() -> None:
     }
 
 
-def test_mapping_version_and_directory() -> None:
+def test_mapping_directory() -> None:
     model = build_tiny_model("llama")
-    version = str(get_kernel("rmsnorm").manifest.version)
-    with kernel_mapping({"RMSNorm": version}):
-        assert len(kernelize(model).swapped) == len(NORMS)
-    with kernel_mapping({"rmsnorm": "==9.9.9"}):
+    with kernel_mapping({"rmsnorm": kernels_dir() / "rmsnorm"}):
+        report = kernelize(model)
+    assert len(report.swapped) == len(NORMS)
+    assert model.model.norm.forward.__func__.__module__.endswith(".layers")
+
+
+def test_mapping_version_asks_the_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A version selects a hub build (tests/hub covers loading one); offline with an empty cache
+    the kernel cannot be loaded and every module keeps its forward, with the hub's reason."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # no kernel-hub.lock
+    model = build_tiny_model("llama")
+    with kernel_mapping({"RMSNorm": "1.0.0"}):
         report = kernelize(model)
     assert not report.swapped and swapped_modules(model) == []
-    assert "version ==9.9.9 is wanted" in report.entries[0].reason
-    with kernel_mapping({"rmsnorm": kernels_dir() / "rmsnorm"}):
-        assert len(kernelize(model).swapped) == len(NORMS)
+    assert "no cached build of kernel-hub/rmsnorm matches version ==1.0.0" in (
+        report.entries[0].reason
+    )
 
 
 def test_unknown_mapping_key_fails_kernelize() -> None:

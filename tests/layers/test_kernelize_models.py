@@ -10,16 +10,17 @@ import copy
 
 import pytest
 import torch
-from kernelize_helpers import (
+
+from kernel_hub import get_kernel, kernelize, unkernelize
+from kernel_hub.demo import demo_batch, greedy
+from kernel_hub.tiny_models import build_tiny_model
+
+from .kernelize_helpers import (
     TOLERANCE,
     assert_registry_fully_used,
     max_masked_diff,
     swapped_modules,
 )
-
-from kernel_hub import get_kernel, kernelize, unkernelize
-from kernel_hub.demo import demo_batch, greedy
-from kernel_hub.tiny_models import build_tiny_model
 
 MODELS = ["llama", "mixtral", "qwen3_moe"]
 

@@ -6,12 +6,13 @@ import copy
 from pathlib import Path
 
 import torch
-from kernelize_helpers import TOLERANCE, TmpHub, max_masked_diff, swapped_modules
 from transformers import AutoModelForCausalLM
 
 import kernel_hub
 from kernel_hub.demo import demo_batch
 from kernel_hub.tiny_models import build_tiny_model
+
+from .kernelize_helpers import TOLERANCE, TmpHub, max_masked_diff, swapped_modules
 
 
 def logits(model: torch.nn.Module, batch: dict) -> torch.Tensor:

@@ -59,6 +59,7 @@ def test_override_values(tmp_path: Path) -> None:
     assert parse_override("rmsnorm", "OFF").off
     assert parse_override("rmsnorm", "1.0.0").version == SpecifierSet("==1.0.0")
     assert parse_override("rmsnorm", ">=1.0,<2").version == SpecifierSet(">=1.0,<2")
+    assert parse_override("rmsnorm", 1).version == SpecifierSet(">=1,<2")
     assert parse_override("rmsnorm", tmp_path).kernel_dir == tmp_path
     assert parse_override("rmsnorm", str(tmp_path)).kernel_dir == tmp_path
 
@@ -66,7 +67,7 @@ def test_override_values(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        (42, "got int 42"),
+        (4.2, "got float 4.2"),
         ("sometimes", "neither 'off', a version"),
         (Path("/no/such/kernel/dir"), "is not a directory"),
     ],

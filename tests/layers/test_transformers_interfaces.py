@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernelize_helpers import TmpHub, attention_kernel, experts_kernel, max_masked_diff
 
 from kernel_hub import get_kernel, kernelize, unkernelize
 from kernel_hub.demo import demo_batch, greedy
 from kernel_hub.tiny_models import build_tiny_model
+
+from .kernelize_helpers import TmpHub, attention_kernel, experts_kernel, max_masked_diff
 
 
 def attention_hub(hub: TmpHub, **options: object) -> Path:
