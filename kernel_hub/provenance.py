@@ -1,0 +1,67 @@
+"""Where a recorded result came from: command, time, machine and library versions.
+
+Every JSON file kernel-hub writes (benchmarks, compile matrices) carries this header, so a
+number in ``benchmarks/`` can be traced to the command and environment that produced it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform as std_platform
+import shlex
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
+
+LIBRARIES = ("jax", "jaxlib", "libtpu", "torch", "numpy", "tokamax", "kernel-hub")
+
+
+def library_versions(names: Sequence[str] = LIBRARIES) -> dict[str, str | None]:
+    """Installed version of each distribution (None if not installed), plus Python's."""
+    versions: dict[str, str | None] = {"python": std_platform.python_version()}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return std_platform.processor() or std_platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    """The JAX device this process computes on and the host around it (with the load average:
+    other processes on a shared host slow CPU timings down)."""
+    from .platform import describe_host
+
+    return {
+        **describe_host(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def command_line(prog: str, argv: Sequence[str]) -> str:
+    """The command as a user would retype it."""
+    return shlex.join([prog, *argv])
+
+
+def header(command: str) -> dict[str, Any]:
+    """Fields every recorded JSON file starts with."""
+    return {
+        "command": command,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "versions": library_versions(),
+    }
