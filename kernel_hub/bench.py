@@ -54,6 +54,7 @@ class BenchResult:
     runtime: str
     """'jax' (an implementation-table entry) or 'torch' (a torch callable)."""
     shapes: list[dict[str, Any]]
+    kwargs: dict[str, Any]
     flops: int
     bytes_accessed: int
     status: str = "ok"
@@ -115,6 +116,11 @@ def _shapes(case: KernelCase) -> list[dict[str, Any]]:
     import jax.numpy as jnp
 
     return [{"shape": list(a.shape), "dtype": jnp.dtype(a.dtype).name} for a in case.args]
+
+
+def _json_kwargs(case: KernelCase) -> dict[str, Any]:
+    plain = (bool, int, float, str, type(None))
+    return {k: v if isinstance(v, plain) else repr(v) for k, v in case.kwargs.items()}
 
 
 def _time_jax(case: KernelCase, implementation: str, host_args, device, policy, result) -> Timing:
@@ -228,6 +234,7 @@ def _run_cell(op, kernel, case, name, torch_fn, device, chip, policy) -> BenchRe
         op=op, kernel=kernel.manifest.name, kernel_version=str(kernel.manifest.version),
         case=case.name, dtype=case_dtype(case), implementation=name,
         runtime="jax" if torch_fn is None else "torch", shapes=_shapes(case),
+        kwargs=_json_kwargs(case),
         flops=case.flops, bytes_accessed=case.bytes_accessed,
     )
     platform = platform_of_jax_device(device)
@@ -272,7 +279,8 @@ def run_benchmarks(
             raise KernelInputError(f"torch threads must be >= 1, got {torch_threads}")
         torch.set_num_threads(torch_threads)
     device = jax_default_device()
-    provenance = {**header(command), "torch_threads": torch.get_num_threads()}  # load average as the runs met it
+    # taken before the runs, so its load average is the one they met
+    provenance = {**header(command), "torch_threads": torch.get_num_threads()}
     results = []
     for op in ops:
         results += bench_op(op, policy=policy, **options)

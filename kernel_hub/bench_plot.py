@@ -49,6 +49,7 @@ def plot_results(results: Sequence[Mapping[str, Any]], title: str = "") -> Any:
     time_axes.set_yscale("log")
     time_axes.set_ylabel(TIME_LABEL)
     time_axes.legend(title="implementation", fontsize="small")
+    share_axes.axhline(100, color="black", linewidth=0.8, linestyle="--")  # the roofline itself
     share_axes.set_ylabel(SHARE_LABEL)
     share_axes.set_xlabel(SHAPE_LABEL)
     labels = [f"{op + ' ' if len(ops) > 1 else ''}{case}\n({dtype})" for op, case, dtype in cases]

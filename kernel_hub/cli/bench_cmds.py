@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--budget", type=float, default=1.0, help="seconds of timed calls per cell (default 1)"
     )
     parser.add_argument("--min-samples", type=int, default=5, help="timed calls at least")
-    parser.add_argument("--max-samples", type=int, default=10_000, help="timed calls at most")
+    parser.add_argument("--max-samples", type=int, default=1000, help="timed calls at most")
     parser.add_argument(
         "--precision", type=float, default=0.01,
         help="stop early once the median's relative standard error is below this (default 0.01)",
