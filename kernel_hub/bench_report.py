@@ -112,7 +112,12 @@ def _markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str
 
 
 def _versions(record: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in record["versions"].items() if v is not None)
+    versions = ", ".join(f"{k} {v}" for k, v in record["versions"].items() if v is not None)
+    source = record.get("source")
+    if source:
+        versions += f"; kernel-hub commit {source['commit'][:12]}"
+        versions += " with uncommitted changes" if source["dirty"] else ""
+    return versions
 
 
 def _bench_section(path: Path, record: Mapping[str, Any]) -> list[str]:

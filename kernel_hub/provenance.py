@@ -10,6 +10,7 @@ import datetime
 import os
 import platform as std_platform
 import shlex
+import subprocess
 from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
@@ -52,6 +53,25 @@ def machine() -> dict[str, Any]:
     }
 
 
+def source_revision() -> dict[str, Any] | None:
+    """Git commit of the kernel-hub checkout and whether it had uncommitted changes; None outside
+    a git checkout."""
+    from .paths import PROJECT_ROOT
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), *args],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": dirty}
+
+
 def command_line(prog: str, argv: Sequence[str]) -> str:
     """The command as a user would retype it."""
     return shlex.join([prog, *argv])
@@ -64,4 +84,5 @@ def header(command: str) -> dict[str, Any]:
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": machine(),
         "versions": library_versions(),
+        "source": source_revision(),
     }
