@@ -54,8 +54,8 @@ def machine() -> dict[str, Any]:
 
 
 def source_revision() -> dict[str, Any] | None:
-    """Git commit of the kernel-hub checkout and whether it had uncommitted changes; None outside
-    a git checkout."""
+    """Git commit of the kernel-hub checkout and whether its code (outside benchmarks/) had
+    uncommitted changes; None outside a git checkout."""
     from .paths import PROJECT_ROOT
 
     def git(*args: str) -> str:
@@ -66,7 +66,8 @@ def source_revision() -> dict[str, Any] | None:
 
     try:
         commit = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        # recorded results being rewritten do not make the code that produced them dirty
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no", ":(exclude)benchmarks"))
     except (OSError, subprocess.SubprocessError):
         return None
     return {"commit": commit, "dirty": dirty}
