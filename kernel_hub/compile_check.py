@@ -7,6 +7,7 @@ generation are caught here, not on a user's TPU.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import re
@@ -225,6 +226,8 @@ class CompileTask:
     implementation: str
     direction: str
     generation: str
+    source: tuple[str, str | None] | None = None
+    """(registry op, registry file) to reload the case from in another process."""
 
     def __str__(self) -> str:
         return f"{self.kernel} {self.case.name} {self.direction} {self.generation}"
@@ -297,10 +300,11 @@ def plan_kernel(
 
     kernel = get_kernel(op, registry=registry)
     cases = select_cases(kernel.benchmark.CASES, patterns)
-    return plan_matrix(
+    tasks = plan_matrix(
         kernel.manifest.name, cases, generations, directions,
         lambda case: tpu_kernel_implementations(implementation_table(kernel, case)),
     )
+    return [dataclasses.replace(task, source=(op, registry)) for task in tasks]
 
 
 def matrix_record(

@@ -30,6 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--shapes", type=comma_list, help="case names or fnmatch patterns")
     parser.add_argument("--direction", choices=tuple(_DIRECTIONS), default="both")
+    parser.add_argument(
+        "--jobs", type=int, default=1,
+        help="compile in this many worker processes (0: one per CPU; default 1, in process)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write every cell with its messages")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--registry", help="registry file (default: the in-tree registry.yaml)")
@@ -39,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_compile_check(args: argparse.Namespace) -> int:
     from ..bench_report import compile_failures, compile_table
     from ..compile_check import check_generations, matrix_record, plan_kernel
+    from ..compile_pool import run_tasks
     from ..progress import progress_bar
     from ..provenance import command_line
 
@@ -52,12 +57,13 @@ def run_compile_check(args: argparse.Namespace) -> int:
         )
     ]
     bar = progress_bar(len(tasks), enabled=not args.no_progress)
-    results = []
+
+    def advance(task, result) -> None:
+        bar.set_description(str(task))
+        bar.update()
+
     try:
-        for task in tasks:
-            bar.set_description(str(task))
-            results.append(task.run().to_json())
-            bar.update()
+        results = [r.to_json() for r in run_tasks(tasks, args.jobs, advance)]
     finally:
         bar.close()
 

@@ -68,15 +68,24 @@ def test_declined_config_is_a_skip_not_a_pass():
     assert "block_rows=12 must equal rows (64) or be a multiple of 16" in result.error
 
 
-def test_unknown_generation_lists_valid_ones(capsys):
-    assert main(["compile-check", "rmsnorm", "--tpu", "v5", "--no-progress"]) == 2
-    assert "unknown TPU generation 'v5'" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tpu", "v5"], "unknown TPU generation 'v5'"),
+        (["--jobs", "-1"], "jobs must be >= 0"),
+        (["--shapes", "prefill-1m"], "unknown case 'prefill-1m'"),
+    ],
+)
+def test_bad_options_say_what_is_valid(flags, message, capsys):
+    assert main(["compile-check", "rmsnorm", "--no-progress", *flags]) == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_every_registry_kernel_compiles_for_every_generation(tmp_path):
     out = tmp_path / "matrix.json"
-    assert main(["compile-check", "--all", "--json", str(out), "--no-progress"]) == 0
+    # two worker processes: the matrix is compile-bound and each compile uses one core
+    assert main(["compile-check", "--all", "--jobs", "2", "--json", str(out), "--no-progress"]) == 0
     results = json.loads(out.read_text())["results"]
     assert all(r["status"] == "pass" for r in results), [r for r in results if not r["ok"]]
     for entry in load_registry():
