@@ -24,6 +24,7 @@ from .cases import (
     CPU_TAG,
     KernelCase,
     case_dtype,
+    check_drawable,
     concrete_args,
     implementation_table,
     select_cases,
@@ -214,22 +215,29 @@ def bench_op(
     kernel = get_kernel(op, registry=registry)
     device = jax_default_device()
     platform = platform_of_jax_device(device)
-    chip = chip_for_device(device)
     cases = kernel_cases(kernel, platform, patterns, dtype)
+    for case in cases:  # a case that cannot be run is a declaration error: say so before timing
+        check_drawable(case)
     cells = _implementations(kernel, cases, implementations)
+    chip = chip_for_device(device)
     bar = progress_bar(len(cells), enabled=progress)
     results = []
+    drawn_for, host_args = None, ()
     try:
         for case, name, torch_fn in cells:
+            if drawn_for is not case:  # cells come case by case: one draw per case
+                drawn_for, host_args = case, concrete_args(case)
             bar.set_description(f"{op} {case.name} {name}")
-            results.append(_run_cell(op, kernel, case, name, torch_fn, device, chip, policy))
+            results.append(
+                _run_cell(op, kernel, case, host_args, name, torch_fn, device, chip, policy)
+            )
             bar.update()
     finally:
         bar.close()
     return results
 
 
-def _run_cell(op, kernel, case, name, torch_fn, device, chip, policy) -> BenchResult:
+def _run_cell(op, kernel, case, host_args, name, torch_fn, device, chip, policy) -> BenchResult:
     result = BenchResult(
         op=op, kernel=kernel.manifest.name, kernel_version=str(kernel.manifest.version),
         case=case.name, dtype=case_dtype(case), implementation=name,
@@ -243,7 +251,6 @@ def _run_cell(op, kernel, case, name, torch_fn, device, chip, policy) -> BenchRe
         result.reason = f"torch paths are timed on {', '.join(_TORCH_DEVICES)} only"
         return result
     try:
-        host_args = concrete_args(case)
         if torch_fn is None:
             timing = _time_jax(case, name, host_args, device, policy, result)
         else:

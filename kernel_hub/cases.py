@@ -56,15 +56,12 @@ def case_dtype(case: KernelCase) -> str:
     return jnp.dtype(case.args[0].dtype).name if case.args else "none"
 
 
-def concrete_args(case: KernelCase, seed: int = 0) -> tuple[Any, ...]:
-    """Host (numpy) arguments for running a case: ``make_args`` or standard-normal floats."""
+def check_drawable(case: KernelCase) -> None:
+    """Raise unless ``concrete_args`` can build the case's arguments."""
     import jax.numpy as jnp
-    import numpy as np
 
-    rng = np.random.default_rng(seed)
     if case.make_args is not None:
-        return tuple(case.make_args(rng))
-    values = []
+        return
     for position, arg in enumerate(case.args):
         if not jnp.issubdtype(arg.dtype, jnp.floating):
             raise KernelInputError(
@@ -72,8 +69,19 @@ def concrete_args(case: KernelCase, seed: int = 0) -> tuple[Any, ...]:
                 "only floating-point arguments can be drawn at random. Give the KernelCase a "
                 "make_args(rng) that builds valid concrete arguments."
             )
-        values.append(rng.standard_normal(arg.shape, dtype=np.float32).astype(arg.dtype))
-    return tuple(values)
+
+
+def concrete_args(case: KernelCase, seed: int = 0) -> tuple[Any, ...]:
+    """Host (numpy) arguments for running a case: ``make_args`` or standard-normal floats."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if case.make_args is not None:
+        return tuple(case.make_args(rng))
+    check_drawable(case)
+    return tuple(
+        rng.standard_normal(arg.shape, dtype=np.float32).astype(arg.dtype) for arg in case.args
+    )
 
 
 def select_cases(
