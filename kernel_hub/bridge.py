@@ -27,7 +27,7 @@ import jax
 import torch
 
 from .errors import KernelInputError, UnsupportedDeviceError
-from .runtimes import runtime_for
+from .runtimes import op_defined, runtime_for
 from .runtimes.dlpack import needs_x64, tensor_leaves, x64_scope
 
 __all__ = ["JaxOp", "jax_op", "op_namespace", "torch_to_jax_dtype"]
@@ -222,7 +222,9 @@ def jax_op(
         backward_op = _define_backward(spec, stub) if differentiable else None
         if backward_op is not None:
             _register_autograd(spec, op, backward_op)
-        return JaxOp(spec, op, backward_op, stub)
+        defined = JaxOp(spec, op, backward_op, stub)
+        op_defined(defined)
+        return defined
 
     return decorate
 

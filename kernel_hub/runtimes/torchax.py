@@ -1,0 +1,86 @@
+"""torchax tensors (device ``"jax"``): torch tensors that wrap JAX arrays, on any JAX device.
+
+torchax decides what an op does inside its tensor classes, before the op's own kernel is reached,
+so every kernel-hub op is registered with them (``register``): the rule runs the op's ordinary
+implementation, whose runtime call (``TorchaxRuntime.call``) hands the wrapped JAX arrays straight
+to the jitted JAX function and wraps the results: no copy, no host round trip.
+
+The op's autograd formula sits above the rule, so ``loss.backward()`` on "jax" tensors runs the
+kernel's backward op the same way. Inside torchax's jit (``torchax.interop.jax_jit``,
+``JittableModule``) the arrays are tracers and the JAX function is traced into the one program,
+where JAX autodiff goes through the kernel's ``custom_vjp``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import torch
+import torchax.tensor
+import torchax.view
+
+from ..errors import UnsupportedDeviceError
+from .dlpack import tensor_leaves
+
+TORCHAX_TENSOR_TYPES = (torchax.tensor.Tensor, torchax.view.View)
+
+
+def _array(tensor: Any) -> jax.Array:
+    if not isinstance(tensor, TORCHAX_TENSOR_TYPES):
+        raise UnsupportedDeviceError(
+            f"a kernel-hub op got a {type(tensor).__name__} among torchax tensors; move every "
+            "tensor argument to the 'jax' device"
+        )
+    return tensor.jax()
+
+
+def _arrays(tree: Any) -> Any:
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_arrays(item) for item in tree)
+    return None if tree is None else _array(tree)
+
+
+class TorchaxRuntime:
+    """Runs the JAX function on the arrays inside torchax tensors; results are torchax tensors."""
+
+    def check_device(self, device: Any) -> None:
+        """Nothing to check: a "jax" tensor's array already lives on a device JAX runs on."""
+
+    def call(self, jax_fn: Callable[..., Any], tensors: Sequence[Any], *, key: Any = None) -> Any:
+        env = tensor_leaves(tensors)[0]._env
+        outputs = jax_fn(*_arrays(list(tensors)))
+        return jax.tree.map(lambda array: torchax.tensor.Tensor(array, env), outputs)
+
+    def dispatch(self, implementation: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        """What torchax's tensor classes do for a kernel-hub op: run the op's implementation."""
+        return implementation(*args, **(kwargs or {}))
+
+
+RUNTIME = TorchaxRuntime()
+
+
+def _implementation(custom_op: Any) -> Callable[..., Any]:
+    """The Python function a ``torch.library.custom_op`` was defined with (its CPU/CUDA kernel)."""
+    implementation = getattr(custom_op, "_init_fn", None)
+    if implementation is None:
+        raise RuntimeError(
+            f"torch {torch.__version__} no longer exposes the implementation of custom op "
+            f"{custom_op._qualname}; kernel-hub cannot register it with torchax"
+        )
+    return implementation
+
+
+def register(op: Any) -> None:
+    """Make torchax tensors run ``op`` (a kernel-hub ``JaxOp``) and its backward op."""
+    for custom_op in (op.op, op.backward_op):
+        if custom_op is None:
+            continue
+        implementation = _implementation(custom_op)
+
+        def rule(_cls, _func, _types, args, kwargs, implementation=implementation):
+            return RUNTIME.dispatch(implementation, args, kwargs)
+
+        for tensor_type in TORCHAX_TENSOR_TYPES:
+            custom_op.register_torch_dispatch(tensor_type, rule)
