@@ -81,3 +81,8 @@ def test_no_host_copy_inside_kernel_ops(report):
     assert report["host_copies_inside_ops"] == 0
     assert report["inputs_not_passed_as_is"] == 0
     assert report["outputs_not_wrapped_as_is"] == 0
+
+
+def test_greedy_generation_gives_the_stock_models_tokens(report):
+    assert len(report["generated_tokens"][0]) == 5 + 4
+    assert report["generated_tokens"] == report["stock_generated_tokens"]

@@ -241,6 +241,14 @@ def main(model_name: str) -> None:
             float(np.abs(np.asarray(grads[n]) - stock_params[n].grad.numpy()).max()) for n in params
         )
 
+    # Greedy generation, as in docs/running-on-tpu.md (before the SGD step changes the stock model).
+    ours.eval()
+    stock.eval()
+    prompt = ids[:1, :5]
+    generated = ours.generate(prompt.to("jax"), max_new_tokens=4, do_sample=False)
+    with torchax.disable_temporarily():
+        stock_generated = stock.generate(prompt, max_new_tokens=4, do_sample=False)
+
     # One SGD step on both models.
     lr = 0.5
     stepped = {n: np.asarray(params[n] - lr * grads[n]) for n in params}
@@ -271,6 +279,8 @@ def main(model_name: str) -> None:
         "norm_params_with_grad": sum("norm" in n for n in params),
         "step_max_abs": step_error,
         "kernels_in_training_step": sorted(set(PALLAS_CALL_NAME.findall(jaxpr))),
+        "generated_tokens": numpy_of(generated).tolist(),
+        "stock_generated_tokens": stock_generated.tolist(),
         "op_calls": watch.calls,
         "host_copies_inside_ops": watch.host_copies,
         "inputs_not_passed_as_is": watch.copied_inputs,
