@@ -21,25 +21,17 @@ import torch
 import torchax.tensor
 import torchax.view
 
-from ..errors import UnsupportedDeviceError
+from ..errors import RequirementError
 from .dlpack import tensor_leaves
 
 TORCHAX_TENSOR_TYPES = (torchax.tensor.Tensor, torchax.view.View)
 
 
-def _array(tensor: Any) -> jax.Array:
-    if not isinstance(tensor, TORCHAX_TENSOR_TYPES):
-        raise UnsupportedDeviceError(
-            f"a kernel-hub op got a {type(tensor).__name__} among torchax tensors; move every "
-            "tensor argument to the 'jax' device"
-        )
-    return tensor.jax()
-
-
 def _arrays(tree: Any) -> Any:
+    """The JAX arrays inside torchax tensors and views (a view's is computed on its device)."""
     if isinstance(tree, (list, tuple)):
         return type(tree)(_arrays(item) for item in tree)
-    return None if tree is None else _array(tree)
+    return None if tree is None else tree.jax()
 
 
 class TorchaxRuntime:
@@ -65,7 +57,7 @@ def _implementation(custom_op: Any) -> Callable[..., Any]:
     """The Python function a ``torch.library.custom_op`` was defined with (its CPU/CUDA kernel)."""
     implementation = getattr(custom_op, "_init_fn", None)
     if implementation is None:
-        raise RuntimeError(
+        raise RequirementError(
             f"torch {torch.__version__} no longer exposes the implementation of custom op "
             f"{custom_op._qualname}; kernel-hub cannot register it with torchax"
         )
