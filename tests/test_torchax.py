@@ -43,6 +43,12 @@ def test_model_runs_on_the_jax_device_with_every_norm_swapped(report):
     assert report["logits_type"] == "Tensor"  # torchax.tensor.Tensor, not a CPU tensor
 
 
+def test_kernelize_swaps_the_norms_on_the_jax_device(report):
+    assert report["kernelize_device"] == "jax"
+    assert report["kernelize_swapped"] == {"RMSNorm": 5}
+    assert report["kernelized_logits_max_abs"] <= TOLERANCE
+
+
 def test_kernels_ran_their_pallas_implementation(report):
     assert report["implementations"] == ["pallas"]
     assert report["op_calls"]["forward"] >= 5

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from kernel_hub import get_kernel
+from kernel_hub import get_kernel, kernelize
 
 PALLAS_CALL_NAME = re.compile(r"pallas_call\[.*?\bname=(\w+)", re.S)
 VOCAB = 128
@@ -163,15 +163,13 @@ def main(model_name: str) -> None:
     torch.manual_seed(0)
     # Kernels load before torchax exists: their ops are registered on torchax's import.
     kernels = {op: get_kernel(op) for op, _ in SWAPS.values()}
-    selections = []
-    for kernel in kernels.values():
-        for table in kernel.implementation_tables:
-            table.set_order("cpu", ("pallas", *(n for n in table.names if n != "pallas")))
-            selections.append(RecordingSelection(table))
+    tables = [table for kernel in kernels.values() for table in kernel.implementation_tables]
+    selections = [RecordingSelection(table) for table in tables]
     k = kernels["rmsnorm"]
 
     stock = MODELS[model_name]().float()
     ours = copy.deepcopy(stock)
+    kernelized = copy.deepcopy(stock)
     swapped = swap_layers(ours, kernels)
     ids = torch.randint(0, VOCAB, (2, 9))
     labels = torch.randint(0, VOCAB, (2, 9))
@@ -185,6 +183,10 @@ def main(model_name: str) -> None:
     env = torchax.default_env()
     torchax.enable_globally()
     ours.to("jax")
+    kernelized.to("jax")
+    kernelize_report = kernelize(kernelized, mode="inference")
+    for table in tables:  # after kernelize, which re-applies the registry's order
+        table.set_order("cpu", ("pallas", *(n for n in table.names if n != "pallas")))
     ids_jax, labels_jax = ids.to("jax"), labels.to("jax")
 
     def loss_of(logits, targets):
@@ -197,6 +199,8 @@ def main(model_name: str) -> None:
         stock_loss = loss_of(stock_logits, labels)
         stock_loss.backward()
     stock_params = dict(stock.named_parameters())
+
+    kernelized_logits = kernelized(ids_jax).logits
 
     # Torch autograd through the op on "jax" tensors: the forward op, then the backward op.
     x = torch.randn(4, 64)
@@ -266,6 +270,9 @@ def main(model_name: str) -> None:
         "logits_type": type(logits).__name__,
         "logits_max_abs": max_abs(logits, stock_logits),
         "jit_logits_max_abs": max_abs(jit_logits, stock_logits),
+        "kernelize_device": kernelize_report.device,
+        "kernelize_swapped": kernelize_report.counts(),
+        "kernelized_logits_max_abs": max_abs(kernelized_logits, stock_logits),
         "op_out_max_abs": max_abs(out, out_ref),
         "op_dx_max_abs": max_abs(x_jax.grad, x_ref.grad),
         "op_dweight_max_abs": max_abs(weight_jax.grad, weight_ref.grad),
