@@ -25,11 +25,8 @@ from kernel_hub.tiny_models import build_tiny_model
 from .kernelize_helpers import TmpHub, swapped_modules, torch_rmsnorm_kernel
 
 NORMS = [
-    "model.layers.0.input_layernorm",
-    "model.layers.0.post_attention_layernorm",
-    "model.layers.1.input_layernorm",
-    "model.layers.1.post_attention_layernorm",
-    "model.norm",
+    "model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
+    "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm",
 ]
 
 
