@@ -14,10 +14,24 @@ _EXPORTS = {
     "get_kernel": ".resolver",
     "load_registry": ".registry",
     "KernelHubError": ".errors",
+    "Mode": ".modes",
+    "kernel_mapping": ".mappings",
+    "KernelizeReport": ".layer_report",
+    "kernelize": ".layers",
+    "unkernelize": ".layers",
+    "use_kernel_forward": ".layers",
+    "mark_layer": ".layers",
+    "unmark_layer": ".layers",
+    "from_pretrained": ".integrations.transformers",
 }
 
 if TYPE_CHECKING:
     from .errors import KernelHubError
+    from .integrations.transformers import from_pretrained
+    from .layer_report import KernelizeReport
+    from .layers import kernelize, mark_layer, unkernelize, unmark_layer, use_kernel_forward
+    from .mappings import kernel_mapping
+    from .modes import Mode
     from .registry import load_registry
     from .resolver import get_kernel
 
@@ -35,4 +49,18 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
-__all__ = ["KernelHubError", "__version__", "get_kernel", "load_registry"]
+__all__ = [
+    "KernelHubError",
+    "KernelizeReport",
+    "Mode",
+    "__version__",
+    "from_pretrained",
+    "get_kernel",
+    "kernel_mapping",
+    "kernelize",
+    "load_registry",
+    "mark_layer",
+    "unkernelize",
+    "unmark_layer",
+    "use_kernel_forward",
+]

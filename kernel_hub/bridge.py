@@ -33,6 +33,7 @@ from .buckets import RowBuckets, power_of_two
 from .eager import DirectCalls
 from .executor import OpExecutor, check_devices
 from .op_spec import JaxBackward, OpSpec, hashable
+from .runtimes import op_defined
 from .tensors import needs_x64, tensor_leaves, torch_to_jax_dtype, x64_scope
 
 __all__ = [
@@ -116,15 +117,17 @@ class JaxOp:
     def __init__(
         self,
         spec: OpSpec,
-        op: Any,
-        backward_op: Any,
-        implementation: Callable[..., Any],
+        forward: tuple[Any, Callable[..., Any]],
+        backward: tuple[Any, Callable[..., Any] | None],
         stub: Callable[..., Any],
         library: Any,
     ):
         self._spec = spec
         self._library = library  # the registrations live as long as this object
-        self._implementation = implementation
+        # (OpOverload, the Python implementation registered for it): runtimes whose tensor
+        # classes handle ops themselves (torchax) run the implementation.
+        self.op, self.implementation = forward
+        self.backward_op, self.backward_implementation = backward
         names = spec.param_names
         self._direct = DirectCalls(
             [names.index(n) for n in spec.tensor_params],
@@ -133,15 +136,13 @@ class JaxOp:
             ),
             count=len(names),
         )
-        self.op = op
-        self.backward_op = backward_op
         self.jax_fn = spec.jax_fn
         self.qualname = spec.qualname
         functools.update_wrapper(self, stub)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.compiler.is_compiling() and self._direct.allowed(args, kwargs):
-            return self._implementation(*args)
+            return self.implementation(*args)
         return self.op(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -202,10 +203,13 @@ def jax_op(
         executor = OpExecutor(spec)
         library = torch.library.Library(namespace, "FRAGMENT")
         op, forward = _define_forward(library, spec, executor, stub)
-        backward_op = _define_backward(library, spec, executor) if differentiable else None
-        if backward_op is not None:
+        backward_op = backward = None
+        if differentiable:
+            backward_op, backward = _define_backward(library, spec, executor)
             _register_autograd(library, spec, op, backward_op, forward)
-        return JaxOp(spec, op, backward_op, forward, stub, library)
+        defined = JaxOp(spec, (op, forward), (backward_op, backward), stub, library)
+        op_defined(defined)
+        return defined
 
     return decorate
 
@@ -291,7 +295,11 @@ def _backward_schema(spec: OpSpec) -> str:
     return torch.library.infer_schema(prototype, mutates_args=())
 
 
-def _define_backward(library: Any, spec: OpSpec, executor: OpExecutor) -> Any:
+def _define_backward(
+    library: Any, spec: OpSpec, executor: OpExecutor
+) -> tuple[Any, Callable[..., Any]]:
+    """The backward op (inputs, outputs, cotangents, *static) -> gradients, and its
+    implementation."""
     diff_positions = [spec.tensor_params.index(name) for name in spec.differentiable]
 
     list_static = spec.list_static
@@ -306,7 +314,7 @@ def _define_backward(library: Any, spec: OpSpec, executor: OpExecutor) -> Any:
     qualname = f"{spec.qualname}_backward"
     op = _define(library, qualname, _backward_schema(spec), backward)
     torch.library.register_fake(qualname, fake, lib=library)
-    return op
+    return op, backward
 
 
 def _register_autograd(

@@ -7,17 +7,18 @@ generation are caught here, not on a user's TPU.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import re
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .cases import KernelCase
-from .errors import UnknownNameError
+from .cases import KernelCase, case_dtype, implementation_table, select_cases
+from .errors import NoImplementationError, UnknownNameError
 
 # Generation -> smallest topology name libtpu accepts for it.
 TOPOLOGIES: dict[str, str] = {
@@ -34,6 +35,15 @@ _LIBTPU_NOISE = re.compile(
     r"Source Location Trace|libtpu_init_utils|^\s*$|^E0000 .*common_lib\.cc"
 )
 _VMEM = re.compile(r"vmem|scoped memory|exceed", re.IGNORECASE)
+DIRECTIONS: tuple[str, ...] = ("forward", "backward")
+
+
+def check_generations(generations: Sequence[str]) -> list[str]:
+    """The generations, validated before any compile starts."""
+    for generation in generations:
+        if generation not in TOPOLOGIES:
+            raise UnknownNameError("TPU generation", generation, TOPOLOGIES)
+    return list(generations)
 
 
 @dataclass
@@ -42,18 +52,28 @@ class CompileResult:
 
     kernel: str
     case: str
+    implementation: str
+    dtype: str
     direction: str  # "forward" or "backward"
     generation: str
     ok: bool
     seconds: float
     error: str | None = None
+    """The compiler's message on failure; the implementation's reason when skipped."""
     vmem_overflow: bool = False
+    skipped: bool = False
+    """The implementation declined the case's inputs (they fall back to another one)."""
     memory: dict[str, int] = field(default_factory=dict)
     flops: float | None = None
     bytes_accessed: float | None = None
 
+    @property
+    def status(self) -> str:
+        """'pass', 'fail' or 'skip'."""
+        return "pass" if self.ok else "skip" if self.skipped else "fail"
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "status": self.status}
 
 
 @contextlib.contextmanager
@@ -165,41 +185,80 @@ def compile_case(
     direction: str = "forward",
     implementation: str = "pallas",
 ) -> CompileResult:
-    """Trace, lower and compile one case for one TPU generation; a failure is a result."""
+    """Trace, lower and compile one case for one TPU generation.
+
+    Failures are results, not raises; an implementation that declines the inputs is a skip.
+    """
     import jax
 
     device = tpu_device(generation)
     fn, args = _staged_function(case, direction, implementation)
+    cell = functools.partial(
+        CompileResult, kernel, case.name, implementation, case_dtype(case), direction, generation
+    )
     start = time.perf_counter()
     try:
         with _filtered_stderr(), _no_persistent_cache(), jax.default_device(device):
             compiled = jax.jit(fn).trace(*_placed(args, device)).lower().compile()
+    except NoImplementationError as exc:  # the implementation declines these inputs on TPU
+        return cell(ok=False, seconds=time.perf_counter() - start, error=str(exc), skipped=True)
     except Exception as exc:  # the compiler's message is the result
         message = f"{type(exc).__name__}: {exc}".strip()
-        return CompileResult(
-            kernel,
-            case.name,
-            direction,
-            generation,
-            ok=False,
-            seconds=time.perf_counter() - start,
-            error=message[:2000],
+        return cell(
+            ok=False, seconds=time.perf_counter() - start, error=message[:2000],
             vmem_overflow=bool(_VMEM.search(message)),
         )
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list):
         cost = cost[0] if cost else {}
-    return CompileResult(
-        kernel,
-        case.name,
-        direction,
-        generation,
-        ok=True,
-        seconds=time.perf_counter() - start,
-        memory=_memory_figures(compiled),
-        flops=cost.get("flops"),
-        bytes_accessed=cost.get("bytes accessed"),
+    return cell(
+        ok=True, seconds=time.perf_counter() - start, memory=_memory_figures(compiled),
+        flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"),
     )
+
+
+@dataclass(frozen=True)
+class CompileTask:
+    """One cell of a compile matrix, not yet compiled."""
+
+    kernel: str
+    case: KernelCase
+    implementation: str
+    direction: str
+    generation: str
+    source: tuple[str, str | None] | None = None
+    """(registry op, registry file) to reload the case from in another process."""
+
+    def __str__(self) -> str:
+        return f"{self.kernel} {self.case.name} {self.direction} {self.generation}"
+
+    def run(self) -> CompileResult:
+        return compile_case(
+            self.kernel, self.case, self.generation, self.direction, self.implementation
+        )
+
+
+def plan_matrix(
+    kernel: str,
+    cases: Sequence[KernelCase],
+    generations: Sequence[str],
+    directions: Sequence[str],
+    implementations: Callable[[KernelCase], Sequence[str]],
+) -> list[CompileTask]:
+    """Cells for every case x implementation x direction x generation; a case without
+    differentiable arguments has no backward cell."""
+    generations = check_generations(generations)
+    for direction in directions:
+        if direction not in DIRECTIONS:
+            raise UnknownNameError("direction", direction, DIRECTIONS)
+    return [
+        CompileTask(kernel, case, implementation, direction, generation)
+        for case in cases
+        for implementation in implementations(case)
+        for direction in directions
+        if direction == "forward" or case.differentiable
+        for generation in generations
+    ]
 
 
 def compile_matrix(
@@ -208,12 +267,53 @@ def compile_matrix(
     generations: Sequence[str] = DEFAULT_GENERATIONS,
     *,
     backward: bool = True,
+    implementations: Sequence[str] = ("pallas",),
 ) -> list[CompileResult]:
-    """Every case x direction x generation."""
-    results = []
-    for generation in generations:
-        for case in cases:
-            directions = ["forward"] + (["backward"] if backward and case.differentiable else [])
-            for direction in directions:
-                results.append(compile_case(kernel, case, generation, direction))
-    return results
+    """Compile every case x implementation x direction x generation."""
+    directions = DIRECTIONS if backward else ("forward",)
+    tasks = plan_matrix(kernel, cases, generations, directions, lambda case: implementations)
+    return [task.run() for task in tasks]
+
+
+def tpu_kernel_implementations(table: Any) -> list[str]:
+    """Implementations of a table that compile to TPU kernels: those listing 'tpu', minus the XLA
+    references (names starting with 'xla'), which are plain XLA code rather than Pallas/Mosaic.
+    """
+    return [
+        name
+        for name, impl in table.implementations.items()
+        if "tpu" in impl.platforms and not name.startswith("xla")
+    ]
+
+
+def plan_kernel(
+    op: str,
+    generations: Sequence[str] = DEFAULT_GENERATIONS,
+    *,
+    patterns: Sequence[str] | None = None,
+    directions: Sequence[str] = DIRECTIONS,
+    registry: str | None = None,
+) -> list[CompileTask]:
+    """The compile matrix of a registry op: its TPU kernel implementations at its benchmark cases
+    (all, or those matching ``patterns``)."""
+    from .resolver import get_kernel
+
+    kernel = get_kernel(op, registry=registry)
+    cases = select_cases(kernel.benchmark.CASES, patterns)
+    tasks = plan_matrix(
+        kernel.manifest.name, cases, generations, directions,
+        lambda case: tpu_kernel_implementations(implementation_table(kernel, case)),
+    )
+    return [dataclasses.replace(task, source=(op, registry)) for task in tasks]
+
+
+def matrix_record(
+    results: Sequence[dict[str, Any]], generations: Sequence[str], command: str
+) -> dict[str, Any]:
+    """The JSON file of a compile matrix: provenance and every cell (``CompileResult.to_json``)."""
+    from .provenance import header
+
+    return {
+        "schema": 1, "kind": "compile", **header(command),
+        "generations": list(generations), "results": list(results),
+    }

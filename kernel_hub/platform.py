@@ -30,6 +30,7 @@ _TPU_KINDS: dict[str, str] = {
     "TPU v6 lite": "v6e",
     "TPU v6e": "v6e",
     "TPU7x": "tpu7x",
+    "TPU v7": "tpu7x",  # TorchTPU's name for it
 }
 
 
@@ -61,7 +62,12 @@ def jax_platform() -> Platform:
 
 def tpu_generation(device: Any) -> str:
     """'v5e' for a TPU v5 lite device, etc.; the raw device kind if unknown."""
-    return _TPU_KINDS.get(device.device_kind, device.device_kind)
+    return tpu_generation_of_kind(device.device_kind)
+
+
+def tpu_generation_of_kind(kind: str) -> str:
+    """'v5e' for 'TPU v5 lite' or 'TPU v5e' (JAX's and TorchTPU's names); ``kind`` if unknown."""
+    return _TPU_KINDS.get(kind, kind)
 
 
 def host_platform() -> Platform:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from ..errors import KernelHubError
 
 # Modules under kernel_hub.cli, each with ``register(subparsers)``; a command sets ``func``.
-COMMAND_MODULES = ("registry_cmds", "hub_cmds")
+COMMAND_MODULES = ("registry_cmds", "hub_cmds", "demo_cmds", "bench_cmds", "compile_cmds")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in result files
     try:
         return int(args.func(args) or 0)
     except KernelHubError as exc:

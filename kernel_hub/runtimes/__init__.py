@@ -1,16 +1,20 @@
 """Runtime paths: how a JAX computation is run on the tensors of one torch device type.
 
-CPU and CUDA tensors go through DLPack (``dlpack.py``). TPU runtimes plug in here by device type
-and are imported only when a tensor of their device arrives.
+CPU and CUDA tensors go through DLPack (``dlpack.py``); the TPU runtimes are TorchTPU (device
+``"tpu"``, ``torch_tpu.py``), torchax (``"jax"``, ``torchax.py``) and PyTorch/XLA (``"xla"``,
+``torch_xla.py``). A runtime module, and the library behind it, is imported only when a tensor of
+its device arrives.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any, Protocol
 
 from ..errors import UnsupportedDeviceError
+from ..import_watch import when_imported
 
 
 class Runtime(Protocol):
@@ -30,7 +34,18 @@ class Runtime(Protocol):
 
 
 # device type -> module (relative to this package) exposing ``RUNTIME``.
-_RUNTIME_MODULES: dict[str, str] = {"cpu": ".dlpack", "cuda": ".dlpack"}
+_RUNTIME_MODULES: dict[str, str] = {
+    "cpu": ".dlpack",
+    "cuda": ".dlpack",
+    "tpu": ".torch_tpu",
+    "jax": ".torchax",
+    "xla": ".torch_xla",
+}
+
+# Libraries that decide what an op does before the op's own kernel runs (torchax handles every op
+# inside its tensor class): their runtime module must register each op with them, as soon as both
+# the op and the library exist. library -> runtime module exposing ``register(op)``.
+_OP_REGISTERING_RUNTIMES: dict[str, str] = {"torchax": ".torchax"}
 
 
 def register_runtime_module(device_type: str, module: str) -> None:
@@ -50,4 +65,18 @@ def runtime_for(device_type: str) -> Runtime:
             f"kernel-hub ops cannot run on device type {device_type!r}; "
             f"supported device types: {', '.join(supported_device_types())}"
         )
-    return importlib.import_module(module, __name__).RUNTIME
+    return _runtime_module(module).RUNTIME
+
+
+def op_defined(op: Any) -> None:
+    """Called by the bridge for every new op (a ``JaxOp``): hand it to the runtimes that need it.
+
+    A runtime whose library is already imported registers the op now, otherwise right after the
+    library's first import; kernel-hub never imports the library itself.
+    """
+    for library, module in _OP_REGISTERING_RUNTIMES.items():
+        when_imported(library, lambda _library, module=module: _runtime_module(module).register(op))
+
+
+def _runtime_module(module: str) -> ModuleType:
+    return importlib.import_module(module, __name__)

@@ -1,0 +1,69 @@
+"""PNG plot of a benchmark run: time and roofline share per shape and implementation.
+
+Built on matplotlib's object API with the Agg canvas, so it needs no display and leaves pyplot's
+global state alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+TIME_LABEL = "median time per call (ms, log scale)"
+SHARE_LABEL = "roofline share (%)"
+SHAPE_LABEL = "benchmark case (dtype)"
+
+
+def plot_results(results: Sequence[Mapping[str, Any]], title: str = "") -> Any:
+    """A figure with two panels over the cases: median time (bars, p10-p90 whiskers) and share
+    of the roofline, one bar per implementation. ``results`` are JSON-shaped result dicts;
+    results that did not run are left out."""
+    from matplotlib.figure import Figure
+
+    ran = [r for r in results if r["status"] == "ok"]
+    ops = {r["op"] for r in ran}
+    cases = list(dict.fromkeys((r["op"], r["case"], r["dtype"]) for r in ran))
+    impls = list(dict.fromkeys(r["implementation"] for r in ran))
+    by_cell = {(r["op"], r["case"], r["dtype"], r["implementation"]): r for r in ran}
+
+    figure = Figure(figsize=(max(6.0, 1.1 * len(cases) * max(1, len(impls)) / 2 + 2), 7.5))
+    time_axes, share_axes = figure.subplots(2, 1, sharex=True)
+    width = 0.8 / max(1, len(impls))
+    for index, impl in enumerate(impls):
+        offset = (index - (len(impls) - 1) / 2) * width
+        positions, medians, low, high, shares = [], [], [], [], []
+        for position, case in enumerate(cases):
+            cell = by_cell.get((*case, impl))
+            if cell is None:
+                continue
+            positions.append(position + offset)
+            medians.append(1e3 * cell["median_s"])
+            low.append(1e3 * (cell["median_s"] - cell["p10_s"]))
+            high.append(1e3 * (cell["p90_s"] - cell["median_s"]))
+            share = cell["roofline_share"]
+            shares.append(float("nan") if share is None else 100 * share)
+        time_axes.bar(positions, medians, width, yerr=[low, high], capsize=2, label=impl)
+        share_axes.bar(positions, shares, width, label=impl)
+
+    time_axes.set_yscale("log")
+    time_axes.set_ylabel(TIME_LABEL)
+    time_axes.legend(title="implementation", fontsize="small")
+    share_axes.axhline(100, color="black", linewidth=0.8, linestyle="--")  # the roofline itself
+    share_axes.set_ylabel(SHARE_LABEL)
+    share_axes.set_xlabel(SHAPE_LABEL)
+    labels = [f"{op + ' ' if len(ops) > 1 else ''}{case}\n({dtype})" for op, case, dtype in cases]
+    share_axes.set_xticks(range(len(cases)), labels, rotation=30, ha="right", fontsize="small")
+    for axes in (time_axes, share_axes):
+        axes.grid(axis="y", alpha=0.3)
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    return figure
+
+
+def save_plot(results: Sequence[Mapping[str, Any]], path: str | Path, title: str = "") -> Any:
+    """Write the plot as PNG; returns the figure."""
+    figure = plot_results(results, title)
+    figure.savefig(Path(path), format="png", dpi=110)
+    return figure

@@ -1,0 +1,102 @@
+"""``kernel-hub compile-check``: the TPU compile matrix of every registry kernel."""
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+
+from kernel_hub import get_kernel
+from kernel_hub.cli import main
+from kernel_hub.compile_check import (
+    DEFAULT_GENERATIONS,
+    compile_case,
+    plan_kernel,
+    tpu_kernel_implementations,
+)
+from kernel_hub.paths import PROJECT_ROOT
+from kernel_hub.registry import load_registry
+
+pytestmark = pytest.mark.tpu_compile
+
+OVERSIZED_CASE = '''
+import dataclasses as _dataclasses
+
+# 4096 rows x 4096 bf16, double-buffered in and out: far beyond v4's 16 MiB of VMEM.
+CASES = CASES + [
+    _dataclasses.replace(
+        case("oversized-block-8k-h4096", 8192, 4096), kwargs={"eps": 1e-6, "block_rows": 4096}
+    )
+]
+'''
+
+
+@pytest.fixture
+def kernels_with_oversized_block(tmp_path, monkeypatch):
+    """A copy of the in-tree kernels whose rmsnorm declares one case with a too-large block."""
+    kernels = tmp_path / "kernels"
+    shutil.copytree(PROJECT_ROOT / "kernels" / "rmsnorm", kernels / "rmsnorm")
+    with open(kernels / "rmsnorm" / "rmsnorm" / "benchmark.py", "a") as benchmark:
+        benchmark.write(OVERSIZED_CASE)
+    monkeypatch.setenv("KERNEL_HUB_KERNELS_DIR", str(kernels))
+    return kernels
+
+
+def test_oversized_block_is_reported_as_vmem_failure(kernels_with_oversized_block, tmp_path):
+    out = tmp_path / "matrix.json"
+    code = main([
+        "compile-check", "rmsnorm", "--tpu", "v4", "--direction", "forward",
+        "--shapes", "oversized-block-*,prefill-8k-h4096", "--json", str(out), "--no-progress",
+    ])
+    assert code == 1
+    cells = {r["case"]: r for r in json.loads(out.read_text())["results"]}
+    oversized = cells["oversized-block-8k-h4096"]
+    assert oversized["status"] == "fail" and oversized["vmem_overflow"]
+    assert "vmem" in oversized["error"].lower()
+    # the same shape with the kernel's own block choice compiles
+    assert cells["prefill-8k-h4096"]["status"] == "pass"
+    assert cells["prefill-8k-h4096"]["memory"]["argument_size"] > 0
+
+
+def test_declined_config_is_a_skip_not_a_pass():
+    rmsnorm = get_kernel("rmsnorm")
+    bad_block = dataclasses.replace(
+        rmsnorm.benchmark.case("rows-64", 64, 1024), kwargs={"eps": 1e-6, "block_rows": 12}
+    )
+    result = compile_case("rmsnorm", bad_block, "v5e")
+    assert result.status == "skip" and not result.ok
+    assert "block_rows=12 must equal rows (64) or be a multiple of 16" in result.error
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tpu", "v5"], "unknown TPU generation 'v5'"),
+        (["--jobs", "-1"], "jobs must be >= 0"),
+        (["--shapes", "prefill-1m"], "unknown case 'prefill-1m'"),
+    ],
+)
+def test_bad_options_say_what_is_valid(flags, message, capsys):
+    assert main(["compile-check", "rmsnorm", "--no-progress", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_every_registry_kernel_compiles_for_every_generation(tmp_path):
+    out = tmp_path / "matrix.json"
+    # two worker processes: the matrix is compile-bound and each compile uses one core
+    assert main(["compile-check", "--all", "--jobs", "2", "--json", str(out), "--no-progress"]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert all(r["status"] == "pass" for r in results), [r for r in results if not r["ok"]]
+    for entry in load_registry():
+        kernel = get_kernel(entry.name)
+        cells = [r for r in results if r["kernel"] == kernel.manifest.name]
+        assert len(cells) == len(plan_kernel(entry.name)) > 0
+        assert {r["generation"] for r in cells} == set(DEFAULT_GENERATIONS)
+        tables = kernel.implementation_tables
+        assert {r["implementation"] for r in cells} == {
+            name for table in tables for name in tpu_kernel_implementations(table)
+        }
+        differentiable = [c.name for c in kernel.benchmark.CASES if c.differentiable]
+        backward = {r["case"] for r in cells if r["direction"] == "backward"}
+        assert backward == set(differentiable)

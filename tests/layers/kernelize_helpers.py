@@ -1,0 +1,154 @@
+"""Helpers for the kernelize tests: throwaway kernels and registries, comparisons."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import torch
+import yaml
+
+from kernel_hub.layer_report import KernelizeReport
+from kernel_hub.paths import PROJECT_ROOT
+
+TOLERANCE = 1e-4
+
+
+class TmpHub:
+    """A registry file and a kernels directory under a test's tmp_path."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.kernels = root / "kernels"
+        self.kernels.mkdir()
+        self.registry = root / "registry.yaml"
+
+    def add_kernel(
+        self, name: str, files: dict[str, str], *, layers: tuple[str, ...] = (),
+        version: str = "1.0.0",
+    ) -> Path:
+        """kernels/<name>/kernel.yaml plus a package made of ``files`` (file name -> source)."""
+        package = name.replace("-", "_")
+        kernel_dir = self.kernels / name
+        (kernel_dir / package).mkdir(parents=True)
+        manifest = {
+            "name": name, "version": version, "package": package, "ops": [],
+            "layers": list(layers), "implementations": {"torch": ["tpu", "gpu", "cpu"]},
+        }
+        (kernel_dir / "kernel.yaml").write_text(yaml.safe_dump(manifest))
+        for file_name, source in files.items():
+            (kernel_dir / package / file_name).write_text(textwrap.dedent(source))
+        return kernel_dir
+
+    def copy_in_tree(self, name: str) -> Path:
+        """A copy of the in-tree kernel ``kernels/<name>`` (loaded as a separate module)."""
+        return shutil.copytree(PROJECT_ROOT / "kernels" / name, self.kernels / name)
+
+    def all_kinds_registry(self) -> Path:
+        """In-tree rmsnorm plus throwaway attention and moe-gemm kernels."""
+        self.copy_in_tree("rmsnorm")
+        self.add_kernel("attention", attention_kernel())
+        self.add_kernel("moe-gemm", experts_kernel())
+        return self.write_registry(
+            {
+                "rmsnorm": {"layers": ["RMSNorm"], "implementations": {"cpu": ["xla"]}},
+                "attention": {},
+                "moe-gemm": {},
+            }
+        )
+
+    def write_registry(self, ops: dict[str, dict]) -> Path:
+        """``ops``: op name -> entry fields; kernel, version and implementations have defaults."""
+        defaults = {"version": ">=1.0,<2", "implementations": {"cpu": ["torch"]}}
+        entries = {op: {"kernel": op, **defaults, **fields} for op, fields in ops.items()}
+        self.registry.write_text(yaml.safe_dump({"schema": 1, "ops": entries}))
+        return self.registry
+
+
+def torch_rmsnorm_kernel(*, arg: str = "hidden_states", has_backward: bool = True,
+                         can_torch_compile: bool = True) -> dict[str, str]:
+    """Files of a pure-torch kernel providing layers.RMSNorm (no JAX), with chosen flags."""
+    return {
+        "__init__.py": "from . import layers\n",
+        "layers.py": f"""
+            import torch
+
+            class RMSNorm(torch.nn.Module):
+                can_torch_compile = {can_torch_compile}
+                has_backward = {has_backward}
+
+                def forward(self, {arg}):
+                    x = {arg}.float()
+                    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+                    return self.weight * x.to({arg}.dtype)
+            """,
+    }
+
+
+def assert_registry_fully_used(report: KernelizeReport) -> None:
+    """Every candidate the registry has an op for was swapped; something was."""
+    unused = [e.line() for e in report.left_alone if e.op is not None]
+    assert not unused, "\n".join(unused)
+    assert report.swapped
+
+
+def max_masked_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    """Largest |a - b| over the real (unpadded) token positions."""
+    return (a - b)[mask.bool()].abs().max().item()
+
+
+def swapped_modules(model: torch.nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if "forward" in m.__dict__]
+
+
+def attention_kernel(
+    *, name: str = "kernel_hub_test_attention", register_mask: bool = True,
+    returns: str | None = None, can_torch_compile: bool = True, has_backward: bool = True,
+) -> dict[str, str]:
+    """A kernel whose ``integrations.register()`` adds a counting wrapper of Transformers' SDPA
+    attention to AttentionInterface (and SDPA's mask to AttentionMaskInterface)."""
+    return {
+        "__init__.py": "from . import integrations\n",
+        "integrations.py": f"""
+            from transformers import AttentionInterface
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+            from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+            can_torch_compile = {can_torch_compile}
+            has_backward = {has_backward}
+            CALLS = []
+
+            def attention(module, query, key, value, attention_mask, **kwargs):
+                CALLS.append(tuple(query.shape))
+                return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+            def register(name={name!r}):
+                AttentionInterface.register(name, attention)
+                if {register_mask}:
+                    AttentionMaskInterface.register(name, sdpa_mask)
+                return {returns!r} or name
+            """,
+    }
+
+
+def experts_kernel(*, name: str = "kernel_hub_test_experts") -> dict[str, str]:
+    """A kernel whose ``integrations.register()`` adds a counting wrapper of Transformers'
+    grouped_mm experts forward to ExpertsInterface."""
+    return {
+        "__init__.py": "from . import integrations\n",
+        "integrations.py": f"""
+            from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
+
+            can_torch_compile = True
+            CALLS = []
+
+            def experts(self, hidden_states, top_k_index, top_k_weights):
+                CALLS.append(tuple(hidden_states.shape))
+                return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+
+            def register(name={name!r}):
+                ExpertsInterface.register(name, experts)
+                return name
+            """,
+    }

@@ -1,0 +1,75 @@
+"""``kernel-hub demo``: table and JSON output, picking up attention/MoE kernels, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kernel_hub.cli import main
+from kernel_hub.demo import run_demo
+from kernel_hub.errors import UnknownNameError
+
+from .kernelize_helpers import TOLERANCE, TmpHub
+
+
+def test_demo_table(capsys: pytest.CaptureFixture) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    threads, _blank, header, _rule, *rows = out.splitlines()
+    assert threads.startswith("torch threads: 1;")
+    assert header.split()[:3] == ["model", "swapped", "left"]
+    assert rows[0].split()[:3] == ["LlamaForCausalLM", "RMSNorm", "x5"]
+    assert rows[1].split()[:3] == ["MixtralForCausalLM", "RMSNorm", "x5"]
+    assert all(row.rstrip().endswith("ok") for row in rows[:2])
+    assert "left alone:" in out
+
+
+def test_demo_json(capsys: pytest.CaptureFixture) -> None:
+    threads = torch.get_num_threads()
+    assert main(["demo", "--json", "--model", "llama", "--threads", "2"]) == 0
+    assert torch.get_num_threads() == threads
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["model"] == "LlamaForCausalLM" and row["ok"] and row["torch_threads"] == 2
+    assert row["swapped"] == {"RMSNorm": 5}
+    assert 0 <= row["max_logit_diff"] <= TOLERANCE
+    assert row["greedy_identical"] and row["unkernelize_restores"]
+    assert row["stock_ms"] > 0 and row["kernelized_ms"] > 0
+    assert len(row["report"]["entries"]) == 5 + 2  # norms + attention modules
+
+
+def test_demo_picks_up_attention_and_moe_kernels(tmp_hub: TmpHub) -> None:
+    (row,) = run_demo(["mixtral"], registry=tmp_hub.all_kinds_registry())
+    assert row["swapped"] == {"RMSNorm": 5, "AttentionInterface": 2, "ExpertsInterface": 2}
+    assert row["left_alone"] == 0 and row["ok"]
+
+
+def test_demo_reports_a_failing_kernel(tmp_hub: TmpHub, capsys: pytest.CaptureFixture) -> None:
+    tmp_hub.add_kernel(
+        "rmsnorm",
+        {
+            "__init__.py": "from . import layers\n",
+            "layers.py": """
+                import torch
+
+                class RMSNorm(torch.nn.Module):
+                    def forward(self, hidden_states):
+                        raise RuntimeError("kernel exploded")
+                """,
+        },
+        layers=("RMSNorm",),
+    )
+    registry = tmp_hub.write_registry({"rmsnorm": {"layers": ["RMSNorm"]}})
+    assert main(["demo", "--model", "llama", "--registry", str(registry)]) == 1
+    assert "llama: error: RuntimeError: kernel exploded" in capsys.readouterr().out
+
+
+def test_demo_bad_thread_count(capsys: pytest.CaptureFixture) -> None:
+    assert main(["demo", "--threads", "-1"]) == 2
+    assert "--threads must be 0 (torch's default) or more, got -1" in capsys.readouterr().err
+
+
+def test_demo_unknown_model() -> None:
+    with pytest.raises(UnknownNameError, match="Valid demo models: llama, mixtral, qwen3_moe"):
+        run_demo(["gpt2"])

@@ -1,0 +1,99 @@
+"""Shared pieces of the TPU-runtime tests: a stand-in device and every in-tree kernel's op cases.
+
+No TPU runtime's device exists on a CPU host, so these tests send real kernel-hub ops to torch's
+lazy-tensor device (TorchScript backend) and map that device type to the runtime under test. Its
+tensors hold no data until read, so the kernels' full benchmark shapes cost nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import torch
+
+from kernel_hub import get_kernel, load_registry
+from kernel_hub.bridge import JaxOp
+from kernel_hub.cases import KernelCase
+from kernel_hub.runtimes.dlpack import tensor_leaves
+
+LAZY = "lazy"
+
+
+@functools.cache
+def lazy_device() -> torch.device:
+    """Start torch's lazy-tensor backend once per process."""
+    import torch._lazy.ts_backend
+
+    torch._lazy.ts_backend.init()
+    return torch.device(LAZY)
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """One benchmark case of one kernel, with the torch op that runs it."""
+
+    kernel: str
+    case: KernelCase
+    op: JaxOp
+
+    @property
+    def id(self) -> str:
+        return f"{self.kernel}-{self.case.name}"
+
+
+def op_cases() -> list[OpCase]:
+    """Every benchmark case of every kernel in the registry, each paired with its torch op."""
+    cases, seen = [], set()
+    for entry in load_registry():
+        if entry.kernel in seen:
+            continue
+        seen.add(entry.kernel)
+        module = get_kernel(entry.name)
+        for case in module.benchmark.CASES:
+            op = getattr(module, case.fn.__name__, None)
+            if not isinstance(op, JaxOp):
+                raise LookupError(
+                    f"kernel {entry.kernel}: benchmark case {case.name} calls "
+                    f"{case.fn.__name__}, which is not one of its torch ops"
+                )
+            cases.append(OpCase(entry.kernel, case, op))
+    return cases
+
+
+def torch_dtype(dtype: Any) -> torch.dtype:
+    return getattr(torch, jax.numpy.dtype(dtype).name)
+
+
+def inputs_on(device: torch.device | str, op_case: OpCase) -> list[torch.Tensor]:
+    """Zero tensors shaped like the case's arguments; differentiable ones require grad."""
+    tensors = []
+    for position, struct in enumerate(op_case.case.args):
+        tensor = torch.zeros(struct.shape, dtype=torch_dtype(struct.dtype), device=device)
+        tensors.append(tensor.requires_grad_(position in op_case.case.differentiable))
+    return tensors
+
+
+def run_forward_and_backward(op_case: OpCase, inputs: list[torch.Tensor]) -> tuple[Any, Any]:
+    """Call the op, then its backward for the case's differentiable arguments (if any)."""
+    outputs = op_case.op(*inputs, **op_case.case.kwargs)
+    if not op_case.case.differentiable:
+        return outputs, None
+    leaves = tensor_leaves(outputs)
+    grads = torch.autograd.grad(
+        leaves,
+        [inputs[i] for i in op_case.case.differentiable],
+        grad_outputs=[torch.ones_like(leaf) for leaf in leaves],
+    )
+    return outputs, grads
+
+
+def fake_outputs(op_case: OpCase) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of the op's outputs from its own fake implementation."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        outputs = op_case.op(*inputs_on("cpu", op_case), **op_case.case.kwargs)
+    return [(tuple(t.shape), t.dtype) for t in tensor_leaves(outputs)]

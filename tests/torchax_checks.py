@@ -1,0 +1,301 @@
+"""A tiny Llama on torchax's "jax" device with kernel-hub's RMSNorm; prints a JSON report.
+
+Run in its own process by test_torchax.py: importing torchax renames torch's PrivateUse1 device
+and breaks torch.compile for the rest of a process. JAX runs on the CPU here, so the Pallas kernel
+runs in interpret mode (the kernel's CPU order is set to try Pallas first).
+
+The report holds measured differences against the stock CPU model and what was seen inside the
+kernel ops; test_torchax.py holds the thresholds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import sys
+import types
+
+import jax
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from kernel_hub import get_kernel, kernelize
+
+PALLAS_CALL_NAME = re.compile(r"pallas_call\[.*?\bname=(\w+)", re.S)
+VOCAB = 128
+
+# name -> a tiny model; every module whose class name ends in a key of SWAPS gets that layer.
+MODELS = {
+    "llama": lambda: LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    ),
+}
+# class-name suffix -> (registry op, layer name in that kernel's ``layers``)
+SWAPS = {"RMSNorm": ("rmsnorm", "RMSNorm")}
+
+
+def numpy_of(tensor) -> np.ndarray:
+    """Host copy for comparisons, outside any kernel op."""
+    return np.asarray(tensor.jax()) if hasattr(tensor, "jax") else tensor.detach().numpy()
+
+
+def max_abs(a, b) -> float:
+    return float(np.abs(numpy_of(a).astype(np.float64) - numpy_of(b)).max())
+
+
+def is_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor)
+
+
+class OpWatch:
+    """Watches the torchax runtime from inside kernel ops.
+
+    Copies are caught three ways: the JAX function must receive the very arrays inside the input
+    tensors and the output tensors must wrap the very arrays it returned (any host round trip makes
+    new arrays); torchax's own host copies (``j2t_copy``/``t2j_copy``) are counted; JAX's
+    device-to-host transfer guard is set to "disallow" (it fires on accelerators; on the CPU
+    backend reading an array is zero-copy and not a transfer).
+    """
+
+    def __init__(self, runtime, torchax) -> None:
+        self.calls: dict[str, int] = {}
+        self.host_copies = 0
+        self.copied_inputs = 0
+        self.copied_outputs = 0
+        self.inside = False
+        self._dispatch, self._call = runtime.dispatch, runtime.call
+        runtime.dispatch, runtime.call = self.dispatch, self.call
+        environment = torchax.tensor.Environment
+        for name in ("j2t_copy", "t2j_copy"):
+            setattr(environment, name, self._counting(getattr(environment, name)))
+        self.tensor_type = torchax.tensor.Tensor
+
+    def _counting(self, function):
+        def counted(*args, **kwargs):
+            if self.inside:
+                self.host_copies += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+    def dispatch(self, implementation, args, kwargs):
+        name = implementation.__name__
+        self.calls[name] = self.calls.get(name, 0) + 1
+        self.inside = True
+        try:
+            with jax.transfer_guard_device_to_host("disallow"):
+                return self._dispatch(implementation, args, kwargs)
+        finally:
+            self.inside = False
+
+    def call(self, jax_fn, tensors, *, key=None):
+        received, returned = [], []
+
+        def spy(*arrays):
+            received.extend(jax.tree.leaves(arrays))
+            outputs = jax_fn(*arrays)
+            returned.extend(jax.tree.leaves(outputs))
+            return outputs
+
+        result = self._call(spy, tensors, key=key)
+        for tensor in jax.tree.leaves(list(tensors), is_leaf=is_tensor):
+            # A View's array is computed on device from its base; only plain tensors hold one.
+            if isinstance(tensor, self.tensor_type) and not any(
+                tensor.jax() is array for array in received
+            ):
+                self.copied_inputs += 1
+        wrapped = [t.jax() for t in jax.tree.leaves(result, is_leaf=is_tensor)]
+        if len(wrapped) != len(returned):
+            self.copied_outputs += max(len(wrapped), len(returned))
+        else:
+            self.copied_outputs += sum(w is not r for w, r in zip(wrapped, returned, strict=True))
+        return result
+
+
+class Logits(torch.nn.Module):
+    """The model as a function of token ids alone (JAX traces arrays, not config flags)."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(ids, use_cache=False).logits
+
+
+def swap_layers(model, kernels) -> dict[str, int]:
+    """Replace matching modules' forward by the kernel layer's, by hand (as kernelize() will)."""
+    swapped = {}
+    for module in model.modules():
+        for suffix, (op, layer) in SWAPS.items():
+            if type(module).__name__.endswith(suffix):
+                layer_class = getattr(kernels[op].layers, layer)
+                module.forward = types.MethodType(layer_class.forward, module)
+                swapped[layer] = swapped.get(layer, 0) + 1
+    return swapped
+
+
+class RecordingSelection:
+    """Records which implementation a kernel's implementation table picks."""
+
+    def __init__(self, table) -> None:
+        self.chosen: set[str] = set()
+        self._select = table.select
+        table.select = self.select
+
+    def select(self, *args, **kwargs):
+        implementation = self._select(*args, **kwargs)
+        self.chosen.add(implementation.name)
+        return implementation
+
+
+def main(model_name: str) -> None:
+    torch.manual_seed(0)
+    # Kernels load before torchax exists: their ops are registered on torchax's import.
+    kernels = {op: get_kernel(op) for op, _ in SWAPS.values()}
+    tables = [table for kernel in kernels.values() for table in kernel.implementation_tables]
+    selections = [RecordingSelection(table) for table in tables]
+    k = kernels["rmsnorm"]
+
+    stock = MODELS[model_name]().float()
+    ours = copy.deepcopy(stock)
+    kernelized = copy.deepcopy(stock)
+    swapped = swap_layers(ours, kernels)
+    ids = torch.randint(0, VOCAB, (2, 9))
+    labels = torch.randint(0, VOCAB, (2, 9))
+
+    import torchax
+    import torchax.interop
+
+    from kernel_hub.runtimes import torchax as torchax_runtime
+
+    watch = OpWatch(torchax_runtime.RUNTIME, torchax)
+    env = torchax.default_env()
+    torchax.enable_globally()
+    ours.to("jax")
+    kernelized.to("jax")
+    kernelize_report = kernelize(kernelized, mode="inference")
+    for table in tables:  # after kernelize, which re-applies the registry's order
+        table.set_order("cpu", ("pallas", *(n for n in table.names if n != "pallas")))
+    ids_jax, labels_jax = ids.to("jax"), labels.to("jax")
+
+    def loss_of(logits, targets):
+        return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+    # Eager forward: every RMSNorm is a kernel-hub op call on torchax tensors.
+    logits = ours(ids_jax).logits
+    with torchax.disable_temporarily():
+        stock_logits = stock(ids).logits
+        stock_loss = loss_of(stock_logits, labels)
+        stock_loss.backward()
+    stock_params = dict(stock.named_parameters())
+
+    kernelized_logits = kernelized(ids_jax).logits
+
+    # Torch autograd through the op on "jax" tensors: the forward op, then the backward op.
+    x = torch.randn(4, 64)
+    weight = torch.randn(64)
+    x_jax = x.to("jax").requires_grad_()
+    weight_jax = weight.to("jax").requires_grad_()
+    out = k.rms_norm(x_jax, weight_jax, 1e-6)
+    (out * out).sum().backward()
+    with torchax.disable_temporarily():
+        x_ref, weight_ref = x.clone().requires_grad_(), weight.clone().requires_grad_()
+        out_ref = F.rms_norm(x_ref, (64,), weight_ref, 1e-6)
+        (out_ref * out_ref).sum().backward()
+
+    # A sliced input reaches the op as a torchax View.
+    wide = torch.randn(4, 96)
+    view = wide.to("jax")[:, :64]
+    view_out = k.rms_norm(view, weight_jax.detach(), 1e-6)
+    with torchax.disable_temporarily():
+        view_ref = F.rms_norm(wide[:, :64], (64,), weight, 1e-6)
+
+    # Training step the torchax way: JAX autodiff over the model as one JAX function, eagerly
+    # and under jax.jit; the kernel's custom_vjp supplies its gradient.
+    jittable = torchax.interop.JittableModule(Logits(ours))
+    jit_logits = jittable(ids_jax)
+    params = {name.removeprefix("model."): p.jax() for name, p in jittable.params.items()}
+
+    def jax_loss(params, ids, labels):
+        params = {f"model.{name}": value for name, value in params.items()}
+        torch_params, torch_ids, torch_labels = env.j2t_iso((params, ids, labels))
+        with env:
+            out = jittable.functional_call("forward", torch_params, jittable.buffers, torch_ids)
+            return env.t2j_iso(loss_of(out, torch_labels))
+
+    value_and_grad = jax.value_and_grad(jax_loss)
+    arguments = (params, ids_jax.jax(), labels_jax.jax())
+    loss, grads = value_and_grad(*arguments)
+    jit_loss, jit_grads = jax.jit(value_and_grad)(*arguments)
+    jaxpr = str(jax.make_jaxpr(value_and_grad)(*arguments))
+
+    def grad_error(grads) -> float:
+        return max(
+            float(np.abs(np.asarray(grads[n]) - stock_params[n].grad.numpy()).max()) for n in params
+        )
+
+    # Greedy generation, as in docs/running-on-tpu.md (before the SGD step changes the stock model).
+    ours.eval()
+    stock.eval()
+    prompt = ids[:1, :5]
+    generated = ours.generate(prompt.to("jax"), max_new_tokens=4, do_sample=False)
+    with torchax.disable_temporarily():
+        stock_generated = stock.generate(prompt, max_new_tokens=4, do_sample=False)
+
+    # One SGD step on both models.
+    lr = 0.5
+    stepped = {n: np.asarray(params[n] - lr * grads[n]) for n in params}
+    with torch.no_grad():
+        for param in stock.parameters():
+            param.sub_(lr * param.grad)
+    step_error = max(
+        float(np.abs(stepped[n] - stock_params[n].detach().numpy()).max()) for n in params
+    )
+
+    report = {
+        "torchax_version": torchax.__version__,
+        "model": model_name,
+        "swapped_layers": swapped,
+        "logits_type": type(logits).__name__,
+        "logits_max_abs": max_abs(logits, stock_logits),
+        "jit_logits_max_abs": max_abs(jit_logits, stock_logits),
+        "kernelize_device": kernelize_report.device,
+        "kernelize_swapped": kernelize_report.counts(),
+        "kernelized_logits_max_abs": max_abs(kernelized_logits, stock_logits),
+        "op_out_max_abs": max_abs(out, out_ref),
+        "op_dx_max_abs": max_abs(x_jax.grad, x_ref.grad),
+        "op_dweight_max_abs": max_abs(weight_jax.grad, weight_ref.grad),
+        "view_input_type": type(view).__name__,
+        "view_out_max_abs": max_abs(view_out, view_ref),
+        "loss_abs": abs(float(loss) - float(stock_loss)),
+        "jit_loss_abs": abs(float(jit_loss) - float(stock_loss)),
+        "grad_max_abs": grad_error(grads),
+        "jit_grad_max_abs": grad_error(jit_grads),
+        "params_with_grad": len(params),
+        "norm_params_with_grad": sum("norm" in n for n in params),
+        "step_max_abs": step_error,
+        "kernels_in_training_step": sorted(set(PALLAS_CALL_NAME.findall(jaxpr))),
+        "generated_tokens": numpy_of(generated).tolist(),
+        "stock_generated_tokens": stock_generated.tolist(),
+        "op_calls": watch.calls,
+        "host_copies_inside_ops": watch.host_copies,
+        "inputs_not_passed_as_is": watch.copied_inputs,
+        "outputs_not_wrapped_as_is": watch.copied_outputs,
+        "implementations": sorted(set().union(*(s.chosen for s in selections))),
+    }
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
