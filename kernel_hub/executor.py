@@ -70,9 +70,12 @@ class OpExecutor:
             )
         return plan(inputs, outputs, cotangents)
 
-    def _layout(self, arguments: dict[str, Any]) -> RowLayout | None:
+    def _layout(self, runtime: Runtime, arguments: dict[str, Any]) -> RowLayout | None:
+        """Row buckets, for runtimes that compile per input shape and so gain from them."""
         buckets = self.spec.buckets
-        return None if buckets is None else buckets.layout(arguments)
+        if buckets is None or not getattr(runtime, "uses_row_buckets", False):
+            return None
+        return buckets.layout(arguments)
 
     def _bucketed_inputs(self) -> list[int]:
         names = self.spec.buckets.inputs
@@ -85,7 +88,7 @@ class OpExecutor:
         spec.validate(**arguments)
         fn = spec.jitted("forward", static)
         key = (spec.qualname, "forward", static)
-        layout = self._layout(arguments)
+        layout = self._layout(runtime, arguments)
         if layout is None:
             return _bind(runtime, fn, tensors, key)
         padded_inputs = self._bucketed_inputs()
@@ -110,7 +113,7 @@ class OpExecutor:
         runtime = check_devices(arguments, spec.tensor_params)
         fn = spec.jitted("backward", static)
         key = (spec.qualname, "backward", static)
-        layout = self._layout(arguments)
+        layout = self._layout(runtime, arguments)
         if layout is None:
             run = _bind(runtime, fn, [inputs, outputs, cotangents], key)
             return lambda inputs, outputs, cotangents: run([inputs, outputs, cotangents])

@@ -24,7 +24,9 @@ class Runtime(Protocol):
     arguments), so a runtime may cache per (key, shapes, dtypes). A runtime may also offer
     ``bind(jax_fn, tensors, *, key) -> run(tensors)``: a call specialised to tensors with the same
     nesting, shapes, dtypes and device as ``tensors``, which callers that already key their
-    calls by signature (the executor) use to skip the runtime's own lookup.
+    calls by signature (the executor) use to skip the runtime's own lookup. A runtime that
+    compiles once per input shape may set ``uses_row_buckets = True`` so ops that declare
+    ``RowBuckets`` pad their rows to a few sizes before calling it; others get tensors as they are.
     """
 
     def check_device(self, device: Any) -> None:

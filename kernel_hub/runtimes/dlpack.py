@@ -66,6 +66,9 @@ def _first_tensor(tree: Any) -> Any:
 class DLPackRuntime:
     """Tensors go to JAX and back through DLPack; outputs alias XLA's result buffers."""
 
+    # One executable per input shape: ops' row buckets (``buckets.py``) bound how many.
+    uses_row_buckets = True
+
     def __init__(self) -> None:
         self._routes: dict[Any, tuple[Exchange, Any]] = {}
         self._executables: dict[tuple, Any] = {}
