@@ -74,7 +74,8 @@ class DLPackRuntime:
         self._executables: dict[tuple, Any] = {}
 
     def check_device(self, device: Any) -> None:
-        self._route(device)
+        threads.apply_default_policy()  # before JAX's backends start
+        _jax_device(device.type, device.index or 0)
 
     def call(self, jax_fn: Callable[..., Any], tensors: Sequence[Any], *, key: Any = None) -> Any:
         exchange, device = self._route(_first_tensor(tensors).device)
