@@ -1,0 +1,181 @@
+"""Tiny Transformers models with attention on the kernel (Pallas, interpret mode) against SDPA."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import (  # noqa: E402
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+)
+
+SMALL = dict(
+    vocab_size=128,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+
+
+def _llama():
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(intermediate_size=128, **SMALL)).eval()
+
+
+def _mixtral():
+    torch.manual_seed(0)
+    config = MixtralConfig(
+        intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, sliding_window=5, **SMALL
+    )
+    return MixtralForCausalLM(config).eval()
+
+
+def _inputs(batch=2, length=12, left_padding=3):
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 128, (batch, length), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[0, :left_padding] = 0
+    return ids, mask
+
+
+@pytest.fixture(scope="module")
+def kernel_name(attention):
+    return attention.integrations.register()
+
+
+def _logits(model, implementation, **inputs):
+    model.set_attn_implementation(implementation)
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+def _max_error(a, b) -> float:
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("build", [_llama, _mixtral], ids=["llama", "mixtral"])
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "left-padded"])
+def test_logits_match_sdpa(attention, pallas_first, kernel_name, caplog, build, padded):
+    model = build()
+    ids, mask = _inputs()
+    inputs = {"input_ids": ids, "attention_mask": mask if padded else None}
+    with caplog.at_level(logging.WARNING):
+        got = _logits(model, kernel_name, **inputs)
+    assert "reference implementation" not in caplog.text, "the mask fell back to the reference"
+    want = _logits(model, "sdpa", **inputs)
+    real = mask.bool() if padded else torch.ones_like(mask, dtype=torch.bool)
+    error = _max_error(got[real], want[real])
+    assert error <= 1e-4, f"logits max abs error {error:.3g} vs sdpa"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [_llama, _mixtral], ids=["llama", "mixtral"])
+def test_greedy_generate_matches_sdpa(attention, pallas_first, kernel_name, build):
+    model = build()
+    ids, mask = _inputs()
+    outputs = {}
+    for implementation in ("sdpa", kernel_name):
+        model.set_attn_implementation(implementation)
+        with torch.no_grad():
+            outputs[implementation] = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=4,
+                do_sample=False,
+                pad_token_id=0,
+            )
+    assert torch.equal(outputs["sdpa"], outputs[kernel_name]), outputs
+
+
+def test_training_step_gradients_match_sdpa(attention, pallas_first, kernel_name):
+    ids, mask = _inputs()
+    grads = {}
+    for implementation in ("sdpa", kernel_name):
+        model = _llama().train()
+        model.set_attn_implementation(implementation)
+        model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+        grads[implementation] = {n: p.grad for n, p in model.named_parameters()}
+    for name, want in grads["sdpa"].items():
+        error = _max_error(grads[kernel_name][name], want)
+        assert error <= 1e-4, f"{name}: gradient max abs error {error:.3g}"
+
+
+def test_torch_compile_fullgraph_has_no_graph_breaks(attention, pallas_first, kernel_name):
+    model = _llama()
+    model.set_attn_implementation(kernel_name)
+    ids, mask = _inputs()
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model)(input_ids=ids, attention_mask=mask)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        got = compiled(input_ids=ids, attention_mask=mask).logits
+    want = _logits(model, "sdpa", input_ids=ids, attention_mask=mask)
+    error = _max_error(got[mask.bool()], want[mask.bool()])
+    assert error <= 1e-4, f"compiled logits max abs error {error:.3g}"
+
+
+def test_gemma2_softcap_and_window_match_eager(attention, pallas_first, kernel_name):
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        intermediate_size=128,
+        head_dim=16,
+        sliding_window=4,
+        attn_logit_softcapping=3.0,
+        query_pre_attn_scalar=16,
+        **SMALL,
+    )
+    model = Gemma2ForCausalLM(config).eval()
+    ids, mask = _inputs()
+    got = _logits(model, kernel_name, input_ids=ids, attention_mask=mask)
+    want = _logits(model, "eager", input_ids=ids, attention_mask=mask)
+    error = _max_error(got[mask.bool()], want[mask.bool()])
+    assert error <= 1e-4, f"logits max abs error {error:.3g} vs eager"
+
+
+def test_packed_sequences_run_on_the_kernel(attention, pallas_first, kernel_name, caplog):
+    model = _llama()
+    ids, _ = _inputs(batch=1)
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]])
+    with caplog.at_level(logging.WARNING):
+        got = _logits(model, kernel_name, input_ids=ids, position_ids=position_ids)
+    assert "reference implementation" not in caplog.text, "packed mask fell back to the reference"
+    want = _logits(model, "sdpa", input_ids=ids, position_ids=position_ids)
+    error = _max_error(got, want)
+    assert error <= 1e-4, f"logits max abs error {error:.3g}"
+
+
+def test_unexpressible_mask_falls_back_with_reason(attention, caplog):
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 6, 8, generator=generator)
+    k = torch.randn(1, 2, 6, 8, generator=generator)
+    mask = torch.rand(1, 1, 6, 6, generator=generator) > 0.4
+    mask[..., 0] = True
+    module = torch.nn.Module()
+    with caplog.at_level(logging.WARNING):
+        got, weights = attention.integrations.attention_forward(module, q, k, k, mask)
+    assert weights is None
+    assert "dense mask ran on the reference implementation" in caplog.text
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k, k, attn_mask=mask, enable_gqa=True
+    )
+    error = _max_error(got, want.transpose(1, 2))
+    assert error <= 1e-5, f"max abs error {error:.3g}"
+
+
+def test_bad_sliding_window_is_rejected(attention):
+    from kernel_hub.errors import KernelInputError
+
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(KernelInputError, match="sliding_window=0"):
+        attention.integrations.attention_forward(torch.nn.Module(), q, q, q, None, sliding_window=0)
