@@ -1,6 +1,6 @@
 """CPU time of the attention kernel's torch op against torch SDPA, one process.
 
-    PYTHONPATH=. python benchmarks/attention_cpu.py [--repeats 10] [--json out.json]
+    PYTHONPATH=. python benchmarks/attention_cpu.py [--repeats 10] [--torch-threads N] [--json F]
 
 Shapes: Llama-3-8B-like heads (32 query, 8 kv, head_dim 128), f32, causal; prefill of 512 tokens
 (forward, and forward + backward) and one decode token against a 4096-token KV cache. The kernel
@@ -78,8 +78,11 @@ def _runners(attention, shape, backward: bool):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--torch-threads", type=int, help="torch.set_num_threads before timing")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     attention = load_kernel_dir(KERNEL_DIR)
     results = {"host": describe_host(), "torch_threads": torch.get_num_threads(), "cases": {}}
     for name, shape in SHAPES.items():

@@ -5,8 +5,8 @@ module derives that structure from the mask on device and checks it reproduces t
 
 * ``padding``: keys no query attends are padding, the rest follow the caller's causal/window rule;
 * ``packed``: causal packed sequences; a query's first visible key marks its segment (Sq == Sk);
-* otherwise the reference runs with the dense mask, one block of queries at a time, and a log
-  line says why.
+* otherwise the reference runs with the dense mask, one block of queries at a time, and a
+  warning (once per reason) says why.
 
 The choice is a ``lax.switch`` inside one jitted function: no data-dependent Python branch, so a
 torch caller keeps a single graph under ``torch.compile``.
@@ -14,6 +14,7 @@ torch caller keeps a single graph under ``torch.compile``.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import jax
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 OP = "attention_with_dense_mask"
 STRUCTURES = ("padding", "packed")
-_REFERENCE_QUERY_BLOCK = 512
+_REFERENCE_QUERY_BLOCK = 128
 
 
 def check_mask(query, key, mask) -> None:
@@ -85,13 +86,17 @@ def _broadcast_ids(ids, batch: int):
     return tuple(jnp.broadcast_to(x, (batch, x.shape[1])) for x in ids)
 
 
+@functools.cache
+def _warn_once(reason: str) -> None:
+    log.warning("attention: dense mask ran on the reference implementation because %s", reason)
+
+
 def _log_fallback(binary) -> None:
-    reason = (
+    _warn_once(
         "it is neither key padding plus the causal/window rule nor packed causal segments"
         if binary
         else "it is an additive mask with values other than 0 and -inf"
     )
-    log.warning("attention: dense mask ran on the reference implementation because %s", reason)
 
 
 def _reference(q, k, v, allowed, bias, spec: AttentionSpec):

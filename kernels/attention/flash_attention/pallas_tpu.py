@@ -163,17 +163,17 @@ def make_layout(q_shape, kv_shape, blocks: BlockSizes) -> Layout:
     else:
         kv_len_padded, block_k = _round_up(kv_len, blocks.k), blocks.k
     return Layout(
-        batch,
-        kv_heads,
-        groups,
-        q_len,
-        kv_len,
-        head_dim,
-        q_len_padded,
-        block_q,
-        kv_len_padded,
-        block_k,
-        whole_groups,
+        batch=batch,
+        kv_heads=kv_heads,
+        groups=groups,
+        q_len=q_len,
+        kv_len=kv_len,
+        head_dim=head_dim,
+        q_len_padded=q_len_padded,
+        block_q=block_q,
+        kv_len_padded=kv_len_padded,
+        block_k=block_k,
+        whole_groups=whole_groups,
     )
 
 
@@ -184,9 +184,8 @@ def _forward_vmem_bytes(block_q: int, block_k: int, head_dim: int, itemsize: int
 
 
 def _backward_vmem_bytes(block_q: int, block_k: int, head_dim: int, itemsize: int) -> int:
-    streamed = (
-        2 * (2 * block_q * head_dim + 4 * block_k * head_dim) * itemsize
-    )  # q, do, k, v, dk, dv
+    # q, do, k, v, dk, dv
+    streamed = 2 * (2 * block_q * head_dim + 4 * block_k * head_dim) * itemsize
     row_stats = 4 * block_q * _LANES * 4  # lse, delta
     return streamed + row_stats + 2 * block_k * head_dim * 4 + 6 * block_q * block_k * 4
 

@@ -118,7 +118,10 @@ def tpu_compile(case, generation: str, *, backward: bool):
     """(seconds, compiled) for ``case.fn`` with implementation="pallas" on a TPU generation."""
     device = tpu_device(generation)
     sharding = jax.sharding.SingleDeviceSharding(device)
-    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in case.args]
+    args = [
+        None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+        for a in case.args
+    ]
     forward = functools.partial(case.fn, implementation="pallas", **case.kwargs)
     if backward:
         fn = jax.grad(lambda *a: _loss(forward(*a)), argnums=case.differentiable)

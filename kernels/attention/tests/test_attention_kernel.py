@@ -32,7 +32,8 @@ FEATURES = {
     ),
     "window-bidirectional": (Case(q_len=40, kv_len=40), {"sliding_window": 7}),
     "segments": (Case(batch=2, segments=True), {"causal": True}),
-    "decode-q3-kv70": (Case(q_len=3, kv_len=70), {"causal": True}),
+    # 8 heads x 3 queries > block_q rows: q blocks of whole (padded) head groups.
+    "decode-mqa-q3-kv70": (Case(q_heads=8, kv_heads=1, q_len=3, kv_len=70), {"causal": True}),
     "q-longer-than-kv": (Case(q_len=30, kv_len=20, kv_mask=True), {"causal": True}),
     "bf16-gqa-window-softcap": (
         Case(q_len=40, kv_len=40, dtype="bfloat16", kv_mask=True),
@@ -204,3 +205,36 @@ def test_tokamax_refuses_bf16_on_cpu(attention):
     arrays = Case(dtype="bfloat16").arrays()
     with pytest.raises(NoImplementationError, match="dot algorithm"):
         attention.jax.dot_product_attention(**arrays, implementation="tokamax")
+
+
+@pytest.mark.parametrize(
+    ("q_heads", "q_len", "kv_len", "block_q", "block_k", "options"),
+    [
+        (2, 40, 40, 8, 8, {"causal": True}),
+        (2, 21, 37, 8, 16, {"causal": True, "sliding_window": 11}),
+        (1, 30, 20, 16, 8, {"causal": True, "sliding_window": 4}),
+        (3, 40, 40, 16, 8, {"sliding_window": 7}),
+        (8, 3, 70, 16, 16, {"causal": True, "sliding_window": 20}),
+    ],
+)
+def test_visited_blocks_are_exactly_the_needed_ones(
+    attention, q_heads, q_len, kv_len, block_q, block_k, options
+):
+    """Block skipping visits every block holding a visible pair and no other; the clamped index
+    maps fetch the block being computed."""
+    pallas_tpu, masking = attention.jax.pallas_tpu, attention.jax.masking
+    spec = masking.AttentionSpec(**options)
+    layout = pallas_tpu.make_layout(
+        (1, q_heads, q_len, 16), (1, 1, kv_len, 16), pallas_tpu.BlockSizes(block_q, block_k)
+    )
+    visible_pairs = np.asarray(masking.dense_mask(q_len, kv_len, spec)[0, 0])
+    for qi in range(layout.num_q_blocks):
+        rows = np.asarray(layout.query_index(qi, (layout.block_q, 1)))[:, 0]
+        rows = rows[rows < q_len]
+        for ki in range(layout.num_k_blocks):
+            keys = slice(ki * layout.block_k, (ki + 1) * layout.block_k)
+            needed = bool(visible_pairs[rows, keys].any())
+            assert bool(layout.visible(qi, ki, spec)) == needed, (qi, ki)
+            if needed:
+                assert int(layout.clamped_key_block(qi, ki, spec)) == ki, (qi, ki)
+                assert int(layout.clamped_query_block(qi, ki, spec)) == qi, (qi, ki)

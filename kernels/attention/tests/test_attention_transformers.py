@@ -162,6 +162,7 @@ def test_unexpressible_mask_falls_back_with_reason(attention, caplog):
     mask = torch.rand(1, 1, 6, 6, generator=generator) > 0.4
     mask[..., 0] = True
     module = torch.nn.Module()
+    attention.dense_mask._warn_once.cache_clear()  # the warning is given once per reason
     with caplog.at_level(logging.WARNING):
         got, weights = attention.integrations.attention_forward(module, q, k, k, mask)
     assert weights is None
@@ -171,6 +172,31 @@ def test_unexpressible_mask_falls_back_with_reason(attention, caplog):
     )
     error = _max_error(got, want.transpose(1, 2))
     assert error <= 1e-5, f"max abs error {error:.3g}"
+
+
+def test_additive_masks(attention, caplog):
+    """0 / finfo.min masks (eager style) run on the kernel; real biases fall back, exactly."""
+    generator = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 6, 8, generator=generator)
+    k = torch.randn(2, 2, 6, 8, generator=generator)
+    allowed = torch.ones(6, 6, dtype=torch.bool).tril().expand(2, 1, 6, 6).clone()
+    allowed[0, ..., :2] = False  # left padding of two keys in batch 0
+    binary = torch.zeros(2, 1, 6, 6).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    biased = binary + torch.randn(2, 1, 6, 6, generator=generator)
+    # SDPA averages all values in a row that sees no key; the kernel gives zeros there.
+    rows = allowed.any(-1).squeeze(1)
+    attention.dense_mask._warn_once.cache_clear()
+    for mask, falls_back in ((binary, False), (biased, True)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            got, _ = attention.integrations.attention_forward(torch.nn.Module(), q, k, k, mask)
+        assert ("reference implementation" in caplog.text) == falls_back, caplog.text
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q, k, k, attn_mask=mask, enable_gqa=True
+        ).transpose(1, 2)
+        error = _max_error(got[rows], want[rows])
+        assert error <= 1e-5, f"max abs error {error:.3g} (falls back: {falls_back})"
+    assert "additive mask with values other than 0" in caplog.text
 
 
 def test_bad_sliding_window_is_rejected(attention):
