@@ -16,6 +16,8 @@ from transformers import (  # noqa: E402
     LlamaForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
 )
 
 SMALL = dict(
@@ -38,6 +40,19 @@ def _mixtral():
         intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, sliding_window=5, **SMALL
     )
     return MixtralForCausalLM(config).eval()
+
+
+def _qwen2():
+    """Layer 0 full attention, layer 1 sliding window (Qwen2's max_window_layers)."""
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        intermediate_size=128,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=1,
+        **SMALL,
+    )
+    return Qwen2ForCausalLM(config).eval()
 
 
 def _inputs(batch=2, length=12, left_padding=3):
@@ -63,7 +78,7 @@ def _max_error(a, b) -> float:
     return (a - b).abs().max().item()
 
 
-@pytest.mark.parametrize("build", [_llama, _mixtral], ids=["llama", "mixtral"])
+@pytest.mark.parametrize("build", [_llama, _mixtral, _qwen2], ids=["llama", "mixtral", "qwen2"])
 @pytest.mark.parametrize("padded", [False, True], ids=["full", "left-padded"])
 def test_logits_match_sdpa(attention, pallas_first, kernel_name, caplog, build, padded):
     model = build()
@@ -197,6 +212,21 @@ def test_additive_masks(attention, caplog):
         error = _max_error(got[rows], want[rows])
         assert error <= 1e-5, f"max abs error {error:.3g} (falls back: {falls_back})"
     assert "additive mask with values other than 0" in caplog.text
+
+
+def test_dropout_runs_torch_sdpa_with_a_reason(attention, caplog):
+    generator = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 6, 8, generator=generator)
+    k = torch.randn(1, 2, 6, 8, generator=generator)
+    torch.manual_seed(0)
+    with caplog.at_level(logging.WARNING):
+        got, _ = attention.integrations.attention_forward(torch.nn.Module(), q, k, k, None, 0.5)
+    assert "the kernel has no dropout" in caplog.text
+    torch.manual_seed(0)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k, k, dropout_p=0.5, is_causal=True, enable_gqa=True
+    )
+    assert torch.equal(got, want.transpose(1, 2))
 
 
 def test_bad_sliding_window_is_rejected(attention):
