@@ -86,6 +86,7 @@ def test_logits_match_sdpa(attention, pallas_first, kernel_name, caplog, build, 
     inputs = {"input_ids": ids, "attention_mask": mask if padded else None}
     with caplog.at_level(logging.WARNING):
         got = _logits(model, kernel_name, **inputs)
+    assert pallas_first, "the Pallas kernel did not run"
     assert "reference implementation" not in caplog.text, "the mask fell back to the reference"
     want = _logits(model, "sdpa", **inputs)
     real = mask.bool() if padded else torch.ones_like(mask, dtype=torch.bool)
@@ -109,6 +110,7 @@ def test_greedy_generate_matches_sdpa(attention, pallas_first, kernel_name, buil
                 do_sample=False,
                 pad_token_id=0,
             )
+    assert pallas_first, "the Pallas kernel did not run"
     assert torch.equal(outputs["sdpa"], outputs[kernel_name]), outputs
 
 
@@ -120,6 +122,7 @@ def test_training_step_gradients_match_sdpa(attention, pallas_first, kernel_name
         model.set_attn_implementation(implementation)
         model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
         grads[implementation] = {n: p.grad for n, p in model.named_parameters()}
+    assert pallas_first, "the Pallas kernel did not run"
     for name, want in grads["sdpa"].items():
         error = _max_error(grads[kernel_name][name], want)
         assert error <= 1e-4, f"{name}: gradient max abs error {error:.3g}"
@@ -135,6 +138,7 @@ def test_torch_compile_fullgraph_has_no_graph_breaks(attention, pallas_first, ke
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     with torch.no_grad():
         got = compiled(input_ids=ids, attention_mask=mask).logits
+    assert pallas_first, "the Pallas kernel did not run"
     want = _logits(model, "sdpa", input_ids=ids, attention_mask=mask)
     error = _max_error(got[mask.bool()], want[mask.bool()])
     assert error <= 1e-4, f"compiled logits max abs error {error:.3g}"
@@ -153,6 +157,7 @@ def test_gemma2_softcap_and_window_match_eager(attention, pallas_first, kernel_n
     model = Gemma2ForCausalLM(config).eval()
     ids, mask = _inputs()
     got = _logits(model, kernel_name, input_ids=ids, attention_mask=mask)
+    assert pallas_first, "the Pallas kernel did not run"
     want = _logits(model, "eager", input_ids=ids, attention_mask=mask)
     error = _max_error(got[mask.bool()], want[mask.bool()])
     assert error <= 1e-4, f"logits max abs error {error:.3g} vs eager"
@@ -164,6 +169,7 @@ def test_packed_sequences_run_on_the_kernel(attention, pallas_first, kernel_name
     position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]])
     with caplog.at_level(logging.WARNING):
         got = _logits(model, kernel_name, input_ids=ids, position_ids=position_ids)
+    assert pallas_first, "the Pallas kernel did not run"
     assert "reference implementation" not in caplog.text, "packed mask fell back to the reference"
     want = _logits(model, "sdpa", input_ids=ids, position_ids=position_ids)
     error = _max_error(got, want)
