@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from kernel_hub.checks import check_dtype, check_rank, dtype_name, require
 from kernel_hub.dispatch import Implementation, ImplementationTable
-from kernel_hub.platform import jax_platform
+from kernel_hub.platform import jax_default_device, jax_platform, tpu_generation
 
 from . import masking, pallas_tpu, reference
 from . import tokamax as tokamax_impl
@@ -154,8 +154,17 @@ def _tokamax_problem(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, b
         return "Tokamax's public dot_product_attention returns no logsumexp"
     if q.dtype == jnp.float64:
         return "Tokamax does not take float64"
-    if q.dtype != jnp.float32 and jax_platform() == "cpu":
+    platform = jax_platform()
+    if q.dtype != jnp.float32 and platform == "cpu":
         return f"Tokamax's XLA path on CPU lacks the {q.dtype.name} dot algorithm it asks for"
+    if platform == "tpu":
+        if tpu_generation(jax_default_device()) == "v4":
+            return "Tokamax's Mosaic attention does not run on TPU v4"
+        if q.shape[2] % 128 or k.shape[2] % 128:
+            return (
+                f"Tokamax's Mosaic attention needs q_len and kv_len divisible by 128 (got "
+                f"{q.shape[2]}, {k.shape[2]}); it raises instead of falling back"
+            )
     return None
 
 

@@ -28,6 +28,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_NAME = "kernel_hub_attention"
 
+# What kernelize() checks before switching a model (as Hugging Face kernels' layer flags):
+# attention_forward traces into one torch.compile graph and has a backward.
+can_torch_compile = True
+has_backward = True
+
 
 def _is_causal(module: torch.nn.Module, is_causal: bool | None) -> bool:
     return bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import time
 from dataclasses import dataclass
 
 import jax
@@ -97,38 +95,3 @@ def outputs_and_grads(fn, arrays: dict, cotangents, **options):
         return (out, lse, *pullback(cotangents))
 
     return run(arrays, cotangents)
-
-
-# Deviceless TPU compiles (DESIGN.md): libtpu compiles for a topology without a TPU attached.
-TPU_TOPOLOGIES = {"v4": "v4:2x2x1", "v5e": "v5e:2x2", "v5p": "v5p:2x2x1", "v6e": "v6e:2x2"}
-
-
-@functools.cache
-def tpu_device(generation: str):
-    from jax.experimental import topologies
-
-    return topologies.get_topology_desc(TPU_TOPOLOGIES[generation], "tpu").devices[0]
-
-
-def _loss(outputs) -> jax.Array:
-    return sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(outputs))
-
-
-def tpu_compile(case, generation: str, *, backward: bool):
-    """(seconds, compiled) for ``case.fn`` with implementation="pallas" on a TPU generation."""
-    device = tpu_device(generation)
-    sharding = jax.sharding.SingleDeviceSharding(device)
-    args = [
-        None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
-        for a in case.args
-    ]
-    forward = functools.partial(case.fn, implementation="pallas", **case.kwargs)
-    if backward:
-        fn = jax.grad(lambda *a: _loss(forward(*a)), argnums=case.differentiable)
-    else:
-        fn = forward
-    start = time.perf_counter()
-    with jax.default_device(device):
-        lowered = jax.jit(fn).trace(*args).lower()
-    compiled = lowered.compile()
-    return time.perf_counter() - start, compiled

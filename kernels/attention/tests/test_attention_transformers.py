@@ -12,13 +12,11 @@ transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
     Gemma2Config,
     Gemma2ForCausalLM,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MixtralConfig,
-    MixtralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+
+from kernel_hub.tiny_models import build_tiny_model  # noqa: E402
 
 SMALL = dict(
     vocab_size=128,
@@ -30,16 +28,14 @@ SMALL = dict(
 
 
 def _llama():
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(intermediate_size=128, **SMALL)).eval()
+    return build_tiny_model("llama")
 
 
 def _mixtral():
-    torch.manual_seed(0)
-    config = MixtralConfig(
-        intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, sliding_window=5, **SMALL
-    )
-    return MixtralForCausalLM(config).eval()
+    """Mixtral with a 5-token sliding window, so 12-token inputs need the window mask."""
+    model = build_tiny_model("mixtral")
+    model.config.sliding_window = 5
+    return model
 
 
 def _qwen2():
@@ -233,6 +229,23 @@ def test_dropout_runs_torch_sdpa_with_a_reason(attention, caplog):
         q, k, k, dropout_p=0.5, is_causal=True, enable_gqa=True
     )
     assert torch.equal(got, want.transpose(1, 2))
+
+
+def test_kernelize_switches_attention_to_the_kernel(attention):
+    from kernel_hub.layers import kernelize, unkernelize
+
+    model = _llama()
+    ids, mask = _inputs()
+    want = _logits(model, "sdpa", input_ids=ids, attention_mask=mask)
+    report = kernelize(model, mode="inference+torch_compile")
+    switched = [e for e in report.entries if e.kind == "attention"]
+    assert switched and all(e.swapped for e in switched), report
+    assert model.config._attn_implementation == attention.integrations.DEFAULT_NAME
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=mask).logits
+    unkernelize(model)
+    error = _max_error(got[mask.bool()], want[mask.bool()])
+    assert error <= 1e-4, f"kernelized logits max abs error {error:.3g}"
 
 
 def test_bad_sliding_window_is_rejected(attention):
