@@ -87,7 +87,11 @@ def test_every_registry_kernel_compiles_for_every_generation(tmp_path):
     # two worker processes: the matrix is compile-bound and each compile uses one core
     assert main(["compile-check", "--all", "--jobs", "2", "--json", str(out), "--no-progress"]) == 0
     results = json.loads(out.read_text())["results"]
-    assert all(r["status"] == "pass" for r in results), [r for r in results if not r["ok"]]
+    # a skip is an implementation declining a shape (it falls back), with its reason recorded
+    assert all(r["status"] in ("pass", "skip") for r in results), [
+        r for r in results if r["status"] == "fail"
+    ]
+    assert all(r["error"] for r in results if r["status"] == "skip")
     for entry in load_registry():
         kernel = get_kernel(entry.name)
         cells = [r for r in results if r["kernel"] == kernel.manifest.name]

@@ -1,0 +1,650 @@
+"""Pallas flash attention for TPU: blocked online softmax, forward and backward (dq; dk and dv).
+
+Grouped-query layout: the ``G = Hq // Hkv`` query heads that share a kv head are packed into the
+rows of one array, q [B, Hq, Sq, D] -> [B, Hkv, G * Sq, D] (row ``g * Sq + i`` is query ``i`` of
+head ``g`` of the group). The grid's head axis is the kv head, so kv is never repeated, each kv
+block is read once for all G heads (what makes decode with few queries cheap), and dk/dv need no
+reduction over heads afterwards.
+
+The forward returns the logsumexp per query; the backward reuses it (no forward recompute).
+Kv blocks no query of a q block can see (causal, sliding window) are skipped, and the kv index map
+is clamped to the visible range so skipped steps fetch nothing new.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from . import masking
+from .masking import AttentionSpec
+
+# Score given to masked entries while tracking the running row maximum: finite, so a row with no
+# visible key so far keeps exp(m_prev - m_new) = 1 instead of NaN.
+_MASK_VALUE = -1e30
+# v4's default scoped VMEM is 16 MiB; leave room for Mosaic's own scratch.
+VMEM_BUDGET_BYTES = 10 * 1024 * 1024
+_LANES = 128
+_MAX_BLOCK_Q = 512
+_BLOCK_K_CHOICES = (2048, 1024, 512, 256, 128)
+_INTERPRET_BLOCK = 2048
+
+
+@dataclass(frozen=True)
+class BlockSizes:
+    """Block sizes of one kernel: ``q`` packed query rows, ``k`` keys. Powers of two."""
+
+    q: int
+    k: int
+
+
+@dataclass(frozen=True)
+class KernelBlocks:
+    """Block sizes for the forward and for both backward kernels."""
+
+    forward: BlockSizes
+    backward: BlockSizes
+
+
+def sublane_multiple(dtype) -> int:
+    """Rows in one TPU vreg tile: 8 for 32-bit, 16 for 16-bit types."""
+    return 8 * max(1, 4 // jnp.dtype(dtype).itemsize)
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Static geometry of one call: packed query rows, padding and blocks."""
+
+    batch: int
+    kv_heads: int
+    groups: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    q_len_padded: int
+    block_q: int
+    kv_len_padded: int
+    block_k: int
+    whole_groups: bool
+    """A q block holds whole groups of ``q_len_padded`` rows (small q_len, e.g. decode)."""
+
+    @property
+    def rows(self) -> int:
+        return self.groups * self.q_len_padded
+
+    @property
+    def num_q_blocks(self) -> int:
+        return self.rows // self.block_q
+
+    @property
+    def num_k_blocks(self) -> int:
+        return self.kv_len_padded // self.block_k
+
+    def query_index(self, qi, shape):
+        """Query index (0..q_len_padded) of each row of q block ``qi``, as an int32 array."""
+        row = jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+        if self.whole_groups:
+            return row % self.q_len_padded
+        first = (qi % (self.q_len_padded // self.block_q)) * self.block_q
+        return first + row
+
+    def query_range(self, qi):
+        """(first, last) real query index in q block ``qi``; last < first if it is all padding."""
+        if self.whole_groups:
+            return 0, self.q_len - 1
+        first = (qi % (self.q_len_padded // self.block_q)) * self.block_q
+        return first, jnp.minimum(first + self.block_q - 1, self.q_len - 1)
+
+    def key_block_range(self, qi, spec: AttentionSpec):
+        """(lo, hi) kv block indices q block ``qi`` must visit; hi < lo when none."""
+        q_first, q_last = self.query_range(qi)
+        k_first, k_last = masking.key_range(q_first, q_last, self.q_len, self.kv_len, spec)
+        lo = jnp.maximum(k_first, 0) // self.block_k
+        empty = (k_last < k_first) | (q_last < q_first)
+        hi = jnp.where(empty, -1, jnp.maximum(k_last, 0) // self.block_k)
+        return lo, hi
+
+    def visible(self, qi, ki, spec: AttentionSpec):
+        lo, hi = self.key_block_range(qi, spec)
+        return (ki >= lo) & (ki <= hi)
+
+    def clamped_key_block(self, qi, ki, spec: AttentionSpec):
+        """``ki`` clamped to the visible range: a skipped step re-uses the block already fetched."""
+        lo, hi = self.key_block_range(qi, spec)
+        return jnp.clip(ki, jnp.minimum(lo, self.num_k_blocks - 1), jnp.maximum(hi, lo))
+
+    def clamped_query_block(self, qi, ki, spec: AttentionSpec):
+        """``qi`` clamped to the q blocks of its group that can see kv block ``ki``."""
+        if self.whole_groups:
+            return qi
+        per_group = self.q_len_padded // self.block_q
+        k_first = ki * self.block_k
+        k_last = jnp.minimum(k_first + self.block_k - 1, self.kv_len - 1)
+        q_first, q_last = masking.query_range(k_first, k_last, self.q_len, self.kv_len, spec)
+        lo = jnp.clip(q_first, 0, self.q_len - 1) // self.block_q
+        hi = jnp.clip(q_last, 0, self.q_len - 1) // self.block_q
+        group_start = (qi // per_group) * per_group
+        return group_start + jnp.clip(qi % per_group, lo, jnp.maximum(hi, lo))
+
+
+def make_layout(q_shape, kv_shape, blocks: BlockSizes) -> Layout:
+    """Pad and block the packed query rows and the keys (see the module docstring)."""
+    batch, q_heads, q_len, head_dim = q_shape
+    _, kv_heads, kv_len, _ = kv_shape
+    groups = q_heads // kv_heads
+    rows = groups * q_len
+    whole_groups = True
+    if rows <= blocks.q:
+        q_len_padded, block_q = q_len, rows
+    elif _next_power_of_two(q_len) < blocks.q:
+        q_len_padded = max(_next_power_of_two(q_len), min(16, blocks.q))
+        per_block = max(
+            d for d in range(1, groups + 1) if groups % d == 0 and d * q_len_padded <= blocks.q
+        )
+        block_q = per_block * q_len_padded
+    else:
+        whole_groups = False
+        q_len_padded, block_q = _round_up(q_len, blocks.q), blocks.q
+    if kv_len <= blocks.k:
+        kv_len_padded, block_k = kv_len, kv_len
+    else:
+        kv_len_padded, block_k = _round_up(kv_len, blocks.k), blocks.k
+    return Layout(
+        batch=batch,
+        kv_heads=kv_heads,
+        groups=groups,
+        q_len=q_len,
+        kv_len=kv_len,
+        head_dim=head_dim,
+        q_len_padded=q_len_padded,
+        block_q=block_q,
+        kv_len_padded=kv_len_padded,
+        block_k=block_k,
+        whole_groups=whole_groups,
+    )
+
+
+def _forward_vmem_bytes(block_q: int, block_k: int, head_dim: int, itemsize: int) -> int:
+    streamed = 2 * (2 * block_q * head_dim + 2 * block_k * head_dim) * itemsize  # q, o, k, v
+    row_stats = 4 * block_q * _LANES * 4  # lse out (2 buffers), m, l (lane padded)
+    return streamed + row_stats + block_q * head_dim * 4 + 4 * block_q * block_k * 4
+
+
+def _backward_vmem_bytes(block_q: int, block_k: int, head_dim: int, itemsize: int) -> int:
+    # q, do, k, v, dk, dv
+    streamed = 2 * (2 * block_q * head_dim + 4 * block_k * head_dim) * itemsize
+    row_stats = 4 * block_q * _LANES * 4  # lse, delta
+    return streamed + row_stats + 2 * block_k * head_dim * 4 + 6 * block_q * block_k * 4
+
+
+def _largest_fitting(
+    rows: int, kv_len: int, head_dim: int, itemsize: int, vmem_bytes
+) -> BlockSizes:
+    for block_q in (_MAX_BLOCK_Q, _MAX_BLOCK_Q // 2, _MAX_BLOCK_Q // 4):
+        q = min(block_q, rows)
+        for block_k in _BLOCK_K_CHOICES:
+            if block_k > _round_up(kv_len, _LANES) and block_k != _BLOCK_K_CHOICES[-1]:
+                continue
+            if vmem_bytes(q, block_k, head_dim, itemsize) <= VMEM_BUDGET_BYTES:
+                return BlockSizes(block_q, block_k)
+    return BlockSizes(_MAX_BLOCK_Q // 4, _BLOCK_K_CHOICES[-1])
+
+
+def default_blocks(q_shape, kv_shape, dtype, *, interpret: bool) -> KernelBlocks:
+    """Largest blocks that fit the VMEM budget; few, big blocks in interpret mode (CPU)."""
+    if interpret:
+        big = BlockSizes(_INTERPRET_BLOCK, _INTERPRET_BLOCK)
+        return KernelBlocks(big, big)
+    _, q_heads, q_len, head_dim = q_shape
+    _, kv_heads, kv_len, _ = kv_shape
+    rows = q_heads // kv_heads * q_len
+    itemsize = jnp.dtype(dtype).itemsize
+    return KernelBlocks(
+        _largest_fitting(rows, kv_len, head_dim, itemsize, _forward_vmem_bytes),
+        _largest_fitting(rows, kv_len, head_dim, itemsize, _backward_vmem_bytes),
+    )
+
+
+def blocks_problem(q_shape, kv_shape, dtype, blocks: BlockSizes, *, interpret: bool) -> str | None:
+    """Why user block sizes cannot be used, or None. TPU tiling rules apply unless interpreting."""
+    for name, size in (("block_q", blocks.q), ("block_k", blocks.k)):
+        if size < 8 or size & (size - 1):
+            return f"{name}={size} must be a power of two >= 8"
+    if interpret:
+        return None
+    if blocks.q < sublane_multiple(dtype):
+        minimum = sublane_multiple(dtype)
+        return f"block_q={blocks.q} must be at least {minimum} for {jnp.dtype(dtype).name}"
+    kv_len = kv_shape[2]
+    if blocks.k < kv_len and blocks.k % _LANES:
+        return f"block_k={blocks.k} must be a multiple of {_LANES} (or cover all {kv_len} keys)"
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Packing between the [B, H, S, D] API layout and the kernels' [B, Hkv, rows, D] layout.
+
+
+def _pack_rows(x, layout: Layout):
+    """[B, Hq, Sq, ...] -> [B, Hkv, G * Sq_padded, ...], zero padded."""
+    pad = layout.q_len_padded - layout.q_len
+    if pad:
+        x = jnp.pad(x, [(0, 0), (0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 3))
+    return x.reshape(layout.batch, layout.kv_heads, layout.rows, *x.shape[3:])
+
+
+def _unpack_rows(x, layout: Layout):
+    x = x.reshape(layout.batch, layout.kv_heads * layout.groups, layout.q_len_padded, *x.shape[3:])
+    return x[:, :, : layout.q_len]
+
+
+def _pad_keys(x, layout: Layout):
+    pad = layout.kv_len_padded - layout.kv_len
+    return jnp.pad(x, [(0, 0), (0, 0), (0, pad), (0, 0)]) if pad else x
+
+
+def _pack_segments(q_segment_ids, kv_segment_ids, layout: Layout):
+    """q ids -> [B, rows, 1] (one per packed row), kv ids -> [B, 1, Sk_padded]."""
+    q_pad = layout.q_len_padded - layout.q_len
+    q_ids = jnp.pad(q_segment_ids, [(0, 0), (0, q_pad)])
+    q_ids = jnp.tile(q_ids, (1, layout.groups))[:, :, None]
+    kv_pad = layout.kv_len_padded - layout.kv_len
+    kv_ids = jnp.pad(
+        kv_segment_ids, [(0, 0), (0, kv_pad)], constant_values=masking.KV_PADDING_SEGMENT
+    )
+    return q_ids.astype(jnp.int32), kv_ids[:, None, :].astype(jnp.int32)
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels.
+
+
+def _precision(dtype):
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype).itemsize >= 4 else None
+
+
+def _dot(a, b, contract_a: int, contract_b: int):
+    """a @ b contracting the given axes of 2-D blocks, accumulated in f32 (f64 for f64)."""
+    acc = jnp.promote_types(a.dtype, jnp.float32)
+    return jax.lax.dot_general(
+        a,
+        b,
+        (((contract_a,), (contract_b,)), ((), ())),
+        preferred_element_type=acc,
+        precision=_precision(a.dtype),
+    )
+
+
+def _block_scores(q, k, qi, ki, segment_refs, layout: Layout, spec: AttentionSpec):
+    """Scores of one (q block, kv block) pair and which entries are allowed.
+
+    Returns (s, allowed, capped): ``capped`` is tanh(raw / softcap) when soft-capping, else None.
+    """
+    s = _dot(q, k, 1, 1) * spec.scale
+    capped = None
+    if spec.softcap is not None:
+        capped = jnp.tanh(s / spec.softcap)
+        s = spec.softcap * capped
+    q_index = layout.query_index(qi, s.shape)
+    k_index = ki * layout.block_k + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+    allowed = (q_index < layout.q_len) & masking.position_allowed(
+        q_index, k_index, layout.q_len, layout.kv_len, spec
+    )
+    if segment_refs is not None:
+        q_ids_ref, kv_ids_ref = segment_refs
+        allowed &= q_ids_ref[...] == kv_ids_ref[...]
+    return s, allowed, capped
+
+
+def _split_refs(refs, num_inputs: int, has_segments: bool):
+    """(inputs, segment refs or None, outputs and scratch)."""
+    count = num_inputs + (2 if has_segments else 0)
+    inputs, rest = refs[:num_inputs], refs[count:]
+    segments = tuple(refs[num_inputs:count]) if has_segments else None
+    return inputs, segments, rest
+
+
+def _forward_kernel(*refs, layout: Layout, spec: AttentionSpec, has_segments: bool):
+    (q_ref, k_ref, v_ref), segments, (o_ref, lse_ref, m_ref, l_ref, acc_ref) = _split_refs(
+        refs, 3, has_segments
+    )
+    qi, ki = pl.program_id(2), pl.program_id(3)
+
+    @pl.when(ki == 0)
+    def _init():
+        m_ref[...] = jnp.full(m_ref.shape, _MASK_VALUE, m_ref.dtype)
+        l_ref[...] = jnp.zeros(l_ref.shape, l_ref.dtype)
+        acc_ref[...] = jnp.zeros(acc_ref.shape, acc_ref.dtype)
+
+    @pl.when(layout.visible(qi, ki, spec))
+    def _step():
+        s, allowed, _ = _block_scores(q_ref[...], k_ref[...], qi, ki, segments, layout, spec)
+        m_prev = m_ref[...]
+        m_new = jnp.maximum(
+            m_prev, jnp.max(jnp.where(allowed, s, _MASK_VALUE), axis=1, keepdims=True)
+        )
+        alpha = jnp.exp(m_prev - m_new)
+        p = jnp.where(allowed, jnp.exp(s - m_new), 0.0)
+        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+        v = v_ref[...]
+        acc_ref[...] = alpha * acc_ref[...] + _dot(p.astype(v.dtype), v, 1, 0)
+        m_ref[...] = m_new
+
+    @pl.when(ki == pl.num_programs(3) - 1)
+    def _finish():
+        total = l_ref[...]
+        seen = total > 0
+        inverse = jnp.where(seen, 1.0 / jnp.where(seen, total, 1.0), 0.0)
+        o_ref[...] = (acc_ref[...] * inverse).astype(o_ref.dtype)
+        lse_ref[...] = jnp.where(seen, m_ref[...] + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
+
+
+def _probabilities_and_dscores(q, k, v, do, lse, delta, qi, ki, segments, layout, spec):
+    """p = softmax probabilities and ds = dL/d(raw scaled scores) for one block pair."""
+    s, allowed, capped = _block_scores(q, k, qi, ki, segments, layout, spec)
+    p = jnp.where(allowed, jnp.exp(s - lse), 0.0)
+    ds = p * (_dot(do, v, 1, 1) - delta)
+    if capped is not None:
+        ds = ds * (1.0 - capped * capped)
+    return p, ds
+
+
+def _dq_kernel(*refs, layout: Layout, spec: AttentionSpec, has_segments: bool):
+    inputs, segments, (dq_ref, dq_acc_ref) = _split_refs(refs, 6, has_segments)
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = inputs
+    qi, ki = pl.program_id(2), pl.program_id(3)
+
+    @pl.when(ki == 0)
+    def _init():
+        dq_acc_ref[...] = jnp.zeros(dq_acc_ref.shape, dq_acc_ref.dtype)
+
+    @pl.when(layout.visible(qi, ki, spec))
+    def _step():
+        k = k_ref[...]
+        _, ds = _probabilities_and_dscores(
+            q_ref[...],
+            k,
+            v_ref[...],
+            do_ref[...],
+            lse_ref[...],
+            delta_ref[...],
+            qi,
+            ki,
+            segments,
+            layout,
+            spec,
+        )
+        dq_acc_ref[...] += _dot(ds.astype(k.dtype), k, 1, 0)
+
+    @pl.when(ki == pl.num_programs(3) - 1)
+    def _finish():
+        dq_ref[...] = (dq_acc_ref[...] * spec.scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(*refs, layout: Layout, spec: AttentionSpec, has_segments: bool):
+    inputs, segments, (dk_ref, dv_ref, dk_acc_ref, dv_acc_ref) = _split_refs(refs, 6, has_segments)
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = inputs
+    ki, qi = pl.program_id(2), pl.program_id(3)
+
+    @pl.when(qi == 0)
+    def _init():
+        dk_acc_ref[...] = jnp.zeros(dk_acc_ref.shape, dk_acc_ref.dtype)
+        dv_acc_ref[...] = jnp.zeros(dv_acc_ref.shape, dv_acc_ref.dtype)
+
+    @pl.when(layout.visible(qi, ki, spec))
+    def _step():
+        q, do = q_ref[...], do_ref[...]
+        p, ds = _probabilities_and_dscores(
+            q,
+            k_ref[...],
+            v_ref[...],
+            do,
+            lse_ref[...],
+            delta_ref[...],
+            qi,
+            ki,
+            segments,
+            layout,
+            spec,
+        )
+        dv_acc_ref[...] += _dot(p.astype(do.dtype), do, 0, 0)
+        dk_acc_ref[...] += _dot(ds.astype(q.dtype), q, 0, 0)
+
+    @pl.when(qi == pl.num_programs(3) - 1)
+    def _finish():
+        dk_ref[...] = (dk_acc_ref[...] * spec.scale).astype(dk_ref.dtype)
+        dv_ref[...] = dv_acc_ref[...].astype(dv_ref.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# pallas_call wrappers. Grid axes: (batch, kv head, outer block, inner block).
+
+
+def _specs(layout: Layout, spec: AttentionSpec, has_segments: bool, *, kv_outer: bool):
+    """BlockSpecs for q-row inputs, kv inputs, row statistics and segment ids."""
+    d, bq, bk = layout.head_dim, layout.block_q, layout.block_k
+
+    if kv_outer:  # grid (b, h, ki, qi): q blocks clamped to those that see kv block ki
+
+        def q_block(b, h, ki, qi):
+            return b, h, layout.clamped_query_block(qi, ki, spec), 0
+
+        def k_block(b, h, ki, qi):
+            return b, h, ki, 0
+    else:  # grid (b, h, qi, ki): kv blocks clamped to those q block qi sees
+
+        def q_block(b, h, qi, ki):
+            return b, h, qi, 0
+
+        def k_block(b, h, qi, ki):
+            return b, h, layout.clamped_key_block(qi, ki, spec), 0
+
+    rows = pl.BlockSpec((None, None, bq, d), q_block)
+    keys = pl.BlockSpec((None, None, bk, d), k_block)
+    stats = pl.BlockSpec((None, None, bq, 1), q_block)
+    segments = []
+    if has_segments:
+        segments = [
+            pl.BlockSpec((None, bq, 1), lambda *idx: (q_block(*idx)[0], q_block(*idx)[2], 0)),
+            pl.BlockSpec((None, 1, bk), lambda *idx: (k_block(*idx)[0], 0, k_block(*idx)[2])),
+        ]
+    return rows, keys, stats, segments
+
+
+def _compiler_params() -> pltpu.CompilerParams:
+    return pltpu.CompilerParams(
+        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+    )
+
+
+def _cost(layout: Layout, spec: AttentionSpec, itemsize: int, matmuls: int, tensors: int):
+    pairs = (
+        layout.batch
+        * layout.kv_heads
+        * layout.groups
+        * masking.allowed_pairs(layout.q_len, layout.kv_len, spec)
+    )
+    q_bytes = layout.batch * layout.kv_heads * layout.rows * layout.head_dim * itemsize
+    kv_bytes = layout.batch * layout.kv_heads * layout.kv_len_padded * layout.head_dim * itemsize
+    return pl.CostEstimate(
+        flops=2 * matmuls * pairs * layout.head_dim,
+        transcendentals=pairs,
+        bytes_accessed=tensors * (q_bytes + kv_bytes),
+    )
+
+
+def _forward(q, k, v, segments, layout: Layout, spec: AttentionSpec, interpret: bool):
+    """Packed-layout forward: (out [B, Hkv, rows, D], lse [B, Hkv, rows, 1])."""
+    has_segments = segments is not None
+    rows, keys, stats, segment_specs = _specs(layout, spec, has_segments, kv_outer=False)
+    shape = (layout.batch, layout.kv_heads, layout.num_q_blocks, layout.num_k_blocks)
+    acc = jnp.promote_types(q.dtype, jnp.float32)
+    return pl.pallas_call(
+        functools.partial(_forward_kernel, layout=layout, spec=spec, has_segments=has_segments),
+        grid=shape,
+        in_specs=[rows, keys, keys, *segment_specs],
+        out_specs=[rows, stats],
+        out_shape=[
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct((*q.shape[:3], 1), acc),
+        ],
+        scratch_shapes=[
+            pltpu.VMEM((layout.block_q, 1), acc),
+            pltpu.VMEM((layout.block_q, 1), acc),
+            pltpu.VMEM((layout.block_q, layout.head_dim), acc),
+        ],
+        compiler_params=_compiler_params(),
+        cost_estimate=_cost(layout, spec, q.dtype.itemsize, matmuls=2, tensors=2),
+        interpret=interpret,
+        name="flash_attention_forward",
+    )(q, k, v, *(segments or ()))
+
+
+def _backward(q, k, v, segments, do, lse, delta, layout: Layout, spec: AttentionSpec, interpret):
+    """Packed-layout backward: (dq, dk, dv)."""
+    has_segments = segments is not None
+    acc = jnp.promote_types(q.dtype, jnp.float32)
+    kernel_args = dict(layout=layout, spec=spec, has_segments=has_segments)
+    operands = (q, k, v, do, lse, delta, *(segments or ()))
+
+    rows, keys, stats, segment_specs = _specs(layout, spec, has_segments, kv_outer=False)
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, **kernel_args),
+        grid=(layout.batch, layout.kv_heads, layout.num_q_blocks, layout.num_k_blocks),
+        in_specs=[rows, keys, keys, rows, stats, stats, *segment_specs],
+        out_specs=rows,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        scratch_shapes=[pltpu.VMEM((layout.block_q, layout.head_dim), acc)],
+        compiler_params=_compiler_params(),
+        cost_estimate=_cost(layout, spec, q.dtype.itemsize, matmuls=3, tensors=3),
+        interpret=interpret,
+        name="flash_attention_backward_dq",
+    )(*operands)
+
+    rows, keys, stats, segment_specs = _specs(layout, spec, has_segments, kv_outer=True)
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_kernel, **kernel_args),
+        grid=(layout.batch, layout.kv_heads, layout.num_k_blocks, layout.num_q_blocks),
+        in_specs=[rows, keys, keys, rows, stats, stats, *segment_specs],
+        out_specs=[keys, keys],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        scratch_shapes=[
+            pltpu.VMEM((layout.block_k, layout.head_dim), acc),
+            pltpu.VMEM((layout.block_k, layout.head_dim), acc),
+        ],
+        compiler_params=_compiler_params(),
+        cost_estimate=_cost(layout, spec, q.dtype.itemsize, matmuls=4, tensors=4),
+        interpret=interpret,
+        name="flash_attention_backward_dkv",
+    )(*operands)
+    return dq, dk, dv
+
+
+# --------------------------------------------------------------------------------------------
+# Public functions in the [B, H, S, D] layout.
+
+
+def _packed_segments(q_segment_ids, kv_segment_ids, layout):
+    if q_segment_ids is None:
+        return None
+    return _pack_segments(q_segment_ids, kv_segment_ids, layout)
+
+
+def attention_forward(
+    q, k, v, q_segment_ids, kv_segment_ids, spec, blocks: KernelBlocks, interpret
+):
+    """(out [B, Hq, Sq, D], logsumexp [B, Hq, Sq] f32); no autodiff rule (see ``attention``)."""
+    layout = make_layout(q.shape, k.shape, blocks.forward)
+    out, lse = _forward(
+        _pack_rows(q, layout),
+        _pad_keys(k, layout),
+        _pad_keys(v, layout),
+        _packed_segments(q_segment_ids, kv_segment_ids, layout),
+        layout,
+        spec,
+        interpret,
+    )
+    return _unpack_rows(out, layout), _unpack_rows(lse, layout)[..., 0]
+
+
+def attention_backward(
+    q,
+    k,
+    v,
+    q_segment_ids,
+    kv_segment_ids,
+    out,
+    lse,
+    d_out,
+    d_lse,
+    spec: AttentionSpec,
+    blocks: KernelBlocks,
+    interpret: bool,
+):
+    """(dq, dk, dv) from the forward's outputs and the cotangents of out and logsumexp."""
+    layout = make_layout(q.shape, k.shape, blocks.backward)
+    acc = jnp.promote_types(q.dtype, jnp.float32)
+    delta = jnp.sum(out.astype(acc) * d_out.astype(acc), axis=-1)
+    if d_lse is not None:
+        delta = delta - d_lse.astype(acc)
+    dq, dk, dv = _backward(
+        _pack_rows(q, layout),
+        _pad_keys(k, layout),
+        _pad_keys(v, layout),
+        _packed_segments(q_segment_ids, kv_segment_ids, layout),
+        _pack_rows(d_out.astype(q.dtype), layout),
+        _pack_rows(lse.astype(acc)[..., None], layout),
+        _pack_rows(delta[..., None], layout),
+        layout,
+        spec,
+        interpret,
+    )
+    kv_len = layout.kv_len
+    return _unpack_rows(dq, layout), dk[:, :, :kv_len], dv[:, :, :kv_len]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def attention(q, k, v, q_segment_ids, kv_segment_ids, spec, blocks: KernelBlocks, interpret):
+    """Differentiable (out, logsumexp); q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D], ids [B, S]|None."""
+    return attention_forward(q, k, v, q_segment_ids, kv_segment_ids, spec, blocks, interpret)
+
+
+def _attention_fwd(q, k, v, q_segment_ids, kv_segment_ids, spec, blocks, interpret):
+    out, lse = attention_forward(q, k, v, q_segment_ids, kv_segment_ids, spec, blocks, interpret)
+    return (out, lse), (q, k, v, q_segment_ids, kv_segment_ids, out, lse)
+
+
+def _attention_bwd(spec, blocks, interpret, residuals, cotangents):
+    q, k, v, q_segment_ids, kv_segment_ids, out, lse = residuals
+    d_out, d_lse = cotangents
+    dq, dk, dv = attention_backward(
+        q, k, v, q_segment_ids, kv_segment_ids, out, lse, d_out, d_lse, spec, blocks, interpret
+    )
+    return dq, dk, dv, None, None
+
+
+attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+__all__ = [
+    "BlockSizes",
+    "KernelBlocks",
+    "attention",
+    "attention_backward",
+    "attention_forward",
+    "blocks_problem",
+    "default_blocks",
+]

@@ -1,0 +1,73 @@
+"""Plain jax.numpy attention: the numerics oracle and the XLA implementation.
+
+Scores and softmax statistics are f32 (f64 for f64 inputs); fully masked query rows give zeros and
+a logsumexp of -inf.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from . import masking
+from .masking import AttentionSpec
+
+
+def accumulation_dtype(dtype) -> jnp.dtype:
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def scores(q, k, spec: AttentionSpec):
+    """Scaled (and soft-capped) scores [B, Hkv, G, Sq, Sk] in the accumulation dtype, for q
+    grouped as [B, Hkv, G, Sq, D] and k [B, Hkv, Sk, D] (kv is not repeated)."""
+    acc = accumulation_dtype(q.dtype)
+    s = jnp.einsum(
+        "bhgqd,bhkd->bhgqk",
+        q,
+        k,
+        preferred_element_type=acc,
+        precision=jax.lax.Precision.HIGHEST,
+    ) * jnp.asarray(spec.scale, acc)
+    if spec.softcap is not None:
+        s = spec.softcap * jnp.tanh(s / spec.softcap)
+    return s
+
+
+def _grouped(x, kv_heads: int):
+    """[B, H, ...] with H = Hq or 1 -> [B, Hkv, G, ...] or [B, 1, 1, ...] (broadcastable)."""
+    if x.shape[1] == 1:
+        return x[:, :, None]
+    return x.reshape(x.shape[0], kv_heads, x.shape[1] // kv_heads, *x.shape[2:])
+
+
+def attention(q, k, v, q_segment_ids, kv_segment_ids, spec: AttentionSpec, *, mask=None, bias=None):
+    """(out [B, Hq, Sq, D], logsumexp [B, Hq, Sq]) for q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D].
+
+    ``mask`` (boolean, True = attend) and ``bias`` (added to the scores) broadcast to
+    [B, Hq, Sq, Sk] and combine with the rules of ``spec`` and the segment ids.
+    """
+    kv_heads = k.shape[1]
+    q_len, kv_len = q.shape[2], k.shape[2]
+    s = scores(_grouped(q, kv_heads), k, spec)
+    if bias is not None:
+        s = s + _grouped(bias, kv_heads).astype(s.dtype)
+    allowed = _grouped(
+        masking.dense_mask(q_len, kv_len, spec, q_segment_ids, kv_segment_ids), kv_heads
+    )
+    if mask is not None:
+        allowed = allowed & _grouped(mask, kv_heads)
+    allowed = jnp.broadcast_to(allowed, s.shape)
+    row_max = jnp.max(jnp.where(allowed, s, -jnp.inf), axis=-1, keepdims=True)
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    # Masked scores are replaced before exp so their (unused) gradient stays finite.
+    p = jnp.where(allowed, jnp.exp(jnp.where(allowed, s, row_max) - row_max), 0.0)
+    total = jnp.sum(p, axis=-1, keepdims=True)
+    safe_total = jnp.where(total > 0, total, 1.0)
+    out = jnp.einsum(
+        "bhgqk,bhkd->bhgqd",
+        p / safe_total,
+        v.astype(s.dtype),
+        precision=jax.lax.Precision.HIGHEST,
+    )
+    lse = jnp.where(total > 0, row_max + jnp.log(safe_total), -jnp.inf)[..., 0]
+    return out.reshape(q.shape).astype(q.dtype), lse.reshape(q.shape[:3])

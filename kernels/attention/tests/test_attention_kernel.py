@@ -1,0 +1,240 @@
+"""Pallas (interpret mode) and Tokamax against the plain reference, values and gradients."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from attention_helpers import (
+    GRAD_TOLERANCE,
+    TOLERANCE,
+    Case,
+    assert_close,
+    outputs_and_grads,
+    upcast,
+)
+from hypothesis import given, settings
+
+from kernel_hub.errors import NoImplementationError
+
+# One entry per feature; small blocks so every case runs several q and kv blocks.
+FEATURES = {
+    "causal": (Case(), {"causal": True}),
+    "bidirectional-softcap-scale": (Case(), {"softcap": 2.0, "scale": 0.7}),
+    "multi-query-key-padding": (Case(q_heads=4, kv_heads=1, kv_mask=True), {"causal": True}),
+    "window-causal-ragged": (
+        Case(q_len=21, kv_len=37, head_dim=8),
+        {"causal": True, "sliding_window": 11},
+    ),
+    "window-bidirectional": (Case(q_len=40, kv_len=40), {"sliding_window": 7}),
+    "segments": (Case(batch=2, segments=True), {"causal": True}),
+    # 8 heads x 3 queries > block_q rows: q blocks of whole (padded) head groups.
+    "decode-mqa-q3-kv70": (Case(q_heads=8, kv_heads=1, q_len=3, kv_len=70), {"causal": True}),
+    "q-longer-than-kv": (Case(q_len=30, kv_len=20, kv_mask=True), {"causal": True}),
+    "bf16-gqa-window-softcap": (
+        Case(q_len=40, kv_len=40, dtype="bfloat16", kv_mask=True),
+        {"causal": True, "sliding_window": 16, "softcap": 5.0},
+    ),
+}
+BLOCKS = {"block_q": 16, "block_k": 16}
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_pallas_matches_reference(attention, feature):
+    case, options = FEATURES[feature]
+    arrays = case.arrays()
+    cotangents = case.cotangents()
+    api = attention.jax
+    got = outputs_and_grads(
+        api.dot_product_attention_with_lse,
+        arrays,
+        cotangents,
+        implementation="pallas",
+        **BLOCKS,
+        **options,
+    )
+    want = outputs_and_grads(
+        api.dot_product_attention_with_lse,
+        upcast(arrays),
+        tuple(c.astype(jnp.float32) for c in cotangents),
+        implementation="xla",
+        **options,
+    )
+    value_tol, grad_tol = TOLERANCE[case.dtype], GRAD_TOLERANCE[case.dtype]
+    for name, actual, expected, tol in zip(
+        ("out", "lse", "dq", "dk", "dv"),
+        got,
+        want,
+        (value_tol, value_tol, grad_tol, grad_tol, grad_tol),
+        strict=True,
+    ):
+        assert_close(actual, expected, tol, f"{feature} {name}")
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_pallas_head_dims(attention, head_dim):
+    case = Case(q_len=20, kv_len=20, head_dim=head_dim, dtype="bfloat16")
+    arrays = case.arrays()
+    api = attention.jax
+    got = _attention(api, arrays, causal=True, implementation="pallas", **BLOCKS)
+    want = _attention(api, upcast(arrays), causal=True, implementation="xla")
+    assert_close(got, want, TOLERANCE["bfloat16"], f"head_dim {head_dim}")
+
+
+def test_fully_masked_rows_give_zeros(attention):
+    # Batch 0 masks every key; in batch 1 causal queries before the first key see nothing.
+    case = Case(batch=2, q_len=30, kv_len=20, kv_mask=True)
+    arrays = case.arrays()
+    kv_mask = np.asarray(arrays["kv_mask"]).copy()
+    kv_mask[0] = False
+    arrays["kv_mask"] = jnp.asarray(kv_mask)
+    cotangents = case.cotangents()
+    out, lse, dq, dk, dv = outputs_and_grads(
+        attention.jax.dot_product_attention_with_lse,
+        arrays,
+        cotangents,
+        implementation="pallas",
+        causal=True,
+        **BLOCKS,
+    )
+    for name, value in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+        assert not np.isnan(np.asarray(value)).any(), f"{name} has NaN"
+    assert np.all(np.asarray(out[0]) == 0), "a batch with every key masked must give zeros"
+    assert np.all(np.asarray(lse[0]) == -np.inf)
+    empty_rows = 30 - 20  # queries 0..9 sit before key 0
+    assert np.all(np.asarray(out[1, :, :empty_rows]) == 0)
+    assert np.all(np.isfinite(np.asarray(lse[1, :, empty_rows:])))
+
+
+@st.composite
+def problems(draw):
+    kv_heads = draw(st.sampled_from([1, 2]))
+    case = Case(
+        batch=draw(st.integers(1, 2)),
+        kv_heads=kv_heads,
+        q_heads=kv_heads * draw(st.sampled_from([1, 3, 4])),
+        q_len=draw(st.integers(1, 40)),
+        kv_len=draw(st.integers(1, 48)),
+        head_dim=draw(st.sampled_from([8, 32])),
+        dtype=draw(st.sampled_from(["float32", "bfloat16"])),
+        kv_mask=draw(st.booleans()),
+        segments=draw(st.booleans()),
+    )
+    options = {
+        "causal": draw(st.booleans()),
+        "sliding_window": draw(st.one_of(st.none(), st.integers(1, 24))),
+        "softcap": draw(st.one_of(st.none(), st.sampled_from([1.0, 20.0]))),
+        "scale": draw(st.one_of(st.none(), st.floats(0.05, 1.5))),
+    }
+    blocks = {
+        "block_q": draw(st.sampled_from([8, 16, 64])),
+        "block_k": draw(st.sampled_from([8, 32])),
+    }
+    return case, options, blocks, draw(st.integers(0, 2**16))
+
+
+def _attention(api, arrays, **options):
+    """One jitted call (eager dispatch of the wrappers costs more than the compile)."""
+    return jax.jit(lambda arrays: api.dot_product_attention(**arrays, **options))(arrays)
+
+
+def _check_values(attention, implementation, case, options, blocks, seed):
+    arrays = case.arrays(seed)
+    api = attention.jax
+    got = _attention(api, arrays, implementation=implementation, **blocks, **options)
+    want = _attention(api, upcast(arrays), implementation="xla", **options)
+    assert_close(got, want, TOLERANCE[case.dtype], f"{implementation} {case} {options} {blocks}")
+
+
+@settings(max_examples=8, deadline=None)
+@given(problems())
+def test_pallas_values_hypothesis(attention, problem):
+    _check_values(attention, "pallas", *problem)
+
+
+@settings(max_examples=6, deadline=None)
+@given(problems())
+def test_tokamax_values_hypothesis(attention, problem):
+    case, options, _, seed = problem
+    case = dataclasses.replace(case, dtype="float32")  # bf16 is refused on CPU, see below
+    _check_values(attention, "tokamax", case, options, {}, seed)
+
+
+def test_tokamax_refuses_logsumexp(attention):
+    reasons = dict(
+        attention.jax.TABLE.explain(
+            *Case().arrays().values(),
+            None,
+            None,
+            spec=attention.jax.make_spec(16, True, None, None, None),
+            block_q=None,
+            block_k=None,
+            with_lse=True,
+            implementation="tokamax",
+        )
+    )
+    assert "logsumexp" in reasons["tokamax"]
+
+
+def test_results_do_not_depend_on_block_sizes(attention):
+    """Online softmax across many blocks equals one block, values and gradients."""
+    case, options = Case(q_len=24, kv_len=24), {"causal": True, "sliding_window": 9}
+    arrays, cotangents = case.arrays(), case.cotangents()
+    api = attention.jax
+    runs = [
+        outputs_and_grads(
+            api.dot_product_attention_with_lse,
+            arrays,
+            cotangents,
+            implementation="pallas",
+            block_q=bq,
+            block_k=bk,
+            **options,
+        )
+        for bq, bk in ((8, 8), (32, 32))
+    ]
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *runs, strict=True):
+        assert_close(a, b, 1e-5, f"blocks 8 vs 32 {name}")
+
+
+def test_tokamax_refuses_bf16_on_cpu(attention):
+    arrays = Case(dtype="bfloat16").arrays()
+    with pytest.raises(NoImplementationError, match="dot algorithm"):
+        attention.jax.dot_product_attention(**arrays, implementation="tokamax")
+
+
+@pytest.mark.parametrize(
+    ("q_heads", "q_len", "kv_len", "block_q", "block_k", "options"),
+    [
+        (2, 40, 40, 8, 8, {"causal": True}),
+        (2, 21, 37, 8, 16, {"causal": True, "sliding_window": 11}),
+        (1, 30, 20, 16, 8, {"causal": True, "sliding_window": 4}),
+        (3, 40, 40, 16, 8, {"sliding_window": 7}),
+        (8, 3, 70, 16, 16, {"causal": True, "sliding_window": 20}),
+    ],
+)
+def test_visited_blocks_are_exactly_the_needed_ones(
+    attention, q_heads, q_len, kv_len, block_q, block_k, options
+):
+    """Block skipping visits every block holding a visible pair and no other; the clamped index
+    maps fetch the block being computed."""
+    pallas_tpu, masking = attention.jax.pallas_tpu, attention.jax.masking
+    spec = masking.AttentionSpec(**options)
+    layout = pallas_tpu.make_layout(
+        (1, q_heads, q_len, 16), (1, 1, kv_len, 16), pallas_tpu.BlockSizes(block_q, block_k)
+    )
+    visible_pairs = np.asarray(masking.dense_mask(q_len, kv_len, spec)[0, 0])
+    for qi in range(layout.num_q_blocks):
+        rows = np.asarray(layout.query_index(qi, (layout.block_q, 1)))[:, 0]
+        rows = rows[rows < q_len]
+        for ki in range(layout.num_k_blocks):
+            keys = slice(ki * layout.block_k, (ki + 1) * layout.block_k)
+            needed = bool(visible_pairs[rows, keys].any())
+            assert bool(layout.visible(qi, ki, spec)) == needed, (qi, ki)
+            if needed:
+                assert int(layout.clamped_key_block(qi, ki, spec)) == ki, (qi, ki)
+                assert int(layout.clamped_query_block(qi, ki, spec)) == qi, (qi, ki)

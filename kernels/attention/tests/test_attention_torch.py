@@ -1,0 +1,145 @@
+"""Torch ops: parity with torch SDPA, f64 gradcheck, opcheck, saved-output backward, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernel_hub.errors import KernelInputError
+
+
+def _qkv(
+    batch=1,
+    q_heads=4,
+    kv_heads=2,
+    q_len=10,
+    kv_len=10,
+    head_dim=8,
+    dtype=torch.float32,
+    requires_grad=False,
+    seed=0,
+):
+    generator = torch.Generator().manual_seed(seed)
+
+    def make(*shape):
+        return torch.randn(*shape, generator=generator, dtype=dtype).requires_grad_(requires_grad)
+
+    return (
+        make(batch, q_heads, q_len, head_dim),
+        make(batch, kv_heads, kv_len, head_dim),
+        make(batch, kv_heads, kv_len, head_dim),
+    )
+
+
+def _max_error(a, b) -> float:
+    return (a.double() - b.double()).abs().max().item()
+
+
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])
+def test_matches_torch_sdpa(attention, implementation):
+    q, k, v = _qkv(q_len=12, kv_len=12)
+    kv_mask = torch.ones(1, 12, dtype=torch.bool)
+    kv_mask[0, :3] = False
+    got = attention.dot_product_attention(
+        q, k, v, kv_mask, causal=True, implementation=implementation
+    )
+    sdpa_mask = torch.ones(12, 12, dtype=torch.bool).tril() & kv_mask[:, None, None, :]
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, enable_gqa=True)
+    error = _max_error(got, want)
+    assert error <= 1e-5, f"{implementation}: max abs error {error:.3g} vs torch sdpa"
+
+
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])
+def test_gradcheck_f64(attention, implementation):
+    q, k, v = _qkv(
+        q_heads=2,
+        kv_heads=1,
+        q_len=3,
+        kv_len=5,
+        head_dim=4,
+        dtype=torch.float64,
+        requires_grad=True,
+    )
+
+    def fn(q, k, v):
+        out, lse = attention.attention_with_lse(
+            q, k, v, causal=True, sliding_window=4, softcap=3.0, implementation=implementation
+        )
+        return out, lse
+
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6)
+
+
+def test_opcheck(attention):
+    q, k, v = _qkv(requires_grad=True)
+    kv_mask = torch.rand(1, 10) > 0.2
+    torch.library.opcheck(
+        attention.attention_with_lse.op, (q, k, v, kv_mask), {"causal": True, "softcap": 4.0}
+    )
+
+
+def test_backward_reuses_saved_outputs(attention, monkeypatch):
+    """The Pallas backward must not run the forward kernel again."""
+    q, k, v = _qkv(q_len=9, kv_len=9, requires_grad=True)
+    out, _ = attention.attention_with_lse(q, k, v, causal=True, implementation="pallas", block_q=32)
+    calls = []
+    pallas_tpu = attention.jax.pallas_tpu
+    monkeypatch.setattr(pallas_tpu, "attention_forward", lambda *a, **kw: calls.append(a))
+    out.sum().backward()
+    assert calls == [], "the backward recomputed the forward"
+    want_q = q.detach().requires_grad_(True)
+    F.scaled_dot_product_attention(
+        want_q, k.detach(), v.detach(), is_causal=True, enable_gqa=True
+    ).sum().backward()
+    error = _max_error(q.grad, want_q.grad)
+    assert error <= 1e-4, f"dq max abs error {error:.3g}"
+
+
+@pytest.mark.parametrize(
+    ("shapes", "options", "message"),
+    [
+        (
+            {"q_heads": 4, "kv_heads": 3},
+            {},
+            "must divide query's 4 heads.*valid kv head counts: 1, 2, 4",
+        ),
+        ({"q_heads": 4, "kv_heads": 2, "mismatched_head_dim": True}, {}, "expected .*head_dim"),
+        ({}, {"kv_mask_shape": (1, 7)}, r"kv_mask has shape \(1, 7\); expected \(1, 10\)"),
+        ({}, {"sliding_window": 0}, "sliding_window=0; it must be an integer >= 1"),
+        ({}, {"sliding_window": -3}, "sliding_window=-3; it must be an integer >= 1"),
+        ({}, {"softcap": 0.0}, "softcap=0.0; it must be a finite number > 0"),
+    ],
+)
+def test_bad_inputs_are_rejected(attention, shapes, options, message):
+    shapes = dict(shapes)
+    mismatched = shapes.pop("mismatched_head_dim", False)
+    q, k, v = _qkv(**shapes)
+    if mismatched:
+        k, v = k[..., :4].contiguous(), v[..., :4].contiguous()
+    options = dict(options)
+    kv_mask_shape = options.pop("kv_mask_shape", None)
+    kv_mask = None if kv_mask_shape is None else torch.ones(kv_mask_shape, dtype=torch.bool)
+    with pytest.raises(KernelInputError, match=message):
+        attention.dot_product_attention(q, k, v, kv_mask, **options)
+    # The JAX API applies the same rules.
+    import jax.numpy as jnp
+
+    arrays = [jnp.asarray(t.numpy()) for t in (q, k, v)]
+    jax_mask = None if kv_mask is None else jnp.asarray(kv_mask.numpy())
+    with pytest.raises(KernelInputError, match=message):
+        attention.jax.dot_product_attention(*arrays, jax_mask, **options)
+
+
+def test_dense_mask_of_wrong_shape_is_rejected(attention):
+    q, k, v = _qkv()
+    with pytest.raises(
+        KernelInputError, match=r"attention_mask has shape \(1, 1, 10, 9\); expected"
+    ):
+        attention.attention_with_dense_mask(q, k, v, torch.ones(1, 1, 10, 9, dtype=torch.bool))
+
+
+def test_blocks_must_be_powers_of_two(attention):
+    q, k, v = _qkv()
+    with pytest.raises(Exception, match="block_q=12 must be a power of two"):
+        attention.dot_product_attention(q, k, v, implementation="pallas", block_q=12)
