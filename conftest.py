@@ -15,10 +15,3 @@ allow_shared_libtpu()
 def _seeded() -> None:
     torch.manual_seed(0)
 
-
-def max_errors(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
-    """(max abs error, max relative error) in float64."""
-    actual, expected = actual.double(), expected.double()
-    diff = (actual - expected).abs()
-    rel = diff / expected.abs().clamp_min(1e-6)
-    return float(diff.max()) if diff.numel() else 0.0, float(rel.max()) if rel.numel() else 0.0

@@ -16,6 +16,13 @@ log = logging.getLogger(__name__)
 
 SupportCheck = Callable[..., "str | None"]
 
+_order_generation = 0
+
+
+def order_generation() -> int:
+    """Bumped whenever any table's order changes: traced and compiled kernels depend on it."""
+    return _order_generation
+
 
 @dataclass(frozen=True)
 class Implementation:
@@ -56,10 +63,13 @@ class ImplementationTable:
 
     def set_order(self, platform: Platform, names: Sequence[str]) -> None:
         """Preferred order on a platform (the registry sets it when the kernel is loaded)."""
+        global _order_generation
         for name in names:
             if name not in self.implementations:
                 raise UnknownNameError(f"implementation of {self.op}", name, self.implementations)
-        self._order[platform] = tuple(names)
+        if self._order.get(platform) != tuple(names):
+            self._order[platform] = tuple(names)
+            _order_generation += 1
 
     def explain(
         self,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .buckets import RowLayout
+from .dispatch import order_generation
 from .errors import UnsupportedDeviceError
 from .op_spec import OpSpec, Static
 from .runtimes import Runtime, runtime_for
@@ -48,8 +49,17 @@ class OpExecutor:
         self.spec = spec
         self._forward_plans: dict[tuple, Plan] = {}
         self._backward_plans: dict[tuple, Plan] = {}
+        self._order_generation = order_generation()
+
+    def _check_order(self) -> None:
+        """Plans traced under another implementation order are stale: drop them."""
+        if self._order_generation != order_generation():
+            self._forward_plans.clear()
+            self._backward_plans.clear()
+            self._order_generation = order_generation()
 
     def forward(self, static: Static, tensors: list[Any]) -> Any:
+        self._check_order()
         # _signature(tensors), inlined: this runs on every call.
         signature = [None if t is None else (t.shape, t.dtype, t.device) for t in tensors]
         key = (static, tuple(signature))
@@ -62,6 +72,7 @@ class OpExecutor:
         self, static: Static, inputs: list[Any], outputs: list[Any], cotangents: list[Any]
     ) -> tuple[Any, ...]:
         """Gradients of the differentiable arguments, in their declared order."""
+        self._check_order()
         key = (static, _signature(inputs), _signature(outputs), _signature(cotangents))
         plan = self._backward_plans.get(key)
         if plan is None:
@@ -87,7 +98,7 @@ class OpExecutor:
         runtime = check_devices(arguments, spec.tensor_params)
         spec.validate(**arguments)
         fn = spec.jitted("forward", static)
-        key = (spec.qualname, "forward", static)
+        key = (spec.qualname, "forward", static, self._order_generation)
         layout = self._layout(runtime, arguments)
         if layout is None:
             return _bind(runtime, fn, tensors, key)
@@ -112,7 +123,7 @@ class OpExecutor:
         arguments = spec.arguments(static, inputs)
         runtime = check_devices(arguments, spec.tensor_params)
         fn = spec.jitted("backward", static)
-        key = (spec.qualname, "backward", static)
+        key = (spec.qualname, "backward", static, self._order_generation)
         layout = self._layout(runtime, arguments)
         if layout is None:
             run = _bind(runtime, fn, [inputs, outputs, cotangents], key)

@@ -52,12 +52,13 @@ def op_cases() -> list[OpCase]:
             continue
         seen.add(entry.kernel)
         module = get_kernel(entry.name)
+        ops = [op for op in vars(module).values() if isinstance(op, JaxOp)]
         for case in module.benchmark.CASES:
-            op = getattr(module, case.fn.__name__, None)
-            if not isinstance(op, JaxOp):
+            op = next((op for op in ops if op.jax_fn is case.fn), None)
+            if op is None:
                 raise LookupError(
                     f"kernel {entry.kernel}: benchmark case {case.name} calls "
-                    f"{case.fn.__name__}, which is not one of its torch ops"
+                    f"{case.fn.__name__}, which backs none of its torch ops"
                 )
             cases.append(OpCase(entry.kernel, case, op))
     return cases

@@ -101,9 +101,10 @@ def program_for(
         out_trees.append(out_tree)
         return flat_outputs
 
+    # Mosaic asks which chip it lowers for (tpu_info) while lowering, not only while tracing.
     with tracing_for_tpu(device_name):
         traced = jax.jit(flat_fn, keep_unused=True).trace(*leaves)
-    lowered = traced.lower(lowering_platforms=("tpu",))
+        lowered = traced.lower(lowering_platforms=("tpu",))
     return TpuProgram(
         name=name,
         hlo_module=lowered.compiler_ir("hlo").as_serialized_hlo_module_proto(),

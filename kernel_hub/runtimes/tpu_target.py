@@ -3,18 +3,21 @@
 TorchTPU and PyTorch/XLA hold the TPU themselves; JAX in their process may see only the CPU. A
 kernel's implementation table and its Pallas calls ask JAX's default device which platform and TPU
 generation they are traced for (``kernel_hub.platform``). Inside ``tracing_for_tpu`` that device is
-an abstract TPU of the runtime's generation: the Pallas TPU implementation is chosen and lowered to
-Mosaic (never CPU interpret mode), and no TPU client is started in JAX.
+a TPU of the runtime's generation (deviceless through libtpu, or abstract without it): the Pallas
+TPU implementation is chosen and lowered to Mosaic (never CPU interpret mode), and no TPU chip is
+claimed by JAX.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import inspect
 from collections.abc import Iterator
 from typing import Any
 
+from ..compile_check import TOPOLOGIES, tpu_device
 from ..platform import tpu_generation_of_kind
 
 # Generation -> the device_kind JAX itself reports for it (what kernels and JAX's tables expect).
@@ -38,26 +41,27 @@ def jax_device_kind(name: str) -> str:
 
 @functools.cache
 def tpu_target(name: str) -> Any:
-    """A JAX device standing for the TPU ``name`` while tracing: abstract, or deviceless via libtpu.
+    """A JAX device standing for the TPU ``name``: deviceless via libtpu, else abstract.
 
-    ``jax.sharding.AbstractDevice`` needs no libtpu; JAX releases whose AbstractDevice has no
-    platform get the first device of a deviceless libtpu topology instead.
+    A deviceless libtpu device serves tracing and lowering (Mosaic asks which chip it lowers for,
+    e.g. for integer division). Without libtpu, ``jax.sharding.AbstractDevice`` serves tracing, and
+    kernels whose lowering needs the chip's details fail with JAX's message.
     """
     import jax
 
     kind = jax_device_kind(name)
-    if "platform" in inspect.signature(jax.sharding.AbstractDevice).parameters:
-        return jax.sharding.AbstractDevice(kind, 1, "tpu")
-    from ..compile_check import tpu_device
-
-    return tpu_device(tpu_generation_of_kind(kind))
+    generation = tpu_generation_of_kind(kind)
+    has_abstract = "platform" in inspect.signature(jax.sharding.AbstractDevice).parameters
+    if generation in TOPOLOGIES and (importlib.util.find_spec("libtpu") or not has_abstract):
+        return tpu_device(generation)
+    return jax.sharding.AbstractDevice(kind, 1, "tpu")
 
 
 @contextlib.contextmanager
 def tracing_for_tpu(name: str) -> Iterator[None]:
     """Trace JAX code as if for the TPU ``name``; lower the result with ``lowering_platforms``.
 
-    Only tracing may happen inside: JAX cannot place arrays or lower on an abstract device.
+    Tracing and lowering happen inside; arrays cannot be placed on the target.
     """
     import jax
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from kernel_hub.testing import registry_with_ops
+
 from .fake_hub_server import FakeHub
 from .hub_helpers import REPO, RMSNORM, cache_dir
 
@@ -45,9 +47,9 @@ def hub_env(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fa
         "KERNEL_HUB_LOCK",
         "KERNEL_HUB_TRUSTED_PUBLISHERS",
         "KERNEL_HUB_VARIANT",
-        "KERNEL_HUB_REGISTRY",
     ):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(registry_with_ops(tmp_path, "rmsnorm")))
     monkeypatch.setattr(constants, "ENDPOINT", hub.url)
     monkeypatch.setattr(
         constants,

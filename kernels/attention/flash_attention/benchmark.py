@@ -17,7 +17,7 @@ from kernel_hub.cases import CPU_TAG, KernelCase
 from kernel_hub.errors import NoImplementationError
 
 from . import masking
-from .api import dot_product_attention, make_spec
+from .api import dot_product_attention_with_lse, make_spec
 from .torch_ops import dot_product_attention as dot_product_attention_op
 
 # (name, batch, q_heads, kv_heads, q_len, kv_len, head_dim, options, extra inputs, dtype, tags)
@@ -128,7 +128,7 @@ def case(name, batch, q_heads, kv_heads, q_len, kv_len, head_dim, options, extra
     args = _arguments(batch, q_heads, kv_heads, q_len, kv_len, head_dim, extra, dtype)
     return KernelCase(
         name=name,
-        fn=dot_product_attention,
+        fn=dot_product_attention_with_lse,
         args=args,
         kwargs=dict(options),
         # q @ k^T and p @ v over the visible pairs

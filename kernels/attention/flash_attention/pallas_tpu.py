@@ -35,6 +35,20 @@ _BLOCK_K_CHOICES = (2048, 1024, 512, 256, 128)
 _INTERPRET_BLOCK = 2048
 
 
+def _div(a, b: int):
+    """``a // b`` for non-negative traced ints, as a plain truncating division.
+
+    jnp's floor division adds sign fix-ups whose Mosaic lowering asks which chip it targets; the
+    indices here are never negative, so truncation is the same and lowers anywhere.
+    """
+    return jax.lax.div(a, jnp.asarray(b, a.dtype) if hasattr(a, "dtype") else b)
+
+
+def _rem(a, b: int):
+    """``a % b`` for non-negative traced ints (see ``_div``)."""
+    return jax.lax.rem(a, jnp.asarray(b, a.dtype) if hasattr(a, "dtype") else b)
+
+
 @dataclass(frozen=True)
 class BlockSizes:
     """Block sizes of one kernel: ``q`` packed query rows, ``k`` keys. Powers of two."""
@@ -97,24 +111,24 @@ class Layout:
         """Query index (0..q_len_padded) of each row of q block ``qi``, as an int32 array."""
         row = jax.lax.broadcasted_iota(jnp.int32, shape, 0)
         if self.whole_groups:
-            return row % self.q_len_padded
-        first = (qi % (self.q_len_padded // self.block_q)) * self.block_q
+            return _rem(row, self.q_len_padded)
+        first = _rem(qi, self.q_len_padded // self.block_q) * self.block_q
         return first + row
 
     def query_range(self, qi):
         """(first, last) real query index in q block ``qi``; last < first if it is all padding."""
         if self.whole_groups:
             return 0, self.q_len - 1
-        first = (qi % (self.q_len_padded // self.block_q)) * self.block_q
+        first = _rem(qi, self.q_len_padded // self.block_q) * self.block_q
         return first, jnp.minimum(first + self.block_q - 1, self.q_len - 1)
 
     def key_block_range(self, qi, spec: AttentionSpec):
         """(lo, hi) kv block indices q block ``qi`` must visit; hi < lo when none."""
         q_first, q_last = self.query_range(qi)
         k_first, k_last = masking.key_range(q_first, q_last, self.q_len, self.kv_len, spec)
-        lo = jnp.maximum(k_first, 0) // self.block_k
+        lo = _div(jnp.maximum(k_first, 0), self.block_k)
         empty = (k_last < k_first) | (q_last < q_first)
-        hi = jnp.where(empty, -1, jnp.maximum(k_last, 0) // self.block_k)
+        hi = jnp.where(empty, -1, _div(jnp.maximum(k_last, 0), self.block_k))
         return lo, hi
 
     def visible(self, qi, ki, spec: AttentionSpec):
@@ -134,10 +148,10 @@ class Layout:
         k_first = ki * self.block_k
         k_last = jnp.minimum(k_first + self.block_k - 1, self.kv_len - 1)
         q_first, q_last = masking.query_range(k_first, k_last, self.q_len, self.kv_len, spec)
-        lo = jnp.clip(q_first, 0, self.q_len - 1) // self.block_q
-        hi = jnp.clip(q_last, 0, self.q_len - 1) // self.block_q
-        group_start = (qi // per_group) * per_group
-        return group_start + jnp.clip(qi % per_group, lo, jnp.maximum(hi, lo))
+        lo = _div(jnp.clip(q_first, 0, self.q_len - 1), self.block_q)
+        hi = _div(jnp.clip(q_last, 0, self.q_len - 1), self.block_q)
+        group_start = _div(qi, per_group) * per_group
+        return group_start + jnp.clip(_rem(qi, per_group), lo, jnp.maximum(hi, lo))
 
 
 def make_layout(q_shape, kv_shape, blocks: BlockSizes) -> Layout:

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import max_errors
 from kernel_hub import get_kernel
 from kernel_hub.errors import KernelInputError, NoImplementationError
+from kernel_hub.testing import max_errors
 
 k = get_kernel("rmsnorm")
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
