@@ -1,19 +1,28 @@
 """CPU forward time of a Mixtral MoE block (router + experts) per experts implementation.
 
 Compares Transformers' ``eager`` and ``grouped_mm`` experts with the moe-gemm kernel's
-``experts_forward`` running each gmm implementation (xla, tokamax, pallas in interpret mode).
-One process, f32, random weights, E=8, H=1024, I=2048, top-2 by default.
+``experts_forward`` running each gmm implementation (xla_loop, xla, tokamax, pallas in interpret
+mode). One process, f32, random weights, E=8, H=1024, I=2048, top-2 by default.
 
     PYTHONPATH=. python benchmarks/moe_block_cpu.py [--tokens 1 16 256] [--repeats 20]
+
+OMP_WAIT_POLICY defaults to PASSIVE here: with JAX's CPU client in the same process, torch's
+spinning OpenMP workers and XLA's threads fight over the cores and every torch op slows down
+(eager experts: ~250 ms instead of ~4 ms at one token on a 2-core machine).
 """
 
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its OpenMP pool
 
 import argparse
 import json
 import statistics
 import time
 
+import jax
 import torch
 from transformers import MixtralConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
@@ -33,6 +42,17 @@ def build_block(hidden: int, intermediate: int, experts: int, top_k: int) -> Mix
     for parameter in block.parameters():
         torch.nn.init.normal_(parameter, std=0.02)
     return block
+
+
+def use_only(kernel, implementation: str) -> None:
+    """Make the kernel's ops run ``implementation`` on CPU from now on.
+
+    The choice is made when a JAX function is traced, and traces are cached per shape: drop
+    them, or the first implementation traced keeps running.
+    """
+    for table in kernel.implementation_tables:
+        table.set_order("cpu", [implementation])
+    jax.clear_caches()
 
 
 def time_ms(fn, repeats: int) -> tuple[float, float]:
@@ -61,24 +81,23 @@ def main() -> None:
     kernel = get_kernel("moe-gemm")
     name = kernel.integrations.register()
     block = build_block(args.hidden, args.intermediate, args.experts, args.top_k)
-    table = kernel.jax.GMM_TABLE
-    default_order = table.order("cpu")
+    default_order = kernel.jax.GMM_TABLE.order("cpu")
     variants = [("eager", None), ("grouped_mm", None)] + [
-        (f"{name}[{impl}]", impl) for impl in ("xla", "tokamax", "pallas")
+        (f"{name}[{impl}]", impl) for impl in default_order
     ]
 
     results = []
-    print(f"torch threads: {torch.get_num_threads()}")
+    threads, wait_policy = torch.get_num_threads(), os.environ["OMP_WAIT_POLICY"]
+    print(f"torch threads: {threads}, OMP_WAIT_POLICY={wait_policy}")
     print(f"{'tokens':>6}  {'implementation':<32} {'min ms':>8} {'median ms':>10}")
     for tokens in args.tokens:
         x = torch.randn(1, tokens, args.hidden)
         for label, impl in variants:
             block.experts.config._experts_implementation_internal = label.split("[")[0]
             if impl is not None:
-                table.set_order("cpu", [impl])
+                use_only(kernel, impl)
             with torch.no_grad():
                 fastest, median = time_ms(lambda x=x: block(x), args.repeats)
-            table.set_order("cpu", default_order)
             print(f"{tokens:>6}  {label:<32} {fastest:>8.2f} {median:>10.2f}", flush=True)
             results.append(
                 {"tokens": tokens, "implementation": label, "min_ms": fastest, "median_ms": median}

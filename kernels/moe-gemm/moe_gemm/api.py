@@ -1,13 +1,16 @@
-"""Public JAX API: ``gmm`` and ``tgmm`` with implementation tables (pallas, tokamax, xla).
+"""Public JAX API: ``gmm`` and ``tgmm`` with implementation tables (pallas, tokamax, xla,
+xla_loop).
 
-Group sizes are data. Concrete ones (numpy or JAX arrays outside a trace, CPU tensors at the
-torch op) are checked: negative sizes or a sum above ``m`` raise. Traced ones cannot be checked
-without a host sync, so every implementation reads them the same defined way instead: a negative
-size counts as 0 and rows past ``m`` are dropped from the last groups (``schedule.group_bounds``).
+Group sizes are data. Values that can be read without stalling a device (numpy arrays, CPU
+JAX arrays outside a trace, CPU tensors at the torch op) are checked: negative sizes or a sum
+above ``m`` raise. Traced values, and values on an accelerator, are not read; every
+implementation then takes them the same defined way: a negative size counts as 0 and rows past
+``m`` are dropped from the last groups (``schedule.group_bounds``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -18,9 +21,9 @@ from kernel_hub.checks import check_dtype, check_rank, dtype_name, require
 from kernel_hub.dispatch import Implementation, ImplementationTable
 from kernel_hub.platform import Platform, jax_platform
 
-from . import pallas_tpu, reference, tokamax_ragged_dot
+from . import pallas_tpu, reference, tokamax_ragged_dot, vjp, xla_loop
 from .schedule import sanitized_sizes
-from .tiling import Tiling, default_tiling, tiling_problem
+from .tiling import Tiling, tiling_problem
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float64")
 INT_DTYPES = ("int32", "int64")
@@ -96,9 +99,13 @@ def check_group_size_values(op: str, sizes: Sequence[int], rows: int) -> None:
 
 
 def _check_concrete_sizes(op: str, group_sizes, rows: int) -> None:
-    if isinstance(group_sizes, (np.ndarray, jax.Array)) and not isinstance(
-        group_sizes, jax.core.Tracer
-    ):
+    """Check values readable without stalling an accelerator: numpy arrays, CPU JAX arrays."""
+    readable = isinstance(group_sizes, np.ndarray) or (
+        isinstance(group_sizes, jax.Array)
+        and not isinstance(group_sizes, jax.core.Tracer)
+        and all(device.platform == "cpu" for device in group_sizes.devices())
+    )
+    if readable:
         check_group_size_values(op, np.asarray(group_sizes).tolist(), rows)
 
 
@@ -129,16 +136,51 @@ def _gmm_n(rhs, transpose_rhs: bool) -> int:
     return rhs.shape[1] if transpose_rhs else rhs.shape[2]
 
 
-# --- gmm implementations: (lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tiling) ---
+# --- Raw kernels of each implementation; ``vjp`` makes them differentiable. ---
 
 
-def _gmm_pallas(lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tiling):
-    (m, k), n = lhs.shape, _gmm_n(rhs, transpose_rhs)
-    interpret = _interpret()
-    tiling = tiling or default_tiling(
-        "gmm", m, k, n, rhs.shape[0], lhs.dtype, out_dtype, interpret=interpret
+def _pallas_gmm(lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tiling):
+    return pallas_tpu.gmm(
+        lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype, tiling=tiling,
+        interpret=_interpret(),
     )
-    return pallas_tpu.gmm(lhs, rhs, group_sizes, transpose_rhs, out_dtype, tiling, interpret)
+
+
+def _pallas_tgmm(lhs, grad, group_sizes, *, out_dtype, tiling):
+    return pallas_tpu.tgmm(
+        lhs, grad, group_sizes, out_dtype=out_dtype, tiling=tiling, interpret=_interpret()
+    )
+
+
+def _tokamax_gmm(lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tiling):
+    return tokamax_ragged_dot.gmm(
+        lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
+        platform=jax_platform(),
+    )
+
+
+def _tokamax_tgmm(lhs, grad, group_sizes, *, out_dtype, tiling):
+    return tokamax_ragged_dot.tgmm(
+        lhs, grad, group_sizes, out_dtype=out_dtype, platform=jax_platform()
+    )
+
+
+def _xla_gmm(lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tiling):
+    return reference.gmm(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype)
+
+
+def _xla_tgmm(lhs, grad, group_sizes, *, out_dtype, tiling):
+    return reference.tgmm(lhs, grad, group_sizes, out_dtype=out_dtype)
+
+
+BACKENDS = {
+    "pallas": vjp.Backend(_pallas_gmm, _pallas_tgmm),
+    "tokamax": vjp.Backend(_tokamax_gmm, _tokamax_tgmm),
+    "xla": vjp.Backend(_xla_gmm, _xla_tgmm),
+    "xla_loop": vjp.Backend(xla_loop.gmm, xla_loop.tgmm),
+}
+
+# --- Why an implementation cannot take the inputs (None: it can). ---
 
 
 def _gmm_pallas_problem(lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tiling):
@@ -146,74 +188,50 @@ def _gmm_pallas_problem(lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tili
     return _pallas_problem("gmm", m, k, n, lhs.dtype, tiling)
 
 
-def _gmm_tokamax(lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tiling):
-    return tokamax_ragged_dot.gmm(
-        lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
-        platform=jax_platform(),
-    )
-
-
 def _gmm_tokamax_problem(lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tiling):
     return tokamax_ragged_dot.problem(jax_platform(), *lhs.shape, _gmm_n(rhs, transpose_rhs))
-
-
-def _gmm_xla(lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tiling):
-    return reference.gmm(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype)
-
-
-# --- tgmm implementations: (lhs, grad, group_sizes, *, out_dtype, tiling) ---
-
-
-def _tgmm_pallas(lhs, grad, group_sizes, *, out_dtype, tiling):
-    (m, k), n = lhs.shape, grad.shape[1]
-    interpret = _interpret()
-    tiling = tiling or default_tiling(
-        "tgmm", m, k, n, group_sizes.shape[0], lhs.dtype, out_dtype, interpret=interpret
-    )
-    return pallas_tpu.tgmm(lhs, grad, group_sizes, out_dtype, tiling, interpret)
 
 
 def _tgmm_pallas_problem(lhs, grad, group_sizes, *, out_dtype, tiling):
     return _pallas_problem("tgmm", *lhs.shape, grad.shape[1], lhs.dtype, tiling)
 
 
-def _tgmm_tokamax(lhs, grad, group_sizes, *, out_dtype, tiling):
-    return tokamax_ragged_dot.tgmm(
-        lhs, grad, group_sizes, out_dtype=out_dtype, platform=jax_platform()
-    )
-
-
 def _tgmm_tokamax_problem(lhs, grad, group_sizes, *, out_dtype, tiling):
     return tokamax_ragged_dot.problem(jax_platform(), *lhs.shape, grad.shape[1])
 
 
-def _tgmm_xla(lhs, grad, group_sizes, *, out_dtype, tiling):
-    return reference.tgmm(lhs, grad, group_sizes, out_dtype=out_dtype)
-
-
 EVERYWHERE: tuple[Platform, ...] = ("tpu", "gpu", "cpu")
+PLATFORMS: dict[str, tuple[Platform, ...]] = {
+    "pallas": ("tpu", "cpu"),
+    "tokamax": EVERYWHERE,
+    "xla": EVERYWHERE,
+    "xla_loop": ("cpu",),
+}
 DEFAULT_ORDER: dict[Platform, tuple[str, ...]] = {
     "tpu": ("pallas", "tokamax", "xla"),
     "gpu": ("xla",),
-    "cpu": ("xla", "tokamax", "pallas"),
+    # Measured on CPU (benchmarks/moe_block_cpu.py): xla_loop is several times faster than
+    # XLA's ragged_dot there; Pallas in interpret mode is slower than both.
+    "cpu": ("xla_loop", "xla", "tokamax", "pallas"),
 }
+GMM_PROBLEMS = {"pallas": _gmm_pallas_problem, "tokamax": _gmm_tokamax_problem}
+TGMM_PROBLEMS = {"pallas": _tgmm_pallas_problem, "tokamax": _tgmm_tokamax_problem}
 
 GMM_TABLE = ImplementationTable(
     "gmm",
     [
-        Implementation("pallas", _gmm_pallas, ("tpu", "cpu"), _gmm_pallas_problem),
-        Implementation("tokamax", _gmm_tokamax, EVERYWHERE, _gmm_tokamax_problem),
-        Implementation("xla", _gmm_xla, EVERYWHERE),
+        Implementation(name, functools.partial(vjp.gmm, backend), PLATFORMS[name],
+                       GMM_PROBLEMS.get(name))
+        for name, backend in BACKENDS.items()
     ],
     default_order=DEFAULT_ORDER,
 )
-
 TGMM_TABLE = ImplementationTable(
     "tgmm",
     [
-        Implementation("pallas", _tgmm_pallas, ("tpu", "cpu"), _tgmm_pallas_problem),
-        Implementation("tokamax", _tgmm_tokamax, EVERYWHERE, _tgmm_tokamax_problem),
-        Implementation("xla", _tgmm_xla, EVERYWHERE),
+        Implementation(name, functools.partial(vjp.tgmm, backend), PLATFORMS[name],
+                       TGMM_PROBLEMS.get(name))
+        for name, backend in BACKENDS.items()
     ],
     default_order=DEFAULT_ORDER,
 )
@@ -234,7 +252,8 @@ def gmm(
 
     Rows past ``sum(group_sizes)`` come out as zeros. The result has ``preferred_element_type``
     (default: the input dtype); accumulation is f32. Differentiable in ``lhs`` and ``rhs``.
-    ``implementation`` forces "pallas", "tokamax" or "xla"; ``tiling`` sets the Pallas blocks.
+    ``implementation`` forces "pallas", "tokamax", "xla" or "xla_loop" (CPU); ``tiling`` sets the
+    Pallas blocks.
     """
     check_gmm_inputs(lhs, rhs, group_sizes, transpose_rhs)
     _check_concrete_sizes("gmm", group_sizes, lhs.shape[0])

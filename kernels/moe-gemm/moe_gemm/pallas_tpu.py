@@ -1,5 +1,5 @@
 """Pallas grouped matmuls for TPU: ``gmm`` (per-group ``lhs @ rhs[g]``) and ``tgmm``
-(per-group ``lhs^T @ grad``), with a ``custom_vjp`` that differentiates ``gmm`` with both.
+(per-group ``lhs^T @ grad``). ``vjp.py`` differentiates each with the other.
 
 Both walk a grid of "visits" (see ``schedule.py``) handed in as scalar prefetch: group boundaries
 may fall anywhere inside a row tile, so a tile shared by two groups is visited once per group and
@@ -193,77 +193,29 @@ def _tgmm_call(lhs, grad, group_sizes, *, out_dtype, tiling: Tiling, interpret):
     )(*schedule, lhs, grad)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def gmm(lhs, rhs, group_sizes, transpose_rhs: bool, out_dtype, tiling: Tiling, interpret: bool):
-    """``out[rows of g] = lhs[rows of g] @ rhs[g]`` (``rhs[g].T`` if ``transpose_rhs``)."""
-    return _gmm_call(
-        lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
-        tiling=tiling, interpret=interpret,
-    )
+def gmm(lhs, rhs, group_sizes, *, transpose_rhs: bool, out_dtype, tiling: Tiling | None,
+        interpret: bool):
+    """``out[rows of g] = lhs[rows of g] @ rhs[g]`` (``rhs[g].T`` if ``transpose_rhs``).
 
-
-def _gmm_fwd(lhs, rhs, group_sizes, transpose_rhs, out_dtype, tiling, interpret):
-    out = gmm(lhs, rhs, group_sizes, transpose_rhs, out_dtype, tiling, interpret)
-    return out, (lhs, rhs, group_sizes)
-
-
-def _gmm_bwd(transpose_rhs, out_dtype, tiling, interpret, residuals, grad):
-    lhs, rhs, group_sizes = residuals
+    Not differentiable by itself (``vjp.py`` differentiates it); ``tiling=None``: the default.
+    """
     m, k = lhs.shape
-    num_groups = rhs.shape[0]
-    n = grad.shape[1]
-    grad = grad.astype(lhs.dtype)
-    dlhs = gmm(
-        grad, rhs, group_sizes, not transpose_rhs, lhs.dtype,
-        default_tiling("gmm", m, n, k, num_groups, lhs.dtype, lhs.dtype, interpret=interpret),
-        interpret,
+    n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    tiling = tiling or default_tiling(
+        "gmm", m, k, n, rhs.shape[0], lhs.dtype, out_dtype, interpret=interpret
     )
-    # rhs[g] is [k, n] (or [n, k] when transposed): its gradient is lhs^T grad (or grad^T lhs).
-    x, y = (grad, lhs) if transpose_rhs else (lhs, grad)
-    drhs = tgmm(
-        x, y, group_sizes, rhs.dtype,
-        default_tiling(
-            "tgmm", m, x.shape[1], y.shape[1], num_groups, lhs.dtype, rhs.dtype,
-            interpret=interpret,
-        ),
-        interpret,
+    return _gmm_call(
+        lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype, tiling=tiling,
+        interpret=interpret,
     )
-    return dlhs, drhs, None
 
 
-gmm.defvjp(_gmm_fwd, _gmm_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def tgmm(lhs, grad, group_sizes, out_dtype, tiling: Tiling, interpret: bool):
+def tgmm(lhs, grad, group_sizes, *, out_dtype, tiling: Tiling | None, interpret: bool):
     """``out[g] = lhs[rows of g].T @ grad[rows of g]``; groups without rows give zeros."""
+    (m, k), n = lhs.shape, grad.shape[1]
+    tiling = tiling or default_tiling(
+        "tgmm", m, k, n, group_sizes.shape[0], lhs.dtype, out_dtype, interpret=interpret
+    )
     return _tgmm_call(
         lhs, grad, group_sizes, out_dtype=out_dtype, tiling=tiling, interpret=interpret
     )
-
-
-def _tgmm_fwd(lhs, grad, group_sizes, out_dtype, tiling, interpret):
-    return tgmm(lhs, grad, group_sizes, out_dtype, tiling, interpret), (lhs, grad, group_sizes)
-
-
-def _tgmm_bwd(out_dtype, tiling, interpret, residuals, cotangent):
-    lhs, grad, group_sizes = residuals
-    m, k = lhs.shape
-    n = grad.shape[1]
-    num_groups = cotangent.shape[0]
-    cotangent = cotangent.astype(lhs.dtype)
-    # d lhs[rows of g] = grad[rows of g] @ c[g].T ; d grad[rows of g] = lhs[rows of g] @ c[g]
-    dlhs = gmm(
-        grad, cotangent, group_sizes, True, lhs.dtype,
-        default_tiling("gmm", m, n, k, num_groups, lhs.dtype, lhs.dtype, interpret=interpret),
-        interpret,
-    )
-    dgrad = gmm(
-        lhs, cotangent, group_sizes, False, grad.dtype,
-        default_tiling("gmm", m, k, n, num_groups, lhs.dtype, grad.dtype, interpret=interpret),
-        interpret,
-    )
-    return dlhs, dgrad, None
-
-
-tgmm.defvjp(_tgmm_fwd, _tgmm_bwd)

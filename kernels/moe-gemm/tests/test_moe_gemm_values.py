@@ -13,7 +13,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-IMPLEMENTATIONS = ("pallas", "tokamax", "xla")
+IMPLEMENTATIONS = ("pallas", "tokamax", "xla", "xla_loop")
 DTYPES = ("float32", "bfloat16")
 # One shape for the property tests: 37 rows (not a multiple of any tile), 5 groups.
 ROWS, K, N, GROUPS = 37, 16, 24, 5
