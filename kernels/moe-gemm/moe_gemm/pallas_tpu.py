@@ -17,13 +17,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from .reference import accumulator_dtype
 from .schedule import Schedule, cdiv, gmm_schedule, num_visits, tgmm_schedule
 from .tiling import Tiling, default_tiling
-
-
-def accumulator_dtype(dtype) -> jnp.dtype:
-    """f32, or f64 for f64 inputs (interpret mode only)."""
-    return jnp.promote_types(dtype, jnp.float32)
 
 
 def _precision(dtype):
@@ -31,8 +27,9 @@ def _precision(dtype):
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype).itemsize >= 4 else None
 
 
-def _row_mask(tile, tile_rows: int, start, end, width: int = 1):
-    rows = tile * tile_rows + jax.lax.broadcasted_iota(jnp.int32, (tile_rows, width), 0)
+def _row_mask(tile, tile_rows: int, start, end):
+    """[tile_rows, 1]: which rows of this row tile lie in [start, end)."""
+    rows = tile * tile_rows + jax.lax.broadcasted_iota(jnp.int32, (tile_rows, 1), 0)
     return (rows >= start) & (rows < end)
 
 

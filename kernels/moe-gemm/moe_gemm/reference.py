@@ -30,6 +30,7 @@ TGMM_DIMS = jax.lax.RaggedDotDimensionNumbers(
 
 
 def accumulator_dtype(dtype) -> jnp.dtype:
+    """f32, or f64 for f64 inputs; every implementation accumulates in it."""
     return jnp.promote_types(dtype, jnp.float32)
 
 

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .reference import accumulator_dtype
 from .schedule import cdiv, group_bounds
 
 ZERO = np.int32(0)
@@ -26,10 +27,6 @@ def chunk_rows(rows: int, groups: int) -> int:
     """About one chunk per expert's share of the rows, within [8, 128] (and at most ``rows``)."""
     share = cdiv(cdiv(rows, groups), MIN_CHUNK_ROWS) * MIN_CHUNK_ROWS
     return max(1, min(rows, MAX_CHUNK_ROWS, max(MIN_CHUNK_ROWS, share)))
-
-
-def _accumulator(dtype):
-    return jnp.promote_types(dtype, jnp.float32)
 
 
 def _over_chunks(start, end, chunk: int, step, carry):
@@ -49,7 +46,7 @@ def gmm(lhs, rhs, group_sizes, *, transpose_rhs: bool, out_dtype, tiling=None):
     m, k = lhs.shape
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     chunk = chunk_rows(m, rhs.shape[0])
-    acc = _accumulator(lhs.dtype)
+    acc = accumulator_dtype(lhs.dtype)
     padded = jnp.pad(lhs, ((0, chunk), (0, 0)))  # a chunk starting on any row stays in bounds
     contract = 1 if transpose_rhs else 0
     bounds = group_bounds(group_sizes, m)
@@ -84,7 +81,7 @@ def tgmm(lhs, grad, group_sizes, *, out_dtype, tiling=None):
     (m, k), n = lhs.shape, grad.shape[1]
     groups = group_sizes.shape[0]
     chunk = chunk_rows(m, groups)
-    acc = _accumulator(lhs.dtype)
+    acc = accumulator_dtype(lhs.dtype)
     lhs_padded = jnp.pad(lhs, ((0, chunk), (0, 0)))
     grad_padded = jnp.pad(grad, ((0, chunk), (0, 0)))
     bounds = group_bounds(group_sizes, m)

@@ -65,13 +65,6 @@ def test_bad_preferred_element_type_is_rejected(moe):
         moe.jax.gmm(*_jax_args(), preferred_element_type=jnp.int32)
 
 
-def test_unknown_tiling_is_a_clear_error_on_tpu_rules(moe):
-    problem = moe.tiling.tiling_problem("gmm", 64, 256, 256, jnp.bfloat16,
-                                        moe.tiling.Tiling(24, 200, 256))
-    assert "tm=24 must equal the dimension (64) or be a multiple of 16" in problem
-    assert "tk=200" in problem and "must divide k=256" in problem
-
-
 def test_torch_gmm_rejects_bad_inputs(moe):
     lhs, rhs = torch.ones(6, 4), torch.ones(3, 4, 5)
     with pytest.raises(KernelInputError, match="sum to 8 but lhs has 6 rows"):
