@@ -27,6 +27,7 @@ import torch
 from transformers import MixtralConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
+from kernel_hub.platform import describe_host
 from kernel_hub.resolver import get_kernel
 
 
@@ -103,8 +104,20 @@ def main() -> None:
                 {"tokens": tokens, "implementation": label, "min_ms": fastest, "median_ms": median}
             )
     if args.json:
+        record = {
+            "host": describe_host(),
+            "load_average": os.getloadavg(),
+            "torch_threads": threads,
+            "omp_wait_policy": wait_policy,
+            "shape": {
+                "hidden": args.hidden, "intermediate": args.intermediate,
+                "experts": args.experts, "top_k": args.top_k, "dtype": "float32",
+            },
+            "repeats": args.repeats,
+            "results": results,
+        }
         with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=2)
+            json.dump(record, handle, indent=2)
 
 
 if __name__ == "__main__":
