@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from kernel_hub import get_kernel
 from kernel_hub.errors import KernelInputError
+
+moe = get_kernel("moe-gemm")
 
 IMPLEMENTATIONS = ("pallas", "tokamax", "xla", "xla_loop")
 
@@ -41,31 +44,31 @@ BAD_GMM_INPUTS = [
 
 
 @pytest.mark.parametrize(("make_args", "message"), BAD_GMM_INPUTS)
-def test_jax_gmm_rejects_bad_inputs(moe, make_args, message):
+def test_jax_gmm_rejects_bad_inputs(make_args, message):
     with pytest.raises(KernelInputError) as info:
         moe.jax.gmm(*make_args())
     assert message in str(info.value)
 
 
-def test_jax_gmm_rejects_transposed_k_mismatch(moe):
+def test_jax_gmm_rejects_transposed_k_mismatch():
     lhs, rhs, sizes = _jax_args()  # rhs [3, 4, 5] read as [E, n, k] has k=5, lhs has k=4
     with pytest.raises(KernelInputError, match=r"\[E, n, k\] \(transpose_rhs=True\) has k=5"):
         moe.jax.gmm(lhs, rhs, sizes, transpose_rhs=True)
 
 
-def test_jax_tgmm_rejects_bad_inputs(moe):
+def test_jax_tgmm_rejects_bad_inputs():
     with pytest.raises(KernelInputError, match="need the same number of rows"):
         moe.jax.tgmm(jnp.ones((6, 4)), jnp.ones((5, 3)), jnp.asarray([6], jnp.int32))
     with pytest.raises(KernelInputError, match="sum to 9 but lhs has 6 rows"):
         moe.jax.tgmm(jnp.ones((6, 4)), jnp.ones((6, 3)), jnp.asarray([4, 5], jnp.int32))
 
 
-def test_bad_preferred_element_type_is_rejected(moe):
+def test_bad_preferred_element_type_is_rejected():
     with pytest.raises(KernelInputError, match="preferred_element_type must be one of"):
         moe.jax.gmm(*_jax_args(), preferred_element_type=jnp.int32)
 
 
-def test_torch_gmm_rejects_bad_inputs(moe):
+def test_torch_gmm_rejects_bad_inputs():
     lhs, rhs = torch.ones(6, 4), torch.ones(3, 4, 5)
     with pytest.raises(KernelInputError, match="sum to 8 but lhs has 6 rows"):
         moe.gmm(lhs, rhs, torch.tensor([4, 1, 3], dtype=torch.int32))
@@ -78,7 +81,7 @@ def test_torch_gmm_rejects_bad_inputs(moe):
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-def test_traced_sizes_read_negative_as_zero_and_drop_rows_past_m(moe, implementation):
+def test_traced_sizes_read_negative_as_zero_and_drop_rows_past_m(implementation):
     """Under jit sizes cannot be checked: every implementation reads them the same way."""
     rng = np.random.default_rng(0)
     lhs = jnp.asarray(rng.standard_normal((10, 4)), jnp.float32)
@@ -89,7 +92,7 @@ def test_traced_sizes_read_negative_as_zero_and_drop_rows_past_m(moe, implementa
     oracle.assert_close(out, oracle.gmm(lhs, rhs, [3, 0, 5, 2]), "float32", implementation)
 
 
-def test_torch_gmm_accepts_int64_group_sizes(moe):
+def test_torch_gmm_accepts_int64_group_sizes():
     torch.manual_seed(0)
     lhs, rhs = torch.randn(6, 4), torch.randn(3, 4, 5)
     sizes = torch.tensor([2, 0, 3])  # int64, as torch.bincount gives

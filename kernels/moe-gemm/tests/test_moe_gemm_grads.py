@@ -10,6 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from kernel_hub import get_kernel
+
+moe = get_kernel("moe-gemm")
+
 IMPLEMENTATIONS = ("pallas", "tokamax", "xla", "xla_loop")
 SIZES = [4, 0, 9, 2]  # 15 of 17 rows: an empty group and rows past the sum
 ROWS, K, N = 17, 8, 12
@@ -27,7 +31,7 @@ def _weights(rhs, transpose_rhs: bool) -> np.ndarray:
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("transpose_rhs", [False, True])
-def test_gmm_vjp_matches_oracle(moe, implementation, transpose_rhs):
+def test_gmm_vjp_matches_oracle(implementation, transpose_rhs):
     rhs_shape = (len(SIZES), N, K) if transpose_rhs else (len(SIZES), K, N)
     lhs, rhs, cot = _arrays(0, (ROWS, K), rhs_shape, (ROWS, N))
     gs = jnp.asarray(SIZES, jnp.int32)
@@ -47,7 +51,7 @@ def test_gmm_vjp_matches_oracle(moe, implementation, transpose_rhs):
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-def test_tgmm_vjp_matches_oracle(moe, implementation):
+def test_tgmm_vjp_matches_oracle(implementation):
     lhs, grad, cot = _arrays(1, (ROWS, K), (ROWS, N), (len(SIZES), K, N))
     gs = jnp.asarray(SIZES, jnp.int32)
 
@@ -63,7 +67,7 @@ def test_tgmm_vjp_matches_oracle(moe, implementation):
 
 @pytest.mark.parametrize("implementation", ["pallas", "xla", "xla_loop"])
 @pytest.mark.parametrize("transpose_rhs", [False, True])
-def test_torch_gmm_gradcheck_f64(moe, implementation, transpose_rhs):
+def test_torch_gmm_gradcheck_f64(implementation, transpose_rhs):
     torch.manual_seed(0)
     sizes = torch.tensor([2, 0, 3], dtype=torch.int32)
     lhs = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
@@ -75,7 +79,7 @@ def test_torch_gmm_gradcheck_f64(moe, implementation, transpose_rhs):
 
 
 @pytest.mark.parametrize("implementation", ["pallas", "xla", "xla_loop"])
-def test_torch_tgmm_gradcheck_f64(moe, implementation):
+def test_torch_tgmm_gradcheck_f64(implementation):
     torch.manual_seed(1)
     sizes = torch.tensor([3, 0, 2], dtype=torch.int32)
     lhs = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
@@ -85,7 +89,7 @@ def test_torch_tgmm_gradcheck_f64(moe, implementation):
     )
 
 
-def test_torch_ops_pass_opcheck(moe):
+def test_torch_ops_pass_opcheck():
     torch.manual_seed(2)
     sizes = torch.tensor([3, 1, 0, 2], dtype=torch.int32)
     lhs = torch.randn(7, 8, requires_grad=True)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import pytest
 
+from kernel_hub import get_kernel
+
+moe = get_kernel("moe-gemm")
+
 
 def _calls(case):
     """(kind, m, k, n) of the forward gmm and the two backward kernels of a benchmark case."""
@@ -14,7 +18,7 @@ def _calls(case):
     return [("gmm", m, k, n), ("gmm", m, n, k), ("tgmm", m, k, n)]
 
 
-def test_default_tilings_are_legal_and_fit(moe):
+def test_default_tilings_are_legal_and_fit():
     tiling = moe.tiling
     checked = 0
     for case in moe.benchmark.CASES:
@@ -36,13 +40,13 @@ def test_default_tilings_are_legal_and_fit(moe):
     ("m", "tile", "problem"),
     [(64, 16, None), (64, 64, None), (37, 37, None), (64, 24, "tm=24"), (64, 8, "tm=8")],
 )
-def test_row_tiles_follow_the_bf16_sublane_rule(moe, m, tile, problem):
+def test_row_tiles_follow_the_bf16_sublane_rule(m, tile, problem):
     tiling = moe.tiling
     found = tiling.tiling_problem("gmm", m, 256, 256, "bfloat16", tiling.Tiling(tile, 256, 256))
     assert (found is None) if problem is None else (problem in found)
 
 
-def test_tiling_problems_name_the_rule(moe):
+def test_tiling_problems_name_the_rule():
     problem = moe.tiling.tiling_problem("gmm", 64, 256, 256, jnp.bfloat16,
                                         moe.tiling.Tiling(24, 200, 256))
     assert "tm=24 must equal the dimension (64) or be a multiple of 16" in problem

@@ -11,11 +11,15 @@ import pytest
 import torch
 from transformers import MixtralConfig, MixtralForCausalLM
 
+from kernel_hub import get_kernel
+
+moe = get_kernel("moe-gemm")
+
 TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def kernel_name(moe):
+def kernel_name():
     return moe.integrations.register()
 
 
@@ -26,7 +30,7 @@ def _use_orders(tables, orders) -> None:
 
 
 @pytest.fixture(params=["xla_loop", "pallas"])
-def implementation(moe, request):
+def implementation(request):
     """Run the kernel's gmm/tgmm through one implementation on CPU for the test."""
     tables = moe.implementation_tables
     saved = [table.order("cpu") for table in tables]
@@ -64,7 +68,7 @@ def input_ids():
 
 
 @pytest.mark.parametrize("stock", ["eager", "grouped_mm"])
-def test_logits_match_stock_experts(moe, kernel_name, implementation, input_ids, stock):
+def test_logits_match_stock_experts(kernel_name, implementation, input_ids, stock):
     model = tiny_mixtral(stock)
     kernel_model = with_kernel(model, kernel_name)
     table, chosen = moe.jax.GMM_TABLE, []
@@ -122,7 +126,7 @@ def test_compiled_forward_has_no_graph_break(kernel_name, input_ids):
     assert diff == 0.0
 
 
-def test_layer_swap_runs_experts_through_gmm(moe, input_ids):
+def test_layer_swap_runs_experts_through_gmm(input_ids):
     model = tiny_mixtral("eager")
     swapped = copy.deepcopy(model)
     for module in swapped.modules():

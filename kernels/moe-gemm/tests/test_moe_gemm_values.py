@@ -13,6 +13,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from kernel_hub import get_kernel
+
+moe = get_kernel("moe-gemm")
+
 IMPLEMENTATIONS = ("pallas", "tokamax", "xla", "xla_loop")
 DTYPES = ("float32", "bfloat16")
 # One shape for the property tests: 37 rows (not a multiple of any tile), 5 groups.
@@ -41,7 +45,7 @@ def _inputs(dtype: str, transpose_rhs: bool, seed: int = 0, rows=ROWS, k=K, n=N,
 
 
 @functools.cache
-def _jitted_gmm(moe, implementation: str, transpose_rhs: bool, tiling=None):
+def _jitted_gmm(implementation: str, transpose_rhs: bool, tiling=None):
     return jax.jit(
         functools.partial(
             moe.jax.gmm, transpose_rhs=transpose_rhs, implementation=implementation, tiling=tiling
@@ -50,16 +54,16 @@ def _jitted_gmm(moe, implementation: str, transpose_rhs: bool, tiling=None):
 
 
 @functools.cache
-def _jitted_tgmm(moe, implementation: str, tiling=None):
+def _jitted_tgmm(implementation: str, tiling=None):
     return jax.jit(functools.partial(moe.jax.tgmm, implementation=implementation, tiling=tiling))
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("transpose_rhs", [False, True])
-def test_gmm_matches_oracle_over_group_sizes(moe, implementation, dtype, transpose_rhs):
+def test_gmm_matches_oracle_over_group_sizes(implementation, dtype, transpose_rhs):
     lhs, rhs = _inputs(dtype, transpose_rhs)
-    gmm = _jitted_gmm(moe, implementation, transpose_rhs)
+    gmm = _jitted_gmm(implementation, transpose_rhs)
 
     @settings(max_examples=12, deadline=None)
     @given(sizes=group_sizes())
@@ -80,9 +84,9 @@ def test_gmm_matches_oracle_over_group_sizes(moe, implementation, dtype, transpo
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_tgmm_matches_oracle_over_group_sizes(moe, implementation, dtype):
+def test_tgmm_matches_oracle_over_group_sizes(implementation, dtype):
     lhs, grad = _inputs(dtype, transpose_rhs=False)[0], _inputs(dtype, False, seed=1, k=N)[0]
-    tgmm = _jitted_tgmm(moe, implementation)
+    tgmm = _jitted_tgmm(implementation)
 
     @settings(max_examples=12, deadline=None)
     @given(sizes=group_sizes())
@@ -112,7 +116,7 @@ EDGE_CASES = [
 
 @pytest.mark.parametrize(("rows", "k", "n", "sizes", "tm"), EDGE_CASES)
 @pytest.mark.parametrize("transpose_rhs", [False, True])
-def test_pallas_tiles_with_group_edges_inside(moe, rows, k, n, sizes, tm, transpose_rhs):
+def test_pallas_tiles_with_group_edges_inside(rows, k, n, sizes, tm, transpose_rhs):
     groups = len(sizes)
     lhs, rhs = _inputs("float32", transpose_rhs, rows=rows, k=k, n=n, groups=groups)
     tiling = moe.tiling.Tiling(tm, k, n)
@@ -126,7 +130,7 @@ def test_pallas_tiles_with_group_edges_inside(moe, rows, k, n, sizes, tm, transp
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-def test_preferred_element_type_sets_output_dtype(moe, implementation):
+def test_preferred_element_type_sets_output_dtype(implementation):
     lhs, rhs = _inputs("bfloat16", transpose_rhs=True)
     sizes = [10, 0, 20, 7, 0]
     out = moe.jax.gmm(lhs, rhs, jnp.asarray(sizes, jnp.int32), transpose_rhs=True,
@@ -137,7 +141,7 @@ def test_preferred_element_type_sets_output_dtype(moe, implementation):
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
-def test_empty_dimensions_give_empty_or_zero_results(moe, implementation):
+def test_empty_dimensions_give_empty_or_zero_results(implementation):
     gs = jnp.asarray([0, 0], jnp.int32)
     out = moe.jax.gmm(jnp.zeros((0, 8)), jnp.ones((2, 8, 16)), gs, implementation=implementation)
     assert out.shape == (0, 16)
