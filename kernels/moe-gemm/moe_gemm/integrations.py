@@ -13,6 +13,10 @@ from .routing import Routing, combine, gather_tokens, route
 from .torch_ops import gmm
 
 DEFAULT_NAME = "kernel_hub_moe_gemm"
+# What kernelize() checks before switching a model in a given mode (tested: fullgraph compile
+# without graph breaks, and training gradients).
+can_torch_compile = True
+has_backward = True
 
 
 def _grouped_linear(
