@@ -14,8 +14,10 @@ from kernel_hub.platform import Platform
 
 from .reference import TGMM_DIMS, gmm_dims
 
-# Tokamax's Mosaic TPU ragged_dot refuses operands with a dimension below this.
+# Tokamax's Mosaic TPU ragged_dot refuses operands with a dimension below this, and TPUs older
+# than this generation (its ``supported_on``: "Not supported on TPU v4").
 MOSAIC_MIN_DIM = 128
+MOSAIC_MIN_GENERATION = 5
 
 
 def _tokamax():
@@ -39,7 +41,14 @@ def problem(platform: Platform, *dims: int) -> str | None:
     """Why Tokamax cannot run here (not installed, or dimensions its TPU kernel refuses)."""
     if importlib.util.find_spec("tokamax") is None:
         return "tokamax is not installed (pip install 'kernel-hub[tokamax]')"
-    if platform == "tpu" and min(dims) < MOSAIC_MIN_DIM:
+    if platform != "tpu":
+        return None
+    from jax.experimental.pallas import tpu as pltpu
+
+    generation = pltpu.get_tpu_info().generation
+    if generation < MOSAIC_MIN_GENERATION:
+        return f"Tokamax's Mosaic TPU ragged_dot needs TPU v5 or newer, this is v{generation}"
+    if min(dims) < MOSAIC_MIN_DIM:
         return f"Tokamax's Mosaic TPU ragged_dot needs every dimension >= 128, got {dims}"
     return None
 

@@ -39,7 +39,7 @@ def test_pallas_compiles_for_generation(generation, direction, record_property):
 
 
 def test_tpu_dispatch_explains_why_implementations_are_skipped():
-    """On TPU: tokamax's Mosaic kernel refuses dimensions below 128, pallas refuses f64."""
+    """On TPU: tokamax's Mosaic kernel refuses dimensions below 128 and TPU v4, pallas f64."""
     decode = jax.ShapeDtypeStruct((2, 4096), jnp.bfloat16)
     weights = jax.ShapeDtypeStruct((8, 28672, 4096), jnp.bfloat16)
     sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
@@ -51,3 +51,8 @@ def test_tpu_dispatch_explains_why_implementations_are_skipped():
         f64 = jax.ShapeDtypeStruct((2, 4096), jnp.float64)
         with pytest.raises(NoImplementationError, match="float64 runs only in interpret mode"):
             moe.jax.GMM_TABLE.select(f64, weights, sizes, **kwargs, implementation="pallas")
+    prefill = jax.ShapeDtypeStruct((16384, 4096), jnp.bfloat16)
+    with jax.default_device(tpu_device("v4")):
+        verdicts = dict(moe.jax.GMM_TABLE.explain(prefill, weights, sizes, **kwargs))
+        assert "needs TPU v5 or newer, this is v4" in verdicts["tokamax"]
+        assert verdicts["pallas"] is None
