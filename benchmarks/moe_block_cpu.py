@@ -4,7 +4,11 @@ Compares Transformers' ``eager`` and ``grouped_mm`` experts with the moe-gemm ke
 ``experts_forward`` running each gmm implementation (xla_loop, xla, tokamax, pallas in interpret
 mode). One process, f32, random weights, E=8, H=1024, I=2048, top-2 by default.
 
-    PYTHONPATH=. python benchmarks/moe_block_cpu.py [--tokens 1 16 256] [--repeats 20]
+    PYTHONPATH=. python benchmarks/moe_block_cpu.py [--tokens 1 16 256] [--repeats 20] \
+        [--json benchmarks/moe_block_cpu.json]
+
+The recorded run is benchmarks/moe_block_cpu.json (benchmarks/results/ holds only
+``kernel-hub bench`` / ``compile-check`` records).
 
 OMP_WAIT_POLICY defaults to PASSIVE here: with JAX's CPU client in the same process, torch's
 spinning OpenMP workers and XLA's threads fight over the cores and every torch op slows down
