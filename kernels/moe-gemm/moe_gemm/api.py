@@ -291,3 +291,47 @@ def tgmm(
     return TGMM_TABLE(
         lhs, grad, sizes, out_dtype=out_dtype, tiling=tiling, implementation=implementation
     )
+
+
+def gmm_vjp(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    dout: jax.Array,
+    *,
+    transpose_rhs: bool = False,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """(dlhs, drhs) of ``gmm`` for the output cotangent ``dout`` [m, n], without the forward
+    (what ``jax.vjp`` of ``gmm`` computes, for callers that keep no forward residuals)."""
+    check_gmm_inputs(lhs, rhs, group_sizes, transpose_rhs)
+    if 0 in (lhs.shape[0], lhs.shape[1], _gmm_n(rhs, transpose_rhs)):
+        return jnp.zeros_like(lhs), jnp.zeros_like(rhs)
+    sizes = sanitized_sizes(jnp.asarray(group_sizes), lhs.shape[0])
+    chosen = GMM_TABLE.select(
+        lhs, rhs, sizes, transpose_rhs=transpose_rhs, out_dtype=lhs.dtype, tiling=None,
+        implementation=implementation,
+    )
+    return vjp.gmm_backward(
+        BACKENDS[chosen.name], lhs, rhs, sizes, dout, transpose_rhs=transpose_rhs
+    )
+
+
+def tgmm_vjp(
+    lhs: jax.Array,
+    grad: jax.Array,
+    group_sizes: jax.Array,
+    dout: jax.Array,
+    *,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """(dlhs, dgrad) of ``tgmm`` for the output cotangent ``dout`` [E, k, n], without the
+    forward."""
+    check_tgmm_inputs(lhs, grad, group_sizes)
+    if 0 in (lhs.shape[0], lhs.shape[1], grad.shape[1]):
+        return jnp.zeros_like(lhs), jnp.zeros_like(grad)
+    sizes = sanitized_sizes(jnp.asarray(group_sizes), lhs.shape[0])
+    chosen = TGMM_TABLE.select(
+        lhs, grad, sizes, out_dtype=lhs.dtype, tiling=None, implementation=implementation
+    )
+    return vjp.tgmm_backward(BACKENDS[chosen.name], lhs, grad, sizes, dout)

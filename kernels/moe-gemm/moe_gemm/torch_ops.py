@@ -1,4 +1,5 @@
-"""The gmm and tgmm torch ops, built with kernel-hub's bridge (autograd from the JAX VJP)."""
+"""The gmm and tgmm torch ops, built with kernel-hub's bridge; their backward ops run the
+backward kernels directly (``api.gmm_vjp`` / ``api.tgmm_vjp``)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,21 @@ def _tgmm_jax(lhs, grad, group_sizes, *, preferred_element_type, implementation)
     )
 
 
+def _gmm_backward(inputs, outputs, cotangents, *, transpose_rhs, preferred_element_type,
+                  implementation):
+    return api.gmm_vjp(
+        inputs["lhs"], inputs["rhs"], inputs["group_sizes"], cotangents[0],
+        transpose_rhs=transpose_rhs, implementation=implementation,
+    )
+
+
+def _tgmm_backward(inputs, outputs, cotangents, *, preferred_element_type, implementation):
+    return api.tgmm_vjp(
+        inputs["lhs"], inputs["grad"], inputs["group_sizes"], cotangents[0],
+        implementation=implementation,
+    )
+
+
 def _check_sizes_when_readable(op: str, group_sizes: torch.Tensor, rows: int) -> None:
     """Check group size values of real CPU tensors; fake tensors (torch.compile tracing) have
     none, and reading an accelerator tensor would stall it (see ``api`` for what happens then)."""
@@ -35,7 +51,10 @@ def _check_sizes_when_readable(op: str, group_sizes: torch.Tensor, rows: int) ->
         api.check_group_size_values(op, group_sizes.tolist(), rows)
 
 
-@jax_op(op_namespace(__name__), _gmm_jax, differentiable=("lhs", "rhs"))
+# The backward runs only the two backward kernels: no forward recomputed (and left to DCE).
+@jax_op(
+    op_namespace(__name__), _gmm_jax, differentiable=("lhs", "rhs"), jax_backward=_gmm_backward
+)
 def gmm(
     lhs: torch.Tensor,
     rhs: torch.Tensor,
@@ -50,7 +69,9 @@ def gmm(
     _check_sizes_when_readable("gmm", group_sizes, lhs.shape[0])
 
 
-@jax_op(op_namespace(__name__), _tgmm_jax, differentiable=("lhs", "grad"))
+@jax_op(
+    op_namespace(__name__), _tgmm_jax, differentiable=("lhs", "grad"), jax_backward=_tgmm_backward
+)
 def tgmm(
     lhs: torch.Tensor,
     grad: torch.Tensor,

@@ -42,12 +42,7 @@ def _gmm_fwd(backend, transpose_rhs, out_dtype, tiling, lhs, rhs, sizes):
 
 
 def _gmm_bwd(backend, transpose_rhs, out_dtype, tiling, residuals, dout):
-    lhs, rhs, sizes = residuals
-    dout = dout.astype(lhs.dtype)
-    dlhs = _gmm(backend, not transpose_rhs, lhs.dtype, None, dout, rhs, sizes)
-    x, y = (dout, lhs) if transpose_rhs else (lhs, dout)
-    drhs = _tgmm(backend, rhs.dtype, None, x, y, sizes)
-    return dlhs, drhs, None
+    return (*gmm_backward(backend, *residuals, dout, transpose_rhs=transpose_rhs), None)
 
 
 _gmm.defvjp(_gmm_fwd, _gmm_bwd)
@@ -63,11 +58,7 @@ def _tgmm_fwd(backend, out_dtype, tiling, lhs, grad, sizes):
 
 
 def _tgmm_bwd(backend, out_dtype, tiling, residuals, dout):
-    lhs, grad, sizes = residuals
-    dout = dout.astype(lhs.dtype)
-    dlhs = _gmm(backend, True, lhs.dtype, None, grad, dout, sizes)
-    dgrad = _gmm(backend, False, grad.dtype, None, lhs, dout, sizes)
-    return dlhs, dgrad, None
+    return (*tgmm_backward(backend, *residuals, dout), None)
 
 
 _tgmm.defvjp(_tgmm_fwd, _tgmm_bwd)
@@ -81,3 +72,21 @@ def gmm(backend: Backend, lhs, rhs, group_sizes, *, transpose_rhs: bool, out_dty
 def tgmm(backend: Backend, lhs, grad, group_sizes, *, out_dtype, tiling):
     """``backend.tgmm``, differentiable in ``lhs`` and ``grad``."""
     return _tgmm(backend, out_dtype, tiling, lhs, grad, group_sizes)
+
+
+def gmm_backward(backend: Backend, lhs, rhs, group_sizes, dout, *, transpose_rhs: bool):
+    """(dlhs, drhs) of ``gmm`` for the output cotangent ``dout``; the forward is not needed."""
+    dout = dout.astype(lhs.dtype)
+    dlhs = _gmm(backend, not transpose_rhs, lhs.dtype, None, dout, rhs, group_sizes)
+    x, y = (dout, lhs) if transpose_rhs else (lhs, dout)
+    drhs = _tgmm(backend, rhs.dtype, None, x, y, group_sizes)
+    return dlhs, drhs
+
+
+def tgmm_backward(backend: Backend, lhs, grad, group_sizes, dout):
+    """(dlhs, dgrad) of ``tgmm`` for the output cotangent ``dout`` [E, k, n]."""
+    dout = dout.astype(lhs.dtype)
+    # d lhs[rows of g] = grad[rows of g] @ dout[g].T ; d grad[rows of g] = lhs[rows of g] @ dout[g]
+    dlhs = _gmm(backend, True, lhs.dtype, None, grad, dout, group_sizes)
+    dgrad = _gmm(backend, False, grad.dtype, None, lhs, dout, group_sizes)
+    return dlhs, dgrad

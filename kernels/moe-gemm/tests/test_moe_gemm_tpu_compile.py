@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.tpu_compile, pytest.mark.slow]
 # One benchmark case per generation, spread over models, projections and phases.
 CASE_PER_GENERATION = {
     "v4": "mixtral-8x7b-gate_up-prefill8192",  # v4 has the smallest scoped VMEM (16 MiB)
-    "v5e": "fine-grained-e64-down-decode16",
+    "v5e": "fine-grained-e64-down-decode256",
     "v5p": "mixtral-8x7b-down-decode1",
     "v6e": "fine-grained-e64-gate_up-prefill8192",
 }
