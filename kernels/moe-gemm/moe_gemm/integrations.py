@@ -1,0 +1,73 @@
+"""Transformers integration: an ``ExpertsInterface`` function running MoE experts through gmm.
+
+``register()`` makes ``model.set_experts_implementation(name)`` (or ``experts_implementation=name``
+at load) route every ``@use_experts_implementation`` experts module (Mixtral, Qwen2-MoE,
+Qwen3-MoE, ...) through ``experts_forward``. The router stays in torch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .routing import Routing, combine, gather_tokens, route
+from .torch_ops import gmm
+
+DEFAULT_NAME = "kernel_hub_moe_gemm"
+# What kernelize() checks before switching a model in a given mode (tested: fullgraph compile
+# without graph breaks, and training gradients).
+can_torch_compile = True
+has_backward = True
+
+
+def _grouped_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    routing: Routing,
+    weight_is_in_out: bool,
+) -> torch.Tensor:
+    """Per-expert ``x @ W.T + b`` for Transformers' [E, out, in] weights (or ``x @ W`` for
+    [E, in, out] ones), rows sorted by expert."""
+    out = gmm(x.to(weight.dtype), weight, routing.group_sizes, transpose_rhs=not weight_is_in_out)
+    if bias is not None:
+        out = out + bias[routing.expert_ids.clamp(max=weight.shape[0] - 1)]
+    return out
+
+
+def experts_forward(
+    experts: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+) -> torch.Tensor:
+    """``ExpertsInterface`` function: hidden_states [T, H], top_k_index / top_k_weights [T, k]
+    -> [T, H]. Honours the experts' ``has_gate``, ``has_bias``, ``is_transposed`` and
+    ``has_post_expert_norm`` flags set by ``use_experts_implementation``."""
+    top_k = top_k_index.shape[-1]
+    transposed = getattr(experts, "is_transposed", False)
+    has_bias = getattr(experts, "has_bias", False)
+    routing = route(top_k_index, experts.num_experts)
+    rows = gather_tokens(hidden_states, routing, top_k)
+
+    if getattr(experts, "has_gate", True):
+        bias = experts.gate_up_proj_bias if has_bias else None
+        projected = _grouped_linear(rows, experts.gate_up_proj, bias, routing, transposed)
+        activated = experts._apply_gate(projected)
+    else:
+        bias = experts.up_proj_bias if has_bias else None
+        projected = _grouped_linear(rows, experts.up_proj, bias, routing, transposed)
+        activated = experts.act_fn(projected)
+
+    bias = experts.down_proj_bias if has_bias else None
+    out = _grouped_linear(activated, experts.down_proj, bias, routing, transposed)
+    if getattr(experts, "has_post_expert_norm", False):
+        out = experts.post_expert_norm(out)
+    return combine(out, routing, top_k_weights).to(hidden_states.dtype)
+
+
+def register(name: str = DEFAULT_NAME) -> str:
+    """Register ``experts_forward`` with Transformers' ``ExpertsInterface`` under ``name``."""
+    from transformers.integrations.moe import ExpertsInterface
+
+    ExpertsInterface.register(name, experts_forward)
+    return name
