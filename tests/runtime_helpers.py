@@ -54,8 +54,11 @@ def op_cases() -> list[OpCase]:
         module = get_kernel(entry.name)
         ops = [op for op in vars(module).values() if isinstance(op, JaxOp)]
         for case in module.benchmark.CASES:
+            # The op wrapping the case's function, else the op of that name (a thin JAX wrapper
+            # can stand between a torch op and the kernel's public function).
             op = next((op for op in ops if op.jax_fn is case.fn), None)
-            if op is None:
+            op = op or getattr(module, case.fn.__name__, None)
+            if not isinstance(op, JaxOp):
                 raise LookupError(
                     f"kernel {entry.kernel}: benchmark case {case.name} calls "
                     f"{case.fn.__name__}, which backs none of its torch ops"
