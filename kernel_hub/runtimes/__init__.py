@@ -20,8 +20,9 @@ from ..import_watch import when_imported
 class Runtime(Protocol):
     """Runs a jitted JAX function on torch tensors of one device type and returns torch tensors.
 
-    ``tensors`` are nested lists of tensors and Nones; ``key`` identifies (op, role, static
-    arguments), so a runtime may cache per (key, shapes, dtypes). A runtime may also offer
+    ``tensors`` are nested lists of tensors and Nones; ``key`` is (op, role, static
+    arguments, implementation-order generation), so a runtime may cache per (key, shapes,
+    dtypes). A runtime may also offer
     ``bind(jax_fn, tensors, *, key) -> run(tensors)``: a call specialised to tensors with the same
     nesting, shapes, dtypes and device as ``tensors``, which callers that already key their
     calls by signature (the executor) use to skip the runtime's own lookup. A runtime that

@@ -93,8 +93,8 @@ def _return_annotation(outputs: Any) -> Any:
 
 
 def _op_name(key: Any, structure: Any, device: str) -> str:
-    qualname, role, static = key
-    digest = hashlib.sha256(repr((static, structure, device)).encode()).hexdigest()[:12]
+    qualname, role, *specialisation = key  # static arguments, implementation-order generation
+    digest = hashlib.sha256(repr((specialisation, structure, device)).encode()).hexdigest()[:12]
     return re.sub(r"\W", "_", f"{qualname}_{role}_{digest}")
 
 
