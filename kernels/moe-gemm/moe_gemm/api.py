@@ -110,9 +110,13 @@ def _check_concrete_sizes(op: str, group_sizes, rows: int) -> None:
 
 
 def _out_dtype(dtype, preferred_element_type):
+    """The result dtype; ``preferred_element_type`` may be a JAX, numpy or torch dtype."""
     if preferred_element_type is None:
         return jnp.dtype(dtype)
-    out = jnp.dtype(preferred_element_type)
+    try:
+        out = jnp.dtype(preferred_element_type)
+    except TypeError:  # a torch dtype (the torch op passes its argument through)
+        out = jnp.dtype(dtype_name(preferred_element_type))
     require(
         out.name in FLOAT_DTYPES,
         f"preferred_element_type must be one of {', '.join(FLOAT_DTYPES)}, got {out.name}",

@@ -6,27 +6,9 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from kernel_hub.bridge import jax_op, op_namespace, torch_to_jax_dtype
+from kernel_hub.bridge import jax_op, op_namespace
 
 from . import api
-
-
-def _jax_dtype(dtype: torch.dtype | None):
-    return None if dtype is None else torch_to_jax_dtype(dtype)
-
-
-def _gmm_jax(lhs, rhs, group_sizes, *, transpose_rhs, preferred_element_type, implementation):
-    return api.gmm(
-        lhs, rhs, group_sizes, transpose_rhs=transpose_rhs,
-        preferred_element_type=_jax_dtype(preferred_element_type), implementation=implementation,
-    )
-
-
-def _tgmm_jax(lhs, grad, group_sizes, *, preferred_element_type, implementation):
-    return api.tgmm(
-        lhs, grad, group_sizes, preferred_element_type=_jax_dtype(preferred_element_type),
-        implementation=implementation,
-    )
 
 
 def _gmm_backward(inputs, outputs, cotangents, *, transpose_rhs, preferred_element_type,
@@ -53,7 +35,7 @@ def _check_sizes_when_readable(op: str, group_sizes: torch.Tensor, rows: int) ->
 
 # The backward runs only the two backward kernels: no forward recomputed (and left to DCE).
 @jax_op(
-    op_namespace(__name__), _gmm_jax, differentiable=("lhs", "rhs"), jax_backward=_gmm_backward
+    op_namespace(__name__), api.gmm, differentiable=("lhs", "rhs"), jax_backward=_gmm_backward
 )
 def gmm(
     lhs: torch.Tensor,
@@ -70,7 +52,7 @@ def gmm(
 
 
 @jax_op(
-    op_namespace(__name__), _tgmm_jax, differentiable=("lhs", "grad"), jax_backward=_tgmm_backward
+    op_namespace(__name__), api.tgmm, differentiable=("lhs", "grad"), jax_backward=_tgmm_backward
 )
 def tgmm(
     lhs: torch.Tensor,

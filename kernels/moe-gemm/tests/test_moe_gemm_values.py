@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import moe_gemm_oracle as oracle
 import numpy as np
 import pytest
+import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -147,3 +148,13 @@ def test_empty_dimensions_give_empty_or_zero_results(implementation):
     assert out.shape == (0, 16)
     grads = moe.jax.tgmm(jnp.zeros((0, 8)), jnp.zeros((0, 16)), gs, implementation=implementation)
     assert grads.shape == (2, 8, 16) and not np.any(np.asarray(grads))
+
+
+def test_torch_op_takes_a_torch_preferred_element_type():
+    lhs, rhs = _inputs("bfloat16", transpose_rhs=True)
+    sizes = [10, 0, 20, 7, 0]
+    to_torch = lambda a: torch.from_numpy(np.asarray(a, np.float32)).bfloat16()
+    out = moe.gmm(to_torch(lhs), to_torch(rhs), torch.tensor(sizes, dtype=torch.int32), True,
+                  torch.float32)
+    assert out.dtype == torch.float32
+    oracle.assert_close(out.numpy(), oracle.gmm(lhs, rhs, sizes, True), "float32", "torch op")
