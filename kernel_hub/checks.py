@@ -31,6 +31,15 @@ def check_dtype(op: str, arg: str, value: Any, allowed: Iterable[str]) -> str:
     return name
 
 
+def check_same_dtype(op: str, first: str, a: Any, second: str, b: Any) -> None:
+    """Two arguments that must share a dtype (a kernel computes in one input type)."""
+    require(
+        dtype_name(a.dtype) == dtype_name(b.dtype),
+        f"{op}: {first} is {dtype_name(a.dtype)} but {second} is {dtype_name(b.dtype)}; "
+        f"cast them to one dtype",
+    )
+
+
 def check_rank(op: str, arg: str, value: Any, rank: int | tuple[int, int]) -> None:
     """``rank`` is exact, or a (min, max) range."""
     ndim = len(value.shape)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernel_hub.checks import check_dtype, check_rank, dtype_name, require
+from kernel_hub.checks import check_dtype, check_rank, check_same_dtype, dtype_name, require
 from kernel_hub.dispatch import Implementation, ImplementationTable
 from kernel_hub.platform import Platform, jax_platform
 
@@ -48,11 +48,7 @@ def check_gmm_inputs(lhs, rhs, group_sizes, transpose_rhs: bool = False) -> None
     check_rank(op, "rhs", rhs, 3)
     check_dtype(op, "lhs", lhs, FLOAT_DTYPES)
     check_dtype(op, "rhs", rhs, FLOAT_DTYPES)
-    require(
-        dtype_name(lhs.dtype) == dtype_name(rhs.dtype),
-        f"{op}: lhs is {dtype_name(lhs.dtype)} but rhs is {dtype_name(rhs.dtype)}; "
-        f"cast them to one dtype",
-    )
+    check_same_dtype(op, "lhs", lhs, "rhs", rhs)
     k_axis = 2 if transpose_rhs else 1
     layout = "[E, n, k] (transpose_rhs=True)" if transpose_rhs else "[E, k, n]"
     require(
@@ -70,11 +66,7 @@ def check_tgmm_inputs(lhs, grad, group_sizes) -> None:
     check_rank(op, "grad", grad, 2)
     check_dtype(op, "lhs", lhs, FLOAT_DTYPES)
     check_dtype(op, "grad", grad, FLOAT_DTYPES)
-    require(
-        dtype_name(lhs.dtype) == dtype_name(grad.dtype),
-        f"{op}: lhs is {dtype_name(lhs.dtype)} but grad is {dtype_name(grad.dtype)}; "
-        f"cast them to one dtype",
-    )
+    check_same_dtype(op, "lhs", lhs, "grad", grad)
     require(
         lhs.shape[0] == grad.shape[0],
         f"{op}: lhs {tuple(lhs.shape)} and grad {tuple(grad.shape)} need the same number of rows",
