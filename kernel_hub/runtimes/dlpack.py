@@ -1,7 +1,8 @@
 """CPU and CUDA tensors: zero-copy DLPack exchange with JAX around an AOT-compiled executable.
 
-Per call: make inputs contiguous, import them (``exchange.py``), look the executable up by
-(key, device, shapes, dtypes), run it, export the outputs. Compiling happens once per signature
+Per call: make inputs contiguous, import them (``exchange.py``; small CPU inputs are copied into
+reused buffers instead, ``staging.py``), look the executable up by (key, device, shapes, dtypes),
+run it, export the outputs. Compiling happens once per signature
 (``aot.py``). Outputs are fresh XLA buffers, never the inputs, and torch owns them afterwards.
 """
 
@@ -16,6 +17,7 @@ from ..errors import UnsupportedDeviceError
 from ..tensors import needs_x64, tensor_leaves, x64_scope
 from .aot import compile_for
 from .exchange import Exchange, exchange_for
+from .staging import InputStaging, synchronous_cpu_dispatch
 
 # Re-exported for runtimes and callers that imported them from here.
 __all__ = ["RUNTIME", "DLPackRuntime", "needs_x64", "tensor_leaves", "x64_scope"]
@@ -96,15 +98,28 @@ class DLPackRuntime:
         to_jax, to_torch = exchange.to_jax, exchange.to_torch
         if any(isinstance(t, (list, tuple)) for t in tensors):
             return lambda tensors: _export(executable(*_import(tensors, to_jax, [])), to_torch)
+        staging = None
+        if exchange.name == "internal" and synchronous_cpu_dispatch():
+            staging = InputStaging(tensors, to_jax)
+
+        def export(out: Any) -> Any:
+            return tuple(map(to_torch, out)) if isinstance(out, (tuple, list)) else to_torch(out)
 
         def run(tensors: Sequence[Any]) -> Any:  # a flat list: the common forward case
+            if staging is not None and staging.acquire():
+                try:
+                    out = executable(*staging.arrays(tensors))
+                    if not staging.aliased(out):
+                        return export(out)
+                finally:
+                    staging.release()
             out = executable(
                 *[
                     None if t is None else to_jax(t if t.is_contiguous() else t.contiguous())
                     for t in tensors
                 ]
             )
-            return tuple(map(to_torch, out)) if isinstance(out, (tuple, list)) else to_torch(out)
+            return export(out)
 
         return run
 

@@ -1,0 +1,85 @@
+"""Reused input buffers for small CPU tensors, so a bridged call skips per-call DLPack imports.
+
+Importing a tensor through DLPack makes a new JAX array on every call (~6 us), and XLA's CPU
+client spends another ~10-15 us the first time an executable runs on an array it has not seen.
+A decode step's activations are a few KiB, so for them that is most of a bridged call. Copying
+such a tensor into a buffer JAX already holds costs ~1-2 us instead: a bound call keeps, per small
+input, one torch tensor that shares memory with one JAX array, copies the argument into it and
+passes the array. Parameters are not staged (``parameter_arrays.py`` already reuses their arrays)
+and neither are inputs over ``MAX_STAGED_BYTES``, where the copy would cost more than the import.
+
+Safety: the buffers belong to one bound call and are used under its lock, held until the outputs
+are torch tensors. Staging is used only while JAX runs CPU computations synchronously (kernel-hub's
+default thread policy), so the computation has finished reading the buffers when the lock is
+released. A call that finds the lock taken (another thread, re-entry) imports as usual. XLA
+outputs are fresh buffers; if an output ever aliased a staged input, staging turns itself off.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+MAX_STAGED_BYTES = 64 * 1024
+
+
+def synchronous_cpu_dispatch() -> bool:
+    """Whether JAX runs CPU computations on the calling thread (see ``threads.py``)."""
+    import jax
+
+    return not jax.config.read("jax_cpu_enable_async_dispatch")
+
+
+class InputStaging:
+    """Staging buffers for the small, non-parameter tensors of one bound call signature."""
+
+    def __init__(self, tensors: Sequence[Any], to_jax: Callable[[Any], Any]):
+        import torch
+
+        self._lock = threading.Lock()
+        self._to_jax = to_jax
+        self._slots: dict[int, tuple[Any, Any]] = {}  # position -> (torch buffer, JAX array)
+        for position, tensor in enumerate(tensors):
+            if (
+                tensor is None
+                or type(tensor) is torch.nn.Parameter
+                or tensor.numel() * tensor.element_size() > MAX_STAGED_BYTES
+            ):
+                continue
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype)
+            array = to_jax(buffer)
+            if array.unsafe_buffer_pointer() == buffer.data_ptr():  # zero-copy import only
+                self._slots[position] = (buffer, array)
+        self._pointers = {array.unsafe_buffer_pointer() for _, array in self._slots.values()}
+        self.enabled = bool(self._slots)
+
+    def acquire(self) -> bool:
+        """Take the buffers for one call; False when staging is off or they are in use."""
+        return self.enabled and self._lock.acquire(blocking=False)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def arrays(self, tensors: Sequence[Any]) -> list[Any]:
+        """The JAX arguments: staged tensors copied into their buffers, the others imported."""
+        slots, to_jax = self._slots, self._to_jax
+        arrays = []
+        for position, tensor in enumerate(tensors):
+            slot = slots.get(position)
+            if slot is not None:
+                slot[0].copy_(tensor)
+                arrays.append(slot[1])
+            elif tensor is None:
+                arrays.append(None)
+            else:
+                arrays.append(to_jax(tensor if tensor.is_contiguous() else tensor.contiguous()))
+        return arrays
+
+    def aliased(self, outputs: Any) -> bool:
+        """Whether an output shares a staged buffer; if so, staging is turned off for good."""
+        leaves = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        if any(leaf.unsafe_buffer_pointer() in self._pointers for leaf in leaves):
+            self.enabled = False
+            return True
+        return False

@@ -1,0 +1,115 @@
+"""Staging buffers for small CPU inputs (runtimes/staging.py): values, isolation between calls and
+threads, what is staged, and the fallbacks."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import pytest
+import torch
+
+from kernel_hub.runtimes import dlpack, staging
+from kernel_hub.runtimes.exchange import exchange_for
+
+
+def _scale(x, w):
+    return x * w
+
+
+@pytest.fixture()
+def runtime():
+    return dlpack.DLPackRuntime()
+
+
+@pytest.fixture()
+def recorded(monkeypatch):
+    """Every InputStaging the DLPack runtime makes."""
+    made: list[staging.InputStaging] = []
+
+    class Recording(staging.InputStaging):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(dlpack, "InputStaging", Recording)
+    return made
+
+
+def _bound(runtime, x, w):
+    return runtime.bind(jax.jit(_scale), [x, w], key=("staging-test", tuple(x.shape)))
+
+
+def test_each_call_sees_its_own_inputs_and_keeps_its_output(runtime, recorded):
+    w = torch.randn(16)
+    run = _bound(runtime, torch.randn(4, 16), w)
+    inputs = [torch.randn(4, 16) for _ in range(5)]
+    outputs = [run([x, w]) for x in inputs]
+    (made,) = recorded
+    assert made.enabled and set(made._slots) == {0, 1}
+    for x, out in zip(inputs, outputs, strict=True):  # earlier outputs are not overwritten
+        torch.testing.assert_close(out, x * w)
+
+
+def test_non_contiguous_inputs_are_copied_in_order(runtime, recorded):
+    w = torch.randn(16)
+    run = _bound(runtime, torch.randn(4, 16), w)
+    x = torch.randn(16, 4).t()
+    torch.testing.assert_close(run([x, w]), x * w)
+    assert recorded[0].enabled
+
+
+def test_large_inputs_and_parameters_are_imported(runtime, recorded):
+    rows = staging.MAX_STAGED_BYTES // (16 * 4) + 1
+    x, w = torch.randn(rows, 16), torch.nn.Parameter(torch.randn(16), requires_grad=False)
+    run = _bound(runtime, x, w)
+    torch.testing.assert_close(run([x, w]), x * w)
+    assert recorded[0]._slots == {} and not recorded[0].enabled
+
+
+def test_busy_buffers_fall_back_to_importing(runtime, recorded):
+    w = torch.randn(16)
+    run = _bound(runtime, torch.randn(4, 16), w)
+    (made,) = recorded
+    assert made.acquire()  # as another thread mid-call would hold them
+    try:
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(run([x, w]), x * w)
+    finally:
+        made.release()
+
+
+def test_threads_do_not_see_each_others_inputs(runtime):
+    w = torch.randn(16)
+    run = _bound(runtime, torch.randn(4, 16), w)
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        for _ in range(300):
+            x = torch.randn(4, 16, generator=generator)
+            if not torch.equal(run([x, w]), x * w):
+                errors.append(f"thread {seed}: wrong result")
+                return
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
+def test_no_staging_while_jax_dispatches_asynchronously(runtime, recorded, monkeypatch):
+    monkeypatch.setattr(dlpack, "synchronous_cpu_dispatch", lambda: False)
+    x, w = torch.randn(4, 16), torch.randn(16)
+    torch.testing.assert_close(_bound(runtime, x, w)([x, w]), x * w)
+    assert recorded == []
+
+
+def test_an_output_sharing_a_staged_buffer_turns_staging_off():
+    to_jax = exchange_for("cpu", jax.devices("cpu")[0]).to_jax
+    buffers = staging.InputStaging([torch.randn(4, 16)], to_jax)
+    (array,) = buffers.arrays([torch.randn(4, 16)])
+    assert not buffers.aliased(array + 1)
+    assert buffers.aliased((array,)) and not buffers.enabled and not buffers.acquire()
