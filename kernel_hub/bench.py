@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import threads
 from .cases import (
     CPU_TAG,
     KernelCase,
@@ -285,6 +286,9 @@ def run_benchmarks(
         if torch_threads < 1:
             raise KernelInputError(f"torch threads must be >= 1, got {torch_threads}")
         torch.set_num_threads(torch_threads)
+    # Torch-op rows measure the bridge as users get it: its thread policy must be in force before
+    # the harness itself starts JAX's backends.
+    threads.apply_default_policy()
     device = jax_default_device()
     # taken before the runs, so its load average is the one they met
     provenance = {**header(command), "torch_threads": torch.get_num_threads()}

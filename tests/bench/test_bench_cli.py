@@ -115,3 +115,19 @@ def test_bad_options_say_what_is_valid(flags, message, capsys):
 def test_no_op_named(capsys):
     assert main(["bench"]) == 2
     assert "name at least one op" in capsys.readouterr().err
+
+
+def test_harness_applies_the_bridge_thread_policy_before_starting_jax():
+    """Otherwise torch-op rows would time JAX's async CPU dispatch, which users never get."""
+    import subprocess
+    import sys
+
+    child = (
+        "import jax; from kernel_hub.bench import run_benchmarks; "
+        "run_benchmarks([], command='test'); "
+        "print(jax.config.read('jax_cpu_enable_async_dispatch'))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert result.stdout.split()[-1] == "False"
