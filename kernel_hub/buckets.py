@@ -80,7 +80,12 @@ class RowLayout:
     def pad(self, tensor: Any, *, zeros: bool = False) -> Any:
         """``[*lead, *features]`` -> ``[padded, *features]``; filler rows repeat the last row, or
         are zeros (for cotangents)."""
-        flat = tensor.reshape((self.rows, *tensor.shape[len(self.lead) :]))
+        # view() when it can: half of reshape()'s cost on a small tensor (one dispatch, not two)
+        features = tensor.shape[len(self.lead) :]
+        if tensor.is_contiguous():
+            flat = tensor.view(self.rows, *features)
+        else:
+            flat = tensor.reshape(self.rows, *features)
         extra = self.padded - self.rows
         if extra == 0:
             return flat
@@ -94,4 +99,4 @@ class RowLayout:
         """``[padded, *features]`` -> ``[*lead, *features]`` (a view of the real rows)."""
         if self.padded != self.rows:
             tensor = tensor[: self.rows]
-        return tensor.view(self.lead + tensor.shape[1:])
+        return tensor.view(*self.lead, *tensor.shape[1:])
