@@ -128,6 +128,7 @@ def test_no_host_copy_inside_kernel_ops(report):
     assert report["host_copies_inside_ops"] == 0
     assert report["inputs_not_passed_as_is"] == 0
     assert report["outputs_not_wrapped_as_is"] == 0
+    assert report["kernel_functions_not_jitted"] == 0
 
 
 def test_greedy_generation_gives_the_stock_models_tokens(report):

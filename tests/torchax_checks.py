@@ -109,12 +109,19 @@ MODELS = {
 class OpWatch:
     """Watches the torchax runtime from inside kernel ops.
 
-    Copies are caught three ways: the JAX function must receive the very arrays inside the input
-    tensors and the output tensors must wrap the very arrays it returned (any host round trip makes
-    new arrays); torchax's own host copies (``j2t_copy``/``t2j_copy``) are counted; JAX's
-    device-to-host transfer guard is set to "disallow" (it fires on accelerators; on the CPU
-    backend reading an array is zero-copy and not a transfer). Calls are counted per op and role
-    (forward, backward) from the key the executor passes to the runtime.
+    Host copies and reads are caught four ways. The JAX function must receive the very arrays
+    inside the input tensors and the output tensors must wrap the very arrays it returned (any
+    host round trip makes new arrays). It must be a jitted function: inside, its arguments are
+    tracers, so the kernel cannot read a value on the host at all (a group size, say). The host
+    paths of torchax (``j2t_copy``/``t2j_copy``, behind ``.torch()``; a tensor's
+    ``.numpy()``/``.tolist()``) and of JAX arrays (``item()``, and ``tolist()``, ``int()``,
+    ``bool()``, ``jax.device_get`` through ``_value``) are counted while an op runs. JAX's
+    device-to-host transfer guard is set to "disallow"; it fires on accelerators only, and it is
+    what would catch ``np.asarray`` of a JAX array, which on the CPU backend reads the buffer
+    directly (zero-copy) without passing through any of the above.
+
+    Calls are counted per op and role (forward, backward) from the key the executor passes to
+    the runtime.
     """
 
     def __init__(self, runtime, torchax) -> None:
@@ -122,13 +129,21 @@ class OpWatch:
         self.host_copies = 0
         self.copied_inputs = 0
         self.copied_outputs = 0
+        self.not_jitted = 0
         self.inside = False
         self._dispatch, self._call = runtime.dispatch, runtime.call
         runtime.dispatch, runtime.call = self.dispatch, self.call
-        environment = torchax.tensor.Environment
-        for name in ("j2t_copy", "t2j_copy"):
-            setattr(environment, name, self._counting(getattr(environment, name)))
         self.tensor_type = torchax.tensor.Tensor
+        array_type = type(jax.numpy.zeros(()))
+        host_paths = [
+            (torchax.tensor.Environment, ("j2t_copy", "t2j_copy")),
+            (self.tensor_type, ("numpy", "tolist")),
+            (array_type, ("item",)),
+        ]
+        for owner, names in host_paths:
+            for name in names:
+                setattr(owner, name, self._counting(getattr(owner, name)))
+        array_type._value = property(self._counting(array_type._value.fget))
 
     def _counting(self, function):
         def counted(*args, **kwargs):
@@ -150,6 +165,7 @@ class OpWatch:
         qualname, role = key[:2]
         roles = self.calls.setdefault(qualname.rpartition("::")[2], {})
         roles[role] = roles.get(role, 0) + 1
+        self.not_jitted += not hasattr(jax_fn, "lower")
         received, returned = [], []
 
         def spy(*arrays):
@@ -344,6 +360,7 @@ def main(model_name: str) -> None:
         "host_copies_inside_ops": watch.host_copies,
         "inputs_not_passed_as_is": watch.copied_inputs,
         "outputs_not_wrapped_as_is": watch.copied_outputs,
+        "kernel_functions_not_jitted": watch.not_jitted,
         "implementations": {s.op: sorted(s.chosen) for s in selections},
     }
     print(json.dumps(report))
