@@ -1,4 +1,5 @@
-"""torchax ("jax" device): a tiny Llama with kernel-hub's layers against the stock CPU model.
+"""torchax ("jax" device): tiny Llama and Mixtral with kernel-hub's layers against the stock CPU
+model.
 
 torchax renames torch's PrivateUse1 device and breaks torch.compile in any process that imports it,
 so the checks run in a subprocess per model (torchax_checks.py) that prints a report; the
@@ -43,9 +44,19 @@ EXPECTED = {
     "llama": Expected(
         swapped_by_hand={"RMSNorm": NORMS},
         kernelize_swapped={"RMSNorm": NORMS},
-        params_by_kind={"norm": NORMS},
+        params_by_kind={"norm": NORMS, "router": 0, "experts": 0},
         kernels_in_training_step=("rms_norm_backward", "rms_norm_forward"),
         min_forward_calls={"rms_norm": NORMS},
+    ),
+    "mixtral": Expected(
+        swapped_by_hand={"RMSNorm": NORMS, "MoEExperts": 2},
+        kernelize_swapped={"RMSNorm": NORMS, "ExpertsInterface": 2},
+        # per layer: the router, and the experts' gate_up_proj and down_proj
+        params_by_kind={"norm": NORMS, "router": 2, "experts": 4},
+        kernels_in_training_step=("moe_gmm", "moe_tgmm", "rms_norm_backward", "rms_norm_forward"),
+        # gmm: 2 per layer (gate_up, down); tgmm runs as an op of its own only in the op check
+        # (inside the model it is part of gmm's backward).
+        min_forward_calls={"rms_norm": NORMS, "gmm": 4, "tgmm": 1},
     ),
 }
 

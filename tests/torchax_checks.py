@@ -11,6 +11,7 @@ kernel ops; test_torchax.py holds the thresholds and what each model should show
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import re
 import sys
@@ -28,8 +29,8 @@ from kernel_hub.tiny_models import VOCAB_SIZE, build_tiny_model
 
 PALLAS_CALL_NAME = re.compile(r"pallas_call\[.*?\bname=(\w+)", re.S)
 # Parameter kinds counted in the report (substring of the parameter name), so a test can see
-# that the gradients compared include every norm weight.
-PARAM_KINDS = {"norm": "norm"}
+# that the gradients compared include every norm, router and expert weight.
+PARAM_KINDS = {"norm": "norm", "router": ".mlp.gate.", "experts": ".mlp.experts."}
 
 
 def numpy_of(tensor) -> np.ndarray:
@@ -48,6 +49,23 @@ def is_tensor(value) -> bool:
 # --- Torch autograd through single ops on "jax" tensors, against plain torch on the CPU. ---
 
 
+def _group_rows(group_sizes: torch.Tensor) -> list[slice]:
+    bounds = itertools.accumulate(group_sizes.tolist(), initial=0)
+    return [slice(start, stop) for start, stop in itertools.pairwise(bounds)]
+
+
+def reference_gmm(lhs, rhs, group_sizes):
+    """Rows of each group times that group's weights; rows past the groups give zeros."""
+    groups = _group_rows(group_sizes)
+    tail = lhs.new_zeros(lhs.shape[0] - groups[-1].stop, rhs.shape[2])
+    return torch.cat([*(lhs[rows] @ rhs[g] for g, rows in enumerate(groups)), tail])
+
+
+def reference_tgmm(lhs, grad, group_sizes):
+    """Each group's ``lhs[rows].T @ grad[rows]``."""
+    return torch.stack([lhs[rows].T @ grad[rows] for rows in _group_rows(group_sizes)])
+
+
 @dataclass(frozen=True)
 class OpProbe:
     """One op called on "jax" tensors with torch autograd, and its plain-torch reference."""
@@ -60,6 +78,8 @@ class OpProbe:
     static: dict
 
 
+# Group sizes leave empty groups and rows past the last group (their output is zeros).
+GROUP_SIZES = torch.tensor([4, 0, 5], dtype=torch.int32)
 OP_PROBES = {
     "rms_norm": OpProbe(
         "rmsnorm",
@@ -67,6 +87,28 @@ OP_PROBES = {
         ("x", "weight"),
         lambda x, weight, eps: F.rms_norm(x, (x.shape[-1],), weight, eps),
         {"eps": 1e-6},
+    ),
+    "gmm": OpProbe(
+        "moe-gemm",
+        lambda: {
+            "lhs": torch.randn(10, 16),
+            "rhs": torch.randn(3, 16, 8),
+            "group_sizes": GROUP_SIZES,
+        },
+        ("lhs", "rhs"),
+        reference_gmm,
+        {},
+    ),
+    "tgmm": OpProbe(
+        "moe-gemm",
+        lambda: {
+            "lhs": torch.randn(10, 16),
+            "grad": torch.randn(10, 8),
+            "group_sizes": GROUP_SIZES,
+        },
+        ("lhs", "grad"),
+        reference_tgmm,
+        {},
     ),
 }
 
@@ -103,6 +145,9 @@ class ModelCase:
 RMSNORM_SWAP = {"RMSNorm": ("rmsnorm", "RMSNorm")}
 MODELS = {
     "llama": ModelCase(RMSNORM_SWAP, ("rms_norm",)),
+    "mixtral": ModelCase(
+        {**RMSNORM_SWAP, "Experts": ("moe-gemm", "MoEExperts")}, ("rms_norm", "gmm", "tgmm")
+    ),
 }
 
 
@@ -348,7 +393,8 @@ def main(model_name: str) -> None:
         "params_with_grad_by_kind": {
             kind: sum(part in n for n in params) for kind, part in PARAM_KINDS.items()
         },
-        # A parameter whose stock gradient is zero would compare trivially equal.
+        # A parameter whose stock gradient is zero (an expert no token reached) would compare
+        # trivially equal.
         "params_with_zero_stock_grad": sorted(
             n for n in params if not np.abs(stock_params[n].grad.numpy()).max() > 0
         ),
