@@ -1,47 +1,36 @@
-"""A tiny Llama on torchax's "jax" device with kernel-hub's RMSNorm; prints a JSON report.
+"""A tiny model on torchax's "jax" device with kernel-hub's layers; prints a JSON report.
 
-Run in its own process by test_torchax.py: importing torchax renames torch's PrivateUse1 device
-and breaks torch.compile for the rest of a process. JAX runs on the CPU here, so the Pallas kernel
-runs in interpret mode (the kernel's CPU order is set to try Pallas first).
+Run in its own process by test_torchax.py, once per model: importing torchax renames torch's
+PrivateUse1 device and breaks torch.compile for the rest of a process. JAX runs on the CPU here,
+so the Pallas kernels run in interpret mode (each kernel's CPU order is set to try Pallas first).
 
 The report holds measured differences against the stock CPU model and what was seen inside the
-kernel ops; test_torchax.py holds the thresholds.
+kernel ops; test_torchax.py holds the thresholds and what each model should show.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import re
 import sys
 import types
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import jax
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from kernel_hub import get_kernel, kernelize
+from kernel_hub.tiny_models import VOCAB_SIZE, build_tiny_model
 
 PALLAS_CALL_NAME = re.compile(r"pallas_call\[.*?\bname=(\w+)", re.S)
-VOCAB = 128
-
-# name -> a tiny model; every module whose class name ends in a key of SWAPS gets that layer.
-MODELS = {
-    "llama": lambda: LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    ),
-}
-# class-name suffix -> (registry op, layer name in that kernel's ``layers``)
-SWAPS = {"RMSNorm": ("rmsnorm", "RMSNorm")}
+# Parameter kinds counted in the report (substring of the parameter name), so a test can see
+# that the gradients compared include every norm, router and expert weight.
+PARAM_KINDS = {"norm": "norm", "router": ".mlp.gate.", "experts": ".mlp.experts."}
 
 
 def numpy_of(tensor) -> np.ndarray:
@@ -57,28 +46,149 @@ def is_tensor(value) -> bool:
     return isinstance(value, torch.Tensor)
 
 
+# --- Torch autograd through single ops on "jax" tensors, against plain torch on the CPU. ---
+
+
+def _group_rows(group_sizes: torch.Tensor) -> list[slice]:
+    bounds = itertools.accumulate(group_sizes.tolist(), initial=0)
+    return [slice(start, stop) for start, stop in itertools.pairwise(bounds)]
+
+
+def reference_gmm(lhs, rhs, group_sizes):
+    """Rows of each group times that group's weights; rows past the groups give zeros."""
+    groups = _group_rows(group_sizes)
+    tail = lhs.new_zeros(lhs.shape[0] - groups[-1].stop, rhs.shape[2])
+    return torch.cat([*(lhs[rows] @ rhs[g] for g, rows in enumerate(groups)), tail])
+
+
+def reference_tgmm(lhs, grad, group_sizes):
+    """Each group's ``lhs[rows].T @ grad[rows]``."""
+    return torch.stack([lhs[rows].T @ grad[rows] for rows in _group_rows(group_sizes)])
+
+
+@dataclass(frozen=True)
+class OpProbe:
+    """One op called on "jax" tensors with torch autograd, and its plain-torch reference."""
+
+    kernel: str
+    """Registry op of the kernel that holds the torch op."""
+    inputs: Callable[[], dict[str, torch.Tensor]]
+    differentiable: tuple[str, ...]
+    reference: Callable[..., torch.Tensor]
+    static: dict
+
+
+# Group sizes leave empty groups and rows past the last group (their output is zeros).
+GROUP_SIZES = torch.tensor([4, 0, 5], dtype=torch.int32)
+OP_PROBES = {
+    "rms_norm": OpProbe(
+        "rmsnorm",
+        lambda: {"x": torch.randn(4, 64), "weight": torch.randn(64)},
+        ("x", "weight"),
+        lambda x, weight, eps: F.rms_norm(x, (x.shape[-1],), weight, eps),
+        {"eps": 1e-6},
+    ),
+    "gmm": OpProbe(
+        "moe-gemm",
+        lambda: {
+            "lhs": torch.randn(10, 16),
+            "rhs": torch.randn(3, 16, 8),
+            "group_sizes": GROUP_SIZES,
+        },
+        ("lhs", "rhs"),
+        reference_gmm,
+        {},
+    ),
+    "tgmm": OpProbe(
+        "moe-gemm",
+        lambda: {
+            "lhs": torch.randn(10, 16),
+            "grad": torch.randn(10, 8),
+            "group_sizes": GROUP_SIZES,
+        },
+        ("lhs", "grad"),
+        reference_tgmm,
+        {},
+    ),
+}
+
+
+def probe_errors(name: str, probe: OpProbe, kernel, torchax) -> dict[str, float]:
+    """Max abs differences of the output and of each gradient of ``sum(out**2)``."""
+    inputs = probe.inputs()
+    on_jax = {n: t.to("jax") for n, t in inputs.items()}
+    for n in probe.differentiable:
+        on_jax[n].requires_grad_()
+    out = getattr(kernel, name)(**on_jax, **probe.static)
+    (out * out).sum().backward()
+    with torchax.disable_temporarily():
+        on_cpu = {n: t.clone().requires_grad_(n in probe.differentiable) for n, t in inputs.items()}
+        expected = probe.reference(**on_cpu, **probe.static)
+        (expected * expected).sum().backward()
+    grads = {f"d{n}": max_abs(on_jax[n].grad, on_cpu[n].grad) for n in probe.differentiable}
+    return {"out": max_abs(out, expected), **grads}
+
+
+# --- The models. ---
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """What a model needs: the layers swapped by hand and the ops probed on their own."""
+
+    swaps: dict[str, tuple[str, str]]
+    """Class-name suffix -> (registry op, layer name in that kernel's ``layers``)."""
+    probes: tuple[str, ...]
+    """Names in OP_PROBES."""
+
+
+RMSNORM_SWAP = {"RMSNorm": ("rmsnorm", "RMSNorm")}
+MODELS = {
+    "llama": ModelCase(RMSNORM_SWAP, ("rms_norm",)),
+    "mixtral": ModelCase(
+        {**RMSNORM_SWAP, "Experts": ("moe-gemm", "MoEExperts")}, ("rms_norm", "gmm", "tgmm")
+    ),
+}
+
+
 class OpWatch:
     """Watches the torchax runtime from inside kernel ops.
 
-    Copies are caught three ways: the JAX function must receive the very arrays inside the input
-    tensors and the output tensors must wrap the very arrays it returned (any host round trip makes
-    new arrays); torchax's own host copies (``j2t_copy``/``t2j_copy``) are counted; JAX's
-    device-to-host transfer guard is set to "disallow" (it fires on accelerators; on the CPU
-    backend reading an array is zero-copy and not a transfer).
+    Host copies and reads are caught four ways. The JAX function must receive the very arrays
+    inside the input tensors and the output tensors must wrap the very arrays it returned (any
+    host round trip makes new arrays). It must be a jitted function: inside, its arguments are
+    tracers, so the kernel cannot read a value on the host at all (a group size, say). The host
+    paths of torchax (``j2t_copy``/``t2j_copy``, behind ``.torch()``; a tensor's
+    ``.numpy()``/``.tolist()``) and of JAX arrays (``item()``, and ``tolist()``, ``int()``,
+    ``bool()``, ``jax.device_get`` through ``_value``) are counted while an op runs. JAX's
+    device-to-host transfer guard is set to "disallow"; it fires on accelerators only, and it is
+    what would catch ``np.asarray`` of a JAX array, which on the CPU backend reads the buffer
+    directly (zero-copy) without passing through any of the above.
+
+    Calls are counted per op and role (forward, backward) from the key the executor passes to
+    the runtime.
     """
 
     def __init__(self, runtime, torchax) -> None:
-        self.calls: dict[str, int] = {}
+        self.calls: dict[str, dict[str, int]] = {}
         self.host_copies = 0
         self.copied_inputs = 0
         self.copied_outputs = 0
+        self.not_jitted = 0
         self.inside = False
         self._dispatch, self._call = runtime.dispatch, runtime.call
         runtime.dispatch, runtime.call = self.dispatch, self.call
-        environment = torchax.tensor.Environment
-        for name in ("j2t_copy", "t2j_copy"):
-            setattr(environment, name, self._counting(getattr(environment, name)))
         self.tensor_type = torchax.tensor.Tensor
+        array_type = type(jax.numpy.zeros(()))
+        host_paths = [
+            (torchax.tensor.Environment, ("j2t_copy", "t2j_copy")),
+            (self.tensor_type, ("numpy", "tolist")),
+            (array_type, ("item",)),
+        ]
+        for owner, names in host_paths:
+            for name in names:
+                setattr(owner, name, self._counting(getattr(owner, name)))
+        array_type._value = property(self._counting(array_type._value.fget))
 
     def _counting(self, function):
         def counted(*args, **kwargs):
@@ -89,8 +199,6 @@ class OpWatch:
         return counted
 
     def dispatch(self, implementation, args, kwargs):
-        name = implementation.__name__
-        self.calls[name] = self.calls.get(name, 0) + 1
         self.inside = True
         try:
             with jax.transfer_guard_device_to_host("disallow"):
@@ -99,6 +207,10 @@ class OpWatch:
             self.inside = False
 
     def call(self, jax_fn, tensors, *, key=None):
+        qualname, role = key[:2]
+        roles = self.calls.setdefault(qualname.rpartition("::")[2], {})
+        roles[role] = roles.get(role, 0) + 1
+        self.not_jitted += not hasattr(jax_fn, "lower")
         received, returned = [], []
 
         def spy(*arrays):
@@ -133,11 +245,11 @@ class Logits(torch.nn.Module):
         return self.model(ids, use_cache=False).logits
 
 
-def swap_layers(model, kernels) -> dict[str, int]:
+def swap_layers(model, swaps, kernels) -> dict[str, int]:
     """Replace matching modules' forward by the kernel layer's, by hand (as kernelize() will)."""
     swapped = {}
     for module in model.modules():
-        for suffix, (op, layer) in SWAPS.items():
+        for suffix, (op, layer) in swaps.items():
             if type(module).__name__.endswith(suffix):
                 layer_class = getattr(kernels[op].layers, layer)
                 module.forward = types.MethodType(layer_class.forward, module)
@@ -149,6 +261,7 @@ class RecordingSelection:
     """Records which implementation a kernel's implementation table picks."""
 
     def __init__(self, table) -> None:
+        self.op = table.op
         self.chosen: set[str] = set()
         self._select = table.select
         table.select = self.select
@@ -160,19 +273,20 @@ class RecordingSelection:
 
 
 def main(model_name: str) -> None:
-    torch.manual_seed(0)
+    case = MODELS[model_name]
     # Kernels load before torchax exists: their ops are registered on torchax's import.
-    kernels = {op: get_kernel(op) for op, _ in SWAPS.values()}
+    ops = {op for op, _ in case.swaps.values()} | {OP_PROBES[p].kernel for p in case.probes}
+    kernels = {op: get_kernel(op) for op in sorted(ops)}
     tables = [table for kernel in kernels.values() for table in kernel.implementation_tables]
     selections = [RecordingSelection(table) for table in tables]
-    k = kernels["rmsnorm"]
 
-    stock = MODELS[model_name]().float()
+    stock = build_tiny_model(model_name)
     ours = copy.deepcopy(stock)
     kernelized = copy.deepcopy(stock)
-    swapped = swap_layers(ours, kernels)
-    ids = torch.randint(0, VOCAB, (2, 9))
-    labels = torch.randint(0, VOCAB, (2, 9))
+    swapped = swap_layers(ours, case.swaps, kernels)
+    torch.manual_seed(0)
+    ids = torch.randint(0, VOCAB_SIZE, (2, 9))
+    labels = torch.randint(0, VOCAB_SIZE, (2, 9))
 
     import torchax
     import torchax.interop
@@ -190,9 +304,9 @@ def main(model_name: str) -> None:
     ids_jax, labels_jax = ids.to("jax"), labels.to("jax")
 
     def loss_of(logits, targets):
-        return F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+        return F.cross_entropy(logits.reshape(-1, VOCAB_SIZE), targets.reshape(-1))
 
-    # Eager forward: every RMSNorm is a kernel-hub op call on torchax tensors.
+    # Eager forward: every swapped layer is kernel-hub op calls on torchax tensors.
     logits = ours(ids_jax).logits
     with torchax.disable_temporarily():
         stock_logits = stock(ids).logits
@@ -202,27 +316,22 @@ def main(model_name: str) -> None:
 
     kernelized_logits = kernelized(ids_jax).logits
 
-    # Torch autograd through the op on "jax" tensors: the forward op, then the backward op.
-    x = torch.randn(4, 64)
-    weight = torch.randn(64)
-    x_jax = x.to("jax").requires_grad_()
-    weight_jax = weight.to("jax").requires_grad_()
-    out = k.rms_norm(x_jax, weight_jax, 1e-6)
-    (out * out).sum().backward()
-    with torchax.disable_temporarily():
-        x_ref, weight_ref = x.clone().requires_grad_(), weight.clone().requires_grad_()
-        out_ref = F.rms_norm(x_ref, (64,), weight_ref, 1e-6)
-        (out_ref * out_ref).sum().backward()
+    # Torch autograd through each op on "jax" tensors: the forward op, then the backward op.
+    op_errors = {
+        name: probe_errors(name, OP_PROBES[name], kernels[OP_PROBES[name].kernel], torchax)
+        for name in case.probes
+    }
 
     # A sliced input reaches the op as a torchax View.
     wide = torch.randn(4, 96)
+    weight = torch.randn(64)
     view = wide.to("jax")[:, :64]
-    view_out = k.rms_norm(view, weight_jax.detach(), 1e-6)
+    view_out = kernels["rmsnorm"].rms_norm(view, weight.to("jax"), 1e-6)
     with torchax.disable_temporarily():
         view_ref = F.rms_norm(wide[:, :64], (64,), weight, 1e-6)
 
     # Training step the torchax way: JAX autodiff over the model as one JAX function, eagerly
-    # and under jax.jit; the kernel's custom_vjp supplies its gradient.
+    # and under jax.jit; the kernels' custom_vjp supply their gradients.
     jittable = torchax.interop.JittableModule(Logits(ours))
     jit_logits = jittable(ids_jax)
     params = {name.removeprefix("model."): p.jax() for name, p in jittable.params.items()}
@@ -273,9 +382,7 @@ def main(model_name: str) -> None:
         "kernelize_device": kernelize_report.device,
         "kernelize_swapped": kernelize_report.counts(),
         "kernelized_logits_max_abs": max_abs(kernelized_logits, stock_logits),
-        "op_out_max_abs": max_abs(out, out_ref),
-        "op_dx_max_abs": max_abs(x_jax.grad, x_ref.grad),
-        "op_dweight_max_abs": max_abs(weight_jax.grad, weight_ref.grad),
+        "op_autograd_max_abs": op_errors,
         "view_input_type": type(view).__name__,
         "view_out_max_abs": max_abs(view_out, view_ref),
         "loss_abs": abs(float(loss) - float(stock_loss)),
@@ -283,7 +390,14 @@ def main(model_name: str) -> None:
         "grad_max_abs": grad_error(grads),
         "jit_grad_max_abs": grad_error(jit_grads),
         "params_with_grad": len(params),
-        "norm_params_with_grad": sum("norm" in n for n in params),
+        "params_with_grad_by_kind": {
+            kind: sum(part in n for n in params) for kind, part in PARAM_KINDS.items()
+        },
+        # A parameter whose stock gradient is zero (an expert no token reached) would compare
+        # trivially equal.
+        "params_with_zero_stock_grad": sorted(
+            n for n in params if not np.abs(stock_params[n].grad.numpy()).max() > 0
+        ),
         "step_max_abs": step_error,
         "kernels_in_training_step": sorted(set(PALLAS_CALL_NAME.findall(jaxpr))),
         "generated_tokens": numpy_of(generated).tolist(),
@@ -292,7 +406,8 @@ def main(model_name: str) -> None:
         "host_copies_inside_ops": watch.host_copies,
         "inputs_not_passed_as_is": watch.copied_inputs,
         "outputs_not_wrapped_as_is": watch.copied_outputs,
-        "implementations": sorted(set().union(*(s.chosen for s in selections))),
+        "kernel_functions_not_jitted": watch.not_jitted,
+        "implementations": {s.op: sorted(s.chosen) for s in selections},
     }
     print(json.dumps(report))
 
