@@ -3,6 +3,8 @@ threads, what is staged, and the fallbacks."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import jax
@@ -108,8 +110,35 @@ def test_no_staging_while_jax_dispatches_asynchronously(runtime, recorded, monke
 
 
 def test_an_output_sharing_a_staged_buffer_turns_staging_off():
-    to_jax = exchange_for("cpu", jax.devices("cpu")[0]).to_jax
-    buffers = staging.InputStaging([torch.randn(4, 16)], to_jax)
+    exchange = exchange_for("cpu", jax.devices("cpu")[0])
+    buffers = staging.InputStaging([torch.randn(4, 16)], exchange.to_jax)
     (array,) = buffers.arrays([torch.randn(4, 16)])
-    assert not buffers.aliased(array + 1)
-    assert buffers.aliased((array,)) and not buffers.enabled and not buffers.acquire()
+    assert not buffers.aliased(exchange.to_torch(array + 1))
+    assert buffers.aliased((exchange.to_torch(array),))
+    assert not buffers.enabled and not buffers.acquire()
+
+
+_MISALIGNED_INPUTS = """
+import numpy as np, torch
+from kernel_hub import get_kernel
+rms_norm = get_kernel("rmsnorm").rms_norm
+
+def misaligned(*shape):  # 4 bytes past numpy's allocation: JAX copies it on import
+    flat = torch.from_numpy(np.ones(int(np.prod(shape)) + 1, np.float32))
+    return flat[1:].view(*shape)
+
+for rows in (1, 8):  # x staged (16 KiB), x imported (128 KiB)
+    for weight in (misaligned(4096), torch.nn.Parameter(misaligned(4096))):
+        for _ in range(100):
+            out = rms_norm(misaligned(rows, 4096), weight, 1e-6)
+print("done")
+"""
+
+
+def test_inputs_jax_must_copy_do_not_deadlock():
+    """JAX copies misaligned memory on a worker thread that needs the GIL to release the tensor;
+    nothing may wait for such a buffer while holding the GIL."""
+    result = subprocess.run(
+        [sys.executable, "-c", _MISALIGNED_INPUTS], capture_output=True, text=True, timeout=180
+    )
+    assert result.stdout.split()[-1:] == ["done"], result.stderr[-3000:]

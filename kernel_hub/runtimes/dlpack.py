@@ -108,9 +108,11 @@ class DLPackRuntime:
         def run(tensors: Sequence[Any]) -> Any:  # a flat list: the common forward case
             if staging is not None and staging.acquire():
                 try:
-                    out = executable(*staging.arrays(tensors))
+                    # exported before the aliasing check: export waits for the outputs with the
+                    # GIL released (JAX workers may need it to finish a copying import)
+                    out = export(executable(*staging.arrays(tensors)))
                     if not staging.aliased(out):
-                        return export(out)
+                        return out
                 finally:
                     staging.release()
             out = executable(

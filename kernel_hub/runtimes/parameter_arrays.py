@@ -13,6 +13,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .staging import shares_memory
+
 
 def reuse_parameter_arrays(to_jax: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``to_jax`` that keeps one array per live ``torch.nn.Parameter`` (contiguous ones)."""
@@ -37,7 +39,7 @@ def reuse_parameter_arrays(to_jax: Callable[[Any], Any]) -> Callable[[Any], Any]
             return entry[2]
         # Detached, so the array holds the storage but not the parameter: the weakref can fire.
         array = to_jax(tensor.detach())
-        if array.unsafe_buffer_pointer() == tensor.data_ptr():
+        if shares_memory(array, tensor):
             identity = (tensor.data_ptr(), tensor.shape, tensor.dtype)
             entries[key] = (weakref.ref(tensor, forget(key)), identity, array)
         return array

@@ -24,6 +24,17 @@ from typing import Any
 MAX_STAGED_BYTES = 64 * 1024
 
 
+def shares_memory(array: Any, tensor: Any) -> bool:
+    """Whether a JAX array imported from ``tensor`` is zero-copy (JAX copies misaligned memory).
+
+    The import's copy may still be running on a JAX worker thread that needs the GIL to release
+    the tensor; ``unsafe_buffer_pointer`` waits for the copy while holding the GIL, so wait first
+    with ``block_until_ready``, which lets go of it.
+    """
+    array.block_until_ready()
+    return array.unsafe_buffer_pointer() == tensor.data_ptr()
+
+
 def synchronous_cpu_dispatch() -> bool:
     """Whether JAX runs CPU computations on the calling thread (see ``threads.py``)."""
     import jax
@@ -49,9 +60,9 @@ class InputStaging:
                 continue
             buffer = torch.empty(tensor.shape, dtype=tensor.dtype)
             array = to_jax(buffer)
-            if array.unsafe_buffer_pointer() == buffer.data_ptr():  # zero-copy import only
+            if shares_memory(array, buffer):
                 self._slots[position] = (buffer, array)
-        self._pointers = {array.unsafe_buffer_pointer() for _, array in self._slots.values()}
+        self._pointers = {buffer.data_ptr() for buffer, _ in self._slots.values()}
         self.enabled = bool(self._slots)
 
     def acquire(self) -> bool:
@@ -77,9 +88,10 @@ class InputStaging:
         return arrays
 
     def aliased(self, outputs: Any) -> bool:
-        """Whether an output shares a staged buffer; if so, staging is turned off for good."""
+        """Whether an output (torch tensors, exported) shares a staged buffer; if so, staging is
+        turned off for good."""
         leaves = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
-        if any(leaf.unsafe_buffer_pointer() in self._pointers for leaf in leaves):
+        if any(leaf.data_ptr() in self._pointers for leaf in leaves):
             self.enabled = False
             return True
         return False
