@@ -144,7 +144,9 @@ def _to_torch(value: Any, device: str):
     # ml_dtypes types (bfloat16, ...) are not numpy builtins and torch.from_numpy refuses them.
     host = value if value.dtype.isbuiltin == 1 else value.astype(np.float32)
     tensor = torch.from_numpy(np.ascontiguousarray(host))
-    return tensor.to(device=device, dtype=getattr(torch, value.dtype.name))
+    # copied into torch's own (64-byte aligned) memory, as a model's tensors are: numpy's
+    # 16-byte alignment would make JAX copy the input on every bridged call
+    return tensor.to(device=device, dtype=getattr(torch, value.dtype.name), copy=True)
 
 
 def _time_torch(fn: Callable, case: KernelCase, host_args, torch_device: str, policy, result):

@@ -131,3 +131,15 @@ def test_harness_applies_the_bridge_thread_policy_before_starting_jax():
         [sys.executable, "-c", child], capture_output=True, text=True, timeout=300, check=True
     )
     assert result.stdout.split()[-1] == "False"
+
+
+def test_torch_rows_get_torch_owned_aligned_tensors():
+    """numpy's 16-byte alignment would make JAX copy each input of a bridged call."""
+    import numpy as np
+
+    from kernel_hub.bench import _to_torch
+
+    for dtype in (np.float32, np.float64):
+        host = np.ones((8, 4096), dtype)
+        tensor = _to_torch(host, "cpu")
+        assert tensor.data_ptr() % 64 == 0 and not np.shares_memory(tensor.numpy(), host)
