@@ -48,7 +48,7 @@ def test_each_call_sees_its_own_inputs_and_keeps_its_output(runtime, recorded):
     inputs = [torch.randn(4, 16) for _ in range(5)]
     outputs = [run([x, w]) for x in inputs]
     (made,) = recorded
-    assert made.enabled and set(made._slots) == {0, 1}
+    assert made.enabled and made.staged_positions == [0, 1]
     for x, out in zip(inputs, outputs, strict=True):  # earlier outputs are not overwritten
         torch.testing.assert_close(out, x * w)
 
@@ -66,19 +66,17 @@ def test_large_inputs_and_parameters_are_imported(runtime, recorded):
     x, w = torch.randn(rows, 16), torch.nn.Parameter(torch.randn(16), requires_grad=False)
     run = _bound(runtime, x, w)
     torch.testing.assert_close(run([x, w]), x * w)
-    assert recorded[0]._slots == {} and not recorded[0].enabled
+    assert recorded[0].staged_positions == [] and not recorded[0].enabled
 
 
 def test_busy_buffers_fall_back_to_importing(runtime, recorded):
     w = torch.randn(16)
     run = _bound(runtime, torch.randn(4, 16), w)
     (made,) = recorded
-    assert made.acquire()  # as another thread mid-call would hold them
-    try:
+    with made._lock:  # as another thread mid-call would hold them
         x = torch.randn(4, 16)
+        assert made.run(lambda *arrays: 1 / 0, lambda out: out, [x, w]) is None
         torch.testing.assert_close(run([x, w]), x * w)
-    finally:
-        made.release()
 
 
 def test_threads_do_not_see_each_others_inputs(runtime):
@@ -112,10 +110,13 @@ def test_no_staging_while_jax_dispatches_asynchronously(runtime, recorded, monke
 def test_an_output_sharing_a_staged_buffer_turns_staging_off():
     exchange = exchange_for("cpu", jax.devices("cpu")[0])
     buffers = staging.InputStaging([torch.randn(4, 16)], exchange.to_jax)
-    (array,) = buffers.arrays([torch.randn(4, 16)])
-    assert not buffers.aliased(exchange.to_torch(array + 1))
-    assert buffers.aliased((exchange.to_torch(array),))
-    assert not buffers.enabled and not buffers.acquire()
+    x = torch.randn(4, 16)
+    fresh = buffers.run(lambda a: a + 1, exchange.to_torch, [x])
+    torch.testing.assert_close(fresh, x + 1)
+    assert buffers.enabled
+    # an executable handing back its (staged) input: the caller must import instead
+    assert buffers.run(lambda a: a, exchange.to_torch, [x]) is None
+    assert not buffers.enabled
 
 
 _MISALIGNED_INPUTS = """

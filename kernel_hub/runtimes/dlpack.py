@@ -106,15 +106,10 @@ class DLPackRuntime:
             return tuple(map(to_torch, out)) if isinstance(out, (tuple, list)) else to_torch(out)
 
         def run(tensors: Sequence[Any]) -> Any:  # a flat list: the common forward case
-            if staging is not None and staging.acquire():
-                try:
-                    # exported before the aliasing check: export waits for the outputs with the
-                    # GIL released (JAX workers may need it to finish a copying import)
-                    out = export(executable(*staging.arrays(tensors)))
-                    if not staging.aliased(out):
-                        return out
-                finally:
-                    staging.release()
+            if staging is not None:
+                out = staging.run(executable, export, tensors)
+                if out is not None:
+                    return out
             out = executable(
                 *[
                     None if t is None else to_jax(t if t.is_contiguous() else t.contiguous())

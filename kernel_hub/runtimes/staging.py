@@ -50,42 +50,48 @@ class InputStaging:
 
         self._lock = threading.Lock()
         self._to_jax = to_jax
-        self._slots: dict[int, tuple[Any, Any]] = {}  # position -> (torch buffer, JAX array)
-        for position, tensor in enumerate(tensors):
+        # per position: (torch buffer, JAX array sharing its memory), or None when not staged
+        self._slots: list[tuple[Any, Any] | None] = []
+        for tensor in tensors:
+            slot = None
             if (
-                tensor is None
-                or type(tensor) is torch.nn.Parameter
-                or tensor.numel() * tensor.element_size() > MAX_STAGED_BYTES
+                tensor is not None
+                and type(tensor) is not torch.nn.Parameter
+                and tensor.numel() * tensor.element_size() <= MAX_STAGED_BYTES
             ):
-                continue
-            buffer = torch.empty(tensor.shape, dtype=tensor.dtype)
-            array = to_jax(buffer)
-            if shares_memory(array, buffer):
-                self._slots[position] = (buffer, array)
-        self._pointers = {buffer.data_ptr() for buffer, _ in self._slots.values()}
-        self.enabled = bool(self._slots)
+                buffer = torch.empty(tensor.shape, dtype=tensor.dtype)
+                array = to_jax(buffer)
+                if shares_memory(array, buffer):
+                    slot = (buffer, array)
+            self._slots.append(slot)
+        self._pointers = {slot[0].data_ptr() for slot in self._slots if slot is not None}
+        self.staged_positions = [i for i, slot in enumerate(self._slots) if slot is not None]
+        self.enabled = bool(self._pointers)
 
-    def acquire(self) -> bool:
-        """Take the buffers for one call; False when staging is off or they are in use."""
-        return self.enabled and self._lock.acquire(blocking=False)
-
-    def release(self) -> None:
-        self._lock.release()
-
-    def arrays(self, tensors: Sequence[Any]) -> list[Any]:
-        """The JAX arguments: staged tensors copied into their buffers, the others imported."""
-        slots, to_jax = self._slots, self._to_jax
-        arrays = []
-        for position, tensor in enumerate(tensors):
-            slot = slots.get(position)
-            if slot is not None:
-                slot[0].copy_(tensor)
-                arrays.append(slot[1])
-            elif tensor is None:
-                arrays.append(None)
-            else:
-                arrays.append(to_jax(tensor if tensor.is_contiguous() else tensor.contiguous()))
-        return arrays
+    def run(
+        self, executable: Callable[..., Any], export: Callable[[Any], Any], tensors: Sequence[Any]
+    ) -> Any:
+        """``export(executable(*arrays))``, staged tensors copied into their buffers and the others
+        imported; None when staging is off or its buffers are in use (the caller imports all)."""
+        if not self.enabled or not self._lock.acquire(blocking=False):
+            return None
+        try:
+            to_jax = self._to_jax
+            arrays = []
+            for slot, tensor in zip(self._slots, tensors, strict=True):
+                if slot is not None:
+                    slot[0].copy_(tensor)
+                    arrays.append(slot[1])
+                elif tensor is None:
+                    arrays.append(None)
+                else:
+                    arrays.append(to_jax(tensor if tensor.is_contiguous() else tensor.contiguous()))
+            # export waits for the outputs with the GIL released (JAX workers may need it to
+            # finish a copying import), so the buffers are free again once it returns
+            outputs = export(executable(*arrays))
+            return None if self.aliased(outputs) else outputs
+        finally:
+            self._lock.release()
 
     def aliased(self, outputs: Any) -> bool:
         """Whether an output (torch tensors, exported) shares a staged buffer; if so, staging is
