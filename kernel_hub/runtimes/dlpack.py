@@ -98,9 +98,15 @@ class DLPackRuntime:
         to_jax, to_torch = exchange.to_jax, exchange.to_torch
         if any(isinstance(t, (list, tuple)) for t in tensors):
             return lambda tensors: _export(executable(*_import(tensors, to_jax, [])), to_torch)
+
+        def import_array(tensor: Any) -> Any:
+            if tensor is None:
+                return None
+            return to_jax(tensor if tensor.is_contiguous() else tensor.contiguous())
+
         staging = None
         if exchange.name == "internal" and synchronous_cpu_dispatch():
-            staging = InputStaging(tensors, to_jax)
+            staging = InputStaging(tensors, import_array)
 
         def export(out: Any) -> Any:
             return tuple(map(to_torch, out)) if isinstance(out, (tuple, list)) else to_torch(out)
@@ -110,13 +116,7 @@ class DLPackRuntime:
                 out = staging.run(executable, export, tensors)
                 if out is not None:
                     return out
-            out = executable(
-                *[
-                    None if t is None else to_jax(t if t.is_contiguous() else t.contiguous())
-                    for t in tensors
-                ]
-            )
-            return export(out)
+            return export(executable(*map(import_array, tensors)))
 
         return run
 

@@ -45,11 +45,12 @@ def synchronous_cpu_dispatch() -> bool:
 class InputStaging:
     """Staging buffers for the small, non-parameter tensors of one bound call signature."""
 
-    def __init__(self, tensors: Sequence[Any], to_jax: Callable[[Any], Any]):
+    def __init__(self, tensors: Sequence[Any], import_array: Callable[[Any], Any]):
+        """``import_array``: the runtime's tensor (or None) -> JAX array, for unstaged inputs."""
         import torch
 
         self._lock = threading.Lock()
-        self._to_jax = to_jax
+        self._import_array = import_array
         # per position: (torch buffer, JAX array sharing its memory), or None when not staged
         self._slots: list[tuple[Any, Any] | None] = []
         for tensor in tensors:
@@ -60,13 +61,16 @@ class InputStaging:
                 and tensor.numel() * tensor.element_size() <= MAX_STAGED_BYTES
             ):
                 buffer = torch.empty(tensor.shape, dtype=tensor.dtype)
-                array = to_jax(buffer)
+                array = import_array(buffer)
                 if shares_memory(array, buffer):
                     slot = (buffer, array)
             self._slots.append(slot)
         self._pointers = {slot[0].data_ptr() for slot in self._slots if slot is not None}
-        self.staged_positions = [i for i, slot in enumerate(self._slots) if slot is not None]
         self.enabled = bool(self._pointers)
+
+    @property
+    def staged_positions(self) -> list[int]:
+        return [i for i, slot in enumerate(self._slots) if slot is not None]
 
     def run(
         self, executable: Callable[..., Any], export: Callable[[Any], Any], tensors: Sequence[Any]
@@ -76,16 +80,14 @@ class InputStaging:
         if not self.enabled or not self._lock.acquire(blocking=False):
             return None
         try:
-            to_jax = self._to_jax
+            import_array = self._import_array
             arrays = []
             for slot, tensor in zip(self._slots, tensors, strict=True):
-                if slot is not None:
+                if slot is None:
+                    arrays.append(import_array(tensor))
+                else:
                     slot[0].copy_(tensor)
                     arrays.append(slot[1])
-                elif tensor is None:
-                    arrays.append(None)
-                else:
-                    arrays.append(to_jax(tensor if tensor.is_contiguous() else tensor.contiguous()))
             # export waits for the outputs with the GIL released (JAX workers may need it to
             # finish a copying import), so the buffers are free again once it returns
             outputs = export(executable(*arrays))

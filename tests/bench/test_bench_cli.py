@@ -2,9 +2,13 @@
 
 import json
 import statistics
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
+from kernel_hub.bench import _to_torch
 from kernel_hub.bench_plot import SHAPE_LABEL, SHARE_LABEL, TIME_LABEL, plot_results
 from kernel_hub.cli import main
 
@@ -119,9 +123,6 @@ def test_no_op_named(capsys):
 
 def test_harness_applies_the_bridge_thread_policy_before_starting_jax():
     """Otherwise torch-op rows would time JAX's async CPU dispatch, which users never get."""
-    import subprocess
-    import sys
-
     child = (
         "import jax; from kernel_hub.bench import run_benchmarks; "
         "run_benchmarks([], command='test'); "
@@ -135,10 +136,6 @@ def test_harness_applies_the_bridge_thread_policy_before_starting_jax():
 
 def test_torch_rows_get_torch_owned_aligned_tensors():
     """numpy's 16-byte alignment would make JAX copy each input of a bridged call."""
-    import numpy as np
-
-    from kernel_hub.bench import _to_torch
-
     for dtype in (np.float32, np.float64):
         host = np.ones((8, 4096), dtype)
         tensor = _to_torch(host, "cpu")
