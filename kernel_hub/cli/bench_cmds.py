@@ -6,7 +6,8 @@ import argparse
 import sys
 from dataclasses import asdict
 
-from ..errors import KernelHubError
+from kernel_hub.errors import KernelHubError
+
 from .options import comma_list, ops_from_args
 from .output import print_table
 
@@ -46,10 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from ..bench import run_benchmarks
-    from ..bench_report import BENCH_HEADERS, bench_row
-    from ..provenance import command_line
-    from ..timing import TimingPolicy
+    from kernel_hub.bench.harness import run_benchmarks
+    from kernel_hub.bench.provenance import command_line
+    from kernel_hub.bench.report import BENCH_HEADERS, bench_row
+    from kernel_hub.bench.timing import TimingPolicy
 
     policy = TimingPolicy(args.budget, args.min_samples, args.max_samples, args.precision)
     report = run_benchmarks(
@@ -72,7 +73,7 @@ def run_bench(args: argparse.Namespace) -> int:
         report.write_json(args.json)
         print(f"wrote {args.json}")
     if args.plot:
-        from ..bench_plot import save_plot
+        from kernel_hub.bench.plot import save_plot
 
         if not any(r["status"] == "ok" for r in results):
             raise KernelHubError("nothing ran, so there is nothing to plot")

@@ -13,7 +13,7 @@ _DIRECTIONS = {"forward": ("forward",), "backward": ("backward",), "both": ("for
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..compile_check import DEFAULT_GENERATIONS
+    from kernel_hub.topologies import DEFAULT_GENERATIONS
 
     parser = subparsers.add_parser(
         "compile-check",
@@ -41,11 +41,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_compile_check(args: argparse.Namespace) -> int:
-    from ..bench_report import compile_failures, compile_table
-    from ..compile_check import check_generations, matrix_record, plan_kernel
-    from ..compile_pool import run_tasks
-    from ..progress import progress_bar
-    from ..provenance import command_line
+    from kernel_hub.bench.compile_check import check_generations, matrix_record, plan_kernel
+    from kernel_hub.bench.compile_pool import run_tasks
+    from kernel_hub.bench.provenance import command_line
+    from kernel_hub.bench.report import compile_failures, compile_table
+    from kernel_hub.progress import progress_bar
 
     generations = check_generations(args.tpu)
     tasks = [

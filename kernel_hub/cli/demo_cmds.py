@@ -6,12 +6,13 @@ import argparse
 from collections import Counter
 from typing import Any
 
-from ..errors import KernelHubError
+from kernel_hub.errors import KernelHubError
+
 from .output import print_json, print_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..tiny_models import DEFAULT_MODELS, TINY_MODELS
+    from kernel_hub.models.tiny import DEFAULT_MODELS, TINY_MODELS
 
     parser = subparsers.add_parser(
         "demo", help="kernelize tiny Llama/Mixtral models and compare them with stock"
@@ -62,8 +63,8 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
-    from ..demo import run_demo
-    from ..tiny_models import DEFAULT_MODELS
+    from kernel_hub.models.demo import run_demo
+    from kernel_hub.models.tiny import DEFAULT_MODELS
 
     if args.threads < 0:
         raise KernelHubError(f"--threads must be 0 (torch's default) or more, got {args.threads}")

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_hub.cases import (
+from kernel_hub.bench.cases import (
     KernelCase,
     case_dtype,
     concrete_args,

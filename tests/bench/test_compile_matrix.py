@@ -7,15 +7,11 @@ import shutil
 import pytest
 
 from kernel_hub import get_kernel
+from kernel_hub.bench.compile_check import compile_case, plan_kernel, tpu_kernel_implementations
 from kernel_hub.cli import main
-from kernel_hub.compile_check import (
-    DEFAULT_GENERATIONS,
-    compile_case,
-    plan_kernel,
-    tpu_kernel_implementations,
-)
-from kernel_hub.paths import PROJECT_ROOT
-from kernel_hub.registry import load_registry
+from kernel_hub.paths import kernels_dir
+from kernel_hub.registry.registry import load_registry
+from kernel_hub.topologies import DEFAULT_GENERATIONS
 
 pytestmark = pytest.mark.tpu_compile
 
@@ -35,7 +31,7 @@ CASES = CASES + [
 def kernels_with_oversized_block(tmp_path, monkeypatch):
     """A copy of the in-tree kernels whose rmsnorm declares one case with a too-large block."""
     kernels = tmp_path / "kernels"
-    shutil.copytree(PROJECT_ROOT / "kernels" / "rmsnorm", kernels / "rmsnorm")
+    shutil.copytree(kernels_dir() / "rmsnorm", kernels / "rmsnorm")
     with open(kernels / "rmsnorm" / "rmsnorm" / "benchmark.py", "a") as benchmark:
         benchmark.write(OVERSIZED_CASE)
     monkeypatch.setenv("KERNEL_HUB_KERNELS_DIR", str(kernels))

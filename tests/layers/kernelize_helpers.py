@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from kernel_hub.layer_report import KernelizeReport
-from kernel_hub.paths import PROJECT_ROOT
+from kernel_hub.layers.report import KernelizeReport
+from kernel_hub.paths import BUILTIN_DIR
 
 TOLERANCE = 1e-4
 
@@ -35,6 +35,7 @@ class TmpHub:
         manifest = {
             "name": name, "version": version, "package": package, "ops": [],
             "layers": list(layers), "implementations": {"torch": ["tpu", "gpu", "cpu"]},
+            "requires": {"kernel-hub": ">=1.0"},
         }
         (kernel_dir / "kernel.yaml").write_text(yaml.safe_dump(manifest))
         for file_name, source in files.items():
@@ -43,7 +44,7 @@ class TmpHub:
 
     def copy_in_tree(self, name: str) -> Path:
         """A copy of the in-tree kernel ``kernels/<name>`` (loaded as a separate module)."""
-        return shutil.copytree(PROJECT_ROOT / "kernels" / name, self.kernels / name)
+        return shutil.copytree(BUILTIN_DIR / "kernels" / name, self.kernels / name)
 
     def all_kinds_registry(self) -> Path:
         """In-tree rmsnorm plus throwaway attention and moe-gemm kernels."""

@@ -9,8 +9,8 @@ from packaging.specifiers import SpecifierSet
 
 from kernel_hub import KernelHubError, Mode, kernel_mapping
 from kernel_hub.errors import UnknownNameError
-from kernel_hub.mappings import active_overrides, parse_override
-from kernel_hub.registry import load_registry
+from kernel_hub.loading.mappings import active_overrides, parse_override
+from kernel_hub.registry.registry import load_registry
 
 
 @pytest.mark.parametrize(
