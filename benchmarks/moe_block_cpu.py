@@ -114,8 +114,11 @@ def main() -> None:
             "torch_threads": threads,
             "omp_wait_policy": wait_policy,
             "shape": {
-                "hidden": args.hidden, "intermediate": args.intermediate,
-                "experts": args.experts, "top_k": args.top_k, "dtype": "float32",
+                "hidden": args.hidden,
+                "intermediate": args.intermediate,
+                "experts": args.experts,
+                "top_k": args.top_k,
+                "dtype": "float32",
             },
             "repeats": args.repeats,
             "results": results,

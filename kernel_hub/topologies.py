@@ -30,6 +30,7 @@ _LIBTPU_NOISE = re.compile(
     r"Source Location Trace|libtpu_init_utils|^\s*$|^E0000 .*common_lib\.cc"
 )
 
+
 @contextlib.contextmanager
 def filtered_libtpu_stderr() -> Iterator[None]:
     """Swallow libtpu's known start-up warnings (written by C++ to fd 2), re-emit the rest."""
@@ -50,6 +51,7 @@ def filtered_libtpu_stderr() -> Iterator[None]:
             if kept:
                 os.write(2, ("\n".join(kept) + "\n").encode())
 
+
 def allow_shared_libtpu() -> None:
     """Let this process load libtpu while another one holds it.
 
@@ -58,8 +60,6 @@ def allow_shared_libtpu() -> None:
     Must run before JAX first initialises its backends to take effect.
     """
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-
-
 
 
 @functools.cache
@@ -72,5 +72,3 @@ def tpu_device(generation: str) -> Any:
 
     with filtered_libtpu_stderr():
         return topologies.get_topology_desc(TOPOLOGIES[generation], "tpu").devices[0]
-
-

@@ -53,8 +53,11 @@ def test_build_asking_for_a_newer_kernel_api_is_refused(tmp_path: Path) -> None:
     kernel = shutil.copytree(kernels_dir() / "rmsnorm", tmp_path / "rmsnorm")
     manifest = kernel / "kernel.yaml"
     manifest.write_text(manifest.read_text().replace('kernel-hub: ">=1.0"', 'kernel-hub: ">=2.0"'))
-    with pytest.raises(RequirementError, match=r"kernel API kernel-hub>=2\.0 \(this kernel-hub "
-                       rf"[\d.]+ provides kernel API {KERNEL_API_VERSION}\)"):
+    with pytest.raises(
+        RequirementError,
+        match=r"kernel API kernel-hub>=2\.0 \(this kernel-hub "
+        rf"[\d.]+ provides kernel API {KERNEL_API_VERSION}\)",
+    ):
         load_kernel_dir(kernel)
 
 
@@ -74,7 +77,8 @@ def test_sdist_builds_the_same_wheel(tmp_path: Path) -> None:
     subprocess.run([*pip, "--wheel-dir", tmp_path / "direct", CHECKOUT], check=True)
     subprocess.run(
         [sys.executable, "-m", "build", "--sdist", "--outdir", tmp_path / "sdist", CHECKOUT],
-        check=True, capture_output=True,
+        check=True,
+        capture_output=True,
     )
     (sdist,) = (tmp_path / "sdist").glob("*.tar.gz")
     subprocess.run([*pip, "--wheel-dir", tmp_path / "from-sdist", sdist], check=True)

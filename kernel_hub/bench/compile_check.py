@@ -155,15 +155,20 @@ def compile_case(
     except Exception as exc:  # the compiler's message is the result
         message = f"{type(exc).__name__}: {exc}".strip()
         return cell(
-            ok=False, seconds=time.perf_counter() - start, error=message[:2000],
+            ok=False,
+            seconds=time.perf_counter() - start,
+            error=message[:2000],
             vmem_overflow=bool(_VMEM.search(message)),
         )
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list):
         cost = cost[0] if cost else {}
     return cell(
-        ok=True, seconds=time.perf_counter() - start, memory=_memory_figures(compiled),
-        flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"),
+        ok=True,
+        seconds=time.perf_counter() - start,
+        memory=_memory_figures(compiled),
+        flops=cost.get("flops"),
+        bytes_accessed=cost.get("bytes accessed"),
     )
 
 
@@ -251,7 +256,10 @@ def plan_kernel(
     kernel = get_kernel(op, registry=registry)
     cases = select_cases(kernel.benchmark.CASES, patterns)
     tasks = plan_matrix(
-        kernel.manifest.name, cases, generations, directions,
+        kernel.manifest.name,
+        cases,
+        generations,
+        directions,
         lambda case: tpu_kernel_implementations(implementation_table(kernel, case)),
     )
     return [dataclasses.replace(task, source=(op, registry)) for task in tasks]
@@ -264,6 +272,9 @@ def matrix_record(
     from .provenance import header
 
     return {
-        "schema": 1, "kind": "compile", **header(command),
-        "generations": list(generations), "results": list(results),
+        "schema": 1,
+        "kind": "compile",
+        **header(command),
+        "generations": list(generations),
+        "results": list(results),
     }

@@ -19,7 +19,11 @@ from .compile_check import CompileResult, CompileTask, compile_case
 
 
 def _compile_by_name(
-    op: str, registry: str | None, case_name: str, implementation: str, direction: str,
+    op: str,
+    registry: str | None,
+    case_name: str,
+    implementation: str,
+    direction: str,
     generation: str,
 ) -> CompileResult:
     """Worker side: load the kernel, find the case, compile it."""
@@ -63,8 +67,12 @@ def run_tasks(
     with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)) or 1, mp_context=context) as pool:
         pending = {
             pool.submit(
-                _compile_by_name, *task.source, task.case.name, task.implementation,
-                task.direction, task.generation,
+                _compile_by_name,
+                *task.source,
+                task.case.name,
+                task.implementation,
+                task.direction,
+                task.generation,
             ): index
             for index, task in enumerate(tasks)
         }

@@ -248,11 +248,17 @@ def bench_op(
 
 def _run_cell(op, kernel, case, host_args, name, torch_fn, device, chip, policy) -> BenchResult:
     result = BenchResult(
-        op=op, kernel=kernel.manifest.name, kernel_version=str(kernel.manifest.version),
-        case=case.name, dtype=case_dtype(case), implementation=name,
-        runtime="jax" if torch_fn is None else "torch", shapes=_shapes(case),
+        op=op,
+        kernel=kernel.manifest.name,
+        kernel_version=str(kernel.manifest.version),
+        case=case.name,
+        dtype=case_dtype(case),
+        implementation=name,
+        runtime="jax" if torch_fn is None else "torch",
+        shapes=_shapes(case),
         kwargs=_json_kwargs(case),
-        flops=case.flops, bytes_accessed=case.bytes_accessed,
+        flops=case.flops,
+        bytes_accessed=case.bytes_accessed,
     )
     platform = platform_of_jax_device(device)
     if torch_fn is not None and platform not in _TORCH_DEVICES:
@@ -305,6 +311,8 @@ def run_benchmarks(
         results += bench_op(op, policy=policy, **options)
     return BenchReport(
         header=provenance,
-        platform=platform_of_jax_device(device), chip=chip_for_device(device), policy=policy,
+        platform=platform_of_jax_device(device),
+        chip=chip_for_device(device),
+        policy=policy,
         results=results,
     )

@@ -62,7 +62,10 @@ def source_revision() -> dict[str, Any] | None:
     def git(*args: str) -> str:
         return subprocess.run(
             ["git", "-C", str(package_dir), *args],
-            capture_output=True, text=True, check=True, timeout=10,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
         ).stdout.strip()
 
     try:

@@ -23,7 +23,16 @@ from .roofline import CHIPS
 BENCHMARKS_DIR = Path("benchmarks")  # run from a kernel-hub checkout
 
 BENCH_HEADERS = (
-    "op", "case", "dtype", "impl", "median", "p10-p90", "compile", "GFLOP/s", "GB/s", "roofline",
+    "op",
+    "case",
+    "dtype",
+    "impl",
+    "median",
+    "p10-p90",
+    "compile",
+    "GFLOP/s",
+    "GB/s",
+    "roofline",
 )
 
 
@@ -167,8 +176,12 @@ def _compile_section(path: Path, record: Mapping[str, Any]) -> list[str]:
 def _chip_table() -> list[str]:
     rows = [
         [
-            key, chip.name, f"{chip.peak_flops / 1e12:.4g}", f"{chip.memory_bandwidth / 1e9:.4g}",
-            "-" if chip.vmem_bytes is None else f"{chip.vmem_bytes // 2**20}", chip.source,
+            key,
+            chip.name,
+            f"{chip.peak_flops / 1e12:.4g}",
+            f"{chip.memory_bandwidth / 1e9:.4g}",
+            "-" if chip.vmem_bytes is None else f"{chip.vmem_bytes // 2**20}",
+            chip.source,
         ]
         for key, chip in CHIPS.items()
     ]

@@ -71,19 +71,31 @@ class Chip:
 # pages, per chip.
 TPU_CHIPS: dict[str, Chip] = {
     "v4": Chip(
-        "TPU v4", 275 * _TERA, 1200 * _GIGA, 16 * _MIB,
+        "TPU v4",
+        275 * _TERA,
+        1200 * _GIGA,
+        16 * _MIB,
         "https://cloud.google.com/tpu/docs/v4 (275 TFLOP/s bf16, 32 GiB HBM2 at 1200 GB/s)",
     ),
     "v5e": Chip(
-        "TPU v5e", 197 * _TERA, 819 * _GIGA, 128 * _MIB,
+        "TPU v5e",
+        197 * _TERA,
+        819 * _GIGA,
+        128 * _MIB,
         "https://cloud.google.com/tpu/docs/v5e (197 TFLOP/s bf16, 16 GB HBM2 at 819 GB/s)",
     ),
     "v5p": Chip(
-        "TPU v5p", 459 * _TERA, 2765 * _GIGA, 64 * _MIB,
+        "TPU v5p",
+        459 * _TERA,
+        2765 * _GIGA,
+        64 * _MIB,
         "https://cloud.google.com/tpu/docs/v5p (459 TFLOP/s bf16, 95 GB HBM2e at 2765 GB/s)",
     ),
     "v6e": Chip(
-        "TPU v6e", 918 * _TERA, 1640 * _GIGA, 128 * _MIB,
+        "TPU v6e",
+        918 * _TERA,
+        1640 * _GIGA,
+        128 * _MIB,
         "https://cloud.google.com/tpu/docs/v6e (918 TFLOP/s bf16, 32 GB HBM at 1640 GB/s)",
     ),
 }
@@ -93,23 +105,38 @@ _H100_SHEET = "NVIDIA H100 Tensor Core GPU datasheet"
 _H200_SHEET = "NVIDIA H200 Tensor Core GPU datasheet"
 GPU_CHIPS: dict[str, Chip] = {
     "h100-sxm": Chip(
-        "NVIDIA H100 SXM", 989.5 * _TERA, 3350 * _GIGA, None,
+        "NVIDIA H100 SXM",
+        989.5 * _TERA,
+        3350 * _GIGA,
+        None,
         f"{_H100_SHEET} (bf16 1979 TFLOP/s with sparsity, 80 GB HBM3 at 3.35 TB/s)",
     ),
     "h100-pcie": Chip(
-        "NVIDIA H100 PCIe", 756.5 * _TERA, 2000 * _GIGA, None,
+        "NVIDIA H100 PCIe",
+        756.5 * _TERA,
+        2000 * _GIGA,
+        None,
         f"{_H100_SHEET} (bf16 1513 TFLOP/s with sparsity, 80 GB HBM2e at 2 TB/s)",
     ),
     "h100-nvl": Chip(
-        "NVIDIA H100 NVL", 835.5 * _TERA, 3900 * _GIGA, None,
+        "NVIDIA H100 NVL",
+        835.5 * _TERA,
+        3900 * _GIGA,
+        None,
         f"{_H100_SHEET} (bf16 1671 TFLOP/s with sparsity, 94 GB HBM3 at 3.9 TB/s)",
     ),
     "h200-sxm": Chip(
-        "NVIDIA H200 SXM", 989.5 * _TERA, 4800 * _GIGA, None,
+        "NVIDIA H200 SXM",
+        989.5 * _TERA,
+        4800 * _GIGA,
+        None,
         f"{_H200_SHEET} (bf16 1979 TFLOP/s with sparsity, 141 GB HBM3e at 4.8 TB/s)",
     ),
     "h200-nvl": Chip(
-        "NVIDIA H200 NVL", 835.5 * _TERA, 4800 * _GIGA, None,
+        "NVIDIA H200 NVL",
+        835.5 * _TERA,
+        4800 * _GIGA,
+        None,
         f"{_H200_SHEET} (bf16 1671 TFLOP/s with sparsity, 141 GB HBM3e at 4.8 TB/s)",
     ),
 }
@@ -199,7 +226,10 @@ def cpu_chip() -> Chip:
     flops = measure_matmul_flops()
     bandwidth = measure_memory_bandwidth()
     return Chip(
-        f"CPU ({os.cpu_count()} cores)", flops, bandwidth, None,
+        f"CPU ({os.cpu_count()} cores)",
+        flops,
+        bandwidth,
+        None,
         f"measured here: {_MATMUL_SIZE}x{_MATMUL_SIZE} f32 numpy matmul, "
         f"{_COPY_BYTES // _MIB} MiB numpy copy on 1 or {os.cpu_count()} threads; "
         f"best of {_PROBE_REPEATS}",

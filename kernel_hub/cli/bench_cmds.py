@@ -35,7 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--min-samples", type=int, default=5, help="timed calls at least")
     parser.add_argument("--max-samples", type=int, default=1000, help="timed calls at most")
     parser.add_argument(
-        "--precision", type=float, default=0.01,
+        "--precision",
+        type=float,
+        default=0.01,
         help="stop early once the median's relative standard error is below this (default 0.01)",
     )
     parser.add_argument(
@@ -54,9 +56,15 @@ def run_bench(args: argparse.Namespace) -> int:
 
     policy = TimingPolicy(args.budget, args.min_samples, args.max_samples, args.precision)
     report = run_benchmarks(
-        ops_from_args(args), command=command_line("kernel-hub", args.argv), policy=policy,
-        implementations=args.impl, patterns=args.shapes, dtype=args.dtype,
-        progress=not args.no_progress, registry=args.registry, torch_threads=args.torch_threads,
+        ops_from_args(args),
+        command=command_line("kernel-hub", args.argv),
+        policy=policy,
+        implementations=args.impl,
+        patterns=args.shapes,
+        dtype=args.dtype,
+        progress=not args.no_progress,
+        registry=args.registry,
+        torch_threads=args.torch_threads,
     )
     results = [asdict(r) for r in report.results]
     print_table(BENCH_HEADERS, [bench_row(r) for r in results])
@@ -80,6 +88,8 @@ def run_bench(args: argparse.Namespace) -> int:
         save_plot(results, args.plot, title=f"kernel-hub bench on {chip.name if chip else '?'}")
         print(f"wrote {args.plot}")
     for failed in report.failed:
-        print(f"error: {failed.op} {failed.case} {failed.implementation}: {failed.reason}",
-              file=sys.stderr)
+        print(
+            f"error: {failed.op} {failed.case} {failed.implementation}: {failed.reason}",
+            file=sys.stderr,
+        )
     return 1 if report.failed else 0

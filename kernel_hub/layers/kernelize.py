@@ -303,7 +303,11 @@ def _swap_layer(
 ) -> ReportEntry:
     layer_name, found_by = mark
     entry = ReportEntry(
-        module=name, cls=type(module).__name__, kind="layer", target=layer_name, found_by=found_by,
+        module=name,
+        cls=type(module).__name__,
+        kind="layer",
+        target=layer_name,
+        found_by=found_by,
         op=source.owner(layer_name),
     )
     try:
@@ -345,8 +349,12 @@ def _switch_interface(
         outcome["reason"] = str(reason)
     return [
         ReportEntry(
-            module=n, cls=type(m).__name__, kind=interface.kind, target=interface.name,
-            found_by=interface.name, **outcome,
+            module=n,
+            cls=type(m).__name__,
+            kind=interface.kind,
+            target=interface.name,
+            found_by=interface.name,
+            **outcome,
         )
         for n, m in modules
     ]

@@ -17,9 +17,15 @@ if TYPE_CHECKING:
 VOCAB_SIZE = 128
 PAD_TOKEN_ID = 0
 _SHARED = dict(
-    vocab_size=VOCAB_SIZE, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=128, pad_token_id=PAD_TOKEN_ID,
-    bos_token_id=1, eos_token_id=None,
+    vocab_size=VOCAB_SIZE,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    pad_token_id=PAD_TOKEN_ID,
+    bos_token_id=1,
+    eos_token_id=None,
 )
 
 
@@ -42,8 +48,12 @@ def _qwen3_moe() -> torch.nn.Module:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     config = Qwen3MoeConfig(
-        intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-        head_dim=16, **_SHARED,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        head_dim=16,
+        **_SHARED,
     )
     return Qwen3MoeForCausalLM(config)
 

@@ -63,7 +63,7 @@ class Manifest:
         api_spec = self.requires.get(KERNEL_API_REQUIREMENT)
         if api_spec is None:
             problems.append(
-                f"a kernel API version (requires: {{{KERNEL_API_REQUIREMENT}: \">=1.0\"}}); it "
+                f'a kernel API version (requires: {{{KERNEL_API_REQUIREMENT}: ">=1.0"}}); it '
                 f"declares none, so it was built before kernel_hub.kernel_api existed and imports "
                 f"kernel-hub internals. This kernel-hub provides kernel API "
                 f"{KERNEL_API_VERSION}: rebuild the kernel against kernel_hub.kernel_api"

@@ -30,8 +30,19 @@ def hand_count(tokens, hidden, itemsize):
 def bench_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     argv = [
-        "bench", "rmsnorm", "--shapes", TWO_SHAPES, "--budget", "0.05", "--min-samples", "3",
-        "--json", str(out / "out.json"), "--plot", str(out / "out.png"), "--no-progress",
+        "bench",
+        "rmsnorm",
+        "--shapes",
+        TWO_SHAPES,
+        "--budget",
+        "0.05",
+        "--min-samples",
+        "3",
+        "--json",
+        str(out / "out.json"),
+        "--plot",
+        str(out / "out.png"),
+        "--no-progress",
     ]
     code = main(argv)
     return code, json.loads((out / "out.json").read_text()), (out / "out.png").read_bytes()

@@ -15,7 +15,7 @@ from kernel_hub.topologies import DEFAULT_GENERATIONS
 
 pytestmark = pytest.mark.tpu_compile
 
-OVERSIZED_CASE = '''
+OVERSIZED_CASE = """
 import dataclasses as _dataclasses
 
 # 4096 rows x 4096 bf16, double-buffered in and out: far beyond v4's 16 MiB of VMEM.
@@ -24,7 +24,7 @@ CASES = CASES + [
         case("oversized-block-8k-h4096", 8192, 4096), kwargs={"eps": 1e-6, "block_rows": 4096}
     )
 ]
-'''
+"""
 
 
 @pytest.fixture
@@ -40,10 +40,21 @@ def kernels_with_oversized_block(tmp_path, monkeypatch):
 
 def test_oversized_block_is_reported_as_vmem_failure(kernels_with_oversized_block, tmp_path):
     out = tmp_path / "matrix.json"
-    code = main([
-        "compile-check", "rmsnorm", "--tpu", "v4", "--direction", "forward",
-        "--shapes", "oversized-block-*,prefill-8k-h4096", "--json", str(out), "--no-progress",
-    ])
+    code = main(
+        [
+            "compile-check",
+            "rmsnorm",
+            "--tpu",
+            "v4",
+            "--direction",
+            "forward",
+            "--shapes",
+            "oversized-block-*,prefill-8k-h4096",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 1
     cells = {r["case"]: r for r in json.loads(out.read_text())["results"]}
     oversized = cells["oversized-block-8k-h4096"]

@@ -25,7 +25,11 @@ class TmpHub:
         self.registry = root / "registry.yaml"
 
     def add_kernel(
-        self, name: str, files: dict[str, str], *, layers: tuple[str, ...] = (),
+        self,
+        name: str,
+        files: dict[str, str],
+        *,
+        layers: tuple[str, ...] = (),
         version: str = "1.0.0",
     ) -> Path:
         """kernels/<name>/kernel.yaml plus a package made of ``files`` (file name -> source)."""
@@ -33,8 +37,12 @@ class TmpHub:
         kernel_dir = self.kernels / name
         (kernel_dir / package).mkdir(parents=True)
         manifest = {
-            "name": name, "version": version, "package": package, "ops": [],
-            "layers": list(layers), "implementations": {"torch": ["tpu", "gpu", "cpu"]},
+            "name": name,
+            "version": version,
+            "package": package,
+            "ops": [],
+            "layers": list(layers),
+            "implementations": {"torch": ["tpu", "gpu", "cpu"]},
             "requires": {"kernel-hub": ">=1.0"},
         }
         (kernel_dir / "kernel.yaml").write_text(yaml.safe_dump(manifest))
@@ -67,8 +75,9 @@ class TmpHub:
         return self.registry
 
 
-def torch_rmsnorm_kernel(*, arg: str = "hidden_states", has_backward: bool = True,
-                         can_torch_compile: bool = True) -> dict[str, str]:
+def torch_rmsnorm_kernel(
+    *, arg: str = "hidden_states", has_backward: bool = True, can_torch_compile: bool = True
+) -> dict[str, str]:
     """Files of a pure-torch kernel providing layers.RMSNorm (no JAX), with chosen flags."""
     return {
         "__init__.py": "from . import layers\n",
@@ -104,8 +113,12 @@ def swapped_modules(model: torch.nn.Module) -> list[str]:
 
 
 def attention_kernel(
-    *, name: str = "kernel_hub_test_attention", register_mask: bool = True,
-    returns: str | None = None, can_torch_compile: bool = True, has_backward: bool = True,
+    *,
+    name: str = "kernel_hub_test_attention",
+    register_mask: bool = True,
+    returns: str | None = None,
+    can_torch_compile: bool = True,
+    has_backward: bool = True,
 ) -> dict[str, str]:
     """A kernel whose ``integrations.register()`` adds a counting wrapper of Transformers' SDPA
     attention to AttentionInterface (and SDPA's mask to AttentionMaskInterface)."""

@@ -26,8 +26,11 @@ from kernel_hub.testing import registry_with_ops
 from .kernelize_helpers import TmpHub, swapped_modules, torch_rmsnorm_kernel
 
 NORMS = [
-    "model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
-    "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm",
+    "model.layers.0.input_layernorm",
+    "model.layers.0.post_attention_layernorm",
+    "model.layers.1.input_layernorm",
+    "model.layers.1.post_attention_layernorm",
+    "model.norm",
 ]
 
 

@@ -100,7 +100,8 @@ def test_alias_keys_resolve_to_the_op() -> None:
 
 
 def test_unknown_mapping_key_is_an_error_with_suggestions() -> None:
-    with kernel_mapping({"RMSNrom": "off"}), pytest.raises(
-        UnknownNameError, match=r"'RMSNrom'.*Did you mean 'RMSNorm'"
+    with (
+        kernel_mapping({"RMSNrom": "off"}),
+        pytest.raises(UnknownNameError, match=r"'RMSNrom'.*Did you mean 'RMSNorm'"),
     ):
         active_overrides(load_registry())

@@ -125,7 +125,8 @@ class ModelInterface:
     def switch(self, model: torch.nn.Module, name: Any) -> str:
         """Make ``model`` use implementation ``name``, or a clear error with the model unchanged."""
         problem = (
-            f"is {type(name).__name__} {name!r}, not a name" if not isinstance(name, str)
+            f"is {type(name).__name__} {name!r}, not a name"
+            if not isinstance(name, str)
             else self.registered(name)
         )
         if problem:
@@ -185,4 +186,3 @@ MODEL_INTERFACES = (
         registered=_experts_problem,
     ),
 )
-

@@ -145,7 +145,12 @@ def _gmm_n(rhs, transpose_rhs: bool) -> int:
 
 def _pallas_gmm(lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tiling):
     return pallas_tpu.gmm(
-        lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype, tiling=tiling,
+        lhs,
+        rhs,
+        group_sizes,
+        transpose_rhs=transpose_rhs,
+        out_dtype=out_dtype,
+        tiling=tiling,
         interpret=_interpret(),
     )
 
@@ -158,7 +163,11 @@ def _pallas_tgmm(lhs, grad, group_sizes, *, out_dtype, tiling):
 
 def _tokamax_gmm(lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tiling):
     return tokamax_ragged_dot.gmm(
-        lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype,
+        lhs,
+        rhs,
+        group_sizes,
+        transpose_rhs=transpose_rhs,
+        out_dtype=out_dtype,
         platform=jax_platform(),
     )
 
@@ -224,8 +233,9 @@ TGMM_PROBLEMS = {"pallas": _tgmm_pallas_problem, "tokamax": _tgmm_tokamax_proble
 GMM_TABLE = ImplementationTable(
     "gmm",
     [
-        Implementation(name, functools.partial(vjp.gmm, backend), PLATFORMS[name],
-                       GMM_PROBLEMS.get(name))
+        Implementation(
+            name, functools.partial(vjp.gmm, backend), PLATFORMS[name], GMM_PROBLEMS.get(name)
+        )
         for name, backend in BACKENDS.items()
     ],
     default_order=DEFAULT_ORDER,
@@ -233,8 +243,9 @@ GMM_TABLE = ImplementationTable(
 TGMM_TABLE = ImplementationTable(
     "tgmm",
     [
-        Implementation(name, functools.partial(vjp.tgmm, backend), PLATFORMS[name],
-                       TGMM_PROBLEMS.get(name))
+        Implementation(
+            name, functools.partial(vjp.tgmm, backend), PLATFORMS[name], TGMM_PROBLEMS.get(name)
+        )
         for name, backend in BACKENDS.items()
     ],
     default_order=DEFAULT_ORDER,
@@ -267,7 +278,12 @@ def gmm(
         return jnp.zeros((lhs.shape[0], n), out_dtype)
     sizes = sanitized_sizes(jnp.asarray(group_sizes), lhs.shape[0])
     return GMM_TABLE(
-        lhs, rhs, sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype, tiling=tiling,
+        lhs,
+        rhs,
+        sizes,
+        transpose_rhs=transpose_rhs,
+        out_dtype=out_dtype,
+        tiling=tiling,
         implementation=implementation,
     )
 
@@ -313,7 +329,12 @@ def gmm_vjp(
         return jnp.zeros_like(lhs), jnp.zeros_like(rhs)
     sizes = sanitized_sizes(jnp.asarray(group_sizes), lhs.shape[0])
     chosen = GMM_TABLE.select(
-        lhs, rhs, sizes, transpose_rhs=transpose_rhs, out_dtype=lhs.dtype, tiling=None,
+        lhs,
+        rhs,
+        sizes,
+        transpose_rhs=transpose_rhs,
+        out_dtype=lhs.dtype,
+        tiling=None,
         implementation=implementation,
     )
     return vjp.gmm_backward(

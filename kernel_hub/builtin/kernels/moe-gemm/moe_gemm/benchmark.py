@@ -51,8 +51,14 @@ def _projection_dims(model: MoEShape, projection: str) -> tuple[int, int]:
     return model.intermediate, model.hidden
 
 
-def case(model: MoEShape, projection: str, phase: str, tokens: int, dtype=jnp.bfloat16,
-         tags: tuple[str, ...] = ()) -> KernelCase:
+def case(
+    model: MoEShape,
+    projection: str,
+    phase: str,
+    tokens: int,
+    dtype=jnp.bfloat16,
+    tags: tuple[str, ...] = (),
+) -> KernelCase:
     """One gmm of ``model``'s ``projection`` ("gate_up" or "down") for ``tokens`` tokens."""
     rows = tokens * model.top_k
     k, n = _projection_dims(model, projection)

@@ -190,8 +190,9 @@ def _tgmm_call(lhs, grad, group_sizes, *, out_dtype, tiling: Tiling, interpret):
     )(*schedule, lhs, grad)
 
 
-def gmm(lhs, rhs, group_sizes, *, transpose_rhs: bool, out_dtype, tiling: Tiling | None,
-        interpret: bool):
+def gmm(
+    lhs, rhs, group_sizes, *, transpose_rhs: bool, out_dtype, tiling: Tiling | None, interpret: bool
+):
     """``out[rows of g] = lhs[rows of g] @ rhs[g]`` (``rhs[g].T`` if ``transpose_rhs``).
 
     Not differentiable by itself (``vjp.py`` differentiates it); ``tiling=None``: the default.
@@ -202,7 +203,12 @@ def gmm(lhs, rhs, group_sizes, *, transpose_rhs: bool, out_dtype, tiling: Tiling
         "gmm", m, k, n, rhs.shape[0], lhs.dtype, out_dtype, interpret=interpret
     )
     return _gmm_call(
-        lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype, tiling=tiling,
+        lhs,
+        rhs,
+        group_sizes,
+        transpose_rhs=transpose_rhs,
+        out_dtype=out_dtype,
+        tiling=tiling,
         interpret=interpret,
     )
 

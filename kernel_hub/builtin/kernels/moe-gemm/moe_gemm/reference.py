@@ -41,7 +41,10 @@ def gmm_dims(transpose_rhs: bool) -> jax.lax.RaggedDotDimensionNumbers:
 def gmm(lhs, rhs, group_sizes, *, transpose_rhs: bool, out_dtype) -> jax.Array:
     """``out[rows of g] = lhs[rows of g] @ rhs[g]`` (``rhs[g].T`` if ``transpose_rhs``)."""
     out = jax.lax.ragged_dot_general(
-        lhs, rhs, group_sizes, gmm_dims(transpose_rhs),
+        lhs,
+        rhs,
+        group_sizes,
+        gmm_dims(transpose_rhs),
         precision=jax.lax.Precision.HIGHEST,
         preferred_element_type=accumulator_dtype(lhs.dtype),
     )
@@ -51,7 +54,10 @@ def gmm(lhs, rhs, group_sizes, *, transpose_rhs: bool, out_dtype) -> jax.Array:
 def tgmm(lhs, grad, group_sizes, *, out_dtype) -> jax.Array:
     """``out[g] = lhs[rows of g].T @ grad[rows of g]`` -> [E, k, n]."""
     out = jax.lax.ragged_dot_general(
-        lhs, grad, group_sizes, TGMM_DIMS,
+        lhs,
+        grad,
+        group_sizes,
+        TGMM_DIMS,
         precision=jax.lax.Precision.HIGHEST,
         preferred_element_type=accumulator_dtype(lhs.dtype),
     )

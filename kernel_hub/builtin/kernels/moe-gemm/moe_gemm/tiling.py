@@ -119,9 +119,7 @@ def _row_candidates(m: int, dtype) -> list[int]:
 def _lane_candidates(size: int, *, divide: bool) -> list[int]:
     tiles = [size] if size <= LANE_TILE_CAP or (divide and size % LANES) else []
     tiles += [
-        t
-        for t in range(LANES, min(size, LANE_TILE_CAP + 1), LANES)
-        if not divide or size % t == 0
+        t for t in range(LANES, min(size, LANE_TILE_CAP + 1), LANES) if not divide or size % t == 0
     ]
     return tiles
 

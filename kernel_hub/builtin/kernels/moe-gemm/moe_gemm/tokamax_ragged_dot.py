@@ -55,7 +55,10 @@ def problem(platform: Platform, *dims: int) -> str | None:
 
 def gmm(lhs, rhs, group_sizes, *, transpose_rhs: bool, out_dtype, platform: Platform):
     return _tokamax().ragged_dot_general(
-        lhs, rhs, group_sizes, gmm_dims(transpose_rhs),
+        lhs,
+        rhs,
+        group_sizes,
+        gmm_dims(transpose_rhs),
         preferred_element_type=out_dtype,
         implementation=_implementation(platform),
     )
@@ -63,7 +66,10 @@ def gmm(lhs, rhs, group_sizes, *, transpose_rhs: bool, out_dtype, platform: Plat
 
 def tgmm(lhs, grad, group_sizes, *, out_dtype, platform: Platform) -> jax.Array:
     return _tokamax().ragged_dot_general(
-        lhs, grad, group_sizes, TGMM_DIMS,
+        lhs,
+        grad,
+        group_sizes,
+        TGMM_DIMS,
         preferred_element_type=out_dtype,
         implementation=_implementation(platform),
     )

@@ -11,17 +11,25 @@ from kernel_hub.kernel_api import jax_op, op_namespace
 from . import api
 
 
-def _gmm_backward(inputs, outputs, cotangents, *, transpose_rhs, preferred_element_type,
-                  implementation):
+def _gmm_backward(
+    inputs, outputs, cotangents, *, transpose_rhs, preferred_element_type, implementation
+):
     return api.gmm_vjp(
-        inputs["lhs"], inputs["rhs"], inputs["group_sizes"], cotangents[0],
-        transpose_rhs=transpose_rhs, implementation=implementation,
+        inputs["lhs"],
+        inputs["rhs"],
+        inputs["group_sizes"],
+        cotangents[0],
+        transpose_rhs=transpose_rhs,
+        implementation=implementation,
     )
 
 
 def _tgmm_backward(inputs, outputs, cotangents, *, preferred_element_type, implementation):
     return api.tgmm_vjp(
-        inputs["lhs"], inputs["grad"], inputs["group_sizes"], cotangents[0],
+        inputs["lhs"],
+        inputs["grad"],
+        inputs["group_sizes"],
+        cotangents[0],
         implementation=implementation,
     )
 
@@ -34,9 +42,7 @@ def _check_sizes_when_readable(op: str, group_sizes: torch.Tensor, rows: int) ->
 
 
 # The backward runs only the two backward kernels: no forward recomputed (and left to DCE).
-@jax_op(
-    op_namespace(__name__), api.gmm, differentiable=("lhs", "rhs"), jax_backward=_gmm_backward
-)
+@jax_op(op_namespace(__name__), api.gmm, differentiable=("lhs", "rhs"), jax_backward=_gmm_backward)
 def gmm(
     lhs: torch.Tensor,
     rhs: torch.Tensor,

@@ -62,8 +62,11 @@ def gmm(lhs, rhs, group_sizes, *, transpose_rhs: bool, out_dtype, tiling=None):
         def step(row, valid, out):
             x = jax.lax.dynamic_slice(padded, (row, ZERO), (chunk, k))
             y = jax.lax.dot_general(
-                x, weights, (((1,), (contract,)), ((), ())),
-                precision=jax.lax.Precision.HIGHEST, preferred_element_type=acc,
+                x,
+                weights,
+                (((1,), (contract,)), ((), ())),
+                precision=jax.lax.Precision.HIGHEST,
+                preferred_element_type=acc,
             )
             old = jax.lax.dynamic_slice(out, (row, ZERO), (chunk, n))
             keep = jnp.arange(chunk)[:, None] < valid
@@ -91,8 +94,11 @@ def tgmm(lhs, grad, group_sizes, *, out_dtype, tiling=None):
         x = jnp.where(keep, jax.lax.dynamic_slice(lhs_padded, (row, ZERO), (chunk, k)), 0)
         g = jnp.where(keep, jax.lax.dynamic_slice(grad_padded, (row, ZERO), (chunk, n)), 0)
         return total + jax.lax.dot_general(
-            x, g, (((0,), (0,)), ((), ())),
-            precision=jax.lax.Precision.HIGHEST, preferred_element_type=acc,
+            x,
+            g,
+            (((0,), (0,)), ((), ())),
+            precision=jax.lax.Precision.HIGHEST,
+            preferred_element_type=acc,
         )
 
     def expert(e, out):

@@ -22,24 +22,44 @@ def _jax_args(rows=6, k=4, n=5, groups=3, sizes=(2, 1, 3)):
 
 
 BAD_GMM_INPUTS = [
-    pytest.param(lambda: _jax_args(sizes=(4, 1, 3)), "sum to 8 but lhs has 6 rows",
-                 id="sizes-sum-above-m"),
+    pytest.param(
+        lambda: _jax_args(sizes=(4, 1, 3)), "sum to 8 but lhs has 6 rows", id="sizes-sum-above-m"
+    ),
     pytest.param(lambda: _jax_args(sizes=(3, -1, 2)), "must be >= 0; groups [1]", id="negative"),
-    pytest.param(lambda: (jnp.ones((2, 6, 4)), *_jax_args()[1:]), "lhs must have rank 2",
-                 id="lhs-rank"),
-    pytest.param(lambda: (_jax_args()[0], jnp.ones((4, 5)), _jax_args()[2]),
-                 "rhs must have rank 3", id="rhs-rank"),
-    pytest.param(lambda: (*_jax_args()[:2], jnp.ones((3, 1), jnp.int32)),
-                 "group_sizes must have rank 1", id="sizes-rank"),
+    pytest.param(
+        lambda: (jnp.ones((2, 6, 4)), *_jax_args()[1:]), "lhs must have rank 2", id="lhs-rank"
+    ),
+    pytest.param(
+        lambda: (_jax_args()[0], jnp.ones((4, 5)), _jax_args()[2]),
+        "rhs must have rank 3",
+        id="rhs-rank",
+    ),
+    pytest.param(
+        lambda: (*_jax_args()[:2], jnp.ones((3, 1), jnp.int32)),
+        "group_sizes must have rank 1",
+        id="sizes-rank",
+    ),
     pytest.param(lambda: (jnp.ones((6, 7)), *_jax_args()[1:]), "has k=7 but rhs", id="k-mismatch"),
-    pytest.param(lambda: (jnp.ones((6, 4), jnp.int32), *_jax_args()[1:]),
-                 "lhs has dtype int32; supported: float32, bfloat16, float64", id="int-lhs"),
-    pytest.param(lambda: (jnp.ones((6, 4), jnp.bfloat16), *_jax_args()[1:]),
-                 "lhs is bfloat16 but rhs is float32", id="mixed-dtypes"),
-    pytest.param(lambda: (*_jax_args()[:2], jnp.asarray([2.0, 1.0, 3.0])),
-                 "group_sizes has dtype float32", id="float-sizes"),
-    pytest.param(lambda: (*_jax_args()[:2], jnp.asarray([2, 4], jnp.int32)),
-                 "group_sizes has 2 entries but rhs has 3 groups", id="sizes-count"),
+    pytest.param(
+        lambda: (jnp.ones((6, 4), jnp.int32), *_jax_args()[1:]),
+        "lhs has dtype int32; supported: float32, bfloat16, float64",
+        id="int-lhs",
+    ),
+    pytest.param(
+        lambda: (jnp.ones((6, 4), jnp.bfloat16), *_jax_args()[1:]),
+        "lhs is bfloat16 but rhs is float32",
+        id="mixed-dtypes",
+    ),
+    pytest.param(
+        lambda: (*_jax_args()[:2], jnp.asarray([2.0, 1.0, 3.0])),
+        "group_sizes has dtype float32",
+        id="float-sizes",
+    ),
+    pytest.param(
+        lambda: (*_jax_args()[:2], jnp.asarray([2, 4], jnp.int32)),
+        "group_sizes has 2 entries but rhs has 3 groups",
+        id="sizes-count",
+    ),
 ]
 
 

@@ -47,7 +47,8 @@ def test_row_tiles_follow_the_bf16_sublane_rule(m, tile, problem):
 
 
 def test_tiling_problems_name_the_rule():
-    problem = moe.tiling.tiling_problem("gmm", 64, 256, 256, jnp.bfloat16,
-                                        moe.tiling.Tiling(24, 200, 256))
+    problem = moe.tiling.tiling_problem(
+        "gmm", 64, 256, 256, jnp.bfloat16, moe.tiling.Tiling(24, 200, 256)
+    )
     assert "tm=24 must equal the dimension (64) or be a multiple of 16" in problem
     assert "tk=200" in problem and "must divide k=256" in problem

@@ -41,9 +41,15 @@ def implementation(request):
 
 def tiny_mixtral(experts_implementation: str = "eager") -> MixtralForCausalLM:
     config = MixtralConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-        num_experts_per_tok=2, max_position_embeddings=64,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
     )
     torch.manual_seed(0)
     model = MixtralForCausalLM(config).eval()
@@ -79,9 +85,11 @@ def test_logits_match_stock_experts(kernel_name, implementation, input_ids, stoc
         return selected
 
     original_select = table.select
-    with torch.no_grad(), mock.patch.object(
-        moe.integrations, "gmm", wraps=moe.integrations.gmm
-    ) as gmm_calls, mock.patch.object(table, "select", recording_select):
+    with (
+        torch.no_grad(),
+        mock.patch.object(moe.integrations, "gmm", wraps=moe.integrations.gmm) as gmm_calls,
+        mock.patch.object(table, "select", recording_select),
+    ):
         got = kernel_model(input_ids).logits
     # two layers, two grouped matmuls each, traced with the implementation under test
     assert gmm_calls.call_count == 4
@@ -121,8 +129,9 @@ def test_compiled_forward_has_no_graph_break(kernel_name, input_ids):
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     with torch.no_grad():
-        diff = max_diff(compiled(input_ids, use_cache=False).logits,
-                        model(input_ids, use_cache=False).logits)
+        diff = max_diff(
+            compiled(input_ids, use_cache=False).logits, model(input_ids, use_cache=False).logits
+        )
     assert diff == 0.0
 
 

@@ -76,7 +76,9 @@ def test_gmm_matches_oracle_over_group_sizes(implementation, dtype, transpose_rh
         out = gmm(lhs, rhs, jnp.asarray(sizes, jnp.int32))
         assert out.dtype == lhs.dtype
         oracle.assert_close(
-            out, oracle.gmm(lhs, rhs, sizes, transpose_rhs), dtype,
+            out,
+            oracle.gmm(lhs, rhs, sizes, transpose_rhs),
+            dtype,
             f"gmm[{implementation}] sizes={sizes}",
         )
 
@@ -122,8 +124,9 @@ def test_pallas_tiles_with_group_edges_inside(rows, k, n, sizes, tm, transpose_r
     lhs, rhs = _inputs("float32", transpose_rhs, rows=rows, k=k, n=n, groups=groups)
     tiling = moe.tiling.Tiling(tm, k, n)
     gs = jnp.asarray(sizes, jnp.int32)
-    out = moe.jax.gmm(lhs, rhs, gs, transpose_rhs=transpose_rhs, implementation="pallas",
-                      tiling=tiling)
+    out = moe.jax.gmm(
+        lhs, rhs, gs, transpose_rhs=transpose_rhs, implementation="pallas", tiling=tiling
+    )
     oracle.assert_close(out, oracle.gmm(lhs, rhs, sizes, transpose_rhs), "float32", "gmm")
     grad = _inputs("float32", False, seed=2, rows=rows, k=n)[0]
     out = moe.jax.tgmm(lhs, grad, gs, implementation="pallas", tiling=tiling)
@@ -134,8 +137,14 @@ def test_pallas_tiles_with_group_edges_inside(rows, k, n, sizes, tm, transpose_r
 def test_preferred_element_type_sets_output_dtype(implementation):
     lhs, rhs = _inputs("bfloat16", transpose_rhs=True)
     sizes = [10, 0, 20, 7, 0]
-    out = moe.jax.gmm(lhs, rhs, jnp.asarray(sizes, jnp.int32), transpose_rhs=True,
-                      preferred_element_type=jnp.float32, implementation=implementation)
+    out = moe.jax.gmm(
+        lhs,
+        rhs,
+        jnp.asarray(sizes, jnp.int32),
+        transpose_rhs=True,
+        preferred_element_type=jnp.float32,
+        implementation=implementation,
+    )
     assert out.dtype == jnp.float32
     # An f32 result of bf16 inputs is not rounded to bf16: it matches the oracle much closer.
     oracle.assert_close(out, oracle.gmm(lhs, rhs, sizes, True), "float32", "gmm f32 out")
@@ -154,7 +163,8 @@ def test_torch_op_takes_a_torch_preferred_element_type():
     lhs, rhs = _inputs("bfloat16", transpose_rhs=True)
     sizes = [10, 0, 20, 7, 0]
     to_torch = lambda a: torch.from_numpy(np.asarray(a, np.float32)).bfloat16()
-    out = moe.gmm(to_torch(lhs), to_torch(rhs), torch.tensor(sizes, dtype=torch.int32), True,
-                  torch.float32)
+    out = moe.gmm(
+        to_torch(lhs), to_torch(rhs), torch.tensor(sizes, dtype=torch.int32), True, torch.float32
+    )
     assert out.dtype == torch.float32
     oracle.assert_close(out.numpy(), oracle.gmm(lhs, rhs, sizes, True), "float32", "torch op")

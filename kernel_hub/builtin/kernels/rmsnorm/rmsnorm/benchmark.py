@@ -53,8 +53,7 @@ CASES = [
     case(name, tokens, hidden, tags=(CPU_TAG,) if tokens * hidden <= 2**16 else ())
     for name, tokens, hidden in SHAPES
 ] + [
-    case(name, tokens, hidden, dtype, tags=(CPU_TAG,))
-    for name, tokens, hidden, dtype in CPU_SHAPES
+    case(name, tokens, hidden, dtype, tags=(CPU_TAG,)) for name, tokens, hidden, dtype in CPU_SHAPES
 ]
 
 
