@@ -24,8 +24,9 @@ step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
 step "build the wheel"
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-rm -rf dist
+rm -rf dist build ./*.egg-info  # setuptools reuses a stale build/lib
 .venv/bin/python -m pip wheel --quiet --no-deps --wheel-dir dist .
+rm -rf build ./*.egg-info
 wheel=$(ls "$root"/dist/kernel_hub-*.whl)
 
 step "install $(basename "$wheel") with [$extras] into .venv"

@@ -73,10 +73,18 @@ def _wheel_files(wheel: Path) -> dict[str, str]:
 @pytest.mark.slow
 @pytest.mark.skipif(not (CHECKOUT / "pyproject.toml").is_file(), reason="needs the source tree")
 def test_sdist_builds_the_same_wheel(tmp_path: Path) -> None:
+    # a copy, so the builds leave nothing (build/, *.egg-info) in the checkout
+    source = shutil.copytree(
+        CHECKOUT,
+        tmp_path / "source",
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__"
+        ),
+    )
     pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
-    subprocess.run([*pip, "--wheel-dir", tmp_path / "direct", CHECKOUT], check=True)
+    subprocess.run([*pip, "--wheel-dir", tmp_path / "direct", source], check=True)
     subprocess.run(
-        [sys.executable, "-m", "build", "--sdist", "--outdir", tmp_path / "sdist", CHECKOUT],
+        [sys.executable, "-m", "build", "--sdist", "--outdir", tmp_path / "sdist", source],
         check=True,
         capture_output=True,
     )
@@ -86,4 +94,6 @@ def test_sdist_builds_the_same_wheel(tmp_path: Path) -> None:
     (rebuilt,) = (tmp_path / "from-sdist").glob("*.whl")
     assert direct.name == rebuilt.name
     assert _wheel_files(direct) == _wheel_files(rebuilt)
-    assert "kernel_hub/builtin/registry.yaml" in _wheel_files(direct)
+    files = _wheel_files(direct)
+    assert "kernel_hub/builtin/registry.yaml" in files
+    assert not [name for name in files if "/tests/" in name], "kernel tests in the wheel"
