@@ -16,6 +16,10 @@ changes one. Version 1.0 offers:
 * benchmark cases: ``KernelCase``, ``CPU_TAG``;
 * errors: ``KernelHubError``, ``KernelInputError``, ``NoImplementationError``,
   ``UnsupportedDeviceError``.
+
+Version 1.1 adds sharding: ``ShardingRule`` (an op's declarative rule), ``sharded`` (the
+``shard_map`` boundary decorator for a kernel's public JAX functions), ``ShardingError``, and
+``all_to_all_rows`` / ``Transport`` (expert-parallel row exchange).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from .checks import (
 from .dispatch import Implementation, ImplementationTable
 from .errors import KernelHubError, KernelInputError, NoImplementationError, UnsupportedDeviceError
 from .platform import Platform, jax_default_device, jax_platform, tpu_generation
+from .sharding import ShardingError, ShardingRule, sharded
 from .version import KERNEL_API_VERSION
 
 API_VERSION = KERNEL_API_VERSION
@@ -52,6 +57,8 @@ __all__ = [
     "NoImplementationError",
     "Platform",
     "RowBuckets",
+    "ShardingError",
+    "ShardingRule",
     "UnsupportedDeviceError",
     "check_dtype",
     "check_rank",
@@ -62,5 +69,6 @@ __all__ = [
     "jax_platform",
     "op_namespace",
     "require",
+    "sharded",
     "tpu_generation",
 ]

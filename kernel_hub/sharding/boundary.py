@@ -79,7 +79,8 @@ def _placement(rule: ShardingRule, names: Sequence[str], arrays: Sequence[Any]):
             None
             if a is None
             else Operand(
-                n, tuple(a.shape),
+                n,
+                tuple(a.shape),
                 tuple(context.axes_of(f) for f in expand(rule, dims, a.ndim, n)),
             )
             for n, a, dims in zip(names, arrays, rule.operands, strict=True)

@@ -90,7 +90,8 @@ class ShardingRule:
         unknown = (declared | (in_results - {ELLIPSIS})) - known
         if unknown:
             raise ShardingError(f"{self.op}: factors {sorted(unknown)} are in no operand")
-        for factor in known - in_results - set(self.whole) - set(self.reduced):
+        grouped = {f for pair in self.together if set(pair) & in_results for f in pair}
+        for factor in known - in_results - set(self.whole) - set(self.reduced) - grouped:
             raise ShardingError(
                 f"{self.op}: factor {factor!r} is in no result; declare it whole or reduced"
             )
@@ -106,5 +107,5 @@ class ShardingRule:
         return None
 
     def __str__(self) -> str:
-        side = lambda dims: ", ".join(" ".join(d) for d in dims)  # noqa: E731
+        side = lambda dims: ", ".join(" ".join(d) for d in dims)
         return f"{side(self.operands)} -> {side(self.results)}"

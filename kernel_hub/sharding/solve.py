@@ -72,8 +72,11 @@ def solve(
         )
     present = [(o, dims) for o, dims in zip(operands, rule.operands, strict=True) if o is not None]
     expanded = [expand(rule, dims, len(o.shape), o.name) for o, dims in present]
-    ellipsis_ranks = {sum(f.startswith(ELLIPSIS) for f in e) for e, (_, d) in
-                      zip(expanded, present, strict=True) if ELLIPSIS in d}
+    ellipsis_ranks = {
+        sum(f.startswith(ELLIPSIS) for f in e)
+        for e, (_, d) in zip(expanded, present, strict=True)
+        if ELLIPSIS in d
+    }
     if len(ellipsis_ranks) > 1:
         raise ShardingError(f"{rule.op}: the '...' dimensions differ in count between operands")
 

@@ -1,0 +1,34 @@
+"""Sharding rules of the attention functions: batch and heads split (query and kv heads together,
+so each shard keeps whole GQA groups); sequences and head_dim stay whole. A split sequence is
+context parallelism: ``ring.ring_attention`` over a ``cp`` axis."""
+
+from kernel_hub.kernel_api import ShardingRule, sharded
+
+_INPUTS = (
+    "batch heads q_len head_dim, batch kv_heads kv_len head_dim, batch kv_heads kv_len head_dim, "
+    "batch kv_len, batch q_len, batch kv_len"
+)
+_OUT = "batch heads q_len head_dim"
+_LSE = "batch heads q_len"
+_KV = "batch kv_heads kv_len head_dim"
+_RING = "context parallelism: flash_attention.ring.ring_attention over a 'cp' mesh axis"
+_OPTIONS = {
+    "whole": ("q_len", "kv_len", "head_dim"),
+    "together": (("heads", "kv_heads"),),
+    "handled_by": {"q_len": _RING, "kv_len": _RING},
+}
+
+ATTENTION = ShardingRule.parse("dot_product_attention", f"{_INPUTS} -> {_OUT}", **_OPTIONS)
+ATTENTION_WITH_LSE = ShardingRule.parse(
+    "dot_product_attention_with_lse", f"{_INPUTS} -> {_OUT}, {_LSE}", **_OPTIONS
+)
+ATTENTION_BACKWARD = ShardingRule.parse(
+    "attention_backward",
+    f"{_INPUTS}, {_OUT}, {_LSE}, {_OUT}, {_LSE} -> {_OUT}, {_KV}, {_KV}",
+    **_OPTIONS,
+)
+
+# Decorators of the public JAX functions in ``api``.
+attention_boundary = sharded(ATTENTION)
+with_lse_boundary = sharded(ATTENTION_WITH_LSE)
+backward_boundary = sharded(ATTENTION_BACKWARD)

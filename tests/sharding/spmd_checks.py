@@ -1,0 +1,375 @@
+"""Sharded kernels on 8 simulated CPU devices: run as a script, prints one JSON line per check.
+
+Run in a fresh process (the device count is fixed when JAX starts): ``python spmd_checks.py``.
+Each check compares a kernel's sharded forward and gradients on an Explicit-axis mesh with the
+same call on one device, and checks the output's sharding.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import json
+import sys
+import traceback
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from kernel_hub import get_kernel
+from kernel_hub.sharding import ShardingError, use_mesh
+
+FORWARD_TOL, GRAD_TOL = 1e-6, 1e-5
+CHECKS: list[Callable[[], dict]] = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+def mesh(shape, names, kind=AxisType.Explicit):
+    return jax.make_mesh(shape, names, axis_types=(kind,) * len(names))
+
+
+def rand(seed, shape, dtype=jnp.float32):
+    return jax.random.normal(jax.random.key(seed), shape, dtype)
+
+
+def put(m, array, spec):
+    return jax.device_put(array, NamedSharding(m, spec))
+
+
+def max_err(a, b) -> float:
+    """Largest |a - b| over every leaf, relative to the largest |b| of that leaf (values of
+    order one read as absolute; a gradient summed over 256 columns is ~16)."""
+    return max(
+        float(np.max(np.abs(np.asarray(x) - np.asarray(y))) / max(1.0, np.max(np.abs(y))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+def with_grads(fn, args, diff):
+    """(outputs, gradients of sum(outputs * fixed cotangents) w.r.t. args[diff])."""
+
+    def loss(*diff_args):
+        full = list(args)
+        for i, v in zip(diff, diff_args, strict=True):
+            full[i] = v
+        out = fn(*full)
+        return sum(
+            jnp.sum(o * jnp.cos(jnp.arange(o.size).reshape(o.shape))) for o in jax.tree.leaves(out)
+        )
+
+    out = fn(*args)
+    grads = jax.grad(loss, argnums=tuple(range(len(diff))))(*(args[i] for i in diff))
+    return out, grads
+
+
+def compare(name, fn, args, specs, m, diff, expect_out):
+    """Sharded vs single-device forward and gradients; the output specs; shard_map in jaxpr."""
+    local = [np.asarray(a) for a in args]
+    ref_out, ref_grads = with_grads(fn, [jnp.asarray(a) for a in local], diff)
+    placed = [put(m, a, s) for a, s in zip(local, specs, strict=True)]
+    jitted = jax.jit(lambda *a: with_grads(fn, a, diff))
+    out, grads = jitted(*placed)
+    out_specs = [tuple(o.sharding.spec) for o in jax.tree.leaves(out)]
+    expect = [tuple(s) for s in expect_out]
+    pad = lambda s, n: s + (None,) * (n - len(s))
+    outs = jax.tree.leaves(out)
+    specs_ok = all(
+        pad(a, o.ndim) == pad(e, o.ndim) for a, e, o in zip(out_specs, expect, outs, strict=True)
+    )
+    jaxpr = str(jax.make_jaxpr(lambda *a: fn(*a))(*placed))
+    fwd, grad = max_err(out, ref_out), max_err(grads, ref_grads)
+    ok = fwd <= FORWARD_TOL and grad <= GRAD_TOL and specs_ok and "shard_map" in jaxpr
+    return {
+        "name": name,
+        "ok": ok,
+        "forward_err": fwd,
+        "grad_err": grad,
+        "out_specs": [str(s) for s in out_specs],
+        "expected": [str(s) for s in expect],
+    }
+
+
+def expect_error(name, fn, words):
+    try:
+        fn()
+    except Exception as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        return {"name": name, "ok": all(w in message for w in words), "message": message[:400]}
+    return {"name": name, "ok": False, "message": "no error raised"}
+
+
+# --- rmsnorm ----------------------------------------------------------------------------------
+
+
+def rmsnorm_fn():
+    rms = get_kernel("rms_norm").jax.rms_norm
+    return lambda x, w: rms(x, w, 1e-6, implementation="pallas")
+
+
+@check
+def rmsnorm_rows_8():
+    m = mesh((8,), ("x",))
+    x, w = rand(0, (16, 4, 128)), 1 + 0.1 * rand(1, (128,))
+    return compare(
+        "rmsnorm rows over (8,)", rmsnorm_fn(), [x, w], [P("x"), P()], m, (0, 1), [P("x")]
+    )
+
+
+@check
+def rmsnorm_batch_seq_2x4():
+    m = mesh((2, 4), ("data", "model"))
+    x, w = rand(2, (4, 8, 128)), 1 + 0.1 * rand(3, (128,))
+    return compare(
+        "rmsnorm batch x seq over (2,4)",
+        rmsnorm_fn(),
+        [x, w],
+        [P("data", "model"), P()],
+        m,
+        (0, 1),
+        [P("data", "model")],
+    )
+
+
+@check
+def rmsnorm_hidden_refused():
+    m = mesh((8,), ("x",))
+    x, w = put(m, rand(0, (8, 128)), P(None, "x")), put(m, jnp.ones(128), P("x"))
+    return expect_error(
+        "rmsnorm refuses a split hidden axis",
+        lambda: rmsnorm_fn()(x, w),
+        ["ShardingError", "hidden", "must stay whole", "all-gather"],
+    )
+
+
+@check
+def pallas_without_boundary_fails():
+    """The negative control: the same kernel without the rule fails on an Explicit mesh."""
+    m = mesh((8,), ("x",))
+    x, w = put(m, rand(0, (16, 128)), P("x")), put(m, jnp.ones(128), P())
+    plain = get_kernel("rms_norm").jax.rms_norm.__wrapped__
+    return expect_error(
+        "pallas_call without the boundary fails",
+        lambda: jax.jit(lambda a, b: plain(a, b, implementation="pallas"))(x, w),
+        ["Manual"],
+    )
+
+
+@check
+def rmsnorm_use_mesh_auto():
+    m = mesh((2, 4), ("data", "model"), AxisType.Auto)
+    x, w = rand(4, (8, 4, 128)), 1 + 0.1 * rand(5, (128,))
+    ref = rmsnorm_fn()(x, w)
+    with use_mesh(m, {"...": ("data", "model")}):
+        fn = jax.jit(rmsnorm_fn())
+        jaxpr = str(jax.make_jaxpr(rmsnorm_fn())(x, w))
+        out = fn(put(m, x, P("data", "model")), put(m, w, P()))
+    err = max_err(out, ref)
+    return {
+        "name": "rmsnorm in use_mesh on an Auto mesh",
+        "ok": err <= FORWARD_TOL
+        and "shard_map" in jaxpr
+        and "in_specs=(P('data', 'model'" in jaxpr,
+        "forward_err": err,
+    }
+
+
+# --- attention ----------------------------------------------------------------------------------
+
+
+def attention_fns():
+    api = get_kernel("dot_product_attention").jax
+    plain = lambda q, k, v: api.dot_product_attention(q, k, v, causal=True, implementation="pallas")
+    lse = lambda q, k, v: api.dot_product_attention_with_lse(
+        q, k, v, causal=True, implementation="pallas"
+    )
+    return plain, lse
+
+
+def qkv(batch, heads, kv_heads, seq=64, dim=32):
+    return (
+        rand(10, (batch, heads, seq, dim)),
+        rand(11, (batch, kv_heads, seq, dim)),
+        rand(12, (batch, kv_heads, seq, dim)),
+    )
+
+
+@check
+def attention_batch_heads_2x4():
+    m = mesh((2, 4), ("data", "model"))
+    plain, _ = attention_fns()
+    spec = P("data", "model")
+    return compare(
+        "attention GQA 8/4, batch x heads over (2,4)",
+        plain,
+        list(qkv(2, 8, 4)),
+        [spec] * 3,
+        m,
+        (0, 1, 2),
+        [spec],
+    )
+
+
+@check
+def attention_lse_heads_8():
+    m = mesh((8,), ("x",))
+    _, lse = attention_fns()
+    spec = P(None, "x")
+    return compare(
+        "attention_with_lse GQA 16/8, heads over (8,)",
+        lse,
+        list(qkv(1, 16, 8)),
+        [spec] * 3,
+        m,
+        (0, 1, 2),
+        [spec, spec],
+    )
+
+
+@check
+def attention_kv_heads_follow_q():
+    """kv heads left whole are split to match the query heads (no communication)."""
+    m = mesh((2, 4), ("data", "model"))
+    plain, _ = attention_fns()
+    return compare(
+        "attention, kv replicated while q heads split",
+        plain,
+        list(qkv(2, 8, 4)),
+        [P("data", "model"), P("data"), P("data")],
+        m,
+        (0, 1, 2),
+        [P("data", "model")],
+    )
+
+
+@check
+def attention_seq_refused():
+    m = mesh((8,), ("x",))
+    plain, _ = attention_fns()
+    q, k, v = (put(m, a, P(None, None, "x")) for a in qkv(1, 8, 4))
+    return expect_error(
+        "attention refuses a split sequence",
+        lambda: plain(q, k, v),
+        ["ShardingError", "q_len", "ring_attention"],
+    )
+
+
+@check
+def attention_kv_heads_indivisible():
+    m = mesh((8,), ("x",))
+    plain, _ = attention_fns()
+    q, k, v = qkv(1, 8, 4)
+    q = put(m, q, P(None, "x"))
+    return expect_error(
+        "attention refuses kv heads that cannot follow",
+        lambda: plain(q, k, v),
+        ["ShardingError", "key dimension 1", "divisible by 8"],
+    )
+
+
+# --- moe-gemm -----------------------------------------------------------------------------------
+
+
+def moe():
+    return get_kernel("gmm").jax
+
+
+def tiling():
+    """One tiling for the sharded and the single-device call: the same sums in the same order."""
+    return moe().Tiling(64, 64, 32)
+
+
+SIZES = np.array([10, 0, 22, 32], np.int32)
+
+
+@check
+def gmm_k_n_2x4():
+    m = mesh((2, 4), ("data", "model"))
+    api = moe()
+    fn = lambda a, b, s: api.gmm(a, b, s, implementation="pallas", tiling=tiling())
+    lhs, rhs = rand(20, (64, 128)), rand(21, (4, 128, 256))
+    return compare(
+        "gmm, k (summed) x n over (2,4)",
+        fn,
+        [lhs, rhs, SIZES],
+        [P(None, "data"), P(None, "data", "model"), P()],
+        m,
+        (0, 1),
+        [P(None, "model")],
+    )
+
+
+@check
+def gmm_transposed_n_8():
+    m = mesh((8,), ("x",))
+    api = moe()
+    fn = lambda a, b, s: api.gmm(
+        a, b, s, transpose_rhs=True, implementation="pallas", tiling=tiling()
+    )
+    lhs, rhs = rand(22, (64, 128)), rand(23, (4, 256, 128))
+    return compare(
+        "gmm transpose_rhs, n over (8,)",
+        fn,
+        [lhs, rhs, SIZES],
+        [P(), P(None, "x"), P()],
+        m,
+        (0, 1),
+        [P(None, "x")],
+    )
+
+
+@check
+def tgmm_k_n_2x4():
+    m = mesh((2, 4), ("data", "model"))
+    api = moe()
+    fn = lambda a, g, s: api.tgmm(a, g, s, implementation="pallas", tiling=tiling())
+    lhs, grad = rand(24, (64, 128)), rand(25, (64, 256))
+    return compare(
+        "tgmm, k x n over (2,4)",
+        fn,
+        [lhs, grad, SIZES],
+        [P(None, "data"), P(None, "model"), P()],
+        m,
+        (0, 1),
+        [P(None, "data", "model")],
+    )
+
+
+@check
+def gmm_experts_refused():
+    m = mesh((4, 2), ("ep", "x"))
+    api = moe()
+    lhs, rhs = rand(20, (64, 128)), put(m, rand(21, (4, 128, 256)), P("ep"))
+    return expect_error(
+        "gmm refuses split experts",
+        lambda: api.gmm(lhs, rhs, SIZES),
+        ["ShardingError", "experts", "moe_ep"],
+    )
+
+
+def main() -> int:
+    only = set(sys.argv[1:])
+    for fn in CHECKS:
+        if only and fn.__name__ not in only:
+            continue
+        try:
+            result = fn()
+        except Exception:
+            result = {"name": fn.__name__, "ok": False, "message": traceback.format_exc()[-3000:]}
+        result["check"] = fn.__name__
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    assert ShardingError  # imported for the checks' error types
+    sys.exit(main())
