@@ -18,7 +18,8 @@ changes one. Version 1.0 offers:
   ``UnsupportedDeviceError``.
 
 Version 1.1 adds sharding: ``ShardingRule`` (an op's declarative rule), ``sharded`` (the
-``shard_map`` boundary decorator for a kernel's public JAX functions), ``ShardingError``, and
+``shard_map`` boundary decorator for a kernel's public JAX functions), ``ShardingError``,
+``MeshCase`` (a sharded compile case for ``compile-check --mesh``), and
 ``all_to_all_rows`` / ``Transport`` (expert-parallel row exchange).
 """
 
@@ -39,7 +40,7 @@ from .checks import (
 from .dispatch import Implementation, ImplementationTable
 from .errors import KernelHubError, KernelInputError, NoImplementationError, UnsupportedDeviceError
 from .platform import Platform, jax_default_device, jax_platform, tpu_generation
-from .sharding import ShardingError, ShardingRule, sharded
+from .sharding import MeshCase, ShardingError, ShardingRule, sharded
 from .version import KERNEL_API_VERSION
 
 API_VERSION = KERNEL_API_VERSION
@@ -54,6 +55,7 @@ __all__ = [
     "KernelCase",
     "KernelHubError",
     "KernelInputError",
+    "MeshCase",
     "NoImplementationError",
     "Platform",
     "RowBuckets",

@@ -72,3 +72,15 @@ def tpu_device(generation: str) -> Any:
 
     with filtered_libtpu_stderr():
         return topologies.get_topology_desc(TOPOLOGIES[generation], "tpu").devices[0]
+
+
+@functools.cache
+def tpu_devices(generation: str) -> tuple[Any, ...]:
+    """Every device of the deviceless topology for ``generation`` (4 chips; v4: 8 cores)."""
+    if generation not in TOPOLOGIES:
+        raise UnknownNameError("TPU generation", generation, TOPOLOGIES)
+    allow_shared_libtpu()
+    from jax.experimental import topologies
+
+    with filtered_libtpu_stderr():
+        return tuple(topologies.get_topology_desc(TOPOLOGIES[generation], "tpu").devices)

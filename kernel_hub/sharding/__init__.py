@@ -4,10 +4,12 @@ rows between shards. See docs/running-on-a-pod.md.
 """
 
 from .boundary import partition_spec, run_sharded, sharded
+from .cases import MeshCase
 from .context import MeshContext, current_mesh_context, use_mesh
 from .rule import ShardingError, ShardingRule
 
 __all__ = [
+    "MeshCase",
     "MeshContext",
     "ShardingError",
     "ShardingRule",

@@ -2,7 +2,7 @@
 so each shard keeps whole GQA groups); sequences and head_dim stay whole. A split sequence is
 context parallelism: ``ring.ring_attention`` over a ``cp`` axis."""
 
-from kernel_hub.kernel_api import ShardingRule, sharded
+from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
 
 _INPUTS = (
     "batch heads q_len head_dim, batch kv_heads kv_len head_dim, batch kv_heads kv_len head_dim, "
@@ -32,3 +32,25 @@ ATTENTION_BACKWARD = ShardingRule.parse(
 attention_boundary = sharded(ATTENTION)
 with_lse_boundary = sharded(ATTENTION_WITH_LSE)
 backward_boundary = sharded(ATTENTION_BACKWARD)
+
+
+def mesh_cases() -> list[MeshCase]:
+    """Causal GQA 32/8 with batch over data and heads over model: no collectives needed."""
+    import jax
+    import jax.numpy as jnp
+
+    from . import api
+
+    q = jax.ShapeDtypeStruct((2, 32, 1024, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 8, 1024, 128), jnp.bfloat16)
+    spec = ("data", "model", None, None)
+    return [
+        MeshCase(
+            "causal GQA 32/8 batch x heads bf16",
+            lambda q, k, v: api.dot_product_attention(q, k, v, causal=True),
+            (q, kv, kv),
+            (spec, spec, spec),
+            ("data", "model"),
+            differentiable=(0, 1, 2),
+        )
+    ]

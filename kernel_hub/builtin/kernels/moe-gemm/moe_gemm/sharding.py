@@ -3,7 +3,7 @@ row order, so splitting either is expert parallelism (``expert_parallel.moe_ep``
 its output columns ``n`` and its contraction ``k`` (partial products summed over the shards);
 tgmm splits ``k`` and ``n`` freely."""
 
-from kernel_hub.kernel_api import ShardingRule, sharded
+from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
 
 _EP = "expert parallelism: moe_gemm.expert_parallel.moe_ep over an 'ep' mesh axis"
 _WHOLE = {"whole": ("rows", "experts"), "handled_by": {"rows": _EP, "experts": _EP}}
@@ -52,3 +52,32 @@ gmm_boundary = sharded(gmm_rule)
 tgmm_boundary = sharded(TGMM)
 gmm_vjp_boundary = sharded(gmm_vjp_rule)
 tgmm_vjp_boundary = sharded(TGMM_VJP)
+
+
+def mesh_cases() -> list[MeshCase]:
+    """gmm with k split (partial products summed: all-reduce) and n split; tgmm with k x n."""
+    import jax
+    import jax.numpy as jnp
+
+    from . import api
+
+    rows = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
+    return [
+        MeshCase(
+            "gmm k x n bf16",
+            lambda lhs, rhs, s: api.gmm(lhs, rhs, s),
+            (rows, jax.ShapeDtypeStruct((8, 1024, 1024), jnp.bfloat16), sizes),
+            ((None, "data"), (None, "data", "model"), (None,)),
+            ("data", "model"),
+            differentiable=(0, 1),
+            forward_collectives={"all-reduce": 1},
+        ),
+        MeshCase(
+            "tgmm k x n bf16",
+            lambda lhs, grad, s: api.tgmm(lhs, grad, s),
+            (rows, rows, sizes),
+            ((None, "data"), (None, "model"), (None,)),
+            ("data", "model"),
+        ),
+    ]
