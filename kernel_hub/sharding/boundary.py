@@ -63,38 +63,22 @@ def _placement(rule: ShardingRule, names: Sequence[str], arrays: Sequence[Any]):
     """(mesh, operands with their current per-dimension axes, explicit) or None: run unwrapped."""
     import jax
 
-    present = [a for a in arrays if a is not None]
-    context = current_mesh_context()
-    mesh = _mesh_of(present, rule.op)
-    if mesh is not None and "Manual" in _axis_kinds(mesh):
-        if _axis_kinds(mesh) == {"Manual"}:
-            return None  # inside the caller's shard_map: the kernel sees per-shard arrays
-        raise ShardingError(
-            f"{rule.op}: called inside a shard_map over only some mesh axes "
-            f"({mesh.axis_names}, {mesh.axis_types}); Pallas kernels need a shard_map over all "
-            f"of them"
-        )
-    if context is not None:
-        operands = [
-            None
-            if a is None
-            else Operand(
-                n,
-                tuple(a.shape),
-                tuple(context.axes_of(f) for f in expand(rule, dims, a.ndim, n)),
-            )
-            for n, a, dims in zip(names, arrays, rule.operands, strict=True)
-        ]
-        return context.mesh, operands, "Explicit" in _axis_kinds(context.mesh)
-    if mesh is None or "Explicit" not in _axis_kinds(mesh):
+    found = find_mesh(rule.op, arrays)
+    if found is None:
         return None
+    mesh, explicit = found
+    context = current_mesh_context()
+
+    def axes(name: str, array: Any, dims: tuple[str, ...]) -> tuple[Axes, ...]:
+        if context is not None:
+            return tuple(context.axes_of(f) for f in expand(rule, dims, array.ndim, name))
+        return _spec_axes(jax.typeof(array).sharding.spec, array.ndim)
+
     operands = [
-        None
-        if a is None
-        else Operand(n, tuple(a.shape), _spec_axes(jax.typeof(a).sharding.spec, a.ndim))
-        for n, a in zip(names, arrays, strict=True)
+        None if a is None else Operand(n, tuple(a.shape), axes(n, a, dims))
+        for n, a, dims in zip(names, arrays, rule.operands, strict=True)
     ]
-    return mesh, operands, True
+    return mesh, operands, explicit
 
 
 def run_sharded(
@@ -114,17 +98,61 @@ def run_sharded(
     return _shard_mapped(rule, fn, mesh, arrays, operands, solution, options, explicit)
 
 
-def _shard_mapped(rule, fn, mesh, arrays, operands, solution: Solution, options, explicit):
+def find_mesh(op: str, arrays: Sequence[Any]) -> tuple[Any, bool] | None:
+    """(mesh, explicit) a layer built on shard_map runs over: the ``use_mesh`` region's, else the
+    Explicit-axis mesh the arrays are sharded on; None outside any mesh or inside a shard_map."""
+    context = current_mesh_context()
+    mesh = _mesh_of([a for a in arrays if a is not None], op)
+    if mesh is not None and "Manual" in _axis_kinds(mesh):
+        if _axis_kinds(mesh) == {"Manual"}:
+            return None  # inside the caller's shard_map: the kernel sees per-shard arrays
+        raise ShardingError(
+            f"{op}: called inside a shard_map over only some mesh axes "
+            f"({mesh.axis_names}, {mesh.axis_types}); Pallas kernels need a shard_map over all "
+            f"of them"
+        )
+    if context is not None:
+        return context.mesh, "Explicit" in _axis_kinds(context.mesh)
+    if mesh is None or "Explicit" not in _axis_kinds(mesh):
+        return None
+    return mesh, True
+
+
+def shard_map_all(
+    body: Callable[..., Any],
+    mesh: Any,
+    arrays: Sequence[Any],
+    in_axes: Sequence[Sequence[Axes]],
+    out_specs: Any,
+    explicit: bool,
+) -> Any:
+    """``body`` as one shard_map over every axis of ``mesh`` (``check_vma=False``, see above).
+    On an Explicit mesh, an array not already split as ``in_axes`` says is resharded first
+    (shard_map does not reshard there)."""
     import jax
     from jax.sharding import NamedSharding
 
-    present = [a for a in arrays if a is not None]
-    current = [o.axes for o in operands if o is not None]
-    if explicit:  # shard_map does not reshard on Explicit meshes: split unsplit copies first
-        present = [
-            a if now == want else jax.sharding.reshard(a, NamedSharding(mesh, partition_spec(want)))
-            for a, now, want in zip(present, current, solution.operands, strict=True)
+    if explicit:
+        arrays = [
+            a
+            if _spec_axes(jax.typeof(a).sharding.spec, a.ndim) == tuple(want)
+            else jax.sharding.reshard(a, NamedSharding(mesh, partition_spec(want)))
+            for a, want in zip(arrays, in_axes, strict=True)
         ]
+    mapped = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=tuple(partition_spec(a) for a in in_axes),
+        out_specs=out_specs,
+        check_vma=False,
+    )
+    return mapped(*arrays)
+
+
+def _shard_mapped(rule, fn, mesh, arrays, operands, solution: Solution, options, explicit):
+    import jax
+
+    present = [a for a in arrays if a is not None]
     reduce_over = solution.reduce_over
 
     def body(*local):
@@ -136,14 +164,8 @@ def _shard_mapped(rule, fn, mesh, arrays, operands, solution: Solution, options,
         return out
 
     out_specs = tuple(partition_spec(r) for r in solution.results)
-    mapped = jax.shard_map(
-        body,
-        mesh=mesh,
-        in_specs=tuple(partition_spec(o) for o in solution.operands),
-        out_specs=out_specs[0] if len(rule.results) == 1 else out_specs,
-        check_vma=False,
-    )
-    return mapped(*present)
+    out_specs = out_specs[0] if len(rule.results) == 1 else out_specs
+    return shard_map_all(body, mesh, present, solution.operands, out_specs, explicit)
 
 
 def sharded(rule: RuleSource) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
