@@ -181,6 +181,6 @@ def mesh_matrix(
                 if direction == "backward" and not case.differentiable:
                     continue
                 results += [compile_mesh_case(kernel, case, g, direction) for g in generations]
-            if control:
+            if control and case.control:
                 results.append(compile_mesh_case(kernel, case, generations[0], CONTROL))
     return results

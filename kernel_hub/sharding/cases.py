@@ -33,3 +33,6 @@ class MeshCase:
     forward_collectives: Mapping[str, int] = field(default_factory=dict)
     """HLO collective -> the least number of them the compiled forward holds."""
     backward_collectives: Mapping[str, int] = field(default_factory=dict)
+    control: bool = True
+    """Compile a negative control (Auto mesh: the rule sees no sharding, Mosaic must refuse).
+    False for layers that are their own shard_map (they refuse a mesh-less call themselves)."""

@@ -56,10 +56,12 @@ tgmm_vjp_boundary = sharded(TGMM_VJP)
 
 def mesh_cases() -> list[MeshCase]:
     """gmm with k split (partial products summed: all-reduce) and n split; tgmm with k x n."""
+    import functools
+
     import jax
     import jax.numpy as jnp
 
-    from . import api
+    from . import api, expert_parallel
 
     rows = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
     sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
@@ -72,6 +74,25 @@ def mesh_cases() -> list[MeshCase]:
             ("data", "model"),
             differentiable=(0, 1),
             forward_collectives={"all-reduce": 1},
+        ),
+        MeshCase(
+            "expert-parallel MoE E16 top-2 bf16 (ragged_all_to_all)",
+            functools.partial(
+                expert_parallel.moe_ep, activation=expert_parallel.swiglu, transport="ragged"
+            ),
+            (
+                jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16),
+                jax.ShapeDtypeStruct((1024, 2), jnp.int32),
+                jax.ShapeDtypeStruct((1024, 2), jnp.bfloat16),
+                jax.ShapeDtypeStruct((16, 512, 512), jnp.bfloat16),
+                jax.ShapeDtypeStruct((16, 256, 512), jnp.bfloat16),
+            ),
+            (("ep",),) * 5,
+            ("ep",),
+            differentiable=(0, 3, 4),
+            forward_collectives={"ragged-all-to-all": 2, "all-gather": 1},
+            backward_collectives={"ragged-all-to-all": 2},
+            control=False,
         ),
         MeshCase(
             "tgmm k x n bf16",
