@@ -19,9 +19,10 @@ changes one. Version 1.0 offers:
 
 Version 1.1 adds sharding: ``ShardingRule`` (an op's declarative rule), ``sharded`` (the
 ``shard_map`` boundary decorator for a kernel's public JAX functions), ``ShardingError``,
-``MeshCase`` (a sharded compile case for ``compile-check --mesh``), ``find_mesh`` and
-``shard_map_all`` (for layers that are their own shard_map), ``exchange_rows`` / ``Transport``
-(expert-parallel row exchange: ragged_all_to_all, or its dense all_to_all emulation on CPU).
+``MeshCase`` (a sharded compile case for ``compile-check --mesh``), ``find_mesh``,
+``shard_map_all`` and ``partition_spec`` (for layers that are their own shard_map),
+``exchange_rows`` / ``Transport`` (expert-parallel row exchange: ragged_all_to_all, or its
+dense all_to_all emulation on CPU).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from .sharding import (
     Transport,
     exchange_rows,
     find_mesh,
+    partition_spec,
     shard_map_all,
     sharded,
 )
@@ -83,6 +85,7 @@ __all__ = [
     "jax_op",
     "jax_platform",
     "op_namespace",
+    "partition_spec",
     "require",
     "shard_map_all",
     "sharded",

@@ -428,6 +428,44 @@ def moe_ep_skewed_routing():
                                 dense_moe, args, [P("ep")] * 5, m, (0, 2, 3, 4), [P("ep")])
 
 
+# --- ring attention --------------------------------------------------------------------------
+
+def ring_fn(causal):
+    ring = get_kernel("dot_product_attention").ring
+    return lambda q, k, v: ring.ring_attention_with_lse(
+        q, k, v, causal=causal, implementation="pallas")
+
+
+def unsharded_attention(causal):
+    api = get_kernel("dot_product_attention").jax
+    return lambda q, k, v: api.dot_product_attention_with_lse(
+        q, k, v, causal=causal, implementation="xla")
+
+
+def cp_mesh(shape, names):
+    devices = np.array(jax.devices()[: int(np.prod(shape))]).reshape(shape)
+    return jax.sharding.Mesh(devices, names, axis_types=(AxisType.Explicit,) * len(names))
+
+
+@check
+def ring_causal_gqa_4():
+    m = cp_mesh((4,), ("cp",))
+    spec = P(None, None, "cp")
+    return compare_to_reference("ring attention, 4 shards, causal, GQA 4/2", ring_fn(True),
+                                unsharded_attention(True), list(qkv(1, 4, 2, seq=256)),
+                                [spec] * 3, m, (0, 1, 2), [spec, spec])
+
+
+@check
+def ring_bidirectional_batch_2x4():
+    m = mesh((2, 4), ("data", "cp"))
+    spec = P("data", None, "cp")
+    return compare_to_reference("ring attention, batch x 4-shard cp, bidirectional, GQA 4/2",
+                                ring_fn(False), unsharded_attention(False),
+                                list(qkv(2, 4, 2, seq=256)), [spec] * 3, m, (0, 1, 2),
+                                [spec, spec])
+
+
 def main() -> int:
     only = set(sys.argv[1:])
     for fn in CHECKS:

@@ -35,12 +35,16 @@ backward_boundary = sharded(ATTENTION_BACKWARD)
 
 
 def mesh_cases() -> list[MeshCase]:
-    """Causal GQA 32/8 with batch over data and heads over model: no collectives needed."""
+    """Causal GQA 32/8 with batch over data and heads over model (no collectives needed), and a
+    causal ring over cp (K/V passed on with collective-permute)."""
     import jax
     import jax.numpy as jnp
 
-    from . import api
+    from . import api, ring
 
+    long_q = jax.ShapeDtypeStruct((1, 32, 4096, 128), jnp.bfloat16)
+    long_kv = jax.ShapeDtypeStruct((1, 8, 4096, 128), jnp.bfloat16)
+    cp = (None, None, "cp", None)
     q = jax.ShapeDtypeStruct((2, 32, 1024, 128), jnp.bfloat16)
     kv = jax.ShapeDtypeStruct((2, 8, 1024, 128), jnp.bfloat16)
     spec = ("data", "model", None, None)
@@ -52,5 +56,16 @@ def mesh_cases() -> list[MeshCase]:
             (spec, spec, spec),
             ("data", "model"),
             differentiable=(0, 1, 2),
-        )
+        ),
+        MeshCase(
+            "ring attention causal GQA 32/8 S4096 over cp bf16",
+            lambda q, k, v: ring.ring_attention(q, k, v, causal=True),
+            (long_q, long_kv, long_kv),
+            (cp, cp, cp),
+            ("cp",),
+            differentiable=(0, 1, 2),
+            forward_collectives={"collective-permute": 3},
+            backward_collectives={"collective-permute": 3},
+            control=False,
+        ),
     ]
