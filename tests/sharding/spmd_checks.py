@@ -388,25 +388,39 @@ def compare_to_reference(name, fn, reference, args, specs, m, diff, expect_out):
     placed = [put(m, np.asarray(a), s) for a, s in zip(args, specs, strict=True)]
     out, grads = jax.jit(lambda *a: with_grads(fn, a, diff))(*placed)
     fwd, grad = max_err(out, ref_out), max_err(grads, ref_grads)
-    got = [tuple(o.sharding.spec)[: len(e)] for o, e in zip(jax.tree.leaves(out), expect_out,
-                                                           strict=True)]
+    got = [
+        tuple(o.sharding.spec)[: len(e)]
+        for o, e in zip(jax.tree.leaves(out), expect_out, strict=True)
+    ]
     specs_ok = got == [tuple(e) for e in expect_out]
-    return {"name": name, "ok": fwd <= FORWARD_TOL and grad <= GRAD_TOL and specs_ok,
-            "forward_err": fwd, "grad_err": grad, "out_specs": [str(g) for g in got]}
+    return {
+        "name": name,
+        "ok": fwd <= FORWARD_TOL and grad <= GRAD_TOL and specs_ok,
+        "forward_err": fwd,
+        "grad_err": grad,
+        "out_specs": [str(g) for g in got],
+    }
 
 
 def moe_ep_fn(transport="dense"):
     ep = get_kernel("gmm").expert_parallel
-    return lambda *a: ep.moe_ep(*a, activation=swiglu, transport=transport,
-                                implementation="pallas")
+    return lambda *a: ep.moe_ep(*a, activation=swiglu, transport=transport, implementation="pallas")
 
 
 @check
 def moe_ep_16_experts_top2_8():
     m = mesh((8,), ("ep",))
     spec = P("ep")
-    return compare_to_reference("EP MoE E=16 top-2 over (8,) ep", moe_ep_fn(), dense_moe,
-                                moe_inputs(), [spec] * 5, m, (0, 2, 3, 4), [spec])
+    return compare_to_reference(
+        "EP MoE E=16 top-2 over (8,) ep",
+        moe_ep_fn(),
+        dense_moe,
+        moe_inputs(),
+        [spec] * 5,
+        m,
+        (0, 2, 3, 4),
+        [spec],
+    )
 
 
 @check
@@ -414,8 +428,16 @@ def moe_ep_data_x_ep_2x4():
     """Tokens and experts over ep (4); the data axis holds copies."""
     m = mesh((2, 4), ("data", "ep"))
     spec = P("ep")
-    return compare_to_reference("EP MoE E=16 top-2, ep of a (2,4) mesh", moe_ep_fn(), dense_moe,
-                                moe_inputs(), [spec] * 5, m, (0, 2, 3, 4), [spec])
+    return compare_to_reference(
+        "EP MoE E=16 top-2, ep of a (2,4) mesh",
+        moe_ep_fn(),
+        dense_moe,
+        moe_inputs(),
+        [spec] * 5,
+        m,
+        (0, 2, 3, 4),
+        [spec],
+    )
 
 
 @check
@@ -424,22 +446,33 @@ def moe_ep_skewed_routing():
     m = mesh((8,), ("ep",))
     args = moe_inputs()
     args[1] = jnp.stack([jnp.zeros(64, jnp.int32), jnp.ones(64, jnp.int32)], axis=1)
-    return compare_to_reference("EP MoE, all tokens routed to experts 0 and 1", moe_ep_fn(),
-                                dense_moe, args, [P("ep")] * 5, m, (0, 2, 3, 4), [P("ep")])
+    return compare_to_reference(
+        "EP MoE, all tokens routed to experts 0 and 1",
+        moe_ep_fn(),
+        dense_moe,
+        args,
+        [P("ep")] * 5,
+        m,
+        (0, 2, 3, 4),
+        [P("ep")],
+    )
 
 
 # --- ring attention --------------------------------------------------------------------------
 
+
 def ring_fn(causal):
     ring = get_kernel("dot_product_attention").ring
     return lambda q, k, v: ring.ring_attention_with_lse(
-        q, k, v, causal=causal, implementation="pallas")
+        q, k, v, causal=causal, implementation="pallas"
+    )
 
 
 def unsharded_attention(causal):
     api = get_kernel("dot_product_attention").jax
     return lambda q, k, v: api.dot_product_attention_with_lse(
-        q, k, v, causal=causal, implementation="xla")
+        q, k, v, causal=causal, implementation="xla"
+    )
 
 
 def cp_mesh(shape, names):
@@ -451,19 +484,32 @@ def cp_mesh(shape, names):
 def ring_causal_gqa_4():
     m = cp_mesh((4,), ("cp",))
     spec = P(None, None, "cp")
-    return compare_to_reference("ring attention, 4 shards, causal, GQA 4/2", ring_fn(True),
-                                unsharded_attention(True), list(qkv(1, 4, 2, seq=256)),
-                                [spec] * 3, m, (0, 1, 2), [spec, spec])
+    return compare_to_reference(
+        "ring attention, 4 shards, causal, GQA 4/2",
+        ring_fn(True),
+        unsharded_attention(True),
+        list(qkv(1, 4, 2, seq=256)),
+        [spec] * 3,
+        m,
+        (0, 1, 2),
+        [spec, spec],
+    )
 
 
 @check
 def ring_bidirectional_batch_2x4():
     m = mesh((2, 4), ("data", "cp"))
     spec = P("data", None, "cp")
-    return compare_to_reference("ring attention, batch x 4-shard cp, bidirectional, GQA 4/2",
-                                ring_fn(False), unsharded_attention(False),
-                                list(qkv(2, 4, 2, seq=256)), [spec] * 3, m, (0, 1, 2),
-                                [spec, spec])
+    return compare_to_reference(
+        "ring attention, batch x 4-shard cp, bidirectional, GQA 4/2",
+        ring_fn(False),
+        unsharded_attention(False),
+        list(qkv(2, 4, 2, seq=256)),
+        [spec] * 3,
+        m,
+        (0, 1, 2),
+        [spec, spec],
+    )
 
 
 def main() -> int:
