@@ -512,6 +512,45 @@ def ring_bidirectional_batch_2x4():
     )
 
 
+# --- torchax ----------------------------------------------------------------------------------
+
+
+@check
+def torchax_sharded_rms_norm():
+    """torchax tensors holding sharded arrays run the op through the same rule, forward and
+    backward; an unsharded call of the same shape afterwards is not served the sharded program."""
+    import torch
+    import torchax
+    import torchax.tensor
+
+    env = torchax.default_env()
+    m = mesh((8,), ("x",))
+    x, w = rand(40, (16, 128)), 1 + 0.1 * rand(41, (128,))
+    ref_out, (ref_dx, ref_dw) = with_grads(rmsnorm_fn(), [x, w], (0, 1))
+    op = get_kernel("rms_norm").rms_norm
+    tx = torchax.tensor.Tensor(put(m, x, P("x")), env).requires_grad_()
+    tw = torchax.tensor.Tensor(put(m, w, P()), env).requires_grad_()
+    with env:
+        out = op(tx, tw, 1e-6, "pallas")
+        cot = torch.cos(torch.arange(out.numel(), dtype=torch.float32)).reshape(out.shape)
+        (out * cot.to("jax")).sum().backward()
+        plain = op(torchax.tensor.Tensor(x, env), torchax.tensor.Tensor(w, env), 1e-6, "pallas")
+    errors = {
+        "forward": max_err(out.jax(), ref_out),
+        "dx": max_err(tx.grad.jax(), ref_dx),
+        "dw": max_err(tw.grad.jax(), ref_dw),
+        "unsharded": max_err(plain.jax(), ref_out),
+    }
+    spec = tuple(out.jax().sharding.spec)
+    single = len(plain.jax().sharding.device_set) == 1
+    return {
+        "name": "torchax tensors with sharded arrays",
+        "ok": spec[:1] == ("x",) and single and max(errors.values()) <= GRAD_TOL,
+        "out_spec": str(spec),
+        **errors,
+    }
+
+
 def main() -> int:
     only = set(sys.argv[1:])
     for fn in CHECKS:
