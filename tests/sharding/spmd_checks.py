@@ -13,6 +13,7 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
 import json
 import sys
+import time
 import traceback
 from collections.abc import Callable
 
@@ -556,11 +557,13 @@ def main() -> int:
     for fn in CHECKS:
         if only and fn.__name__ not in only:
             continue
+        start = time.perf_counter()
         try:
             result = fn()
         except Exception:
             result = {"name": fn.__name__, "ok": False, "message": traceback.format_exc()[-3000:]}
         result["check"] = fn.__name__
+        result["seconds"] = round(time.perf_counter() - start, 1)
         print(json.dumps(result), flush=True)
     return 0
 

@@ -1,9 +1,9 @@
 """kernel-hub ops under torch.distributed: run with ``torchrun --nproc-per-node 2`` (gloo, CPU).
 
-Rank 0 prints one JSON line per check. Checks: a DTensor input to rms_norm (sequence-parallel,
-forward and backward) through the op's registered strategy; a tiny Llama with Transformers'
-tensor-parallel plan and a tiny Mixtral with its expert-parallel plan (``AllToAllEP``), both
-kernelized, against the unsharded stock models.
+Rank 0 prints one JSON line per check. Checks: DTensor inputs to rms_norm (sequence-parallel)
+and to attention (heads) through the ops' registered strategies, forward and backward; a tiny
+Llama with Transformers' tensor-parallel plan and a tiny Mixtral with its expert-parallel plan
+(``AllToAllEP``), both kernelized, against the unsharded stock models.
 """
 
 from __future__ import annotations
@@ -58,6 +58,32 @@ def dtensor_rms_norm(mesh):
         "ok": ok_types and local == [2, 4, 64] and max(errors.values()) <= TOL,
         "placements": placements,
         "local_shape": local,
+        **errors,
+    }
+
+
+@check
+def dtensor_attention_heads(mesh):
+    """Head-split DTensors (query and kv heads together) through attention_with_lse."""
+    attention = get_kernel("attention").attention_with_lse
+    torch.manual_seed(0)
+    q = torch.randn(1, 4, 16, 32, requires_grad=True)
+    k, v = (torch.randn(1, 2, 16, 32, requires_grad=True) for _ in range(2))
+    ref_out, ref_lse = attention(q, k, v, causal=True)
+    (ref_out.sum() + ref_lse.sum()).backward()
+    shard = [distribute_tensor(t.detach(), mesh, [Shard(1)]).requires_grad_() for t in (q, k, v)]
+    out, lse = attention(*shard, causal=True)
+    (out.sum() + lse.sum()).backward()
+    errors = {
+        "forward": max(err(out.full_tensor(), ref_out), err(lse.full_tensor(), ref_lse)),
+        "grads": max(
+            err(s.grad.full_tensor(), t.grad) for s, t in zip(shard, (q, k, v), strict=True)
+        ),
+    }
+    placements = [str(p) for p in out.placements + lse.placements]
+    return {
+        "ok": placements == ["S(1)", "S(1)"] and max(errors.values()) <= TOL,
+        "placements": placements,
         **errors,
     }
 
