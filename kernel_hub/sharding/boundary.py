@@ -95,7 +95,7 @@ def run_sharded(
     mesh, operands, explicit = placement
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
     solution = solve(rule, operands, sizes)
-    return _shard_mapped(rule, fn, mesh, arrays, operands, solution, options, explicit)
+    return _shard_mapped(rule, fn, mesh, arrays, solution, options, explicit)
 
 
 def find_mesh(op: str, arrays: Sequence[Any]) -> tuple[Any, bool] | None:
@@ -149,7 +149,7 @@ def shard_map_all(
     return mapped(*arrays)
 
 
-def _shard_mapped(rule, fn, mesh, arrays, operands, solution: Solution, options, explicit):
+def _shard_mapped(rule, fn, mesh, arrays, solution: Solution, options, explicit):
     import jax
 
     present = [a for a in arrays if a is not None]

@@ -142,6 +142,22 @@ def rmsnorm_batch_seq_2x4():
 
 
 @check
+def rmsnorm_eager():
+    """Outside jit too: concrete sharded arrays go through the boundary."""
+    m = mesh((8,), ("x",))
+    x, w = rand(6, (16, 128)), 1 + 0.1 * rand(7, (128,))
+    out = rmsnorm_fn()(put(m, x, P("x")), put(m, w, P()))
+    err = max_err(out, rmsnorm_fn()(x, w))
+    spec = tuple(out.sharding.spec)
+    return {
+        "name": "rmsnorm eager on an Explicit mesh",
+        "ok": err <= FORWARD_TOL and spec[:1] == ("x",),
+        "forward_err": err,
+        "out_spec": str(spec),
+    }
+
+
+@check
 def rmsnorm_hidden_refused():
     m = mesh((8,), ("x",))
     x, w = put(m, rand(0, (8, 128)), P(None, "x")), put(m, jnp.ones(128), P("x"))
