@@ -46,7 +46,17 @@ def _exclusive_cumsum(sizes, axis=-1):
 
 
 def _local_experts(
-    x, top_k_index, top_k_weights, w_in, w_out, *, axis, activation, transport, implementation
+    x,
+    top_k_index,
+    top_k_weights,
+    w_in,
+    w_out,
+    *,
+    axis,
+    activation,
+    transpose_rhs,
+    transport,
+    implementation,
 ):
     """The per-shard body: t local tokens, E_local local experts."""
     shards, me = jax.lax.axis_size(axis), jax.lax.axis_index(axis)
@@ -84,8 +94,9 @@ def _local_experts(
     expert = jnp.where(segment < ends.shape[0], segment % local, local)
     regroup = jnp.argsort(expert, stable=True)
     sizes = to_me.sum(0)
-    hidden = activation(api.gmm(received[regroup], w_in, sizes, implementation=implementation))
-    out = api.gmm(hidden.astype(w_out.dtype), w_out, sizes, implementation=implementation)
+    options = {"transpose_rhs": transpose_rhs, "implementation": implementation}
+    hidden = activation(api.gmm(received[regroup], w_in, sizes, **options))
+    out = api.gmm(hidden.astype(w_out.dtype), w_out, sizes, **options)
     out = jnp.zeros_like(out).at[regroup].set(out)
 
     sent_from = _exclusive_cumsum(pair, axis=1)[:, me]  # where each source's rows started there
@@ -105,7 +116,7 @@ def _local_experts(
     return weighted.sum(1).astype(x.dtype)
 
 
-def _check(x, top_k_index, top_k_weights, w_in, w_out, shards: int) -> None:
+def _check(x, top_k_index, top_k_weights, w_in, w_out, shards: int, transpose_rhs: bool):
     require(x.ndim == 2, f"{OP}: x must be [tokens, hidden], got shape {tuple(x.shape)}")
     require(
         top_k_index.ndim == 2
@@ -114,14 +125,16 @@ def _check(x, top_k_index, top_k_weights, w_in, w_out, shards: int) -> None:
         f"{OP}: top_k_index and top_k_weights must both be [tokens, k] with x's {x.shape[0]} "
         f"tokens; got {tuple(top_k_index.shape)} and {tuple(top_k_weights.shape)}",
     )
+    hidden_in, hidden_out = (2, 1) if transpose_rhs else (1, 2)
+    layout = "[E, n, H] and [E, H, m]" if transpose_rhs else "[E, H, n] and [E, m, H]"
     require(
         w_in.ndim == 3
         and w_out.ndim == 3
         and w_in.shape[0] == w_out.shape[0]
-        and w_in.shape[1] == x.shape[1]
-        and w_out.shape[2] == x.shape[1],
-        f"{OP}: w_in must be [E, hidden, n] and w_out [E, m, hidden] with hidden {x.shape[1]}; "
-        f"got {tuple(w_in.shape)} and {tuple(w_out.shape)}",
+        and w_in.shape[hidden_in] == x.shape[1]
+        and w_out.shape[hidden_out] == x.shape[1],
+        f"{OP}: w_in and w_out must be {layout} with H = {x.shape[1]} (transpose_rhs="
+        f"{transpose_rhs}); got {tuple(w_in.shape)} and {tuple(w_out.shape)}",
     )
     experts = w_in.shape[0]
     require(
@@ -140,13 +153,15 @@ def moe_ep(
     *,
     activation: Callable[[jax.Array], jax.Array],
     axis: str = "ep",
+    transpose_rhs: bool = False,
     transport: Transport | None = None,
     implementation: str | None = None,
 ) -> jax.Array:
     """sum_k top_k_weights[t, k] * (activation(x[t] @ w_in[e]) @ w_out[e]), e = top_k_index[t, k].
 
     x [T, H], top_k_index / top_k_weights [T, k], w_in [E, H, n], w_out [E, m, H]
-    (``activation`` maps [rows, n] -> [rows, m], e.g. SwiGLU of gate and up halves). Tokens and
+    (``activation`` maps [rows, n] -> [rows, m], e.g. SwiGLU of gate and up halves); with
+    ``transpose_rhs`` the weights are [E, n, H] and [E, H, m] (Transformers' layout). Tokens and
     experts are split over mesh axis ``axis`` (the mesh of an Explicit-sharded input or of
     ``kernel_hub.use_mesh``); other mesh axes hold copies. Differentiable in x, the router
     weights and both expert weights. ``transport`` picks "ragged" (TPU) or "dense" (CPU).
@@ -159,13 +174,14 @@ def moe_ep(
         )
     mesh, explicit = found
     require(axis in mesh.axis_names, f"{OP}: mesh axes {mesh.axis_names} have no {axis!r}")
-    _check(x, top_k_index, top_k_weights, w_in, w_out, mesh.shape[axis])
+    _check(x, top_k_index, top_k_weights, w_in, w_out, mesh.shape[axis], transpose_rhs)
 
     def body(*arrays):
         return _local_experts(
             *arrays,
             axis=axis,
             activation=activation,
+            transpose_rhs=transpose_rhs,
             transport=transport,
             implementation=implementation,
         )
@@ -175,3 +191,20 @@ def moe_ep(
     return shard_map_all(
         body, mesh, arrays, [split(a.ndim) for a in arrays], PartitionSpec(axis), explicit
     )
+
+
+def expert_axis(weights) -> str | None:
+    """The mesh axis splitting the experts (dimension 0) of a torchax tensor's JAX array, if any
+    (what routes the Transformers integration to ``moe_ep``); None for other tensors."""
+    to_array = getattr(weights, "jax", None)
+    if not callable(to_array):
+        return None
+    spec = tuple(getattr(to_array().sharding, "spec", ())) or (None,)
+    first = spec[0]
+    if first is None:
+        return None
+    require(
+        isinstance(first, str),
+        f"{OP}: experts split over several mesh axes {first}; split them over one ('ep')",
+    )
+    return first
