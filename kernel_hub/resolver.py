@@ -30,6 +30,7 @@ from .hub.variants import select_variant
 from .loader import load_kernel_dir
 from .manifest import MANIFEST_NAME
 from .paths import kernels_dir
+from .publisher_keys import PublisherKeys
 from .registry import OpEntry, load_registry
 
 
@@ -73,7 +74,8 @@ def get_kernel(
     forces a build variant (default: the one for this machine). Downloaded code is imported only
     from trusted publishers or with ``trust_remote_code`` (True, or a list of orgs / repo ids).
     """
-    entry = load_registry(registry).get(name)
+    registry_file = load_registry(registry)
+    entry = registry_file.get(name)
     override = Path(local_dir) if local_dir is not None else _env_override(entry, name)
     if override is not None:
         path = _local_kernel_dir(override, variant)
@@ -100,6 +102,7 @@ def get_kernel(
                 lock_file=lock_file,
                 variant=variant,
                 trust_remote_code=trust_remote_code,
+                keys=registry_file.keys_for(entry.repo) if entry.repo else None,
             )
             module, origin = _load_hub_build(build, entry)
     _apply_implementation_order(entry, module)
@@ -156,8 +159,10 @@ def fetch_op_build(
     lock_file: LockFile | None = None,
     variant: str | None = None,
     trust_remote_code: TrustRemoteCode = False,
+    keys: PublisherKeys | None,
 ) -> HubBuild:
-    """The verified hub build ``get_kernel`` would import for ``entry`` (downloaded if needed)."""
+    """The verified hub build ``get_kernel`` would import for ``entry`` (downloaded if needed);
+    ``keys``: the registry's pinned signing keys for its repo."""
     request = HubRequest.for_op(entry, version, revision)
     locked = lock_file.ops.get(entry.name) if lock_file is not None else None
     if locked is not None:
@@ -177,6 +182,7 @@ def fetch_op_build(
         variant=variant,
         trust_remote_code=trust_remote_code,
         locked=locked,
+        keys=keys,
     )
 
 

@@ -1,4 +1,7 @@
-"""Hub commands: ``build``, ``publish``, ``lock``, ``get OP``, ``versions OP``, ``verify OP``."""
+"""Hub commands: ``build``, ``publish``, ``lock``, ``get OP``, ``versions OP``, ``verify OP``.
+
+``keygen`` lives in :mod:`.trust_cmds`, ``mirror`` and ``serve`` in :mod:`.mirror_cmds`.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +33,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--repo", required=True, help="hub repo, org/name")
     parser.add_argument(
         "--build-dir", type=Path, help="where to build (default: <kernel_dir>/build)"
+    )
+    signing = parser.add_mutually_exclusive_group(required=True)
+    signing.add_argument(
+        "--sign-key", type=Path, help="private key from 'kernel-hub keygen' to sign each variant"
+    )
+    signing.add_argument(
+        "--unsigned",
+        action="store_true",
+        help="publish without a signature (kernel-hub refuses to load such builds)",
     )
     _json_flag(parser)
     parser.set_defaults(func=run_publish)
@@ -107,7 +119,9 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_publish(args: argparse.Namespace) -> int:
-    published = publish_kernel(args.kernel_dir, args.repo, build_dir=args.build_dir)
+    published = publish_kernel(
+        args.kernel_dir, args.repo, sign_key=args.sign_key, build_dir=args.build_dir
+    )
     data = {
         "repo": published.repo,
         "version": str(published.version),
@@ -115,12 +129,14 @@ def run_publish(args: argparse.Namespace) -> int:
         "tag": published.tag,
         "branch": published.branch,
         "variants": sorted(published.build.variants),
+        "signed_by": published.signed_by,
     }
     if args.json:
         print_json(data)
     else:
         moved = f", branch {published.branch} moved" if published.branch else ""
-        print(f"published {published.repo} {published.tag} at {published.commit}{moved}")
+        signed = f"signed by {published.signed_by}" if published.signed_by else "UNSIGNED"
+        print(f"published {published.repo} {published.tag} at {published.commit}{moved}; {signed}")
     return 0
 
 
@@ -176,7 +192,8 @@ def run_get(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    entry = load_registry(args.registry).get(args.op)
+    registry = load_registry(args.registry)
+    entry = registry.get(args.op)
     lock_file = find_lock(_lock_arg(args))
     build = fetch_op_build(
         entry,
@@ -185,6 +202,7 @@ def run_verify(args: argparse.Namespace) -> int:
         lock_file=lock_file,
         variant=args.variant,
         trust_remote_code=args.trust_remote_code,
+        keys=registry.keys_for(entry.repo) if entry.repo else None,
     )
     locked = lock_file is not None and entry.name in lock_file.ops
     data = {
@@ -196,7 +214,12 @@ def run_verify(args: argparse.Namespace) -> int:
         "variant": build.variant,
         "path": str(build.path),
         "files_checked": len(build.metadata.digest) + 1,
-        "checked_against": ["metadata digest", *(["lock file"] if locked else [])],
+        "signed_by": build.signed_by,
+        "checked_against": [
+            "signature by a pinned key",
+            "signed metadata digest",
+            *(["lock file"] if locked else []),
+        ],
     }
     _print_mapping(data, args.json)
     return 0

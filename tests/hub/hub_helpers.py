@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from kernel_hub.paths import kernels_dir
+from kernel_hub.testing import registry_with_ops
 
 RMSNORM = kernels_dir() / "rmsnorm"
 REPO = "kernel-hub/rmsnorm"
@@ -13,3 +17,23 @@ REPO = "kernel-hub/rmsnorm"
 def cache_dir(tmp_path: Path) -> Path:
     """The Hugging Face cache the ``hub_env`` fixture points at."""
     return tmp_path / "hf-cache"
+
+
+def publishers_yaml(keys: Sequence[str], revoked: Sequence[str] = (), org: str = "kernel-hub"):
+    """A registry ``publishers:`` section pinning ``keys`` for ``org``."""
+    return yaml.safe_dump(
+        {"publishers": {org: {"keys": list(keys), "revoked": list(revoked)}}}, sort_keys=False
+    )
+
+
+def signed_registry(
+    directory: Path,
+    ops: Sequence[str],
+    keys: Sequence[str],
+    revoked: Sequence[str] = (),
+    org: str = "kernel-hub",
+) -> Path:
+    """The in-tree registry cut down to ``ops``, with ``keys`` pinned for ``org``."""
+    path = registry_with_ops(directory, *ops)
+    path.write_text(path.read_text() + publishers_yaml(keys, revoked, org))
+    return path

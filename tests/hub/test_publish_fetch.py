@@ -10,7 +10,7 @@ from kernel_hub.hub.locking import lock_registry
 from kernel_hub.registry import load_registry
 from kernel_hub.resolver import get_kernel
 
-from .hub_helpers import REPO, cache_dir
+from .hub_helpers import REPO, cache_dir, publishers_yaml
 
 
 def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -21,11 +21,10 @@ def test_publish_tags_versions_and_moves_major_branch(publish, hub_env):
     first = publish("1.0.0")
     assert first.tag == "v1.0.0" and first.branch == "v1"
     second = publish("1.1.0")
-    repo = hub_env.repo(REPO)
-    assert repo.tags == {"v1.0.0": first.commit, "v1.1.0": second.commit}
-    assert repo.branches["v1"] == second.commit
+    assert hub_env.tags(REPO) == {"v1.0.0": first.commit, "v1.1.0": second.commit}
+    assert hub_env.branches(REPO)["v1"] == second.commit
     # Each commit holds exactly one build: the 1.1.0 commit kept no 1.0.0 files behind.
-    files = repo.commits[second.commit].files
+    files = hub_env.files(REPO, second.commit)
     assert b"version: 1.1.0" in files["build/torch-cpu/kernel.yaml"]
     assert sorted({p.split("/")[1] for p in files if p.startswith("build/")}) == [
         "jax-tpu",
@@ -34,14 +33,14 @@ def test_publish_tags_versions_and_moves_major_branch(publish, hub_env):
     ]
     # A back-ported older version gets its tag but does not move v1 backwards.
     backport = publish("1.0.5")
-    assert backport.branch is None and repo.branches["v1"] == second.commit
+    assert backport.branch is None and hub_env.branches(REPO)["v1"] == second.commit
 
 
 def test_republishing_a_version_is_refused(publish, hub_env):
     first = publish("1.0.0")
     with pytest.raises(HubError, match=r"1\.0\.0 is already published .*bump 'version'"):
         publish("1.0.0")
-    assert hub_env.repo(REPO).tags == {"v1.0.0": first.commit}
+    assert hub_env.tags(REPO) == {"v1.0.0": first.commit}
 
 
 def test_range_loads_newest_lock_loads_pinned_side_by_side(publish, hub_env, tmp_path):
@@ -70,7 +69,7 @@ def test_range_loads_newest_lock_loads_pinned_side_by_side(publish, hub_env, tmp
     assert sorted(p.name for p in build.iterdir()) == ["torch-cpu"]
 
 
-def test_revision_tag_commit_and_registry_pin(publish, hub_env, tmp_path):
+def test_revision_tag_commit_and_registry_pin(publish, hub_env, tmp_path, keys):
     old = publish("1.0.0")
     publish("1.1.0")
     assert get_kernel("rmsnorm", revision="v1.0.0").origin.commit == old.commit
@@ -81,6 +80,7 @@ def test_revision_tag_commit_and_registry_pin(publish, hub_env, tmp_path):
         "schema: 1\nops:\n  rmsnorm:\n    kernel: rmsnorm\n    repo: kernel-hub/rmsnorm\n"
         f"    version: '>=1,<2'\n    commit: {old.commit}\n"
         "    implementations: {cpu: [xla]}\n    layers: [RMSNorm]\n"
+        + publishers_yaml([keys["publisher"].public_key])
     )
     module = get_kernel("rmsnorm", registry=registry, source="hub")
     assert module.origin.commit == old.commit
