@@ -6,10 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..hub.lockfile import read_lock
-from ..hub.mirror import mirror_registry
-from ..hub.server import serve
-from ..registry import load_registry
+from kernel_hub.hub.lockfile import read_lock
+from kernel_hub.hub.mirror import mirror_registry
+from kernel_hub.hub.server import serve
+from kernel_hub.registry.registry import load_registry
+
 from .output import print_json, print_table
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..hub.signing import generate_key_pair
+from kernel_hub.hub.signing import generate_key_pair
+
 from .output import print_json
 
 

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from ..errors import IntegrityError
+from kernel_hub.errors import IntegrityError
 
 ALGORITHM = "sha256"
 METADATA_FILE = "metadata.json"

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import SourceError
+from kernel_hub.errors import SourceError
 
 
 def load_json(

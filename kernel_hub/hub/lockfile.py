@@ -26,7 +26,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from ..errors import IntegrityError, SourceError
+from kernel_hub.errors import IntegrityError, SourceError
+
 from . import settings
 from .digests import check_relative_name
 from .json_source import field_line, load_json

@@ -10,9 +10,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import IntegrityError
-from ..publisher_keys import PublisherKeys
-from ..registry import OpEntry, Registry
+from kernel_hub.errors import IntegrityError
+from kernel_hub.registry.publisher_keys import PublisherKeys
+from kernel_hub.registry.registry import OpEntry, Registry
+
 from . import cache
 from .client import hub_api
 from .digests import hash_tree

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from ..errors import HubError
-from ..registry import OpEntry, Registry
+from kernel_hub.errors import HubError
+from kernel_hub.registry.registry import OpEntry, Registry
+
 from . import cache
 from .client import REPO_TYPE, hub_api, list_refs
 from .fetch import HubRequest, Resolved, fetch_all_variants, require_keys, resolve_online

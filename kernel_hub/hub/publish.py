@@ -13,8 +13,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from ..errors import HubError
-from ..publisher_keys import key_id
+from kernel_hub.errors import HubError
+from kernel_hub.registry.publisher_keys import key_id
+
 from .build import Build, build_kernel
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
 from .signing import SIGNATURE_DIR, SigningKey, signature_path

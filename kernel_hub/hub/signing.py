@@ -13,7 +13,7 @@ file ``signatures/<variant>.sig`` (outside the variant folder, whose every file 
 The signed statement names the repo too, so a build signed for one repo cannot be served as
 another's; the client rebuilds the statement from what it asked for and what it downloaded, and
 verifies the signature over that, never over the statement the server sent. Keys come from the
-registry (:mod:`kernel_hub.publisher_keys`), the trust anchor the client already holds.
+registry (:mod:`kernel_hub.registry.publisher_keys`), the trust anchor the client already holds.
 
 The cryptography is the ``cryptography`` package's (OpenSSL's ed25519); nothing here is hand-made.
 """
@@ -28,8 +28,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import IntegrityError, KernelHubError, SourceError
-from ..publisher_keys import PublisherKeys, key_bytes, key_id, key_text
+from kernel_hub.errors import IntegrityError, KernelHubError, SourceError
+from kernel_hub.registry.publisher_keys import PublisherKeys, key_bytes, key_id, key_text
+
 from .json_source import field_line, load_json
 
 SIGNATURE_DIR = "signatures"

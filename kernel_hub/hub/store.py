@@ -28,7 +28,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import KernelHubError
+from kernel_hub.errors import KernelHubError
 
 STORE_FORMAT = 1
 MARKER = "kernel-hub-store.json"
