@@ -7,8 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from kernel_hub.paths import kernels_dir
-from kernel_hub.testing import registry_with_ops
+from kernel_hub.paths import BUILTIN_DIR, kernels_dir
 
 RMSNORM = kernels_dir() / "rmsnorm"
 REPO = "kernel-hub/rmsnorm"
@@ -33,7 +32,10 @@ def signed_registry(
     revoked: Sequence[str] = (),
     org: str = "kernel-hub",
 ) -> Path:
-    """The in-tree registry cut down to ``ops``, with ``keys`` pinned for ``org``."""
-    path = registry_with_ops(directory, *ops)
-    path.write_text(path.read_text() + publishers_yaml(keys, revoked, org))
+    """The in-tree registry cut down to ``ops``, with ``keys`` pinned for ``org`` (only)."""
+    data = yaml.safe_load((BUILTIN_DIR / "registry.yaml").read_text())
+    data["ops"] = {name: data["ops"][name] for name in ops}
+    data["publishers"] = {org: {"keys": list(keys), "revoked": list(revoked)}}
+    path = Path(directory) / "registry.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
