@@ -103,8 +103,8 @@ def discard_variant(repo: str, commit: str, variant: str) -> None:
     else:
         shutil.rmtree(folder, ignore_errors=True)
     for partial in blobs.glob("*.incomplete") if blobs.is_dir() else ():
-        # huggingface_hub writes blobs/<etag>.incomplete holding .locks/<repo>/<etag>.lock
-        lock = FileLock(locks_dir(repo) / f"{partial.name.removesuffix('.incomplete')}.lock")
+        # huggingface_hub writes blobs/<etag>[.<tag>].incomplete holding .locks/<repo>/<etag>.lock
+        lock = FileLock(locks_dir(repo) / f"{partial.name.split('.', 1)[0]}.lock")
         try:
             with lock.acquire(timeout=0):
                 partial.unlink(missing_ok=True)

@@ -74,7 +74,14 @@ def mirror_registry(
                 and store.commit(REPO_TYPE, entry.repo, resolved.commit) is not None
             )
             if copied:
-                _copy(store, entry.repo, resolved.commit, sorted(metadata), what)
+                try:
+                    _copy(store, entry.repo, resolved.commit, sorted(metadata), what)
+                except OSError as exc:
+                    raise HubError(
+                        f"{what}: writing {store.root} failed ({exc.strerror or exc}); the store "
+                        f"holds no part of {entry.repo} {resolved.commit[:12]} (a commit is "
+                        "recorded only after all its files are written)"
+                    ) from exc
             refs = _copy_refs(store, entry.repo, resolved.commit, branches, tags)
             version = next(iter(metadata.values())).version
             done.append(

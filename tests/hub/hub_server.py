@@ -12,7 +12,9 @@ module only adds what tests need to play a failing or compromised hub:
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,16 @@ class Fault:
 
 
 class _FaultyHandler(HubRequestHandler):
+    def setup(self) -> None:
+        super().setup()
+        with self.server.harness.lock:
+            self.server.harness.connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server.harness.lock:
+            self.server.harness.connections.discard(self.connection)
+        super().finish()
+
     def handle_request(self, seg: list[str], query: dict) -> None:
         hub: TestHub = self.server.harness
         path = urlsplit(self.path).path
@@ -79,6 +91,7 @@ class TestHub:
         self.requests: list[tuple[str, str]] = []
         self.faults: list[Fault] = []
         self.lock = threading.RLock()
+        self.connections: set[socket.socket] = set()
         self._server: HubServer | None = None
         self._port = 0
         self.stopped = threading.Event()
@@ -97,10 +110,15 @@ class TestHub:
         return self
 
     def stop(self) -> None:
+        """Stop listening and cut every open connection, as a crashed server process would."""
         server, self._server = self._server, None
         if server is not None:
             server.shutdown()
             server.server_close()
+        with self.lock:
+            for connection in list(self.connections):
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
         self.stopped.set()
 
     def __enter__(self) -> TestHub:

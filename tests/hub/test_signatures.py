@@ -32,10 +32,9 @@ def _variant_cached(tmp_path, commit: str) -> bool:
 
 
 def _pin(tmp_path, monkeypatch, keys, pinned, revoked=()):
-    path = signed_registry(
-        tmp_path / "reg", ["rmsnorm"], [keys[k].public_key for k in pinned],
-        [keys[k].public_key for k in revoked],
-    )  # fmt: skip
+    pinned_keys = [keys[k].public_key for k in pinned]
+    revoked_keys = [keys[k].public_key for k in revoked]
+    path = signed_registry(tmp_path / "reg", ["rmsnorm"], pinned_keys, revoked_keys)
     monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(path))
 
 
