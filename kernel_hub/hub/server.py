@@ -111,10 +111,11 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         headers: dict | None = None,
         content_type: str = "application/json",
     ) -> None:
+        headers = dict(headers or {})
         self.send_response(status)
         self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
+        self.send_header("Content-Length", headers.pop("Content-Length", str(len(body))))
+        for key, value in headers.items():
             self.send_header(key, value)
         self.end_headers()
         if self.command != "HEAD":
@@ -297,15 +298,18 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         stored = commit.files.get(path)
         if stored is None:
             raise StoreError(404, "EntryNotFound", f"{path} does not exist at {commit.oid}")
-        data = store.read_blob(stored)
         headers = {
             "X-Repo-Commit": commit.oid,
             "ETag": f'"{stored.oid}"',
-            "X-Linked-Size": str(len(data)),
+            "X-Linked-Size": str(stored.size),
             "Accept-Ranges": "bytes",
         }
+        if self.command == "HEAD":  # the content is read (and checked) only when sent
+            headers["Content-Length"] = str(stored.size)
+            return 200, b"", headers
+        data = store.read_blob(stored)
         match = _RANGE.fullmatch(self.headers.get("Range", ""))
-        if match and self.command == "GET" and int(match.group(1)) < len(data):
+        if match and int(match.group(1)) < len(data):
             start = int(match.group(1))
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
             return 206, data[start:], headers

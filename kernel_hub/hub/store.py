@@ -180,19 +180,21 @@ class RepoStore:
             _write_atomic(path, data)
         return StoredFile(sha, len(data), git_blob_oid(data))
 
-    def create_repo(self, repo_type: str, repo_id: str) -> Commit:
-        """A new repo whose ``main`` holds one empty commit; 409 if it exists."""
+    def create_repo(self, repo_type: str, repo_id: str) -> None:
+        """A new repo whose ``main`` holds one empty commit, as on the Hub; 409 if it exists."""
         with self.locked():
             if self.has_repo(repo_type, repo_id):
                 raise StoreError(409, None, f"You already created this {repo_type} repo")
-            initial = self.write_commit(repo_type, repo_id, _new_commit(None, "initial commit", {}))
-            self._write_refs(repo_type, repo_id, Refs({"main": initial.oid}, {}))
-            return initial
+            self._create(repo_type, repo_id)
 
     def ensure_repo(self, repo_type: str, repo_id: str) -> None:
         with self.locked():
             if not self.has_repo(repo_type, repo_id):
-                self._write_refs(repo_type, repo_id, Refs())
+                self._create(repo_type, repo_id)
+
+    def _create(self, repo_type: str, repo_id: str) -> None:
+        initial = self.write_commit(repo_type, repo_id, _new_commit(None, "initial commit", {}))
+        self._write_refs(repo_type, repo_id, Refs({"main": initial.oid}, {}))
 
     def write_commit(self, repo_type: str, repo_id: str, commit: Commit) -> Commit:
         """Store ``commit`` as is (a mirror keeps the upstream commit ids, so locks still match);
