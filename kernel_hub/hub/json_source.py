@@ -36,15 +36,17 @@ def load_json(
         raise SourceError(path, None, "invalid JSON: nested too deeply") from None
 
 
-def field_line(text: str, key: str, after: str | None = None) -> int | None:
-    """Line of the first ``"key":`` in the file (after the first ``"after":`` if given), for
-    error messages: JSON parsers keep no positions."""
-    start = 0
+def field_line(text: str, key: str, after: str | None = None) -> int:
+    """The line to point at for field ``key`` (JSON parsers keep no positions): where the first
+    ``"key":`` is (after the first ``"after":`` if given), else where ``after`` is, else line 1
+    (the document as a whole, e.g. for a missing field)."""
+    start, line = 0, 1
     if after is not None:
         found = _key_pattern(after).search(text)
-        start = found.end() if found else 0
+        if found:
+            start, line = found.end(), text.count("\n", 0, found.start()) + 1
     match = _key_pattern(key).search(text, start)
-    return text.count("\n", 0, match.start()) + 1 if match else None
+    return text.count("\n", 0, match.start()) + 1 if match else line
 
 
 def _key_pattern(key: str) -> re.Pattern:

@@ -97,7 +97,7 @@ def read_lock(path: str | Path, text: str | None = None) -> LockFile:
 
 def _parse_op(path: Path, text: str, op: str, node: object) -> LockedOp:
     def fail(message: str, field: str | None = None) -> SourceError:
-        line = (field_line(text, field, after=op) if field else None) or field_line(text, op)
+        line = field_line(text, field, after=op) if field else field_line(text, op)
         return SourceError(path, line, f"op {op!r}: {message}")
 
     if not isinstance(node, dict):

@@ -76,6 +76,10 @@ def make_metadata(
     }
 
 
+_OWN_FIELDS = {"version", "variant", "framework", "package", "requires", "ops", "layers"}
+"""Fields read from the ``"kernel-hub"`` section (error lines are searched for there)."""
+
+
 def read_metadata(path: str | Path, text: str | None = None) -> BuildMetadata:
     """Parse and check a variant's metadata.json (``path`` is the file or its folder).
 
@@ -87,7 +91,8 @@ def read_metadata(path: str | Path, text: str | None = None) -> BuildMetadata:
     text, data = load_json(path, text, missing="metadata file not found")
 
     def fail(field: str | None, message: str) -> SourceError:
-        line = field_line(text, field) if field else None
+        own_field = field in _OWN_FIELDS
+        line = field_line(text, field, after="kernel-hub" if own_field else None) if field else 1
         return SourceError(path, line, f"field {field!r}: {message}" if field else message)
 
     own = data.get("kernel-hub") if isinstance(data, dict) else None
