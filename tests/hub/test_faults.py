@@ -181,6 +181,7 @@ _RACE = textwrap.dedent(
     registry = load_registry()
     entry = registry.get("rmsnorm")
     go, results, errors = sys.argv[1], [], []
+    open(f"{go}.ready-{os.getpid()}", "w").close()
     while not os.path.exists(go):
         time.sleep(0.01)
     barrier = threading.Barrier(8)
@@ -219,7 +220,9 @@ def test_two_processes_and_eight_threads_each_fetch_one_build_once(publish, hub_
         )
         for _ in range(2)
     ]
-    time.sleep(1.0)  # both interpreters up to the start line
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("go.ready-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # both processes imported and waiting: release them together
     go.touch()
     outputs = [child.communicate(timeout=240) for child in children]
     reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
