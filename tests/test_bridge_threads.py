@@ -11,8 +11,9 @@ import threading
 
 import pytest
 import torch
+from staging_helpers import record_stagings
 
-from kernel_hub.bridge.runtimes import dlpack, staging
+from kernel_hub.bridge.runtimes import staging
 from kernel_hub.loading.resolver import get_kernel
 
 THREADS = 8
@@ -29,15 +30,7 @@ def ops():
 @pytest.fixture
 def stagings(monkeypatch):
     """Every InputStaging the DLPack runtime makes while the test runs."""
-    made: list[staging.InputStaging] = []
-
-    class Recording(staging.InputStaging):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(dlpack, "InputStaging", Recording)
-    return made
+    return record_stagings(monkeypatch)
 
 
 def rms_reference(x, weight, eps=1e-6):
