@@ -1,11 +1,12 @@
 """Resolve a kernel request to a commit, download the variant that fits this machine, verify it.
 
 Online: list the repo's refs, pick the commit, list ``build/`` at that commit (refusing names that
-escape it), then ``snapshot_download`` only ``build/<variant>/`` into the Hugging Face cache.
-Offline (``HF_HUB_OFFLINE=1``): the same resolution from the refs and snapshots in the cache, with
-no network call. Either way the files are checked against the digest in ``metadata.json`` (and
-the lock file, if one pins the op) before anyone imports them; a build that fails is removed from
-the cache.
+escape it), then ``snapshot_download`` only ``build/<variant>/`` and its signature into the
+Hugging Face cache. Offline (``HF_HUB_OFFLINE=1``): the same resolution from the refs and snapshots
+in the cache, with no network call. Either way, on every load and before anyone imports a file,
+the signature must verify against a key the registry pins for the publisher and every file must
+match the signed digests in ``metadata.json`` (and the lock file, if one pins the op); a build that
+fails is removed from the cache. See docs/trust.md.
 """
 
 from __future__ import annotations
@@ -195,7 +196,7 @@ def verify_or_discard(
     path = cache.snapshot_dir(repo, resolved.commit) / "build" / variant
     try:
         return verify_variant(path, variant, resolved.version, locked, repo=repo, keys=keys)
-    except (IntegrityError, SourceError) as exc:
+    except (IntegrityError, SourceError, OSError) as exc:  # OSError: a file vanished or unreadable
         cache.discard_variant(repo, resolved.commit, variant)
         raise IntegrityError(
             f"{what}: refusing {repo} build/{variant} at commit "
