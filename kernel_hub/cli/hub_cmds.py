@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _json_flag(parser)
     parser.set_defaults(func=run_build)
 
-    parser = subparsers.add_parser("publish", help="build and upload a kernel as version vX.Y.Z")
+    parser = subparsers.add_parser("publish", help="build, sign and upload a kernel as vX.Y.Z")
     parser.add_argument("kernel_dir", type=Path)
     parser.add_argument("--repo", required=True, help="hub repo, org/name")
     parser.add_argument(
@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     for name, func, text in (
         ("get", run_get, "load an op's kernel as get_kernel does and say where it came from"),
-        ("verify", run_verify, "fetch an op's hub build and check its digests (and lock) only"),
+        ("verify", run_verify, "fetch an op's hub build, check its signature and digests only"),
     ):
         parser = subparsers.add_parser(name, help=text)
         parser.add_argument("op")
