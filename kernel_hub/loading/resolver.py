@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from kernel_hub.bridge.threads import apply_default_policy
 from kernel_hub.errors import HubError, KernelHubError
 from kernel_hub.hub import settings
 from kernel_hub.hub.fetch import HubBuild, HubRequest, fetch_build
@@ -177,6 +178,9 @@ def fetch_op_build(
                 f"op {entry.name}: {lock_file.path} pins repo {locked.repo} but the registry names "
                 f"{entry.repo}; re-run 'kernel-hub lock'"
             )
+    # fetch_build asks JAX which platform this is, which starts its backends: the bridge's thread
+    # policy must be in place first, or it never applies in this process
+    apply_default_policy()
     return fetch_build(
         request,
         what=f"op {entry.name}",

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -113,3 +117,25 @@ def test_hugging_face_kernels_fetches_published_major_version(
     torch.testing.assert_close(
         module.rms_norm(x, weight), reference_rms_norm(x, weight), rtol=1e-5, atol=1e-5
     )
+
+
+_FIRST_THING_A_PROCESS_DOES = """
+import jax
+from kernel_hub import get_kernel
+get_kernel("rmsnorm", version="1.1.0")
+print("async dispatch:", jax.config.read("jax_cpu_enable_async_dispatch"))
+"""
+
+
+def test_hub_load_first_keeps_the_bridge_thread_policy(publish, hub_env):
+    """Fetching asks JAX for the platform; kernel-hub's inline thread policy (and with it the
+    staging buffers) must still apply when a hub load is the first thing a process does."""
+    publish("1.1.0")
+    result = subprocess.run(
+        [sys.executable, "-c", _FIRST_THING_A_PROCESS_DOES],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert result.stdout.strip().splitlines()[-1:] == ["async dispatch: False"], result.stderr
