@@ -51,6 +51,7 @@ def test_count_collectives_reads_async_starts_once() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.tpu_compile
 @pytest.mark.parametrize(("kernel", "case", "generation", "direction"), _cells())
 def test_mesh_cell(kernel, case, generation, direction) -> None:
     result = compile_mesh_case(kernel, case, generation, direction)
