@@ -109,7 +109,7 @@ def ring_attention_with_lse(
     if found is None:
         raise KernelInputError(
             f"{OP}: needs a mesh with a {axis!r} axis: pass arrays sharded over an Explicit-axis "
-            f"mesh, or call inside kernel_hub.sharding.use_mesh(mesh)"
+            f"mesh, or call inside kernel_hub.use_mesh(mesh)"
         )
     mesh, explicit = found
     require(axis in mesh.axis_names, f"{OP}: mesh axes {mesh.axis_names} have no {axis!r}")

@@ -170,7 +170,7 @@ def moe_ep(
     if found is None:
         raise KernelInputError(
             f"{OP}: needs a mesh with an {axis!r} axis: pass arrays sharded over an "
-            f"Explicit-axis mesh, or call inside kernel_hub.sharding.use_mesh(mesh)"
+            f"Explicit-axis mesh, or call inside kernel_hub.use_mesh(mesh)"
         )
     mesh, explicit = found
     require(axis in mesh.axis_names, f"{OP}: mesh axes {mesh.axis_names} have no {axis!r}")
