@@ -43,7 +43,7 @@ import sys
 import types
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -151,7 +151,11 @@ def _unrecognised(name: str, module: torch.nn.Module) -> ReportEntry | None:
         return None
     reason = hf.recognise_norm(cls).reason
     return ReportEntry(
-        module=name, cls=cls.__name__, kind="layer", target="RMSNorm", found_by="recognised",
+        module=name,
+        cls=cls.__name__,
+        kind="layer",
+        target="RMSNorm",
+        found_by="recognised",
         reason=reason,
     )
 
@@ -339,7 +343,9 @@ def _swap_layer(
     except _LeftAlone as reason:
         return replace(entry, reason=str(reason))
     swap = swaps.LayerSwap(
-        layer=layer_name, kernel=_kernel_label(kernel), forward=layer_cls.forward,
+        layer=layer_name,
+        kernel=_kernel_label(kernel),
+        forward=layer_cls.forward,
         previous=module.__dict__.get("forward"),
     )
     swaps.install(module, swap)
@@ -375,9 +381,14 @@ def _switch_interface(
             first, problem = next(iter(problems.items()))
             return [
                 ReportEntry(
-                    module=n, cls=type(m).__name__, kind=interface.kind, target=interface.name,
-                    found_by=interface.name, op=outcome["op"],
-                    reason=problems.get(n) or (
+                    module=n,
+                    cls=type(m).__name__,
+                    kind=interface.kind,
+                    target=interface.name,
+                    found_by=interface.name,
+                    op=outcome["op"],
+                    reason=problems.get(n)
+                    or (
                         f"{interface.kind} is switched for the whole model and "
                         f"{first or '<model>'} cannot use {_kernel_label(kernel)}: {problem}"
                     ),

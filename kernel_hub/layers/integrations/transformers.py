@@ -39,6 +39,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from kernel_hub.errors import KernelHubError
 
+
 @dataclass(frozen=True)
 class NormForm:
     """An RMSNorm formula a kernel layer computes exactly (rounding points and dtype included)."""
@@ -56,15 +57,18 @@ def _normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 NORM_FORMS = (
     NormForm(
-        "RMSNorm", "weight * x̂.to(x.dtype)",
+        "RMSNorm",
+        "weight * x̂.to(x.dtype)",
         lambda x, weight, eps: weight * _normalized(x, eps).to(x.dtype),
     ),
     NormForm(
-        "RMSNormF32Scale", "(weight * x̂).to(x.dtype)",
+        "RMSNormF32Scale",
+        "(weight * x̂).to(x.dtype)",
         lambda x, weight, eps: (weight * _normalized(x, eps)).to(x.dtype),
     ),
     NormForm(
-        "RMSNormZeroCentered", "(x̂ * (1 + weight.float())).to(x.dtype)",
+        "RMSNormZeroCentered",
+        "(x̂ * (1 + weight.float())).to(x.dtype)",
         lambda x, weight, eps: (_normalized(x, eps) * (1.0 + weight.float())).to(x.dtype),
     ),
 )
@@ -134,8 +138,9 @@ def recognise_norm(cls: type) -> Recognition:
             return Recognition(outcome.layer)
         problem = outcome
     forms = "; ".join(f"{f.layer}: {f.formula}" for f in NORM_FORMS)
-    return Recognition(None, f"its forward is none of the RMSNorm forms kernel-hub serves "
-                             f"({forms}): {problem}")
+    return Recognition(
+        None, f"its forward is none of the RMSNorm forms kernel-hub serves ({forms}): {problem}"
+    )
 
 
 def _probe_forms(cls: type, eps_name: str, x: torch.Tensor, weight: torch.Tensor):
@@ -159,8 +164,8 @@ def _probe_forms(cls: type, eps_name: str, x: torch.Tensor, weight: torch.Tensor
 
 
 def _same(out: Any, expected: torch.Tensor) -> bool:
-    return isinstance(out, torch.Tensor) and out.dtype == expected.dtype and torch.equal(
-        out, expected
+    return (
+        isinstance(out, torch.Tensor) and out.dtype == expected.dtype and torch.equal(out, expected)
     )
 
 
