@@ -11,7 +11,12 @@ from kernel_hub.errors import KernelHubError
 
 # Modules under kernel_hub.cli, each with ``register(subparsers)``; a command sets ``func``.
 COMMAND_MODULES = (
-    "registry_cmds", "hub_cmds", "demo_cmds", "models_cmds", "bench_cmds", "compile_cmds",
+    "registry_cmds",
+    "hub_cmds",
+    "demo_cmds",
+    "models_cmds",
+    "bench_cmds",
+    "compile_cmds",
 )
 
 

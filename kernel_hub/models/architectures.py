@@ -40,13 +40,27 @@ _SIZES: dict[str, Any] = {
     **dict.fromkeys(("vocab_size",), VOCAB_SIZE),
     **dict.fromkeys(("hidden_size", "d_model", "n_embd", "n_embed", "embed_dim", "dim"), 64),
     **dict.fromkeys(
-        ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers",
-         "decoder_layers", "num_decoder_layers", "num_encoder_layers"),
+        (
+            "num_hidden_layers",
+            "num_layers",
+            "n_layer",
+            "n_layers",
+            "encoder_layers",
+            "decoder_layers",
+            "num_decoder_layers",
+            "num_encoder_layers",
+        ),
         2,
     ),
     **dict.fromkeys(
-        ("num_attention_heads", "num_heads", "n_head", "n_heads", "encoder_attention_heads",
-         "decoder_attention_heads"),
+        (
+            "num_attention_heads",
+            "num_heads",
+            "n_head",
+            "n_heads",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+        ),
         4,
     ),
     **dict.fromkeys(("num_key_value_heads",), 2),
@@ -72,8 +86,9 @@ _SIZES: dict[str, Any] = {
     **dict.fromkeys(("bos_token_id",), 1),
     **dict.fromkeys(("eos_token_id", "sep_token_id", "cls_token_id"), 2),
     **dict.fromkeys(("sliding_window",), 8),
-    **dict.fromkeys(("router_jitter_noise", "layerdrop", "encoder_layerdrop", "decoder_layerdrop"),
-                    0.0),
+    **dict.fromkeys(
+        ("router_jitter_noise", "layerdrop", "encoder_layerdrop", "decoder_layerdrop"), 0.0
+    ),
 }
 """Config field -> tiny value, applied where the config class has that field."""
 

@@ -85,9 +85,7 @@ def _projection(output: torch.Tensor) -> torch.Tensor:
     return torch.randn(output.shape, generator=generator)
 
 
-def _run(
-    model: torch.nn.Module, inputs: dict[str, torch.Tensor], training: bool
-) -> _Run:
+def _run(model: torch.nn.Module, inputs: dict[str, torch.Tensor], training: bool) -> _Run:
     if not training:
         with torch.no_grad():
             return _Run(archs.main_output(model(**inputs)).float(), {})
@@ -154,8 +152,12 @@ def check_architecture(
     arch: archs.Architecture, mode: Mode, registry: str | Path | None = None
 ) -> Result:
     """Build, run stock, kernelize, run again, compare; never raises for a model's sake."""
-    base = {"model_type": arch.model_type, "family": arch.family, "model": arch.class_name,
-            "mode": mode.label}
+    base = {
+        "model_type": arch.model_type,
+        "family": arch.family,
+        "model": arch.class_name,
+        "mode": mode.label,
+    }
     training = Mode.TRAINING in mode
     failure = None
     for variant in archs.CONFIG_VARIANTS:
@@ -187,9 +189,13 @@ def check_architecture(
     agrees = diff <= TOLERANCE and grad_diff <= TOLERANCE
     status = (EXACT if report.swapped else UNCHANGED) if agrees else MISMATCH
     return Result(
-        **base, **found, status=status, max_diff=diff,
-        grad_rel_diff=grad_diff if training else None, grads_compared=compared,
-        detail=None if agrees or grad_diff <= TOLERANCE else f"largest gradient difference: {worst}",
+        **base,
+        **found,
+        status=status,
+        max_diff=diff,
+        grad_rel_diff=grad_diff if training else None,
+        grads_compared=compared,
+        detail=None if grad_diff <= TOLERANCE else f"largest gradient difference: {worst}",
     )
 
 
