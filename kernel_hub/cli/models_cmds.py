@@ -12,7 +12,7 @@ from .output import print_json, print_table
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..models.architectures import FAMILIES
+    from ..models.families import FAMILIES
 
     parser = subparsers.add_parser(
         "models",

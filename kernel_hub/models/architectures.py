@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from .families import FAMILIES
+
 VOCAB_SIZE = 128
 PAD_TOKEN_ID = 0
 BATCH, SEQ_LEN, PADDING = 2, 12, 3
@@ -26,15 +28,6 @@ AUDIO_SAMPLES = 1600
 MAX_PARAMETERS = 3_000_000
 """Architectures whose shrunk config still has more parameters are skipped as not tiny."""
 
-FAMILIES: dict[str, str] = {
-    "decoder": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
-    "encoder": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
-    "encoder-decoder": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
-    "vision": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
-    "speech": "MODEL_FOR_CTC_MAPPING_NAMES",
-    "speech-seq2seq": "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
-}
-"""Family -> Transformers auto mapping (model_type -> class name) it is enumerated from."""
 
 _SIZES: dict[str, Any] = {
     **dict.fromkeys(("vocab_size",), VOCAB_SIZE),

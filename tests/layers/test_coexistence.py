@@ -24,7 +24,7 @@ def _hf_kernelize_fallback(model: torch.nn.Module) -> None:
 def test_a_model_managed_by_hf_kernels_is_refused() -> None:
     model = build_tiny_model("llama")
     model._use_kernels = True  # what from_pretrained(use_kernels=True) leaves
-    with pytest.raises(KernelHubError, match="use_kernels=True.*re-kernelizes"):
+    with pytest.raises(KernelHubError, match=r"use_kernels=True.*re-kernelizes"):
         kernelize(model, mode="inference")
 
 

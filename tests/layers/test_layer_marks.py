@@ -16,7 +16,6 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm
 
 from kernel_hub import KernelHubError, mark_layer, unmark_layer, use_kernel_forward
-from kernel_hub.layers.integrations.transformers import recognise_norm
 from kernel_hub.layers.kernelize import LAYER_ATTRIBUTE, find_mark
 
 
