@@ -376,6 +376,9 @@ def _switch_interface(
         if not callable(getattr(integration, "register", None)):
             raise _LeftAlone(f"kernel {_kernel_label(kernel)} has no integrations.register()")
         _check_mode(integration, source.mode, f"{_kernel_label(kernel)} integrations")
+        model_problem = interface.model_problem(model, modules)
+        if model_problem:
+            raise _LeftAlone(model_problem)
         problems = _module_problems(integration, modules)
         if problems:
             first, problem = next(iter(problems.items()))

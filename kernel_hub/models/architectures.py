@@ -120,7 +120,7 @@ def _init_parameters(config_class: type) -> dict[str, inspect.Parameter]:
 def _tiny_value(sizes: dict[str, Any], name: str, default: Any) -> Any:
     if name in sizes:
         return sizes[name]
-    if ("dropout" in name or "pdrop" in name) and isinstance(default, float):
+    if "drop" in name and isinstance(default, float):  # dropout, pdrop, drop_path, layerdrop
         return 0.0
     return inspect.Parameter.empty
 

@@ -41,3 +41,9 @@ def test_a_position_bias_leaves_t5_attention_alone() -> None:
 def test_mla_head_dims_leave_deepseek_v3_attention_alone() -> None:
     entries = _attention_entries(kernelize(_model("deepseek_v3"), mode="inference"))
     assert entries and all(not e.swapped and "value head dim" in e.reason for e in entries)
+
+
+def test_a_model_without_sdpa_and_a_non_causal_layer_keeps_its_attention() -> None:
+    model = _model("pegasus_x", "encoder-decoder")
+    entries = _attention_entries(kernelize(model, mode="inference"))
+    assert entries and all(not e.swapped and "_supports_sdpa = False" in e.reason for e in entries)

@@ -218,6 +218,10 @@ class ModelInterface:
     setter: str
     registered: Callable[[str], str | None]
     """Why an implementation name is not usable (not registered, no mask function), or None."""
+    model_problem: Callable[[torch.nn.Module, list[tuple[str, torch.nn.Module]]], str | None] = (
+        lambda model, modules: None
+    )
+    """Why the model (with its dispatching modules) must keep its stock implementation."""
 
     def dispatches(self, module: torch.nn.Module) -> bool:
         return _forward_reads(type(module), self.dispatch_name)
@@ -277,6 +281,26 @@ def _attention_problem(name: str) -> str | None:
     return None
 
 
+def _sdpa_convention_problem(
+    model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
+) -> str | None:
+    """kernel-hub attention gets SDPA's masks (``sdpa_mask``), which leave out a purely causal
+    mask and let the module's ``is_causal`` decide. A model Transformers does not run with SDPA
+    (``_supports_sdpa = False``) may have a causal layer whose ``is_causal`` is False (it gets
+    an explicit causal mask under eager: Pegasus-X, NLLB-MoE, GIT decoders); there that layer
+    would silently become bidirectional."""
+    if getattr(model, "_supports_sdpa", True) is not False:
+        return None
+    name = next((n for n, m in modules if getattr(m, "is_causal", True) is False), None)
+    if name is None:
+        return None
+    return (
+        f"{type(model).__name__} does not support SDPA (_supports_sdpa = False) and {name} has "
+        "is_causal = False: with SDPA's masks (a purely causal mask left out) a causal layer "
+        "of it could run bidirectional"
+    )
+
+
 def _experts_problem(name: str) -> str | None:
     if name not in ExpertsInterface():
         return f"is not registered with ExpertsInterface ({name!r})"
@@ -292,6 +316,7 @@ MODEL_INTERFACES = (
         config_attribute="_attn_implementation",
         setter="set_attn_implementation",
         registered=_attention_problem,
+        model_problem=_sdpa_convention_problem,
     ),
     ModelInterface(
         name="ExpertsInterface",
