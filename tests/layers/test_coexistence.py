@@ -8,8 +8,7 @@ import types
 import pytest
 import torch
 
-from kernel_hub import KernelHubError, kernelize, unkernelize
-from kernel_hub.layers.kernelize import kernelize_report
+from kernel_hub import KernelHubError, kernelize, kernelize_report, unkernelize
 from kernel_hub.models.tiny import build_tiny_model
 
 
