@@ -161,3 +161,11 @@ def test_an_unrecognised_transformers_norm_is_reported_with_the_reason() -> None
     (entry,) = kernelize(_Holder(cls(16)), mode="inference").entries
     assert not entry.swapped and entry.target == "RMSNorm"
     assert "none of the RMSNorm forms" in entry.reason
+
+
+def test_the_probe_decides_over_an_active_transformers_decorator() -> None:
+    from kernel_hub.layers.kernelize import find_mark
+
+    marked = type("GptOssRMSNorm", (GptOssRMSNorm,), {"kernel_layer_name": "RMSNorm"})
+    marked.__module__ = GptOssRMSNorm.__module__  # what use_kernel_forward_from_hub would set
+    assert find_mark(marked(8)) == ("RMSNormF32Scale", "recognised")
