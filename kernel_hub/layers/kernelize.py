@@ -22,12 +22,9 @@ What a kernel provides for this:
 * optionally ``layers.MODULE_CHECKS = {"<Name>": check}``, ``check(module) -> reason | None``,
   for host modules whose state the layer cannot take (a 2-D weight, the meta device...).
 * for an interface op: ``integrations.register() -> name`` registering with the interface, and
-  module attributes ``has_backward`` / ``can_torch_compile`` with the same defaults;
-* optionally ``integrations.module_problem(module) -> reason | None``, asked for every module
-  that dispatches through the interface, for a module that needs what the kernel does not
-  implement (attention sinks, an additive bias...). An interface is switched for the whole
-  model, so one module with a problem leaves the model on its stock implementation, and every
-  module's report entry says why.
+  module attributes ``has_backward`` / ``can_torch_compile`` with the same defaults; optionally
+  ``integrations.module_problem(module) -> reason | None`` for modules that need a feature the
+  integration does not implement (the model then keeps its stock implementation).
 
 The report lists every candidate, swapped or left alone with the reason; ``kernelize_report``
 rebuilds it later from what is still in place (``swaps.py``). A model that Hugging Face
@@ -352,14 +349,18 @@ def _swap_layer(
     return replace(entry, swapped_to=swap.describe())
 
 
-def _module_problems(
-    integration: Any, modules: list[tuple[str, torch.nn.Module]]
-) -> dict[str, str]:
-    """Module name -> why the integration cannot serve it (``integrations.module_problem``)."""
+def _check_modules(
+    integration: Any, modules: list[tuple[str, torch.nn.Module]], label: str
+) -> None:
+    """``_LeftAlone`` when a module needs a feature the integration lacks: its optional
+    ``module_problem(module) -> reason | None``. The interface is switched for the whole model,
+    so one such module keeps every module on its stock implementation."""
     check = getattr(integration, "module_problem", None)
     if check is None:
-        return {}
-    return {n: problem for n, m in modules if (problem := check(m))}
+        return
+    problems = {type(m).__name__: problem for _, m in modules if (problem := check(m))}
+    if problems:
+        raise _LeftAlone(f"unsupported by {label}: " + "; ".join(problems.values()))
 
 
 def _switch_interface(
@@ -376,28 +377,10 @@ def _switch_interface(
         if not callable(getattr(integration, "register", None)):
             raise _LeftAlone(f"kernel {_kernel_label(kernel)} has no integrations.register()")
         _check_mode(integration, source.mode, f"{_kernel_label(kernel)} integrations")
+        _check_modules(integration, modules, f"{_kernel_label(kernel)} integrations")
         model_problem = interface.model_problem(model, modules)
         if model_problem:
             raise _LeftAlone(model_problem)
-        problems = _module_problems(integration, modules)
-        if problems:
-            first, problem = next(iter(problems.items()))
-            return [
-                ReportEntry(
-                    module=n,
-                    cls=type(m).__name__,
-                    kind=interface.kind,
-                    target=interface.name,
-                    found_by=interface.name,
-                    op=outcome["op"],
-                    reason=problems.get(n)
-                    or (
-                        f"{interface.kind} is switched for the whole model and "
-                        f"{first or '<model>'} cannot use {_kernel_label(kernel)}: {problem}"
-                    ),
-                )
-                for n, m in modules
-            ]
         previous = interface.current(model)
         name = interface.switch(model, integration.register())
         outcome["swapped_to"] = f"{_kernel_label(kernel)} {name!r} (was {previous['']!r})"
