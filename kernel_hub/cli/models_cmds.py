@@ -50,6 +50,12 @@ def _left_cell(row: Any) -> str:
     return "; ".join(f"{e.count} x {e.cls}: {e.reason}" for e in row.left_alone) or "-"
 
 
+def _notes_cell(row: Any) -> str:
+    """What was left alone and why, then what failed (or why the model did not run)."""
+    notes = [_left_cell(row)] if row.left_alone else []
+    return "; ".join([*notes, *([row.detail] if row.detail else [])]) or "-"
+
+
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.1e}"
 
@@ -63,7 +69,7 @@ def _rows(results: Sequence[Any]) -> list[list[str]]:
             _swapped_cell(r),
             _number(r.max_diff),
             _number(r.grad_rel_diff),
-            _left_cell(r) if r.ran else r.detail or "-",
+            _notes_cell(r),
         ]
         for r in results
     ]
@@ -76,7 +82,7 @@ _HEADERS = [
     "swapped",
     "max |diff|",
     "grad rel diff",
-    "left alone (why) / not run (why)",
+    "left alone (why); what failed or why not run",
 ]
 
 
