@@ -13,6 +13,8 @@ from kernel_hub.errors import KernelHubError
 COMMAND_MODULES = (
     "registry_cmds",
     "hub_cmds",
+    "trust_cmds",
+    "mirror_cmds",
     "demo_cmds",
     "models_cmds",
     "bench_cmds",
