@@ -22,6 +22,7 @@ import torch
 
 from kernel_hub.kernel_api import KernelInputError
 
+from .module_checks import module_problem  # noqa: F401  (kernelize's per-module hook)
 from .torch_ops import attention_with_dense_mask, attention_with_lse
 
 log = logging.getLogger(__name__)
