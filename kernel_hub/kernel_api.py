@@ -16,6 +16,9 @@ changes one. Version 1.0 offers:
 * benchmark cases: ``KernelCase``, ``CPU_TAG``;
 * errors: ``KernelHubError``, ``KernelInputError``, ``NoImplementationError``,
   ``UnsupportedDeviceError``.
+
+Version 1.1 adds ``jax_op(..., autocast=names)`` (inputs cast to the autocast dtype) and optional
+(``Tensor | None``) differentiable arguments.
 """
 
 from __future__ import annotations

@@ -281,9 +281,9 @@ def _pad_keys(x, layout: Layout):
     return jnp.pad(x, [(0, 0), (0, 0), (0, pad), (0, 0)]) if pad else x
 
 
-def _pack_sinks(sinks, layout: Layout):
-    """Sinks [Hq] -> [Hkv, rows, 1] f32, one logit per packed query row."""
-    per_head = sinks.astype(jnp.float32).reshape(layout.kv_heads, layout.groups, 1)
+def _pack_sinks(sinks, layout: Layout, dtype):
+    """Sinks [Hq] -> [Hkv, rows, 1] in the accumulation ``dtype``, one logit per packed row."""
+    per_head = sinks.astype(dtype).reshape(layout.kv_heads, layout.groups, 1)
     rows = jnp.broadcast_to(per_head, (layout.kv_heads, layout.groups, layout.q_len_padded))
     return rows.reshape(layout.kv_heads, layout.rows, 1)
 
@@ -661,7 +661,9 @@ def attention_forward(
         _pad_keys(k, layout),
         _pad_keys(v, layout),
         _packed_segments(q_segment_ids, kv_segment_ids, layout),
-        None if sinks is None else _pack_sinks(sinks, layout),
+        None
+        if sinks is None
+        else _pack_sinks(sinks, layout, jnp.promote_types(q.dtype, jnp.float32)),
         layout,
         spec,
         interpret,

@@ -1,5 +1,6 @@
 """Torch ops, built with kernel-hub's bridge. Both return (out, logsumexp) so the backward reuses
-the forward's saved outputs instead of recomputing it.
+the forward's saved outputs instead of recomputing it. Tensor arguments added in 1.1 (``sinks``,
+``bias``) come last, so positional calls written for 1.0 keep their meaning.
 
 Under ``torch.autocast`` query, key and value are cast to the autocast dtype, as autocast casts
 SDPA's inputs (so f32 q/k from RoPE and a bf16 v meet in one dtype); masks, sinks and biases keep
@@ -47,7 +48,6 @@ def attention_with_lse(
     kv_mask: torch.Tensor | None = None,
     q_segment_ids: torch.Tensor | None = None,
     kv_segment_ids: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
     causal: bool = False,
     sliding_window: int | None = None,
     softcap: float | None = None,
@@ -55,6 +55,7 @@ def attention_with_lse(
     implementation: str | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, Hq, Sq, Dv], logsumexp [B, Hq, Sq] f32); see ``api.dot_product_attention``."""
     api.check_inputs(
@@ -78,7 +79,6 @@ def dot_product_attention(
     kv_mask: torch.Tensor | None = None,
     q_segment_ids: torch.Tensor | None = None,
     kv_segment_ids: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
     causal: bool = False,
     sliding_window: int | None = None,
     softcap: float | None = None,
@@ -86,6 +86,7 @@ def dot_product_attention(
     implementation: str | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention output [B, Hq, Sq, Dv] for q [B, Hq, Sq, D], k [B, Hkv, Sk, D],
     v [B, Hkv, Sk, Dv]; see ``api.dot_product_attention`` for the options."""
@@ -96,7 +97,6 @@ def dot_product_attention(
         kv_mask,
         q_segment_ids,
         kv_segment_ids,
-        sinks,
         causal,
         sliding_window,
         softcap,
@@ -104,6 +104,7 @@ def dot_product_attention(
         implementation,
         block_q,
         block_k,
+        sinks,
     )[0]
 
 
@@ -133,13 +134,13 @@ def attention_with_dense_mask(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor,
-    sinks: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
     causal: bool = False,
     sliding_window: int | None = None,
     softcap: float | None = None,
     scale: float | None = None,
     implementation: str | None = None,
+    sinks: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, logsumexp) under a dense [B|1, H|1, Sq, Sk] mask (bool or additive); the kernel runs
     when the mask is key padding + the causal/window rule or packed segments, see ``dense_mask``.
