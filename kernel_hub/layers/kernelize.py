@@ -22,7 +22,9 @@ What a kernel provides for this:
 * optionally ``layers.MODULE_CHECKS = {"<Name>": check}``, ``check(module) -> reason | None``,
   for host modules whose state the layer cannot take (a 2-D weight, the meta device...).
 * for an interface op: ``integrations.register() -> name`` registering with the interface, and
-  module attributes ``has_backward`` / ``can_torch_compile`` with the same defaults.
+  module attributes ``has_backward`` / ``can_torch_compile`` with the same defaults; optionally
+  ``integrations.module_problem(module) -> reason | None`` for modules that need a feature the
+  integration does not implement (the model then keeps its stock implementation).
 """
 
 from __future__ import annotations
@@ -327,6 +329,20 @@ def _swap_layer(
     return replace(entry, swapped_to=swap.describe())
 
 
+def _check_modules(
+    integration: Any, modules: list[tuple[str, torch.nn.Module]], label: str
+) -> None:
+    """``_LeftAlone`` when a module needs a feature the integration lacks: its optional
+    ``module_problem(module) -> reason | None``. The interface is switched for the whole model,
+    so one such module keeps every module on its stock implementation."""
+    check = getattr(integration, "module_problem", None)
+    if check is None:
+        return
+    problems = {type(m).__name__: problem for _, m in modules if (problem := check(m))}
+    if problems:
+        raise _LeftAlone(f"unsupported by {label}: " + "; ".join(problems.values()))
+
+
 def _switch_interface(
     source: _KernelSource, model: torch.nn.Module, interface: Any
 ) -> list[ReportEntry]:
@@ -341,6 +357,7 @@ def _switch_interface(
         if not callable(getattr(integration, "register", None)):
             raise _LeftAlone(f"kernel {_kernel_label(kernel)} has no integrations.register()")
         _check_mode(integration, source.mode, f"{_kernel_label(kernel)} integrations")
+        _check_modules(integration, modules, f"{_kernel_label(kernel)} integrations")
         previous = interface.current(model)
         name = interface.switch(model, integration.register())
         outcome["swapped_to"] = f"{_kernel_label(kernel)} {name!r} (was {previous['']!r})"
