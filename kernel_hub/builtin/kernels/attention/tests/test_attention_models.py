@@ -134,3 +134,27 @@ def test_gpt_oss_sinks_on_the_pallas_kernel(attention, request):
     assert error <= 1e-4, f"logits max abs error {error:.3g}"
     sinks = {n: g for n, g in want_grads.items() if n.endswith("sinks")}
     assert_grads_match(sinks, got_grads, 1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_kernelized_greedy_generation_matches_stock(attention, name):
+    """Cached decoding (one query over the cache; T5's bias sliced to the new position)."""
+    ids, mask = _batch()
+    outputs = []
+    for kernelized in (False, True):
+        model = _build(name).eval()
+        if kernelized:
+            kernelize(model, mode="inference")
+        with torch.no_grad():
+            outputs.append(
+                model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    max_new_tokens=5,
+                    do_sample=False,
+                    pad_token_id=0,
+                    decoder_start_token_id=0,
+                )
+            )
+    assert torch.equal(*outputs), outputs
