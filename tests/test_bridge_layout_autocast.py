@@ -72,3 +72,18 @@ def test_autocast_casts_the_named_inputs_only():
     assert with_gate.dtype == torch.float32
     want = (x.bfloat16() * w).float()
     assert torch.allclose(eager.float(), want) and torch.allclose(traced.float(), want)
+
+
+def test_row_major_restrides_size_one_dims_without_copying():
+    """torch calls a decode step's transposed q contiguous; JAX would read its size-1 dim's
+    stride as another layout. The runtime hands JAX the same memory with row-major strides."""
+    from kernel_hub.bridge.runtimes.dlpack import row_major
+
+    q = torch.randn(2, 1, 4, 16).transpose(1, 2)  # [2, 4, 1, 16], strides (64, 16, 64, 1)
+    assert q.is_contiguous() and q.stride() != (64, 16, 16, 1)
+    fixed = row_major(q)
+    assert fixed.stride() == (64, 16, 16, 1) and fixed.data_ptr() == q.data_ptr()
+    assert torch.equal(fixed, q)
+    plain = torch.randn(3, 4)
+    assert row_major(plain) is plain
+    assert row_major(plain.t()).stride() == (3, 1)  # non-contiguous: copied
