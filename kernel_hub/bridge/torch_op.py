@@ -221,10 +221,27 @@ def jax_op(
         if autocast:
             _autocast.register(library, op, [spec.param_names.index(n) for n in autocast])
         defined = JaxOp(spec, (op, forward), (backward_op, backward), stub, library)
+        _register_dtensor_rule(spec, op, backward_op)
         op_defined(defined)
         return defined
 
     return decorate
+
+
+def _register_dtensor_rule(spec: OpSpec, op: Any, backward_op: Any) -> None:
+    """DTensor strategies from the JAX function's sharding rule (see ``kernel_hub.sharding``),
+    so DTensor inputs (sequence-parallel norms, tensor-parallel plans) run the op per shard."""
+    rule = getattr(spec.jax_fn, "sharding_rule", None)
+    if rule is None or not torch.distributed.is_available():
+        return
+    from ..sharding import ShardingRule, dtensor
+
+    def rule_for(static: dict[str, Any]) -> ShardingRule:
+        return rule if isinstance(rule, ShardingRule) else rule(**static)
+
+    dtensor.register(
+        op, backward_op, rule_for, spec.param_names, spec.tensor_params, spec.differentiable
+    )
 
 
 def _untraced(kernel: Callable[..., Any]) -> Callable[..., Any]:
@@ -306,7 +323,9 @@ def _backward_schema(spec: OpSpec) -> str:
 
     def prototype(*args: Any) -> None: ...
 
-    prototype.__signature__ = inspect.Signature(params, return_annotation=list[torch.Tensor])
+    # One tensor per gradient, not a list: DTensor's sharding strategies need fixed returns.
+    gradients = tuple.__class_getitem__((torch.Tensor,) * len(spec.differentiable))
+    prototype.__signature__ = inspect.Signature(params, return_annotation=gradients)
     return torch.library.infer_schema(prototype, mutates_args=())
 
 
@@ -317,14 +336,25 @@ def _define_backward(
     implementation."""
     list_static = spec.list_static
 
+    diff_positions = [spec.tensor_params.index(name) for name in spec.differentiable]
+
+    def _with_placeholders(grads, inputs) -> tuple:
+        """One tensor per differentiable argument (the schema's fixed returns): an empty one
+        for an optional argument given as None, whose gradient the autograd kernel drops."""
+        grads = iter(grads)
+        like = next(t for t in inputs if t is not None)
+        return tuple(
+            like.new_empty(0) if inputs[p] is None else next(grads) for p in diff_positions
+        )
+
     def backward(inputs, outputs, cotangents, *static_values):
         static = hashable(static_values) if list_static else static_values
-        return list(executor.backward(static, inputs, outputs, cotangents))
+        return _with_placeholders(executor.backward(static, inputs, outputs, cotangents), inputs)
 
     def fake(inputs, outputs, cotangents, *static_values):
         static = hashable(static_values) if list_static else static_values
         grads = _fake_outputs(spec.jitted("backward", static), [inputs, outputs, cotangents])
-        return list(grads)
+        return _with_placeholders(grads, inputs)
 
     qualname = f"{spec.qualname}_backward"
     op = _define(library, qualname, _backward_schema(spec), backward)
@@ -371,8 +401,14 @@ def _register_autograd(
                 for g, out in zip(grads, outputs, strict=True)
             ]
             present = present_differentiable(spec, inputs)
-            diff_grads = iter(backward_op(inputs, outputs, cotangents, *ctx.static_values))
-            per_arg = [next(diff_grads) if n in present else None for n in arg_names]
+            diff_grads = dict(
+                zip(
+                    spec.differentiable,
+                    backward_op(inputs, outputs, cotangents, *ctx.static_values),
+                    strict=True,
+                )
+            )
+            per_arg = [diff_grads[n] if n in present else None for n in arg_names]
             return (None, *per_arg[: ctx.num_args])
 
     def autograd_kernel(keyset: Any, *args: Any) -> Any:
