@@ -12,7 +12,6 @@ from typing import Any
 from . import api as jax
 from . import benchmark
 from .torch_ops import (
-    merged_pages,
     paged_attention,
     paged_attention_op,
     ragged_attention,
@@ -33,7 +32,6 @@ __all__ = [
     "implementation_tables",
     "integrations",
     "jax",
-    "merged_pages",
     "paged_attention",
     "paged_attention_op",
     "ragged_attention",

@@ -84,11 +84,11 @@ def check_ragged_inputs(
         f"{dtype_name(key.dtype)}, {dtype_name(value.dtype)}",
     )
     _, q_heads, head_dim = query.shape
-    kv_heads, _, key_dim = key.shape
+    _, kv_heads, key_dim = key.shape
     require(
         key_dim == head_dim and tuple(value.shape) == tuple(key.shape),
         f"{op}: key {tuple(key.shape)} and value {tuple(value.shape)} must both be "
-        f"[kv_heads, total_keys, head_dim={head_dim}] (heads first)",
+        f"[total_keys, kv_heads, head_dim={head_dim}]",
     )
     _heads(op, q_heads, kv_heads)
     for name, cu in (("cu_seq_lens_q", cu_seq_lens_q), ("cu_seq_lens_k", cu_seq_lens_k)):
@@ -141,8 +141,8 @@ def check_paged_inputs(
     """Shape, dtype and option rules of ``paged_attention``."""
     op = "paged_attention"
     check_rank(op, "query", query, 3)
-    check_rank(op, "k_pages", k_pages, 3)
-    check_rank(op, "v_pages", v_pages, 3)
+    check_rank(op, "k_pages", k_pages, 4)
+    check_rank(op, "v_pages", v_pages, 4)
     for name, array in (("query", query), ("k_pages", k_pages), ("v_pages", v_pages)):
         check_dtype(op, name, array, FLOAT_DTYPES)
     require(
@@ -151,18 +151,18 @@ def check_paged_inputs(
         f"{dtype_name(k_pages.dtype)}, {dtype_name(v_pages.dtype)}",
     )
     seqs, q_heads, head_dim = query.shape
-    num_pages, page_size, lanes = k_pages.shape
+    num_pages, page_size, kv_heads, page_dim = k_pages.shape
     require(
         tuple(v_pages.shape) == tuple(k_pages.shape),
         f"{op}: v_pages {tuple(v_pages.shape)} must match k_pages {tuple(k_pages.shape)}",
     )
     require(num_pages >= 1 and page_size >= 1, f"{op}: empty cache pages {tuple(k_pages.shape)}")
     require(
-        lanes % head_dim == 0,
-        f"{op}: pages [P, page, Hkv*D] have {lanes} lanes, not a multiple of head_dim={head_dim}; "
-        "pass Transformers' [P, page, Hkv, D] page views with the last two dims merged",
+        page_dim == head_dim,
+        f"{op}: pages {tuple(k_pages.shape)} are [P, page, Hkv, D] with D={page_dim}, but the "
+        f"query's head_dim is {head_dim}",
     )
-    _heads(op, q_heads, lanes // head_dim)
+    _heads(op, q_heads, kv_heads)
     check_rank(op, "block_table", block_table, 2)
     check_dtype(op, "block_table", block_table, INT_DTYPES)
     check_rank(op, "kv_lens", kv_lens, 1)
@@ -311,7 +311,7 @@ def ragged_attention(
     block_q: int | None = None,
     block_k: int | None = None,
 ) -> jax.Array:
-    """Attention over packed sequences: q [T, Hq, D], k/v [Hkv, N, D] (heads first), offsets
+    """Attention over packed sequences: q [T, Hq, D], k/v [N, Hkv, D], offsets
     ``cu_seq_lens_q/k`` [S+1] -> [T, Hq, D]; see ``masking`` for which pairs attend.
 
     ``sinks`` [Hq] adds exp(sink) to each query's softmax denominator (attention sinks).
@@ -360,7 +360,7 @@ def paged_attention(
     pages_per_block: int | None = None,
 ) -> jax.Array:
     """Decode attention over a paged cache: one query per sequence, q [S, Hq, D]; pages
-    [P, page, Hkv*D] (Transformers' [P, page, Hkv, D] page views, minor dims merged);
+    [P, page, Hkv, D] (one layer's page views of Transformers' cache);
     ``block_table`` [S, max_pages] page ids (-1 after the pages in use); ``kv_lens`` [S] keys
     per sequence, the new token included (0: a padding sequence, zero output) -> [S, Hq, D].
     """

@@ -70,8 +70,8 @@ def ragged_decode_case(
         fn=ragged_attention,
         args=(
             _struct((batch, q_heads, head_dim), dtype),
-            _struct((kv_heads, keys, head_dim), dtype),
-            _struct((kv_heads, keys, head_dim), dtype),
+            _struct((keys, kv_heads, head_dim), dtype),
+            _struct((keys, kv_heads, head_dim), dtype),
             _struct((batch + 1,), jnp.int32),
             _struct((batch + 1,), jnp.int32),
         ),
@@ -102,7 +102,7 @@ def paged_decode_case(
 
         table = rng.permutation(num_pages)[: batch * pages_per_seq].reshape(batch, pages_per_seq)
         lens = np.full(batch, context, np.int32)
-        pages = (num_pages, page_size, kv_heads * head_dim)
+        pages = (num_pages, page_size, kv_heads, head_dim)
         return (
             draw(batch, q_heads, head_dim),
             draw(*pages),
@@ -119,8 +119,8 @@ def paged_decode_case(
         fn=paged_attention,
         args=(
             _struct((batch, q_heads, head_dim), dtype),
-            _struct((num_pages, page_size, kv_heads * head_dim), dtype),
-            _struct((num_pages, page_size, kv_heads * head_dim), dtype),
+            _struct((num_pages, page_size, kv_heads, head_dim), dtype),
+            _struct((num_pages, page_size, kv_heads, head_dim), dtype),
             _struct((batch, pages_per_seq), jnp.int32),
             _struct((batch,), jnp.int32),
         ),

@@ -1,20 +1,21 @@
 """Pallas paged decode attention for TPU, forward only, reading Transformers' cache pages in place.
 
-Pages are [P, page, Hkv * D]: Transformers' per-layer page views [P, page, Hkv, D] with the two
-minor dims merged (a free view on the torch side), so the block of kv head ``h`` of one page is
-the lane block ``h`` of width D: a plain BlockSpec DMA, no gather, no copy of the cache. The page
-of each block comes from the sequence's row of the block table (prefetched into SMEM).
+Pages are one layer's page views of Transformers' cache, [P, page, Hkv, D]. A grid step DMAs
+whole pages (every kv head) straight from the block table's page ids, and the kernel takes head
+``h`` as the strided slice ``page[:, h, :]`` in VMEM: no gather, no transpose, no copy of the
+cache.
 
-Grid (sequence, kv head, page step). Each step reads ``pages_per_block`` pages, one BlockSpec per
-page slot (the same pages array is passed once per slot). Steps start at the first page the
-sliding window can see and stop after the sequence's last page; later steps repeat the last
-page's block index, so they fetch nothing, and compute nothing. Each sequence has one query (the
-token just written, at position ``kv_lens[s] - 1``); all G heads sharing kv head ``h`` are one
-[G, D] block. ``kv_lens[s] == 0`` marks a padding sequence: its output is zero.
+Grid (sequence, page step). Each step reads ``pages_per_block`` pages, one BlockSpec per page
+slot (the same pages array is passed once per slot). Steps start at the first page the sliding
+window can see and stop after the sequence's last page; later steps repeat the last page's block
+index, so they fetch nothing, and compute nothing. Each sequence has one query (the token just
+written, at position ``kv_lens[s] - 1``); its Hq heads are one [Hq, D] block, kv head ``h``
+serving rows ``h * G:(h + 1) * G``. ``kv_lens[s] == 0`` marks a padding sequence: zero output.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import jax
@@ -45,14 +46,7 @@ def blocks_problem(q_shape, pages_shape, dtype, blocks: PagedBlocks, *, interpre
         return f"pages_per_block={blocks.pages_per_block} must be >= 1"
     if interpret:
         return None
-    head_dim = q_shape[-1]
-    kv_heads = pages_shape[2] // head_dim
     page = pages_shape[1]
-    if kv_heads > 1 and head_dim % LANES:
-        return (
-            f"head_dim={head_dim} is not a multiple of {LANES}: a kv head is not a lane block of "
-            f"the [P, page, Hkv*D] pages (the kernel reads heads as {LANES}-lane blocks)"
-        )
     if page % sublanes(dtype):
         return (
             f"page_size={page} cannot be tiled: the kernel reads whole pages as "
@@ -79,11 +73,10 @@ def paged_attention(
     blocks: PagedBlocks,
     interpret: bool,
 ):
-    """[S, Hq, D] for q [S, Hq, D], pages [P, page, Hkv*D], block_table [S, max_pages] (-1 =
+    """[S, Hq, D] for q [S, Hq, D], pages [P, page, Hkv, D], block_table [S, max_pages] (-1 =
     unused), kv_lens [S] (keys per sequence, the new token included), sinks [Hq] or None."""
     seqs, q_heads, head_dim = q.shape
-    _, page, lanes = k_pages.shape
-    kv_heads = lanes // head_dim
+    _, page, kv_heads, _ = k_pages.shape
     groups = q_heads // kv_heads
     max_pages = block_table.shape[1]
     per_step = blocks.pages_per_block
@@ -101,24 +94,23 @@ def paged_attention(
 
     def page_spec(slot):
         return pl.BlockSpec(
-            (None, page, head_dim),
-            lambda s, h, j, t, n: (page_index(s, j, slot, t, n), 0, h),
+            (None, page, kv_heads, head_dim),
+            lambda s, j, t, n: (page_index(s, j, slot, t, n), 0, 0, 0),
         )
 
-    q_spec = pl.BlockSpec((None, None, groups, head_dim), lambda s, h, j, t, n: (s, h, 0, 0))
+    q_spec = pl.BlockSpec((None, q_heads, head_dim), lambda s, j, t, n: (s, 0, 0))
     in_specs = [q_spec] + [page_spec(i) for i in range(per_step)] * 2
-    operands = [q.reshape(seqs, kv_heads, groups, head_dim)]
-    operands += [k_pages] * per_step + [v_pages] * per_step
+    operands = [q] + [k_pages] * per_step + [v_pages] * per_step
     if sinks is not None:
-        in_specs.append(pl.BlockSpec((None, groups, 1), lambda s, h, j, t, n: (h, 0, 0)))
-        operands.append(sinks.astype(acc).reshape(kv_heads, groups, 1))
+        in_specs.append(pl.BlockSpec((q_heads, 1), lambda s, j, t, n: (0, 0)))
+        operands.append(sinks.astype(acc).reshape(q_heads, 1))
 
     def kernel(table_ref, lens_ref, q_ref, *refs):
         k_refs, v_refs = refs[:per_step], refs[per_step : 2 * per_step]
         rest = refs[2 * per_step :]
         sink_ref = rest[0] if sinks is not None else None
         o_ref, m_ref, l_ref, acc_ref = rest[-4:]
-        s_id, j = pl.program_id(0), pl.program_id(2)
+        s_id, j = pl.program_id(0), pl.program_id(1)
         length = lens_ref[s_id]
         first = _first_page(length, page, spec)
         pages_used = _cdiv(length, page) - first
@@ -129,31 +121,32 @@ def paged_attention(
             l_ref[...] = jnp.zeros(l_ref.shape, l_ref.dtype)
             acc_ref[...] = jnp.zeros(acc_ref.shape, acc_ref.dtype)
 
-        for slot in range(per_step):
-            offset = j * per_step + slot
-
-            @pl.when(offset < pages_used)
-            def _step(slot=slot, offset=offset):
-                qv = q_ref[...]
-                s = _dot(qv, k_refs[slot][...], 1, 1) * spec.scale
+        def attend(slot, offset):
+            key = (first + offset) * page + jax.lax.broadcasted_iota(jnp.int32, (groups, page), 1)
+            ok = key < length
+            if spec.sliding_window is not None:
+                ok &= key >= length - spec.sliding_window
+            for h in range(kv_heads):
+                rows = slice(h * groups, (h + 1) * groups)
+                s = _dot(q_ref[rows, :], k_refs[slot][:, h, :], 1, 1) * spec.scale
                 if spec.softcap is not None:
                     s = spec.softcap * jnp.tanh(s / spec.softcap)
-                key = (first + offset) * page + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-                ok = key < length
-                if spec.sliding_window is not None:
-                    ok &= key >= length - spec.sliding_window
-                m_prev = m_ref[...]
+                m_prev = m_ref[rows, :]
                 m_new = jnp.maximum(
                     m_prev, jnp.max(jnp.where(ok, s, _MASK_VALUE), axis=1, keepdims=True)
                 )
                 alpha = jnp.exp(m_prev - m_new)
                 p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
-                l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
-                v = v_refs[slot][...]
-                acc_ref[...] = alpha * acc_ref[...] + _dot(p.astype(v.dtype), v, 1, 0)
-                m_ref[...] = m_new
+                l_ref[rows, :] = alpha * l_ref[rows, :] + jnp.sum(p, axis=1, keepdims=True)
+                v = v_refs[slot][:, h, :]
+                acc_ref[rows, :] = alpha * acc_ref[rows, :] + _dot(p.astype(v.dtype), v, 1, 0)
+                m_ref[rows, :] = m_new
 
-        @pl.when(j == pl.num_programs(2) - 1)
+        for slot in range(per_step):
+            offset = j * per_step + slot
+            pl.when(offset < pages_used)(functools.partial(attend, slot, offset))
+
+        @pl.when(j == pl.num_programs(1) - 1)
         def _finish():
             m, total, out = m_ref[...], l_ref[...], acc_ref[...]
             if sink_ref is not None:
@@ -172,19 +165,17 @@ def paged_attention(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2,
-            grid=(seqs, kv_heads, steps),
+            grid=(seqs, steps),
             in_specs=in_specs,
             out_specs=q_spec,
             scratch_shapes=[
-                pltpu.VMEM((groups, 1), acc),
-                pltpu.VMEM((groups, 1), acc),
-                pltpu.VMEM((groups, head_dim), acc),
+                pltpu.VMEM((q_heads, 1), acc),
+                pltpu.VMEM((q_heads, 1), acc),
+                pltpu.VMEM((q_heads, head_dim), acc),
             ],
         ),
-        out_shape=jax.ShapeDtypeStruct((seqs, kv_heads, groups, head_dim), q.dtype),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")
-        ),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
         # An upper bound: every table entry's page read (the lengths are data).
         cost_estimate=pl.CostEstimate(
             flops=4 * keys * q_heads * head_dim,
@@ -195,4 +186,4 @@ def paged_attention(
         interpret=interpret,
         name="paged_attention",
     )(table, lengths, *operands)
-    return out.reshape(seqs, q_heads, head_dim)
+    return out

@@ -1,21 +1,23 @@
 """Pallas ragged attention for TPU, forward only: blocked online softmax over packed sequences.
 
-Keys and values come heads-major, [Hkv, N, D], as Transformers' paged cache hands them over:
-a kv head's keys are then contiguous and a kv block is a plain BlockSpec DMA. (Token-major
-[N, Hkv, D] would need a transpose, i.e. a copy of every key, before a TPU kernel can block it.)
+Keys and values are token-major, [N, Hkv, D], as Transformers' paged cache holds them, and are
+read in place: a kv block is ``block_k`` tokens of every kv head, and the kernel takes head
+``h`` as the strided slice ``k[:, h, :]`` in VMEM. (A heads-major or lane-merged view would need
+XLA to transpose, i.e. copy, every key first on a TPU.) Nothing is padded when ``block_k``
+divides N and ``block_q`` divides the query rows, as with the torch entry point's buckets.
 
 Queries: the ``G = Hq // Hkv`` query heads sharing a kv head are packed into rows token-major,
-q [T, Hq, D] -> [Hkv, T * G, D] (row ``t * G + g``), so a block of rows covers whole tokens and
-each kv block is read once for all G heads. Each row carries its token's sequence id and key
-position (``masking.token_meta``); each key its sequence id and position, so one block pair's
-mask is ``masking.allowed`` on those vectors.
+q [T, Hq, D] -> [Hkv, T * G, D] (row ``t * G + g``, a small copy of q), so a block of rows covers
+whole tokens and each kv block is used once for all G heads. Each row carries its token's
+sequence id and key position (``masking.token_meta``), each key its sequence id and position,
+so one block pair's mask is ``masking.allowed`` on those vectors.
 
 Which kv blocks a q block visits is data: the packed key span of its rows (their sequences'
 keys, cut by causality and the window) is computed before the kernel and prefetched into SMEM.
 The grid's kv axis has as many steps as the longest possible span; steps past a q block's own
 span are skipped, and their index map repeats the last visited block so they fetch nothing.
 
-No backward: serving needs none (``api`` says so to callers asking for gradients).
+No backward: serving needs none.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class Layout:
 
 def make_layout(q_shape, k_shape, blocks: RaggedBlocks) -> Layout:
     tokens, q_heads, head_dim = q_shape
-    kv_heads, keys, _ = k_shape
+    keys, kv_heads, _ = k_shape
     groups = q_heads // kv_heads
     rows = tokens * groups
     block_q = rows if rows <= blocks.q else blocks.q
@@ -161,7 +163,7 @@ def _kernel(
     *,
     spec: RaggedSpec,
 ):
-    qi, ki = pl.program_id(1), pl.program_id(2)
+    qi, ki = pl.program_id(0), pl.program_id(1)
 
     @pl.when(ki == 0)
     def _init():
@@ -171,20 +173,23 @@ def _kernel(
 
     @pl.when(ki < count_ref[qi])
     def _step():
-        s = _dot(q_ref[...], k_ref[...], 1, 1) * spec.scale
-        if spec.softcap is not None:
-            s = spec.softcap * jnp.tanh(s / spec.softcap)
         ok = masking.allowed(q_seq_ref[...], q_pos_ref[...], k_seq_ref[...], k_pos_ref[...], spec)
-        m_prev = m_ref[...]
-        m_new = jnp.maximum(m_prev, jnp.max(jnp.where(ok, s, _MASK_VALUE), axis=1, keepdims=True))
-        alpha = jnp.exp(m_prev - m_new)
-        p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
-        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
-        v = v_ref[...]
-        acc_ref[...] = alpha * acc_ref[...] + _dot(p.astype(v.dtype), v, 1, 0)
-        m_ref[...] = m_new
+        for h in range(k_ref.shape[1]):
+            s = _dot(q_ref[h], k_ref[:, h, :], 1, 1) * spec.scale
+            if spec.softcap is not None:
+                s = spec.softcap * jnp.tanh(s / spec.softcap)
+            m_prev = m_ref[h]
+            m_new = jnp.maximum(
+                m_prev, jnp.max(jnp.where(ok, s, _MASK_VALUE), axis=1, keepdims=True)
+            )
+            alpha = jnp.exp(m_prev - m_new)
+            p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
+            l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=1, keepdims=True)
+            v = v_ref[:, h, :]
+            acc_ref[h] = alpha * acc_ref[h] + _dot(p.astype(v.dtype), v, 1, 0)
+            m_ref[h] = m_new
 
-    @pl.when(ki == pl.num_programs(2) - 1)
+    @pl.when(ki == pl.num_programs(1) - 1)
     def _finish():
         m, total, acc = m_ref[...], l_ref[...], acc_ref[...]
         if sink_ref is not None:
@@ -240,28 +245,27 @@ def _cost(layout: Layout, itemsize: int) -> pl.CostEstimate:
 def ragged_attention(
     q, k, v, cu_q, cu_k, sinks, spec: RaggedSpec, blocks: RaggedBlocks, interpret: bool
 ):
-    """[T, Hq, D] for q [T, Hq, D], k/v [Hkv, N, D], cu_q/cu_k [S+1], sinks [Hq] or None."""
+    """[T, Hq, D] for q [T, Hq, D], k/v [N, Hkv, D], cu_q/cu_k [S+1], sinks [Hq] or None."""
     tokens = q.shape[0]
     layout = make_layout(q.shape, k.shape, blocks)
-    meta = masking.token_meta(cu_q, cu_k, tokens, k.shape[1])
+    meta = masking.token_meta(cu_q, cu_k, tokens, k.shape[0])
     lo, count = _block_spans(meta, cu_k, spec, layout)
     acc = jnp.promote_types(q.dtype, jnp.float32)
     bq, bk, d = layout.block_q, layout.block_k, layout.head_dim
 
-    def key_block(h, qi, ki, lo_ref, count_ref):
+    def key_block(qi, ki, lo_ref, count_ref):
         return lo_ref[qi] + jnp.minimum(ki, jnp.maximum(count_ref[qi] - 1, 0))
 
-    rows_spec = pl.BlockSpec((None, bq, d), lambda h, qi, ki, lo, n: (h, qi, 0))
-    keys_spec = pl.BlockSpec(
-        (None, bk, d), lambda h, qi, ki, lo, n: (h, key_block(h, qi, ki, lo, n), 0)
-    )
-    row_meta_spec = pl.BlockSpec((bq, 1), lambda h, qi, ki, lo, n: (qi, 0))
-    key_meta_spec = pl.BlockSpec((1, bk), lambda h, qi, ki, lo, n: (0, key_block(h, qi, ki, lo, n)))
-    sink_spec = pl.BlockSpec((None, bq, 1), lambda h, qi, ki, lo, n: (h, qi, 0))
+    heads = layout.kv_heads
+    rows_spec = pl.BlockSpec((heads, bq, d), lambda qi, ki, lo, n: (0, qi, 0))
+    keys_spec = pl.BlockSpec((bk, heads, d), lambda qi, ki, lo, n: (key_block(qi, ki, lo, n), 0, 0))
+    row_meta_spec = pl.BlockSpec((bq, 1), lambda qi, ki, lo, n: (qi, 0))
+    key_meta_spec = pl.BlockSpec((1, bk), lambda qi, ki, lo, n: (0, key_block(qi, ki, lo, n)))
+    sink_spec = pl.BlockSpec((heads, bq, 1), lambda qi, ki, lo, n: (0, qi, 0))
 
     def pad_keys(x):
         pad = layout.keys_padded - layout.keys
-        return jnp.pad(x, [(0, 0), (0, pad), (0, 0)]) if pad else x
+        return jnp.pad(x, [(0, pad), (0, 0), (0, 0)]) if pad else x
 
     operands = [
         _pack_rows(q, layout),
@@ -295,19 +299,17 @@ def ragged_attention(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2,
-            grid=(layout.kv_heads, layout.num_q_blocks, layout.num_k_blocks),
+            grid=(layout.num_q_blocks, layout.num_k_blocks),
             in_specs=in_specs,
             out_specs=rows_spec,
             scratch_shapes=[
-                pltpu.VMEM((bq, 1), acc),
-                pltpu.VMEM((bq, 1), acc),
-                pltpu.VMEM((bq, d), acc),
+                pltpu.VMEM((heads, bq, 1), acc),
+                pltpu.VMEM((heads, bq, 1), acc),
+                pltpu.VMEM((heads, bq, d), acc),
             ],
         ),
         out_shape=jax.ShapeDtypeStruct((layout.kv_heads, layout.rows_padded, d), q.dtype),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")
-        ),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
         cost_estimate=_cost(layout, jnp.dtype(q.dtype).itemsize),
         interpret=interpret,
         name="ragged_attention",

@@ -53,10 +53,9 @@ def _scores(q, k, spec: RaggedSpec):
 
 
 def ragged_attention(q, k, v, cu_q, cu_k, sinks, spec: RaggedSpec):
-    """[T, Hq, D] for q [T, Hq, D], k/v [Hkv, N, D], cu_q/cu_k [S+1], sinks [Hq] or None."""
+    """[T, Hq, D] for q [T, Hq, D], k/v [N, Hkv, D], cu_q/cu_k [S+1], sinks [Hq] or None."""
     num_tokens, q_heads, head_dim = q.shape
-    kv_heads, num_keys, _ = k.shape
-    k, v = jnp.moveaxis(k, 0, 1), jnp.moveaxis(v, 0, 1)
+    num_keys, kv_heads, _ = k.shape
     groups = q_heads // kv_heads
     meta = masking.token_meta(cu_q, cu_k, num_tokens, num_keys)
     s = _scores(q.reshape(num_tokens, kv_heads, groups, head_dim), k, spec)
@@ -68,23 +67,23 @@ def ragged_attention(q, k, v, cu_q, cu_k, sinks, spec: RaggedSpec):
     return out.reshape(q.shape)
 
 
-def gather_pages(pages, block_table, kv_heads: int):
-    """[S, max_pages * page, Hkv, D] keys or values of each sequence, from [P, page, Hkv * D]
+def gather_pages(pages, block_table):
+    """[S, max_pages * page, Hkv, D] keys or values of each sequence, from [P, page, Hkv, D]
     pages; -1 entries read page 0 (masked out by the lengths)."""
-    num_pages, page, lanes = pages.shape
-    seq_pages = pages[jnp.clip(block_table, 0, num_pages - 1)]  # [S, max_pages, page, lanes]
+    num_pages, page, kv_heads, head_dim = pages.shape
+    seq_pages = pages[jnp.clip(block_table, 0, num_pages - 1)]  # [S, max_pages, page, Hkv, D]
     s, max_pages = block_table.shape
-    return seq_pages.reshape(s, max_pages * page, kv_heads, lanes // kv_heads)
+    return seq_pages.reshape(s, max_pages * page, kv_heads, head_dim)
 
 
 def paged_attention(q, k_pages, v_pages, block_table, kv_lens, sinks, spec: RaggedSpec):
     """[S, Hq, D] decode attention: the one query of sequence s sits at position kv_lens[s] - 1
     and reads keys 0..kv_lens[s]-1 from pages ``block_table[s]``; kv_lens[s] == 0 gives zeros."""
     seqs, q_heads, head_dim = q.shape
-    kv_heads = k_pages.shape[2] // head_dim
+    kv_heads = k_pages.shape[2]
     groups = q_heads // kv_heads
-    k = gather_pages(k_pages, block_table, kv_heads)
-    v = gather_pages(v_pages, block_table, kv_heads)
+    k = gather_pages(k_pages, block_table)
+    v = gather_pages(v_pages, block_table)
     s = _scores(q.reshape(seqs, 1, kv_heads, groups, head_dim), k, spec)  # [S, Hkv, G, 1, K]
     key = jnp.arange(k.shape[1], dtype=jnp.int32)[None, :]
     lens = kv_lens.astype(jnp.int32)[:, None]

@@ -65,7 +65,7 @@ def paged_attention_op(
     implementation: str | None = None,
     pages_per_block: int | None = None,
 ) -> torch.Tensor:
-    """[S, Hq, D]; see ``api.paged_attention`` (pages [P, page, Hkv*D], no bucketing)."""
+    """[S, Hq, D]; see ``api.paged_attention`` (no bucketing, no value checks)."""
     api.check_paged_inputs(
         query,
         k_pages,
@@ -106,7 +106,7 @@ def ragged_attention(
     block_q: int | None = None,
     block_k: int | None = None,
 ) -> torch.Tensor:
-    """q [T, Hq, D], k/v [Hkv, N, D], offsets [S+1] -> [T, Hq, D], with T, N and S bucketed."""
+    """q [T, Hq, D], k/v [N, Hkv, D], offsets [S+1] -> [T, Hq, D], with T, N and S bucketed."""
     api.check_ragged_inputs(
         query,
         key,
@@ -118,7 +118,7 @@ def ragged_attention(
         softcap=softcap,
         scale=scale,
     )
-    tokens, keys = query.shape[0], key.shape[1]
+    tokens, keys = query.shape[0], key.shape[0]
     cu_q, cu_k = cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32)
     if _readable(cu_q, cu_k):
         api.check_ragged_values(cu_q.numpy(), cu_k.numpy(), tokens, keys, causal)
@@ -126,8 +126,8 @@ def ragged_attention(
     padded_tokens, padded_keys = power_of_two(tokens), power_of_two(keys)
     out = ragged_attention_op(
         F.pad(query, (0, 0, 0, 0, 0, padded_tokens - tokens)),
-        F.pad(key, (0, 0, 0, padded_keys - keys)),
-        F.pad(value, (0, 0, 0, padded_keys - keys)),
+        F.pad(key, (0, 0, 0, 0, 0, padded_keys - keys)),
+        F.pad(value, (0, 0, 0, 0, 0, padded_keys - keys)),
         _pad_offsets(cu_q, sequences),
         _pad_offsets(cu_k, sequences),
         sinks,
@@ -140,13 +140,6 @@ def ragged_attention(
         block_k,
     )
     return out[:tokens]
-
-
-def merged_pages(pages: torch.Tensor) -> torch.Tensor:
-    """[P, page, Hkv, D] page views -> [P, page, Hkv*D], a view (no copy) of the same memory."""
-    if pages.dim() != 4:
-        return pages
-    return pages.view(*pages.shape[:2], pages.shape[2] * pages.shape[3])
 
 
 def paged_attention(
@@ -163,9 +156,8 @@ def paged_attention(
     implementation: str | None = None,
     pages_per_block: int | None = None,
 ) -> torch.Tensor:
-    """q [S, Hq, D], pages [P, page, Hkv, D] (or merged [P, page, Hkv*D]), block_table
-    [S, max_pages], kv_lens [S] -> [S, Hq, D], with S and max_pages bucketed."""
-    k_pages, v_pages = merged_pages(k_pages), merged_pages(v_pages)
+    """q [S, Hq, D], pages [P, page, Hkv, D], block_table [S, max_pages], kv_lens [S]
+    -> [S, Hq, D], with S and max_pages bucketed."""
     api.check_paged_inputs(
         query,
         k_pages,

@@ -31,8 +31,8 @@ def ragged_batch(rng, q_heads=4, kv_heads=2, head_dim=16):
     cu_k = np.concatenate([[0], np.cumsum(new + past)]).astype(np.int32)
     tokens, keys = int(cu_q[-1]) + 3, int(cu_k[-1]) + 5
     q = rng.standard_normal((tokens, q_heads, head_dim))
-    k = rng.standard_normal((kv_heads, keys, head_dim))
-    v = rng.standard_normal((kv_heads, keys, head_dim))
+    k = rng.standard_normal((keys, kv_heads, head_dim))
+    v = rng.standard_normal((keys, kv_heads, head_dim))
     sinks = rng.standard_normal(q_heads)
     return q, k, v, cu_q, cu_k, sinks
 
@@ -88,7 +88,7 @@ def test_ragged_reference_matches_a_loop(ragged):
             )
         )
     expected = np.zeros_like(q)
-    groups = q.shape[1] // k.shape[0]
+    groups = q.shape[1] // k.shape[1]
     for s in range(len(cu_q) - 1):
         q_len, k_len = cu_q[s + 1] - cu_q[s], cu_k[s + 1] - cu_k[s]
         for i in range(q_len):
@@ -96,9 +96,10 @@ def test_ragged_reference_matches_a_loop(ragged):
             keys = [j for j in range(k_len) if 0 <= position - j < window]
             for h in range(q.shape[1]):
                 kh = h // groups
-                scores = k[kh, cu_k[s] + np.array(keys)] @ q[cu_q[s] + i, h] / 4.0
+                rows = cu_k[s] + np.array(keys)
+                scores = k[rows, kh] @ q[cu_q[s] + i, h] / 4.0
                 p = np.exp(scores - scores.max())
-                expected[cu_q[s] + i, h] = (p / p.sum()) @ v[kh, cu_k[s] + np.array(keys)]
+                expected[cu_q[s] + i, h] = (p / p.sum()) @ v[rows, kh]
     assert np.abs(out - expected).max() < 1e-12
 
 
@@ -112,7 +113,7 @@ def paged_batch(rng, q_heads=4, kv_heads=2, head_dim=16, page=4, num_pages=24, m
         for j in range(-(-length // page)):
             table[s, j] = free.pop()
     q = rng.standard_normal((len(lens), q_heads, head_dim))
-    pages = [rng.standard_normal((num_pages, page, kv_heads * head_dim)) for _ in range(2)]
+    pages = [rng.standard_normal((num_pages, page, kv_heads, head_dim)) for _ in range(2)]
     return q, pages[0], pages[1], table, lens, rng.standard_normal(q_heads)
 
 
@@ -140,14 +141,14 @@ def test_paged_reference_equals_ragged_reference_on_gathered_keys(ragged):
     """Paged decode is ragged decode over the pages each table row names."""
     rng = np.random.default_rng(3)
     q, k_pages, v_pages, table, lens, _ = paged_batch(rng)
-    kv_heads, page = 2, k_pages.shape[1]
+    page = k_pages.shape[1]
 
     def gathered(pages):
         rows = [pages[table[s, j]] for s, n in enumerate(lens) for j in range(-(-n // page))]
-        per_seq = np.concatenate(rows).reshape(-1, kv_heads, 16)
+        per_seq = np.concatenate(rows)
         starts = np.concatenate([[0], np.cumsum(-(-lens // page) * page)])
         keep = np.concatenate([np.arange(starts[s], starts[s] + n) for s, n in enumerate(lens)])
-        return np.moveaxis(per_seq[keep], 1, 0)
+        return per_seq[keep]
 
     cu_q = np.concatenate([[0], np.cumsum(lens > 0)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
