@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernel_hub.bridge import jax_op, op_namespace, power_of_two
+from kernel_hub.kernel_api import jax_op, op_namespace
 
 from . import api
 
@@ -79,6 +79,11 @@ def paged_attention_op(
     )
 
 
+def _bucket(count: int) -> int:
+    """The smallest power of two >= ``count`` (0 stays 0): at most 2x padding, log2 buckets."""
+    return 1 << (count - 1).bit_length() if count > 0 else 0
+
+
 def _readable(*tensors: torch.Tensor) -> bool:
     """Whether values can be checked cheaply: eager CPU tensors."""
     return not torch.compiler.is_compiling() and all(t.device.type == "cpu" for t in tensors)
@@ -122,8 +127,8 @@ def ragged_attention(
     cu_q, cu_k = cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32)
     if _readable(cu_q, cu_k):
         api.check_ragged_values(cu_q.numpy(), cu_k.numpy(), tokens, keys, causal)
-    sequences = power_of_two(cu_q.shape[0] - 1)
-    padded_tokens, padded_keys = power_of_two(tokens), power_of_two(keys)
+    sequences = _bucket(cu_q.shape[0] - 1)
+    padded_tokens, padded_keys = _bucket(tokens), _bucket(keys)
     out = ragged_attention_op(
         F.pad(query, (0, 0, 0, 0, 0, padded_tokens - tokens)),
         F.pad(key, (0, 0, 0, 0, 0, padded_keys - keys)),
@@ -173,8 +178,8 @@ def paged_attention(
     if _readable(table, lens):
         api.check_paged_values(table.numpy(), lens.numpy(), k_pages.shape[0], k_pages.shape[1])
     seqs, max_pages = table.shape
-    extra_seqs = power_of_two(seqs) - seqs
-    table = F.pad(table, (0, power_of_two(max_pages) - max_pages, 0, extra_seqs), value=-1)
+    extra_seqs = _bucket(seqs) - seqs
+    table = F.pad(table, (0, _bucket(max_pages) - max_pages, 0, extra_seqs), value=-1)
     out = paged_attention_op(
         F.pad(query, (0, 0, 0, 0, 0, extra_seqs)),
         k_pages,

@@ -13,9 +13,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernel_hub.checks import check_dtype, check_rank, dtype_name, require
-from kernel_hub.dispatch import Implementation, ImplementationTable
-from kernel_hub.platform import jax_default_device, jax_platform, tpu_generation
+from kernel_hub.kernel_api import (
+    Implementation,
+    ImplementationTable,
+    check_dtype,
+    check_rank,
+    dtype_name,
+    jax_default_device,
+    jax_platform,
+    require,
+    tpu_generation,
+)
 
 from . import blocks as block_sizes
 from . import pallas_paged, pallas_ragged, reference

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernel_hub.cases import CPU_TAG, KernelCase
+from kernel_hub.kernel_api import CPU_TAG, KernelCase
 
 from .api import paged_attention, ragged_attention
 
