@@ -38,6 +38,8 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from kernel_hub.errors import KernelHubError
 
+from .continuous_batching import ContinuousBatchingInterface
+
 RMSNORM_LAYER = "RMSNorm"
 _PROBE_EPS = 1e-5
 
@@ -166,16 +168,18 @@ def _experts_problem(name: str) -> str | None:
     return None
 
 
+ATTENTION_INTERFACE = ModelInterface(
+    name="AttentionInterface",
+    kind="attention",
+    op="attention",
+    dispatch_name="ALL_ATTENTION_FUNCTIONS",
+    config_attribute="_attn_implementation",
+    setter="set_attn_implementation",
+    registered=_attention_problem,
+)
+
 MODEL_INTERFACES = (
-    ModelInterface(
-        name="AttentionInterface",
-        kind="attention",
-        op="attention",
-        dispatch_name="ALL_ATTENTION_FUNCTIONS",
-        config_attribute="_attn_implementation",
-        setter="set_attn_implementation",
-        registered=_attention_problem,
-    ),
+    ATTENTION_INTERFACE,
     ModelInterface(
         name="ExpertsInterface",
         kind="experts",
@@ -185,4 +189,5 @@ MODEL_INTERFACES = (
         setter="set_experts_implementation",
         registered=_experts_problem,
     ),
+    ContinuousBatchingInterface(attention=ATTENTION_INTERFACE),
 )

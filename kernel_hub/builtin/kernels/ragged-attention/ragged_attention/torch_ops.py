@@ -79,9 +79,14 @@ def paged_attention_op(
     )
 
 
-def _bucket(count: int) -> int:
-    """The smallest power of two >= ``count`` (0 stays 0): at most 2x padding, log2 buckets."""
-    return 1 << (count - 1).bit_length() if count > 0 else 0
+# Smallest buckets: below them padding costs less than another compilation (a TPU computes in
+# tiles of 8-16 rows and 128 lanes anyway).
+MIN_TOKENS, MIN_KEYS, MIN_SEQUENCES, MIN_PAGES = 16, 128, 8, 8
+
+
+def _bucket(count: int, smallest: int) -> int:
+    """The smallest power of two >= ``count`` and >= ``smallest``: log2 buckets."""
+    return max(smallest, 1 << (count - 1).bit_length() if count > 0 else 0)
 
 
 def _readable(*tensors: torch.Tensor) -> bool:
@@ -127,8 +132,8 @@ def ragged_attention(
     cu_q, cu_k = cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32)
     if _readable(cu_q, cu_k):
         api.check_ragged_values(cu_q.numpy(), cu_k.numpy(), tokens, keys, causal)
-    sequences = _bucket(cu_q.shape[0] - 1)
-    padded_tokens, padded_keys = _bucket(tokens), _bucket(keys)
+    sequences = _bucket(cu_q.shape[0] - 1, MIN_SEQUENCES)
+    padded_tokens, padded_keys = _bucket(tokens, MIN_TOKENS), _bucket(keys, MIN_KEYS)
     out = ragged_attention_op(
         F.pad(query, (0, 0, 0, 0, 0, padded_tokens - tokens)),
         F.pad(key, (0, 0, 0, 0, 0, padded_keys - keys)),
@@ -145,6 +150,14 @@ def ragged_attention(
         block_k,
     )
     return out[:tokens]
+
+
+def check_paged_values(block_table: torch.Tensor, kv_lens: torch.Tensor, k_pages: torch.Tensor):
+    """The block table's values against the cache (eager CPU tensors; see the module doc)."""
+    if _readable(block_table, kv_lens):
+        api.check_paged_values(
+            block_table.numpy(), kv_lens.numpy(), k_pages.shape[0], k_pages.shape[1]
+        )
 
 
 def paged_attention(
@@ -175,11 +188,10 @@ def paged_attention(
         scale=scale,
     )
     table, lens = block_table.to(torch.int32), kv_lens.to(torch.int32)
-    if _readable(table, lens):
-        api.check_paged_values(table.numpy(), lens.numpy(), k_pages.shape[0], k_pages.shape[1])
+    check_paged_values(table, lens, k_pages)
     seqs, max_pages = table.shape
-    extra_seqs = _bucket(seqs) - seqs
-    table = F.pad(table, (0, _bucket(max_pages) - max_pages, 0, extra_seqs), value=-1)
+    extra_seqs = _bucket(seqs, MIN_SEQUENCES) - seqs
+    table = F.pad(table, (0, _bucket(max_pages, MIN_PAGES) - max_pages, 0, extra_seqs), value=-1)
     out = paged_attention_op(
         F.pad(query, (0, 0, 0, 0, 0, extra_seqs)),
         k_pages,
