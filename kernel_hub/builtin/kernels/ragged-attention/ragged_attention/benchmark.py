@@ -56,8 +56,8 @@ def ragged_decode_case(
         cu_q = np.arange(batch + 1, dtype=np.int32)
         return (
             draw(batch, q_heads, head_dim),
-            draw(kv_heads, keys, head_dim),
-            draw(kv_heads, keys, head_dim),
+            draw(keys, kv_heads, head_dim),
+            draw(keys, kv_heads, head_dim),
             cu_q,
             cu_q * context,
         )
@@ -92,15 +92,18 @@ def paged_decode_case(
     page_size=PAGE_SIZE,
     dtype=jnp.bfloat16,
     tags=(),
+    cache_pages=None,
 ) -> KernelCase:
+    """``cache_pages`` < batch x pages per sequence: sequences share pages (prefix sharing), so
+    a table that large fits one chip's HBM."""
     pages_per_seq = -(-context // page_size)
-    num_pages = batch * pages_per_seq + 1
+    num_pages = cache_pages or batch * pages_per_seq + 1
 
     def make_args(rng):
         def draw(*shape):
             return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
 
-        table = rng.permutation(num_pages)[: batch * pages_per_seq].reshape(batch, pages_per_seq)
+        table = rng.integers(0, num_pages, (batch, pages_per_seq))
         lens = np.full(batch, context, np.int32)
         pages = (num_pages, page_size, kv_heads, head_dim)
         return (
@@ -115,7 +118,8 @@ def paged_decode_case(
         batch, context, q_heads, kv_heads, head_dim, jnp.dtype(dtype).itemsize
     )
     return KernelCase(
-        name=f"paged-decode-b{batch}-ctx{_tokens(context)}-page{page_size}",
+        name=f"paged-decode-b{batch}-ctx{_tokens(context)}-page{page_size}"
+        + ("-shared-cache" if cache_pages else ""),
         fn=paged_attention,
         args=(
             _struct((batch, q_heads, head_dim), dtype),
@@ -137,6 +141,8 @@ CASES = [
     for batch in BATCHES
     for context in CONTEXTS
 ] + [
+    # 256 x 32k keys of their own are 32 GiB of K and V per layer, more than a v5e/v6e's HBM.
+    paged_decode_case(256, 32768, cache_pages=8192),
     ragged_decode_case(8, 64, 4, 2, 16, dtype=jnp.float32, tags=(CPU_TAG,)),
     paged_decode_case(8, 64, 4, 2, 16, page_size=16, dtype=jnp.float32, tags=(CPU_TAG,)),
 ]
