@@ -24,6 +24,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch and XLA share the c
 
 import argparse
 import copy
+import dataclasses
 import json
 import time
 from typing import Any
@@ -148,36 +149,63 @@ def serving_rows(models: list[str], requests: int, new_tokens: int, batch_tokens
     return rows
 
 
-def compile_rows(generations: list[str]) -> list:
+def _smaller_blocks(case) -> Any:
+    """The case with its kv blocks halved (ragged: block_k; paged: pages_per_block), or None."""
+    kwargs = dict(case.kwargs)
+    key = "pages_per_block" if "pages_per_block" in kwargs else "block_k"
+    if kwargs.get(key) is None or kwargs[key] <= (1 if key == "pages_per_block" else 128):
+        return None
+    kwargs[key] //= 2
+    return dataclasses.replace(
+        case, kwargs=kwargs, name=f"{case.name.split('@')[0]}@{key}={kwargs[key]}"
+    )
+
+
+def _compile_fitting(kernel, case, generation):
+    """Compile; on a VMEM overflow retry with smaller kv blocks and report the ones that fit."""
     from kernel_hub.bench.compile_check import compile_case
 
+    attempts = []
+    while case is not None:
+        result = compile_case(kernel.manifest.name, case, generation)
+        attempts.append((case, result))
+        vmem = result.vmem_overflow and "HBM" not in (result.error or "")
+        if result.ok or not vmem:
+            break
+        case = _smaller_blocks(case)
+    return attempts
+
+
+def _row(case, generation: str, result) -> dict:
+    memory = result.memory or {}
+    row = {
+        "case": case.name,
+        "generation": generation,
+        "ok": result.ok,
+        "seconds": result.seconds,
+        "argument_bytes": memory.get("argument_size"),
+        "temp_bytes": memory.get("temp_size"),
+        "error": (result.error or "")[:300],
+    }
+    gib, mib = (memory.get("argument_size") or 0) / 2**30, (memory.get("temp_size") or 0) / 2**20
+    outcome = (
+        f"ok {result.seconds:5.1f} s, arguments {gib:6.2f} GiB, temp {mib:7.2f} MiB"
+        if result.ok
+        else f"FAIL {(result.error or '')[:160]}"
+    )
+    print(f"{case.name:46} {generation}: {outcome}", flush=True)
+    return row
+
+
+def compile_rows(generations: list[str]) -> list:
     kernel = kernel_hub.get_kernel("ragged-attention")
-    rows = []
-    for case in kernel.benchmark.CASES:
-        if "cpu" in case.tags:
-            continue
-        for generation in generations:
-            result = compile_case(kernel.manifest.name, case, generation)
-            memory = result.memory or {}
-            rows.append(
-                {
-                    "case": case.name,
-                    "generation": generation,
-                    "ok": result.ok,
-                    "seconds": result.seconds,
-                    "argument_bytes": memory.get("argument_size"),
-                    "temp_bytes": memory.get("temp_size"),
-                    "error": (result.error or "")[:300],
-                }
-            )
-            gib, mib = memory.get("argument_size", 0) / 2**30, memory.get("temp_size", 0) / 2**20
-            outcome = (
-                f"ok {result.seconds:5.1f} s, arguments {gib:6.2f} GiB, temp {mib:7.2f} MiB"
-                if result.ok
-                else f"FAIL {result.error[:160]}"
-            )
-            print(f"{case.name:38} {generation}: {outcome}", flush=True)
-    return rows
+    cases = [c for c in kernel.benchmark.CASES if "cpu" not in c.tags]
+    return [
+        _row(case, generation, result)
+        for first in cases
+        for generation in generations
+        for case, result in _compile_fitting(kernel, first, generation)
+    ]
 
 
 def main() -> None:
