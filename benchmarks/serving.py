@@ -10,7 +10,9 @@ what bridging costs and that compilations stay bounded; they say nothing about T
 
 Part 2 (no TPU needed): deviceless Mosaic compiles of the ragged and paged kernels at Llama-3-8B /
 Mixtral-8x7B decode shapes (32 query heads, 8 kv heads, D 128, bf16), batch 64 and 256, context
-2k and 32k, for v5e and v6e: compile time, argument and temporary (HBM) bytes, or the error.
+2k and 32k, and of moe-gemm's gmm at decode (T = 1..256, E = 8/64/128, top-k 2/8), for v5e and
+v6e: compile time, argument and temporary (HBM) bytes, or the error; a VMEM overflow is retried
+with halved kv blocks until a size fits.
 
     python benchmarks/serving.py [--models tiny-llama,tiny-mixtral,medium-llama,medium-mixtral]
         [--requests 16] [--new-tokens 16] [--tpu v5e,v6e] [--json out.json]
@@ -198,11 +200,11 @@ def _row(case, generation: str, result) -> dict:
 
 
 def compile_rows(generations: list[str]) -> list:
-    kernel = kernel_hub.get_kernel("ragged-attention")
-    cases = [c for c in kernel.benchmark.CASES if "cpu" not in c.tags]
+    """Every serving case of the ragged-attention and moe-gemm kernels, Pallas, forward."""
     return [
         _row(case, generation, result)
-        for first in cases
+        for kernel in (kernel_hub.get_kernel(op) for op in ("ragged-attention", "moe-gemm"))
+        for first in kernel.benchmark.SERVING_CASES
         for generation in generations
         for case, result in _compile_fitting(kernel, first, generation)
     ]
