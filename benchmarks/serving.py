@@ -224,7 +224,7 @@ def main() -> None:
     record = {
         "command": "python benchmarks/serving.py "
         + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, "")
+            f"--{k.replace('_', '-')} {v!r}" for k, v in vars(args).items() if v is not None
         ),
         "serving": serving_rows(models, args.requests, args.new_tokens, args.batch_tokens),
         "tpu_compile": compile_rows([g for g in args.tpu.split(",") if g]),
