@@ -108,13 +108,18 @@ class ContinuousBatchingInterface:
     def dispatches(self, module: torch.nn.Module) -> bool:
         return self.attention.dispatches(module)
 
-    def current(self, model: torch.nn.Module) -> dict[str, Any]:
+    def model_problem(self, model: torch.nn.Module, modules: list) -> str | None:
         if not callable(getattr(type(model), _ENTRY, None)):
-            raise KernelHubError(
+            return (
                 f"{type(model).__name__} has no {_ENTRY}(); continuous batching needs a "
                 "Transformers generation model"
             )
-        return self.attention.current(model)
+        return None
+
+    def current(self, model: torch.nn.Module) -> dict[str, Any]:
+        """{"": the serving attention name kernel-hub's entry point switches to, or None}."""
+        entry = model.__dict__.get(_ENTRY)
+        return {"": entry.args[1] if isinstance(entry, functools.partial) else None}
 
     def switch(self, model: torch.nn.Module, name: Any) -> str:
         problem = self.attention.registered(name) if isinstance(name, str) else "is not a name"
