@@ -23,6 +23,8 @@ def expected_swaps(model: str) -> dict[str, int]:
         swaps["AttentionInterface"] = 2
     if model == "mixtral" and "moe-gemm" in registry:
         swaps["ExpertsInterface"] = 2
+    if "ragged-attention" in registry:
+        swaps["ContinuousBatching"] = 2
     return swaps
 
 
@@ -50,12 +52,18 @@ def test_demo_json(capsys: pytest.CaptureFixture) -> None:
     assert 0 <= row["max_logit_diff"] <= TOLERANCE
     assert row["greedy_identical"] and row["unkernelize_restores"]
     assert row["stock_ms"] > 0 and row["kernelized_ms"] > 0
-    assert len(row["report"]["entries"]) == 5 + 2  # norms + attention modules
+    # norms + attention modules, each for AttentionInterface and ContinuousBatching
+    assert len(row["report"]["entries"]) == 5 + 2 + 2
 
 
 def test_demo_picks_up_attention_and_moe_kernels(tmp_hub: TmpHub) -> None:
     (row,) = run_demo(["mixtral"], registry=tmp_hub.all_kinds_registry())
-    assert row["swapped"] == {"RMSNorm": 5, "AttentionInterface": 2, "ExpertsInterface": 2}
+    assert row["swapped"] == {
+        "RMSNorm": 5,
+        "AttentionInterface": 2,
+        "ExpertsInterface": 2,
+        "ContinuousBatching": 2,
+    }
     assert row["left_alone"] == 0 and row["ok"]
 
 

@@ -50,7 +50,12 @@ def test_kernelized_model_saves_as_a_stock_model(tmp_path: Path, tmp_hub: TmpHub
     stock = build_tiny_model("mixtral")
     model = copy.deepcopy(stock)
     report = kernel_hub.kernelize(model, registry=registry)
-    assert report.counts() == {"RMSNorm": 5, "AttentionInterface": 2, "ExpertsInterface": 2}
+    assert report.counts() == {
+        "RMSNorm": 5,
+        "AttentionInterface": 2,
+        "ExpertsInterface": 2,
+        "ContinuousBatching": 2,
+    }
     model.save_pretrained(tmp_path / "saved")
 
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")

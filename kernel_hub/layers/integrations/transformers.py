@@ -39,6 +39,8 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from kernel_hub.errors import KernelHubError
 
+from .continuous_batching import ContinuousBatchingInterface
+
 
 @dataclass(frozen=True)
 class NormForm:
@@ -307,17 +309,19 @@ def _experts_problem(name: str) -> str | None:
     return None
 
 
+ATTENTION_INTERFACE = ModelInterface(
+    name="AttentionInterface",
+    kind="attention",
+    op="attention",
+    dispatch_name="ALL_ATTENTION_FUNCTIONS",
+    config_attribute="_attn_implementation",
+    setter="set_attn_implementation",
+    registered=_attention_problem,
+    model_problem=_sdpa_convention_problem,
+)
+
 MODEL_INTERFACES = (
-    ModelInterface(
-        name="AttentionInterface",
-        kind="attention",
-        op="attention",
-        dispatch_name="ALL_ATTENTION_FUNCTIONS",
-        config_attribute="_attn_implementation",
-        setter="set_attn_implementation",
-        registered=_attention_problem,
-        model_problem=_sdpa_convention_problem,
-    ),
+    ATTENTION_INTERFACE,
     ModelInterface(
         name="ExpertsInterface",
         kind="experts",
@@ -327,4 +331,5 @@ MODEL_INTERFACES = (
         setter="set_experts_implementation",
         registered=_experts_problem,
     ),
+    ContinuousBatchingInterface(attention=ATTENTION_INTERFACE),
 )

@@ -31,11 +31,16 @@ class MoEShape(NamedTuple):
 MIXTRAL = MoEShape("mixtral-8x7b", experts=8, hidden=4096, intermediate=14336, top_k=2)
 # Fine-grained experts, DeepSeekMoE-16B sized.
 FINE_GRAINED = MoEShape("fine-grained-e64", experts=64, hidden=2048, intermediate=1408, top_k=6)
+# Decode at top-k 8 with many small experts: OLMoE-1B-7B and Qwen3-30B-A3B sized.
+OLMOE = MoEShape("olmoe-e64-top8", experts=64, hidden=2048, intermediate=1024, top_k=8)
+QWEN3_MOE = MoEShape("qwen3-moe-e128-top8", experts=128, hidden=2048, intermediate=768, top_k=8)
 # Small enough for Pallas interpret mode on a 2-core CPU.
 SMALL = MoEShape("small-e8", experts=8, hidden=256, intermediate=512, top_k=2)
 
 # (phase, tokens): the smallest and a large decode batch, one prefill chunk.
 TOKENS = (("decode", 1), ("decode", 256), ("prefill", 8192))
+# Decode batches of a serving step (continuous batching), forward only.
+DECODE_TOKENS = (1, 16, 64, 256)
 
 
 def routed_group_sizes(rng: np.random.Generator, tokens: int, model: MoEShape) -> np.ndarray:
@@ -58,8 +63,10 @@ def case(
     tokens: int,
     dtype=jnp.bfloat16,
     tags: tuple[str, ...] = (),
+    backward: bool = True,
 ) -> KernelCase:
-    """One gmm of ``model``'s ``projection`` ("gate_up" or "down") for ``tokens`` tokens."""
+    """One gmm of ``model``'s ``projection`` ("gate_up" or "down") for ``tokens`` tokens;
+    ``backward=False`` for serving shapes (no gradient is compiled or timed)."""
     rows = tokens * model.top_k
     k, n = _projection_dims(model, projection)
     itemsize = jnp.dtype(dtype).itemsize
@@ -82,21 +89,40 @@ def case(
         kwargs={"transpose_rhs": True},
         flops=2 * rows * k * n,
         bytes_accessed=(rows * k + experts_read * k * n + rows * n) * itemsize,
-        differentiable=(0, 1),
+        differentiable=(0, 1) if backward else (),
         tags=(phase, model.name, *tags),
         make_args=make_args,
     )
 
 
-CASES = [
-    case(model, projection, phase, tokens)
-    for model in (MIXTRAL, FINE_GRAINED)
+# Serving decode grid (T = 1..256; E = 8, 64, 128; top-k 2 and 8), forward only; compiled for
+# v5e and v6e by benchmarks/serving.py. CASES below holds what every CI run compiles.
+SERVING_CASES = [
+    case(model, projection, "serve-decode", tokens, backward=False)
+    for model in (MIXTRAL, OLMOE, QWEN3_MOE)
     for projection in ("gate_up", "down")
-    for phase, tokens in TOKENS
-] + [
-    case(SMALL, "gate_up", "decode", 16, jnp.float32, tags=(CPU_TAG,)),
-    case(SMALL, "down", "prefill", 256, jnp.float32, tags=(CPU_TAG,)),
+    for tokens in DECODE_TOKENS
 ]
+
+# The registry's compile matrix (every generation, in CI): training shapes with their backward,
+# one serving decode batch of the many-expert top-8 model, and CPU cases for kernel-hub bench.
+CASES = (
+    [
+        case(model, projection, phase, tokens)
+        for model in (MIXTRAL, FINE_GRAINED)
+        for projection in ("gate_up", "down")
+        for phase, tokens in TOKENS
+    ]
+    + [
+        c
+        for c in SERVING_CASES
+        if c.name.startswith(QWEN3_MOE.name) and c.name.endswith("-serve-decode64")
+    ]
+    + [
+        case(SMALL, "gate_up", "decode", 16, jnp.float32, tags=(CPU_TAG,)),
+        case(SMALL, "down", "prefill", 256, jnp.float32, tags=(CPU_TAG,)),
+    ]
+)
 
 
 def torch_grouped_mm(lhs, rhs, group_sizes, transpose_rhs: bool = False) -> torch.Tensor:

@@ -3,6 +3,10 @@
 ``register()`` makes ``model.set_experts_implementation(name)`` (or ``experts_implementation=name``
 at load) route every ``@use_experts_implementation`` experts module (Mixtral, Qwen2-MoE,
 Qwen3-MoE, ...) through ``experts_forward``. The router stays in torch.
+
+The rows of each gmm (tokens x top-k) are padded to a power of two (at least ``MIN_ROWS``):
+decode and continuous batching change the token count every step, and each row count is one
+compilation. Padded rows belong to no expert, so gmm gives zeros for them; they are cut off.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from .routing import Routing, combine, gather_tokens, route
 from .torch_ops import gmm
 
 DEFAULT_NAME = "kernel_hub_moe_gemm"
+MIN_ROWS = 8
+"""Smallest row bucket: one sublane tile of f32."""
 # What kernelize() checks before switching a model in a given mode (tested: fullgraph compile
 # without graph breaks, and training gradients).
 can_torch_compile = True
@@ -29,8 +35,11 @@ def _grouped_linear(
     weight_is_in_out: bool,
 ) -> torch.Tensor:
     """Per-expert ``x @ W.T + b`` for Transformers' [E, out, in] weights (or ``x @ W`` for
-    [E, in, out] ones), rows sorted by expert."""
-    out = gmm(x.to(weight.dtype), weight, routing.group_sizes, transpose_rhs=not weight_is_in_out)
+    [E, in, out] ones), rows sorted by expert; rows bucketed (see the module docstring)."""
+    rows = x.shape[0]
+    padded = max(MIN_ROWS, 1 << (rows - 1).bit_length()) if rows else 0
+    x = torch.nn.functional.pad(x.to(weight.dtype), (0, 0, 0, padded - rows))
+    out = gmm(x, weight, routing.group_sizes, transpose_rhs=not weight_is_in_out)[:rows]
     if bias is not None:
         out = out + bias[routing.expert_ids.clamp(max=weight.shape[0] - 1)]
     return out

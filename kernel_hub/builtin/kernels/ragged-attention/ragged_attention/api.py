@@ -1,0 +1,399 @@
+"""Public JAX API: ``ragged_attention`` and ``paged_attention``, forward only, with checks.
+
+Implementations: ``pallas`` (this package's kernels; interpret mode on CPU) and ``xla`` (the
+reference). Forward only: serving does not train. The Pallas kernels have no VJP (``jax.grad``
+through them raises); the torch ops register no autograd.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernel_hub.kernel_api import (
+    Implementation,
+    ImplementationTable,
+    check_dtype,
+    check_rank,
+    dtype_name,
+    jax_default_device,
+    jax_platform,
+    require,
+    tpu_generation,
+)
+
+from . import blocks as block_sizes
+from . import pallas_paged, pallas_ragged, reference
+from .masking import RaggedSpec
+
+FLOAT_DTYPES = ("float32", "bfloat16", "float64")
+INT_DTYPES = ("int32", "int64")
+
+
+def _heads(op: str, q_heads: int, kv_heads: int) -> None:
+    require(
+        kv_heads > 0 and q_heads % kv_heads == 0,
+        f"{op}: {kv_heads} kv heads must divide the {q_heads} query heads (grouped-query "
+        f"attention); valid kv head counts: "
+        f"{', '.join(str(d) for d in range(1, q_heads + 1) if q_heads % d == 0)}",
+    )
+
+
+def _options(op: str, sliding_window, softcap, scale) -> None:
+    if sliding_window is not None:
+        require(
+            isinstance(sliding_window, int) and sliding_window >= 1,
+            f"{op}: sliding_window={sliding_window!r}; it must be an integer >= 1 or None",
+        )
+    if softcap is not None:
+        require(
+            math.isfinite(softcap) and softcap > 0,
+            f"{op}: softcap={softcap!r}; it must be a finite number > 0 or None",
+        )
+    if scale is not None:
+        require(math.isfinite(scale), f"{op}: scale={scale!r}; it must be finite or None")
+
+
+def _sinks(op: str, sinks, q_heads: int) -> None:
+    if sinks is not None:
+        check_dtype(op, "sinks", sinks, FLOAT_DTYPES)
+        require(
+            tuple(sinks.shape) == (q_heads,),
+            f"{op}: sinks has shape {tuple(sinks.shape)}; expected ({q_heads},), one per query "
+            "head",
+        )
+
+
+def check_ragged_inputs(
+    query,
+    key,
+    value,
+    cu_seq_lens_q,
+    cu_seq_lens_k,
+    sinks=None,
+    *,
+    sliding_window=None,
+    softcap=None,
+    scale=None,
+) -> None:
+    """Shape, dtype and option rules of ``ragged_attention`` (torch tensors or JAX arrays)."""
+    op = "ragged_attention"
+    check_rank(op, "query", query, 3)
+    check_rank(op, "key", key, 3)
+    check_rank(op, "value", value, 3)
+    for name, array in (("query", query), ("key", key), ("value", value)):
+        check_dtype(op, name, array, FLOAT_DTYPES)
+    require(
+        dtype_name(query.dtype) == dtype_name(key.dtype) == dtype_name(value.dtype),
+        f"{op}: query, key and value must share a dtype; got {dtype_name(query.dtype)}, "
+        f"{dtype_name(key.dtype)}, {dtype_name(value.dtype)}",
+    )
+    _, q_heads, head_dim = query.shape
+    _, kv_heads, key_dim = key.shape
+    require(
+        key_dim == head_dim and tuple(value.shape) == tuple(key.shape),
+        f"{op}: key {tuple(key.shape)} and value {tuple(value.shape)} must both be "
+        f"[total_keys, kv_heads, head_dim={head_dim}]",
+    )
+    _heads(op, q_heads, kv_heads)
+    for name, cu in (("cu_seq_lens_q", cu_seq_lens_q), ("cu_seq_lens_k", cu_seq_lens_k)):
+        check_rank(op, name, cu, 1)
+        check_dtype(op, name, cu, INT_DTYPES)
+    require(
+        cu_seq_lens_q.shape[0] == cu_seq_lens_k.shape[0] >= 1,
+        f"{op}: cu_seq_lens_q {tuple(cu_seq_lens_q.shape)} and cu_seq_lens_k "
+        f"{tuple(cu_seq_lens_k.shape)} must both hold num_sequences + 1 >= 1 offsets",
+    )
+    _sinks(op, sinks, q_heads)
+    _options(op, sliding_window, softcap, scale)
+
+
+def check_ragged_values(cu_q, cu_k, num_tokens: int, num_keys: int, causal: bool) -> None:
+    """Concrete offsets (numpy): start at 0, never decrease, fit the packed arrays, and with
+    ``causal`` give no sequence more queries than keys."""
+    op = "ragged_attention"
+    cu_q, cu_k = np.asarray(cu_q), np.asarray(cu_k)
+    for name, cu, limit in (("cu_seq_lens_q", cu_q, num_tokens), ("cu_seq_lens_k", cu_k, num_keys)):
+        require(cu[0] == 0, f"{op}: {name} must start at 0, got {cu[0]}")
+        steps = np.diff(cu)
+        require(
+            bool((steps >= 0).all()),
+            f"{op}: {name} must not decrease; sequence {int(np.argmax(steps < 0))} has length "
+            f"{int(steps[steps < 0][0]) if (steps < 0).any() else 0}",
+        )
+        require(cu[-1] <= limit, f"{op}: {name} ends at {cu[-1]}, past the {limit} packed tokens")
+    if causal:
+        longer = np.flatnonzero(np.diff(cu_q) > np.diff(cu_k))
+        require(
+            longer.size == 0,
+            f"{op}: causal sequence {longer[0] if longer.size else 0} has more queries than keys "
+            "(its queries are the last tokens of its keys)",
+        )
+
+
+def check_paged_inputs(
+    query,
+    k_pages,
+    v_pages,
+    block_table,
+    kv_lens,
+    sinks=None,
+    *,
+    sliding_window=None,
+    softcap=None,
+    scale=None,
+) -> None:
+    """Shape, dtype and option rules of ``paged_attention``."""
+    op = "paged_attention"
+    check_rank(op, "query", query, 3)
+    check_rank(op, "k_pages", k_pages, 4)
+    check_rank(op, "v_pages", v_pages, 4)
+    for name, array in (("query", query), ("k_pages", k_pages), ("v_pages", v_pages)):
+        check_dtype(op, name, array, FLOAT_DTYPES)
+    require(
+        dtype_name(query.dtype) == dtype_name(k_pages.dtype) == dtype_name(v_pages.dtype),
+        f"{op}: query and the pages must share a dtype; got {dtype_name(query.dtype)}, "
+        f"{dtype_name(k_pages.dtype)}, {dtype_name(v_pages.dtype)}",
+    )
+    seqs, q_heads, head_dim = query.shape
+    num_pages, page_size, kv_heads, page_dim = k_pages.shape
+    require(
+        tuple(v_pages.shape) == tuple(k_pages.shape),
+        f"{op}: v_pages {tuple(v_pages.shape)} must match k_pages {tuple(k_pages.shape)}",
+    )
+    require(num_pages >= 1 and page_size >= 1, f"{op}: empty cache pages {tuple(k_pages.shape)}")
+    require(
+        page_dim == head_dim,
+        f"{op}: pages {tuple(k_pages.shape)} are [P, page, Hkv, D] with D={page_dim}, but the "
+        f"query's head_dim is {head_dim}",
+    )
+    _heads(op, q_heads, kv_heads)
+    check_rank(op, "block_table", block_table, 2)
+    check_dtype(op, "block_table", block_table, INT_DTYPES)
+    check_rank(op, "kv_lens", kv_lens, 1)
+    check_dtype(op, "kv_lens", kv_lens, INT_DTYPES)
+    require(
+        block_table.shape[0] == seqs == kv_lens.shape[0] and block_table.shape[1] >= 1,
+        f"{op}: query has {seqs} sequences (one token each); block_table "
+        f"{tuple(block_table.shape)} must be [{seqs}, max_pages >= 1] and kv_lens "
+        f"{tuple(kv_lens.shape)} [{seqs}]",
+    )
+    _sinks(op, sinks, q_heads)
+    _options(op, sliding_window, softcap, scale)
+
+
+def check_paged_values(block_table, kv_lens, num_pages: int, page_size: int) -> None:
+    """Concrete tables (numpy): every page a sequence's length needs is a real page id."""
+    op = "paged_attention"
+    table, lens = np.asarray(block_table), np.asarray(kv_lens)
+    require(bool((lens >= 0).all()), f"{op}: kv_lens must be >= 0, got {lens.min()}")
+    needed = -(-lens // page_size)
+    too_long = np.flatnonzero(needed > table.shape[1])
+    require(
+        too_long.size == 0,
+        f"{op}: sequence {too_long[0] if too_long.size else 0} has "
+        f"{lens[too_long[0]] if too_long.size else 0} keys, more than its "
+        f"{table.shape[1]} table entries x page_size {page_size} can hold",
+    )
+    used = np.arange(table.shape[1])[None, :] < needed[:, None]
+    bad = used & ((table < 0) | (table >= num_pages))
+    if bad.any():
+        s, j = (int(i[0]) for i in np.nonzero(bad))
+        raise_msg = (
+            f"{op}: block_table[{s}, {j}] = {int(table[s, j])} points past the cache (valid page "
+            f"ids: 0..{num_pages - 1}); sequence {s} needs {int(needed[s])} pages for its "
+            f"{int(lens[s])} keys, -1 is allowed only after them"
+        )
+        require(False, raise_msg)
+
+
+def make_spec(head_dim: int, causal: bool, sliding_window, softcap, scale) -> RaggedSpec:
+    return RaggedSpec(
+        causal=bool(causal),
+        sliding_window=sliding_window,
+        softcap=None if softcap is None else float(softcap),
+        scale=float(head_dim**-0.5 if scale is None else scale),
+    )
+
+
+def _interpret() -> bool:
+    return jax_platform() == "cpu"
+
+
+def _generation() -> str | None:
+    device = jax_default_device()
+    return tpu_generation(device) if device.platform == "tpu" else None
+
+
+# --------------------------------------------------------------------------------------------
+# ragged_attention implementations: fn(q, k, v, cu_q, cu_k, sinks, *, spec, blocks)
+
+
+def _ragged_blocks(q, block_q, block_k) -> pallas_ragged.RaggedBlocks:
+    default = block_sizes.ragged_blocks(_generation(), q.dtype.name, interpret=_interpret())
+    return pallas_ragged.RaggedBlocks(block_q or default.q, block_k or default.k)
+
+
+def _ragged_pallas(q, k, v, cu_q, cu_k, sinks, *, spec, block_q, block_k):
+    blocks = _ragged_blocks(q, block_q, block_k)
+    return pallas_ragged.ragged_attention(q, k, v, cu_q, cu_k, sinks, spec, blocks, _interpret())
+
+
+def _ragged_pallas_problem(q, k, v, cu_q, cu_k, sinks, *, spec, block_q, block_k):
+    if q.dtype == jnp.float64 and not _interpret():
+        return "float64 runs only in interpret mode (CPU)"
+    blocks = _ragged_blocks(q, block_q, block_k)
+    return pallas_ragged.blocks_problem(q.shape, k.shape, q.dtype, blocks, interpret=_interpret())
+
+
+def _ragged_xla(q, k, v, cu_q, cu_k, sinks, *, spec, block_q, block_k):
+    return reference.ragged_attention(q, k, v, cu_q, cu_k, sinks, spec)
+
+
+RAGGED_TABLE = ImplementationTable(
+    "ragged_attention",
+    [
+        Implementation("pallas", _ragged_pallas, ("tpu", "cpu"), _ragged_pallas_problem),
+        Implementation("xla", _ragged_xla, ("tpu", "gpu", "cpu")),
+    ],
+    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
+)
+
+
+# --------------------------------------------------------------------------------------------
+# paged_attention implementations: fn(q, k_pages, v_pages, table, lens, sinks, *, spec, ppb)
+
+
+def _paged_blocks(k_pages, block_table, pages_per_block) -> pallas_paged.PagedBlocks:
+    if pages_per_block is not None:
+        return pallas_paged.PagedBlocks(pages_per_block)
+    return block_sizes.paged_blocks(k_pages.shape[1], block_table.shape[1], interpret=_interpret())
+
+
+def _paged_pallas(q, k_pages, v_pages, table, lens, sinks, *, spec, pages_per_block):
+    blocks = _paged_blocks(k_pages, table, pages_per_block)
+    return pallas_paged.paged_attention(
+        q, k_pages, v_pages, table, lens, sinks, spec, blocks, _interpret()
+    )
+
+
+def _paged_pallas_problem(q, k_pages, v_pages, table, lens, sinks, *, spec, pages_per_block):
+    if q.dtype == jnp.float64 and not _interpret():
+        return "float64 runs only in interpret mode (CPU)"
+    blocks = _paged_blocks(k_pages, table, pages_per_block)
+    return pallas_paged.blocks_problem(
+        q.shape, k_pages.shape, q.dtype, blocks, interpret=_interpret()
+    )
+
+
+def _paged_xla(q, k_pages, v_pages, table, lens, sinks, *, spec, pages_per_block):
+    return reference.paged_attention(q, k_pages, v_pages, table, lens, sinks, spec)
+
+
+PAGED_TABLE = ImplementationTable(
+    "paged_attention",
+    [
+        Implementation("pallas", _paged_pallas, ("tpu", "cpu"), _paged_pallas_problem),
+        Implementation("xla", _paged_xla, ("tpu", "gpu", "cpu")),
+    ],
+    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
+)
+
+
+def ragged_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    cu_seq_lens_q: jax.Array,
+    cu_seq_lens_k: jax.Array,
+    sinks: jax.Array | None = None,
+    *,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    implementation: str | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> jax.Array:
+    """Attention over packed sequences: q [T, Hq, D], k/v [N, Hkv, D], offsets
+    ``cu_seq_lens_q/k`` [S+1] -> [T, Hq, D]; see ``masking`` for which pairs attend.
+
+    ``sinks`` [Hq] adds exp(sink) to each query's softmax denominator (attention sinks).
+    ``block_q`` (packed query rows) / ``block_k`` override the Pallas blocks.
+    """
+    check_ragged_inputs(
+        query,
+        key,
+        value,
+        cu_seq_lens_q,
+        cu_seq_lens_k,
+        sinks,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        scale=scale,
+    )
+    spec = make_spec(query.shape[-1], causal, sliding_window, softcap, scale)
+    cu_q = jnp.asarray(cu_seq_lens_q, jnp.int32)
+    cu_k = jnp.asarray(cu_seq_lens_k, jnp.int32)
+    return RAGGED_TABLE(
+        query,
+        key,
+        value,
+        cu_q,
+        cu_k,
+        sinks,
+        spec=spec,
+        block_q=block_q,
+        block_k=block_k,
+        implementation=implementation,
+    )
+
+
+def paged_attention(
+    query: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    block_table: jax.Array,
+    kv_lens: jax.Array,
+    sinks: jax.Array | None = None,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    implementation: str | None = None,
+    pages_per_block: int | None = None,
+) -> jax.Array:
+    """Decode attention over a paged cache: one query per sequence, q [S, Hq, D]; pages
+    [P, page, Hkv, D] (one layer's page views of Transformers' cache);
+    ``block_table`` [S, max_pages] page ids (-1 after the pages in use); ``kv_lens`` [S] keys
+    per sequence, the new token included (0: a padding sequence, zero output) -> [S, Hq, D].
+    """
+    check_paged_inputs(
+        query,
+        k_pages,
+        v_pages,
+        block_table,
+        kv_lens,
+        sinks,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        scale=scale,
+    )
+    spec = make_spec(query.shape[-1], True, sliding_window, softcap, scale)
+    table = jnp.asarray(block_table, jnp.int32)
+    lens = jnp.asarray(kv_lens, jnp.int32)
+    return PAGED_TABLE(
+        query,
+        k_pages,
+        v_pages,
+        table,
+        lens,
+        sinks,
+        spec=spec,
+        pages_per_block=pages_per_block,
+        implementation=implementation,
+    )

@@ -1,0 +1,162 @@
+"""Decode shapes for benchmarks and TPU compile checks: ragged and paged attention.
+
+Llama-3-8B and Mixtral-8x7B share their attention geometry (32 query heads, 8 kv heads,
+head_dim 128), so one set of decode cases covers both: ``batch`` sequences each decoding one
+token over ``context`` cached keys, bf16. The ragged form reads packed, gathered keys (what
+Transformers' index path hands over); the paged form reads the paged cache (page size 256,
+Transformers' default) through the block table. Small f32 cases tagged ``cpu`` run in interpret
+mode.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernel_hub.kernel_api import CPU_TAG, KernelCase
+
+from .api import paged_attention, ragged_attention
+
+Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+PAGE_SIZE = 256
+BATCHES = (64, 256)
+CONTEXTS = (2048, 32768)
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def _struct(shape, dtype):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _cost(batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int, itemsize: int):
+    flops = 4 * batch * context * q_heads * head_dim
+    bytes_accessed = (2 * batch * context * kv_heads + 2 * batch * q_heads) * head_dim * itemsize
+    return flops, bytes_accessed
+
+
+def ragged_decode_case(
+    batch,
+    context,
+    q_heads=Q_HEADS,
+    kv_heads=KV_HEADS,
+    head_dim=HEAD_DIM,
+    dtype=jnp.bfloat16,
+    tags=(),
+) -> KernelCase:
+    keys = batch * context
+
+    def make_args(rng):
+        def draw(*shape):
+            return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+
+        cu_q = np.arange(batch + 1, dtype=np.int32)
+        return (
+            draw(batch, q_heads, head_dim),
+            draw(keys, kv_heads, head_dim),
+            draw(keys, kv_heads, head_dim),
+            cu_q,
+            cu_q * context,
+        )
+
+    flops, bytes_accessed = _cost(
+        batch, context, q_heads, kv_heads, head_dim, jnp.dtype(dtype).itemsize
+    )
+    return KernelCase(
+        name=f"ragged-decode-b{batch}-ctx{_tokens(context)}",
+        fn=ragged_attention,
+        args=(
+            _struct((batch, q_heads, head_dim), dtype),
+            _struct((keys, kv_heads, head_dim), dtype),
+            _struct((keys, kv_heads, head_dim), dtype),
+            _struct((batch + 1,), jnp.int32),
+            _struct((batch + 1,), jnp.int32),
+        ),
+        kwargs={"causal": True},
+        flops=flops,
+        bytes_accessed=bytes_accessed,
+        tags=("decode", "ragged", *tags),
+        make_args=make_args,
+    )
+
+
+def paged_decode_case(
+    batch,
+    context,
+    q_heads=Q_HEADS,
+    kv_heads=KV_HEADS,
+    head_dim=HEAD_DIM,
+    page_size=PAGE_SIZE,
+    dtype=jnp.bfloat16,
+    tags=(),
+    cache_pages=None,
+) -> KernelCase:
+    """``cache_pages`` < batch x pages per sequence: sequences share pages (prefix sharing), so
+    a table that large fits one chip's HBM."""
+    pages_per_seq = -(-context // page_size)
+    num_pages = cache_pages or batch * pages_per_seq + 1
+
+    def make_args(rng):
+        def draw(*shape):
+            return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+
+        table = rng.integers(0, num_pages, (batch, pages_per_seq))
+        lens = np.full(batch, context, np.int32)
+        pages = (num_pages, page_size, kv_heads, head_dim)
+        return (
+            draw(batch, q_heads, head_dim),
+            draw(*pages),
+            draw(*pages),
+            table.astype(np.int32),
+            lens,
+        )
+
+    flops, bytes_accessed = _cost(
+        batch, context, q_heads, kv_heads, head_dim, jnp.dtype(dtype).itemsize
+    )
+    return KernelCase(
+        name=f"paged-decode-b{batch}-ctx{_tokens(context)}-page{page_size}"
+        + ("-shared-cache" if cache_pages else ""),
+        fn=paged_attention,
+        args=(
+            _struct((batch, q_heads, head_dim), dtype),
+            _struct((num_pages, page_size, kv_heads, head_dim), dtype),
+            _struct((num_pages, page_size, kv_heads, head_dim), dtype),
+            _struct((batch, pages_per_seq), jnp.int32),
+            _struct((batch,), jnp.int32),
+        ),
+        flops=flops,
+        bytes_accessed=bytes_accessed,
+        tags=("decode", "paged", *tags),
+        make_args=make_args,
+    )
+
+
+# Every decode shape of the serving benchmark (benchmarks/serving.py). 256 x 32k keys of their
+# own are 32 GiB of K and V per layer, more than a v5e's or v6e's HBM: those two cases fail to
+# compile for that reason, and the shared-page cache case shows the kernel itself at that size.
+SERVING_CASES = [
+    make(batch, context)
+    for make in (ragged_decode_case, paged_decode_case)
+    for batch in BATCHES
+    for context in CONTEXTS
+] + [paged_decode_case(256, 32768, cache_pages=8192)]
+
+# The registry's compile matrix (every generation, in CI): shapes that fit one chip, and CPU
+# cases for kernel-hub bench.
+CASES = [
+    case
+    for case in SERVING_CASES
+    if case.name
+    in (
+        "ragged-decode-b64-ctx2k",
+        "paged-decode-b64-ctx32k-page256",
+        "paged-decode-b256-ctx32k-page256-shared-cache",
+    )
+] + [
+    ragged_decode_case(8, 64, 4, 2, 16, dtype=jnp.float32, tags=(CPU_TAG,)),
+    paged_decode_case(8, 64, 4, 2, 16, page_size=16, dtype=jnp.float32, tags=(CPU_TAG,)),
+]

@@ -1,0 +1,201 @@
+"""Transformers continuous batching: an ``AttentionInterface`` function for ``generate_batch``.
+
+Continuous batching (``model.generate_batch``, ``init_continuous_batching``) accepts only
+``sdpa``, ``paged|eager`` or a name containing "flash", and calls a flash-named function with
+``attention_mask=None`` and the batch described by keyword arguments. Two call shapes arrive:
+
+* index path (every prefill, mixed and decode batch by default): q [1, Hq, T, D] with all
+  requests packed, k/v [1, Hkv, N, D] each request's whole history read back from the cache,
+  ``cu_seq_lens_q/k`` [S+1]; this runs ``ragged_attention``.
+* block-table path (decode batches, when ``max_blocks_per_request > 0``): one new token per
+  request, the cache's per-layer page views ``k_cache``/``v_cache`` [P, page, Hkv, D] and this
+  layer group's ``block_table`` [S, max_blocks]; Transformers does NOT write the new K/V here.
+  ``continuous_batching_attention`` writes them into the pages with ``index_copy_`` (as the index
+  path does), then runs ``paged_attention`` on the pages in place.
+
+Outside a continuous-batching call (no ``cu_seq_lens_q``) the function refuses: kernel-hub
+switches a model to it only for the life of a batching manager (see kernel-hub's Transformers
+integration). Arguments it does not implement are refused by name, never ignored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernel_hub.kernel_api import KernelInputError
+
+from .torch_ops import check_paged_values, paged_attention, ragged_attention
+
+DEFAULT_NAME = "kernel_hub_flash_serving"
+"""Contains "flash": the only custom names continuous batching accepts."""
+# What kernelize() checks before using it in a mode: forward only, eager only.
+can_torch_compile = False
+has_backward = False
+
+HONOURED = (
+    "cu_seq_lens_q",
+    "cu_seq_lens_k",
+    "is_causal",
+    "block_table",
+    "k_cache",
+    "v_cache",
+    "s_aux",
+)
+"""Keyword arguments this function reads."""
+KNOWN_HARMLESS = (
+    "position_ids",
+    "use_cache",
+    "max_length_q",
+    "max_length_k",
+    "logits_indices",
+    "logits_processor_args",
+    "read_index",
+    "write_index",
+    "output_attentions",
+    "output_router_logits",
+)
+"""Keyword arguments that carry nothing attention needs (positions are already in q/k, the
+cache indices were used by the cache update, router logits are the MoE layer's business)."""
+
+
+def _refuse_unknown(kwargs: dict) -> None:
+    unknown = sorted(
+        k
+        for k, v in kwargs.items()
+        if k not in HONOURED and k not in KNOWN_HARMLESS and v is not None
+    )
+    if unknown:
+        raise KernelInputError(
+            f"continuous_batching_attention: arguments {unknown} are not implemented by "
+            f"kernel-hub's serving attention (it honours {', '.join(HONOURED)}); "
+            "use attn_implementation='sdpa' for this model"
+        )
+    if kwargs.get("output_attentions"):
+        raise KernelInputError(
+            "continuous_batching_attention: output_attentions=True is not supported"
+        )
+
+
+def _kernel_window(sliding_window: int | None, causal: bool) -> int | None:
+    """Transformers' window to the kernel's: causal keeps q - k < w (the same); bidirectional
+    keeps |q - k| <= w, which is the kernel's |q - k| < w + 1."""
+    if sliding_window is None:
+        return None
+    return sliding_window if causal else sliding_window + 1
+
+
+def write_new_tokens(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    block_table: torch.Tensor,
+    kv_lens: torch.Tensor,
+) -> None:
+    """Write each sequence's newest token (key/value [S, Hkv, D]) into its page and slot:
+    position ``kv_lens[s] - 1`` lives at ``block_table[s, pos // page] * page + pos % page`` of
+    the layer's flat token view. In place; the pages are views of Transformers' cache."""
+    page = k_cache.shape[1]
+    position = kv_lens.to(torch.int64) - 1
+    pages = block_table.to(torch.int64).gather(1, (position // page)[:, None])[:, 0]
+    slots = pages * page + position % page
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
+
+
+def _decode_lengths(cu_q: torch.Tensor, cu_k: torch.Tensor, tokens: int) -> torch.Tensor:
+    """kv_lens of a block-table decode batch, which must hold one new token per sequence."""
+    if cu_q.shape[0] - 1 != tokens:
+        raise KernelInputError(
+            f"continuous_batching_attention: a block-table batch needs one token per sequence; "
+            f"got {tokens} tokens for {cu_q.shape[0] - 1} sequences"
+        )
+    if cu_q.device.type == "cpu" and not bool((cu_q.diff() == 1).all()):
+        raise KernelInputError(
+            "continuous_batching_attention: a block-table batch needs one token per sequence; "
+            f"cu_seq_lens_q is {cu_q.tolist()}"
+        )
+    return cu_k.diff()
+
+
+def continuous_batching_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """AttentionInterface contract for continuous batching: q [1, Hq, T, D], k/v [1, Hkv, N, D]
+    -> (out [1, T, Hq, D], None)."""
+    _refuse_unknown(kwargs)
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is None or cu_k is None:
+        raise KernelInputError(
+            "continuous_batching_attention serves continuous batching calls (with cu_seq_lens_q "
+            "and cu_seq_lens_k); this call has none. Outside generate_batch the model runs its "
+            "own attention implementation."
+        )
+    if attention_mask is not None:
+        raise KernelInputError(
+            "continuous_batching_attention: got an attention mask; continuous batching with a "
+            "flash-named implementation passes none (the batch is described by cu_seq_lens)"
+        )
+    if dropout > 0.0:
+        raise KernelInputError(
+            f"continuous_batching_attention: dropout={dropout} is not supported (serving)"
+        )
+    if query.shape[0] != 1:
+        raise KernelInputError(
+            f"continuous_batching_attention: query {tuple(query.shape)} must pack every request "
+            "into one row (batch 1), as continuous batching does"
+        )
+    is_causal = kwargs.get("is_causal")
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    window = _kernel_window(sliding_window, causal)
+    sinks = kwargs.get("s_aux")
+    q = query[0].transpose(0, 1)  # [T, Hq, D]
+    options = dict(sliding_window=window, softcap=softcap, scale=scaling)
+    block_table = kwargs.get("block_table")
+    if block_table is not None:
+        k_cache, v_cache = kwargs.get("k_cache"), kwargs.get("v_cache")
+        if k_cache is None or v_cache is None:
+            raise KernelInputError(
+                "continuous_batching_attention: a block_table came without k_cache/v_cache"
+            )
+        kv_lens = _decode_lengths(cu_q, cu_k, q.shape[0])
+        check_paged_values(block_table, kv_lens, k_cache)
+        write_new_tokens(
+            k_cache, v_cache, key[0].transpose(0, 1), value[0].transpose(0, 1), block_table, kv_lens
+        )
+        out = paged_attention(q, k_cache, v_cache, block_table, kv_lens, sinks, **options)
+    else:
+        out = ragged_attention(
+            q,
+            key[0].transpose(0, 1),
+            value[0].transpose(0, 1),
+            cu_q,
+            cu_k,
+            sinks,
+            causal=causal,
+            **options,
+        )
+    return out.unsqueeze(0), None
+
+
+def register(name: str = DEFAULT_NAME) -> str:
+    """Register ``continuous_batching_attention`` under ``name`` (which must contain "flash")."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    if "flash" not in name:
+        raise KernelInputError(
+            f"register({name!r}): continuous batching accepts only names containing 'flash'"
+        )
+    AttentionInterface.register(name, continuous_batching_attention)
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return name

@@ -1,0 +1,208 @@
+"""Torch ops (forward only), and the torch entry points that bucket shapes and check values.
+
+A serving step changes the number of tokens, sequences, keys and pages every time; a JAX
+function compiles once per input shape. ``ragged_attention`` and ``paged_attention`` therefore
+pad each of those counts up to a power of two with what the ops define as padding (queries and
+keys past the last offset, zero-length sequences, -1 table entries), so a serving run compiles
+at most a few times per bucket. Offsets and block tables are data: on CPU tensors they are
+checked before any kernel runs (cheap there); on an accelerator they are not read back, which
+would stall every layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernel_hub.kernel_api import jax_op, op_namespace
+
+from . import api
+
+_NAMESPACE = op_namespace(__name__)
+
+
+@jax_op(_NAMESPACE, api.ragged_attention)
+def ragged_attention_op(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_lens_q: torch.Tensor,
+    cu_seq_lens_k: torch.Tensor,
+    sinks: torch.Tensor | None = None,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    implementation: str | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> torch.Tensor:
+    """[T, Hq, D]; see ``api.ragged_attention`` (no bucketing, no value checks)."""
+    api.check_ragged_inputs(
+        query,
+        key,
+        value,
+        cu_seq_lens_q,
+        cu_seq_lens_k,
+        sinks,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        scale=scale,
+    )
+
+
+@jax_op(_NAMESPACE, api.paged_attention)
+def paged_attention_op(
+    query: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    block_table: torch.Tensor,
+    kv_lens: torch.Tensor,
+    sinks: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    implementation: str | None = None,
+    pages_per_block: int | None = None,
+) -> torch.Tensor:
+    """[S, Hq, D]; see ``api.paged_attention`` (no bucketing, no value checks)."""
+    api.check_paged_inputs(
+        query,
+        k_pages,
+        v_pages,
+        block_table,
+        kv_lens,
+        sinks,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        scale=scale,
+    )
+
+
+# Smallest buckets: below them padding costs less than another compilation (a TPU computes in
+# tiles of 8-16 rows and 128 lanes anyway).
+MIN_TOKENS, MIN_KEYS, MIN_SEQUENCES, MIN_PAGES = 16, 128, 8, 8
+
+
+def _bucket(count: int, smallest: int) -> int:
+    """The smallest power of two >= ``count`` and >= ``smallest``: log2 buckets."""
+    return max(smallest, 1 << (count - 1).bit_length() if count > 0 else 0)
+
+
+def _readable(*tensors: torch.Tensor) -> bool:
+    """Whether values can be checked cheaply: eager CPU tensors."""
+    return not torch.compiler.is_compiling() and all(t.device.type == "cpu" for t in tensors)
+
+
+def _pad_offsets(cu: torch.Tensor, sequences: int) -> torch.Tensor:
+    """Offsets for ``sequences`` sequences: the extra ones have length zero."""
+    extra = sequences + 1 - cu.shape[0]
+    return torch.cat([cu, cu[-1:].expand(extra)]) if extra else cu
+
+
+def ragged_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_lens_q: torch.Tensor,
+    cu_seq_lens_k: torch.Tensor,
+    sinks: torch.Tensor | None = None,
+    *,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    implementation: str | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> torch.Tensor:
+    """q [T, Hq, D], k/v [N, Hkv, D], offsets [S+1] -> [T, Hq, D], with T, N and S bucketed."""
+    api.check_ragged_inputs(
+        query,
+        key,
+        value,
+        cu_seq_lens_q,
+        cu_seq_lens_k,
+        sinks,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        scale=scale,
+    )
+    tokens, keys = query.shape[0], key.shape[0]
+    cu_q, cu_k = cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32)
+    if _readable(cu_q, cu_k):
+        api.check_ragged_values(cu_q.numpy(), cu_k.numpy(), tokens, keys, causal)
+    sequences = _bucket(cu_q.shape[0] - 1, MIN_SEQUENCES)
+    padded_tokens, padded_keys = _bucket(tokens, MIN_TOKENS), _bucket(keys, MIN_KEYS)
+    out = ragged_attention_op(
+        F.pad(query, (0, 0, 0, 0, 0, padded_tokens - tokens)),
+        F.pad(key, (0, 0, 0, 0, 0, padded_keys - keys)),
+        F.pad(value, (0, 0, 0, 0, 0, padded_keys - keys)),
+        _pad_offsets(cu_q, sequences),
+        _pad_offsets(cu_k, sequences),
+        sinks,
+        causal,
+        sliding_window,
+        softcap,
+        scale,
+        implementation,
+        block_q,
+        block_k,
+    )
+    return out[:tokens]
+
+
+def check_paged_values(block_table: torch.Tensor, kv_lens: torch.Tensor, k_pages: torch.Tensor):
+    """The block table's values against the cache (eager CPU tensors; see the module doc)."""
+    if _readable(block_table, kv_lens):
+        api.check_paged_values(
+            block_table.numpy(), kv_lens.numpy(), k_pages.shape[0], k_pages.shape[1]
+        )
+
+
+def paged_attention(
+    query: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    block_table: torch.Tensor,
+    kv_lens: torch.Tensor,
+    sinks: torch.Tensor | None = None,
+    *,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    implementation: str | None = None,
+    pages_per_block: int | None = None,
+) -> torch.Tensor:
+    """q [S, Hq, D], pages [P, page, Hkv, D], block_table [S, max_pages], kv_lens [S]
+    -> [S, Hq, D], with S and max_pages bucketed."""
+    api.check_paged_inputs(
+        query,
+        k_pages,
+        v_pages,
+        block_table,
+        kv_lens,
+        sinks,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        scale=scale,
+    )
+    table, lens = block_table.to(torch.int32), kv_lens.to(torch.int32)
+    check_paged_values(table, lens, k_pages)
+    seqs, max_pages = table.shape
+    extra_seqs = _bucket(seqs, MIN_SEQUENCES) - seqs
+    table = F.pad(table, (0, _bucket(max_pages, MIN_PAGES) - max_pages, 0, extra_seqs), value=-1)
+    out = paged_attention_op(
+        F.pad(query, (0, 0, 0, 0, 0, extra_seqs)),
+        k_pages,
+        v_pages,
+        table,
+        F.pad(lens, (0, extra_seqs)),
+        sinks,
+        sliding_window,
+        softcap,
+        scale,
+        implementation,
+        pages_per_block,
+    )
+    return out[:seqs]

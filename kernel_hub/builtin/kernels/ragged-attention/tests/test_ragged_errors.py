@@ -1,0 +1,89 @@
+"""Bad input is a clear error before any kernel runs: block tables, head counts, offsets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kernel_hub.errors import KernelInputError
+
+
+def _paged_inputs(lens=(5, 9), page=4, num_pages=6, max_pages=3):
+    table = torch.full((len(lens), max_pages), -1, dtype=torch.int32)
+    table[0, :2] = torch.tensor([0, 1])
+    table[1, :3] = torch.tensor([2, 3, 4])
+    q = torch.randn(len(lens), 4, 16)
+    pages = torch.randn(num_pages, page, 2, 16)
+    return q, pages, pages.clone(), table, torch.tensor(lens, dtype=torch.int32)
+
+
+@pytest.fixture
+def no_kernel_runs(ragged, monkeypatch):
+    """Fails the test if a kernel (or the reference) is reached."""
+
+    def reached(*args, **kwargs):
+        raise AssertionError("a kernel ran before the input was checked")
+
+    for table in (ragged.jax.RAGGED_TABLE, ragged.jax.PAGED_TABLE):
+        for name, impl in list(table.implementations.items()):
+            monkeypatch.setitem(table.implementations, name, dataclasses.replace(impl, fn=reached))
+
+
+def test_block_table_pointing_past_the_cache(ragged, no_kernel_runs):
+    q, k, v, table, lens = _paged_inputs()
+    table[1, 2] = 6
+    with pytest.raises(KernelInputError, match=r"block_table\[1, 2\] = 6 points past the cache"):
+        ragged.paged_attention(q, k, v, table, lens)
+
+
+def test_padding_entry_inside_a_sequence(ragged, no_kernel_runs):
+    q, k, v, table, lens = _paged_inputs()
+    table[1, 1] = -1
+    with pytest.raises(KernelInputError, match=r"-1 is allowed only after them"):
+        ragged.paged_attention(q, k, v, table, lens)
+
+
+def test_sequence_longer_than_its_table(ragged, no_kernel_runs):
+    q, k, v, table, lens = _paged_inputs(lens=(5, 13))
+    with pytest.raises(KernelInputError, match="more than its 3 table entries"):
+        ragged.paged_attention(q, k, v, table, lens)
+
+
+def test_mismatched_head_counts(ragged, no_kernel_runs):
+    q, k, v, table, lens = _paged_inputs()
+    with pytest.raises(KernelInputError, match="3 kv heads must divide the 4 query heads"):
+        ragged.paged_attention(
+            q, k[:, :, :1].repeat(1, 1, 3, 1), v[:, :, :1].repeat(1, 1, 3, 1), table, lens
+        )
+    cu = torch.tensor([0, 2], dtype=torch.int32)
+    with pytest.raises(KernelInputError, match="3 kv heads must divide the 4 query heads"):
+        ragged.ragged_attention(
+            torch.randn(2, 4, 16), torch.randn(2, 3, 16), torch.randn(2, 3, 16), cu, cu
+        )
+    with pytest.raises(KernelInputError, match="must both be"):
+        ragged.ragged_attention(
+            torch.randn(2, 4, 16), torch.randn(2, 2, 16), torch.randn(3, 2, 16), cu, cu
+        )
+
+
+def test_bad_offsets(ragged, no_kernel_runs):
+    q, k = torch.randn(4, 4, 16), torch.randn(6, 2, 16)
+    with pytest.raises(KernelInputError, match="must not decrease"):
+        ragged.ragged_attention(q, k, k, torch.tensor([0, 3, 2]), torch.tensor([0, 3, 6]))
+    with pytest.raises(KernelInputError, match="more queries than keys"):
+        ragged.ragged_attention(q, k, k, torch.tensor([0, 4]), torch.tensor([0, 3]))
+    with pytest.raises(KernelInputError, match="past the 6 packed tokens"):
+        ragged.ragged_attention(q, k, k, torch.tensor([0, 1]), torch.tensor([0, 7]))
+
+
+def test_page_size_the_tpu_kernel_cannot_tile(ragged):
+    problem = ragged.jax.pallas_paged.blocks_problem(
+        (8, 32, 128),
+        (64, 12, 8, 128),
+        "bfloat16",
+        ragged.jax.pallas_paged.PagedBlocks(2),
+        interpret=False,
+    )
+    assert problem and "page_size=12 cannot be tiled" in problem and "multiple of 16" in problem

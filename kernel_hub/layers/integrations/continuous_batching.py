@@ -1,0 +1,153 @@
+"""Transformers continuous batching (``generate_batch``) on kernel-hub's serving attention.
+
+Continuous batching accepts only ``sdpa``, ``paged|eager`` or a name containing "flash", so the
+attention implementation ``kernelize`` gives a model (``kernel_hub_attention``) is rejected by
+it. ``kernelize`` therefore also installs, on the model instance, an ``init_continuous_batching``
+(what ``generate_batch`` and ``continuous_batching_context_manager`` call) that
+
+1. switches the model's attention to the ragged-attention kernel's flash-named serving function
+   and hands the previous implementation to the manager, whose ``stop()`` restores it (as it
+   does for its own switches), so outside a batching session the model runs as before;
+2. honours ``ContinuousBatchingConfig(max_blocks_per_request=N)``: Transformers 5.24 turns the
+   block-table decode path off unless FlashAttention 2/3 runs on CUDA; kernel-hub's paged kernel
+   serves it on any device, so the value asked for is put back (unless a layer type, such as
+   sliding-window attention, cannot use block tables).
+
+``unkernelize`` removes the instance attribute. Transformers swallows an exception raised in
+the batching thread into each result's ``error`` field; ``generate_batch`` here raises it.
+Written against Transformers 5.24's continuous batching (it reads the manager's
+``_original_attn_impl`` and ``continuous_batching_config``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernel_hub.errors import KernelHubError
+
+log = logging.getLogger(__name__)
+
+_ENTRY = "init_continuous_batching"
+"""The model method wrapped on the instance."""
+
+
+class ContinuousBatchingError(KernelHubError, RuntimeError):
+    """A request of ``generate_batch`` failed inside the batching thread."""
+
+
+def block_tables_supported(config: Any) -> bool:
+    """Whether every attention type of the model can use a kernel block table."""
+    from transformers.generation.continuous_batching.cache import (
+        ATTN_TYPE_TO_ALLOCATOR,
+        group_layers_by_attn_type,
+    )
+
+    return all(
+        ATTN_TYPE_TO_ALLOCATOR[kind].supports_block_table
+        for kind in group_layers_by_attn_type(config)
+    )
+
+
+def start_manager(
+    model: torch.nn.Module,
+    name: str,
+    generation_config: Any = None,
+    continuous_batching_config: Any = None,
+    workload_hints: Any = None,
+) -> Any:
+    """The stock ``init_continuous_batching`` with the model on attention ``name`` (see the
+    module docstring); the manager restores the previous attention when it stops."""
+    stock = type(model).init_continuous_batching
+    requested = getattr(continuous_batching_config, "max_blocks_per_request", None)
+    if requested:  # asked for: stock would turn it off (with a warning), it is put back below
+        continuous_batching_config.max_blocks_per_request = 0
+    previous = model.config._attn_implementation
+    model.config._attn_implementation = name
+    try:
+        manager = stock(
+            model,
+            generation_config=generation_config,
+            continuous_batching_config=continuous_batching_config,
+            workload_hints=workload_hints,
+        )
+    except BaseException:
+        model.config._attn_implementation = previous
+        raise
+    if manager._original_attn_impl is None and previous != name:
+        manager._original_attn_impl = previous
+    if requested:
+        if block_tables_supported(model.config):
+            manager.continuous_batching_config.max_blocks_per_request = requested
+        else:
+            log.warning(
+                "max_blocks_per_request=%s: the decode block-table path stays off, a layer type "
+                "of %s (e.g. sliding-window attention) has no block tables",
+                requested,
+                type(model).__name__,
+            )
+    return manager
+
+
+@dataclass(frozen=True)
+class ContinuousBatchingInterface:
+    """kernelize's switch for continuous batching, shaped like its ``ModelInterface``s: the
+    op's ``integrations.register()`` names the serving function; ``switch`` installs the entry
+    point, ``restore`` removes it."""
+
+    attention: Any
+    """The attention ``ModelInterface``: which modules dispatch, and the current names."""
+    name: str = "ContinuousBatching"
+    kind: str = "continuous batching"
+    op: str = "ragged-attention"
+
+    def dispatches(self, module: torch.nn.Module) -> bool:
+        return self.attention.dispatches(module)
+
+    def model_problem(self, model: torch.nn.Module, modules: list) -> str | None:
+        if not callable(getattr(type(model), _ENTRY, None)):
+            return (
+                f"{type(model).__name__} has no {_ENTRY}(); continuous batching needs a "
+                "Transformers generation model"
+            )
+        return None
+
+    def current(self, model: torch.nn.Module) -> dict[str, Any]:
+        """{"": the serving attention name kernel-hub's entry point switches to, or None}."""
+        entry = model.__dict__.get(_ENTRY)
+        return {"": entry.args[1] if isinstance(entry, functools.partial) else None}
+
+    def switch(self, model: torch.nn.Module, name: Any) -> str:
+        problem = self.attention.registered(name) if isinstance(name, str) else "is not a name"
+        if problem or "flash" not in name:
+            raise KernelHubError(
+                f"integrations.register() returned {name!r}, which continuous batching cannot "
+                f"use: {problem or 'the name must contain flash'}"
+            )
+        entry = functools.partial(start_manager, model, name)
+        functools.update_wrapper(entry, type(model).init_continuous_batching)
+        model.__dict__[_ENTRY] = entry
+        return name
+
+    def restore(self, model: torch.nn.Module, previous: dict[str, Any]) -> None:
+        model.__dict__.pop(_ENTRY, None)
+
+
+def generate_batch(model: torch.nn.Module, inputs: list[list[int]], **kwargs: Any) -> dict:
+    """``model.generate_batch(inputs, **kwargs)``, raising ``ContinuousBatchingError`` when a
+    request failed (Transformers returns such requests with an ``error`` and no tokens)."""
+    results = model.generate_batch(inputs, **kwargs)
+    failed = {rid: out.error for rid, out in results.items() if out.error is not None}
+    if failed:
+        listing = "; ".join(f"{rid}: {error}" for rid, error in sorted(failed.items()))
+        raise ContinuousBatchingError(
+            f"{len(failed)} of {len(results)} requests failed in the batching thread: {listing}"
+        )
+    missing = len(inputs) - len(results)
+    if missing > 0:
+        raise ContinuousBatchingError(f"{missing} requests returned no result")
+    return results
