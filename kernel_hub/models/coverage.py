@@ -153,8 +153,8 @@ def _check_gradients(
     """Kernelized f32 gradients against exact (f64) ones, parameter by parameter.
 
     One passes within ``TOLERANCE`` relative, or within ``STOCK_ERROR_FACTOR`` times the stock f32
-    model's own error where that is larger (near-uniform softmaxes in random tiny models make q/k gradients a
-    difference of near-equal numbers). A parameter whose exact gradient is zero (a key bias
+    model's own error where that is larger (near-uniform softmaxes in random tiny models make
+    q/k gradients a difference of near-equal numbers). A parameter whose exact gradient is zero (a key bias
     under softmax) gets float noise from stock and kernel alike: below ``ZERO_GRADIENT`` of the
     model's largest exact gradient there is nothing to agree on.
     """
