@@ -1,6 +1,6 @@
 """Cost of the torch -> JAX -> torch bridge, in one run.
 
-    PYTHONPATH=. python benchmarks/bridge.py [--quick] [--json out.json]
+    python benchmarks/bridge.py [--quick] [--json out.json]
 
 Prints:
 * per-call time of a (8, 128) f32 RMSNorm: torch's ``F.rms_norm``, a jitted JAX call on JAX
@@ -145,7 +145,7 @@ def generate_child() -> None:
     import jax
     import torch
 
-    from kernel_hub.runtimes.aot import compilations
+    from kernel_hub.bridge.runtimes.aot import compilations
 
     backend_compiles = []
 
@@ -188,7 +188,7 @@ def first_call_child() -> None:
     start = time.perf_counter()
     import torch
 
-    from kernel_hub.runtimes.dlpack import RUNTIME
+    from kernel_hub.bridge.runtimes.dlpack import RUNTIME
 
     kernel = _rmsnorm()
     loaded = time.perf_counter()
@@ -219,7 +219,7 @@ def per_call_child() -> None:
 def _child(mode: str, env: dict[str, str]) -> dict[str, Any]:
     completed = subprocess.run(
         [sys.executable, __file__, mode],
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=600,

@@ -4,7 +4,7 @@ Compares Transformers' ``eager`` and ``grouped_mm`` experts with the moe-gemm ke
 ``experts_forward`` running each gmm implementation (xla_loop, xla, tokamax, pallas in interpret
 mode). One process, f32, random weights, E=8, H=1024, I=2048, top-2 by default.
 
-    PYTHONPATH=. python benchmarks/moe_block_cpu.py [--tokens 1 16 256] [--repeats 20] \
+    python benchmarks/moe_block_cpu.py [--tokens 1 16 256] [--repeats 20] \
         [--json benchmarks/moe_block_cpu.json]
 
 The recorded run is benchmarks/moe_block_cpu.json (benchmarks/results/ holds only
@@ -31,8 +31,8 @@ import torch
 from transformers import MixtralConfig
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
+from kernel_hub.loading.resolver import get_kernel
 from kernel_hub.platform import describe_host
-from kernel_hub.resolver import get_kernel
 
 
 def build_block(hidden: int, intermediate: int, experts: int, top_k: int) -> MixtralSparseMoeBlock:
@@ -114,8 +114,11 @@ def main() -> None:
             "torch_threads": threads,
             "omp_wait_policy": wait_policy,
             "shape": {
-                "hidden": args.hidden, "intermediate": args.intermediate,
-                "experts": args.experts, "top_k": args.top_k, "dtype": "float32",
+                "hidden": args.hidden,
+                "intermediate": args.intermediate,
+                "experts": args.experts,
+                "top_k": args.top_k,
+                "dtype": "float32",
             },
             "repeats": args.repeats,
             "results": results,

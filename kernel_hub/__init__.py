@@ -8,32 +8,38 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .version import __version__
 
 _EXPORTS = {
-    "get_kernel": ".resolver",
-    "load_registry": ".registry",
+    "get_kernel": ".loading.resolver",
+    "load_registry": ".registry.registry",
     "KernelHubError": ".errors",
-    "Mode": ".modes",
-    "kernel_mapping": ".mappings",
-    "KernelizeReport": ".layer_report",
-    "kernelize": ".layers",
-    "unkernelize": ".layers",
-    "use_kernel_forward": ".layers",
-    "mark_layer": ".layers",
-    "unmark_layer": ".layers",
-    "from_pretrained": ".integrations.transformers",
+    "Mode": ".layers.modes",
+    "kernel_mapping": ".loading.mappings",
+    "KernelizeReport": ".layers.report",
+    "kernelize": ".layers.kernelize",
+    "unkernelize": ".layers.kernelize",
+    "use_kernel_forward": ".layers.kernelize",
+    "mark_layer": ".layers.kernelize",
+    "unmark_layer": ".layers.kernelize",
+    "from_pretrained": ".layers.kernelize",
 }
 
 if TYPE_CHECKING:
     from .errors import KernelHubError
-    from .integrations.transformers import from_pretrained
-    from .layer_report import KernelizeReport
-    from .layers import kernelize, mark_layer, unkernelize, unmark_layer, use_kernel_forward
-    from .mappings import kernel_mapping
-    from .modes import Mode
-    from .registry import load_registry
-    from .resolver import get_kernel
+    from .layers.kernelize import (
+        from_pretrained,
+        kernelize,
+        mark_layer,
+        unkernelize,
+        unmark_layer,
+        use_kernel_forward,
+    )
+    from .layers.modes import Mode
+    from .layers.report import KernelizeReport
+    from .loading.mappings import kernel_mapping
+    from .loading.resolver import get_kernel
+    from .registry.registry import load_registry
 
 
 def __getattr__(name: str) -> Any:

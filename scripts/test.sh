@@ -1,25 +1,75 @@
 #!/usr/bin/env bash
-# Install the test environments and run the test suite. This is the README's test command and what
-# CI runs. Two virtual environments:
+# Build the wheel, install it, and run the test suite against the installed wheel. This is the
+# README's test command and what CI runs. The checkout is never on sys.path (`python -P`, no root
+# conftest.py): tests import the installed kernel_hub, and KERNEL_HUB_TEST_INSTALLED=1 makes the
+# session refuse to start otherwise. Environments:
 #
-#   .venv            CPU torch, jax[tpu] for deviceless TPU compiles, Tokamax, Transformers,
-#                    huggingface_hub, and torchax. Only tests that start their own subprocess import
-#                    torchax (importing it breaks torch.compile in that process).
+#   .venv            the wheel with its test extras: CPU torch, jax[tpu] for deviceless TPU
+#                    compiles, Tokamax, Transformers, huggingface_hub, and torchax. Only tests that
+#                    start their own subprocess import torchax (it breaks torch.compile in-process).
+#   .venv-main       the wheel with only what the README's main job installs; `kernel-hub list`,
+#                    `get_kernel` of every registry op and `kernel-hub demo` run there, from a
+#                    directory outside the checkout.
 #   .venv-torch-tpu  torch-tpu: it loads itself into every `import torch` and needs a newer libtpu
 #                    than jax[tpu] pins, so it gets its own environment and runs the TorchTPU tests.
 #
-# With arguments, only `pytest ARGS` runs, in .venv.
+# With arguments, only `pytest ARGS` runs, in .venv (after reinstalling the wheel).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
+extras="test,tpu,tokamax,hub,transformers,bench,torchax"
+
+step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
+
+step "build the wheel"
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -c constraints.txt \
-    -e ".[test,tpu,tokamax,hub,transformers,bench,torchax]"
+rm -rf dist build ./*.egg-info  # setuptools reuses a stale build/lib
+.venv/bin/python -m pip wheel --quiet --no-deps --wheel-dir dist .
+rm -rf build ./*.egg-info
+wheel=$(ls "$root"/dist/kernel_hub-*.whl)
+
+step "install $(basename "$wheel") with [$extras] into .venv"
+.venv/bin/python -m pip install --quiet -c constraints.txt "$wheel[$extras]"
+# an editable install of the same version would otherwise satisfy pip and stay in place
+.venv/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
+
+step "lint"
 .venv/bin/python -m ruff check .
-.venv/bin/python -m pytest "$@"
-if [ "$#" -eq 0 ]; then
-    python3 -m venv .venv-torch-tpu
-    .venv-torch-tpu/bin/python -m pip install --quiet --upgrade pip
-    .venv-torch-tpu/bin/python -m pip install --quiet -c constraints.txt -e ".[test,tokamax,torch-tpu]"
-    TORCH_DEVICE_BACKEND_AUTOLOAD=0 .venv-torch-tpu/bin/python -m pytest tests/test_torch_tpu_runtime.py
+.venv/bin/python -m ruff format --check .
+
+export KERNEL_HUB_TEST_INSTALLED=1
+if [ "$#" -gt 0 ]; then
+    exec .venv/bin/python -P -m pytest "$@"
 fi
+
+step "tests against the installed wheel"
+.venv/bin/python -P -m pytest
+
+step "main job from a fresh environment holding only the wheel"
+python3 -m venv .venv-main
+.venv-main/bin/python -m pip install --quiet --upgrade pip
+.venv-main/bin/python -m pip install --quiet -c constraints.txt "$wheel[transformers,tokamax]"
+.venv-main/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
+outside=$(mktemp -d)
+(
+    cd "$outside"
+    "$root/.venv-main/bin/python" -P -c '
+import kernel_hub
+from kernel_hub import get_kernel, load_registry
+print("kernel_hub from", kernel_hub.__file__)
+for op in load_registry().ops:
+    print(op, get_kernel(op).manifest.version)
+'
+    "$root/.venv-main/bin/kernel-hub" list
+    "$root/.venv-main/bin/kernel-hub" demo
+)
+rm -rf "$outside"
+
+step "TorchTPU tests in .venv-torch-tpu"
+python3 -m venv .venv-torch-tpu
+.venv-torch-tpu/bin/python -m pip install --quiet --upgrade pip
+.venv-torch-tpu/bin/python -m pip install --quiet -c constraints.txt "$wheel[test,tokamax,torch-tpu]"
+.venv-torch-tpu/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 .venv-torch-tpu/bin/python -P -m pytest tests/test_torch_tpu_runtime.py
+step "done"

@@ -15,9 +15,9 @@ import jax
 import torch
 
 from kernel_hub import get_kernel, load_registry
-from kernel_hub.bridge import JaxOp
-from kernel_hub.cases import KernelCase
-from kernel_hub.runtimes.dlpack import tensor_leaves
+from kernel_hub.bench.cases import KernelCase
+from kernel_hub.bridge.runtimes.dlpack import tensor_leaves
+from kernel_hub.bridge.torch_op import JaxOp
 
 LAZY = "lazy"
 

@@ -18,13 +18,12 @@ import pytest
 import torch
 
 from kernel_hub import get_kernel
-from kernel_hub.bridge import RowBuckets, jax_op, power_of_two
+from kernel_hub.bridge.runtimes import dlpack
+from kernel_hub.bridge.runtimes.aot import compilations
+from kernel_hub.bridge.runtimes.exchange import exchange_for
+from kernel_hub.bridge.torch_op import RowBuckets, jax_op, power_of_two
 from kernel_hub.errors import KernelInputError, UnknownNameError, UnsupportedDeviceError
-from kernel_hub.runtimes import dlpack
-from kernel_hub.runtimes.aot import compilations
-from kernel_hub.runtimes.exchange import exchange_for
 
-ROOT = Path(__file__).resolve().parent.parent
 NS = "kernel_hub_bridge_test"
 
 validations: list[tuple] = []
@@ -178,7 +177,7 @@ def test_direct_calls_only_when_the_dispatcher_would_make_them(monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from kernel_hub.eager import DirectCalls
+    from kernel_hub.bridge.eager import DirectCalls
 
     direct = DirectCalls([0, 1], required=2, count=4)
     x, w = torch.randn(4, 8), torch.nn.Parameter(torch.randn(8))
@@ -425,7 +424,7 @@ _CHILD = textwrap.dedent(
     import kernel_hub
     report = {"jax_at_import": "jax" in sys.modules, "torch_at_import": "torch" in sys.modules}
     import jax, jax.numpy as jnp, torch
-    from kernel_hub.compile_cache import compilation_cache_dir
+    from kernel_hub.bridge.compile_cache import compilation_cache_dir
     # Any compile that reaches a persistent cache now writes to it, however fast it was.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     events = []
@@ -442,7 +441,7 @@ _CHILD = textwrap.dedent(
     report["files_after_user_jit"] = files()
     if "--deviceless" in sys.argv:
         from jax.sharding import SingleDeviceSharding
-        from kernel_hub.compile_check import tpu_device
+        from kernel_hub.topologies import tpu_device
         sharding = SingleDeviceSharding(tpu_device("v5e"))
         struct = jax.ShapeDtypeStruct((8, 128), jnp.float32, sharding=sharding)
         jax.jit(lambda a: a * 2).trace(struct).lower().compile()
@@ -454,9 +453,9 @@ _CHILD = textwrap.dedent(
 
 def run_child(tmp_path: Path, *args: str, **env: str) -> dict:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("KERNEL_HUB_")}
-    environment.update(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "xdg"), **env)
+    environment.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), **env)
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, *args],
+        [sys.executable, "-P", "-c", _CHILD, *args],
         env=environment,
         capture_output=True,
         text=True,
@@ -505,7 +504,7 @@ def test_deviceless_tpu_compiles_never_reach_the_cache(tmp_path):
 
 
 def test_thread_policy_names(monkeypatch):
-    from kernel_hub import threads
+    from kernel_hub.bridge import threads
 
     monkeypatch.setenv("KERNEL_HUB_THREADS", "inlined")
     with pytest.raises(UnknownNameError, match="inline"):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from kernel_hub.import_watch import when_imported
+from kernel_hub.bridge.import_watch import when_imported
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import torch
 
 from kernel_hub import get_kernel
 from kernel_hub.errors import KernelHubError, RequirementError, SourceError
-from kernel_hub.loader import load_kernel_dir
-from kernel_hub.manifest import parse_manifest
+from kernel_hub.loading.loader import load_kernel_dir
 from kernel_hub.paths import kernels_dir
+from kernel_hub.registry.manifest import parse_manifest
 
 
 def copy_with_version(tmp_path, version: str):
@@ -99,7 +99,7 @@ def test_malformed_manifest_names_line(edit, message):
 
 def test_cli_list_json_and_table():
     out = subprocess.run(
-        [sys.executable, "-m", "kernel_hub.cli", "list", "--json"],
+        [sys.executable, "-P", "-m", "kernel_hub.cli", "list", "--json"],
         capture_output=True,
         text=True,
         check=True,
@@ -107,7 +107,10 @@ def test_cli_list_json_and_table():
     rows = {row["op"]: row for row in json.loads(out.stdout)}
     assert rows["rmsnorm"]["would_run"] == "xla" and rows["rmsnorm"]["platform"] == "cpu"
     table = subprocess.run(
-        [sys.executable, "-m", "kernel_hub.cli", "list"], capture_output=True, text=True, check=True
+        [sys.executable, "-P", "-m", "kernel_hub.cli", "list"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     assert "rmsnorm" in table and "RMSNorm" in table
 
@@ -116,7 +119,7 @@ def test_cli_reports_errors_without_traceback(tmp_path):
     bad = tmp_path / "registry.yaml"
     bad.write_text("schema: 1\nops:\n  x: 3\n")
     out = subprocess.run(
-        [sys.executable, "-m", "kernel_hub.cli", "list", "--registry", str(bad)],
+        [sys.executable, "-P", "-m", "kernel_hub.cli", "list", "--registry", str(bad)],
         capture_output=True,
         text=True,
     )

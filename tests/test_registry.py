@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from kernel_hub.errors import SourceError, UnknownNameError
-from kernel_hub.registry import load_registry, parse_registry
+from kernel_hub.registry.registry import load_registry, parse_registry
 
 GOOD = """\
 schema: 1

@@ -15,11 +15,11 @@ import torch
 from runtime_helpers import lazy_device
 
 from kernel_hub import get_kernel
+from kernel_hub.bridge.runtimes import supported_device_types, tpu_target
+from kernel_hub.bridge.runtimes.tpu_program import mosaic_kernels
+from kernel_hub.bridge.runtimes.tpu_target import jax_device_kind, tracing_for_tpu
 from kernel_hub.errors import UnsupportedDeviceError
 from kernel_hub.platform import jax_platform, tpu_generation
-from kernel_hub.runtimes import supported_device_types, tpu_target
-from kernel_hub.runtimes.tpu_program import mosaic_kernels
-from kernel_hub.runtimes.tpu_target import jax_device_kind, tracing_for_tpu
 
 SUPPORTED = ("cpu", "cuda", "tpu", "jax", "xla")
 
@@ -52,12 +52,16 @@ def test_runtime_libraries_are_imported_only_when_their_tensors_arrive():
         print(json.dumps(sorted(
             name for name in sys.modules
             if name.split(".")[0] in ("torchax", "torch_tpu", "torch_xla")
-            or name.startswith("kernel_hub.runtimes.t")
+            or name.startswith("kernel_hub.bridge.runtimes.t")
         )))
         """
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True
+        [sys.executable, "-P", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     assert json.loads(result.stdout.splitlines()[-1]) == []
 

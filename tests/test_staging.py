@@ -11,8 +11,8 @@ import jax
 import pytest
 import torch
 
-from kernel_hub.runtimes import dlpack, staging
-from kernel_hub.runtimes.exchange import exchange_for
+from kernel_hub.bridge.runtimes import dlpack, staging
+from kernel_hub.bridge.runtimes.exchange import exchange_for
 
 
 def _scale(x, w):
@@ -140,6 +140,9 @@ def test_inputs_jax_must_copy_do_not_deadlock():
     """JAX copies misaligned memory on a worker thread that needs the GIL to release the tensor;
     nothing may wait for such a buffer while holding the GIL."""
     result = subprocess.run(
-        [sys.executable, "-c", _MISALIGNED_INPUTS], capture_output=True, text=True, timeout=180
+        [sys.executable, "-P", "-c", _MISALIGNED_INPUTS],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert result.stdout.split()[-1:] == ["done"], result.stderr[-3000:]

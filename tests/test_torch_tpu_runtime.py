@@ -34,10 +34,11 @@ from runtime_helpers import (
     run_forward_and_backward,
 )
 
-from kernel_hub import get_kernel, runtimes
-from kernel_hub.runtimes import torch_tpu as tpu_runtime
-from kernel_hub.runtimes.dlpack import tensor_leaves
-from kernel_hub.runtimes.tpu_program import (
+from kernel_hub import get_kernel
+from kernel_hub.bridge import runtimes
+from kernel_hub.bridge.runtimes import torch_tpu as tpu_runtime
+from kernel_hub.bridge.runtimes.dlpack import tensor_leaves
+from kernel_hub.bridge.runtimes.tpu_program import (
     abstract_arrays,
     mosaic_kernels_in_text,
     tensor_signature,

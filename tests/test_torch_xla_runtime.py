@@ -29,10 +29,11 @@ from runtime_helpers import (
     torch_dtype,
 )
 
-from kernel_hub import get_kernel, runtimes
-from kernel_hub.runtimes import tpu_program
-from kernel_hub.runtimes.dlpack import tensor_leaves
-from kernel_hub.runtimes.tpu_program import program_for, tensor_signature
+from kernel_hub import get_kernel
+from kernel_hub.bridge import runtimes
+from kernel_hub.bridge.runtimes import tpu_program
+from kernel_hub.bridge.runtimes.dlpack import tensor_leaves
+from kernel_hub.bridge.runtimes.tpu_program import program_for, tensor_signature
 
 DEVICE_KIND = "TPU v5 lite"
 
@@ -102,8 +103,8 @@ def xla(monkeypatch):
     stand_in = StandInTorchXla()
     for name, module in stand_in.modules().items():
         monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.delitem(sys.modules, "kernel_hub.runtimes.torch_xla", raising=False)
-    from kernel_hub.runtimes import torch_xla as xla_runtime
+    monkeypatch.delitem(sys.modules, "kernel_hub.bridge.runtimes.torch_xla", raising=False)
+    from kernel_hub.bridge.runtimes import torch_xla as xla_runtime
 
     recording = types.ModuleType("recording_xla_runtime")
     recording.RUNTIME = RecordingRuntime(xla_runtime.RUNTIME)
@@ -113,7 +114,7 @@ def xla(monkeypatch):
         stand_in=stand_in, calls=recording.RUNTIME.calls, module=xla_runtime
     )
     # Built against the stand-in: a later import must see the real torch_xla (or none).
-    sys.modules.pop("kernel_hub.runtimes.torch_xla", None)
+    sys.modules.pop("kernel_hub.bridge.runtimes.torch_xla", None)
     if hasattr(runtimes, "torch_xla"):
         delattr(runtimes, "torch_xla")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 @dataclass(frozen=True)
 class Expected:
-    """What one tiny model (kernel_hub.tiny_models: 2 decoder layers) shows on the jax device."""
+    """What one tiny model (kernel_hub.models.tiny: 2 decoder layers) shows on the jax device."""
 
     swapped_by_hand: dict[str, int]
     kernelize_swapped: dict[str, int]
@@ -65,14 +64,11 @@ EXPECTED = {
 def report(request) -> dict:
     if importlib.util.find_spec("torchax") is None:
         pytest.skip("torchax is not installed (scripts/test.sh installs the pinned dev build)")
-    root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
         [sys.executable, str(SCRIPT), request.param],
         capture_output=True,
         text=True,
         timeout=900,
-        env=env,
     )
     assert result.returncode == 0, f"torchax checks failed:\n{result.stderr[-6000:]}"
     return json.loads(result.stdout.splitlines()[-1])

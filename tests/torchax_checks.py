@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from kernel_hub import get_kernel, kernelize
-from kernel_hub.tiny_models import VOCAB_SIZE, build_tiny_model
+from kernel_hub.models.tiny import VOCAB_SIZE, build_tiny_model
 
 PALLAS_CALL_NAME = re.compile(r"pallas_call\[.*?\bname=(\w+)", re.S)
 # Parameter kinds counted in the report (substring of the parameter name), so a test can see
@@ -291,7 +291,7 @@ def main(model_name: str) -> None:
     import torchax
     import torchax.interop
 
-    from kernel_hub.runtimes import torchax as torchax_runtime
+    from kernel_hub.bridge.runtimes import torchax as torchax_runtime
 
     watch = OpWatch(torchax_runtime.RUNTIME, torchax)
     env = torchax.default_env()

@@ -7,7 +7,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from ..errors import KernelHubError
+from kernel_hub.errors import KernelHubError
 
 # Modules under kernel_hub.cli, each with ``register(subparsers)``; a command sets ``func``.
 COMMAND_MODULES = ("registry_cmds", "hub_cmds", "demo_cmds", "bench_cmds", "compile_cmds")

@@ -6,7 +6,8 @@ import argparse
 import sys
 from dataclasses import asdict
 
-from ..errors import KernelHubError
+from kernel_hub.errors import KernelHubError
+
 from .options import comma_list, ops_from_args
 from .output import print_table
 
@@ -34,7 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--min-samples", type=int, default=5, help="timed calls at least")
     parser.add_argument("--max-samples", type=int, default=1000, help="timed calls at most")
     parser.add_argument(
-        "--precision", type=float, default=0.01,
+        "--precision",
+        type=float,
+        default=0.01,
         help="stop early once the median's relative standard error is below this (default 0.01)",
     )
     parser.add_argument(
@@ -46,16 +49,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from ..bench import run_benchmarks
-    from ..bench_report import BENCH_HEADERS, bench_row
-    from ..provenance import command_line
-    from ..timing import TimingPolicy
+    from kernel_hub.bench.harness import run_benchmarks
+    from kernel_hub.bench.provenance import command_line
+    from kernel_hub.bench.report import BENCH_HEADERS, bench_row
+    from kernel_hub.bench.timing import TimingPolicy
 
     policy = TimingPolicy(args.budget, args.min_samples, args.max_samples, args.precision)
     report = run_benchmarks(
-        ops_from_args(args), command=command_line("kernel-hub", args.argv), policy=policy,
-        implementations=args.impl, patterns=args.shapes, dtype=args.dtype,
-        progress=not args.no_progress, registry=args.registry, torch_threads=args.torch_threads,
+        ops_from_args(args),
+        command=command_line("kernel-hub", args.argv),
+        policy=policy,
+        implementations=args.impl,
+        patterns=args.shapes,
+        dtype=args.dtype,
+        progress=not args.no_progress,
+        registry=args.registry,
+        torch_threads=args.torch_threads,
     )
     results = [asdict(r) for r in report.results]
     print_table(BENCH_HEADERS, [bench_row(r) for r in results])
@@ -72,13 +81,15 @@ def run_bench(args: argparse.Namespace) -> int:
         report.write_json(args.json)
         print(f"wrote {args.json}")
     if args.plot:
-        from ..bench_plot import save_plot
+        from kernel_hub.bench.plot import save_plot
 
         if not any(r["status"] == "ok" for r in results):
             raise KernelHubError("nothing ran, so there is nothing to plot")
         save_plot(results, args.plot, title=f"kernel-hub bench on {chip.name if chip else '?'}")
         print(f"wrote {args.plot}")
     for failed in report.failed:
-        print(f"error: {failed.op} {failed.case} {failed.implementation}: {failed.reason}",
-              file=sys.stderr)
+        print(
+            f"error: {failed.op} {failed.case} {failed.implementation}: {failed.reason}",
+            file=sys.stderr,
+        )
     return 1 if report.failed else 0

@@ -13,7 +13,7 @@ _DIRECTIONS = {"forward": ("forward",), "backward": ("backward",), "both": ("for
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..compile_check import DEFAULT_GENERATIONS
+    from kernel_hub.topologies import DEFAULT_GENERATIONS
 
     parser = subparsers.add_parser(
         "compile-check",
@@ -25,13 +25,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("ops", nargs="*", metavar="OP", help="registry op name(s)")
     parser.add_argument("--all", action="store_true", help="every op of the registry")
     parser.add_argument(
-        "--tpu", type=comma_list, default=list(DEFAULT_GENERATIONS),
+        "--tpu",
+        type=comma_list,
+        default=list(DEFAULT_GENERATIONS),
         help=f"generations (default: {','.join(DEFAULT_GENERATIONS)})",
     )
     parser.add_argument("--shapes", type=comma_list, help="case names or fnmatch patterns")
     parser.add_argument("--direction", choices=tuple(_DIRECTIONS), default="both")
     parser.add_argument(
-        "--jobs", type=int, default=1,
+        "--jobs",
+        type=int,
+        default=1,
         help="compile in this many worker processes (0: one per CPU; default 1, in process)",
     )
     parser.add_argument("--json", metavar="PATH", help="write every cell with its messages")
@@ -41,18 +45,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_compile_check(args: argparse.Namespace) -> int:
-    from ..bench_report import compile_failures, compile_table
-    from ..compile_check import check_generations, matrix_record, plan_kernel
-    from ..compile_pool import run_tasks
-    from ..progress import progress_bar
-    from ..provenance import command_line
+    from kernel_hub.bench.compile_check import check_generations, matrix_record, plan_kernel
+    from kernel_hub.bench.compile_pool import run_tasks
+    from kernel_hub.bench.provenance import command_line
+    from kernel_hub.bench.report import compile_failures, compile_table
+    from kernel_hub.progress import progress_bar
 
     generations = check_generations(args.tpu)
     tasks = [
         task
         for op in ops_from_args(args)
         for task in plan_kernel(
-            op, generations, patterns=args.shapes, directions=_DIRECTIONS[args.direction],
+            op,
+            generations,
+            patterns=args.shapes,
+            directions=_DIRECTIONS[args.direction],
             registry=args.registry,
         )
     ]

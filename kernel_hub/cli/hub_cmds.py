@@ -5,15 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import HubError
-from ..hub import cache, settings
-from ..hub.build import build_kernel
-from ..hub.client import hub_api, list_refs
-from ..hub.lockfile import find_lock
-from ..hub.locking import lock_registry
-from ..hub.publish import publish_kernel
-from ..registry import load_registry
-from ..resolver import fetch_op_build, get_kernel
+from kernel_hub.errors import HubError
+from kernel_hub.hub import cache, settings
+from kernel_hub.hub.build import build_kernel
+from kernel_hub.hub.client import hub_api, list_refs
+from kernel_hub.hub.lockfile import find_lock
+from kernel_hub.hub.locking import lock_registry
+from kernel_hub.hub.publish import publish_kernel
+from kernel_hub.loading.resolver import fetch_op_build, get_kernel
+from kernel_hub.registry.registry import load_registry
+
 from .output import print_json, print_table
 
 

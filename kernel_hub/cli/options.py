@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..errors import KernelHubError
+from kernel_hub.errors import KernelHubError
 
 
 def comma_list(text: str) -> list[str]:
@@ -20,7 +20,7 @@ def ops_from_args(args: argparse.Namespace) -> list[str]:
     if args.all and args.ops:
         raise KernelHubError("give op names or --all, not both")
     if args.all:
-        from ..registry import load_registry
+        from kernel_hub.registry.registry import load_registry
 
         return [entry.name for entry in load_registry(args.registry)]
     if not args.ops:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from ..manifest import load_manifest
-from ..platform import host_platform
-from ..registry import load_registry
-from ..resolver import in_tree_dir
+from kernel_hub.loading.resolver import in_tree_dir
+from kernel_hub.platform import host_platform
+from kernel_hub.registry.manifest import load_manifest
+from kernel_hub.registry.registry import load_registry
+
 from .output import print_json, print_table
 
 

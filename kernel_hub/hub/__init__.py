@@ -11,7 +11,8 @@
 * :mod:`.lockfile` / :mod:`.locking`: ``kernel-hub.lock`` pins commits and every file's digest.
 * :mod:`.trust`: downloaded code is imported only from allowlisted publishers.
 
-``get_kernel`` (:mod:`kernel_hub.resolver`) decides between the in-tree kernel and a hub build.
+``get_kernel`` (:mod:`kernel_hub.loading.resolver`) decides between the in-tree kernel and a hub
+build.
 
 Environment (read at call time, see :mod:`.settings`):
 

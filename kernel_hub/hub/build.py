@@ -23,8 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from ..errors import KernelHubError
-from ..manifest import MANIFEST_NAME, Manifest, load_manifest
+from kernel_hub.errors import KernelHubError
+from kernel_hub.registry.manifest import MANIFEST_NAME, Manifest, load_manifest
+
 from .digests import BYTECODE_DIR, METADATA_FILE, hash_tree
 from .metadata import KERNEL_NAME, make_metadata
 from .variants import VARIANTS, Variant, get_variant

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
-from .. import __version__
-from ..errors import HubError, KernelHubError
+from kernel_hub.errors import HubError, KernelHubError
+from kernel_hub.version import __version__
+
 from . import settings
 from .versions import version_of_tag
 

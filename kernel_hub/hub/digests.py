@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from ..errors import IntegrityError
+from kernel_hub.errors import IntegrityError
 
 ALGORITHM = "sha256"
 METADATA_FILE = "metadata.json"

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from ..errors import HubError, IntegrityError, SourceError
-from ..platform import Platform
-from ..registry import OpEntry
+from kernel_hub.errors import HubError, IntegrityError, SourceError
+from kernel_hub.platform import Platform
+from kernel_hub.registry.registry import OpEntry
+
 from . import cache, settings
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
 from .digests import BYTECODE_DIR, check_relative_name, verify_tree
@@ -110,7 +111,7 @@ def fetch_build(
     if locked is not None:
         request = HubRequest(request.repo, revision=locked.commit)
     if platform is None:
-        from ..platform import host_platform
+        from kernel_hub.platform import host_platform
 
         platform = host_platform()
     requested_variant = variant or settings.variant_override()

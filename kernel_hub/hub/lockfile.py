@@ -26,7 +26,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from ..errors import SourceError
+from kernel_hub.errors import SourceError
+
 from . import settings
 from .digests import check_relative_name
 

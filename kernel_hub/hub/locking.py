@@ -10,8 +10,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import IntegrityError, SourceError
-from ..registry import OpEntry, Registry
+from kernel_hub.errors import IntegrityError, SourceError
+from kernel_hub.registry.registry import OpEntry, Registry
+
 from . import cache
 from .client import hub_api
 from .digests import hash_tree

@@ -20,8 +20,9 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ..errors import SourceError
-from ..manifest import Manifest
+from kernel_hub.errors import SourceError
+from kernel_hub.registry.manifest import Manifest
+
 from .digests import ALGORITHM, METADATA_FILE
 from .variants import Variant
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from ..errors import HubError
+from kernel_hub.errors import HubError
+
 from .build import Build, build_kernel
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
 from .versions import branch_name, tag_name

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import KernelHubError
+from kernel_hub.errors import KernelHubError
 
 DEFAULT_TRUSTED_PUBLISHERS = ("kernel-hub",)
 LOCK_FILE_NAME = "kernel-hub.lock"

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..errors import UntrustedSourceError
+from kernel_hub.errors import UntrustedSourceError
+
 from . import settings
 
 TrustRemoteCode = bool | Iterable[str]

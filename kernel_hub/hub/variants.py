@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..errors import HubError
-from ..platform import Platform
+from kernel_hub.errors import HubError
+from kernel_hub.platform import Platform
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ..errors import HubError, KernelHubError
+from kernel_hub.errors import HubError, KernelHubError
 
 _TAG = re.compile(r"^v(\d+\.\d+\.\d+)$")
 

@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from kernel_hub.bench import _to_torch
-from kernel_hub.bench_plot import SHAPE_LABEL, SHARE_LABEL, TIME_LABEL, plot_results
+from kernel_hub.bench.harness import _to_torch
+from kernel_hub.bench.plot import SHAPE_LABEL, SHARE_LABEL, TIME_LABEL, plot_results
 from kernel_hub.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -30,8 +30,19 @@ def hand_count(tokens, hidden, itemsize):
 def bench_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     argv = [
-        "bench", "rmsnorm", "--shapes", TWO_SHAPES, "--budget", "0.05", "--min-samples", "3",
-        "--json", str(out / "out.json"), "--plot", str(out / "out.png"), "--no-progress",
+        "bench",
+        "rmsnorm",
+        "--shapes",
+        TWO_SHAPES,
+        "--budget",
+        "0.05",
+        "--min-samples",
+        "3",
+        "--json",
+        str(out / "out.json"),
+        "--plot",
+        str(out / "out.png"),
+        "--no-progress",
     ]
     code = main(argv)
     return code, json.loads((out / "out.json").read_text()), (out / "out.png").read_bytes()
@@ -124,12 +135,12 @@ def test_no_op_named(capsys):
 def test_harness_applies_the_bridge_thread_policy_before_starting_jax():
     """Otherwise torch-op rows would time JAX's async CPU dispatch, which users never get."""
     child = (
-        "import jax; from kernel_hub.bench import run_benchmarks; "
+        "import jax; from kernel_hub.bench.harness import run_benchmarks; "
         "run_benchmarks([], command='test'); "
         "print(jax.config.read('jax_cpu_enable_async_dispatch'))"
     )
     result = subprocess.run(
-        [sys.executable, "-c", child], capture_output=True, text=True, timeout=300, check=True
+        [sys.executable, "-P", "-c", child], capture_output=True, text=True, timeout=300, check=True
     )
     assert result.stdout.split()[-1] == "False"
 

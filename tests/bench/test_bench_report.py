@@ -3,10 +3,13 @@
 import json
 import shutil
 import statistics
+from pathlib import Path
 
 import pytest
 
-from kernel_hub.bench_report import BENCHMARKS_DIR, main, render_readme
+from kernel_hub.bench.report import main, render_readme
+
+BENCHMARKS_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 RECORDS = sorted((BENCHMARKS_DIR / "results").glob("*.json"))
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_hub.cases import (
+from kernel_hub.bench.cases import (
     KernelCase,
     case_dtype,
     concrete_args,
@@ -54,13 +54,16 @@ def test_floats_are_drawn_and_other_dtypes_need_make_args():
     (x,) = concrete_args(CASES[1])
     assert x.shape == (8, 128) and x.dtype == jnp.bfloat16 and np.std(x.astype(np.float32)) > 0.5
     grouped = KernelCase(
-        name="grouped", fn=gmm,
+        name="grouped",
+        fn=gmm,
         args=(jax.ShapeDtypeStruct((8, 128), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.int32)),
     )
     with pytest.raises(KernelInputError, match=r"argument 1 has dtype int32.*make_args"):
         concrete_args(grouped)
     sized = KernelCase(
-        name="grouped", fn=gmm, args=grouped.args,
+        name="grouped",
+        fn=gmm,
+        args=grouped.args,
         make_args=lambda rng: (rng.standard_normal((8, 128)), np.array([3, 5], np.int32)),
     )
     assert concrete_args(sized)[1].tolist() == [3, 5]

@@ -7,19 +7,15 @@ import shutil
 import pytest
 
 from kernel_hub import get_kernel
+from kernel_hub.bench.compile_check import compile_case, plan_kernel, tpu_kernel_implementations
 from kernel_hub.cli import main
-from kernel_hub.compile_check import (
-    DEFAULT_GENERATIONS,
-    compile_case,
-    plan_kernel,
-    tpu_kernel_implementations,
-)
-from kernel_hub.paths import PROJECT_ROOT
-from kernel_hub.registry import load_registry
+from kernel_hub.paths import kernels_dir
+from kernel_hub.registry.registry import load_registry
+from kernel_hub.topologies import DEFAULT_GENERATIONS
 
 pytestmark = pytest.mark.tpu_compile
 
-OVERSIZED_CASE = '''
+OVERSIZED_CASE = """
 import dataclasses as _dataclasses
 
 # 4096 rows x 4096 bf16, double-buffered in and out: far beyond v4's 16 MiB of VMEM.
@@ -28,14 +24,14 @@ CASES = CASES + [
         case("oversized-block-8k-h4096", 8192, 4096), kwargs={"eps": 1e-6, "block_rows": 4096}
     )
 ]
-'''
+"""
 
 
 @pytest.fixture
 def kernels_with_oversized_block(tmp_path, monkeypatch):
     """A copy of the in-tree kernels whose rmsnorm declares one case with a too-large block."""
     kernels = tmp_path / "kernels"
-    shutil.copytree(PROJECT_ROOT / "kernels" / "rmsnorm", kernels / "rmsnorm")
+    shutil.copytree(kernels_dir() / "rmsnorm", kernels / "rmsnorm")
     with open(kernels / "rmsnorm" / "rmsnorm" / "benchmark.py", "a") as benchmark:
         benchmark.write(OVERSIZED_CASE)
     monkeypatch.setenv("KERNEL_HUB_KERNELS_DIR", str(kernels))
@@ -44,10 +40,21 @@ def kernels_with_oversized_block(tmp_path, monkeypatch):
 
 def test_oversized_block_is_reported_as_vmem_failure(kernels_with_oversized_block, tmp_path):
     out = tmp_path / "matrix.json"
-    code = main([
-        "compile-check", "rmsnorm", "--tpu", "v4", "--direction", "forward",
-        "--shapes", "oversized-block-*,prefill-8k-h4096", "--json", str(out), "--no-progress",
-    ])
+    code = main(
+        [
+            "compile-check",
+            "rmsnorm",
+            "--tpu",
+            "v4",
+            "--direction",
+            "forward",
+            "--shapes",
+            "oversized-block-*,prefill-8k-h4096",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 1
     cells = {r["case"]: r for r in json.loads(out.read_text())["results"]}
     oversized = cells["oversized-block-8k-h4096"]

@@ -3,8 +3,8 @@
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
+from kernel_hub.bench.roofline import CHIPS, TPU_CHIPS, Chip, chip, cpu_chip, gpu_chip_key
 from kernel_hub.errors import UnknownNameError
-from kernel_hub.roofline import CHIPS, TPU_CHIPS, Chip, chip, cpu_chip, gpu_chip_key
 
 # TensorCores JAX folds into one device per generation (megacore on v4 and v5p).
 CORES_PER_DEVICE = {"v4": 2, "v5e": 1, "v5p": 2, "v6e": 1}

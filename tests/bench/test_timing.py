@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from kernel_hub import timing
+from kernel_hub.bench import timing
+from kernel_hub.bench.timing import Timing, TimingPolicy, measure, percentile
 from kernel_hub.errors import KernelInputError
-from kernel_hub.timing import Timing, TimingPolicy, measure, percentile
 
 
 class FakeClock:

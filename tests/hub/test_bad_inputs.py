@@ -7,8 +7,8 @@ import pytest
 from kernel_hub.errors import HubError, KernelHubError, SourceError
 from kernel_hub.hub.lockfile import read_lock
 from kernel_hub.hub.versions import parse_range
-from kernel_hub.registry import parse_registry
-from kernel_hub.resolver import get_kernel
+from kernel_hub.loading.resolver import get_kernel
+from kernel_hub.registry.registry import parse_registry
 
 from .fake_hub_server import Fault
 from .hub_helpers import REPO, cache_dir

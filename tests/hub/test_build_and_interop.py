@@ -12,8 +12,8 @@ from kernel_hub.errors import KernelHubError
 from kernel_hub.hub.build import build_kernel
 from kernel_hub.hub.digests import hash_tree
 from kernel_hub.hub.metadata import read_metadata
-from kernel_hub.loader import load_kernel_dir
-from kernel_hub.manifest import load_manifest
+from kernel_hub.loading.loader import load_kernel_dir
+from kernel_hub.registry.manifest import load_manifest
 
 from .hub_helpers import RMSNORM
 

@@ -7,8 +7,8 @@ import copy
 import torch
 
 from kernel_hub import kernel_mapping, kernelize
-from kernel_hub.demo import demo_batch
-from kernel_hub.tiny_models import build_tiny_model
+from kernel_hub.models.demo import demo_batch
+from kernel_hub.models.tiny import build_tiny_model
 
 
 def test_kernel_mapping_version_loads_that_hub_build(publish, hub_env):

@@ -11,8 +11,8 @@ from packaging.specifiers import SpecifierSet
 
 from kernel_hub.errors import HubError, IntegrityError, UntrustedSourceError
 from kernel_hub.hub.locking import lock_registry
-from kernel_hub.registry import load_registry
-from kernel_hub.resolver import get_kernel
+from kernel_hub.loading.resolver import get_kernel
+from kernel_hub.registry.registry import load_registry
 
 from .hub_helpers import REPO, cache_dir
 

@@ -7,8 +7,8 @@ import torch
 
 from kernel_hub.errors import HubError
 from kernel_hub.hub.locking import lock_registry
-from kernel_hub.registry import load_registry
-from kernel_hub.resolver import get_kernel
+from kernel_hub.loading.resolver import get_kernel
+from kernel_hub.registry.registry import load_registry
 
 from .hub_helpers import REPO, cache_dir
 
@@ -97,9 +97,8 @@ def test_plain_get_kernel_stays_in_tree_without_network(publish, hub_env):
 def test_hugging_face_kernels_fetches_published_major_version(
     publish, hub_env, tmp_path, monkeypatch
 ):
-    from huggingface_hub import constants
-
     import kernels
+    from huggingface_hub import constants
 
     publish("1.0.0")
     new = publish("1.1.0")

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from kernel_hub.layer_report import KernelizeReport
-from kernel_hub.paths import PROJECT_ROOT
+from kernel_hub.layers.report import KernelizeReport
+from kernel_hub.paths import BUILTIN_DIR
 
 TOLERANCE = 1e-4
 
@@ -25,7 +25,11 @@ class TmpHub:
         self.registry = root / "registry.yaml"
 
     def add_kernel(
-        self, name: str, files: dict[str, str], *, layers: tuple[str, ...] = (),
+        self,
+        name: str,
+        files: dict[str, str],
+        *,
+        layers: tuple[str, ...] = (),
         version: str = "1.0.0",
     ) -> Path:
         """kernels/<name>/kernel.yaml plus a package made of ``files`` (file name -> source)."""
@@ -33,8 +37,13 @@ class TmpHub:
         kernel_dir = self.kernels / name
         (kernel_dir / package).mkdir(parents=True)
         manifest = {
-            "name": name, "version": version, "package": package, "ops": [],
-            "layers": list(layers), "implementations": {"torch": ["tpu", "gpu", "cpu"]},
+            "name": name,
+            "version": version,
+            "package": package,
+            "ops": [],
+            "layers": list(layers),
+            "implementations": {"torch": ["tpu", "gpu", "cpu"]},
+            "requires": {"kernel-hub": ">=1.0"},
         }
         (kernel_dir / "kernel.yaml").write_text(yaml.safe_dump(manifest))
         for file_name, source in files.items():
@@ -43,7 +52,7 @@ class TmpHub:
 
     def copy_in_tree(self, name: str) -> Path:
         """A copy of the in-tree kernel ``kernels/<name>`` (loaded as a separate module)."""
-        return shutil.copytree(PROJECT_ROOT / "kernels" / name, self.kernels / name)
+        return shutil.copytree(BUILTIN_DIR / "kernels" / name, self.kernels / name)
 
     def all_kinds_registry(self) -> Path:
         """In-tree rmsnorm plus throwaway attention and moe-gemm kernels."""
@@ -66,8 +75,9 @@ class TmpHub:
         return self.registry
 
 
-def torch_rmsnorm_kernel(*, arg: str = "hidden_states", has_backward: bool = True,
-                         can_torch_compile: bool = True) -> dict[str, str]:
+def torch_rmsnorm_kernel(
+    *, arg: str = "hidden_states", has_backward: bool = True, can_torch_compile: bool = True
+) -> dict[str, str]:
     """Files of a pure-torch kernel providing layers.RMSNorm (no JAX), with chosen flags."""
     return {
         "__init__.py": "from . import layers\n",
@@ -103,8 +113,12 @@ def swapped_modules(model: torch.nn.Module) -> list[str]:
 
 
 def attention_kernel(
-    *, name: str = "kernel_hub_test_attention", register_mask: bool = True,
-    returns: str | None = None, can_torch_compile: bool = True, has_backward: bool = True,
+    *,
+    name: str = "kernel_hub_test_attention",
+    register_mask: bool = True,
+    returns: str | None = None,
+    can_torch_compile: bool = True,
+    has_backward: bool = True,
 ) -> dict[str, str]:
     """A kernel whose ``integrations.register()`` adds a counting wrapper of Transformers' SDPA
     attention to AttentionInterface (and SDPA's mask to AttentionMaskInterface)."""

@@ -9,8 +9,8 @@ import torch
 
 from kernel_hub import load_registry
 from kernel_hub.cli import main
-from kernel_hub.demo import run_demo
 from kernel_hub.errors import UnknownNameError
+from kernel_hub.models.demo import run_demo
 
 from .kernelize_helpers import TOLERANCE, TmpHub
 

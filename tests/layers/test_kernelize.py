@@ -17,17 +17,20 @@ from kernel_hub import (
     unkernelize,
     use_kernel_forward,
 )
-from kernel_hub.demo import demo_batch
 from kernel_hub.errors import UnknownNameError
+from kernel_hub.models.demo import demo_batch
+from kernel_hub.models.tiny import build_tiny_model
 from kernel_hub.paths import kernels_dir
 from kernel_hub.testing import registry_with_ops
-from kernel_hub.tiny_models import build_tiny_model
 
 from .kernelize_helpers import TmpHub, swapped_modules, torch_rmsnorm_kernel
 
 NORMS = [
-    "model.layers.0.input_layernorm", "model.layers.0.post_attention_layernorm",
-    "model.layers.1.input_layernorm", "model.layers.1.post_attention_layernorm", "model.norm",
+    "model.layers.0.input_layernorm",
+    "model.layers.0.post_attention_layernorm",
+    "model.layers.1.input_layernorm",
+    "model.layers.1.post_attention_layernorm",
+    "model.norm",
 ]
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from kernel_hub import get_kernel, kernelize, unkernelize
-from kernel_hub.demo import demo_batch, greedy
-from kernel_hub.tiny_models import build_tiny_model
+from kernel_hub.models.demo import demo_batch, greedy
+from kernel_hub.models.tiny import build_tiny_model
 
 from .kernelize_helpers import (
     TOLERANCE,
@@ -55,8 +55,9 @@ def test_training_step_matches_stock(stock_and_copy) -> None:
     model.train()
     assert_registry_fully_used(kernelize(model, mode="training"))
     batch = demo_batch()
-    torch.testing.assert_close(_training_step(model, batch), _training_step(stock, batch),
-                               rtol=0, atol=TOLERANCE)
+    torch.testing.assert_close(
+        _training_step(model, batch), _training_step(stock, batch), rtol=0, atol=TOLERANCE
+    )
     updated, expected = dict(model.named_parameters()), dict(stock.named_parameters())
     moved = 0
     for name, param in expected.items():
@@ -87,8 +88,9 @@ def test_torch_compile_fullgraph(stock_and_copy) -> None:
     compiled = torch.compile(model, fullgraph=True, backend=recording_backend)
     batch = demo_batch()
     with torch.no_grad():
-        diff = max_masked_diff(compiled(**batch).logits, stock(**batch).logits,
-                               batch["attention_mask"])
+        diff = max_masked_diff(
+            compiled(**batch).logits, stock(**batch).logits, batch["attention_mask"]
+        )
     assert diff <= TOLERANCE
     assert len(graphs) == 1  # fullgraph=True raises on a graph break; one graph, no fallback
     for op in {e.op for e in report.swapped}:  # each kernel used has a torch op in the graph

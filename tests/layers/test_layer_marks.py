@@ -16,8 +16,8 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm
 
 from kernel_hub import KernelHubError, mark_layer, unmark_layer, use_kernel_forward
-from kernel_hub.integrations.transformers import is_llama_style_rmsnorm
-from kernel_hub.layers import LAYER_ATTRIBUTE, find_mark
+from kernel_hub.layers.integrations.transformers import is_llama_style_rmsnorm
+from kernel_hub.layers.kernelize import LAYER_ATTRIBUTE, find_mark
 
 
 class LocalNorm(torch.nn.Module):

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import kernel_hub
-from kernel_hub.demo import demo_batch
-from kernel_hub.tiny_models import build_tiny_model
+from kernel_hub.models.demo import demo_batch
+from kernel_hub.models.tiny import build_tiny_model
 
 from .kernelize_helpers import TOLERANCE, TmpHub, max_masked_diff, swapped_modules
 

@@ -9,8 +9,8 @@ from packaging.specifiers import SpecifierSet
 
 from kernel_hub import KernelHubError, Mode, kernel_mapping
 from kernel_hub.errors import UnknownNameError
-from kernel_hub.mappings import active_overrides, parse_override
-from kernel_hub.registry import load_registry
+from kernel_hub.loading.mappings import active_overrides, parse_override
+from kernel_hub.registry.registry import load_registry
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,8 @@ def test_alias_keys_resolve_to_the_op() -> None:
 
 
 def test_unknown_mapping_key_is_an_error_with_suggestions() -> None:
-    with kernel_mapping({"RMSNrom": "off"}), pytest.raises(
-        UnknownNameError, match=r"'RMSNrom'.*Did you mean 'RMSNorm'"
+    with (
+        kernel_mapping({"RMSNrom": "off"}),
+        pytest.raises(UnknownNameError, match=r"'RMSNrom'.*Did you mean 'RMSNorm'"),
     ):
         active_overrides(load_registry())

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kernel_hub import get_kernel, kernelize, unkernelize
-from kernel_hub.demo import demo_batch, greedy
-from kernel_hub.tiny_models import build_tiny_model
+from kernel_hub.models.demo import demo_batch, greedy
+from kernel_hub.models.tiny import build_tiny_model
 
 from .kernelize_helpers import TmpHub, attention_kernel, experts_kernel, max_masked_diff
 

@@ -1,0 +1,1 @@
+"""Microbenchmarks, the roofline table, recorded reports and the deviceless TPU compile matrix."""

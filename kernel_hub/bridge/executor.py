@@ -1,0 +1,173 @@
+"""Hot path of a bridged op call: one cached plan per call signature.
+
+The first call with a new signature (static arguments; each tensor's shape, dtype and device)
+builds a plan: the stub validates the arguments, the runtime for the device type is looked up and
+row buckets are laid out. Later calls with that signature only look the plan up and run it, so
+per call there is no argument binding, no validation and no context manager. A stub's verdict may
+depend only on what the signature holds (it also runs on fake tensors, which have nothing else).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kernel_hub.dispatch import order_generation
+from kernel_hub.errors import UnsupportedDeviceError
+
+from .buckets import RowLayout
+from .op_spec import OpSpec, Static
+from .runtimes import Runtime, runtime_for
+
+Plan = Callable[..., Any]
+
+
+def _signature(tensors: Sequence[Any]) -> tuple:
+    return tuple([None if t is None else (t.shape, t.dtype, t.device) for t in tensors])
+
+
+def check_devices(arguments: dict[str, Any], tensor_params: Sequence[str]) -> Runtime:
+    """The runtime for the one device all tensor arguments share; a clear error when they are on
+    several, or when this host cannot run JAX for it."""
+    devices = {
+        name: arguments[name].device for name in tensor_params if arguments[name] is not None
+    }
+    if not devices:
+        raise UnsupportedDeviceError("a kernel-hub op call needs at least one tensor argument")
+    if len({(d.type, d.index) for d in devices.values()}) > 1:
+        listing = ", ".join(f"{name} on {device}" for name, device in devices.items())
+        raise UnsupportedDeviceError(f"all tensor arguments must be on one device; got {listing}")
+    device = next(iter(devices.values()))
+    runtime = runtime_for(device.type)
+    runtime.check_device(device)
+    return runtime
+
+
+class OpExecutor:
+    """Runs one op's forward and backward on torch tensors through the device's runtime."""
+
+    def __init__(self, spec: OpSpec):
+        self.spec = spec
+        self._forward_plans: dict[tuple, Plan] = {}
+        self._backward_plans: dict[tuple, Plan] = {}
+        self._order_generation = order_generation()
+
+    def _check_order(self) -> None:
+        """Plans traced under another implementation order are stale: drop them."""
+        if self._order_generation != order_generation():
+            self._forward_plans.clear()
+            self._backward_plans.clear()
+            self._order_generation = order_generation()
+
+    def forward(self, static: Static, tensors: list[Any]) -> Any:
+        self._check_order()
+        # _signature(tensors), inlined: this runs on every call.
+        signature = [None if t is None else (t.shape, t.dtype, t.device) for t in tensors]
+        key = (static, tuple(signature))
+        plan = self._forward_plans.get(key)
+        if plan is None:
+            plan = self._forward_plans[key] = self._plan_forward(static, tensors)
+        return plan(tensors)
+
+    def backward(
+        self, static: Static, inputs: list[Any], outputs: list[Any], cotangents: list[Any]
+    ) -> tuple[Any, ...]:
+        """Gradients of the differentiable arguments, in their declared order."""
+        self._check_order()
+        key = (static, _signature(inputs), _signature(outputs), _signature(cotangents))
+        plan = self._backward_plans.get(key)
+        if plan is None:
+            plan = self._backward_plans[key] = self._plan_backward(
+                static, inputs, outputs, cotangents
+            )
+        return plan(inputs, outputs, cotangents)
+
+    def _layout(self, runtime: Runtime, arguments: dict[str, Any]) -> RowLayout | None:
+        """Row buckets, for runtimes that compile per input shape and so gain from them."""
+        buckets = self.spec.buckets
+        if buckets is None or not getattr(runtime, "uses_row_buckets", False):
+            return None
+        return buckets.layout(arguments)
+
+    def _bucketed_inputs(self) -> list[int]:
+        names = self.spec.buckets.inputs
+        return [i for i, name in enumerate(self.spec.tensor_params) if name in names]
+
+    def _plan_forward(self, static: Static, tensors: list[Any]) -> Plan:
+        spec = self.spec
+        arguments = spec.arguments(static, tensors)
+        runtime = check_devices(arguments, spec.tensor_params)
+        spec.validate(**arguments)
+        fn = spec.jitted("forward", static)
+        key = (spec.qualname, "forward", static, self._order_generation)
+        layout = self._layout(runtime, arguments)
+        if layout is None:
+            return _bind(runtime, fn, tensors, key)
+        padded_inputs = self._bucketed_inputs()
+        padded_outputs = spec.buckets.outputs
+        run_padded = _bind(runtime, fn, _pad(tensors, padded_inputs, layout), key)
+
+        def run(tensors: list[Any]) -> Any:
+            tensors = tensors.copy()
+            for i in padded_inputs:
+                if tensors[i] is not None:
+                    tensors[i] = layout.pad(tensors[i])
+            out = run_padded(tensors)
+            if isinstance(out, tuple):
+                return tuple(_unpad(out, padded_outputs, layout))
+            return layout.unpad(out) if 0 in padded_outputs else out
+
+        return run
+
+    def _plan_backward(self, static: Static, inputs: list[Any], outputs, cotangents) -> Plan:
+        spec = self.spec
+        arguments = spec.arguments(static, inputs)
+        runtime = check_devices(arguments, spec.tensor_params)
+        fn = spec.jitted("backward", static)
+        key = (spec.qualname, "backward", static, self._order_generation)
+        layout = self._layout(runtime, arguments)
+        if layout is None:
+            run = _bind(runtime, fn, [inputs, outputs, cotangents], key)
+            return lambda inputs, outputs, cotangents: run([inputs, outputs, cotangents])
+        padded_inputs = self._bucketed_inputs()
+        padded_outputs = spec.buckets.outputs
+        padded_grads = [
+            i for i, name in enumerate(spec.differentiable) if name in spec.buckets.inputs
+        ]
+
+        def pad_all(inputs: list[Any], outputs: list[Any], cotangents: list[Any]) -> list[Any]:
+            return [
+                _pad(inputs, padded_inputs, layout),
+                _pad(outputs, padded_outputs, layout),
+                _pad(cotangents, padded_outputs, layout, zeros=True),
+            ]
+
+        run_padded = _bind(runtime, fn, pad_all(inputs, outputs, cotangents), key)
+
+        def run(inputs: list[Any], outputs: list[Any], cotangents: list[Any]) -> Any:
+            grads = run_padded(pad_all(inputs, outputs, cotangents))
+            return tuple(_unpad(grads, padded_grads, layout))
+
+        return run
+
+
+def _bind(runtime: Any, fn: Callable[..., Any], tensors: list[Any], key: tuple) -> Plan:
+    """The runtime's call specialised to this signature when it offers one (``bind``)."""
+    bind = getattr(runtime, "bind", None)
+    if bind is not None:
+        return bind(fn, tensors, key=key)
+    return lambda tensors: runtime.call(fn, tensors, key=key)
+
+
+def _pad(
+    tensors: Sequence[Any], positions: Sequence[int], layout: RowLayout, *, zeros: bool = False
+) -> list[Any]:
+    padded = list(tensors)
+    for i in positions:
+        if padded[i] is not None:
+            padded[i] = layout.pad(padded[i], zeros=zeros)
+    return padded
+
+
+def _unpad(tensors: Sequence[Any], positions: Sequence[int], layout: RowLayout) -> list[Any]:
+    return [layout.unpad(t) if i in positions else t for i, t in enumerate(tensors)]

@@ -1,0 +1,384 @@
+"""Public JAX API: ``dot_product_attention`` with an implementation table and input checks.
+
+Implementations: ``pallas`` (this package's flash kernel; interpret mode on CPU), ``tokamax``
+(Tokamax's ``dot_product_attention``) and ``xla`` (the plain reference). All follow the mask rules
+in ``masking``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from kernel_hub.kernel_api import (
+    Implementation,
+    ImplementationTable,
+    check_dtype,
+    check_rank,
+    dtype_name,
+    jax_default_device,
+    jax_platform,
+    require,
+    tpu_generation,
+)
+
+from . import masking, pallas_tpu, reference
+from . import tokamax as tokamax_impl
+from .masking import AttentionSpec
+
+OP = "dot_product_attention"
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+INT_DTYPES = ("int32", "int64", "int16", "int8", "uint8")
+
+
+def _check_shape(arg: str, value, expected: tuple[int, ...], meaning: str) -> None:
+    require(
+        tuple(value.shape) == expected,
+        f"{OP}: {arg} has shape {tuple(value.shape)}; expected {expected} ({meaning})",
+    )
+
+
+def check_inputs(
+    query,
+    key,
+    value,
+    kv_mask=None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    *,
+    sliding_window=None,
+    softcap=None,
+    scale=None,
+) -> None:
+    """Shape, dtype and option rules shared by the JAX functions and the torch ops."""
+    for name, array in (("query", query), ("key", key), ("value", value)):
+        check_rank(OP, name, array, 4)
+        check_dtype(OP, name, array, FLOAT_DTYPES)
+    require(
+        dtype_name(query.dtype) == dtype_name(key.dtype) == dtype_name(value.dtype),
+        f"{OP}: query, key and value must share a dtype; got {dtype_name(query.dtype)}, "
+        f"{dtype_name(key.dtype)}, {dtype_name(value.dtype)}",
+    )
+    batch, q_heads, q_len, head_dim = query.shape
+    _, kv_heads, kv_len, _ = key.shape
+    require(
+        q_len > 0 and kv_len > 0 and head_dim > 0,
+        f"{OP}: empty sequence or head_dim: query {tuple(query.shape)}, key {tuple(key.shape)}",
+    )
+    _check_shape(
+        "key",
+        key,
+        (batch, kv_heads, kv_len, head_dim),
+        "[batch, kv_heads, kv_len, head_dim] with query's batch and head_dim",
+    )
+    _check_shape("value", value, tuple(key.shape), "the shape of key")
+    require(
+        kv_heads > 0 and q_heads % kv_heads == 0,
+        f"{OP}: key/value have {kv_heads} heads, which must divide query's {q_heads} heads "
+        f"(grouped-query attention); valid kv head counts: "
+        f"{', '.join(str(d) for d in range(1, q_heads + 1) if q_heads % d == 0)}",
+    )
+    if kv_mask is not None:
+        _check_shape("kv_mask", kv_mask, (batch, kv_len), "[batch, kv_len], True = attend")
+        check_dtype(OP, "kv_mask", kv_mask, ("bool",))
+    require(
+        (q_segment_ids is None) == (kv_segment_ids is None),
+        f"{OP}: pass both q_segment_ids and kv_segment_ids, or neither",
+    )
+    if q_segment_ids is not None:
+        _check_shape("q_segment_ids", q_segment_ids, (batch, q_len), "[batch, q_len]")
+        _check_shape("kv_segment_ids", kv_segment_ids, (batch, kv_len), "[batch, kv_len]")
+        check_dtype(OP, "q_segment_ids", q_segment_ids, INT_DTYPES)
+        check_dtype(OP, "kv_segment_ids", kv_segment_ids, INT_DTYPES)
+    if sliding_window is not None:
+        require(
+            isinstance(sliding_window, int) and sliding_window >= 1,
+            f"{OP}: sliding_window={sliding_window!r}; it must be an integer >= 1 (keys with "
+            f"0 <= query position - key position < sliding_window are kept) or None",
+        )
+    if softcap is not None:
+        require(
+            math.isfinite(softcap) and softcap > 0,
+            f"{OP}: softcap={softcap!r}; it must be a finite number > 0 or None",
+        )
+    if scale is not None:
+        require(math.isfinite(scale), f"{OP}: scale={scale!r}; it must be finite or None")
+
+
+def make_spec(head_dim: int, causal: bool, sliding_window, softcap, scale) -> AttentionSpec:
+    """Static options with the default scale 1/sqrt(head_dim) filled in."""
+    return AttentionSpec(
+        causal=bool(causal),
+        sliding_window=sliding_window,
+        softcap=None if softcap is None else float(softcap),
+        scale=float(head_dim**-0.5 if scale is None else scale),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Implementations: fn(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, block_k, with_lse)
+
+
+def _interpret() -> bool:
+    return jax_platform() == "cpu"
+
+
+def _kernel_blocks(q, k, block_q, block_k) -> pallas_tpu.KernelBlocks:
+    defaults = pallas_tpu.default_blocks(q.shape, k.shape, q.dtype, interpret=_interpret())
+    if block_q is None and block_k is None:
+        return defaults
+
+    def override(blocks: pallas_tpu.BlockSizes) -> pallas_tpu.BlockSizes:
+        return pallas_tpu.BlockSizes(block_q or blocks.q, block_k or blocks.k)
+
+    return pallas_tpu.KernelBlocks(override(defaults.forward), override(defaults.backward))
+
+
+def _pallas(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, block_k, with_lse):
+    blocks = _kernel_blocks(q, k, block_q, block_k)
+    out, lse = pallas_tpu.attention(
+        q, k, v, q_segment_ids, kv_segment_ids, spec, blocks, _interpret()
+    )
+    return (out, lse) if with_lse else out
+
+
+def _pallas_problem(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, block_k, with_lse):
+    if q.dtype == jnp.float64 and not _interpret():
+        return "float64 runs only in interpret mode (CPU)"
+    if block_q is None and block_k is None:
+        return None
+    blocks = _kernel_blocks(q, k, block_q, block_k).forward
+    return pallas_tpu.blocks_problem(q.shape, k.shape, q.dtype, blocks, interpret=_interpret())
+
+
+def _tokamax(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, block_k, with_lse):
+    return tokamax_impl.attention(q, k, v, q_segment_ids, kv_segment_ids, spec)
+
+
+def _tokamax_problem(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, block_k, with_lse):
+    if with_lse:
+        return "Tokamax's public dot_product_attention returns no logsumexp"
+    if q.dtype == jnp.float64:
+        return "Tokamax does not take float64"
+    platform = jax_platform()
+    if q.dtype != jnp.float32 and platform == "cpu":
+        return f"Tokamax's XLA path on CPU lacks the {q.dtype.name} dot algorithm it asks for"
+    if platform == "tpu":
+        if tpu_generation(jax_default_device()) == "v4":
+            return "Tokamax's Mosaic attention does not run on TPU v4"
+        if q.shape[2] % 128 or k.shape[2] % 128:
+            return (
+                f"Tokamax's Mosaic attention needs q_len and kv_len divisible by 128 (got "
+                f"{q.shape[2]}, {k.shape[2]}); it raises instead of falling back"
+            )
+    return None
+
+
+def _xla(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, block_k, with_lse):
+    out, lse = reference.attention(q, k, v, q_segment_ids, kv_segment_ids, spec)
+    return (out, lse) if with_lse else out
+
+
+TABLE = ImplementationTable(
+    OP,
+    [
+        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
+        Implementation("tokamax", _tokamax, ("tpu", "gpu", "cpu"), _tokamax_problem),
+        Implementation("xla", _xla, ("tpu", "gpu", "cpu")),
+    ],
+    default_order={
+        "tpu": ("pallas", "tokamax", "xla"),
+        "gpu": ("tokamax", "xla"),
+        "cpu": ("xla", "pallas", "tokamax"),
+    },
+)
+
+
+def _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids):
+    """Key padding folded into int32 segment ids (see ``masking.merge_key_padding``)."""
+    if q_segment_ids is not None:
+        q_segment_ids = jnp.asarray(q_segment_ids, jnp.int32)
+        kv_segment_ids = jnp.asarray(kv_segment_ids, jnp.int32)
+    return masking.merge_key_padding(
+        query.shape[2], key.shape[2], query.shape[0], kv_mask, q_segment_ids, kv_segment_ids
+    )
+
+
+def _call(
+    query,
+    key,
+    value,
+    kv_mask,
+    q_segment_ids,
+    kv_segment_ids,
+    *,
+    causal,
+    sliding_window,
+    softcap,
+    scale,
+    implementation,
+    block_q,
+    block_k,
+    with_lse,
+):
+    check_inputs(
+        query,
+        key,
+        value,
+        kv_mask,
+        q_segment_ids,
+        kv_segment_ids,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        scale=scale,
+    )
+    spec = make_spec(query.shape[-1], causal, sliding_window, softcap, scale)
+    q_ids, kv_ids = _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids)
+    return TABLE(
+        query,
+        key,
+        value,
+        q_ids,
+        kv_ids,
+        spec=spec,
+        block_q=block_q,
+        block_k=block_k,
+        with_lse=with_lse,
+        implementation=implementation,
+    )
+
+
+def dot_product_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    kv_mask: jax.Array | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    *,
+    causal: bool = False,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    implementation: str | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> jax.Array:
+    """softmax(scale * q k^T [soft-capped, masked]) v for q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D].
+
+    ``Hkv`` must divide ``Hq`` (grouped/multi-query attention; kv is not repeated). Queries align
+    to the end of the keys (KV-cache decode). ``kv_mask`` [B, Sk] marks keys to attend;
+    ``q_segment_ids`` [B, Sq] / ``kv_segment_ids`` [B, Sk] restrict attention to equal ids
+    (packed sequences). ``sliding_window`` w keeps keys with 0 <= position - key < w (|..| < w
+    when not causal); ``softcap`` c maps scores s to c * tanh(s / c); ``scale`` defaults to
+    1/sqrt(D). Rows with no visible key give zeros. ``implementation`` forces "pallas",
+    "tokamax" or "xla"; ``block_q``/``block_k`` override the Pallas blocks (powers of two).
+    """
+    return _call(
+        query,
+        key,
+        value,
+        kv_mask,
+        q_segment_ids,
+        kv_segment_ids,
+        causal=causal,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        scale=scale,
+        implementation=implementation,
+        block_q=block_q,
+        block_k=block_k,
+        with_lse=False,
+    )
+
+
+def dot_product_attention_with_lse(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    kv_mask: jax.Array | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    *,
+    causal: bool = False,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    implementation: str | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """``dot_product_attention`` plus the f32 logsumexp of each query's scores [B, Hq, Sq]
+    (-inf for a row with no visible key). Differentiable in both outputs."""
+    return _call(
+        query,
+        key,
+        value,
+        kv_mask,
+        q_segment_ids,
+        kv_segment_ids,
+        causal=causal,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        scale=scale,
+        implementation=implementation,
+        block_q=block_q,
+        block_k=block_k,
+        with_lse=True,
+    )
+
+
+def attention_backward(
+    query,
+    key,
+    value,
+    kv_mask,
+    q_segment_ids,
+    kv_segment_ids,
+    out,
+    lse,
+    d_out,
+    d_lse,
+    *,
+    causal: bool = False,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    implementation: str | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(dq, dk, dv) of ``dot_product_attention_with_lse`` from its saved outputs.
+
+    The Pallas implementation reuses ``out`` and ``lse`` (no forward recompute); the others
+    differentiate their forward.
+    """
+    spec = make_spec(query.shape[-1], causal, sliding_window, softcap, scale)
+    q_ids, kv_ids = _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids)
+    chosen = TABLE.select(
+        query,
+        key,
+        value,
+        q_ids,
+        kv_ids,
+        spec=spec,
+        block_q=block_q,
+        block_k=block_k,
+        with_lse=True,
+        implementation=implementation,
+    )
+    if chosen.name == "pallas":
+        blocks = _kernel_blocks(query, key, block_q, block_k)
+        return pallas_tpu.attention_backward(
+            query, key, value, q_ids, kv_ids, out, lse, d_out, d_lse, spec, blocks, _interpret()
+        )
+
+    def forward(q, k, v):
+        return chosen.fn(
+            q, k, v, q_ids, kv_ids, spec=spec, block_q=block_q, block_k=block_k, with_lse=True
+        )
+
+    _, pullback = jax.vjp(forward, query, key, value)
+    return pullback((d_out, d_lse))

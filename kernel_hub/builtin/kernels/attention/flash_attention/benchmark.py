@@ -1,0 +1,163 @@
+"""Representative shapes with FLOPs and bytes per call (bench and TPU compile checks), and the
+torch paths ``kernel-hub bench`` times beside the JAX implementations.
+
+Llama-3-8B-like attention: 32 query heads, 8 kv heads, head_dim 128; causal FLOPs count only the
+visible (query, key) pairs, about half of the square. Besides plain prefill and decode, cases
+cover what Transformers sends with padded batches (key padding) and packed sequences (segments).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from kernel_hub.kernel_api import CPU_TAG, KernelCase, NoImplementationError
+
+from . import masking
+from .api import dot_product_attention_with_lse, make_spec
+from .torch_ops import dot_product_attention as dot_product_attention_op
+
+# (name, batch, q_heads, kv_heads, q_len, kv_len, head_dim, options, extra inputs, dtype, tags)
+# extra inputs: "kv_mask" adds key padding; "segments" adds key padding and segment ids.
+SHAPES = (
+    ("prefill-2k-gqa", 1, 32, 8, 2048, 2048, 128, {"causal": True}, "", "bfloat16", ()),
+    ("prefill-8k-gqa", 1, 32, 8, 8192, 8192, 128, {"causal": True}, "", "bfloat16", ()),
+    ("decode-q1-kv32k-gqa", 8, 32, 8, 1, 32768, 128, {"causal": True}, "", "bfloat16", ()),
+    (
+        "prefill-4k-window-d256-softcap",
+        1,
+        16,
+        8,
+        4096,
+        4096,
+        256,
+        {"causal": True, "sliding_window": 1024, "softcap": 50.0},
+        "",
+        "bfloat16",
+        (),
+    ),
+    (
+        "decode-q16-kv32k-key-padding",
+        8,
+        32,
+        8,
+        16,
+        32768,
+        128,
+        {"causal": True},
+        "kv_mask",
+        "bfloat16",
+        (),
+    ),
+    (
+        "prefill-2k-packed-window512",
+        1,
+        32,
+        8,
+        2048,
+        2048,
+        128,
+        {"causal": True, "sliding_window": 512},
+        "segments",
+        "bfloat16",
+        (),
+    ),
+    ("cpu-prefill-512-gqa", 1, 32, 8, 512, 512, 128, {"causal": True}, "", "float32", (CPU_TAG,)),
+    (
+        "cpu-decode-q1-kv4096-gqa",
+        1,
+        32,
+        8,
+        1,
+        4096,
+        128,
+        {"causal": True},
+        "",
+        "float32",
+        (CPU_TAG,),
+    ),
+)
+
+
+def _arguments(batch, q_heads, kv_heads, q_len, kv_len, head_dim, extra, dtype):
+    struct = jax.ShapeDtypeStruct
+    args = [
+        struct((batch, q_heads, q_len, head_dim), dtype),
+        struct((batch, kv_heads, kv_len, head_dim), dtype),
+        struct((batch, kv_heads, kv_len, head_dim), dtype),
+    ]
+    if extra:
+        args.append(struct((batch, kv_len), jnp.bool_))
+    if extra == "segments":
+        args += [struct((batch, q_len), jnp.int32), struct((batch, kv_len), jnp.int32)]
+    return tuple(args)
+
+
+def _drawer(args):
+    """make_args for cases with masks: normal q, k, v; the last eighth of the keys padded; four
+    packed sequences of random lengths (queries take the ids of the keys they align with)."""
+
+    def draw(rng: np.random.Generator):
+        q, k, v = (rng.standard_normal(a.shape, dtype=np.float32).astype(a.dtype) for a in args[:3])
+        batch, kv_len = args[3].shape
+        kv_mask = np.broadcast_to(np.arange(kv_len) < kv_len - kv_len // 8, (batch, kv_len))
+        values = [q, k, v, kv_mask.copy()]
+        if len(args) > 4:
+            kv_ids = np.sort(rng.integers(0, 4, (batch, kv_len)), axis=1).astype(np.int32)
+            values += [kv_ids[:, kv_len - args[4].shape[1] :].copy(), kv_ids]
+        return tuple(values)
+
+    return draw
+
+
+def case(name, batch, q_heads, kv_heads, q_len, kv_len, head_dim, options, extra, dtype, tags):
+    dtype = jnp.dtype(dtype)
+    spec = make_spec(
+        head_dim,
+        options.get("causal", False),
+        options.get("sliding_window"),
+        options.get("softcap"),
+        None,
+    )
+    pairs = batch * q_heads * masking.allowed_pairs(q_len, kv_len, spec)
+    q_elems = batch * q_heads * q_len * head_dim
+    kv_elems = batch * kv_heads * kv_len * head_dim
+    args = _arguments(batch, q_heads, kv_heads, q_len, kv_len, head_dim, extra, dtype)
+    return KernelCase(
+        name=name,
+        fn=dot_product_attention_with_lse,
+        args=args,
+        kwargs=dict(options),
+        # q @ k^T and p @ v over the visible pairs
+        flops=4 * pairs * head_dim,
+        # read q, k, v; write out
+        bytes_accessed=(2 * q_elems + 2 * kv_elems) * dtype.itemsize,
+        differentiable=(0, 1, 2),
+        tags=tuple(tags),
+        make_args=_drawer(args) if extra else None,
+    )
+
+
+CASES = [case(*shape) for shape in SHAPES]
+
+
+def torch_sdpa(query, key, value, *masks, causal=False, sliding_window=None, softcap=None):
+    """torch's scaled_dot_product_attention as a torch user calls it for plain causal prefill or
+    decode (one query sees every cached key); other cases have no stock SDPA call."""
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if masks or sliding_window is not None or softcap is not None or 1 < q_len != kv_len:
+        raise NoImplementationError("torch SDPA baseline covers plain causal prefill and decode")
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, is_causal=causal and q_len > 1, enable_gqa=True
+    )
+
+
+def kernel_hub_attention(query, key, value, *masks, **options):
+    """kernel-hub's torch op (DLPack bridge to JAX, platform's default implementation)."""
+    return dot_product_attention_op(query, key, value, *masks, **options)
+
+
+# Torch callables taking a case's arguments as tensors and its kwargs.
+TORCH_IMPLEMENTATIONS = {"torch": torch_sdpa, "torch-op": kernel_hub_attention}

@@ -1,0 +1,129 @@
+"""Transformers integration: an ``AttentionInterface`` function that runs this kernel.
+
+``register(name)`` installs ``attention_forward`` under ``name`` in ``AttentionInterface`` and
+Transformers' ``sdpa_mask`` under the same name in ``AttentionMaskInterface``; without the mask
+entry Transformers passes ``attention_mask=None`` and padding would be silently ignored. Then
+``attn_implementation=name`` (or ``model.set_attn_implementation(name)``) selects it.
+
+Masks, as ``sdpa_mask`` hands them over:
+
+* ``None``: plain causal (or bidirectional) attention over all keys, exactly as SDPA reads it:
+  for a prefill into a larger static cache the keys past ``q_len`` are empty slots and are cut.
+* a 4-D boolean (or additive float) mask: ``dense_mask`` turns it into key padding + the layer's
+  causal/window rule, or packed segments, checked on device to reproduce the mask exactly; a mask
+  it cannot express runs on the reference implementation and a warning says why.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kernel_hub.kernel_api import KernelInputError
+
+from .torch_ops import attention_with_dense_mask, attention_with_lse
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAME = "kernel_hub_attention"
+
+# What kernelize() checks before switching a model (as Hugging Face kernels' layer flags):
+# attention_forward traces into one torch.compile graph and has a backward.
+can_torch_compile = True
+has_backward = True
+
+
+def _is_causal(module: torch.nn.Module, is_causal: bool | None) -> bool:
+    return bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+
+
+def _kernel_window(sliding_window: int | None, causal: bool) -> int | None:
+    """Transformers' window to ours: causal keeps q - k < w (same); bidirectional keeps
+    |q - k| <= w, which is our |q - k| < w + 1."""
+    if sliding_window is None:
+        return None
+    if not isinstance(sliding_window, int) or sliding_window < 1:
+        raise KernelInputError(
+            f"attention: sliding_window={sliding_window!r}; it must be an integer >= 1 or None"
+        )
+    return sliding_window if causal else sliding_window + 1
+
+
+def _dropout_attention(query, key, value, attention_mask, dropout, scaling, causal, softcap):
+    """The kernel has no dropout: training with attention dropout runs torch's SDPA instead."""
+    if softcap is not None:
+        raise KernelInputError(
+            "attention: dropout > 0 together with softcap is not supported by kernel-hub "
+            "attention; use attn_implementation='eager' for this configuration"
+        )
+    log.warning("attention: dropout=%s > 0 runs torch SDPA, the kernel has no dropout", dropout)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    return torch.nn.functional.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=causal and attention_mask is None and q_len == kv_len,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Transformers' AttentionInterface contract: q [B, Hq, S, D], k/v [B, Hkv, Skv, D] ->
+    (out [B, S, Hq, D], None). Attention weights are never returned."""
+    if kwargs.get("output_attentions", False):
+        log.warning("attention: output_attentions=True is not supported; returning None weights")
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        raise KernelInputError(
+            f"attention: attention_mask of type {type(attention_mask).__name__} is not supported; "
+            f"expected a 4-D tensor or None (register() installs sdpa_mask to build it)"
+        )
+    causal = _is_causal(module, kwargs.get("is_causal"))
+    window = _kernel_window(sliding_window, causal)
+    q_len, kv_len = query.shape[2], key.shape[2]
+    if attention_mask is None and causal and 1 < q_len < kv_len:
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    if dropout > 0.0:
+        out = _dropout_attention(
+            query, key, value, attention_mask, dropout, scaling, causal, softcap
+        )
+    elif attention_mask is None:
+        out, _ = attention_with_lse(
+            query, key, value, causal=causal, sliding_window=window, softcap=softcap, scale=scaling
+        )
+    else:
+        out, _ = attention_with_dense_mask(
+            query,
+            key,
+            value,
+            attention_mask,
+            causal=causal,
+            sliding_window=window,
+            softcap=softcap,
+            scale=scaling,
+        )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register(name: str = DEFAULT_NAME) -> str:
+    """Make ``attn_implementation=name`` run ``attention_forward`` with SDPA-style masks."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, attention_forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name

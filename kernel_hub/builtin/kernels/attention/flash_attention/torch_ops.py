@@ -1,0 +1,131 @@
+"""Torch ops, built with kernel-hub's bridge. Both return (out, logsumexp) so the backward reuses
+the forward's saved outputs instead of recomputing it."""
+
+from __future__ import annotations
+
+import torch
+
+from kernel_hub.kernel_api import jax_op, op_namespace
+
+from . import api, dense_mask
+
+_NAMESPACE = op_namespace(__name__)
+_QKV = ("query", "key", "value")
+
+
+def _attention_backward(inputs, outputs, cotangents, **static):
+    return api.attention_backward(
+        inputs["query"],
+        inputs["key"],
+        inputs["value"],
+        inputs["kv_mask"],
+        inputs["q_segment_ids"],
+        inputs["kv_segment_ids"],
+        *outputs,
+        *cotangents,
+        **static,
+    )
+
+
+@jax_op(
+    _NAMESPACE,
+    api.dot_product_attention_with_lse,
+    differentiable=_QKV,
+    jax_backward=_attention_backward,
+)
+def attention_with_lse(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_mask: torch.Tensor | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    causal: bool = False,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    implementation: str | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [B, Hq, Sq, D], logsumexp [B, Hq, Sq] f32); see ``api.dot_product_attention``."""
+    api.check_inputs(
+        query,
+        key,
+        value,
+        kv_mask,
+        q_segment_ids,
+        kv_segment_ids,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        scale=scale,
+    )
+
+
+def dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_mask: torch.Tensor | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    causal: bool = False,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    implementation: str | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> torch.Tensor:
+    """Attention output [B, Hq, Sq, D] for q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D]; see
+    ``api.dot_product_attention`` for the options."""
+    return attention_with_lse(
+        query,
+        key,
+        value,
+        kv_mask,
+        q_segment_ids,
+        kv_segment_ids,
+        causal,
+        sliding_window,
+        softcap,
+        scale,
+        implementation,
+        block_q,
+        block_k,
+    )[0]
+
+
+def _dense_mask_backward(inputs, outputs, cotangents, **static):
+    return dense_mask.attention_with_dense_mask_backward(
+        inputs["query"],
+        inputs["key"],
+        inputs["value"],
+        inputs["attention_mask"],
+        *outputs,
+        *cotangents,
+        **static,
+    )
+
+
+@jax_op(
+    _NAMESPACE,
+    dense_mask.attention_with_dense_mask,
+    differentiable=_QKV,
+    jax_backward=_dense_mask_backward,
+)
+def attention_with_dense_mask(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    causal: bool = False,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    implementation: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, logsumexp) under a dense [B|1, H|1, Sq, Sk] mask (bool or additive); the kernel runs
+    when the mask is key padding + the causal/window rule or packed segments, see ``dense_mask``."""
+    api.check_inputs(query, key, value, sliding_window=sliding_window, softcap=softcap, scale=scale)
+    dense_mask.check_mask(query, key, attention_mask)

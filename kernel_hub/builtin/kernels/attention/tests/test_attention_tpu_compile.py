@@ -1,0 +1,61 @@
+"""The Pallas kernels compile for real TPU generations (deviceless, through libtpu).
+
+Mosaic rejects illegal block shapes and VMEM overflow per generation (v4 has 16 MiB scoped VMEM),
+which interpret mode never checks. One benchmark case per generation here, forward and backward;
+``kernel-hub compile-check attention`` compiles every case on every generation.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from kernel_hub.bench.cases import KernelCase
+from kernel_hub.bench.compile_check import compile_case
+
+pytest.importorskip("libtpu")
+pytestmark = pytest.mark.tpu_compile
+
+PER_GENERATION = {
+    "v4": "prefill-2k-gqa",
+    "v5e": "decode-q16-kv32k-key-padding",
+    "v5p": "prefill-4k-window-d256-softcap",
+    "v6e": "prefill-2k-packed-window512",
+}
+
+
+def _assert_compiles(kernel: str, case: KernelCase, generation: str) -> None:
+    for direction in ("forward", "backward"):
+        result = compile_case(kernel, case, generation, direction)
+        print(f"{generation} {case.name} {direction}: {result.seconds:.1f} s, {result.memory}")
+        assert result.ok, f"{generation} {case.name} {direction}: {result.error}"
+
+
+@pytest.mark.parametrize("generation", list(PER_GENERATION))
+def test_compiles_forward_and_backward(attention, generation):
+    case = next(c for c in attention.benchmark.CASES if c.name == PER_GENERATION[generation])
+    _assert_compiles(attention.manifest.name, case, generation)
+
+
+@pytest.mark.slow
+def test_dense_mask_entry_point_compiles(attention):
+    """What Transformers runs with a 4-D mask: the structure check and every lax.switch branch
+    (both kernel layouts and the reference fallback) in one program."""
+
+    def struct(*shape, dtype=jnp.bfloat16):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    case = KernelCase(
+        name="prefill-1k-dense-mask",
+        fn=attention.dense_mask.attention_with_dense_mask,
+        args=(
+            struct(1, 32, 1024, 128),
+            struct(1, 8, 1024, 128),
+            struct(1, 8, 1024, 128),
+            struct(1, 1, 1024, 1024, dtype=jnp.bool_),
+        ),
+        kwargs={"causal": True},
+        differentiable=(0, 1, 2),
+    )
+    _assert_compiles(attention.manifest.name, case, "v5e")

@@ -1,0 +1,256 @@
+"""Tiny Transformers models with attention on the kernel (Pallas, interpret mode) against SDPA."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import (  # noqa: E402
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from kernel_hub.models.tiny import build_tiny_model  # noqa: E402
+
+SMALL = dict(
+    vocab_size=128,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
+
+
+def _llama():
+    return build_tiny_model("llama")
+
+
+def _mixtral():
+    """Mixtral with a 5-token sliding window, so 12-token inputs need the window mask."""
+    model = build_tiny_model("mixtral")
+    model.config.sliding_window = 5
+    return model
+
+
+def _qwen2():
+    """Layer 0 full attention, layer 1 sliding window (Qwen2's max_window_layers)."""
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        intermediate_size=128,
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=1,
+        **SMALL,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
+def _inputs(batch=2, length=12, left_padding=3):
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 128, (batch, length), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[0, :left_padding] = 0
+    return ids, mask
+
+
+@pytest.fixture(scope="module")
+def kernel_name(attention):
+    return attention.integrations.register()
+
+
+def _logits(model, implementation, **inputs):
+    model.set_attn_implementation(implementation)
+    with torch.no_grad():
+        return model(**inputs).logits
+
+
+def _max_error(a, b) -> float:
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.parametrize("build", [_llama, _mixtral, _qwen2], ids=["llama", "mixtral", "qwen2"])
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "left-padded"])
+def test_logits_match_sdpa(attention, pallas_first, kernel_name, caplog, build, padded):
+    model = build()
+    ids, mask = _inputs()
+    inputs = {"input_ids": ids, "attention_mask": mask if padded else None}
+    with caplog.at_level(logging.WARNING):
+        got = _logits(model, kernel_name, **inputs)
+    assert pallas_first, "the Pallas kernel did not run"
+    assert "reference implementation" not in caplog.text, "the mask fell back to the reference"
+    want = _logits(model, "sdpa", **inputs)
+    real = mask.bool() if padded else torch.ones_like(mask, dtype=torch.bool)
+    error = _max_error(got[real], want[real])
+    assert error <= 1e-4, f"logits max abs error {error:.3g} vs sdpa"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [_llama, _mixtral], ids=["llama", "mixtral"])
+def test_greedy_generate_matches_sdpa(attention, pallas_first, kernel_name, build):
+    model = build()
+    ids, mask = _inputs()
+    outputs = {}
+    for implementation in ("sdpa", kernel_name):
+        model.set_attn_implementation(implementation)
+        with torch.no_grad():
+            outputs[implementation] = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=4,
+                do_sample=False,
+                pad_token_id=0,
+            )
+    assert pallas_first, "the Pallas kernel did not run"
+    assert torch.equal(outputs["sdpa"], outputs[kernel_name]), outputs
+
+
+def test_training_step_gradients_match_sdpa(attention, pallas_first, kernel_name):
+    ids, mask = _inputs()
+    grads = {}
+    for implementation in ("sdpa", kernel_name):
+        model = _llama().train()
+        model.set_attn_implementation(implementation)
+        model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+        grads[implementation] = {n: p.grad for n, p in model.named_parameters()}
+    assert pallas_first, "the Pallas kernel did not run"
+    for name, want in grads["sdpa"].items():
+        error = _max_error(grads[kernel_name][name], want)
+        assert error <= 1e-4, f"{name}: gradient max abs error {error:.3g}"
+
+
+def test_torch_compile_fullgraph_has_no_graph_breaks(attention, pallas_first, kernel_name):
+    model = _llama()
+    model.set_attn_implementation(kernel_name)
+    ids, mask = _inputs()
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(model)(input_ids=ids, attention_mask=mask)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        got = compiled(input_ids=ids, attention_mask=mask).logits
+    assert pallas_first, "the Pallas kernel did not run"
+    want = _logits(model, "sdpa", input_ids=ids, attention_mask=mask)
+    error = _max_error(got[mask.bool()], want[mask.bool()])
+    assert error <= 1e-4, f"compiled logits max abs error {error:.3g}"
+
+
+def test_gemma2_softcap_and_window_match_eager(attention, pallas_first, kernel_name):
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        intermediate_size=128,
+        head_dim=16,
+        sliding_window=4,
+        attn_logit_softcapping=3.0,
+        query_pre_attn_scalar=16,
+        **SMALL,
+    )
+    model = Gemma2ForCausalLM(config).eval()
+    ids, mask = _inputs()
+    got = _logits(model, kernel_name, input_ids=ids, attention_mask=mask)
+    assert pallas_first, "the Pallas kernel did not run"
+    want = _logits(model, "eager", input_ids=ids, attention_mask=mask)
+    error = _max_error(got[mask.bool()], want[mask.bool()])
+    assert error <= 1e-4, f"logits max abs error {error:.3g} vs eager"
+
+
+def test_packed_sequences_run_on_the_kernel(attention, pallas_first, kernel_name, caplog):
+    model = _llama()
+    ids, _ = _inputs(batch=1)
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3]])
+    with caplog.at_level(logging.WARNING):
+        got = _logits(model, kernel_name, input_ids=ids, position_ids=position_ids)
+    assert pallas_first, "the Pallas kernel did not run"
+    assert "reference implementation" not in caplog.text, "packed mask fell back to the reference"
+    want = _logits(model, "sdpa", input_ids=ids, position_ids=position_ids)
+    error = _max_error(got, want)
+    assert error <= 1e-4, f"logits max abs error {error:.3g}"
+
+
+def test_unexpressible_mask_falls_back_with_reason(attention, caplog):
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 6, 8, generator=generator)
+    k = torch.randn(1, 2, 6, 8, generator=generator)
+    mask = torch.rand(1, 1, 6, 6, generator=generator) > 0.4
+    mask[..., 0] = True
+    module = torch.nn.Module()
+    attention.dense_mask._warn_once.cache_clear()  # the warning is given once per reason
+    with caplog.at_level(logging.WARNING):
+        got, weights = attention.integrations.attention_forward(module, q, k, k, mask)
+    assert weights is None
+    assert "dense mask ran on the reference implementation" in caplog.text
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k, k, attn_mask=mask, enable_gqa=True
+    )
+    error = _max_error(got, want.transpose(1, 2))
+    assert error <= 1e-5, f"max abs error {error:.3g}"
+
+
+def test_additive_masks(attention, caplog):
+    """0 / finfo.min masks (eager style) run on the kernel; real biases fall back, exactly."""
+    generator = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 6, 8, generator=generator)
+    k = torch.randn(2, 2, 6, 8, generator=generator)
+    allowed = torch.ones(6, 6, dtype=torch.bool).tril().expand(2, 1, 6, 6).clone()
+    allowed[0, ..., :2] = False  # left padding of two keys in batch 0
+    binary = torch.zeros(2, 1, 6, 6).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    biased = binary + torch.randn(2, 1, 6, 6, generator=generator)
+    # SDPA averages all values in a row that sees no key; the kernel gives zeros there.
+    rows = allowed.any(-1).squeeze(1)
+    attention.dense_mask._warn_once.cache_clear()
+    for mask, falls_back in ((binary, False), (biased, True)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            got, _ = attention.integrations.attention_forward(torch.nn.Module(), q, k, k, mask)
+        assert ("reference implementation" in caplog.text) == falls_back, caplog.text
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q, k, k, attn_mask=mask, enable_gqa=True
+        ).transpose(1, 2)
+        error = _max_error(got[rows], want[rows])
+        assert error <= 1e-5, f"max abs error {error:.3g} (falls back: {falls_back})"
+    assert "additive mask with values other than 0" in caplog.text
+
+
+def test_dropout_runs_torch_sdpa_with_a_reason(attention, caplog):
+    generator = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 6, 8, generator=generator)
+    k = torch.randn(1, 2, 6, 8, generator=generator)
+    torch.manual_seed(0)
+    with caplog.at_level(logging.WARNING):
+        got, _ = attention.integrations.attention_forward(torch.nn.Module(), q, k, k, None, 0.5)
+    assert "the kernel has no dropout" in caplog.text
+    torch.manual_seed(0)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q, k, k, dropout_p=0.5, is_causal=True, enable_gqa=True
+    )
+    assert torch.equal(got, want.transpose(1, 2))
+
+
+def test_kernelize_switches_attention_to_the_kernel(attention):
+    from kernel_hub.layers.kernelize import kernelize, unkernelize
+
+    model = _llama()
+    ids, mask = _inputs()
+    want = _logits(model, "sdpa", input_ids=ids, attention_mask=mask)
+    report = kernelize(model, mode="inference+torch_compile")
+    switched = [e for e in report.entries if e.kind == "attention"]
+    assert switched and all(e.swapped for e in switched), report
+    assert model.config._attn_implementation == attention.integrations.DEFAULT_NAME
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=mask).logits
+    unkernelize(model)
+    error = _max_error(got[mask.bool()], want[mask.bool()])
+    assert error <= 1e-4, f"kernelized logits max abs error {error:.3g}"
+
+
+def test_bad_sliding_window_is_rejected(attention):
+    from kernel_hub.errors import KernelInputError
+
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(KernelInputError, match="sliding_window=0"):
+        attention.integrations.attention_forward(torch.nn.Module(), q, q, q, None, sliding_window=0)

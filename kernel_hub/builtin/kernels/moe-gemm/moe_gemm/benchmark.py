@@ -1,0 +1,115 @@
+"""Representative gmm calls with FLOPs and bytes per call (bench and TPU compile checks), and the
+torch paths ``kernel-hub bench`` times beside the JAX implementations.
+
+Each MoE layer does two grouped matmuls on Transformers' weight layout (``transpose_rhs``):
+gate/up ([m, H] x [E, 2I, H]) and down ([m, I] x [E, H, I]), with m = tokens * top_k rows.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from kernel_hub.kernel_api import CPU_TAG, KernelCase
+
+from .api import gmm
+from .torch_ops import gmm as gmm_op
+
+
+class MoEShape(NamedTuple):
+    name: str
+    experts: int
+    hidden: int
+    intermediate: int
+    top_k: int
+
+
+MIXTRAL = MoEShape("mixtral-8x7b", experts=8, hidden=4096, intermediate=14336, top_k=2)
+# Fine-grained experts, DeepSeekMoE-16B sized.
+FINE_GRAINED = MoEShape("fine-grained-e64", experts=64, hidden=2048, intermediate=1408, top_k=6)
+# Small enough for Pallas interpret mode on a 2-core CPU.
+SMALL = MoEShape("small-e8", experts=8, hidden=256, intermediate=512, top_k=2)
+
+# (phase, tokens): the smallest and a large decode batch, one prefill chunk.
+TOKENS = (("decode", 1), ("decode", 256), ("prefill", 8192))
+
+
+def routed_group_sizes(rng: np.random.Generator, tokens: int, model: MoEShape) -> np.ndarray:
+    """Rows per expert when each token picks ``top_k`` distinct experts uniformly at random."""
+    picks = np.argsort(rng.random((tokens, model.experts)), axis=1)[:, : model.top_k]
+    return np.bincount(picks.reshape(-1), minlength=model.experts).astype(np.int32)
+
+
+def _projection_dims(model: MoEShape, projection: str) -> tuple[int, int]:
+    """(k, n) of a projection's gmm."""
+    if projection == "gate_up":
+        return model.hidden, 2 * model.intermediate
+    return model.intermediate, model.hidden
+
+
+def case(
+    model: MoEShape,
+    projection: str,
+    phase: str,
+    tokens: int,
+    dtype=jnp.bfloat16,
+    tags: tuple[str, ...] = (),
+) -> KernelCase:
+    """One gmm of ``model``'s ``projection`` ("gate_up" or "down") for ``tokens`` tokens."""
+    rows = tokens * model.top_k
+    k, n = _projection_dims(model, projection)
+    itemsize = jnp.dtype(dtype).itemsize
+    # Only experts that receive rows have their weights read: at most min(E, rows) of them.
+    experts_read = min(model.experts, rows)
+
+    def make_args(rng: np.random.Generator):
+        lhs = rng.standard_normal((rows, k), dtype=np.float32).astype(dtype)
+        rhs = rng.standard_normal((model.experts, n, k), dtype=np.float32) / np.sqrt(k)
+        return lhs, rhs.astype(dtype), routed_group_sizes(rng, tokens, model)
+
+    return KernelCase(
+        name=f"{model.name}-{projection}-{phase}{tokens}",
+        fn=gmm,
+        args=(
+            jax.ShapeDtypeStruct((rows, k), dtype),
+            jax.ShapeDtypeStruct((model.experts, n, k), dtype),
+            jax.ShapeDtypeStruct((model.experts,), jnp.int32),
+        ),
+        kwargs={"transpose_rhs": True},
+        flops=2 * rows * k * n,
+        bytes_accessed=(rows * k + experts_read * k * n + rows * n) * itemsize,
+        differentiable=(0, 1),
+        tags=(phase, model.name, *tags),
+        make_args=make_args,
+    )
+
+
+CASES = [
+    case(model, projection, phase, tokens)
+    for model in (MIXTRAL, FINE_GRAINED)
+    for projection in ("gate_up", "down")
+    for phase, tokens in TOKENS
+] + [
+    case(SMALL, "gate_up", "decode", 16, jnp.float32, tags=(CPU_TAG,)),
+    case(SMALL, "down", "prefill", 256, jnp.float32, tags=(CPU_TAG,)),
+]
+
+
+def torch_grouped_mm(lhs, rhs, group_sizes, transpose_rhs: bool = False) -> torch.Tensor:
+    """torch.nn.functional.grouped_mm: what Transformers' ``grouped_mm`` experts run."""
+    weights = rhs.transpose(-2, -1) if transpose_rhs else rhs
+    offsets = torch.cumsum(group_sizes, 0, dtype=torch.int32)
+    return torch.nn.functional.grouped_mm(lhs, weights, offs=offsets)
+
+
+def kernel_hub_gmm(lhs, rhs, group_sizes, transpose_rhs: bool = False) -> torch.Tensor:
+    """kernel-hub's gmm torch op (DLPack bridge to JAX, platform's default implementation)."""
+    return gmm_op(lhs, rhs, group_sizes, transpose_rhs)
+
+
+# Torch callables taking a case's arguments as tensors and its kwargs.
+TORCH_IMPLEMENTATIONS = {"torch-grouped_mm": torch_grouped_mm, "torch-op": kernel_hub_gmm}

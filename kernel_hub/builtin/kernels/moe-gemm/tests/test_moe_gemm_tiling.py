@@ -1,0 +1,54 @@
+"""Default TPU tilings obey the block rules and the VMEM budget for every benchmark shape."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import pytest
+
+from kernel_hub import get_kernel
+
+moe = get_kernel("moe-gemm")
+
+
+def _calls(case):
+    """(kind, m, k, n) of the forward gmm and the two backward kernels of a benchmark case."""
+    lhs, rhs, _ = case.args
+    m, k = lhs.shape
+    n = rhs.shape[1] if case.kwargs.get("transpose_rhs") else rhs.shape[2]
+    return [("gmm", m, k, n), ("gmm", m, n, k), ("tgmm", m, k, n)]
+
+
+def test_default_tilings_are_legal_and_fit():
+    tiling = moe.tiling
+    checked = 0
+    for case in moe.benchmark.CASES:
+        lhs, rhs, _ = case.args
+        for kind, m, k, n in _calls(case):
+            chosen = tiling.default_tiling(
+                kind, m, k, n, rhs.shape[0], lhs.dtype, lhs.dtype, interpret=False
+            )
+            where = f"{case.name} {kind} m={m} k={k} n={n}: {chosen}"
+            assert tiling.tiling_problem(kind, m, k, n, lhs.dtype, chosen) is None, where
+            assert tiling.vmem_bytes(kind, chosen, lhs.dtype, lhs.dtype) <= (
+                tiling.VMEM_BUDGET_BYTES
+            ), where
+            checked += 1
+    assert checked == 3 * len(moe.benchmark.CASES)
+
+
+@pytest.mark.parametrize(
+    ("m", "tile", "problem"),
+    [(64, 16, None), (64, 64, None), (37, 37, None), (64, 24, "tm=24"), (64, 8, "tm=8")],
+)
+def test_row_tiles_follow_the_bf16_sublane_rule(m, tile, problem):
+    tiling = moe.tiling
+    found = tiling.tiling_problem("gmm", m, 256, 256, "bfloat16", tiling.Tiling(tile, 256, 256))
+    assert (found is None) if problem is None else (problem in found)
+
+
+def test_tiling_problems_name_the_rule():
+    problem = moe.tiling.tiling_problem(
+        "gmm", 64, 256, 256, jnp.bfloat16, moe.tiling.Tiling(24, 200, 256)
+    )
+    assert "tm=24 must equal the dimension (64) or be a multiple of 16" in problem
+    assert "tk=200" in problem and "must divide k=256" in problem

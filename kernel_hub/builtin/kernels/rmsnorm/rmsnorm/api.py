@@ -1,0 +1,88 @@
+"""Public JAX API: ``rms_norm`` with an implementation table (pallas, xla) and input checks."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+
+from kernel_hub.kernel_api import (
+    FLOATS_AND_F64,
+    Implementation,
+    ImplementationTable,
+    check_dtype,
+    check_rank,
+    jax_platform,
+    require,
+)
+
+from . import pallas_tpu, reference
+
+OP = "rms_norm"
+
+
+def check_inputs(x, weight) -> None:
+    """Shape and dtype rules shared by the JAX function and the torch op."""
+    check_rank(OP, "x", x, (1, 8))
+    check_rank(OP, "weight", weight, 1)
+    check_dtype(OP, "x", x, FLOATS_AND_F64)
+    check_dtype(OP, "weight", weight, FLOATS_AND_F64)
+    require(
+        tuple(weight.shape) == (x.shape[-1],),
+        f"{OP}: weight has shape {tuple(weight.shape)} but x's hidden size is {x.shape[-1]}; "
+        f"weight must have shape ({x.shape[-1]},)",
+    )
+
+
+def _pallas(x, weight, *, eps, block_rows):
+    hidden = x.shape[-1]
+    rows = math.prod(x.shape[:-1])
+    interpret = jax_platform() == "cpu"
+    config = (
+        pallas_tpu.BlockConfig(block_rows)
+        if block_rows is not None
+        else pallas_tpu.default_config(rows, hidden, x.dtype, interpret=interpret)
+    )
+    y = pallas_tpu.rms_norm_2d(x.reshape(rows, hidden), weight, eps, config, interpret)
+    return y.reshape(x.shape)
+
+
+def _pallas_problem(x, weight, *, eps, block_rows):
+    if x.dtype.name == "float64" and jax_platform() != "cpu":
+        return "float64 runs only in interpret mode"
+    if block_rows is None:
+        return None
+    rows = math.prod(x.shape[:-1])
+    return pallas_tpu.config_problem(rows, x.dtype, pallas_tpu.BlockConfig(block_rows))
+
+
+def _xla(x, weight, *, eps, block_rows):
+    return reference.rms_norm(x, weight, eps)
+
+
+TABLE = ImplementationTable(
+    OP,
+    [
+        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
+        Implementation("xla", _xla, ("tpu", "gpu", "cpu")),
+    ],
+    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
+)
+
+
+def rms_norm(
+    x: jax.Array,
+    weight: jax.Array,
+    eps: float = 1e-6,
+    *,
+    implementation: str | None = None,
+    block_rows: int | None = None,
+) -> jax.Array:
+    """RMS-normalise the last axis of ``x`` and scale by ``weight``; any leading shape.
+
+    Statistics are computed in f32 (f64 for f64 inputs); the result has the promoted dtype of
+    ``x`` and ``weight``. ``implementation`` forces one ("pallas" or "xla"); by default the
+    platform's order is tried. ``block_rows`` overrides the Pallas row block.
+    """
+    check_inputs(x, weight)
+    return TABLE(x, weight, eps=eps, block_rows=block_rows, implementation=implementation)

@@ -1,0 +1,24 @@
+"""The rms_norm torch op, built with kernel-hub's bridge."""
+
+from __future__ import annotations
+
+import torch
+
+from kernel_hub.kernel_api import RowBuckets, jax_op, op_namespace
+
+from . import api
+
+
+# Rows are independent, so leading dims are flattened and padded to power-of-two buckets: a
+# decode loop or varying prompt lengths compile a handful of shapes, not one per length.
+@jax_op(
+    op_namespace(__name__),
+    api.rms_norm,
+    differentiable=("x", "weight"),
+    buckets=RowBuckets(inputs=("x",), outputs=(0,)),
+)
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, implementation: str | None = None
+) -> torch.Tensor:
+    """RMSNorm over the last dimension of ``x``, scaled by ``weight``; see ``api.rms_norm``."""
+    api.check_inputs(x, weight)

@@ -1,0 +1,66 @@
+"""The one module kernels import from kernel-hub: a stable surface for kernel authors.
+
+A kernel package (in-tree under ``kernel_hub/builtin/kernels/`` or a hub build) may import from
+kernel-hub only this module; everything else inside ``kernel_hub`` may move between releases. A
+kernel's manifest names the API version it needs, ``requires: {kernel-hub: ">=1.0"}``: that range
+is checked against ``API_VERSION`` (not the package version) before the kernel is imported.
+
+``API_VERSION`` follows semantic versioning: a minor bump adds names, a major bump removes or
+changes one. Version 1.0 offers:
+
+* the torch bridge: ``jax_op`` (JAX function -> torch custom op), ``op_namespace``, ``RowBuckets``;
+* implementation tables: ``ImplementationTable``, ``Implementation``;
+* input checks: ``check_dtype``, ``check_rank``, ``check_same_dtype``, ``dtype_name``,
+  ``require``, ``FLOATS``, ``FLOATS_AND_F64``;
+* platform queries: ``Platform``, ``jax_platform``, ``jax_default_device``, ``tpu_generation``;
+* benchmark cases: ``KernelCase``, ``CPU_TAG``;
+* errors: ``KernelHubError``, ``KernelInputError``, ``NoImplementationError``,
+  ``UnsupportedDeviceError``.
+"""
+
+from __future__ import annotations
+
+from .bench.cases import CPU_TAG, KernelCase
+from .bridge.buckets import RowBuckets
+from .bridge.torch_op import jax_op, op_namespace
+from .checks import (
+    FLOATS,
+    FLOATS_AND_F64,
+    check_dtype,
+    check_rank,
+    check_same_dtype,
+    dtype_name,
+    require,
+)
+from .dispatch import Implementation, ImplementationTable
+from .errors import KernelHubError, KernelInputError, NoImplementationError, UnsupportedDeviceError
+from .platform import Platform, jax_default_device, jax_platform, tpu_generation
+from .version import KERNEL_API_VERSION
+
+API_VERSION = KERNEL_API_VERSION
+
+__all__ = [
+    "API_VERSION",
+    "CPU_TAG",
+    "FLOATS",
+    "FLOATS_AND_F64",
+    "Implementation",
+    "ImplementationTable",
+    "KernelCase",
+    "KernelHubError",
+    "KernelInputError",
+    "NoImplementationError",
+    "Platform",
+    "RowBuckets",
+    "UnsupportedDeviceError",
+    "check_dtype",
+    "check_rank",
+    "check_same_dtype",
+    "dtype_name",
+    "jax_default_device",
+    "jax_op",
+    "jax_platform",
+    "op_namespace",
+    "require",
+    "tpu_generation",
+]

@@ -1,0 +1,438 @@
+"""Load-time layer replacement: ``kernelize`` gives marked modules the registry kernels' forwards.
+
+A module is a candidate when its class is marked with a layer name:
+
+* ``@use_kernel_forward("RMSNorm")`` on the class (it sets ``kernel_layer_name``, the attribute
+  Transformers' and Hugging Face ``kernels``' decorators set, so their marks count too);
+* ``mark_layer(cls_or_class_name, "RMSNorm")`` for classes you do not own;
+* a known Transformers class (see ``kernel_hub.layers.integrations.transformers``).
+
+The registry's ``layers:`` field says which op provides a layer name. ``kernelize`` replaces only
+the instance's ``forward`` (``module.forward = MethodType(layer.forward, module)``); classes,
+parameters and buffers stay as they are, so ``unkernelize`` gives back the stock model exactly.
+Attention and MoE experts are switched through Transformers' interfaces instead (see
+``integrations.transformers.MODEL_INTERFACES``).
+
+What a kernel provides for this:
+
+* ``layers.<Name>``: an ``nn.Module`` subclass with no ``__init__`` whose ``forward`` has the
+  same parameters (names, kinds, defaults) as the forward it replaces and reads its state from
+  the host module; class attributes ``has_backward`` (default True) and ``can_torch_compile``
+  (default False) decide the modes it is used in.
+* optionally ``layers.MODULE_CHECKS = {"<Name>": check}``, ``check(module) -> reason | None``,
+  for host modules whose state the layer cannot take (a 2-D weight, the meta device...).
+* for an interface op: ``integrations.register() -> name`` registering with the interface, and
+  module attributes ``has_backward`` / ``can_torch_compile`` with the same defaults.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+import types
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from kernel_hub.bridge.runtimes import supported_device_types
+from kernel_hub.errors import KernelHubError, UnknownNameError
+from kernel_hub.loading.mappings import Override, active_overrides
+from kernel_hub.loading.resolver import get_kernel
+from kernel_hub.platform import TORCH_DEVICE_PLATFORMS, Platform
+from kernel_hub.registry.registry import Registry, load_registry
+
+from .modes import Mode
+from .report import KernelizeReport, ReportEntry
+
+log = logging.getLogger(__name__)
+
+LAYER_ATTRIBUTE = "kernel_layer_name"
+"""Class attribute naming the layer a class can be replaced by (shared with Transformers)."""
+_SWAP_ATTRIBUTE = "_kernel_hub_swap"
+"""Instance attribute of a swapped module: the layer it got (its presence means swapped)."""
+_INTERFACES_ATTRIBUTE = "_kernel_hub_interfaces"
+"""Instance attribute of a kernelized model: interface -> implementation it had before."""
+
+ModuleClass = TypeVar("ModuleClass", bound=type)
+
+_marks_by_class: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()
+_marks_by_name: dict[str, str] = {}
+
+
+def _check_layer_name(layer_name: object) -> str:
+    if not isinstance(layer_name, str) or not layer_name.isidentifier():
+        raise KernelHubError(
+            f"a layer name is an identifier such as 'RMSNorm' (see the registry's layers:), "
+            f"got {layer_name!r}"
+        )
+    return layer_name
+
+
+def use_kernel_forward(layer_name: str) -> Callable[[ModuleClass], ModuleClass]:
+    """Class decorator: instances may get the forward of the registry's layer ``layer_name``."""
+    _check_layer_name(layer_name)
+
+    def decorate(cls: ModuleClass) -> ModuleClass:
+        if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+            raise KernelHubError(
+                f"use_kernel_forward decorates torch.nn.Module classes, not {cls!r}"
+            )
+        setattr(cls, LAYER_ATTRIBUTE, layer_name)
+        return cls
+
+    return decorate
+
+
+def mark_layer(target: type | str, layer_name: str) -> None:
+    """Mark a class you do not own (or every class of that name) as replaceable by ``layer_name``.
+
+    ``target`` is a module class (only that exact class) or a class name, plain
+    (``"LlamaRMSNorm"``) or qualified (``"transformers.models.llama.modeling_llama.LlamaRMSNorm"``).
+    A mark made here wins over the class's own ``kernel_layer_name``.
+    """
+    _check_layer_name(layer_name)
+    if isinstance(target, str) and target:
+        _marks_by_name[target] = layer_name
+    elif isinstance(target, type) and issubclass(target, torch.nn.Module):
+        _marks_by_class[target] = layer_name
+    else:
+        raise KernelHubError(
+            f"mark_layer takes a torch.nn.Module class or a class name, got {target!r}"
+        )
+
+
+def unmark_layer(target: type | str) -> None:
+    """Drop a mark made by ``mark_layer`` (a missing mark is not an error)."""
+    if isinstance(target, str):
+        _marks_by_name.pop(target, None)
+    elif isinstance(target, type):
+        _marks_by_class.pop(target, None)
+    else:
+        raise KernelHubError(f"unmark_layer takes a class or a class name, got {target!r}")
+
+
+def find_mark(module: torch.nn.Module) -> tuple[str, str] | None:
+    """(layer name, how it was found) for a candidate module, None for the others."""
+    cls = type(module)
+    if cls in _marks_by_class:
+        return _marks_by_class[cls], "mark_layer"
+    for name in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}"):
+        if name in _marks_by_name:
+            return _marks_by_name[name], "mark_layer"
+    marked = getattr(cls, LAYER_ATTRIBUTE, None)
+    if isinstance(marked, str):
+        return marked, LAYER_ATTRIBUTE
+    hf = _transformers_integration()
+    recognised = hf.recognised_layer(cls) if hf is not None else None
+    return (recognised, "recognised") if recognised is not None else None
+
+
+def _transformers_integration() -> types.ModuleType | None:
+    """The Transformers integration, only if Transformers is imported (else no model uses it)."""
+    if "transformers" not in sys.modules:
+        return None
+    from .integrations import transformers as hf
+
+    return hf
+
+
+class _LeftAlone(Exception):
+    """Internal: the reason a candidate keeps its stock behaviour."""
+
+
+@dataclass(frozen=True)
+class _Swap:
+    """Stored on a swapped module: what it got."""
+
+    layer: str
+    kernel: str
+
+    def describe(self) -> str:
+        return f"{self.kernel} layers.{self.layer}"
+
+
+def _kernel_label(kernel: types.ModuleType) -> str:
+    """``rmsnorm 1.0.0``."""
+    return f"{kernel.manifest.name} {kernel.manifest.version}"
+
+
+class _KernelSource:
+    """Resolves ops to loaded kernels for one ``kernelize`` call; remembers why one is unusable."""
+
+    def __init__(self, registry: Registry, mode: Mode, device_type: str):
+        self.registry = registry
+        self.mode = mode
+        self.overrides: dict[str, Override] = active_overrides(registry)
+        self.platform, self.device_problem = _platform_for(device_type)
+        self._loaded: dict[str, types.ModuleType | str] = {}
+        """Op -> its kernel, or the reason it has none."""
+
+    def kernel(self, op: str) -> types.ModuleType:
+        """The kernel for ``op`` on this device, or ``_LeftAlone`` saying why there is none."""
+        name = self.canonical(op)
+        if name is None:
+            raise _LeftAlone(f"{self.registry.path.name} has no op {op!r}")
+        if name not in self._loaded:
+            try:
+                self._loaded[name] = self._load(name)
+            except _LeftAlone as reason:
+                self._loaded[name] = str(reason)
+        found = self._loaded[name]
+        if isinstance(found, str):
+            raise _LeftAlone(found)
+        return found
+
+    def _load(self, op: str) -> types.ModuleType:
+        override = self.overrides.get(op)
+        if override is not None and override.off:
+            raise _LeftAlone(override.describe())
+        if self.device_problem:
+            raise _LeftAlone(self.device_problem)
+        entry = self.registry.get(op)
+        if not entry.implementations_for(self.platform):
+            runs_on = ", ".join(entry.implementations) or "nothing"
+            raise _LeftAlone(f"op {op!r} has no kernel for {self.platform} (it runs on: {runs_on})")
+        try:
+            kernel = get_kernel(
+                op,
+                registry=self.registry.path,
+                version=str(override.version) if override and override.version else None,
+                local_dir=override.kernel_dir if override else None,
+            )
+        except KernelHubError as exc:
+            raise _LeftAlone(f"kernel for op {op!r} could not be loaded: {exc}") from None
+        if not kernel.manifest.implementations_on(self.platform):
+            raise _LeftAlone(
+                f"kernel {_kernel_label(kernel)} has no implementation for {self.platform}"
+            )
+        return kernel
+
+    def canonical(self, op: str) -> str | None:
+        """The registry's name for op or alias ``op``, None if the registry lacks it."""
+        return self.registry.get(op).name if op in self.registry else None
+
+    def owner(self, layer_name: str) -> str | None:
+        """The op whose kernel provides ``layer_name``, if any."""
+        try:
+            return self.registry.layer_owner(layer_name).name
+        except UnknownNameError:
+            return None
+
+    def layer(self, layer_name: str) -> tuple[types.ModuleType, type]:
+        """(kernel, layer class) providing ``layer_name`` in this mode, or ``_LeftAlone``."""
+        op = self.owner(layer_name)
+        if op is None:
+            provided = sorted({n for entry in self.registry for n in entry.layers})
+            raise _LeftAlone(
+                f"no op in {self.registry.path.name} provides layer {layer_name!r} "
+                f"(layers provided: {', '.join(provided) or 'none'})"
+            )
+        kernel = self.kernel(op)
+        layer_cls = getattr(getattr(kernel, "layers", None), layer_name, None)
+        if not isinstance(layer_cls, type):
+            raise _LeftAlone(f"kernel {_kernel_label(kernel)} does not export layers.{layer_name}")
+        _check_mode(layer_cls, self.mode, f"{_kernel_label(kernel)} layers.{layer_name}")
+        return kernel, layer_cls
+
+
+def _platform_for(device_type: str) -> tuple[Platform, str | None]:
+    platform = TORCH_DEVICE_PLATFORMS.get(device_type)
+    if platform is None:
+        served = ", ".join(TORCH_DEVICE_PLATFORMS)
+        return "cpu", f"kernel-hub has no kernels for device type {device_type!r} (has: {served})"
+    if device_type not in supported_device_types():
+        have = ", ".join(supported_device_types())
+        return platform, f"no kernel-hub runtime for device type {device_type!r} (have: {have})"
+    return platform, None
+
+
+def _check_mode(provider: Any, mode: Mode, label: str) -> None:
+    """``_LeftAlone`` when ``provider`` (a layer class or integration module) does not fit ``mode``.
+
+    As for Hugging Face ``kernels`` layers: ``has_backward`` defaults to True,
+    ``can_torch_compile`` to False.
+    """
+    if Mode.TRAINING in mode and not getattr(provider, "has_backward", True):
+        raise _LeftAlone(f"{label} has no backward (has_backward = False), needed in training mode")
+    if Mode.TORCH_COMPILE in mode and not getattr(provider, "can_torch_compile", False):
+        raise _LeftAlone(
+            f"{label} does not declare can_torch_compile = True, needed with torch_compile"
+        )
+
+
+def _plain_signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """Parameter names, kinds and defaults; annotations dropped (they do not change a call)."""
+    params = [
+        p.replace(annotation=inspect.Parameter.empty)
+        for p in inspect.signature(fn).parameters.values()
+    ]
+    return inspect.Signature(params)
+
+
+def signature_problem(module_cls: type, layer_cls: type) -> str | None:
+    """Why ``layer_cls.forward`` cannot take every call ``module_cls.forward`` takes, or None."""
+    try:
+        wanted = _plain_signature(module_cls.forward)
+        offered = _plain_signature(layer_cls.forward)
+    except (TypeError, ValueError) as exc:
+        return f"forward signature cannot be read: {exc}"
+    if list(wanted.parameters.values()) == list(offered.parameters.values()):
+        return None
+    return (
+        f"forward signatures differ: {module_cls.__name__}.forward{wanted} vs "
+        f"{layer_cls.__module__.rsplit('.', 1)[-1]}.{layer_cls.__name__}.forward{offered}"
+    )
+
+
+def _module_problem(
+    kernel: types.ModuleType, layer_name: str, module: torch.nn.Module
+) -> str | None:
+    """The kernel's own check of the module's state (``layers.MODULE_CHECKS``, optional)."""
+    check = getattr(kernel.layers, "MODULE_CHECKS", {}).get(layer_name)
+    problem = check(module) if check is not None else None
+    return problem and f"unsupported by {_kernel_label(kernel)} layers.{layer_name}: {problem}"
+
+
+def _swap_layer(
+    source: _KernelSource, name: str, module: torch.nn.Module, mark: tuple[str, str]
+) -> ReportEntry:
+    layer_name, found_by = mark
+    entry = ReportEntry(
+        module=name,
+        cls=type(module).__name__,
+        kind="layer",
+        target=layer_name,
+        found_by=found_by,
+        op=source.owner(layer_name),
+    )
+    try:
+        kernel, layer_cls = source.layer(layer_name)
+        if "forward" in module.__dict__:
+            raise _LeftAlone("its forward is already replaced on the instance (e.g. by a hook)")
+        problem = signature_problem(type(module), layer_cls) or _module_problem(
+            kernel, layer_name, module
+        )
+        if problem:
+            raise _LeftAlone(problem)
+    except _LeftAlone as reason:
+        return replace(entry, reason=str(reason))
+    swap = _Swap(layer=layer_name, kernel=_kernel_label(kernel))
+    module.__dict__["forward"] = types.MethodType(layer_cls.forward, module)
+    module.__dict__[_SWAP_ATTRIBUTE] = swap
+    return replace(entry, swapped_to=swap.describe())
+
+
+def _switch_interface(
+    source: _KernelSource, model: torch.nn.Module, interface: Any
+) -> list[ReportEntry]:
+    """Register the op's Transformers integration and make ``model`` dispatch to it."""
+    modules = [(n, m) for n, m in model.named_modules() if interface.dispatches(m)]
+    if not modules:
+        return []
+    outcome: dict[str, Any] = {"op": source.canonical(interface.op)}
+    try:
+        kernel = source.kernel(interface.op)
+        integration = getattr(kernel, "integrations", None)
+        if not callable(getattr(integration, "register", None)):
+            raise _LeftAlone(f"kernel {_kernel_label(kernel)} has no integrations.register()")
+        _check_mode(integration, source.mode, f"{_kernel_label(kernel)} integrations")
+        previous = interface.current(model)
+        name = interface.switch(model, integration.register())
+        outcome["swapped_to"] = f"{_kernel_label(kernel)} {name!r} (was {previous['']!r})"
+        model.__dict__.setdefault(_INTERFACES_ATTRIBUTE, {})[interface] = previous
+    except (_LeftAlone, KernelHubError) as reason:
+        outcome["reason"] = str(reason)
+    return [
+        ReportEntry(
+            module=n,
+            cls=type(m).__name__,
+            kind=interface.kind,
+            target=interface.name,
+            found_by=interface.name,
+            **outcome,
+        )
+        for n, m in modules
+    ]
+
+
+def _device_type(model: torch.nn.Module, device: str | torch.device | None) -> str:
+    if device is None:
+        tensor = next(model.parameters(), None)
+        if tensor is None:
+            tensor = next(model.buffers(), None)
+        return tensor.device.type if tensor is not None else "cpu"
+    try:
+        return torch.device(device).type
+    except (RuntimeError, TypeError) as exc:
+        raise KernelHubError(f"invalid device {device!r}: {exc}") from None
+
+
+def kernelize(
+    model: torch.nn.Module,
+    *,
+    mode: Mode | str | None = None,
+    device: str | torch.device | None = None,
+    registry: str | Path | None = None,
+) -> KernelizeReport:
+    """Give every candidate module of ``model`` the forward of its registry kernel; report all.
+
+    ``mode`` (``Mode`` or a string such as ``"inference+torch_compile"``) defaults to TRAINING or
+    INFERENCE from ``model.training``. ``device`` (default: where the model's parameters are)
+    selects the kernels. Calling it again starts from the stock model. Overrides from
+    ``kernel_mapping`` apply.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise KernelHubError(f"kernelize takes a torch.nn.Module, got {type(model).__name__}")
+    if mode is None:
+        mode = Mode.TRAINING if model.training else Mode.INFERENCE
+    mode = Mode.parse(mode)
+    device_type = _device_type(model, device)
+    source = _KernelSource(load_registry(registry), mode, device_type)
+    unkernelize(model)
+    entries = [
+        _swap_layer(source, name, module, mark)
+        for name, module in model.named_modules()
+        if (mark := find_mark(module)) is not None
+    ]
+    hf = _transformers_integration()
+    for interface in hf.MODEL_INTERFACES if hf is not None else ():
+        entries += _switch_interface(source, model, interface)
+    report = KernelizeReport(type(model).__name__, mode.label, device_type, tuple(entries))
+    log.info("%s", report)
+    return report
+
+
+def unkernelize(model: torch.nn.Module) -> list[str]:
+    """Undo ``kernelize``: stock forwards and interface implementations; returns what was undone."""
+    restored = []
+    for name, module in model.named_modules():
+        if module.__dict__.pop(_SWAP_ATTRIBUTE, None) is not None:
+            del module.__dict__["forward"]
+            restored.append(name)
+    for interface, previous in model.__dict__.pop(_INTERFACES_ATTRIBUTE, {}).items():
+        interface.restore(model, previous)
+        restored.append(interface.name)
+    return restored
+
+
+def from_pretrained(
+    model_class: Any,
+    path: str | Path,
+    *,
+    mode: Mode | str | None = None,
+    device: str | torch.device | None = None,
+    registry: str | Path | None = None,
+    **kwargs: Any,
+) -> torch.nn.Module:
+    """``model_class.from_pretrained(path, **kwargs)``, kernelized (the report is logged).
+
+    ``model_class`` is a Transformers model or auto class (``AutoModelForCausalLM``).
+    """
+    model = model_class.from_pretrained(path, **kwargs)
+    kernelize(model, mode=mode, device=device, registry=registry)
+    return model

@@ -1,0 +1,1 @@
+"""From an op name to a loaded kernel: resolution (in-tree, hub, lock), import, per-op overrides."""

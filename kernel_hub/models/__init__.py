@@ -1,0 +1,1 @@
+"""Tiny random-weight Transformers models and the demo that kernelizes them."""

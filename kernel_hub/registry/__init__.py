@@ -1,0 +1,1 @@
+"""The registry (registry.yaml: op names -> kernels) and kernel manifests (kernel.yaml)."""

@@ -1,0 +1,13 @@
+"""kernel-hub's package version and the kernel API version kernel builds are checked against.
+
+A leaf: the manifest check and the hub client read these without importing anything else.
+"""
+
+__version__ = "0.2.0"
+
+KERNEL_API_VERSION = "1.0"
+"""Semantic version of ``kernel_hub.kernel_api``: a minor bump adds names, a major bump removes
+or changes one. Kernel manifests ask for it as ``requires: {kernel-hub: ">=1.0"}``."""
+
+KERNEL_API_REQUIREMENT = "kernel-hub"
+"""The ``requires:`` key a manifest names the kernel API version with."""

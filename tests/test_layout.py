@@ -1,0 +1,167 @@
+"""The package's import graph: layers by concern, no upward import, no cycle; kernels see only
+``kernel_hub.kernel_api``.
+
+Every ``import`` counts, also those inside functions (a lazy import is still a dependency); only
+imports under ``if TYPE_CHECKING:`` are skipped, since they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import kernel_hub
+from kernel_hub.paths import kernels_dir
+
+PACKAGE = Path(kernel_hub.__file__).resolve().parent
+
+# Component -> rank. A module may import its own component or one of lower rank.
+RANKS = {
+    "version": 0,
+    "errors": 0,
+    "platform": 1,
+    "paths": 1,
+    "progress": 1,
+    "checks": 1,
+    "dispatch": 2,
+    "topologies": 2,
+    "registry": 3,
+    "hub": 4,
+    "bridge": 4,
+    "loading": 5,
+    "bench": 6,
+    "kernel_api": 7,
+    "layers": 7,
+    "testing": 7,
+    "models": 8,
+    "cli": 9,
+    "__init__": 10,
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Absolute names of the kernel_hub modules (or packages) ``path`` imports."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "kernel_hub")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            if target.split(".")[0] == "kernel_hub":
+                found.add(target)
+                found.update(f"{target}.{a.name}" for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    files = {
+        _module_name(p): p
+        for p in PACKAGE.rglob("*.py")
+        if "builtin" not in p.relative_to(PACKAGE).parts
+    }
+    return {
+        name: {m for m in _imports(path, name) if m in files and m != name}
+        for name, path in files.items()
+    }
+
+
+def _component(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_component_has_a_rank() -> None:
+    assert {_component(m) for m in _graph()} <= set(RANKS), "give new components a rank"
+
+
+def test_no_upward_imports() -> None:
+    upward = [
+        f"{module} -> {target}"
+        for module, targets in _graph().items()
+        for target in targets
+        if _component(target) != _component(module)
+        and RANKS[_component(target)] >= RANKS[_component(module)]
+    ]
+    assert not upward, "imports against the layer order:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_cycles() -> None:
+    graph = _graph()
+    # a package's __init__ counts as importing nothing from its submodules' point of view
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def walk(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if node.startswith(nxt + "."):  # importing a submodule runs its parent package first
+                continue
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt] if nxt in stack else [node, nxt])
+            elif nxt not in state:
+                walk(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _kernel_package_files() -> list[Path]:
+    return sorted(
+        p
+        for p in kernels_dir().glob("*/*/**/*.py")
+        if p.relative_to(kernels_dir()).parts[1] != "tests"
+    )
+
+
+def test_kernels_import_only_the_kernel_api() -> None:
+    files = _kernel_package_files()
+    assert files, f"no kernel packages under {kernels_dir()}"
+    offending = []
+    for path in files:
+        for target in _imports(path, "kernel.package"):
+            if target != "kernel_hub" and not target.startswith("kernel_hub.kernel_api"):
+                offending.append(f"{path.relative_to(kernels_dir())}: {target}")
+            elif target == "kernel_hub":
+                offending.append(f"{path.relative_to(kernels_dir())}: kernel_hub (use kernel_api)")
+    assert not offending, "kernels may import only kernel_hub.kernel_api:\n" + "\n".join(offending)
+
+
+@pytest.mark.parametrize(
+    "kernel", sorted(p.parent.name for p in kernels_dir().glob("*/kernel.yaml"))
+)
+def test_kernel_manifests_declare_the_kernel_api(kernel: str) -> None:
+    from kernel_hub.registry.manifest import load_manifest
+    from kernel_hub.version import KERNEL_API_REQUIREMENT
+
+    assert KERNEL_API_REQUIREMENT in load_manifest(kernels_dir() / kernel).requires

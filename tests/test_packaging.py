@@ -1,0 +1,99 @@
+"""What the wheel carries and how builds made for other kernel APIs are treated.
+
+The suite itself runs against the installed wheel (scripts/test.sh); these tests check the parts
+a test of behaviour would not notice: builtin files present in the installed package, the sdist
+giving the same wheel, and a hub build made before the kernel API refused with a clear message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import kernel_hub
+from kernel_hub.errors import RequirementError
+from kernel_hub.loading.loader import load_kernel_dir, module_name_for
+from kernel_hub.paths import kernels_dir, registry_path
+from kernel_hub.registry.manifest import load_manifest
+from kernel_hub.registry.registry import load_registry
+from kernel_hub.version import KERNEL_API_VERSION
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+PRELAYOUT_BUILD = Path(__file__).parent / "fixtures" / "prelayout-build" / "torch-cpu"
+
+
+def test_registry_and_kernels_ship_inside_the_package() -> None:
+    package = Path(kernel_hub.__file__).resolve().parent
+    installed = package != CHECKOUT / "kernel_hub"  # not an editable checkout
+    assert registry_path().resolve().is_relative_to(package)
+    for entry in load_registry().ops.values():
+        kernel = kernels_dir() / entry.kernel
+        assert (kernel / "kernel.yaml").is_file(), kernel
+        assert not (installed and (kernel / "tests").exists()), f"{kernel}/tests was installed"
+
+
+def test_build_from_before_the_kernel_api_is_refused_naming_the_api() -> None:
+    """kernel-hub 0.1 builds import kernel_hub.bridge, .cases, ... directly and declare no API."""
+    with pytest.raises(RequirementError) as info:
+        load_kernel_dir(PRELAYOUT_BUILD)
+    message = str(info.value)
+    assert "kernel rmsnorm 1.0.0 needs a kernel API version" in message
+    assert f"provides kernel API {KERNEL_API_VERSION}" in message
+    module = module_name_for(load_manifest(PRELAYOUT_BUILD), PRELAYOUT_BUILD)
+    assert module not in sys.modules, "the refused build was imported"
+
+
+def test_build_asking_for_a_newer_kernel_api_is_refused(tmp_path: Path) -> None:
+    kernel = shutil.copytree(kernels_dir() / "rmsnorm", tmp_path / "rmsnorm")
+    manifest = kernel / "kernel.yaml"
+    manifest.write_text(manifest.read_text().replace('kernel-hub: ">=1.0"', 'kernel-hub: ">=2.0"'))
+    with pytest.raises(
+        RequirementError,
+        match=r"kernel API kernel-hub>=2\.0 \(this kernel-hub "
+        rf"[\d.]+ provides kernel API {KERNEL_API_VERSION}\)",
+    ):
+        load_kernel_dir(kernel)
+
+
+def _wheel_files(wheel: Path) -> dict[str, str]:
+    with zipfile.ZipFile(wheel) as archive:
+        return {
+            name: hashlib.sha256(archive.read(name)).hexdigest()
+            for name in archive.namelist()
+            if not name.endswith("RECORD")
+        }
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (CHECKOUT / "pyproject.toml").is_file(), reason="needs the source tree")
+def test_sdist_builds_the_same_wheel(tmp_path: Path) -> None:
+    # a copy, so the builds leave nothing (build/, *.egg-info) in the checkout
+    source = shutil.copytree(
+        CHECKOUT,
+        tmp_path / "source",
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__"
+        ),
+    )
+    pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
+    subprocess.run([*pip, "--wheel-dir", tmp_path / "direct", source], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--outdir", tmp_path / "sdist", source],
+        check=True,
+        capture_output=True,
+    )
+    (sdist,) = (tmp_path / "sdist").glob("*.tar.gz")
+    subprocess.run([*pip, "--wheel-dir", tmp_path / "from-sdist", sdist], check=True)
+    (direct,) = (tmp_path / "direct").glob("*.whl")
+    (rebuilt,) = (tmp_path / "from-sdist").glob("*.whl")
+    assert direct.name == rebuilt.name
+    assert _wheel_files(direct) == _wheel_files(rebuilt)
+    files = _wheel_files(direct)
+    assert "kernel_hub/builtin/registry.yaml" in files
+    assert not [name for name in files if "/tests/" in name], "kernel tests in the wheel"
