@@ -1,0 +1,22 @@
+"""torch.nn layers kernelize recognises in any model: ``torch.nn.LayerNorm`` (the ``LayerNorm``
+layer). BERT, RoBERTa, ViT, CLIP, Whisper, ModernBERT and Flux use the class itself.
+
+A subclass counts only if it keeps ``torch.nn.LayerNorm.forward`` (Diffusers' ``LayerNorm`` alias
+does; ``FP32LayerNorm`` does not, see ``integrations.diffusers``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+LAYERNORM_LAYER = "LayerNorm"
+
+MODEL_INTERFACES = ()
+"""torch.nn has no dispatch tables to switch."""
+
+
+def recognised_layer(cls: type) -> str | None:
+    """The layer name a torch.nn class can be replaced by, or None."""
+    if issubclass(cls, torch.nn.LayerNorm) and cls.forward is torch.nn.LayerNorm.forward:
+        return LAYERNORM_LAYER
+    return None

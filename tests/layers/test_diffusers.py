@@ -1,0 +1,225 @@
+"""Diffusers: tiny Flux/Wan transformers kernelized (attention through the dispatcher, LayerNorms),
+exact restore, no global state; SD3/UNet processors reported; the backend's argument contract."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from diffusers import (
+    FluxTransformer2DModel,
+    SD3Transformer2DModel,
+    UNet2DConditionModel,
+    WanTransformer3DModel,
+)
+from diffusers.models.attention_dispatch import (
+    _AttentionBackendRegistry,
+    dispatch_attention_fn,
+)
+
+from kernel_hub import get_kernel, kernelize, unkernelize
+from kernel_hub.errors import KernelInputError
+from kernel_hub.testing import max_errors
+
+from .kernelize_helpers import TOLERANCE
+
+
+def tiny_flux():
+    torch.manual_seed(0)
+    model = FluxTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+        axes_dims_rope=(4, 6, 6),
+    )  # fmt: skip
+    batch, image, text = 2, 16, 8
+    inputs = {
+        "hidden_states": torch.randn(batch, image, 4),
+        "encoder_hidden_states": torch.randn(batch, text, 32),
+        "pooled_projections": torch.randn(batch, 32),
+        "timestep": torch.tensor([0.5, 0.7]),
+        "img_ids": torch.randn(image, 3),
+        "txt_ids": torch.zeros(text, 3),
+    }
+    return model, inputs
+
+
+def tiny_wan():
+    torch.manual_seed(0)
+    model = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+        out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
+    )  # fmt: skip
+    inputs = {
+        "hidden_states": torch.randn(2, 4, 2, 4, 4),
+        "timestep": torch.tensor([3, 7]),
+        "encoder_hidden_states": torch.randn(2, 6, 16),
+    }
+    return model, inputs
+
+
+MODELS = {"flux": tiny_flux, "wan": tiny_wan}
+
+
+def run(model, inputs):
+    """Output and every parameter's gradient of a sum-of-squares loss."""
+    model.zero_grad()
+    out = model(**inputs, return_dict=False)[0]
+    out.square().mean().backward()
+    return out.detach(), {
+        n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+    }
+
+
+@pytest.fixture
+def attention_calls(monkeypatch):
+    """Counts the attention kernel's torch op calls made by the Diffusers backend."""
+    kernel = get_kernel("attention")
+    calls = []
+    for name in ("attention_with_lse", "attention_with_dense_mask"):
+        op = getattr(kernel, name)
+        monkeypatch.setattr(
+            kernel, name, lambda *a, _op=op, _n=name, **kw: calls.append(_n) or _op(*a, **kw)
+        )
+    return calls
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_kernelized_transformer_matches_stock_and_restores_exactly(name, attention_calls):
+    model, inputs = MODELS[name]()
+    model.train()
+    active_before = _AttentionBackendRegistry.get_active_backend()
+    stock_out, stock_grads = run(model, inputs)
+
+    report = kernelize(model, mode="training")
+    attention = [e for e in report.entries if e.kind == "attention"]
+    norms = [e for e in report.entries if e.kind == "layer" and e.target.endswith("LayerNorm")]
+    assert attention and all(e.swapped_to for e in attention), report
+    assert norms and all(e.swapped_to for e in norms), report
+    out, grads = run(model, inputs)
+    assert attention_calls, "kernel-hub attention never ran"
+    assert _AttentionBackendRegistry.get_active_backend() == active_before
+
+    abs_err, _ = max_errors(out, stock_out)
+    assert abs_err <= TOLERANCE, f"output max abs {abs_err:.3g}"
+    assert grads.keys() == stock_grads.keys()
+    for param, grad in grads.items():
+        scale = max(1.0, float(stock_grads[param].abs().max()))
+        abs_err, _ = max_errors(grad, stock_grads[param])
+        assert abs_err <= TOLERANCE * scale, f"{param}: grad max abs {abs_err:.3g}"
+
+    unkernelize(model)
+    assert all("_attention_backend" not in m.processor.__dict__ for m in model.modules()
+               if hasattr(m, "processor"))  # fmt: skip
+    restored_out, restored_grads = run(model, inputs)
+    assert torch.equal(restored_out, stock_out)
+    assert all(torch.equal(restored_grads[n], g) for n, g in stock_grads.items())
+
+
+def test_wan_norms_swapped_are_the_layernorm_family():
+    model, _ = tiny_wan()
+    report = kernelize(model, mode="inference")
+    swapped = {e.target for e in report.entries if e.kind == "layer" and e.swapped_to}
+    assert swapped == {"FP32LayerNorm"}, report
+    unkernelize(model)
+
+
+def test_two_models_in_one_process_can_differ(attention_calls):
+    kernelized, inputs = tiny_flux()
+    stock = copy.deepcopy(kernelized)
+    with torch.no_grad():
+        want = stock(**inputs, return_dict=False)[0]
+        kernelize(kernelized, mode="inference")
+        kernelized(**inputs, return_dict=False)
+        calls = len(attention_calls)
+        assert calls > 0
+        assert torch.equal(stock(**inputs, return_dict=False)[0], want)
+    assert len(attention_calls) == calls, "the stock model ran kernel-hub attention"
+
+
+@pytest.mark.parametrize("make", ["sd3", "unet"])
+def test_processors_calling_sdpa_directly_are_reported(make):
+    if make == "sd3":
+        model = SD3Transformer2DModel(
+            sample_size=8, patch_size=1, in_channels=4, num_layers=2, attention_head_dim=8,
+            num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
+            pooled_projection_dim=64, out_channels=4, pos_embed_max_size=16, qk_norm="rms_norm",
+            dual_attention_layers=(0,),
+        )  # fmt: skip
+    else:
+        model = UNet2DConditionModel(
+            block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4,
+            out_channels=4, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16,
+            attention_head_dim=2, norm_num_groups=4,
+        )  # fmt: skip
+    report = kernelize(model, mode="inference")
+    attention = [e for e in report.entries if e.kind == "attention"]
+    assert attention and not any(e.swapped_to for e in attention)
+    assert all("scaled_dot_product_attention itself" in e.reason for e in attention), report
+    unkernelize(model)
+
+
+def _backend_key():
+    model, _ = tiny_flux()
+    kernelize(model, mode="inference")
+    key = next(m.processor._attention_backend for m in model.modules() if hasattr(m, "processor"))
+    unkernelize(model)
+    return key
+
+
+def _native(q, k, v, **kwargs):
+    return dispatch_attention_fn(q, k, v, backend="native", **kwargs)
+
+
+@pytest.mark.parametrize(
+    "case", ["plain", "key-padding-2d", "key-padding-4d", "additive-2d", "gqa", "causal", "scale"]
+)
+def test_backend_matches_native_dispatch(case):
+    torch.manual_seed(1)
+    batch, q_len, heads, dim = 2, 12, 4, 16
+    kv_heads = 2 if case == "gqa" else heads
+    q = torch.randn(batch, q_len, heads, dim, requires_grad=True)
+    k = torch.randn(batch, q_len, kv_heads, dim, requires_grad=True)
+    v = torch.randn(batch, q_len, kv_heads, dim, requires_grad=True)
+    keep = torch.ones(batch, q_len, dtype=torch.bool)
+    keep[1, 9:] = False
+    kwargs = {
+        "plain": {},
+        "key-padding-2d": {"attn_mask": keep},
+        "key-padding-4d": {"attn_mask": keep[:, None, None, :]},
+        "additive-2d": {"attn_mask": torch.randn(batch, q_len)},
+        "gqa": {"enable_gqa": True},
+        "causal": {"is_causal": True},
+        "scale": {"scale": 0.3},
+    }[case]
+    key = _backend_key()
+    got = dispatch_attention_fn(q, k, v, backend=key, **kwargs)
+    want = _native(q, k, v, **kwargs)
+    assert max_errors(got.detach(), want.detach())[0] <= 1e-5
+    grad = torch.randn_like(want)
+    got_grads = torch.autograd.grad(got, (q, k, v), grad)
+    want_grads = torch.autograd.grad(want, (q, k, v), grad)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert max_errors(g, w)[0] <= 1e-5
+
+
+def test_backend_refuses_what_it_does_not_implement():
+    key = _backend_key()
+    q = torch.randn(1, 8, 2, 16)
+    with pytest.raises(KernelInputError, match=r"does not implement .*'window_size'"):
+        dispatch_attention_fn(q, q, q, backend=key, attention_kwargs={"window_size": (4, 4)})
+    with pytest.raises(KernelInputError, match="return_lse"):
+        dispatch_attention_fn(q, q, q, backend=key, attention_kwargs={"return_lse": True})
+    with pytest.raises(KernelInputError, match="enable_gqa=True"):
+        dispatch_attention_fn(q, q[:, :, :1], q[:, :, :1], backend=key)
+
+
+def test_autocast_runs_attention_in_the_autocast_dtype():
+    key = _backend_key()
+    q = torch.randn(2, 8, 2, 16)
+    with torch.autocast("cpu", torch.bfloat16):
+        got = dispatch_attention_fn(q, q.bfloat16(), q, backend=key)
+        want = _native(q, q.bfloat16(), q)
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert max_errors(got, want)[0] <= 1e-2
