@@ -93,7 +93,7 @@ def test_kernelized_transformer_matches_stock_and_restores_exactly(name, attenti
 
     report = kernelize(model, mode="training")
     attention = [e for e in report.entries if e.kind == "attention"]
-    norms = [e for e in report.entries if e.kind == "layer" and e.target.endswith("LayerNorm")]
+    norms = [e for e in report.entries if e.kind == "layer" and "Norm" in e.target]
     assert attention and all(e.swapped_to for e in attention), report
     assert norms and all(e.swapped_to for e in norms), report
     out, grads = run(model, inputs)
@@ -116,11 +116,15 @@ def test_kernelized_transformer_matches_stock_and_restores_exactly(name, attenti
     assert all(torch.equal(restored_grads[n], g) for n, g in stock_grads.items())
 
 
-def test_wan_norms_swapped_are_the_layernorm_family():
-    model, _ = tiny_wan()
+@pytest.mark.parametrize(
+    ("name", "layers"),
+    [("flux", {"LayerNorm", "TorchRMSNorm"}), ("wan", {"FP32LayerNorm", "TorchRMSNorm"})],
+)
+def test_every_norm_is_swapped(name, layers):
+    model, _ = MODELS[name]()
     report = kernelize(model, mode="inference")
-    swapped = {e.target for e in report.entries if e.kind == "layer" and e.swapped_to}
-    assert swapped == {"FP32LayerNorm"}, report
+    norms = [e for e in report.entries if e.kind == "layer"]
+    assert {e.target for e in norms} == layers and all(e.swapped_to for e in norms), report
     unkernelize(model)
 
 
@@ -137,15 +141,20 @@ def test_two_models_in_one_process_can_differ(attention_calls):
     assert len(attention_calls) == calls, "the stock model ran kernel-hub attention"
 
 
+def tiny_sd3():
+    torch.manual_seed(0)
+    return SD3Transformer2DModel(
+        sample_size=8, patch_size=1, in_channels=4, num_layers=2, attention_head_dim=8,
+        num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
+        pooled_projection_dim=64, out_channels=4, pos_embed_max_size=16, qk_norm="rms_norm",
+        dual_attention_layers=(0,),
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("make", ["sd3", "unet"])
 def test_processors_calling_sdpa_directly_are_reported(make):
     if make == "sd3":
-        model = SD3Transformer2DModel(
-            sample_size=8, patch_size=1, in_channels=4, num_layers=2, attention_head_dim=8,
-            num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
-            pooled_projection_dim=64, out_channels=4, pos_embed_max_size=16, qk_norm="rms_norm",
-            dual_attention_layers=(0,),
-        )  # fmt: skip
+        model = tiny_sd3()
     else:
         model = UNet2DConditionModel(
             block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4,
@@ -223,3 +232,50 @@ def test_autocast_runs_attention_in_the_autocast_dtype():
         want = _native(q, q.bfloat16(), q)
     assert got.dtype == want.dtype == torch.bfloat16
     assert max_errors(got, want)[0] <= 1e-2
+
+
+def test_sd3_rmsnorms_swapped_and_match_stock():
+    model = tiny_sd3()
+    inputs = {
+        "hidden_states": torch.randn(2, 4, 8, 8),
+        "encoder_hidden_states": torch.randn(2, 6, 32),
+        "pooled_projections": torch.randn(2, 64),
+        "timestep": torch.tensor([3, 7]),
+    }
+    with torch.no_grad():
+        stock = model(**inputs, return_dict=False)[0]
+        report = kernelize(model, mode="inference")
+        out = model(**inputs, return_dict=False)[0]
+    rms = [e for e in report.entries if e.target == "DiffusersRMSNorm"]
+    assert len(rms) == 10 and all(e.swapped_to for e in rms), report
+    assert max_errors(out, stock)[0] <= TOLERANCE
+    unkernelize(model)
+
+
+def test_rmsnorm_variants_match_and_refuse_a_bias():
+    from diffusers.models.normalization import RMSNorm
+
+    layers = get_kernel("rmsnorm").layers
+    torch.manual_seed(0)
+    cases = [
+        (torch.nn.RMSNorm(16), "TorchRMSNorm"),
+        (torch.nn.RMSNorm((4, 4), eps=None), "TorchRMSNorm"),
+        (torch.nn.RMSNorm(16, elementwise_affine=False), "TorchRMSNorm"),
+        (RMSNorm(16, eps=1e-6), "DiffusersRMSNorm"),
+        (RMSNorm(16, eps=1e-6, elementwise_affine=False), "DiffusersRMSNorm"),
+    ]
+    for norm, layer in cases:
+        for dtype in (torch.float32, torch.bfloat16):
+            module = copy.deepcopy(norm).to(dtype)
+            if module.weight is not None:
+                torch.nn.init.normal_(module.weight)
+            assert layers.MODULE_CHECKS[layer](module) is None
+            x = torch.randn(3, 5, 16).to(dtype)
+            x = x.reshape(3, 5, 4, 4) if len(getattr(module, "normalized_shape", (16,))) == 2 else x
+            want = module(x)
+            got = getattr(layers, layer).forward(module, x)
+            assert got.dtype == want.dtype, (norm, dtype)
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            assert max_errors(got.detach(), want.detach())[0] <= tol * 4, (norm, dtype)
+    with_bias = RMSNorm(16, eps=1e-6, bias=True)
+    assert "bias" in layers.MODULE_CHECKS["DiffusersRMSNorm"](with_bias)

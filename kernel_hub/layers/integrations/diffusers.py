@@ -17,8 +17,10 @@ Processors that call ``torch.nn.functional.scaled_dot_product_attention`` direct
 ``attention_processor.py``: SD3's ``JointAttnProcessor2_0``, UNet's ``AttnProcessor2_0``), and
 processors set to an explicit backend or to context parallelism, are left alone with the reason.
 
-Layers. ``FP32LayerNorm`` (Wan, ...) is the ``FP32LayerNorm`` layer of the ``layernorm`` op;
-Diffusers' ``LayerNorm`` is ``torch.nn.LayerNorm`` (see ``integrations.torch_nn``).
+Layers. ``FP32LayerNorm`` (Wan, ...) is the ``FP32LayerNorm`` layer of the ``layernorm`` op,
+Diffusers' ``RMSNorm`` (SD3's q/k norms) the ``DiffusersRMSNorm`` layer of the ``rmsnorm`` op (one
+with a bias is left alone); Diffusers' ``LayerNorm`` is ``torch.nn.LayerNorm`` (see
+``integrations.torch_nn``).
 """
 
 from __future__ import annotations
@@ -30,13 +32,14 @@ from typing import Any
 import torch
 from diffusers.models import attention_dispatch
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
-from diffusers.models.normalization import FP32LayerNorm
+from diffusers.models.normalization import FP32LayerNorm, RMSNorm
 
 from kernel_hub.errors import KernelHubError, KernelInputError
 
 log = logging.getLogger(__name__)
 
 FP32_LAYERNORM_LAYER = "FP32LayerNorm"
+RMSNORM_LAYER = "DiffusersRMSNorm"
 BACKEND_PREFIX = "kernel_hub"
 _SWITCHABLE_BACKENDS = (None, AttentionBackendName.NATIVE)
 """A processor on Diffusers' default (no backend of its own) or on ``native`` is switched; one
@@ -47,6 +50,8 @@ def recognised_layer(cls: type) -> str | None:
     """The layer name a Diffusers class can be replaced by, or None."""
     if issubclass(cls, FP32LayerNorm) and cls.forward is FP32LayerNorm.forward:
         return FP32_LAYERNORM_LAYER
+    if issubclass(cls, RMSNorm) and cls.forward is RMSNorm.forward:
+        return RMSNORM_LAYER
     return None
 
 
