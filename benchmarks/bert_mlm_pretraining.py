@@ -183,10 +183,14 @@ def main() -> None:
     args = parser.parse_args()
 
     config = BertConfig(
-        vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
-        num_attention_heads=args.heads, intermediate_size=args.intermediate,
-        max_position_embeddings=max(512, args.seq), attention_probs_dropout_prob=args.attention_dropout,
-    )  # fmt: skip
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        intermediate_size=args.intermediate,
+        max_position_embeddings=max(512, args.seq),
+        attention_probs_dropout_prob=args.attention_dropout,
+    )
     torch.manual_seed(args.seed)
     base = BertForMaskedLM(config)
     data = mlm_dataset(args.steps * args.batch, args.seq, args.vocab, args.seed)
