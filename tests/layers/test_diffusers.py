@@ -279,3 +279,22 @@ def test_rmsnorm_variants_match_and_refuse_a_bias():
             assert max_errors(got.detach(), want.detach())[0] <= tol * 4, (norm, dtype)
     with_bias = RMSNorm(16, eps=1e-6, bias=True)
     assert "bias" in layers.MODULE_CHECKS["DiffusersRMSNorm"](with_bias)
+
+
+@pytest.mark.slow
+def test_kernelized_flux_compiles_fullgraph_with_backward(attention_calls):
+    model, inputs = tiny_flux()
+    stock_out, stock_grads = run(model, inputs)
+    kernelize(model, mode="training+torch_compile")
+    explanation = torch._dynamo.explain(model)(**inputs)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    model.zero_grad()
+    out = compiled(**inputs, return_dict=False)[0]
+    out.square().mean().backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert attention_calls and grads.keys() == stock_grads.keys()
+    assert max_errors(out.detach(), stock_out)[0] <= TOLERANCE
+    for name, grad in grads.items():
+        assert max_errors(grad, stock_grads[name])[0] <= TOLERANCE, name
+    unkernelize(model)
