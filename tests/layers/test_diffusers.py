@@ -298,3 +298,17 @@ def test_kernelized_flux_compiles_fullgraph_with_backward(attention_calls):
     for name, grad in grads.items():
         assert max_errors(grad, stock_grads[name])[0] <= TOLERANCE, name
     unkernelize(model)
+
+
+def test_a_processor_on_an_explicit_backend_keeps_it():
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    model, _ = tiny_flux()
+    chosen = model.transformer_blocks[0].attn.processor
+    chosen._attention_backend = AttentionBackendName.FLASH
+    report = kernelize(model, mode="inference")
+    by_module = {e.module: e for e in report.entries if e.kind == "attention"}
+    assert "set to attention backend 'flash'" in by_module["transformer_blocks.0.attn"].reason
+    assert by_module["single_transformer_blocks.0.attn"].swapped_to, report
+    unkernelize(model)
+    assert chosen._attention_backend is AttentionBackendName.FLASH

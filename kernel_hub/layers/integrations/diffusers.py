@@ -191,8 +191,9 @@ def _switch_problem(processor: Any) -> str | None:
             "Diffusers' dispatch_attention_fn, so no attention backend reaches it"
         )
     backend = getattr(processor, "_attention_backend", None)
-    if backend not in _SWITCHABLE_BACKENDS and not str(backend).startswith(BACKEND_PREFIX):
-        return f"its processor {name} is set to attention backend {str(backend)!r}"
+    backend_name = getattr(backend, "value", backend)  # an enum member or a plain string
+    if backend not in _SWITCHABLE_BACKENDS and not str(backend_name).startswith(BACKEND_PREFIX):
+        return f"its processor {name} is set to attention backend {backend_name!r}"
     if getattr(processor, "_parallel_config", None) is not None:
         return f"its processor {name} runs context parallel attention (_parallel_config)"
     return None
