@@ -135,8 +135,10 @@ def print_table(results: dict[str, dict]) -> None:
         stock, kernel = results[f"{precision} stock"], results[f"{precision} kernel-hub"]
         diff = max(abs(a - b) for a, b in zip(stock["losses"], kernel["losses"], strict=True))
         ratio = kernel["steps_per_second"] / stock["steps_per_second"]
-        print(f"{precision}: max |loss kernel-hub - stock| {diff:.3g}; kernel-hub/stock steps/s "
-              f"{ratio:.2f}")  # fmt: skip
+        print(
+            f"{precision}: max |loss kernel-hub - stock| {diff:.3g}; kernel-hub/stock steps/s "
+            f"{ratio:.2f}"
+        )
     for name in names:
         print(f"{name}: {results[name]['kernelize']}")
 
@@ -154,8 +156,11 @@ def plot(results: dict[str, dict], title: str, path: Path) -> None:
         curves.plot(steps, result["losses"], styles[name.split(" ", 1)[1]], label=name)
     curves.set(xlabel="step", ylabel="MLM loss", title="loss per step")
     curves.legend()
-    speed.bar(list(results), [r["steps_per_second"] for r in results.values()],
-              color=["C0", "C1", "C2", "C3"])  # fmt: skip
+    speed.bar(
+        list(results),
+        [r["steps_per_second"] for r in results.values()],
+        color=["C0", "C1", "C2", "C3"],
+    )
     speed.set(ylabel="steps/s (median after warmup)", title="throughput")
     speed.tick_params(axis="x", rotation=30)
     fig.suptitle(title, fontsize=9)
@@ -200,12 +205,18 @@ def main() -> None:
             name = f"{precision} {'kernel-hub' if kernelized else 'stock'}"
             results[name] = run(base, data, args, bf16=precision == "bf16", kernelized=kernelized)
             print(f"{name}: done, {results[name]['steps_per_second']:.3f} steps/s", flush=True)
-    shape = (f"BERT {args.layers}L h{args.hidden} {args.heads} heads, seq {args.seq}, batch "
-             f"{args.batch}, {args.steps} steps")  # fmt: skip
+    shape = (
+        f"BERT {args.layers}L h{args.hidden} {args.heads} heads, seq {args.seq}, batch "
+        f"{args.batch}, {args.steps} steps"
+    )
     print(shape)
     print_table(results)
-    record = {"config": vars(args) | {"json": None, "plot": None}, "host": describe_host(),
-              "shape": shape, "runs": results}  # fmt: skip
+    record = {
+        "config": vars(args) | {"json": None, "plot": None},
+        "host": describe_host(),
+        "shape": shape,
+        "runs": results,
+    }
     if args.json:
         args.json.write_text(json.dumps(record, indent=1, default=str) + "\n")
     if args.plot:

@@ -28,10 +28,16 @@ from .kernelize_helpers import TOLERANCE
 def tiny_flux():
     torch.manual_seed(0)
     model = FluxTransformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+        patch_size=1,
+        in_channels=4,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
         axes_dims_rope=(4, 6, 6),
-    )  # fmt: skip
+    )
     batch, image, text = 2, 16, 8
     inputs = {
         "hidden_states": torch.randn(batch, image, 4),
@@ -47,9 +53,17 @@ def tiny_flux():
 def tiny_wan():
     torch.manual_seed(0)
     model = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
-        out_channels=4, text_dim=16, freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
-    )  # fmt: skip
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=4,
+        out_channels=4,
+        text_dim=16,
+        freq_dim=32,
+        ffn_dim=32,
+        num_layers=2,
+        rope_max_seq_len=32,
+    )
     inputs = {
         "hidden_states": torch.randn(2, 4, 2, 4, 4),
         "timestep": torch.tensor([3, 7]),
@@ -109,8 +123,11 @@ def test_kernelized_transformer_matches_stock_and_restores_exactly(name, attenti
         assert abs_err <= TOLERANCE * scale, f"{param}: grad max abs {abs_err:.3g}"
 
     unkernelize(model)
-    assert all("_attention_backend" not in m.processor.__dict__ for m in model.modules()
-               if hasattr(m, "processor"))  # fmt: skip
+    assert all(
+        "_attention_backend" not in m.processor.__dict__
+        for m in model.modules()
+        if hasattr(m, "processor")
+    )
     restored_out, restored_grads = run(model, inputs)
     assert torch.equal(restored_out, stock_out)
     assert all(torch.equal(restored_grads[n], g) for n, g in stock_grads.items())
@@ -144,11 +161,20 @@ def test_two_models_in_one_process_can_differ(attention_calls):
 def tiny_sd3():
     torch.manual_seed(0)
     return SD3Transformer2DModel(
-        sample_size=8, patch_size=1, in_channels=4, num_layers=2, attention_head_dim=8,
-        num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
-        pooled_projection_dim=64, out_channels=4, pos_embed_max_size=16, qk_norm="rms_norm",
+        sample_size=8,
+        patch_size=1,
+        in_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        caption_projection_dim=32,
+        joint_attention_dim=32,
+        pooled_projection_dim=64,
+        out_channels=4,
+        pos_embed_max_size=16,
+        qk_norm="rms_norm",
         dual_attention_layers=(0,),
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("make", ["sd3", "unet"])
@@ -157,11 +183,17 @@ def test_processors_calling_sdpa_directly_are_reported(make):
         model = tiny_sd3()
     else:
         model = UNet2DConditionModel(
-            block_out_channels=(8, 16), layers_per_block=1, sample_size=8, in_channels=4,
-            out_channels=4, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16,
-            attention_head_dim=2, norm_num_groups=4,
-        )  # fmt: skip
+            block_out_channels=(8, 16),
+            layers_per_block=1,
+            sample_size=8,
+            in_channels=4,
+            out_channels=4,
+            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+            cross_attention_dim=16,
+            attention_head_dim=2,
+            norm_num_groups=4,
+        )
     report = kernelize(model, mode="inference")
     attention = [e for e in report.entries if e.kind == "attention"]
     assert attention and not any(e.swapped_to for e in attention)

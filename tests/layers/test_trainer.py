@@ -28,10 +28,14 @@ def tiny_llama():
     torch.manual_seed(0)
     return LlamaForCausalLM(
         LlamaConfig(
-            vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
         )
-    )  # fmt: skip
+    )
 
 
 def tiny_bert():
@@ -39,11 +43,16 @@ def tiny_bert():
     # No dropout: attention dropout would run torch's SDPA instead of the kernel.
     return BertForMaskedLM(
         BertConfig(
-            vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
+            vocab_size=128,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=64,
+            hidden_dropout_prob=0.0,
             attention_probs_dropout_prob=0.0,
         )
-    )  # fmt: skip
+    )
 
 
 MODELS = {"llama": tiny_llama, "bert": tiny_bert}
@@ -65,16 +74,29 @@ def dataset(count: int, seq: int = 12):
 def train(model, tmp_path, *, kernelized: bool, **options):
     """Losses of each step, the final eval loss, the callback (or None) and the trained model."""
     args = TrainingArguments(
-        output_dir=str(tmp_path), bf16=True, use_cpu=True, max_steps=STEPS,
-        per_device_train_batch_size=4, per_device_eval_batch_size=4, logging_steps=1,
-        learning_rate=1e-3, seed=0, report_to=[], save_strategy="no", disable_tqdm=True,
-        dataloader_num_workers=0, **options,
-    )  # fmt: skip
+        output_dir=str(tmp_path),
+        bf16=True,
+        use_cpu=True,
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        logging_steps=1,
+        learning_rate=1e-3,
+        seed=0,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **options,
+    )
     callback = KernelizeCallback() if kernelized else None
     trainer = Trainer(
-        model=model, args=args, train_dataset=dataset(16), eval_dataset=dataset(8),
+        model=model,
+        args=args,
+        train_dataset=dataset(16),
+        eval_dataset=dataset(8),
         callbacks=[callback] if callback else None,
-    )  # fmt: skip
+    )
     trainer.train()
     eval_loss = trainer.evaluate()["eval_loss"]
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
@@ -123,11 +145,13 @@ NORM = {"llama": "rmsnorm", "bert": "layernorm"}
 def test_bf16_trainer_run_matches_stock(name, options, tmp_path, kernel_calls):
     base = MODELS[name]()
     assert all(p.dtype == torch.float32 for p in base.parameters())
-    stock_losses, stock_eval, _, _ = train(copy.deepcopy(base), tmp_path, kernelized=False,
-                                        **OPTIONS[options])  # fmt: skip
+    stock_losses, stock_eval, _, _ = train(
+        copy.deepcopy(base), tmp_path, kernelized=False, **OPTIONS[options]
+    )
     assert not kernel_calls
-    losses, eval_loss, callback, model = train(copy.deepcopy(base), tmp_path, kernelized=True,
-                                        **OPTIONS[options])  # fmt: skip
+    losses, eval_loss, callback, model = train(
+        copy.deepcopy(base), tmp_path, kernelized=True, **OPTIONS[options]
+    )
 
     report = callback.report
     assert report.mode == training_mode_label(options), report

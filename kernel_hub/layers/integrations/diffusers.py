@@ -86,9 +86,17 @@ class _Backend:
     """One kernel's attention as a Diffusers backend (what kernelize registers and checks)."""
 
     HONOURED = (
-        "query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa",
-        "return_lse", "_parallel_config",
-    )  # fmt: skip
+        "query",
+        "key",
+        "value",
+        "attn_mask",
+        "dropout_p",
+        "is_causal",
+        "scale",
+        "enable_gqa",
+        "return_lse",
+        "_parallel_config",
+    )
 
     def __init__(self, kernel: types.ModuleType):
         self.kernel = kernel
@@ -152,13 +160,20 @@ class _Backend:
             query, key, value = (t.to(dtype) for t in (query, key, value))
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))
         if dropout_p > 0.0:
-            log.warning("attention: dropout_p=%s > 0 runs torch SDPA (no dropout in the kernel)",
-                        dropout_p)  # fmt: skip
+            log.warning(
+                "attention: dropout_p=%s > 0 runs torch SDPA (no dropout in the kernel)", dropout_p
+            )
             mask = None if attn_mask is None else _sdpa_mask_4d(attn_mask, q.shape[0], k.shape[2])
             out = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                scale=scale,
                 enable_gqa=enable_gqa,
-            )  # fmt: skip
+            )
         else:
             out = self._kernel_attention(q, k, v, attn_mask, is_causal, scale)
         return out.transpose(1, 2)
