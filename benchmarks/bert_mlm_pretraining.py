@@ -6,9 +6,11 @@ a small BERT for a CPU. Four runs from the same initial weights and batches, in 
 It prints the loss of every step side by side, steps/s per run (median over the steps after
 ``--warmup``, so compilation is left out), and writes a JSON record and a plot.
 
-    python benchmarks/bert_mlm_pretraining.py --cpu \
-        --json benchmarks/results/bert-mlm-cpu-2026-12-01.json \
+    python benchmarks/bert_mlm_pretraining.py --cpu --json benchmarks/bert_mlm_pretraining.json \
         --plot benchmarks/results/bert-mlm-cpu-2026-12-01.png
+
+The recorded run is benchmarks/bert_mlm_pretraining.json with its plot in benchmarks/results/
+(whose JSON files are only ``kernel-hub bench`` / ``compile-check`` records).
 
 BERT-large on a TPU VM (TorchTPU or torch_xla installed; Trainer picks the TPU device itself):
 
