@@ -23,6 +23,7 @@ _EXPORTS = {
     "mark_layer": ".layers.kernelize",
     "unmark_layer": ".layers.kernelize",
     "from_pretrained": ".layers.kernelize",
+    "use_mesh": ".sharding",
 }
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from .loading.mappings import kernel_mapping
     from .loading.resolver import get_kernel
     from .registry.registry import load_registry
+    from .sharding import use_mesh
 
 
 def __getattr__(name: str) -> Any:
@@ -69,4 +71,5 @@ __all__ = [
     "unkernelize",
     "unmark_layer",
     "use_kernel_forward",
+    "use_mesh",
 ]

@@ -16,6 +16,13 @@ changes one. Version 1.0 offers:
 * benchmark cases: ``KernelCase``, ``CPU_TAG``;
 * errors: ``KernelHubError``, ``KernelInputError``, ``NoImplementationError``,
   ``UnsupportedDeviceError``.
+
+Version 1.1 adds sharding: ``ShardingRule`` (an op's declarative rule), ``sharded`` (the
+``shard_map`` boundary decorator for a kernel's public JAX functions), ``ShardingError``,
+``MeshCase`` (a sharded compile case for ``compile-check --mesh``), ``find_mesh``,
+``shard_map_all`` and ``partition_spec`` (for layers that are their own shard_map),
+``exchange_rows`` / ``Transport`` (expert-parallel row exchange: ragged_all_to_all, or its
+dense all_to_all emulation on CPU).
 """
 
 from __future__ import annotations
@@ -35,6 +42,17 @@ from .checks import (
 from .dispatch import Implementation, ImplementationTable
 from .errors import KernelHubError, KernelInputError, NoImplementationError, UnsupportedDeviceError
 from .platform import Platform, jax_default_device, jax_platform, tpu_generation
+from .sharding import (
+    MeshCase,
+    ShardingError,
+    ShardingRule,
+    Transport,
+    exchange_rows,
+    find_mesh,
+    partition_spec,
+    shard_map_all,
+    sharded,
+)
 from .version import KERNEL_API_VERSION
 
 API_VERSION = KERNEL_API_VERSION
@@ -49,18 +67,27 @@ __all__ = [
     "KernelCase",
     "KernelHubError",
     "KernelInputError",
+    "MeshCase",
     "NoImplementationError",
     "Platform",
     "RowBuckets",
+    "ShardingError",
+    "ShardingRule",
+    "Transport",
     "UnsupportedDeviceError",
     "check_dtype",
     "check_rank",
     "check_same_dtype",
     "dtype_name",
+    "exchange_rows",
+    "find_mesh",
     "jax_default_device",
     "jax_op",
     "jax_platform",
     "op_namespace",
+    "partition_spec",
     "require",
+    "shard_map_all",
+    "sharded",
     "tpu_generation",
 ]

@@ -62,13 +62,18 @@ def allow_shared_libtpu() -> None:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
-@functools.cache
 def tpu_device(generation: str) -> Any:
     """First device of a deviceless topology for ``generation`` (v4, v5e, v5p, v6e)."""
+    return tpu_devices(generation)[0]
+
+
+@functools.cache
+def tpu_devices(generation: str) -> tuple[Any, ...]:
+    """Every device of the deviceless topology for ``generation`` (4 chips; v4: 8 cores)."""
     if generation not in TOPOLOGIES:
         raise UnknownNameError("TPU generation", generation, TOPOLOGIES)
     allow_shared_libtpu()
     from jax.experimental import topologies
 
     with filtered_libtpu_stderr():
-        return topologies.get_topology_desc(TOPOLOGIES[generation], "tpu").devices[0]
+        return tuple(topologies.get_topology_desc(TOPOLOGIES[generation], "tpu").devices)

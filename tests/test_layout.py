@@ -28,6 +28,7 @@ RANKS = {
     "dispatch": 2,
     "topologies": 2,
     "registry": 3,
+    "sharding": 3,
     "hub": 4,
     "bridge": 4,
     "loading": 5,

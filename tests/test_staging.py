@@ -10,6 +10,7 @@ import threading
 import jax
 import pytest
 import torch
+from staging_helpers import record_stagings
 
 from kernel_hub.bridge.runtimes import dlpack, staging
 from kernel_hub.bridge.runtimes.exchange import exchange_for
@@ -27,15 +28,7 @@ def runtime():
 @pytest.fixture()
 def recorded(monkeypatch):
     """Every InputStaging the DLPack runtime makes."""
-    made: list[staging.InputStaging] = []
-
-    class Recording(staging.InputStaging):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(dlpack, "InputStaging", Recording)
-    return made
+    return record_stagings(monkeypatch)
 
 
 def _bound(runtime, x, w):

@@ -105,7 +105,7 @@ def _placed(tree: Any, device: Any) -> Any:
     )
 
 
-def _no_persistent_cache() -> contextlib.AbstractContextManager:
+def no_persistent_cache() -> contextlib.AbstractContextManager:
     """Deviceless executables cannot be read back from JAX's persistent cache: keep them out."""
     from jax._src import config  # the scoped switch has no public name in jax 0.10
 
@@ -145,7 +145,7 @@ def compile_case(
     )
     start = time.perf_counter()
     try:
-        with filtered_libtpu_stderr(), _no_persistent_cache(), jax.default_device(device):
+        with filtered_libtpu_stderr(), no_persistent_cache(), jax.default_device(device):
             # Output shapes for the backward are traced for the TPU too: what an implementation
             # accepts can depend on the platform.
             fn, args = _staged_function(case, direction, implementation)

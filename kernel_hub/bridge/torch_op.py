@@ -208,10 +208,27 @@ def jax_op(
             backward_op, backward = _define_backward(library, spec, executor)
             _register_autograd(library, spec, op, backward_op, forward)
         defined = JaxOp(spec, (op, forward), (backward_op, backward), stub, library)
+        _register_dtensor_rule(spec, op, backward_op)
         op_defined(defined)
         return defined
 
     return decorate
+
+
+def _register_dtensor_rule(spec: OpSpec, op: Any, backward_op: Any) -> None:
+    """DTensor strategies from the JAX function's sharding rule (see ``kernel_hub.sharding``),
+    so DTensor inputs (sequence-parallel norms, tensor-parallel plans) run the op per shard."""
+    rule = getattr(spec.jax_fn, "sharding_rule", None)
+    if rule is None or not torch.distributed.is_available():
+        return
+    from ..sharding import ShardingRule, dtensor
+
+    def rule_for(static: dict[str, Any]) -> ShardingRule:
+        return rule if isinstance(rule, ShardingRule) else rule(**static)
+
+    dtensor.register(
+        op, backward_op, rule_for, spec.param_names, spec.tensor_params, spec.differentiable
+    )
 
 
 def _untraced(kernel: Callable[..., Any]) -> Callable[..., Any]:
@@ -291,7 +308,9 @@ def _backward_schema(spec: OpSpec) -> str:
 
     def prototype(*args: Any) -> None: ...
 
-    prototype.__signature__ = inspect.Signature(params, return_annotation=list[torch.Tensor])
+    # One tensor per gradient, not a list: DTensor's sharding strategies need fixed returns.
+    gradients = tuple.__class_getitem__((torch.Tensor,) * len(spec.differentiable))
+    prototype.__signature__ = inspect.Signature(params, return_annotation=gradients)
     return torch.library.infer_schema(prototype, mutates_args=())
 
 
@@ -306,10 +325,10 @@ def _define_backward(
 
     def backward(inputs, outputs, cotangents, *static_values):
         static = hashable(static_values) if list_static else static_values
-        return list(executor.backward(static, inputs, outputs, cotangents))
+        return tuple(executor.backward(static, inputs, outputs, cotangents))
 
     def fake(inputs, outputs, cotangents, *static_values):
-        return [torch.empty_like(inputs[p]) for p in diff_positions]
+        return tuple(torch.empty_like(inputs[p]) for p in diff_positions)
 
     qualname = f"{spec.qualname}_backward"
     op = _define(library, qualname, _backward_schema(spec), backward)

@@ -10,7 +10,15 @@ from collections.abc import Sequence
 from kernel_hub.errors import KernelHubError
 
 # Modules under kernel_hub.cli, each with ``register(subparsers)``; a command sets ``func``.
-COMMAND_MODULES = ("registry_cmds", "hub_cmds", "demo_cmds", "bench_cmds", "compile_cmds")
+COMMAND_MODULES = (
+    "registry_cmds",
+    "hub_cmds",
+    "trust_cmds",
+    "mirror_cmds",
+    "demo_cmds",
+    "bench_cmds",
+    "compile_cmds",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

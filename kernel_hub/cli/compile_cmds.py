@@ -38,6 +38,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1,
         help="compile in this many worker processes (0: one per CPU; default 1, in process)",
     )
+    parser.add_argument(
+        "--mesh",
+        action="store_true",
+        help="compile the kernels' sharded cases on every chip of each topology and check the "
+        "collectives in the program, plus a negative control per case "
+        "(docs/running-on-a-pod.md)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write every cell with its messages")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--registry", help="registry file (default: the in-tree registry.yaml)")
@@ -45,6 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_compile_check(args: argparse.Namespace) -> int:
+    if args.mesh:
+        return _run_mesh_check(args)
     from kernel_hub.bench.compile_check import check_generations, matrix_record, plan_kernel
     from kernel_hub.bench.compile_pool import run_tasks
     from kernel_hub.bench.provenance import command_line
@@ -84,5 +93,44 @@ def run_compile_check(args: argparse.Namespace) -> int:
     if args.json:
         record = matrix_record(results, generations, command_line("kernel-hub", args.argv))
         Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 1 if failures else 0
+
+
+def _run_mesh_check(args: argparse.Namespace) -> int:
+    from kernel_hub.bench.mesh_compile import mesh_matrix
+
+    results = [
+        r.to_json()
+        for r in mesh_matrix(
+            ops_from_args(args),
+            args.tpu,
+            directions=_DIRECTIONS[args.direction],
+            registry=args.registry,
+        )
+    ]
+    headers = ["kernel", "case", "direction", "generation", "mesh", "status", "s", "collectives"]
+    rows = [
+        [
+            r["kernel"],
+            r["case"],
+            r["direction"],
+            r["generation"],
+            r["mesh"],
+            r["status"],
+            f"{r['seconds']:.1f}",
+            ", ".join(f"{k} {v}" for k, v in sorted(r["collectives"].items())),
+        ]
+        for r in results
+    ]
+    print_table(headers, rows)
+    failures = [r for r in results if r["status"] == "fail"]
+    print(f"\n{len(results)} cells: {len(results) - len(failures)} pass, {len(failures)} fail")
+    for r in failures:
+        print(f"FAIL {r['kernel']} {r['case']} {r['direction']} {r['generation']}: {r['error']}")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"schema": 1, "kind": "mesh-compile", "results": results}, indent=1) + "\n"
+        )
         print(f"wrote {args.json}")
     return 1 if failures else 0

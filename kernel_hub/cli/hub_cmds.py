@@ -1,4 +1,7 @@
-"""Hub commands: ``build``, ``publish``, ``lock``, ``get OP``, ``versions OP``, ``verify OP``."""
+"""Hub commands: ``build``, ``publish``, ``lock``, ``get OP``, ``versions OP``, ``verify OP``.
+
+``keygen`` lives in :mod:`.trust_cmds`, ``mirror`` and ``serve`` in :mod:`.mirror_cmds`.
+"""
 
 from __future__ import annotations
 
@@ -26,11 +29,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _json_flag(parser)
     parser.set_defaults(func=run_build)
 
-    parser = subparsers.add_parser("publish", help="build and upload a kernel as version vX.Y.Z")
+    parser = subparsers.add_parser("publish", help="build, sign and upload a kernel as vX.Y.Z")
     parser.add_argument("kernel_dir", type=Path)
     parser.add_argument("--repo", required=True, help="hub repo, org/name")
     parser.add_argument(
         "--build-dir", type=Path, help="where to build (default: <kernel_dir>/build)"
+    )
+    signing = parser.add_mutually_exclusive_group(required=True)
+    signing.add_argument(
+        "--sign-key", type=Path, help="private key from 'kernel-hub keygen' to sign each variant"
+    )
+    signing.add_argument(
+        "--unsigned",
+        action="store_true",
+        help="publish without a signature (kernel-hub refuses to load such builds)",
     )
     _json_flag(parser)
     parser.set_defaults(func=run_publish)
@@ -44,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     for name, func, text in (
         ("get", run_get, "load an op's kernel as get_kernel does and say where it came from"),
-        ("verify", run_verify, "fetch an op's hub build and check its digests (and lock) only"),
+        ("verify", run_verify, "fetch an op's hub build, check its signature and digests only"),
     ):
         parser = subparsers.add_parser(name, help=text)
         parser.add_argument("op")
@@ -108,7 +120,9 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_publish(args: argparse.Namespace) -> int:
-    published = publish_kernel(args.kernel_dir, args.repo, build_dir=args.build_dir)
+    published = publish_kernel(
+        args.kernel_dir, args.repo, sign_key=args.sign_key, build_dir=args.build_dir
+    )
     data = {
         "repo": published.repo,
         "version": str(published.version),
@@ -116,12 +130,14 @@ def run_publish(args: argparse.Namespace) -> int:
         "tag": published.tag,
         "branch": published.branch,
         "variants": sorted(published.build.variants),
+        "signed_by": published.signed_by,
     }
     if args.json:
         print_json(data)
     else:
         moved = f", branch {published.branch} moved" if published.branch else ""
-        print(f"published {published.repo} {published.tag} at {published.commit}{moved}")
+        signed = f"signed by {published.signed_by}" if published.signed_by else "UNSIGNED"
+        print(f"published {published.repo} {published.tag} at {published.commit}{moved}; {signed}")
     return 0
 
 
@@ -177,7 +193,8 @@ def run_get(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    entry = load_registry(args.registry).get(args.op)
+    registry = load_registry(args.registry)
+    entry = registry.get(args.op)
     lock_file = find_lock(_lock_arg(args))
     build = fetch_op_build(
         entry,
@@ -186,6 +203,7 @@ def run_verify(args: argparse.Namespace) -> int:
         lock_file=lock_file,
         variant=args.variant,
         trust_remote_code=args.trust_remote_code,
+        keys=registry.keys_for(entry.repo) if entry.repo else None,
     )
     locked = lock_file is not None and entry.name in lock_file.ops
     data = {
@@ -197,7 +215,12 @@ def run_verify(args: argparse.Namespace) -> int:
         "variant": build.variant,
         "path": str(build.path),
         "files_checked": len(build.metadata.digest) + 1,
-        "checked_against": ["metadata digest", *(["lock file"] if locked else [])],
+        "signed_by": build.signed_by,
+        "checked_against": [
+            "signature by a pinned key",
+            "signed metadata digest",
+            *(["lock file"] if locked else []),
+        ],
     }
     _print_mapping(data, args.json)
     return 0

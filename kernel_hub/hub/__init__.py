@@ -10,6 +10,12 @@
   same questions offline.
 * :mod:`.lockfile` / :mod:`.locking`: ``kernel-hub.lock`` pins commits and every file's digest.
 * :mod:`.trust`: downloaded code is imported only from allowlisted publishers.
+* :mod:`.signing`: ed25519 signatures over each variant's metadata.json (``kernel-hub keygen``,
+  ``publish --sign-key``), verified against keys pinned in the registry before anything is
+  imported (docs/trust.md).
+* :mod:`.store` / :mod:`.server` / :mod:`.mirror`: a directory of hub repos,
+  ``kernel-hub serve`` (the Hub's HTTP API over it) and ``kernel-hub mirror`` (verified copies).
+* :mod:`.json_source`: JSON files read so that any input fails as a ``SourceError``.
 
 ``get_kernel`` (:mod:`kernel_hub.loading.resolver`) decides between the in-tree kernel and a hub
 build.

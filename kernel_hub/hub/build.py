@@ -26,7 +26,7 @@ import yaml
 from kernel_hub.errors import KernelHubError
 from kernel_hub.registry.manifest import MANIFEST_NAME, Manifest, load_manifest
 
-from .digests import BYTECODE_DIR, METADATA_FILE, hash_tree
+from .digests import BYTECODE_DIR, METADATA_FILE, check_tree_shape, hash_tree
 from .metadata import KERNEL_NAME, make_metadata
 from .variants import VARIANTS, Variant, get_variant
 
@@ -93,8 +93,10 @@ def _build_variant(kernel_dir: Path, manifest: Manifest, variant: Variant, dest:
     shutil.copytree(
         kernel_dir / manifest.package,
         dest / manifest.package,
-        ignore=shutil.ignore_patterns(BYTECODE_DIR, "*.pyc"),
+        symlinks=True,  # kept as links, so check_tree_shape refuses them: a link could pull in
+        ignore=shutil.ignore_patterns(BYTECODE_DIR, "*.pyc"),  # files from outside the kernel
     )
+    check_tree_shape(dest, label=str(kernel_dir))
     requires = variant_requires(manifest, variant)
     source = yaml.safe_load((kernel_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
     source["requires"] = requires

@@ -7,13 +7,16 @@ records that ref, which is what lets an offline process resolve a version range.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 from packaging.version import Version
 
 from . import settings
 from .client import REPO_TYPE
+from .signing import signature_path
 from .versions import version_of_tag
 
 
@@ -54,20 +57,56 @@ def cached_variants(repo: str, commit: str) -> list[str]:
     return sorted(p.name for p in build.iterdir() if p.is_dir()) if build.is_dir() else []
 
 
-def discard_variant(repo: str, commit: str, variant: str) -> None:
-    """Remove a variant's files from the cache snapshot and the blobs they link to.
+def locks_dir(repo: str) -> Path:
+    """Where ``huggingface_hub`` keeps the per-blob download locks of ``repo``."""
+    return settings.cache_dir() / ".locks" / repo_cache_dir(repo).name
 
-    Called when a download failed or did not verify, so nothing of it stays importable and the next
-    attempt downloads it again.
+
+@contextlib.contextmanager
+def variant_lock(repo: str, commit: str, variant: str) -> Iterator[None]:
+    """Held while a variant is downloaded, verified or discarded, across threads and processes.
+
+    Without it one fetcher could discard files another has just verified and is about to import,
+    and every fetcher would download the same files at once.
     """
-    folder = snapshot_dir(repo, commit) / "build" / variant
+    from filelock import FileLock
+
+    path = locks_dir(repo) / "kernel-hub" / f"{commit}-{variant}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(path):
+        yield
+
+
+def discard_variant(repo: str, commit: str, variant: str) -> None:
+    """Remove a variant's files from the cache snapshot, the blobs they link to, and partial
+    downloads nobody is writing any more.
+
+    Called (under ``variant_lock``) when a download failed or did not verify, so nothing of it
+    stays importable and the next attempt downloads it again.
+    """
+    from filelock import FileLock, Timeout
+
+    snapshot = snapshot_dir(repo, commit)
+    folder = snapshot / "build" / variant
     blobs = (repo_cache_dir(repo) / "blobs").resolve()
-    if folder.is_dir():
-        for link in folder.rglob("*"):
-            if link.is_symlink():
-                target = link.resolve()
-                if target.parent == blobs:
-                    target.unlink(missing_ok=True)
+    signature = snapshot / signature_path(variant)
+    links = [signature] if signature.is_symlink() else []
+    if folder.is_dir() and not folder.is_symlink():
+        links += [link for link in folder.rglob("*") if link.is_symlink()]
+    for link in links:
+        target = link.resolve()
+        if target.parent == blobs:
+            target.unlink(missing_ok=True)
+    signature.unlink(missing_ok=True)
+    if folder.is_symlink():
+        folder.unlink()
+    else:
         shutil.rmtree(folder, ignore_errors=True)
     for partial in blobs.glob("*.incomplete") if blobs.is_dir() else ():
-        partial.unlink(missing_ok=True)
+        # huggingface_hub writes blobs/<etag>[.<tag>].incomplete holding .locks/<repo>/<etag>.lock
+        lock = FileLock(locks_dir(repo) / f"{partial.name.split('.', 1)[0]}.lock")
+        try:
+            with lock.acquire(timeout=0):
+                partial.unlink(missing_ok=True)
+        except Timeout:
+            pass  # another download is writing it

@@ -12,6 +12,8 @@ import base64
 import hashlib
 import os
 import re
+import shutil
+import stat
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
@@ -92,3 +94,41 @@ def verify_tree(root: str | Path, expected: Mapping[str, str], *, label: str) ->
     ]
     if problems:
         raise IntegrityError(f"{label} does not match its digest; " + "; ".join(problems))
+
+
+def check_tree_shape(root: str | Path, *, label: str, links_into: Path | None = None) -> None:
+    """Refuse anything in ``root`` but folders and regular files before its code is imported.
+
+    Bytecode caches are deleted first (they are never part of a build, and Python would run a
+    planted ``.pyc`` instead of the verified source). A symlink is allowed only when it points at
+    a regular file inside ``links_into`` (the Hugging Face cache links snapshot files to its
+    ``blobs/``); a symlinked folder, a link out of the cache or a special file is refused, since
+    digests are taken over the files a walk reaches and imports could reach others.
+    """
+    root = Path(root)
+    if root.is_symlink():
+        raise IntegrityError(f"refusing {label}: a symlink to {os.readlink(root)}")
+    blobs = links_into.resolve() if links_into is not None else None
+    for directory, dirs, files in os.walk(root, followlinks=False):
+        for name in [d for d in dirs if d == BYTECODE_DIR]:
+            dirs.remove(name)
+            _remove(Path(directory, name))
+        for name in dirs + files:
+            path = Path(directory, name)
+            relative = f"{label}/{path.relative_to(root).as_posix()}"
+            if path.is_symlink():
+                target = path.resolve()
+                if blobs is None or target.parent != blobs or not target.is_file():
+                    raise IntegrityError(
+                        f"refusing {relative}: a symlink to {os.readlink(path)}, outside the "
+                        "build's files"
+                    )
+            elif name in files and not stat.S_ISREG(path.lstat().st_mode):
+                raise IntegrityError(f"refusing {relative}: not a regular file")
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)

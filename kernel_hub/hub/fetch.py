@@ -1,15 +1,17 @@
 """Resolve a kernel request to a commit, download the variant that fits this machine, verify it.
 
 Online: list the repo's refs, pick the commit, list ``build/`` at that commit (refusing names that
-escape it), then ``snapshot_download`` only ``build/<variant>/`` into the Hugging Face cache.
-Offline (``HF_HUB_OFFLINE=1``): the same resolution from the refs and snapshots in the cache, with
-no network call. Either way the files are checked against the digest in ``metadata.json`` (and
-the lock file, if one pins the op) before anyone imports them; a build that fails is removed from
-the cache.
+escape it), then ``snapshot_download`` only ``build/<variant>/`` and its signature into the
+Hugging Face cache. Offline (``HF_HUB_OFFLINE=1``): the same resolution from the refs and snapshots
+in the cache, with no network call. Either way, on every load and before anyone imports a file,
+the signature must verify against a key the registry pins for the publisher and every file must
+match the signed digests in ``metadata.json`` (and the lock file, if one pins the op); a build that
+fails is removed from the cache. See docs/trust.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,15 +19,17 @@ from typing import TYPE_CHECKING
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from kernel_hub.errors import HubError, IntegrityError, SourceError
+from kernel_hub.errors import HubError, IntegrityError, SourceError, UntrustedSourceError
 from kernel_hub.platform import Platform
+from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry
 
 from . import cache, settings
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
-from .digests import BYTECODE_DIR, check_relative_name, verify_tree
+from .digests import BYTECODE_DIR, check_relative_name, check_tree_shape, verify_tree
 from .lockfile import COMMIT, LockedOp
 from .metadata import BuildMetadata, read_metadata
+from .signing import signature_path, verify_signature
 from .trust import TrustRemoteCode, check_trusted
 from .variants import Variant, select_variant
 from .versions import parse_range, select_version, tag_name
@@ -91,6 +95,8 @@ class HubBuild:
     variant: str
     path: Path
     metadata: BuildMetadata
+    signed_by: str
+    """Id of the pinned key whose signature verified."""
 
     @property
     def version(self) -> Version:
@@ -105,9 +111,15 @@ def fetch_build(
     variant: str | None = None,
     trust_remote_code: TrustRemoteCode = False,
     locked: LockedOp | None = None,
+    keys: PublisherKeys | None,
 ) -> HubBuild:
-    """Resolve, download (unless offline) and verify one variant; ``what`` starts error messages."""
+    """Resolve, download (unless offline) and verify one variant; ``what`` starts error messages.
+
+    ``keys`` are the registry's pinned keys for the repo's publisher: the build must be signed by
+    one of them. Both checks (publisher, pinned keys) run before anything is downloaded.
+    """
     check_trusted(request.repo, trust_remote_code)
+    keys = require_keys(request.repo, keys, what)
     if locked is not None:
         request = HubRequest(request.repo, revision=locked.commit)
     if platform is None:
@@ -115,6 +127,7 @@ def fetch_build(
 
         platform = host_platform()
     requested_variant = variant or settings.variant_override()
+    api = None
     if settings.offline():
         resolved = resolve_offline(request, what)
         chosen = _select(
@@ -125,17 +138,70 @@ def fetch_build(
         resolved = resolve_online(api, request, what)
         listing = list_build(api, request.repo, resolved.commit, what)
         chosen = _select(listing, platform, requested_variant, what)
-        download(api, request.repo, resolved, [chosen.name], what)
     path = cache.snapshot_dir(request.repo, resolved.commit) / "build" / chosen.name
+    # One process or thread at a time downloads, verifies or discards this variant.
+    with cache.variant_lock(request.repo, resolved.commit, chosen.name):
+        if api is not None:
+            download(api, request.repo, resolved, [chosen.name], what)
+        metadata, signed_by = verify_or_discard(
+            request.repo, resolved, chosen.name, locked, keys, what=what
+        )
+    return HubBuild(request.repo, resolved.commit, chosen.name, path, metadata, signed_by)
+
+
+def fetch_all_variants(
+    api: HfApi,
+    repo: str,
+    resolved: Resolved,
+    keys: PublisherKeys,
+    what: str,
+    locked: LockedOp | None = None,
+) -> dict[str, BuildMetadata]:
+    """Download and verify every variant of a resolved commit (for locks and mirrors)."""
+    variants = sorted(list_build(api, repo, resolved.commit, what))
+    if not variants:
+        raise HubError(f"{what}: {repo} at {resolved.commit[:12]} has no build/<variant>/ folders")
+    with contextlib.ExitStack() as held:
+        for variant in variants:  # always in the same order: no two fetchers wait on each other
+            held.enter_context(cache.variant_lock(repo, resolved.commit, variant))
+        download(api, repo, resolved, variants, what)
+        return {
+            variant: verify_or_discard(repo, resolved, variant, locked, keys, what=what)[0]
+            for variant in variants
+        }
+
+
+def require_keys(repo: str, keys: PublisherKeys | None, what: str) -> PublisherKeys:
+    """The pinned keys, or a refusal saying how to pin some (nothing unsigned is imported)."""
+    if keys is None or not keys.keys:
+        org = repo.split("/", 1)[0]
+        raise UntrustedSourceError(
+            f"{what}: the registry pins no signing key for {repo}'s publisher {org!r}, so no "
+            f"build of it can be verified; add 'publishers: {{{org}: {{keys: [ed25519:...]}}}}' "
+            "to the registry with the publisher's public key (see 'kernel-hub keygen')"
+        )
+    return keys
+
+
+def verify_or_discard(
+    repo: str,
+    resolved: Resolved,
+    variant: str,
+    locked: LockedOp | None,
+    keys: PublisherKeys,
+    *,
+    what: str,
+) -> tuple[BuildMetadata, str]:
+    """``verify_variant`` on the cached variant; on failure nothing of it stays in the cache."""
+    path = cache.snapshot_dir(repo, resolved.commit) / "build" / variant
     try:
-        metadata = verify_variant(path, chosen.name, resolved.version, locked)
-    except (IntegrityError, SourceError) as exc:
-        cache.discard_variant(request.repo, resolved.commit, chosen.name)
+        return verify_variant(path, variant, resolved.version, locked, repo=repo, keys=keys)
+    except (IntegrityError, SourceError, OSError) as exc:  # OSError: a file vanished or unreadable
+        cache.discard_variant(repo, resolved.commit, variant)
         raise IntegrityError(
-            f"{what}: refusing {request.repo} build/{chosen.name} at commit "
+            f"{what}: refusing {repo} build/{variant} at commit "
             f"{resolved.commit[:12]}: {exc}. Nothing of it was kept in the cache."
         ) from None
-    return HubBuild(request.repo, resolved.commit, chosen.name, path, metadata)
 
 
 def _select(available, platform: Platform, requested: str | None, what: str) -> Variant:
@@ -219,7 +285,9 @@ def download(api: HfApi, repo: str, resolved: Resolved, variants: list[str], wha
                     repo_type=REPO_TYPE,
                     revision=resolved.ref,
                     cache_dir=settings.cache_dir(),
-                    allow_patterns=[f"build/{v}/*" for v in variants],
+                    allow_patterns=[
+                        pattern for v in variants for pattern in (f"build/{v}/*", signature_path(v))
+                    ],
                     ignore_patterns=BYTECODE_PATTERNS,
                 )
             )
@@ -236,10 +304,21 @@ def download(api: HfApi, repo: str, resolved: Resolved, variants: list[str], wha
 
 
 def verify_variant(
-    path: Path, variant: str, tag_version: Version | None, locked: LockedOp | None
-) -> BuildMetadata:
-    """Check a variant folder against its lock entry (if any) and its own digest."""
+    path: Path,
+    variant: str,
+    tag_version: Version | None,
+    locked: LockedOp | None,
+    *,
+    repo: str,
+    keys: PublisherKeys,
+) -> tuple[BuildMetadata, str]:
+    """Check a variant folder before any of it is imported: only plain files (or the cache's own
+    links to its blobs), the lock entry (if any), the signature over metadata.json by a pinned
+    key, then every file against the signed digest. Returns the metadata and the key's id."""
     label = f"build/{variant}"
+    if not path.is_dir():
+        raise IntegrityError(f"{label} is not in the cache")
+    check_tree_shape(path, label=label, links_into=cache.repo_cache_dir(repo) / "blobs")
     if locked is not None:
         files = locked.variants.get(variant)
         if files is None:
@@ -249,6 +328,9 @@ def verify_variant(
             )
         verify_tree(path, files, label=label)
     metadata = read_metadata(path)
+    signed_by = verify_signature(
+        path.parent.parent, repo=repo, version=str(metadata.version), variant=variant, keys=keys
+    )
     verify_tree(path, metadata.digest, label=label)
     if metadata.variant != variant:
         raise IntegrityError(f"{label}/metadata.json describes variant {metadata.variant!r}")
@@ -260,4 +342,4 @@ def verify_variant(
         raise IntegrityError(
             f"the lock pins version {locked.version} but the build is {metadata.version}"
         )
-    return metadata
+    return metadata, signed_by

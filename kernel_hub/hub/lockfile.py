@@ -26,10 +26,11 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from kernel_hub.errors import SourceError
+from kernel_hub.errors import IntegrityError, SourceError
 
 from . import settings
 from .digests import check_relative_name
+from .json_source import field_line, load_json
 
 LOCK_FORMAT = 1
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -76,57 +77,53 @@ def write_lock(path: str | Path, ops: Mapping[str, LockedOp]) -> LockFile:
     return LockFile(path=path, ops=dict(ops))
 
 
-def read_lock(path: str | Path) -> LockFile:
+def read_lock(path: str | Path, text: str | None = None) -> LockFile:
+    """Parse a lock file; malformed content raises ``SourceError`` with line and field."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SourceError(path, None, "lock file not found") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SourceError(path, exc.lineno, f"invalid JSON: {exc.msg}") from None
+    text, data = load_json(path, text, missing="lock file not found")
     if not isinstance(data, dict) or data.get("kernel-hub-lock") != LOCK_FORMAT:
         raise SourceError(
             path, 1, f'not a kernel-hub lock file (expected "kernel-hub-lock": {LOCK_FORMAT})'
         )
     ops_node = data.get("ops")
     if not isinstance(ops_node, dict):
-        raise SourceError(path, None, "'ops' must be a mapping of op name to its pin")
+        raise SourceError(
+            path, field_line(text, "ops"), "'ops' must be a mapping of op name to its pin"
+        )
     return LockFile(
         path=path, ops={op: _parse_op(path, text, op, node) for op, node in ops_node.items()}
     )
 
 
-def _line_of(text: str, key: str) -> int | None:
-    """Line of the first ``"key":`` in the file, for error messages (JSON keeps no positions)."""
-    index = text.find(f'"{key}":')
-    return text.count("\n", 0, index) + 1 if index >= 0 else None
-
-
 def _parse_op(path: Path, text: str, op: str, node: object) -> LockedOp:
-    def fail(message: str) -> SourceError:
-        return SourceError(path, _line_of(text, op), f"op {op!r}: {message}")
+    def fail(message: str, field: str | None = None) -> SourceError:
+        line = field_line(text, field, after=op) if field else field_line(text, op)
+        return SourceError(path, line, f"op {op!r}: {message}")
 
     if not isinstance(node, dict):
         raise fail("expected a mapping")
     repo, commit = node.get("repo"), node.get("commit")
     if not isinstance(repo, str) or repo.count("/") != 1:
-        raise fail(f"'repo' must be 'org/name', got {repo!r}")
+        raise fail(f"'repo' must be 'org/name', got {repo!r}", "repo")
     if not isinstance(commit, str) or not COMMIT.match(commit):
-        raise fail(f"'commit' must be a full 40-hex commit id, got {commit!r}")
+        raise fail(f"'commit' must be a full 40-hex commit id, got {commit!r}", "commit")
     try:
-        version = Version(str(node.get("version")))
+        version = Version(node["version"]) if isinstance(node.get("version"), str) else None
     except InvalidVersion:
-        raise fail(f"'version' is not a version: {node.get('version')!r}") from None
+        version = None
+    if version is None:
+        raise fail(f"'version' is not a version: {node.get('version')!r}", "version")
     variants = node.get("variants")
     if not isinstance(variants, dict) or not variants:
-        raise fail("'variants' must map variant names to file digests")
+        raise fail("'variants' must map variant names to file digests", "variants")
     for variant, files in variants.items():
         if not isinstance(files, dict) or not all(isinstance(d, str) for d in files.values()):
-            raise fail(f"variant {variant!r}: expected file name -> digest")
+            raise fail(f"variant {variant!r}: expected file name -> digest", variant)
         for name in files:
-            check_relative_name(name, f"build/{variant}")
+            try:
+                check_relative_name(name, f"build/{variant}")
+            except IntegrityError as exc:
+                raise fail(f"variant {variant!r}: {exc}", name) from None
     return LockedOp(op=op, repo=repo, version=version, commit=commit, variants=variants)
 
 

@@ -10,13 +10,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernel_hub.errors import IntegrityError, SourceError
+from kernel_hub.errors import IntegrityError
+from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry, Registry
 
 from . import cache
 from .client import hub_api
 from .digests import hash_tree
-from .fetch import HubRequest, download, list_build, resolve_online, verify_variant
+from .fetch import HubRequest, fetch_all_variants, require_keys, resolve_online
 from .lockfile import LockedOp, LockFile, write_lock
 
 
@@ -37,32 +38,22 @@ def lock_registry(
         if entry.repo is None:
             skipped[entry.name] = "no 'repo' in the registry: in-tree only"
             continue
-        locked[entry.name] = lock_op(entry, HubRequest.for_op(entry))
+        locked[entry.name] = lock_op(entry, HubRequest.for_op(entry), registry.keys_for(entry.repo))
     return LockResult(write_lock(path, locked), skipped)
 
 
-def lock_op(entry: OpEntry, request: HubRequest) -> LockedOp:
+def lock_op(entry: OpEntry, request: HubRequest, keys: PublisherKeys | None) -> LockedOp:
     what = f"locking op {entry.name}"
+    keys = require_keys(request.repo, keys, what)
     api = hub_api()
     resolved = resolve_online(api, request, what)
-    variants = sorted(list_build(api, request.repo, resolved.commit, what))
-    download(api, request.repo, resolved, variants, what)
+    metadata = fetch_all_variants(api, request.repo, resolved, keys, what)
     snapshot = cache.snapshot_dir(request.repo, resolved.commit)
-    files = {}
-    versions = set()
-    for variant in variants:
-        try:
-            metadata = verify_variant(snapshot / "build" / variant, variant, resolved.version, None)
-        except (IntegrityError, SourceError) as exc:
-            cache.discard_variant(request.repo, resolved.commit, variant)
-            raise IntegrityError(
-                f"{what}: {request.repo} at {resolved.commit[:12]}: {exc}"
-            ) from None
-        versions.add(metadata.version)
-        files[variant] = hash_tree(snapshot / "build" / variant, with_metadata=True)
+    versions = {m.version for m in metadata.values()}
     if len(versions) != 1:
         raise IntegrityError(
             f"{what}: the variants of {request.repo} at {resolved.commit[:12]} disagree on the "
             f"version ({', '.join(sorted(map(str, versions))) or 'no variants'})"
         )
+    files = {v: hash_tree(snapshot / "build" / v, with_metadata=True) for v in metadata}
     return LockedOp(entry.name, request.repo, versions.pop(), resolved.commit, files)

@@ -24,6 +24,7 @@ from kernel_hub.errors import SourceError
 from kernel_hub.registry.manifest import Manifest
 
 from .digests import ALGORITHM, METADATA_FILE
+from .json_source import field_line, load_json
 from .variants import Variant
 
 KERNEL_NAME = re.compile(r"^[a-z][-a-z0-9]*[a-z0-9]$")
@@ -75,49 +76,68 @@ def make_metadata(
     }
 
 
-def read_metadata(path: str | Path) -> BuildMetadata:
-    """Parse and check a variant's metadata.json (``path`` is the file or its folder)."""
+_OWN_FIELDS = {"version", "variant", "framework", "package", "requires", "ops", "layers"}
+"""Fields read from the ``"kernel-hub"`` section (error lines are searched for there)."""
+
+
+def read_metadata(path: str | Path, text: str | None = None) -> BuildMetadata:
+    """Parse and check a variant's metadata.json (``path`` is the file or its folder).
+
+    Malformed content raises ``SourceError`` naming the file, the line and the field.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / METADATA_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SourceError(path, None, "metadata file not found") from None
-    except json.JSONDecodeError as exc:
-        raise SourceError(path, exc.lineno, f"invalid JSON: {exc.msg}") from None
+    text, data = load_json(path, text, missing="metadata file not found")
 
-    def fail(message: str) -> SourceError:
-        return SourceError(path, None, message)
+    def fail(field: str | None, message: str) -> SourceError:
+        own_field = field in _OWN_FIELDS
+        line = field_line(text, field, after="kernel-hub" if own_field else None) if field else 1
+        return SourceError(path, line, f"field {field!r}: {message}" if field else message)
 
     own = data.get("kernel-hub") if isinstance(data, dict) else None
     if not isinstance(own, dict):
-        raise fail("no 'kernel-hub' section: this is not a kernel-hub build")
+        raise fail(None, "no 'kernel-hub' section: this is not a kernel-hub build")
     digest = data.get("digest")
     if not isinstance(digest, dict) or digest.get("algorithm") != ALGORITHM:
-        raise fail(f"missing digest, or its algorithm is not {ALGORITHM!r}")
+        raise fail("digest", f"missing, or its algorithm is not {ALGORITHM!r}")
     files = digest.get("files")
     if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
-        raise fail("digest 'files' must map file names to base64 sha256 strings")
+        raise fail("files", "must map file names to base64 sha256 strings")
+    backend = data.get("backend")
+    if not isinstance(backend, dict) or not isinstance(backend.get("type"), str):
+        raise fail("backend", 'expected {"type": NAME}')
+    strings = {}
+    for field, node in (("name", data), *((f, own) for f in ("variant", "framework", "package"))):
+        if not isinstance(node.get(field), str):
+            raise fail(field, f"expected a string, got {node.get(field)!r}")
+        strings[field] = node[field]
+    lists = {}
+    for field in ("ops", "layers"):
+        value = own.get(field, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise fail(field, f"expected a list of strings, got {value!r}")
+        lists[field] = tuple(value)
+    raw_requires = own.get("requires", {})
+    if not isinstance(raw_requires, dict) or not all(
+        isinstance(v, str) for v in raw_requires.values()
+    ):
+        raise fail("requires", f"expected distribution -> version range, got {raw_requires!r}")
     try:
-        version = Version(str(own.get("version")))
-        requires = {
-            dist: SpecifierSet(spec) for dist, spec in dict(own.get("requires", {})).items()
-        }
-    except (InvalidVersion, InvalidSpecifier, TypeError, ValueError) as exc:
-        raise fail(f"bad version or requirement: {exc}") from None
+        version = Version(own.get("version")) if isinstance(own.get("version"), str) else None
+    except InvalidVersion:
+        version = None
+    if version is None:
+        raise fail("version", f"expected a version string, got {own.get('version')!r}")
     try:
-        return BuildMetadata(
-            name=str(data["name"]),
-            version=version,
-            variant=str(own["variant"]),
-            framework=str(own["framework"]),
-            backend=str(data["backend"]["type"]),
-            package=str(own["package"]),
-            requires=requires,
-            ops=tuple(own.get("ops", ())),
-            layers=tuple(own.get("layers", ())),
-            digest=dict(files),
-        )
-    except (KeyError, TypeError) as exc:
-        raise fail(f"missing field {exc}") from None
+        requires = {dist: SpecifierSet(spec) for dist, spec in raw_requires.items()}
+    except InvalidSpecifier as exc:
+        raise fail("requires", f"bad requirement: {exc}") from None
+    return BuildMetadata(
+        version=version,
+        backend=backend["type"],
+        requires=requires,
+        digest=dict(files),
+        **strings,
+        **lists,
+    )

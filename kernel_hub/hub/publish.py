@@ -14,9 +14,11 @@ from pathlib import Path
 from packaging.version import Version
 
 from kernel_hub.errors import HubError
+from kernel_hub.registry.publisher_keys import key_id
 
 from .build import Build, build_kernel
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
+from .signing import SIGNATURE_DIR, SigningKey, signature_path
 from .versions import branch_name, tag_name
 
 
@@ -29,19 +31,30 @@ class Published:
     branch: str | None
     """The ``vX`` branch if it was moved to this commit (not for a back-ported older version)."""
     build: Build
+    signed_by: str | None
+    """Id of the key the variants were signed with (None: unsigned)."""
 
 
 def publish_kernel(
     kernel_dir: str | Path,
     repo: str,
     *,
+    sign_key: str | Path | None,
     build_dir: str | Path | None = None,
     token: str | bool | None = None,
 ) -> Published:
+    """Build, sign each variant with ``sign_key`` (a ``kernel-hub keygen`` private key; None
+    publishes unsigned builds, which kernel-hub refuses to load) and upload."""
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise HubError(f"--repo must be 'org/name', got {repo!r}")
+    key = SigningKey(sign_key) if sign_key is not None else None
     build = build_kernel(kernel_dir, build_dir)
     version = build.manifest.version
+    signatures = {
+        signature_path(variant): key.sign_variant(build.path / variant, repo, str(version), variant)
+        for variant in build.variants
+        if key is not None
+    }
     tag = tag_name(version)
     what = f"publishing {build.manifest.name} {version} to {repo}"
     api = hub_api(token)
@@ -57,7 +70,7 @@ def publish_kernel(
     with hub_errors(what):
         commit = api.create_commit(
             repo,
-            _operations(api, repo, head, build.path),
+            _operations(api, repo, head, build.path, signatures),
             commit_message=f"{build.manifest.name} {version}",
             repo_type=REPO_TYPE,
             parent_commit=head,
@@ -71,11 +84,16 @@ def publish_kernel(
             if branch in branches:
                 api.delete_branch(repo, branch=branch, repo_type=REPO_TYPE)
             api.create_branch(repo, branch=branch, revision=commit, repo_type=REPO_TYPE)
-    return Published(repo, version, commit, tag, branch, build)
+    return Published(
+        repo, version, commit, tag, branch, build, key_id(key.public_key) if key else None
+    )
 
 
-def _operations(api, repo: str, head: str | None, build_path: Path) -> list:
-    """Add every file of the build under ``build/``; delete old build files it does not replace."""
+def _operations(
+    api, repo: str, head: str | None, build_path: Path, signatures: dict[str, bytes]
+) -> list:
+    """Add every file of the build under ``build/`` and the signatures; delete old build files
+    and signatures they do not replace."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
     from huggingface_hub.hf_api import RepoFile
 
@@ -85,7 +103,7 @@ def _operations(api, repo: str, head: str | None, build_path: Path) -> list:
         )
         for path in sorted(build_path.rglob("*"))
         if path.is_file()
-    ]
+    ] + [CommitOperationAdd(path_in_repo=p, path_or_fileobj=data) for p, data in signatures.items()]
     new = {op.path_in_repo for op in adds}
     old = []
     if head is not None:
@@ -95,6 +113,7 @@ def _operations(api, repo: str, head: str | None, build_path: Path) -> list:
                 for entry in api.list_repo_tree(
                     repo, recursive=True, revision=head, repo_type=REPO_TYPE
                 )
-                if isinstance(entry, RepoFile) and entry.path.startswith("build/")
+                if isinstance(entry, RepoFile)
+                and entry.path.startswith(("build/", f"{SIGNATURE_DIR}/"))
             ]
     return [CommitOperationDelete(path_in_repo=p) for p in old if p not in new] + adds

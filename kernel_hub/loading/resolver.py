@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from kernel_hub.bridge.threads import apply_default_policy
 from kernel_hub.errors import HubError, KernelHubError
 from kernel_hub.hub import settings
 from kernel_hub.hub.fetch import HubBuild, HubRequest, fetch_build
@@ -29,6 +30,7 @@ from kernel_hub.hub.trust import TrustRemoteCode
 from kernel_hub.hub.variants import select_variant
 from kernel_hub.paths import kernels_dir
 from kernel_hub.registry.manifest import MANIFEST_NAME
+from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry, load_registry
 
 from .loader import load_kernel_dir
@@ -74,7 +76,8 @@ def get_kernel(
     forces a build variant (default: the one for this machine). Downloaded code is imported only
     from trusted publishers or with ``trust_remote_code`` (True, or a list of orgs / repo ids).
     """
-    entry = load_registry(registry).get(name)
+    registry_file = load_registry(registry)
+    entry = registry_file.get(name)
     override = Path(local_dir) if local_dir is not None else _env_override(entry, name)
     if override is not None:
         path = _local_kernel_dir(override, variant)
@@ -101,6 +104,7 @@ def get_kernel(
                 lock_file=lock_file,
                 variant=variant,
                 trust_remote_code=trust_remote_code,
+                keys=registry_file.keys_for(entry.repo) if entry.repo else None,
             )
             module, origin = _load_hub_build(build, entry)
     _apply_implementation_order(entry, module)
@@ -157,8 +161,10 @@ def fetch_op_build(
     lock_file: LockFile | None = None,
     variant: str | None = None,
     trust_remote_code: TrustRemoteCode = False,
+    keys: PublisherKeys | None,
 ) -> HubBuild:
-    """The verified hub build ``get_kernel`` would import for ``entry`` (downloaded if needed)."""
+    """The verified hub build ``get_kernel`` would import for ``entry`` (downloaded if needed);
+    ``keys``: the registry's pinned signing keys for its repo."""
     request = HubRequest.for_op(entry, version, revision)
     locked = lock_file.ops.get(entry.name) if lock_file is not None else None
     if locked is not None:
@@ -172,12 +178,16 @@ def fetch_op_build(
                 f"op {entry.name}: {lock_file.path} pins repo {locked.repo} but the registry names "
                 f"{entry.repo}; re-run 'kernel-hub lock'"
             )
+    # fetch_build asks JAX which platform this is, which starts its backends: the bridge's thread
+    # policy must be in place first, or it never applies in this process
+    apply_default_policy()
     return fetch_build(
         request,
         what=f"op {entry.name}",
         variant=variant,
         trust_remote_code=trust_remote_code,
         locked=locked,
+        keys=keys,
     )
 
 

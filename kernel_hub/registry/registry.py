@@ -14,6 +14,7 @@ from kernel_hub.errors import SourceError, UnknownNameError
 from kernel_hub.paths import registry_path
 from kernel_hub.platform import PLATFORMS, Platform
 
+from .publisher_keys import PublisherKeys, keys_for, parse_publishers
 from .yaml_source import FieldReader, line_of, load_yaml
 
 SCHEMA_VERSION = 1
@@ -64,6 +65,8 @@ class Registry:
     path: Path
     ops: Mapping[str, OpEntry]
     _aliases: Mapping[str, str] = field(default_factory=dict, repr=False)
+    publishers: Mapping[str, PublisherKeys] = field(default_factory=dict)
+    """Publisher (org or ``org/name``) -> the keys its hub builds must be signed with."""
 
     def __iter__(self) -> Iterator[OpEntry]:
         return iter(self.ops.values())
@@ -84,6 +87,10 @@ class Registry:
             if layer_name in entry.layers:
                 return entry
         raise UnknownNameError("layer", layer_name, [n for e in self for n in e.layers])
+
+    def keys_for(self, repo: str) -> PublisherKeys | None:
+        """The signing keys pinned for a hub repo (its own entry, else its organisation's)."""
+        return keys_for(self.publishers, repo)
 
 
 def _parse_op(path: Path, name: str, node: object, line: int | None) -> OpEntry:
@@ -145,7 +152,7 @@ def _parse_op(path: Path, name: str, node: object, line: int | None) -> OpEntry:
 def parse_registry(path: str | Path, text: str | None = None) -> Registry:
     """Parse and validate a registry file."""
     path = Path(path)
-    root = FieldReader(path, load_yaml(path, text), "registry", {"schema", "ops"})
+    root = FieldReader(path, load_yaml(path, text), "registry", {"schema", "ops", "publishers"})
     schema = root.get("schema", int)
     if schema != SCHEMA_VERSION:
         raise root.error(
@@ -165,7 +172,10 @@ def parse_registry(path: str | Path, text: str | None = None) -> Registry:
                 )
             aliases[alias] = name
         ops[name] = entry
-    return Registry(path=path, ops=ops, _aliases=aliases)
+    publishers = (
+        parse_publishers(path, root.node["publishers"]) if "publishers" in root.node else {}
+    )
+    return Registry(path=path, ops=ops, _aliases=aliases, publishers=publishers)
 
 
 @functools.cache

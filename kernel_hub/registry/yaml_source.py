@@ -59,16 +59,23 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _co
 
 
 def load_yaml(path: str | Path, text: str | None = None) -> Any:
-    """Parse a YAML file; syntax errors become ``SourceError`` with the file and line."""
+    """Parse a YAML file; any failure (syntax, characters YAML forbids, bytes that are not UTF-8,
+    nesting too deep) becomes a ``SourceError`` with the file and, where known, the line."""
     path = Path(path)
     if text is None:
         try:
-            text = path.read_text(encoding="utf-8")
+            raw = path.read_bytes()
         except FileNotFoundError:
             raise SourceError(path, None, "file not found") from None
-    loader = _LineLoader(text)
-    loader.name = str(path)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            raise SourceError(path, line, f"not UTF-8 text ({exc.reason})") from None
+    loader = None
     try:
+        loader = _LineLoader(text)  # checks the characters first
+        loader.name = str(path)
         return loader.get_single_data()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -77,8 +84,16 @@ def load_yaml(path: str | Path, text: str | None = None) -> Any:
         if exc.context and exc.context_mark is not None and exc.problem:
             message += f" ({exc.context} at line {exc.context_mark.line + 1})"
         raise SourceError(path, line, message) from None
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        raise SourceError(
+            path, line, f"invalid YAML: character {exc.character:#x} is not allowed"
+        ) from None
+    except RecursionError:
+        raise SourceError(path, None, "invalid YAML: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def line_of(node: Any, key: str | None = None) -> int | None:
@@ -100,7 +115,7 @@ class FieldReader:
         if not isinstance(node, dict):
             raise SourceError(
                 path,
-                line_of(node) or line,
+                line_of(node) or line or 1,  # 1: the document itself is not a mapping
                 f"{context}: expected a mapping, got {type(node).__name__}",
             )
         self.node = node

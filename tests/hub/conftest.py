@@ -1,4 +1,5 @@
-"""Fixtures: a fake hub on 127.0.0.1 and an environment that points everything at it.
+"""Fixtures: the product's hub server on 127.0.0.1, signing keys made at test time, and an
+environment that points everything at them.
 
 ``huggingface_hub`` reads ``HF_ENDPOINT``, ``HF_HUB_CACHE`` and ``HF_HUB_OFFLINE`` when it is
 imported, which has already happened in a pytest process. kernel-hub reads them at call time and
@@ -19,20 +20,30 @@ from pathlib import Path
 
 import pytest
 
-from kernel_hub.testing import registry_with_ops
+from kernel_hub.hub.signing import KeyPair, generate_key_pair
 
-from .fake_hub_server import FakeHub
-from .hub_helpers import REPO, RMSNORM, cache_dir
+from .hub_helpers import REPO, RMSNORM, cache_dir, signed_registry
+from .hub_server import TestHub
+
+
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory) -> dict[str, KeyPair]:
+    """Key pairs made for this test run (no private key is ever committed): ``publisher`` (pinned
+    in the test registry), ``rotated`` (a second key to rotate to), ``stranger`` (never pinned)."""
+    folder = tmp_path_factory.mktemp("keys")
+    return {name: generate_key_pair(folder / name) for name in ("publisher", "rotated", "stranger")}
 
 
 @pytest.fixture
-def hub() -> Iterator[FakeHub]:
-    with FakeHub() as server:
+def hub(tmp_path: Path) -> Iterator[TestHub]:
+    with TestHub(tmp_path / "hub-store") as server:
         yield server
 
 
 @pytest.fixture
-def hub_env(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHub:
+def hub_env(
+    hub: TestHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keys: dict[str, KeyPair]
+) -> TestHub:
     from huggingface_hub import constants
 
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
@@ -49,7 +60,8 @@ def hub_env(hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fa
         "KERNEL_HUB_VARIANT",
     ):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(registry_with_ops(tmp_path, "rmsnorm")))
+    registry = signed_registry(tmp_path, ["rmsnorm"], [keys["publisher"].public_key])
+    monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(registry))
     monkeypatch.setattr(constants, "ENDPOINT", hub.url)
     monkeypatch.setattr(
         constants,
@@ -79,11 +91,13 @@ def kernel_copy(tmp_path: Path):
 
 
 @pytest.fixture
-def publish(hub_env: FakeHub, kernel_copy):
-    """``publish("1.1.0", repo=...)``: publish a copy of rmsnorm at that version."""
+def publish(hub_env: TestHub, kernel_copy, keys):
+    """``publish("1.1.0", repo=..., key=...)``: publish a copy of rmsnorm at that version, signed
+    by the pinned test key unless another key name (or None: unsigned) is given."""
     from kernel_hub.hub.publish import publish_kernel
 
-    def run(version: str, repo: str = REPO):
-        return publish_kernel(kernel_copy(version), repo)
+    def run(version: str, repo: str = REPO, key: str | None = "publisher"):
+        sign_key = keys[key].private_path if key is not None else None
+        return publish_kernel(kernel_copy(version), repo, sign_key=sign_key)
 
     return run

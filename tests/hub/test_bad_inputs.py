@@ -10,8 +10,8 @@ from kernel_hub.hub.versions import parse_range
 from kernel_hub.loading.resolver import get_kernel
 from kernel_hub.registry.registry import parse_registry
 
-from .fake_hub_server import Fault
-from .hub_helpers import REPO, cache_dir
+from .hub_helpers import REPO, cache_dir, publishers_yaml
+from .hub_server import Fault
 
 REGISTRY_HEAD = "schema: 1\nops:\n  rmsnorm:\n    kernel: rmsnorm\n    version: '>=1,<2'\n"
 REGISTRY_TAIL = "    implementations: {cpu: [xla]}\n"
@@ -70,9 +70,14 @@ def test_no_matching_version_lists_existing_ones(publish, hub_env):
         get_kernel("rmsnorm", revision="v9")
 
 
-def test_missing_repo_is_a_clear_404(hub_env, tmp_path):
+def test_missing_repo_is_a_clear_404(hub_env, tmp_path, keys):
     registry = tmp_path / "registry.yaml"
-    registry.write_text(REGISTRY_HEAD + "    repo: kernel-hub/missing\n" + REGISTRY_TAIL)
+    registry.write_text(
+        REGISTRY_HEAD
+        + "    repo: kernel-hub/missing\n"
+        + REGISTRY_TAIL
+        + publishers_yaml([keys["publisher"].public_key])
+    )
     with pytest.raises(HubError, match="kernel-hub/missing: repository not found on http://127"):
         get_kernel("rmsnorm", registry=registry, source="hub")
 

@@ -1,4 +1,4 @@
-"""kernelize under kernel_mapping({op: version}) loads that hub build (fake hub on 127.0.0.1)."""
+"""kernelize under kernel_mapping({op: version}) loads that hub build (served on 127.0.0.1)."""
 
 from __future__ import annotations
 

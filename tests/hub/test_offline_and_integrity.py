@@ -14,7 +14,7 @@ from kernel_hub.hub.locking import lock_registry
 from kernel_hub.loading.resolver import get_kernel
 from kernel_hub.registry.registry import load_registry
 
-from .hub_helpers import REPO, cache_dir
+from .hub_helpers import REPO, cache_dir, publishers_yaml
 
 API_FILE = "build/torch-cpu/rmsnorm/api.py"
 
@@ -63,7 +63,7 @@ def test_file_changed_after_locking_is_refused_and_not_kept(
     old = publish("1.0.0")
     lock_path = tmp_path / "pinned.lock"
     lock_registry(load_registry(), lock_path)
-    original = hub_env.repo(REPO).commits[old.commit].files[API_FILE]
+    original = hub_env.files(REPO, old.commit)[API_FILE]
     hub_env.tamper(REPO, old.commit, API_FILE, original + b"\nimport os  # injected\n")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "fresh-cache"))  # nothing cached yet
     with pytest.raises(IntegrityError, match=rf"changed: {API_FILE}") as info:
@@ -81,7 +81,7 @@ def test_lock_covers_metadata_when_digest_is_rewritten_too(publish, hub_env, tmp
     old = publish("1.0.0")
     lock_path = tmp_path / "pinned.lock"
     lock_registry(load_registry(), lock_path)
-    files = hub_env.repo(REPO).commits[old.commit].files
+    files = hub_env.files(REPO, old.commit)
     evil = files[API_FILE] + b"\n# changed\n"
     metadata = json.loads(files["build/torch-cpu/metadata.json"])
     metadata["digest"]["files"]["rmsnorm/api.py"] = base64.b64encode(
@@ -123,13 +123,14 @@ def test_file_name_escaping_the_build_folder_is_refused(publish, hub_env):
         get_kernel("rmsnorm", version=">=1,<2")
 
 
-def test_untrusted_publisher_refused_unless_trusted(publish, hub_env, tmp_path, monkeypatch):
+def test_untrusted_publisher_refused_unless_trusted(publish, hub_env, tmp_path, monkeypatch, keys):
     other = "someone-else/rmsnorm"
-    publish("1.1.0", repo=other)
+    publish("1.1.0", repo=other, key="stranger")
     registry = tmp_path / "registry.yaml"
     registry.write_text(
         "schema: 1\nops:\n  rmsnorm:\n    kernel: rmsnorm\n    repo: someone-else/rmsnorm\n"
         "    version: '>=1,<2'\n    implementations: {cpu: [xla]}\n    layers: [RMSNorm]\n"
+        + publishers_yaml([keys["stranger"].public_key], org="someone-else")
     )
     before = len(hub_env.requests)
     with pytest.raises(UntrustedSourceError, match=r"'someone-else'.*not a trusted publisher"):

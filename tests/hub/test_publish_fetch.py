@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -10,7 +14,7 @@ from kernel_hub.hub.locking import lock_registry
 from kernel_hub.loading.resolver import get_kernel
 from kernel_hub.registry.registry import load_registry
 
-from .hub_helpers import REPO, cache_dir
+from .hub_helpers import REPO, cache_dir, publishers_yaml
 
 
 def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -21,11 +25,10 @@ def test_publish_tags_versions_and_moves_major_branch(publish, hub_env):
     first = publish("1.0.0")
     assert first.tag == "v1.0.0" and first.branch == "v1"
     second = publish("1.1.0")
-    repo = hub_env.repo(REPO)
-    assert repo.tags == {"v1.0.0": first.commit, "v1.1.0": second.commit}
-    assert repo.branches["v1"] == second.commit
+    assert hub_env.tags(REPO) == {"v1.0.0": first.commit, "v1.1.0": second.commit}
+    assert hub_env.branches(REPO)["v1"] == second.commit
     # Each commit holds exactly one build: the 1.1.0 commit kept no 1.0.0 files behind.
-    files = repo.commits[second.commit].files
+    files = hub_env.files(REPO, second.commit)
     assert b"version: 1.1.0" in files["build/torch-cpu/kernel.yaml"]
     assert sorted({p.split("/")[1] for p in files if p.startswith("build/")}) == [
         "jax-tpu",
@@ -34,14 +37,14 @@ def test_publish_tags_versions_and_moves_major_branch(publish, hub_env):
     ]
     # A back-ported older version gets its tag but does not move v1 backwards.
     backport = publish("1.0.5")
-    assert backport.branch is None and repo.branches["v1"] == second.commit
+    assert backport.branch is None and hub_env.branches(REPO)["v1"] == second.commit
 
 
 def test_republishing_a_version_is_refused(publish, hub_env):
     first = publish("1.0.0")
     with pytest.raises(HubError, match=r"1\.0\.0 is already published .*bump 'version'"):
         publish("1.0.0")
-    assert hub_env.repo(REPO).tags == {"v1.0.0": first.commit}
+    assert hub_env.tags(REPO) == {"v1.0.0": first.commit}
 
 
 def test_range_loads_newest_lock_loads_pinned_side_by_side(publish, hub_env, tmp_path):
@@ -70,7 +73,7 @@ def test_range_loads_newest_lock_loads_pinned_side_by_side(publish, hub_env, tmp
     assert sorted(p.name for p in build.iterdir()) == ["torch-cpu"]
 
 
-def test_revision_tag_commit_and_registry_pin(publish, hub_env, tmp_path):
+def test_revision_tag_commit_and_registry_pin(publish, hub_env, tmp_path, keys):
     old = publish("1.0.0")
     publish("1.1.0")
     assert get_kernel("rmsnorm", revision="v1.0.0").origin.commit == old.commit
@@ -81,6 +84,7 @@ def test_revision_tag_commit_and_registry_pin(publish, hub_env, tmp_path):
         "schema: 1\nops:\n  rmsnorm:\n    kernel: rmsnorm\n    repo: kernel-hub/rmsnorm\n"
         f"    version: '>=1,<2'\n    commit: {old.commit}\n"
         "    implementations: {cpu: [xla]}\n    layers: [RMSNorm]\n"
+        + publishers_yaml([keys["publisher"].public_key])
     )
     module = get_kernel("rmsnorm", registry=registry, source="hub")
     assert module.origin.commit == old.commit
@@ -113,3 +117,25 @@ def test_hugging_face_kernels_fetches_published_major_version(
     torch.testing.assert_close(
         module.rms_norm(x, weight), reference_rms_norm(x, weight), rtol=1e-5, atol=1e-5
     )
+
+
+_FIRST_THING_A_PROCESS_DOES = """
+import jax
+from kernel_hub import get_kernel
+get_kernel("rmsnorm", version="1.1.0")
+print("async dispatch:", jax.config.read("jax_cpu_enable_async_dispatch"))
+"""
+
+
+def test_hub_load_first_keeps_the_bridge_thread_policy(publish, hub_env):
+    """Fetching asks JAX for the platform; kernel-hub's inline thread policy (and with it the
+    staging buffers) must still apply when a hub load is the first thing a process does."""
+    publish("1.1.0")
+    result = subprocess.run(
+        [sys.executable, "-c", _FIRST_THING_A_PROCESS_DOES],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert result.stdout.strip().splitlines()[-1:] == ["async dispatch: False"], result.stderr

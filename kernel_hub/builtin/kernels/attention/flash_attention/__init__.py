@@ -1,15 +1,16 @@
 """flash_attention kernel: blocked online-softmax attention (Pallas TPU), Tokamax and XLA.
 
 Exports the torch ops (``dot_product_attention``, ``attention_with_lse``,
-``attention_with_dense_mask``), ``jax`` (the JAX API) and ``integrations`` (Transformers'
-AttentionInterface; imported on first use because it imports transformers).
+``attention_with_dense_mask``), ``jax`` (the JAX API), ``ring`` (context-parallel ring attention)
+and ``integrations`` (Transformers' AttentionInterface; imported on first use because it imports
+transformers).
 """
 
 import importlib
 from typing import Any
 
 from . import api as jax
-from . import benchmark
+from . import benchmark, ring
 from .torch_ops import attention_with_dense_mask, attention_with_lse, dot_product_attention
 
 implementation_tables = (jax.TABLE,)
@@ -29,4 +30,5 @@ __all__ = [
     "implementation_tables",
     "integrations",
     "jax",
+    "ring",
 ]

@@ -24,7 +24,7 @@ from kernel_hub.kernel_api import (
     tpu_generation,
 )
 
-from . import masking, pallas_tpu, reference
+from . import masking, pallas_tpu, reference, sharding
 from . import tokamax as tokamax_impl
 from .masking import AttentionSpec
 
@@ -250,6 +250,7 @@ def _call(
     )
 
 
+@sharding.attention_boundary
 def dot_product_attention(
     query: jax.Array,
     key: jax.Array,
@@ -294,6 +295,7 @@ def dot_product_attention(
     )
 
 
+@sharding.with_lse_boundary
 def dot_product_attention_with_lse(
     query: jax.Array,
     key: jax.Array,
@@ -330,6 +332,7 @@ def dot_product_attention_with_lse(
     )
 
 
+@sharding.backward_boundary
 def attention_backward(
     query,
     key,

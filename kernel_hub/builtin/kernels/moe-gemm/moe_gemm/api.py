@@ -29,7 +29,7 @@ from kernel_hub.kernel_api import (
     require,
 )
 
-from . import pallas_tpu, reference, tokamax_ragged_dot, vjp, xla_loop
+from . import pallas_tpu, reference, sharding, tokamax_ragged_dot, vjp, xla_loop
 from .schedule import sanitized_sizes
 from .tiling import Tiling, tiling_problem
 
@@ -252,6 +252,7 @@ TGMM_TABLE = ImplementationTable(
 )
 
 
+@sharding.gmm_boundary
 def gmm(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -288,6 +289,7 @@ def gmm(
     )
 
 
+@sharding.tgmm_boundary
 def tgmm(
     lhs: jax.Array,
     grad: jax.Array,
@@ -313,6 +315,7 @@ def tgmm(
     )
 
 
+@sharding.gmm_vjp_boundary
 def gmm_vjp(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -342,6 +345,7 @@ def gmm_vjp(
     )
 
 
+@sharding.tgmm_vjp_boundary
 def tgmm_vjp(
     lhs: jax.Array,
     grad: jax.Array,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from .expert_parallel import expert_axis
+from .expert_parallel_op import moe_ep_swiglu
 from .routing import Routing, combine, gather_tokens, route
 from .torch_ops import gmm
 
@@ -42,7 +44,11 @@ def experts_forward(
 ) -> torch.Tensor:
     """``ExpertsInterface`` function: hidden_states [T, H], top_k_index / top_k_weights [T, k]
     -> [T, H]. Honours the experts' ``has_gate``, ``has_bias``, ``is_transposed`` and
-    ``has_post_expert_norm`` flags set by ``use_experts_implementation``."""
+    ``has_post_expert_norm`` flags set by ``use_experts_implementation``. Expert weights split
+    over a mesh axis (torchax tensors holding sharded arrays) run expert-parallel (``moe_ep``)."""
+    axis = expert_axis(experts.gate_up_proj) if hasattr(experts, "gate_up_proj") else None
+    if axis is not None:
+        return _expert_parallel(experts, hidden_states, top_k_index, top_k_weights, axis)
     top_k = top_k_index.shape[-1]
     transposed = getattr(experts, "is_transposed", False)
     has_bias = getattr(experts, "has_bias", False)
@@ -63,6 +69,44 @@ def experts_forward(
     if getattr(experts, "has_post_expert_norm", False):
         out = experts.post_expert_norm(out)
     return combine(out, routing, top_k_weights).to(hidden_states.dtype)
+
+
+def _expert_parallel(experts, hidden_states, top_k_index, top_k_weights, axis: str):
+    """Experts whose weights are split over mesh ``axis`` (torchax): ``moe_ep``, for the layout
+    it implements (SwiGLU, [gate; up], [E, out, in], no bias or post-expert norm)."""
+    from transformers.integrations.moe import _default_apply_gate
+
+    unsupported = [
+        what
+        for what, bad in (
+            ("no gate", not getattr(experts, "has_gate", True)),
+            ("interleaved gate/up", not getattr(experts, "is_concatenated", True)),
+            ("[E, in, out] weights", getattr(experts, "is_transposed", False)),
+            ("biases", getattr(experts, "has_bias", False)),
+            ("a post-expert norm", getattr(experts, "has_post_expert_norm", False)),
+            ("a custom gate", type(experts)._apply_gate is not _default_apply_gate),
+            (
+                "an activation other than silu",
+                getattr(experts.config, "hidden_act", None) != "silu",
+            ),
+        )
+        if bad
+    ]
+    if unsupported:
+        raise NotImplementedError(
+            f"{type(experts).__name__}: expert weights split over mesh axis {axis!r} run through "
+            f"moe_ep, which implements SwiGLU experts only; these have {', '.join(unsupported)}. "
+            f"Replicate the expert weights to use the single-device path."
+        )
+    out = moe_ep_swiglu(
+        hidden_states,
+        top_k_index,
+        top_k_weights.to(hidden_states.dtype),
+        experts.gate_up_proj,
+        experts.down_proj,
+        axis,
+    )
+    return out.to(hidden_states.dtype)
 
 
 def register(name: str = DEFAULT_NAME) -> str:

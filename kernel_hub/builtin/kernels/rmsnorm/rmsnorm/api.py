@@ -16,7 +16,7 @@ from kernel_hub.kernel_api import (
     require,
 )
 
-from . import pallas_tpu, reference
+from . import pallas_tpu, reference, sharding
 
 OP = "rms_norm"
 
@@ -70,6 +70,7 @@ TABLE = ImplementationTable(
 )
 
 
+@sharding.boundary
 def rms_norm(
     x: jax.Array,
     weight: jax.Array,

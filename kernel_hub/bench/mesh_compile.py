@@ -1,0 +1,186 @@
+"""Compile sharded kernels for multi-chip TPU topologies without a TPU, and check the collectives.
+
+Each ``MeshCase`` (from a kernel's ``sharding.mesh_cases()``) is compiled on an Explicit-axis mesh
+over every device of a deviceless topology (v5e:2x2, v5p:2x2x1, v6e:2x2: 4 chips; v4:2x2x1: 8),
+forward and backward. A cell passes when the program compiles, holds Mosaic kernels (so the TPU
+kernel ran, not the interpreter) and at least the collectives the case names (all-reduce for
+replicated weights' gradients, ragged-all-to-all for expert parallelism, collective-permute for
+the ring). The negative control compiles the same function on an Auto-axis mesh, where the
+kernel's rule cannot see the shardings: Mosaic must refuse it ("cannot be automatically
+partitioned"), which shows the partitioner really runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kernel_hub.sharding.cases import MeshCase, default_mesh_shape
+from kernel_hub.topologies import filtered_libtpu_stderr, tpu_devices
+
+from .compile_check import check_generations, no_persistent_cache
+
+COLLECTIVES = (
+    "all-reduce",
+    "all-gather",
+    "all-to-all",
+    "ragged-all-to-all",
+    "collective-permute",
+    "reduce-scatter",
+)
+_OP = re.compile(r"(?<![\w-])(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_MOSAIC = re.compile(r'custom_call_target="tpu_custom_call"')
+CONTROL = "control"
+"""The direction name of the negative-control cell."""
+
+
+def count_collectives(hlo: str) -> dict[str, int]:
+    """Collective ops (async starts counted once) and Mosaic kernels in compiled HLO text."""
+    counts = Counter(match.group(1) for match in _OP.finditer(hlo))
+    counts["mosaic"] = len(_MOSAIC.findall(hlo))
+    return dict(counts)
+
+
+@dataclass
+class MeshCompileResult:
+    """One cell: a case, a direction (forward, backward or control) and a generation."""
+
+    kernel: str
+    case: str
+    direction: str
+    generation: str
+    mesh: str
+    ok: bool
+    seconds: float
+    collectives: dict[str, int] = field(default_factory=dict)
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "status": "pass" if self.ok else "fail"}
+
+
+def tpu_mesh(generation: str, axes: tuple[str, ...], explicit: bool = True) -> Any:
+    """A mesh over every device of ``generation``'s deviceless topology."""
+    import numpy as np
+    from jax.sharding import AxisType, Mesh
+
+    devices = tpu_devices(generation)
+    shape = default_mesh_shape(axes, len(devices))
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    return Mesh(np.array(devices).reshape(shape), axes, axis_types=(kind,) * len(axes))
+
+
+def _staged(case: MeshCase, direction: str, mesh: Any):
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    args = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, PartitionSpec(*s)))
+        for a, s in zip(case.args, case.specs, strict=True)
+    ]
+    if direction != "backward":
+        return case.fn, args
+
+    def forward_and_backward(*arrays):
+        def on_diff(*diff):
+            full = list(arrays)
+            for index, value in zip(case.differentiable, diff, strict=True):
+                full[index] = value
+            return case.fn(*full)
+
+        out, pullback = jax.vjp(on_diff, *(arrays[i] for i in case.differentiable))
+        return pullback(jax.tree.map(jax.numpy.ones_like, out))
+
+    return forward_and_backward, args
+
+
+def _problems(case: MeshCase, direction: str, counts: dict[str, int]) -> list[str]:
+    wanted = case.backward_collectives if direction == "backward" else case.forward_collectives
+    problems = [
+        f"{name}: {counts.get(name, 0)} in the program, expected at least {least}"
+        for name, least in wanted.items()
+        if counts.get(name, 0) < least
+    ]
+    if not counts.get("mosaic"):
+        problems.append("no Mosaic kernel in the program (traced off the TPU device?)")
+    return problems
+
+
+def compile_mesh_case(kernel: str, case: MeshCase, generation: str, direction: str):
+    """Compile one cell; failures are results. The control passes when the compile fails."""
+    import jax
+
+    control = direction == CONTROL
+    mesh = tpu_mesh(generation, case.axes, explicit=not control)
+    shape = "x".join(str(s) for s in mesh.devices.shape)
+    cell = functools.partial(
+        MeshCompileResult, kernel, case.name, direction, generation, f"{shape} {case.axes}"
+    )
+    start = time.perf_counter()
+    try:
+        with (
+            filtered_libtpu_stderr(),
+            no_persistent_cache(),
+            jax.default_device(mesh.devices.flat[0]),
+        ):
+            fn, args = _staged(case, direction, mesh)
+            hlo = jax.jit(fn).trace(*args).lower().compile().as_text()
+    except Exception as exc:  # the compiler's message is the result
+        message = f"{type(exc).__name__}: {exc}".strip()[:1500]
+        refused = "cannot be automatically partitioned" in message
+        return cell(ok=control and refused, seconds=time.perf_counter() - start, error=message)
+    seconds = time.perf_counter() - start
+    counts = count_collectives(hlo)
+    if control:
+        return cell(
+            ok=False,
+            seconds=seconds,
+            collectives=counts,
+            error="the control compiled: the rule is not what makes it work",
+        )
+    problems = _problems(case, direction, counts)
+    return cell(
+        ok=not problems, seconds=seconds, collectives=counts, error="; ".join(problems) or None
+    )
+
+
+def kernel_mesh_cases(op: str, registry: str | None = None) -> tuple[str, list[MeshCase]]:
+    """(kernel name, its mesh cases) for a registry op; a kernel without any gives []."""
+    from kernel_hub.loading.resolver import get_kernel
+
+    kernel = get_kernel(op, registry=registry)
+    try:
+        module = importlib.import_module(f"{kernel.__name__}.sharding")
+    except ModuleNotFoundError:
+        return kernel.manifest.name, []
+    return kernel.manifest.name, list(getattr(module, "mesh_cases", lambda: [])())
+
+
+def mesh_matrix(
+    ops: Sequence[str],
+    generations: Sequence[str],
+    *,
+    directions: Sequence[str] = ("forward", "backward"),
+    control: bool = True,
+    registry: str | None = None,
+) -> list[MeshCompileResult]:
+    """Every mesh case of the ops x direction x generation, plus one negative control per case
+    on the first generation."""
+    generations = check_generations(generations)
+    results = []
+    for op in ops:
+        kernel, cases = kernel_mesh_cases(op, registry)
+        for case in cases:
+            for direction in directions:
+                if direction == "backward" and not case.differentiable:
+                    continue
+                results += [compile_mesh_case(kernel, case, g, direction) for g in generations]
+            if control and case.control:
+                results.append(compile_mesh_case(kernel, case, generations[0], CONTROL))
+    return results

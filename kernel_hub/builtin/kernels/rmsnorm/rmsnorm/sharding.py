@@ -1,0 +1,36 @@
+"""Sharding rule of rms_norm: rows split freely, the normalised axis stays whole."""
+
+from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
+
+RMS_NORM = ShardingRule.parse(
+    "rms_norm",
+    "... hidden, hidden -> ... hidden",
+    whole=("hidden",),
+    handled_by={"hidden": "an all-gather of x before the norm (the statistics need every column)"},
+)
+
+boundary = sharded(RMS_NORM)
+"""Decorator of ``api.rms_norm``: shard_map over the mesh its inputs are sharded on."""
+
+
+def mesh_cases() -> list[MeshCase]:
+    """Rows over a (data, model) mesh; the weight gradient is summed over every shard."""
+    import jax
+    import jax.numpy as jnp
+
+    from . import api
+
+    return [
+        MeshCase(
+            "rows over data x model bf16",
+            api.rms_norm,
+            (
+                jax.ShapeDtypeStruct((16, 256, 1024), jnp.bfloat16),
+                jax.ShapeDtypeStruct((1024,), jnp.bfloat16),
+            ),
+            (("data", "model", None), (None,)),
+            ("data", "model"),
+            differentiable=(0, 1),
+            backward_collectives={"all-reduce": 1},
+        )
+    ]

@@ -1,0 +1,147 @@
+"""``kernel-hub mirror``: copy the builds a registry (or a lock) needs into a store directory.
+
+The mirror verifies before it copies: every variant is downloaded from ``HF_ENDPOINT`` and
+checked exactly as ``get_kernel`` checks it (pinned publisher key, signed digests, the lock's
+digests when mirroring a lock), so a mirror never holds a build its clients would refuse. It
+keeps the upstream commit ids, tags and ``vX`` branches, so lock files and version ranges resolve
+against the mirror as against the hub, and clients still verify every build themselves: the
+mirror is no trust anchor, only a copy. Serve the directory with ``kernel-hub serve``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import Version
+
+from kernel_hub.errors import HubError
+from kernel_hub.registry.registry import OpEntry, Registry
+
+from . import cache
+from .client import REPO_TYPE, hub_api, list_refs
+from .fetch import HubRequest, Resolved, fetch_all_variants, require_keys, resolve_online
+from .lockfile import LockFile
+from .signing import signature_path
+from .store import Commit, RepoStore
+from .trust import TrustRemoteCode, check_trusted
+from .versions import tag_name
+
+
+@dataclass(frozen=True)
+class Mirrored:
+    op: str
+    repo: str
+    version: Version
+    commit: str
+    variants: tuple[str, ...]
+    refs: tuple[str, ...]
+    copied: bool
+    """False when the store already held this commit."""
+
+
+def mirror_registry(
+    registry: Registry,
+    to: str | Path,
+    ops: Iterable[str] | None = None,
+    *,
+    lock: LockFile | None = None,
+    trust_remote_code: TrustRemoteCode = False,
+) -> tuple[list[Mirrored], dict[str, str]]:
+    """Mirror ``ops`` (default: every op with a hub repo); returns (copied builds, skipped ops
+    with the reason)."""
+    store = RepoStore(to)
+    entries = [registry.get(op) for op in ops] if ops is not None else list(registry)
+    done: list[Mirrored] = []
+    skipped: dict[str, str] = {}
+    for entry in entries:
+        if entry.repo is None:
+            skipped[entry.name] = "no 'repo' in the registry: in-tree only"
+            continue
+        what = f"mirroring op {entry.name}"
+        check_trusted(entry.repo, trust_remote_code)
+        keys = require_keys(entry.repo, registry.keys_for(entry.repo), what)
+        locked = lock.ops.get(entry.name) if lock is not None else None
+        api = hub_api()
+        versions, branches, tags = list_refs(api, entry.repo)
+        for resolved in _wanted(api, entry, versions, lock, what):
+            pin = locked if locked is not None and locked.commit == resolved.commit else None
+            # verified every time (from the local cache when already downloaded)
+            metadata = fetch_all_variants(api, entry.repo, resolved, keys, what, pin)
+            copied = not (
+                store.has_repo(REPO_TYPE, entry.repo)
+                and store.commit(REPO_TYPE, entry.repo, resolved.commit) is not None
+            )
+            if copied:
+                try:
+                    _copy(store, entry.repo, resolved.commit, sorted(metadata), what)
+                except OSError as exc:
+                    raise HubError(
+                        f"{what}: writing {store.root} failed ({exc.strerror or exc}); the store "
+                        f"holds no part of {entry.repo} {resolved.commit[:12]} (a commit is "
+                        "recorded only after all its files are written)"
+                    ) from exc
+            refs = _copy_refs(store, entry.repo, resolved.commit, branches, tags)
+            version = next(iter(metadata.values())).version
+            done.append(
+                Mirrored(
+                    entry.name,
+                    entry.repo,
+                    version,
+                    resolved.commit,
+                    tuple(sorted(metadata)),
+                    refs,
+                    copied,
+                )
+            )
+    return done, skipped
+
+
+def _wanted(api, entry: OpEntry, versions, lock: LockFile | None, what: str) -> list[Resolved]:
+    """The commits to mirror: the lock's pin, else the registry's revision/commit, else every
+    version tag in the registry's range."""
+    locked = lock.ops.get(entry.name) if lock is not None else None
+    if locked is not None:
+        return [Resolved(locked.commit, locked.commit, locked.version)]
+    if entry.commit is not None or entry.revision is not None:
+        return [resolve_online(api, HubRequest.for_op(entry), what)]
+    wanted = sorted(v for v in versions if entry.version.contains(v, prereleases=True))
+    if not wanted:
+        listing = ", ".join(map(str, sorted(versions))) or "(none)"
+        raise HubError(
+            f"{what}: {entry.repo} has no version in {entry.version}; versions: {listing}"
+        )
+    return [Resolved(versions[v], tag_name(v), v) for v in wanted]
+
+
+def _copy(store: RepoStore, repo: str, commit: str, variants: list[str], what: str) -> None:
+    """The verified variants' files from the cache snapshot into the store, as ``commit``."""
+    snapshot = cache.snapshot_dir(repo, commit)
+    files = {}
+    for variant in variants:
+        signature = signature_path(variant)
+        files[signature] = store.put_blob((snapshot / signature).read_bytes())
+        folder = snapshot / "build" / variant
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                files[f"build/{variant}/{path.relative_to(folder).as_posix()}"] = store.put_blob(
+                    path.read_bytes()
+                )
+    if not files:
+        raise HubError(f"{what}: {repo} at {commit[:12]} has no build files")
+    store.ensure_repo(REPO_TYPE, repo)
+    store.write_commit(REPO_TYPE, repo, Commit(commit, None, f"mirror of {repo}", files))
+
+
+def _copy_refs(
+    store: RepoStore, repo: str, commit: str, branches: dict[str, str], tags: dict[str, str]
+) -> tuple[str, ...]:
+    """Upstream tags and branches that point at ``commit``, pointed at it in the store too."""
+    names = []
+    for kind, refs in (("tag", tags), ("branch", branches)):
+        for name, target in sorted(refs.items()):
+            if target == commit:
+                store.set_ref(REPO_TYPE, repo, kind, name, commit, create=False)
+                names.append(name)
+    return tuple(names)

@@ -1,0 +1,196 @@
+"""``shard_map`` at a kernel's boundary, driven by the op's ``ShardingRule``.
+
+A Pallas call cannot be partitioned automatically: on an Explicit-axis mesh it fails at trace time,
+on an Auto-axis mesh at Mosaic lowering (CPU interpret mode runs anyway, which hides the bug). So a
+decorated JAX function, called with arrays sharded over a mesh (or inside ``use_mesh``), runs as
+one ``jax.shard_map`` over *all* mesh axes (Mosaic needs every axis manual), with specs solved
+from the rule. Outside a mesh, or inside a caller's ``shard_map`` (every axis already manual), it
+runs unchanged. The backward is ``shard_map``'s transpose, so replicated weights get their
+gradient summed over the shards.
+
+``check_vma=False``: the kernels' ``pallas_call`` out_shapes carry no manual-axis types, and the
+CPU interpreter rejects them when they do (research/distributed.md §1). The out specs come from
+the rule alone; the sharded tests compare every output and gradient with the unsharded call,
+which is what catches a wrong rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .context import current_mesh_context
+from .rule import ShardingError, ShardingRule
+from .solve import Axes, Operand, Solution, expand, solve
+
+RuleSource = ShardingRule | Callable[..., ShardingRule]
+"""A rule, or a function of the call's keyword options returning one (e.g. a layout flag)."""
+
+
+def partition_spec(per_dim: Sequence[Axes]) -> Any:
+    """A ``PartitionSpec`` from per-dimension mesh axes."""
+    from jax.sharding import PartitionSpec
+
+    return PartitionSpec(*[None if not a else a[0] if len(a) == 1 else a for a in per_dim])
+
+
+def _spec_axes(spec: Any, rank: int) -> tuple[Axes, ...]:
+    entries = tuple(spec) + (None,) * (rank - len(spec))
+    return tuple(() if e is None else (e,) if isinstance(e, str) else tuple(e) for e in entries)
+
+
+def _mesh_of(arrays: Sequence[Any], op: str) -> Any:
+    """The one mesh the arrays are sharded over (None: no mesh); the manual check is separate."""
+    import jax
+
+    meshes = []
+    for array in arrays:
+        mesh = jax.typeof(array).sharding.mesh
+        if not mesh.empty and all(m != mesh for m in meshes):
+            meshes.append(mesh)
+    if len(meshes) > 1:
+        raise ShardingError(f"{op}: arrays are sharded over different meshes: {meshes}")
+    return meshes[0] if meshes else None
+
+
+def _axis_kinds(mesh: Any) -> set[str]:
+    return {str(t).rsplit(".", 1)[-1] for t in mesh.axis_types}
+
+
+def _placement(rule: ShardingRule, names: Sequence[str], arrays: Sequence[Any]):
+    """(mesh, operands with their current per-dimension axes, explicit) or None: run unwrapped."""
+    import jax
+
+    found = find_mesh(rule.op, arrays)
+    if found is None:
+        return None
+    mesh, explicit = found
+    context = current_mesh_context()
+
+    def axes(name: str, array: Any, dims: tuple[str, ...]) -> tuple[Axes, ...]:
+        if context is not None:
+            return tuple(context.axes_of(f) for f in expand(rule, dims, array.ndim, name))
+        return _spec_axes(jax.typeof(array).sharding.spec, array.ndim)
+
+    operands = [
+        None if a is None else Operand(n, tuple(a.shape), axes(n, a, dims))
+        for n, a, dims in zip(names, arrays, rule.operands, strict=True)
+    ]
+    return mesh, operands, explicit
+
+
+def run_sharded(
+    rule: ShardingRule,
+    fn: Callable[..., Any],
+    names: Sequence[str],
+    arrays: Sequence[Any],
+    options: dict[str, Any],
+) -> Any:
+    """``fn(*arrays, **options)``, as one shard_map over the arrays' mesh when there is one."""
+    placement = _placement(rule, names, arrays)
+    if placement is None:
+        return fn(*arrays, **options)
+    mesh, operands, explicit = placement
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    solution = solve(rule, operands, sizes)
+    return _shard_mapped(rule, fn, mesh, arrays, solution, options, explicit)
+
+
+def find_mesh(op: str, arrays: Sequence[Any]) -> tuple[Any, bool] | None:
+    """(mesh, explicit) a layer built on shard_map runs over: the ``use_mesh`` region's, else the
+    Explicit-axis mesh the arrays are sharded on; None outside any mesh or inside a shard_map."""
+    context = current_mesh_context()
+    mesh = _mesh_of([a for a in arrays if a is not None], op)
+    if mesh is not None and "Manual" in _axis_kinds(mesh):
+        if _axis_kinds(mesh) == {"Manual"}:
+            return None  # inside the caller's shard_map: the kernel sees per-shard arrays
+        raise ShardingError(
+            f"{op}: called inside a shard_map over only some mesh axes "
+            f"({mesh.axis_names}, {mesh.axis_types}); Pallas kernels need a shard_map over all "
+            f"of them"
+        )
+    if context is not None:
+        return context.mesh, "Explicit" in _axis_kinds(context.mesh)
+    if mesh is None or "Explicit" not in _axis_kinds(mesh):
+        return None
+    return mesh, True
+
+
+def shard_map_all(
+    body: Callable[..., Any],
+    mesh: Any,
+    arrays: Sequence[Any],
+    in_axes: Sequence[Sequence[Axes]],
+    out_specs: Any,
+    explicit: bool,
+) -> Any:
+    """``body`` as one shard_map over every axis of ``mesh`` (``check_vma=False``, see above).
+    On an Explicit mesh, an array not already split as ``in_axes`` says is resharded first
+    (shard_map does not reshard there)."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    if explicit:
+        arrays = [
+            a
+            if _spec_axes(jax.typeof(a).sharding.spec, a.ndim) == tuple(want)
+            else jax.sharding.reshard(a, NamedSharding(mesh, partition_spec(want)))
+            for a, want in zip(arrays, in_axes, strict=True)
+        ]
+    mapped = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=tuple(partition_spec(a) for a in in_axes),
+        out_specs=out_specs,
+        check_vma=False,
+    )
+    return mapped(*arrays)
+
+
+def _shard_mapped(rule, fn, mesh, arrays, solution: Solution, options, explicit):
+    import jax
+
+    present = [a for a in arrays if a is not None]
+    reduce_over = solution.reduce_over
+
+    def body(*local):
+        supplied = iter(local)
+        full = [None if a is None else next(supplied) for a in arrays]
+        out = fn(*full, **options)
+        if reduce_over:
+            out = jax.tree.map(lambda r: jax.lax.psum(r, reduce_over), out)
+        return out
+
+    out_specs = tuple(partition_spec(r) for r in solution.results)
+    out_specs = out_specs[0] if len(rule.results) == 1 else out_specs
+    return shard_map_all(body, mesh, present, solution.operands, out_specs, explicit)
+
+
+def sharded(rule: RuleSource) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: run a kernel's JAX function through ``run_sharded`` with ``rule``.
+
+    The function's first ``len(rule.operands)`` parameters are its array operands (optional ones
+    may be None); the rest are options, passed unchanged. The decorated function exposes the
+    rule as ``sharding_rule`` and the plain function as ``__wrapped__``.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(fn)
+        params = list(signature.parameters)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            arguments = bound.arguments
+            chosen = rule if isinstance(rule, ShardingRule) else rule(**kwargs)
+            names = params[: len(chosen.operands)]
+            arrays = [arguments.get(n) for n in names]
+            options = {k: v for k, v in arguments.items() if k not in names}
+            return run_sharded(chosen, fn, names, arrays, options)
+
+        wrapper.sharding_rule = rule
+        return wrapper
+
+    return decorate

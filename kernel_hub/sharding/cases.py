@@ -1,0 +1,38 @@
+"""Sharded compile cases: a kernel function, sharded abstract inputs and the collectives its
+compiled program must contain (what ``kernel-hub compile-check --mesh`` asserts)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def default_mesh_shape(axes: tuple[str, ...], devices: int) -> tuple[int, ...]:
+    """One axis: every device on it; two: (2, devices // 2)."""
+    if len(axes) == 1:
+        return (devices,)
+    if len(axes) == 2:
+        return (2, devices // 2)
+    raise ValueError(f"a mesh case has one or two axes, got {axes}")
+
+
+@dataclass(frozen=True)
+class MeshCase:
+    """One sharded program to compile for a multi-chip topology."""
+
+    name: str
+    fn: Callable[..., Any]
+    """Takes the arrays in ``args`` positionally."""
+    args: tuple[Any, ...]
+    """``jax.ShapeDtypeStruct``s (global shapes; divisible by 8-device meshes)."""
+    specs: tuple[tuple[str | None, ...], ...]
+    """The ``PartitionSpec`` entries of each argument."""
+    axes: tuple[str, ...]
+    differentiable: tuple[int, ...] = ()
+    forward_collectives: Mapping[str, int] = field(default_factory=dict)
+    """HLO collective -> the least number of them the compiled forward holds."""
+    backward_collectives: Mapping[str, int] = field(default_factory=dict)
+    control: bool = True
+    """Compile a negative control (Auto mesh: the rule sees no sharding, Mosaic must refuse).
+    False for layers that are their own shard_map (they refuse a mesh-less call themselves)."""

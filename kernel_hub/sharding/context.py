@@ -1,0 +1,88 @@
+"""``use_mesh``: the mesh and factor -> mesh axes rules for calls made on an Auto-axis mesh.
+
+On an Explicit-axis mesh every array carries its sharding (``jax.typeof(x).sharding``), even inside
+``jit``, so kernel-hub reads it there. On an Auto-axis mesh a traced array reports no sharding, so
+the caller states it once for a region: which mesh, and which mesh axes split which rule factor
+(``batch``, ``heads``, ``...`` for the leading dimensions of row-wise ops, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .rule import ELLIPSIS, ShardingError
+from .solve import Axes
+
+AxisRule = str | tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class MeshContext:
+    """The mesh of a ``use_mesh`` region and its factor -> mesh axes rules."""
+
+    mesh: Any
+    rules: Mapping[str, tuple[Axes, ...]]
+
+    def axes_of(self, factor: str) -> Axes:
+        """Mesh axes splitting ``factor`` (``...0``, ``...1`` are the leading dimensions)."""
+        if factor.startswith(ELLIPSIS):
+            per_dim = self.rules.get(ELLIPSIS, ())
+            index = int(factor[len(ELLIPSIS) :])
+            return per_dim[index] if index < len(per_dim) else ()
+        return self.rules.get(factor, ((),))[0]
+
+
+_CURRENT: contextvars.ContextVar[MeshContext | None] = contextvars.ContextVar(
+    "kernel_hub_mesh", default=None
+)
+
+
+def _as_axes(value: AxisRule) -> Axes:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _normalised(mesh: Any, rules: Mapping[str, Any]) -> dict[str, tuple[Axes, ...]]:
+    out = {}
+    for factor, value in rules.items():
+        per_dim = value if factor == ELLIPSIS else (value,)
+        if factor == ELLIPSIS and isinstance(value, str):
+            per_dim = (value,)
+        out[factor] = tuple(_as_axes(v) for v in per_dim)
+        for axes in out[factor]:
+            for axis in axes:
+                if axis not in mesh.axis_names:
+                    raise ShardingError(
+                        f"use_mesh: rule {factor!r} names mesh axis {axis!r}; the mesh has axes "
+                        f"{tuple(mesh.axis_names)}"
+                    )
+    return out
+
+
+@contextlib.contextmanager
+def use_mesh(
+    mesh: Any, axis_rules: Mapping[str, AxisRule | tuple[AxisRule, ...]] | None = None
+) -> Iterator[MeshContext]:
+    """Run kernel-hub's JAX functions called (or traced) in this block sharded over ``mesh``.
+
+    ``axis_rules`` maps rule factors to mesh axes, e.g. ``{"batch": "data", "heads": "model",
+    "...": ("data",)}`` (``...``: one entry per leading dimension of row-wise ops such as
+    rms_norm). Factors without a rule stay unsplit. Needed on Auto-axis meshes, where traced
+    arrays carry no sharding; on Explicit-axis meshes kernel-hub reads the arrays' own.
+    """
+    context = MeshContext(mesh, _normalised(mesh, axis_rules or {}))
+    token = _CURRENT.set(context)
+    try:
+        yield context
+    finally:
+        _CURRENT.reset(token)
+
+
+def current_mesh_context() -> MeshContext | None:
+    """The innermost ``use_mesh`` region, if any."""
+    return _CURRENT.get()

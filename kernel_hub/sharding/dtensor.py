@@ -1,0 +1,150 @@
+"""DTensor sharding strategies from an op's ``ShardingRule`` (``register_sharding``).
+
+For one mesh dimension each strategy splits one factor (with its grouped partner): operands
+holding it are ``Shard(dim)``, the others ``Replicate()``; results holding it are ``Shard(dim)``,
+and results of a ``reduced`` factor are ``Partial()`` (each rank holds a partial sum). All-
+replicate is always offered. DTensor expands these over every mesh dimension and redistributes
+inputs to the cheapest one. The backward op gets the matching strategies: gradients of operands
+that lack the split factor (replicated weights) come out ``Partial()``, summed when used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .rule import ELLIPSIS, ShardingRule
+from .solve import expand
+
+Strategy = tuple[list[Any], list[Any]]
+
+
+def _leading(rule: ShardingRule, ranks: Sequence[int | None]) -> int:
+    for dims, rank in zip(rule.operands, ranks, strict=True):
+        if rank is not None and ELLIPSIS in dims:
+            return rank - (len(dims) - 1)
+    return 0
+
+
+def _expanded(rule: ShardingRule, ranks: Sequence[int | None]):
+    """Factor names per dimension of each operand (None: absent) and of each result."""
+    operands = [
+        None if r is None else expand(rule, d, r, f"operand {i}")
+        for i, (d, r) in enumerate(zip(rule.operands, ranks, strict=True))
+    ]
+    leading = [f"{ELLIPSIS}{i}" for i in range(_leading(rule, ranks))]
+    results = [
+        tuple((leading if ELLIPSIS in d else []) + [f for f in d if f != ELLIPSIS])
+        for d in rule.results
+    ]
+    return operands, results
+
+
+def split_factors(rule: ShardingRule, ranks: Sequence[int | None]) -> list[frozenset[str]]:
+    """The factor groups a strategy may split: free ones, a grouped pair counted once."""
+    operands, _ = _expanded(rule, ranks)
+    seen: list[frozenset[str]] = []
+    for dims in operands:
+        for factor in dims or ():
+            base = ELLIPSIS if factor.startswith(ELLIPSIS) else factor
+            if base in rule.whole:
+                continue
+            group = frozenset({factor} | ({rule.partner(factor)} - {None}))
+            if group not in seen:
+                seen.append(group)
+    return seen
+
+
+def _place(dims: Sequence[str] | None, group: frozenset[str], otherwise: Any) -> Any:
+    from torch.distributed.tensor import Shard
+
+    if dims is None:
+        return None
+    for index, factor in enumerate(dims):
+        if factor in group:
+            return Shard(index)
+    return otherwise
+
+
+def forward_strategies(rule: ShardingRule, ranks: Sequence[int | None]) -> list[Strategy]:
+    """(result placements, operand placements) pairs for one mesh dimension."""
+    from torch.distributed.tensor import Partial, Replicate
+
+    operands, results = _expanded(rule, ranks)
+    out = [([Replicate()] * len(results), [None if d is None else Replicate() for d in operands])]
+    for group in split_factors(rule, ranks):
+        reduced = bool(group & rule.reduced)
+        out.append(
+            (
+                [_place(r, group, Partial() if reduced else Replicate()) for r in results],
+                [_place(d, group, Replicate()) for d in operands],
+            )
+        )
+    return out
+
+
+def backward_strategies(
+    rule: ShardingRule, ranks: Sequence[int | None], differentiable: Sequence[int]
+) -> list[Strategy]:
+    """(gradient placements, inputs + outputs + cotangents placements) for the backward op.
+    Reduced factors are not offered (their cotangents would need to be replicated anyway)."""
+    from torch.distributed.tensor import Partial, Replicate
+
+    operands, results = _expanded(rule, ranks)
+    everything = [*operands, *results, *results]
+    replicated = [None if d is None else Replicate() for d in everything]
+    out = [([Replicate()] * len(differentiable), replicated)]
+    for group in split_factors(rule, ranks):
+        if group & rule.reduced:
+            continue
+        out.append(
+            (
+                [_place(operands[i], group, Partial()) for i in differentiable],
+                [_place(d, group, Replicate()) for d in everything],
+            )
+        )
+    return out
+
+
+def _rank(value: Any) -> int | None:
+    return None if value is None else len(value.shape)
+
+
+def register(
+    op: Any,
+    backward_op: Any | None,
+    rule_for: Callable[[dict[str, Any]], ShardingRule],
+    param_names: Sequence[str],
+    tensor_params: Sequence[str],
+    differentiable: Sequence[str],
+) -> None:
+    """Register DTensor strategies for a bridged op (and its backward op) from its rule.
+
+    ``rule_for(static_arguments)`` picks the rule for a call's options.
+    """
+    from torch.distributed.tensor.experimental import register_sharding
+
+    static_params = [p for p in param_names if p not in tensor_params]
+    diff_index = [tensor_params.index(p) for p in differentiable]
+
+    @register_sharding(op)
+    def forward(*args: Any, **kwargs: Any) -> list[Strategy]:
+        arguments = dict(zip(param_names, args, strict=False)) | kwargs
+        static = {p: arguments[p] for p in static_params if p in arguments}
+        ranks = [_rank(arguments.get(p)) for p in tensor_params]
+        strategies = []
+        for results, placements in forward_strategies(rule_for(static), ranks):
+            by_name = dict(zip(tensor_params, placements, strict=True))
+            strategies.append((results, [by_name.get(p) for p in param_names[: len(args)]]))
+        return strategies
+
+    if backward_op is None:
+        return
+
+    @register_sharding(backward_op)
+    def backward(inputs, outputs, cotangents, *static_values: Any) -> list[Strategy]:
+        static = dict(zip(static_params, static_values, strict=False))
+        ranks = [_rank(t) for t in inputs]
+        strategies = backward_strategies(rule_for(static), ranks, diff_index)
+        pad = [None] * len(static_values)
+        return [(grads, [*placements, *pad]) for grads, placements in strategies]

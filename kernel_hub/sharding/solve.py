@@ -1,0 +1,150 @@
+"""Solve a rule against the inputs' shardings: one set of mesh axes per factor, or an error.
+
+Inputs are given as per-dimension mesh axes (what a ``PartitionSpec`` holds). A factor takes the
+axes of whichever operand splits it; an operand that holds the factor unsplit is split to match
+(a local slice, no communication). Anything else is a ``ShardingError`` that names the factor,
+the operand and dimension, the mesh axes and, where the rule knows one, the layer to use instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .rule import ELLIPSIS, ShardingError, ShardingRule
+
+Axes = tuple[str, ...]
+"""The mesh axes one dimension is split over, major to minor; () = unsplit."""
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One array argument: its name (for messages), shape and per-dimension mesh axes."""
+
+    name: str
+    shape: tuple[int, ...]
+    axes: tuple[Axes, ...]
+
+
+@dataclass(frozen=True)
+class Solution:
+    """Per-dimension mesh axes of every present operand and of every result, and the axes the
+    results are summed over (split ``reduced`` factors)."""
+
+    operands: tuple[tuple[Axes, ...], ...]
+    results: tuple[tuple[Axes, ...], ...]
+    reduce_over: Axes
+    factor_axes: Mapping[str, Axes]
+
+
+def expand(rule: ShardingRule, dims: tuple[str, ...], rank: int, name: str) -> tuple[str, ...]:
+    """The factor of every dimension of a rank-``rank`` array read as ``dims``."""
+    fixed = [d for d in dims if d != ELLIPSIS]
+    leading = rank - len(fixed)
+    if leading < 0 or (leading and ELLIPSIS not in dims):
+        raise ShardingError(
+            f"{rule.op}: {name} has rank {rank}; its sharding rule reads it as [{' '.join(dims)}]"
+        )
+    if ELLIPSIS not in dims:
+        return tuple(fixed)
+    return tuple(f"{ELLIPSIS}{i}" for i in range(leading)) + tuple(fixed)
+
+
+def _where(operand: Operand, dim: int) -> str:
+    return f"{operand.name} dimension {dim} (size {operand.shape[dim]})"
+
+
+def _hint(rule: ShardingRule, factor: str) -> str:
+    layer = rule.handled_by.get(factor)
+    return f"; to shard it use {layer}" if layer else ""
+
+
+def solve(
+    rule: ShardingRule,
+    operands: Sequence[Operand | None],
+    mesh_sizes: Mapping[str, int],
+) -> Solution:
+    """Mesh axes for every dimension of the operands (None: absent optional) and results."""
+    if len(operands) != len(rule.operands):
+        raise ShardingError(
+            f"{rule.op}: {len(operands)} array arguments, its rule has {len(rule.operands)}"
+        )
+    present = [(o, dims) for o, dims in zip(operands, rule.operands, strict=True) if o is not None]
+    expanded = [expand(rule, dims, len(o.shape), o.name) for o, dims in present]
+    ellipsis_ranks = {
+        sum(f.startswith(ELLIPSIS) for f in e)
+        for e, (_, d) in zip(expanded, present, strict=True)
+        if ELLIPSIS in d
+    }
+    if len(ellipsis_ranks) > 1:
+        raise ShardingError(f"{rule.op}: the '...' dimensions differ in count between operands")
+
+    factor_axes: dict[str, Axes] = {}
+    seen_at: dict[str, str] = {}
+    for (operand, _), factors in zip(present, expanded, strict=True):
+        for dim, (factor, axes) in enumerate(zip(factors, operand.axes, strict=True)):
+            if not axes:
+                continue
+            base = factor if not factor.startswith(ELLIPSIS) else ELLIPSIS
+            if base in rule.whole:
+                raise ShardingError(
+                    f"{rule.op}: {_where(operand, dim)} is split over mesh axes {axes}, but its "
+                    f"factor {factor!r} must stay whole{_hint(rule, factor)}; replicate it "
+                    f"(in_specs None there)"
+                )
+            previous = factor_axes.get(factor)
+            if previous is not None and previous != axes:
+                raise ShardingError(
+                    f"{rule.op}: factor {factor!r} is split over {previous} in {seen_at[factor]} "
+                    f"but over {axes} in {_where(operand, dim)}; split both the same way"
+                )
+            factor_axes[factor] = axes
+            seen_at[factor] = _where(operand, dim)
+
+    for a, b in rule.together:
+        axes_a, axes_b = factor_axes.get(a), factor_axes.get(b)
+        if axes_a is not None and axes_b is not None and axes_a != axes_b:
+            raise ShardingError(
+                f"{rule.op}: factors {a!r} and {b!r} are split together (grouped heads); got "
+                f"{axes_a} in {seen_at[a]} and {axes_b} in {seen_at[b]}"
+            )
+        axes = axes_a or axes_b
+        if axes:
+            factor_axes[a] = factor_axes[b] = axes
+
+    users: dict[str, str] = {}
+    for factor, axes in factor_axes.items():
+        for axis in axes:
+            if axis not in mesh_sizes:
+                raise ShardingError(f"{rule.op}: mesh axis {axis!r} is not in {dict(mesh_sizes)}")
+            other = users.get(axis)
+            if other is not None and rule.partner(factor) != other:
+                raise ShardingError(
+                    f"{rule.op}: mesh axis {axis!r} splits both factor {other!r} and {factor!r}; "
+                    f"one mesh axis may split one factor"
+                )
+            users[axis] = factor
+
+    operand_axes = []
+    for (operand, _), factors in zip(present, expanded, strict=True):
+        per_dim = []
+        for dim, factor in enumerate(factors):
+            axes = factor_axes.get(factor, ())
+            count = math.prod(mesh_sizes[a] for a in axes)
+            if operand.shape[dim] % count:
+                raise ShardingError(
+                    f"{rule.op}: {_where(operand, dim)} (factor {factor!r}) cannot be split "
+                    f"{count} ways over mesh axes {axes}; it must be divisible by {count}"
+                )
+            per_dim.append(axes)
+        operand_axes.append(tuple(per_dim))
+
+    leading = next(iter(ellipsis_ranks), 0)
+    results = []
+    for dims in rule.results:
+        names = [f"{ELLIPSIS}{i}" for i in range(leading)] if ELLIPSIS in dims else []
+        names += [d for d in dims if d != ELLIPSIS]
+        results.append(tuple(factor_axes.get(f, ()) for f in names))
+    reduce_over = tuple(a for f in sorted(rule.reduced) for a in factor_axes.get(f, ()))
+    return Solution(tuple(operand_axes), tuple(results), reduce_over, factor_axes)

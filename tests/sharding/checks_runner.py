@@ -1,0 +1,44 @@
+"""Run a checks script (one JSON line per check) in a fresh process and read its results.
+
+The multi-device and multi-process checks need their own interpreters: the CPU device count is
+fixed when JAX starts, torchax changes torch globally, torchrun starts the ranks.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import kernel_hub
+
+
+def check_names(script: Path) -> list[str]:
+    """The functions decorated ``@check`` in a checks script, in file order."""
+    tree = ast.parse(script.read_text())
+    return [
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and any(isinstance(d, ast.Name) and d.id == "check" for d in node.decorator_list)
+    ]
+
+
+def run_checks(command: Sequence[str], script: Path, timeout: int = 900) -> dict[str, dict]:
+    """Results by check name of ``command + [script]`` (with this checkout on the path)."""
+    root = Path(kernel_hub.__file__).resolve().parents[1]
+    path = [str(root), str(script.parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [*command, str(script)], capture_output=True, text=True, env=env, timeout=timeout
+    )
+    results = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            result = json.loads(line)
+            results[result["check"]] = result
+    assert results, f"no results (exit {done.returncode}):\n{done.stderr[-3000:]}"
+    return results

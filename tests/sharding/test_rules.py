@@ -1,0 +1,106 @@
+"""Sharding rules and their solver without devices: what each rule allows, refuses and why, and
+the DTensor strategies derived from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel_hub.sharding import ShardingError, ShardingRule
+from kernel_hub.sharding.dtensor import backward_strategies, forward_strategies
+from kernel_hub.sharding.solve import Operand, solve
+
+NORM = ShardingRule.parse("norm", "... d, d -> ... d", whole=("d",))
+GQA = ShardingRule.parse(
+    "attn",
+    "b h s e, b g s e -> b h s e",
+    whole=("s", "e"),
+    together=(("h", "g"),),
+    handled_by={"s": "the ring layer"},
+)
+MATMUL = ShardingRule.parse("mm", "m k, k n -> m n", reduced=("k",))
+SIZES = {"data": 2, "model": 4}
+
+
+def test_rows_split_and_weight_follows() -> None:
+    x = Operand("x", (4, 8, 16), (("data",), ("model",), ()))
+    w = Operand("w", (16,), ((),))
+    solution = solve(NORM, [x, w], SIZES)
+    assert solution.operands == ((("data",), ("model",), ()), ((),))
+    assert solution.results == ((("data",), ("model",), ()),)
+    assert solution.reduce_over == ()
+
+
+def test_whole_factor_names_operand_axis_and_layer() -> None:
+    q = Operand("q", (2, 8, 64, 32), ((), (), ("data",), ()))
+    k = Operand("k", (2, 4, 64, 32), ((), (), (), ()))
+    with pytest.raises(ShardingError, match=r"q dimension 2 .*'data'.*'s' must stay whole.*ring"):
+        solve(GQA, [q, k], SIZES)
+
+
+def test_grouped_heads_follow_and_must_divide() -> None:
+    q = Operand("q", (2, 8, 64, 32), ((), ("model",), (), ()))
+    k = Operand("k", (2, 4, 64, 32), ((), (), (), ()))
+    assert solve(GQA, [q, k], SIZES).operands[1][1] == ("model",)
+    narrow = Operand("k", (2, 2, 64, 32), ((), (), (), ()))
+    with pytest.raises(ShardingError, match=r"k dimension 1 .* divisible by 4"):
+        solve(GQA, [q, narrow], SIZES)
+
+
+def test_conflicting_axes_are_refused() -> None:
+    a = Operand("a", (8, 16), (("data",), ()))
+    b = Operand("b", (16, 4), (("model",), ()))
+    with pytest.raises(ShardingError, match="factor 'k'"):
+        solve(MATMUL, [Operand("a", (8, 16), ((), ("data",))), b], SIZES)
+    with pytest.raises(ShardingError, match="one mesh axis may split one factor"):
+        solve(MATMUL, [a, Operand("b", (16, 4), ((), ("data",)))], SIZES)
+
+
+def test_reduced_factor_sums_over_its_axes() -> None:
+    a = Operand("a", (8, 16), ((), ("data",)))
+    b = Operand("b", (16, 4), (("data",), ()))
+    assert solve(MATMUL, [a, b], SIZES).reduce_over == ("data",)
+
+
+def test_optional_operand_and_rank_errors() -> None:
+    rule = ShardingRule.parse("f", "b s, b s -> b s")
+    x = Operand("x", (4, 2), (("data",), ()))
+    assert solve(rule, [x, None], SIZES).operands == ((("data",), ()),)
+    with pytest.raises(ShardingError, match=r"x has rank 3; .* reads it as \[b s\]"):
+        solve(rule, [Operand("x", (4, 2, 1), ((), (), ())), None], SIZES)
+
+
+@pytest.mark.parametrize(
+    ("text", "options", "message"),
+    [
+        ("a b -> a", {}, "factor 'b' is in no result"),
+        ("a -> a", {"whole": ("z",)}, r"factors \['z'\] are in no operand"),
+        ("a b -> a b", {"reduced": ("b",)}, "appear in results"),
+        ("a ... -> a", {}, "'...' may appear once, first"),
+        ("a, a", {}, "'operands -> results'"),
+    ],
+)
+def test_malformed_rules(text, options, message) -> None:
+    with pytest.raises(ShardingError, match=message):
+        ShardingRule.parse("bad", text, **options)
+
+
+def test_dtensor_forward_strategies() -> None:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    norm = forward_strategies(NORM, [3, 1])
+    assert norm[0] == ([Replicate()], [Replicate(), Replicate()])
+    assert ([Shard(1)], [Shard(1), Replicate()]) in norm
+    assert all(Shard(2) not in outs for outs, _ in norm)  # hidden stays whole
+    assert ([Partial()], [Shard(1), Shard(0)]) in forward_strategies(MATMUL, [2, 2])
+    gqa = forward_strategies(GQA, [4, 4])
+    assert ([Shard(1)], [Shard(1), Shard(1)]) in gqa  # heads with kv heads, once
+
+
+def test_dtensor_backward_gives_partial_weight_gradients() -> None:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    rows = backward_strategies(NORM, [3, 1], differentiable=[0, 1])
+    assert ([Shard(0), Partial()], [Shard(0), Replicate(), Shard(0), Shard(0)]) in rows
+    matmul = backward_strategies(MATMUL, [2, 2], differentiable=[0, 1])
+    assert ([Shard(0), Partial()], [Shard(0), Replicate(), Shard(0), Shard(0)]) in matmul
+    assert all(inputs[0] != Shard(1) for _, inputs in matmul)  # the reduced k is not offered
