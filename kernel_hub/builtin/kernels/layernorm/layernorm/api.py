@@ -93,3 +93,26 @@ def layer_norm(
     """
     check_inputs(x, weight, bias)
     return TABLE(x, weight, bias, eps=eps, block_rows=block_rows, implementation=implementation)
+
+
+def layer_norm_no_bias(
+    x: jax.Array,
+    weight: jax.Array,
+    eps: float = 1e-5,
+    *,
+    implementation: str | None = None,
+    block_rows: int | None = None,
+) -> jax.Array:
+    """``layer_norm`` with a weight and no bias (``bias=False``), the torch op of that name."""
+    return layer_norm(x, weight, None, eps, implementation=implementation, block_rows=block_rows)
+
+
+def layer_norm_no_affine(
+    x: jax.Array,
+    eps: float = 1e-5,
+    *,
+    implementation: str | None = None,
+    block_rows: int | None = None,
+) -> jax.Array:
+    """``layer_norm`` with neither weight nor bias (``elementwise_affine=False``)."""
+    return layer_norm(x, None, None, eps, implementation=implementation, block_rows=block_rows)

@@ -10,7 +10,7 @@ import torch
 
 from kernel_hub.kernel_api import CPU_TAG, KernelCase
 
-from .api import layer_norm
+from .api import layer_norm, layer_norm_no_affine, layer_norm_no_bias
 from .torch_ops import layer_norm_any
 
 # (name, tokens, hidden, affine): BERT-large pretraining (batch 8 x 512 tokens, weight and bias);
@@ -31,6 +31,8 @@ CPU_SHAPES = (
 )
 
 _PARAMS = {"weight+bias": 2, "weight": 1, "none": 0}
+_FUNCTIONS = {"weight+bias": layer_norm, "weight": layer_norm_no_bias, "none": layer_norm_no_affine}
+"""The JAX function of each affine form: the one behind the torch op of that form."""
 
 
 def case(
@@ -41,7 +43,7 @@ def case(
     itemsize = jnp.dtype(dtype).itemsize
     return KernelCase(
         name=name,
-        fn=layer_norm,
+        fn=_FUNCTIONS[affine],
         args=(
             jax.ShapeDtypeStruct((tokens, hidden), dtype),
             *[jax.ShapeDtypeStruct((hidden,), dtype)] * params,

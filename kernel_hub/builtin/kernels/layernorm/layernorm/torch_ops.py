@@ -19,14 +19,6 @@ _NAMESPACE = op_namespace(__name__)
 _BUCKETS = RowBuckets(inputs=("x",), outputs=(0,))
 
 
-def _no_bias(x, weight, **static):
-    return api.layer_norm(x, weight, None, **static)
-
-
-def _no_affine(x, **static):
-    return api.layer_norm(x, None, None, **static)
-
-
 @jax_op(_NAMESPACE, api.layer_norm, differentiable=("x", "weight", "bias"), buckets=_BUCKETS)
 def layer_norm(
     x: torch.Tensor,
@@ -39,7 +31,7 @@ def layer_norm(
     api.check_inputs(x, weight, bias)
 
 
-@jax_op(_NAMESPACE, _no_bias, differentiable=("x", "weight"), buckets=_BUCKETS)
+@jax_op(_NAMESPACE, api.layer_norm_no_bias, differentiable=("x", "weight"), buckets=_BUCKETS)
 def layer_norm_no_bias(
     x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, implementation: str | None = None
 ) -> torch.Tensor:
@@ -47,7 +39,7 @@ def layer_norm_no_bias(
     api.check_inputs(x, weight, None)
 
 
-@jax_op(_NAMESPACE, _no_affine, differentiable=("x",), buckets=_BUCKETS)
+@jax_op(_NAMESPACE, api.layer_norm_no_affine, differentiable=("x",), buckets=_BUCKETS)
 def layer_norm_no_affine(
     x: torch.Tensor, eps: float = 1e-5, implementation: str | None = None
 ) -> torch.Tensor:
