@@ -18,6 +18,7 @@ _EXPORTS = {
     "kernel_mapping": ".loading.mappings",
     "KernelizeReport": ".layers.report",
     "kernelize": ".layers.kernelize",
+    "kernelize_report": ".layers.kernelize",
     "unkernelize": ".layers.kernelize",
     "use_kernel_forward": ".layers.kernelize",
     "mark_layer": ".layers.kernelize",
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from .layers.kernelize import (
         from_pretrained,
         kernelize,
+        kernelize_report,
         mark_layer,
         unkernelize,
         unmark_layer,
@@ -66,6 +68,7 @@ __all__ = [
     "get_kernel",
     "kernel_mapping",
     "kernelize",
+    "kernelize_report",
     "load_registry",
     "mark_layer",
     "unkernelize",

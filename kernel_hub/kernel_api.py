@@ -23,6 +23,9 @@ Version 1.1 adds sharding: ``ShardingRule`` (an op's declarative rule), ``sharde
 ``shard_map_all`` and ``partition_spec`` (for layers that are their own shard_map),
 ``exchange_rows`` / ``Transport`` (expert-parallel row exchange: ragged_all_to_all, or its
 dense all_to_all emulation on CPU).
+
+Version 1.2 adds ``jax_op(..., autocast=names)`` (inputs cast to the autocast dtype) and optional
+(``Tensor | None``) differentiable arguments.
 """
 
 from __future__ import annotations

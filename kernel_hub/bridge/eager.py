@@ -10,8 +10,9 @@ A call is plain when nothing could observe or redirect the dispatch: no profiler
 ``torch.jit.trace``, no torch function or dispatch mode, no functorch transform, no tensor
 subclass (fake, functional, ...), every tensor argument a CPU or CUDA tensor in a tensor
 parameter's place and none needing a gradient, every other argument a non-tensor, passed
-positionally. The caller checks first that torch.compile is not tracing. Anything else goes through
-the dispatcher as usual. ``KERNEL_HUB_DIRECT_CALLS=0`` sends every call through the dispatcher.
+positionally, and, for an op with an autocast policy, no autocast region. The caller checks first
+that torch.compile is not tracing. Anything else goes through the dispatcher as usual.
+``KERNEL_HUB_DIRECT_CALLS=0`` sends every call through the dispatcher.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _function_mode = _C._is_torch_function_mode_enabled
 _profiling = torch.autograd._profiler_enabled
 _jit_tracing = _C._get_tracing_state
 _grad_enabled = _C.is_grad_enabled
+_autocast_enabled = _C._is_any_autocast_enabled
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 # Thread-local included dispatch keys with no mode or transform active (normal, inference mode).
 # A dispatch mode adds Python, functorch its layer keys, the Python dispatcher its own.
@@ -39,8 +41,11 @@ _PLAIN_TLS_INCLUDES = (
 class DirectCalls:
     """Decides, per call of one op, whether it may call its implementation directly."""
 
-    def __init__(self, tensor_positions: Sequence[int], required: int, count: int):
+    def __init__(
+        self, tensor_positions: Sequence[int], required: int, count: int, autocast: bool = False
+    ):
         self._tensor_positions = frozenset(tensor_positions)
+        self._autocast = autocast
         self._required = required
         self._count = count
         self.enabled = os.environ.get("KERNEL_HUB_DIRECT_CALLS", "1").strip() != "0"
@@ -54,6 +59,7 @@ class DirectCalls:
             or _function_mode()
             or _profiling()
             or _jit_tracing() is not None
+            or (self._autocast and _autocast_enabled())
         ):
             return False
         grad = _grad_enabled()

@@ -16,7 +16,7 @@ from kernel_hub.dispatch import order_generation
 from kernel_hub.errors import UnsupportedDeviceError
 
 from .buckets import RowLayout
-from .op_spec import OpSpec, Static
+from .op_spec import OpSpec, Static, present_differentiable
 from .runtimes import Runtime, runtime_for
 
 Plan = Callable[..., Any]
@@ -72,7 +72,7 @@ class OpExecutor:
     def backward(
         self, static: Static, inputs: list[Any], outputs: list[Any], cotangents: list[Any]
     ) -> tuple[Any, ...]:
-        """Gradients of the differentiable arguments, in their declared order."""
+        """Gradients of the differentiable arguments given as tensors, in their declared order."""
         self._check_order()
         key = (static, _signature(inputs), _signature(outputs), _signature(cotangents))
         plan = self._backward_plans.get(key)
@@ -132,7 +132,9 @@ class OpExecutor:
         padded_inputs = self._bucketed_inputs()
         padded_outputs = spec.buckets.outputs
         padded_grads = [
-            i for i, name in enumerate(spec.differentiable) if name in spec.buckets.inputs
+            i
+            for i, name in enumerate(present_differentiable(spec, inputs))
+            if name in spec.buckets.inputs
         ]
 
         def pad_all(inputs: list[Any], outputs: list[Any], cotangents: list[Any]) -> list[Any]:

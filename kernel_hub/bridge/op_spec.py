@@ -38,6 +38,9 @@ class OpSpec:
     jax_backward: JaxBackward | None
     validate: Callable[..., Any]
     buckets: RowBuckets | None = None
+    autocast: tuple[str, ...] = ()
+    """Floating tensor arguments cast to the autocast dtype inside an autocast region (see
+    ``autocast.py``); empty: the op runs in its inputs' dtypes, as autocast leaves it."""
     _jitted: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -87,13 +90,23 @@ def _is_union(annotation: Any) -> bool:
     return typing.get_origin(annotation) in (typing.Union, types.UnionType)
 
 
+def present_differentiable(spec: OpSpec, inputs: Sequence[Any]) -> list[str]:
+    """The differentiable arguments given as tensors (an optional one may be None): the backward
+    returns one gradient for each, in this order."""
+    named = dict(zip(spec.tensor_params, inputs, strict=True))
+    return [name for name in spec.differentiable if named[name] is not None]
+
+
 def _vjp(spec: OpSpec, static: dict[str, Any], inputs, outputs, cotangents):
+    present = present_differentiable(spec, inputs)
     if spec.jax_backward is not None:
         named = dict(zip(spec.tensor_params, inputs, strict=True))
-        return tuple(spec.jax_backward(named, tuple(outputs), tuple(cotangents), **static))
+        grads = spec.jax_backward(named, tuple(outputs), tuple(cotangents), **static)
+        by_name = dict(zip(spec.differentiable, grads, strict=True))
+        return tuple(by_name[name] for name in present)
     import jax
 
-    positions = [spec.tensor_params.index(name) for name in spec.differentiable]
+    positions = [spec.tensor_params.index(name) for name in present]
 
     def forward(*diff_args):
         args = list(inputs)

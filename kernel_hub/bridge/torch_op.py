@@ -29,12 +29,13 @@ from typing import Any
 import jax
 import torch
 
+from . import autocast as _autocast
 from .buckets import RowBuckets, power_of_two
 from .eager import DirectCalls
 from .executor import OpExecutor, check_devices
-from .op_spec import JaxBackward, OpSpec, hashable
+from .op_spec import JaxBackward, OpSpec, hashable, present_differentiable
 from .runtimes import op_defined
-from .tensors import needs_x64, tensor_leaves, torch_to_jax_dtype, x64_scope
+from .tensors import map_tensors, needs_x64, tensor_leaves, torch_to_jax_dtype, x64_scope
 
 __all__ = [
     "JaxOp",
@@ -76,28 +77,28 @@ def _concrete(size: Any) -> int:
     return int(size)
 
 
-def _fake_outputs(spec: OpSpec, arguments: dict[str, Any]) -> Any:
-    """Output shapes from ``jax.eval_shape``; symbolic input sizes map back to their symbols.
+def _fake_outputs(fn: Callable[..., Any], tensors: Sequence[Any]) -> Any:
+    """What ``fn`` (a JAX function of ``tensors``, nested lists of tensors and Nones) returns, as
+    empty contiguous torch tensors: the shapes and dtypes of ``jax.eval_shape``, the layout of the
+    real op's outputs (JAX arrays are dense row-major, and so are the tensors made from them).
 
     JAX needs concrete sizes, so symbolic ones are replaced by their example values; an output size
     equal to an input size's example value is given that input size (what torch's duck sizing does).
     """
-    tensors = [arguments[name] for name in spec.tensor_params]
+    leaves = tensor_leaves(tensors)
     symbols: dict[int, Any] = {}
-    for tensor in tensor_leaves(tensors):
+    for tensor in leaves:
         for size in tensor.shape:
             if isinstance(size, torch.SymInt):
                 symbols.setdefault(_concrete(size), size)
-    structs = [
-        None
-        if t is None
-        else jax.ShapeDtypeStruct(tuple(_concrete(s) for s in t.shape), torch_to_jax_dtype(t.dtype))
-        for t in tensors
-    ]
-    static = {name: hashable(arguments[name]) for name in spec.static_params}
+
+    def struct(t):
+        shape = tuple(_concrete(s) for s in t.shape)
+        return jax.ShapeDtypeStruct(shape, torch_to_jax_dtype(t.dtype))
+
     with x64_scope(needs_x64(tensors)):
-        shapes = jax.eval_shape(functools.partial(spec.jax_fn, **static), *structs)
-    like = tensor_leaves(tensors)[0]
+        shapes = jax.eval_shape(fn, *map_tensors(struct, list(tensors)))
+    like = leaves[0]
 
     def make(struct):
         shape = [symbols.get(size, size) for size in struct.shape]
@@ -135,6 +136,7 @@ class JaxOp:
                 p.default is inspect.Parameter.empty for p in spec.signature.parameters.values()
             ),
             count=len(names),
+            autocast=bool(spec.autocast),
         )
         self.jax_fn = spec.jax_fn
         self.qualname = spec.qualname
@@ -157,6 +159,7 @@ def jax_op(
     differentiable: Sequence[str] = (),
     jax_backward: JaxBackward | None = None,
     buckets: RowBuckets | None = None,
+    autocast: Sequence[str] = (),
 ) -> Callable[[Callable[..., Any]], JaxOp]:
     """Decorator: turn a typed, validating stub into a torch op running ``jax_fn``.
 
@@ -166,6 +169,10 @@ def jax_op(
     default backward (``jax.vjp`` of ``jax_fn``), e.g. to reuse saved outputs; it returns one
     gradient per differentiable argument. ``buckets`` declares a row axis that may be padded (see
     ``RowBuckets``; then ``jax_fn`` receives the bucketed inputs as ``[rows, *features]``).
+    ``autocast`` names the floating tensor arguments cast to the autocast dtype inside a
+    ``torch.autocast`` region (see ``autocast.py``). A differentiable argument may be optional
+    (``Tensor | None``); it gets a gradient when given (``jax_backward`` returns None for it when
+    it is None).
     """
 
     def decorate(stub: Callable[..., Any]) -> JaxOp:
@@ -189,6 +196,9 @@ def jax_op(
         not_tensors = set(buckets.inputs if buckets else ()) - set(tensor_params)
         if not_tensors:
             raise TypeError(f"buckets name non-tensor arguments: {sorted(not_tensors)}")
+        not_cast = set(autocast) - set(tensor_params)
+        if not_cast:
+            raise TypeError(f"autocast names non-tensor arguments: {sorted(not_cast)}")
         spec = OpSpec(
             qualname=f"{namespace}::{name or stub.__name__}",
             signature=signature,
@@ -199,6 +209,7 @@ def jax_op(
             jax_backward=jax_backward,
             validate=stub,
             buckets=buckets,
+            autocast=tuple(autocast),
         )
         executor = OpExecutor(spec)
         library = torch.library.Library(namespace, "FRAGMENT")
@@ -207,6 +218,8 @@ def jax_op(
         if differentiable:
             backward_op, backward = _define_backward(library, spec, executor)
             _register_autograd(library, spec, op, backward_op, forward)
+        if autocast:
+            _autocast.register(library, op, [spec.param_names.index(n) for n in autocast])
         defined = JaxOp(spec, (op, forward), (backward_op, backward), stub, library)
         _register_dtensor_rule(spec, op, backward_op)
         op_defined(defined)
@@ -285,7 +298,9 @@ def _define_forward(
         arguments = dict(zip(names, _positional(spec.signature, args, kwargs), strict=True))
         check_devices(arguments, spec.tensor_params)
         spec.validate(**arguments)
-        return _fake_outputs(spec, arguments)
+        static = {name: hashable(arguments[name]) for name in spec.static_params}
+        fn = functools.partial(spec.jax_fn, **static)
+        return _fake_outputs(fn, [arguments[name] for name in spec.tensor_params])
 
     op = _define(library, spec.qualname, torch.library.infer_schema(stub, mutates_args=()), forward)
     torch.library.register_fake(spec.qualname, fake, lib=library)
@@ -319,16 +334,27 @@ def _define_backward(
 ) -> tuple[Any, Callable[..., Any]]:
     """The backward op (inputs, outputs, cotangents, *static) -> gradients, and its
     implementation."""
+    list_static = spec.list_static
+
     diff_positions = [spec.tensor_params.index(name) for name in spec.differentiable]
 
-    list_static = spec.list_static
+    def _with_placeholders(grads, inputs) -> tuple:
+        """One tensor per differentiable argument (the schema's fixed returns): an empty one
+        for an optional argument given as None, whose gradient the autograd kernel drops."""
+        grads = iter(grads)
+        like = next(t for t in inputs if t is not None)
+        return tuple(
+            like.new_empty(0) if inputs[p] is None else next(grads) for p in diff_positions
+        )
 
     def backward(inputs, outputs, cotangents, *static_values):
         static = hashable(static_values) if list_static else static_values
-        return tuple(executor.backward(static, inputs, outputs, cotangents))
+        return _with_placeholders(executor.backward(static, inputs, outputs, cotangents), inputs)
 
     def fake(inputs, outputs, cotangents, *static_values):
-        return tuple(torch.empty_like(inputs[p]) for p in diff_positions)
+        static = hashable(static_values) if list_static else static_values
+        grads = _fake_outputs(spec.jitted("backward", static), [inputs, outputs, cotangents])
+        return _with_placeholders(grads, inputs)
 
     qualname = f"{spec.qualname}_backward"
     op = _define(library, qualname, _backward_schema(spec), backward)
@@ -374,8 +400,15 @@ def _register_autograd(
                 torch.zeros_like(out) if g is None else g
                 for g, out in zip(grads, outputs, strict=True)
             ]
-            diff_grads = iter(backward_op(inputs, outputs, cotangents, *ctx.static_values))
-            per_arg = [next(diff_grads) if n in spec.differentiable else None for n in arg_names]
+            present = present_differentiable(spec, inputs)
+            diff_grads = dict(
+                zip(
+                    spec.differentiable,
+                    backward_op(inputs, outputs, cotangents, *ctx.static_values),
+                    strict=True,
+                )
+            )
+            per_arg = [diff_grads[n] if n in present else None for n in arg_names]
             return (None, *per_arg[: ctx.num_args])
 
     def autograd_kernel(keyset: Any, *args: Any) -> Any:

@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "trust_cmds",
     "mirror_cmds",
     "demo_cmds",
+    "models_cmds",
     "bench_cmds",
     "compile_cmds",
 )

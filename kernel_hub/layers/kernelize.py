@@ -24,7 +24,14 @@ What a kernel provides for this:
 * optionally ``layers.MODULE_CHECKS = {"<Name>": check}``, ``check(module) -> reason | None``,
   for host modules whose state the layer cannot take (a 2-D weight, the meta device...).
 * for an interface op: ``integrations.register() -> name`` registering with the interface, and
-  module attributes ``has_backward`` / ``can_torch_compile`` with the same defaults.
+  module attributes ``has_backward`` / ``can_torch_compile`` with the same defaults; optionally
+  ``integrations.module_problem(module) -> reason | None`` for modules that need a feature the
+  integration does not implement (the model then keeps its stock implementation).
+
+The report lists every candidate, swapped or left alone with the reason; ``kernelize_report``
+rebuilds it later from what is still in place (``swaps.py``). A model that Hugging Face
+``kernels`` manages (``use_kernels=True``) is refused: that library re-kernelizes it on every
+``train()``/``eval()`` and would silently undo kernel-hub's swaps.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import sys
 import types
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,6 +55,7 @@ from kernel_hub.loading.resolver import get_kernel
 from kernel_hub.platform import TORCH_DEVICE_PLATFORMS, Platform
 from kernel_hub.registry.registry import Registry, load_registry
 
+from . import swaps
 from .modes import Mode
 from .report import KernelizeReport, ReportEntry
 
@@ -55,10 +63,6 @@ log = logging.getLogger(__name__)
 
 LAYER_ATTRIBUTE = "kernel_layer_name"
 """Class attribute naming the layer a class can be replaced by (shared with Transformers)."""
-_SWAP_ATTRIBUTE = "_kernel_hub_swap"
-"""Instance attribute of a swapped module: the layer it got (its presence means swapped)."""
-_INTERFACES_ATTRIBUTE = "_kernel_hub_interfaces"
-"""Instance attribute of a kernelized model: interface -> implementation it had before."""
 
 ModuleClass = TypeVar("ModuleClass", bound=type)
 
@@ -126,6 +130,12 @@ def find_mark(module: torch.nn.Module) -> tuple[str, str] | None:
     for name in (cls.__name__, f"{cls.__module__}.{cls.__qualname__}"):
         if name in _marks_by_name:
             return _marks_by_name[name], "mark_layer"
+    hf = _transformers_integration()
+    if hf is not None and hf.is_transformers_norm(cls):
+        # its probe decides, even over a kernel_layer_name: Transformers' decorators name
+        # GPT-OSS's and Gemma's norms "RMSNorm" too, and their math differs from Llama's
+        recognised = hf.recognised_layer(cls)
+        return (recognised, "recognised") if recognised is not None else None
     marked = getattr(cls, LAYER_ATTRIBUTE, None)
     if isinstance(marked, str):
         return marked, LAYER_ATTRIBUTE
@@ -136,15 +146,40 @@ def find_mark(module: torch.nn.Module) -> tuple[str, str] | None:
     return None
 
 
+def _unrecognised(name: str, module: torch.nn.Module) -> ReportEntry | None:
+    """A report entry for a known kind of layer that no kernel layer computes exactly."""
+    hf = _transformers_integration()
+    cls = type(module)
+    if hf is None or not hf.is_transformers_norm(cls):
+        return None
+    reason = hf.recognise_norm(cls).reason
+    return ReportEntry(
+        module=name,
+        cls=cls.__name__,
+        kind="layer",
+        target="RMSNorm",
+        found_by="recognised",
+        reason=reason,
+    )
+
+
+def _transformers_integration() -> types.ModuleType | None:
+    """The Transformers integration, only if Transformers is imported (else no model uses it)."""
+    if "transformers" not in sys.modules:
+        return None
+    from .integrations import transformers as hf
+
+    return hf
+
+
 def _integrations() -> list[types.ModuleType]:
     """The integrations whose framework is imported (else no model uses it): torch.nn layers,
     Transformers, Diffusers. Each has ``recognised_layer(cls)`` and ``MODEL_INTERFACES``."""
     from .integrations import torch_nn
 
     found = [torch_nn]
-    if "transformers" in sys.modules:
-        from .integrations import transformers as hf
-
+    hf = _transformers_integration()
+    if hf is not None:
         found.append(hf)
     if "diffusers" in sys.modules:
         from .integrations import diffusers
@@ -155,17 +190,6 @@ def _integrations() -> list[types.ModuleType]:
 
 class _LeftAlone(Exception):
     """Internal: the reason a candidate keeps its stock behaviour."""
-
-
-@dataclass(frozen=True)
-class _Swap:
-    """Stored on a swapped module: what it got."""
-
-    layer: str
-    kernel: str
-
-    def describe(self) -> str:
-        return f"{self.kernel} layers.{self.layer}"
 
 
 def _kernel_label(kernel: types.ModuleType) -> str:
@@ -324,8 +348,12 @@ def _swap_layer(
     )
     try:
         kernel, layer_cls = source.layer(layer_name)
-        if "forward" in module.__dict__:
-            raise _LeftAlone("its forward is already replaced on the instance (e.g. by a hook)")
+        replaced_by = swaps.foreign_forward(module)
+        if replaced_by is not None:
+            raise _LeftAlone(
+                f"its forward is already replaced on the instance by {replaced_by} (Hugging Face "
+                f"kernels' kernelize or other code); kernel-hub does not stack on it"
+            )
         problem = signature_problem(type(module), layer_cls) or _module_problem(
             kernel, layer_name, module
         )
@@ -333,10 +361,28 @@ def _swap_layer(
             raise _LeftAlone(problem)
     except _LeftAlone as reason:
         return replace(entry, reason=str(reason))
-    swap = _Swap(layer=layer_name, kernel=_kernel_label(kernel))
-    module.__dict__["forward"] = types.MethodType(layer_cls.forward, module)
-    module.__dict__[_SWAP_ATTRIBUTE] = swap
+    swap = swaps.LayerSwap(
+        layer=layer_name,
+        kernel=_kernel_label(kernel),
+        forward=layer_cls.forward,
+        previous=module.__dict__.get("forward"),
+    )
+    swaps.install(module, swap)
     return replace(entry, swapped_to=swap.describe())
+
+
+def _check_modules(
+    integration: Any, modules: list[tuple[str, torch.nn.Module]], label: str
+) -> None:
+    """``_LeftAlone`` when a module needs a feature the integration lacks: its optional
+    ``module_problem(module) -> reason | None``. The interface is switched for the whole model,
+    so one such module keeps every module on its stock implementation."""
+    check = getattr(integration, "module_problem", None)
+    if check is None:
+        return
+    problems = {type(m).__name__: problem for _, m in modules if (problem := check(m))}
+    if problems:
+        raise _LeftAlone(f"unsupported by {label}: " + "; ".join(problems.values()))
 
 
 def _switch_interface(
@@ -369,10 +415,15 @@ def _switch_interface(
         if not callable(getattr(integration, "register", None)):
             raise _LeftAlone(f"kernel {_kernel_label(kernel)} has no integrations.register()")
         _check_mode(integration, source.mode, f"{_kernel_label(kernel)} integrations")
+        _check_modules(integration, modules, f"{_kernel_label(kernel)} integrations")
+        model_problem = interface.model_problem(model, modules)
+        if model_problem:
+            raise _LeftAlone(model_problem)
         previous = interface.current(model)
         name = interface.switch(model, integration.register())
         outcome["swapped_to"] = f"{_kernel_label(kernel)} {name!r} (was {previous['']!r})"
-        model.__dict__.setdefault(_INTERFACES_ATTRIBUTE, {})[interface] = previous
+        switches = model.__dict__.setdefault(swaps.INTERFACES_ATTRIBUTE, {})
+        switches[interface] = swaps.InterfaceSwitch(name, previous)
     except (_LeftAlone, KernelHubError) as reason:
         outcome["reason"] = str(reason)
     return [
@@ -419,32 +470,60 @@ def kernelize(
     if mode is None:
         mode = Mode.TRAINING if model.training else Mode.INFERENCE
     mode = Mode.parse(mode)
+    hf = _transformers_integration()
+    managed = hf.hf_kernels_problem(model) if hf is not None else None
+    if managed:
+        raise KernelHubError(managed)
     device_type = _device_type(model, device)
     source = _KernelSource(load_registry(registry), mode, device_type)
     unkernelize(model)
-    entries = [
-        _swap_layer(source, name, module, mark)
-        for name, module in model.named_modules()
-        if (mark := find_mark(module)) is not None
-    ]
+    entries = []
+    for name, module in model.named_modules():
+        mark = find_mark(module)
+        entry = _swap_layer(source, name, module, mark) if mark else _unrecognised(name, module)
+        if entry is not None:
+            entries.append(entry)
     for integration in _integrations():
         for interface in integration.MODEL_INTERFACES:
             entries += _switch_interface(source, model, interface)
-    report = KernelizeReport(type(model).__name__, mode.label, device_type, tuple(entries))
+    swaps.record_report(
+        model, KernelizeReport(type(model).__name__, mode.label, device_type, tuple(entries))
+    )
+    report = kernelize_report(model)
     log.info("%s", report)
     return report
 
 
+def _interface_undone(model: torch.nn.Module, interface_name: str) -> str | None:
+    """Why the recorded switch of interface ``interface_name`` is no longer in place, or None."""
+    switches = model.__dict__.get(swaps.INTERFACES_ATTRIBUTE, {})
+    for interface, switch in switches.items():
+        if interface.name == interface_name:
+            now = interface.current(model)[""]
+            return None if now == switch.name else f"the model's {interface.kind} is now {now!r}"
+    return "unkernelize removed it"
+
+
+def kernelize_report(model: torch.nn.Module) -> KernelizeReport:
+    """The report of ``model``'s last ``kernelize``, every swap checked against the model as it
+    is now: a swap undone since (by Hugging Face kernels, ``unkernelize``, an assignment) is
+    reported left alone, saying what undid it."""
+    report = swaps.verified_report(model, _interface_undone)
+    if report is None:
+        raise KernelHubError(f"{type(model).__name__} was never kernelized")
+    return report
+
+
 def unkernelize(model: torch.nn.Module) -> list[str]:
-    """Undo ``kernelize``: stock forwards and interface implementations; returns what was undone."""
-    restored = []
-    for name, module in model.named_modules():
-        if module.__dict__.pop(_SWAP_ATTRIBUTE, None) is not None:
-            del module.__dict__["forward"]
-            restored.append(name)
-    for interface, previous in model.__dict__.pop(_INTERFACES_ATTRIBUTE, {}).items():
-        interface.restore(model, previous)
-        restored.append(interface.name)
+    """Undo ``kernelize``: stock forwards and interface implementations; returns what was undone.
+
+    A swap that other code undid since keeps that code's forward (it is not reported).
+    """
+    restored = [name for name, module in model.named_modules() if swaps.remove(module)]
+    for interface, switch in model.__dict__.pop(swaps.INTERFACES_ATTRIBUTE, {}).items():
+        if interface.current(model)[""] == switch.name:
+            interface.restore(model, switch.previous)
+            restored.append(interface.name)
     return restored
 
 

@@ -19,6 +19,7 @@ EXPORTS = {
     "use_kernel_forward": layers,
     "mark_layer": layers,
     "unmark_layer": layers,
+    "kernelize_report": layers,
     "Mode": modes,
     "kernel_mapping": mappings,
     "KernelizeReport": layer_report,

@@ -16,7 +16,6 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm
 
 from kernel_hub import KernelHubError, mark_layer, unmark_layer, use_kernel_forward
-from kernel_hub.layers.integrations.transformers import is_llama_style_rmsnorm
 from kernel_hub.layers.kernelize import LAYER_ATTRIBUTE, find_mark
 
 
@@ -99,18 +98,17 @@ def test_llama_style_transformers_norms_are_recognised(cls: type) -> None:
 
 
 @pytest.mark.parametrize(
-    "cls",
+    ("cls", "layer"),
     [
-        GemmaRMSNorm,  # scales by 1 + weight
-        Gemma3RMSNorm,
-        Qwen3NextRMSNorm,
-        Llama4TextRMSNorm,  # goes through self._norm: not the probed form, left out
-        Olmo2RMSNorm,  # returns the input dtype, not Llama's promoted dtype
+        (GemmaRMSNorm, "RMSNormZeroCentered"),  # (x̂ * (1 + w)) in f32, cast last
+        (Gemma3RMSNorm, "RMSNormZeroCentered"),
+        (Qwen3NextRMSNorm, "RMSNormZeroCentered"),
+        (Olmo2RMSNorm, "RMSNormF32Scale"),  # (w * x̂).to(x.dtype)
+        (Llama4TextRMSNorm, "RMSNorm"),  # self._norm(x.float()).type_as(x) * w: Llama's math
     ],
 )
-def test_other_norm_semantics_are_not_recognised(cls: type) -> None:
-    assert not is_llama_style_rmsnorm(cls)
-    assert find_mark(cls(8)) is None
+def test_other_norm_forms_get_their_own_layer(cls: type, layer: str) -> None:
+    assert find_mark(cls(8)) == (layer, "recognised")
 
 
 def test_only_transformers_classes_are_recognised() -> None:

@@ -1,9 +1,9 @@
 """CPU and CUDA tensors: zero-copy DLPack exchange with JAX around an AOT-compiled executable.
 
-Per call: make inputs contiguous, import them (``exchange.py``; small CPU inputs are copied into
-reused buffers instead, ``staging.py``), look the executable up by (key, device, shapes, dtypes),
-run it, export the outputs. Compiling happens once per signature
-(``aot.py``). Outputs are fresh XLA buffers, never the inputs, and torch owns them afterwards.
+Per call: make inputs row-major (``row_major``), import them (``exchange.py``; small CPU inputs
+are copied into reused buffers instead, ``staging.py``), look the executable up by (key, device,
+shapes, dtypes), run it, export the outputs. Compiling happens once per signature (``aot.py``).
+Outputs are fresh XLA buffers, never the inputs, and torch owns them afterwards.
 """
 
 from __future__ import annotations
@@ -39,6 +39,27 @@ def _jax_device(device_type: str, index: int) -> Any:
     return devices[index if device_type != "cpu" else 0]
 
 
+def row_major(tensor: Any) -> Any:
+    """``tensor`` with row-major strides, as JAX reads an imported buffer.
+
+    torch calls a tensor contiguous whatever the strides of its size-1 dims (a decode step's
+    ``q.view(b, 1, h, d).transpose(1, 2)``), but DLPack hands those strides over and JAX reads
+    them as another layout, which an executable compiled for row-major refuses. Such a tensor is
+    re-strided: the same memory, a view, no copy.
+    """
+    if not tensor.is_contiguous():
+        return tensor.contiguous()
+    shape = tensor.shape
+    if 1 not in shape:
+        return tensor
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    strides.reverse()
+    return tensor if tensor.stride() == tuple(strides) else tensor.as_strided(shape, strides)
+
+
 def _import(tree: Any, to_jax: Callable[[Any], Any], signature: list) -> Any:
     """JAX arrays for nested lists of tensors; appends each leaf's (shape, dtype) to signature."""
     if tree is None:
@@ -47,8 +68,7 @@ def _import(tree: Any, to_jax: Callable[[Any], Any], signature: list) -> Any:
     if isinstance(tree, (list, tuple)):
         signature.append(len(tree))
         return [_import(item, to_jax, signature) for item in tree]
-    if not tree.is_contiguous():
-        tree = tree.contiguous()
+    tree = row_major(tree)
     signature.append((tree.shape, tree.dtype))
     return to_jax(tree)
 
@@ -103,7 +123,7 @@ class DLPackRuntime:
         def import_array(tensor: Any) -> Any:
             if tensor is None:
                 return None
-            return to_jax(tensor if tensor.is_contiguous() else tensor.contiguous())
+            return to_jax(row_major(tensor))
 
         staging = None
         if exchange.name == "internal" and synchronous_cpu_dispatch():

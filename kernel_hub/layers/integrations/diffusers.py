@@ -192,6 +192,14 @@ class _Backend:
         return self.kernel.attention_with_dense_mask(q, k, v, dense, scale=scale)[0]
 
 
+def _backend_name(backend: Any) -> str:
+    """A processor's backend by name: an enum member's value, a string, or (None) Diffusers'
+    active backend, which a processor without a backend of its own uses."""
+    if backend is None:
+        backend = _AttentionBackendRegistry.get_active_backend()[0]
+    return str(getattr(backend, "value", backend))
+
+
 def _dispatching(processor: Any) -> bool:
     """Whether a processor's ``__call__`` goes through ``dispatch_attention_fn``."""
     code = getattr(type(processor).__call__, "__code__", None)
@@ -206,9 +214,10 @@ def _switch_problem(processor: Any) -> str | None:
             "Diffusers' dispatch_attention_fn, so no attention backend reaches it"
         )
     backend = getattr(processor, "_attention_backend", None)
-    backend_name = getattr(backend, "value", backend)  # an enum member or a plain string
-    if backend not in _SWITCHABLE_BACKENDS and not str(backend_name).startswith(BACKEND_PREFIX):
-        return f"its processor {name} is set to attention backend {backend_name!r}"
+    if backend not in _SWITCHABLE_BACKENDS and not _backend_name(backend).startswith(
+        BACKEND_PREFIX
+    ):
+        return f"its processor {name} is set to attention backend {_backend_name(backend)!r}"
     if getattr(processor, "_parallel_config", None) is not None:
         return f"its processor {name} runs context parallel attention (_parallel_config)"
     return None
@@ -249,14 +258,22 @@ class DispatcherInterface:
             raise KernelHubError(f"kernel {kernel.manifest.name} has no attention_with_lse op")
         return _Backend(kernel)
 
+    def model_problem(
+        self, model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
+    ) -> str | None:
+        """Nothing model-wide keeps the dispatcher stock (each processor is judged alone)."""
+        return None
+
     def current(self, model: torch.nn.Module) -> dict[str, Any]:
-        """'' -> the backend the processors use now; 'processors' -> what each had on itself."""
-        processors = [p for _, m, p in _processors(model) if self.dispatches(m)]
-        active = _AttentionBackendRegistry.get_active_backend()[0]
+        """'' -> the backend the dispatching processors use now (one name, or a list when they
+        differ); 'processors' -> what each switchable one has on itself (what restore puts back)."""
+        dispatching = [p for _, _, p in _processors(model) if _dispatching(p)]
+        names = sorted({_backend_name(getattr(p, "_attention_backend", None)) for p in dispatching})
+        switchable = [p for p in dispatching if _switch_problem(p) is None]
         return {
-            "": getattr(active, "value", str(active)),
+            "": names[0] if len(names) == 1 else f"mixed: {', '.join(names)}",
             "processors": [
-                (p, p.__dict__.get("_attention_backend", _NO_ATTRIBUTE)) for p in processors
+                (p, p.__dict__.get("_attention_backend", _NO_ATTRIBUTE)) for p in switchable
             ],
         }
 

@@ -26,6 +26,7 @@ so ``unkernelize`` can restore it.
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,44 +39,158 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from kernel_hub.errors import KernelHubError
 
-RMSNORM_LAYER = "RMSNorm"
-_PROBE_EPS = 1e-5
+
+@dataclass(frozen=True)
+class NormForm:
+    """An RMSNorm formula a kernel layer computes exactly (rounding points and dtype included)."""
+
+    layer: str
+    formula: str
+    reference: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    """The formula in torch, written as the model families write it (x̂ = x normalised in f32)."""
+
+
+def _normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.to(torch.float32)
+    return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+
+
+NORM_FORMS = (
+    NormForm(
+        "RMSNorm",
+        "weight * x̂.to(x.dtype)",
+        lambda x, weight, eps: weight * _normalized(x, eps).to(x.dtype),
+    ),
+    NormForm(
+        "RMSNormF32Scale",
+        "(weight * x̂).to(x.dtype)",
+        lambda x, weight, eps: (weight * _normalized(x, eps)).to(x.dtype),
+    ),
+    NormForm(
+        "RMSNormZeroCentered",
+        "(x̂ * (1 + weight.float())).to(x.dtype)",
+        lambda x, weight, eps: (_normalized(x, eps) * (1.0 + weight.float())).to(x.dtype),
+    ),
+)
+"""Forms ``recognise_norm`` tells apart, each served by the rmsnorm kernel's layer of that name."""
+
+_PROBE_EPS = 0.125
+"""Large next to the probe's mean square (~0.25), so a misplaced or missing eps shows."""
+_PROBE_DTYPES = (
+    (torch.float32, torch.float32),
+    (torch.bfloat16, torch.float32),
+    (torch.float32, torch.bfloat16),
+    (torch.bfloat16, torch.bfloat16),
+)
+_EPS_NAMES = ("variance_epsilon", "eps")
+
+
+class _Probe:
+    """Stands in for a norm instance holding only ``state``; the class's own methods are bound
+    to it, and every attribute the forward asks for is recorded."""
+
+    def __init__(self, cls: type, state: dict[str, Any]):
+        object.__setattr__(self, "_probe", (cls, state, set()))
+
+    def __getattr__(self, name: str) -> Any:
+        cls, state, read = object.__getattribute__(self, "_probe")
+        read.add(name)
+        if name in state:
+            return state[name]
+        attribute = inspect.getattr_static(cls, name, None)
+        if isinstance(attribute, types.FunctionType):
+            return types.MethodType(attribute, self)
+        raise AttributeError(f"{cls.__name__}.forward reads self.{name}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"forward sets self.{name}")
+
+
+@dataclass(frozen=True)
+class Recognition:
+    """What ``recognise_norm`` found for a class: the layer serving it, or why there is none."""
+
+    layer: str | None
+    reason: str | None = None
+
+
+def is_transformers_norm(cls: type) -> bool:
+    """A Transformers ``*RMSNorm`` class: one ``recognise_norm`` decides about."""
+    return cls.__module__.startswith("transformers.") and cls.__name__.endswith("RMSNorm")
+
+
+@functools.cache
+def recognise_norm(cls: type) -> Recognition:
+    """Which of ``NORM_FORMS`` ``cls.forward`` computes, bit for bit and dtype for dtype.
+
+    The forward runs on a probe holding only ``weight`` and an epsilon (``variance_epsilon``,
+    else ``eps``), for f32 and bf16 inputs and weights, with an eps large enough to matter. A
+    form is recognised only when every probe output equals that form's torch formula exactly;
+    a forward that reads other state, takes other arguments or matches no form is refused.
+    """
+    generator = torch.Generator().manual_seed(0)
+    x = 0.5 * torch.randn(2, 3, 16, generator=generator)
+    weight = torch.randn(16, generator=generator)
+    problem = "it matches none"
+    for eps_name in _EPS_NAMES:
+        outcome = _probe_forms(cls, eps_name, x, weight)
+        if isinstance(outcome, NormForm):
+            return Recognition(outcome.layer)
+        problem = outcome
+    forms = "; ".join(f"{f.layer}: {f.formula}" for f in NORM_FORMS)
+    return Recognition(
+        None, f"its forward is none of the RMSNorm forms kernel-hub serves ({forms}): {problem}"
+    )
+
+
+def _probe_forms(cls: type, eps_name: str, x: torch.Tensor, weight: torch.Tensor):
+    """The one form matching on every probe, or why none does (a string)."""
+    candidates = list(NORM_FORMS)
+    for x_dtype, w_dtype in _PROBE_DTYPES:
+        xi, wi = x.to(x_dtype), weight.to(w_dtype)
+        probe = _Probe(cls, {"weight": wi, eps_name: _PROBE_EPS})
+        try:
+            with torch.no_grad():
+                out = cls.forward(probe, xi)
+        except Exception as exc:  # other state or arguments: not a form served here
+            return f"on a probe holding weight and {eps_name}: {type(exc).__name__}: {exc}"
+        read = object.__getattribute__(probe, "_probe")[2]
+        if "weight" not in read:
+            return "it does not read self.weight"
+        candidates = [f for f in candidates if _same(out, f.reference(xi, wi, _PROBE_EPS))]
+        if not candidates:
+            return f"x {x_dtype}, weight {w_dtype}: the result differs from every form"
+    return candidates[0]
+
+
+def _same(out: Any, expected: torch.Tensor) -> bool:
+    return (
+        isinstance(out, torch.Tensor) and out.dtype == expected.dtype and torch.equal(out, expected)
+    )
 
 
 def recognised_layer(cls: type) -> str | None:
     """The layer name a known Transformers class can be replaced by, or None."""
-    return RMSNORM_LAYER if is_llama_style_rmsnorm(cls) else None
+    return recognise_norm(cls).layer if is_transformers_norm(cls) else None
 
 
-@functools.cache
-def is_llama_style_rmsnorm(cls: type) -> bool:
-    """Rule 1 and 2 of the module docstring, checked once per class."""
-    if not (cls.__module__.startswith("transformers.") and cls.__name__.endswith("RMSNorm")):
-        return False
-    probes = ((torch.float32, 1e-5), (torch.bfloat16, 1e-2))
-    return all(_matches_llama(cls.forward, dtype, rtol) for dtype, rtol in probes)
+def hf_kernels_problem(model: torch.nn.Module) -> str | None:
+    """Why kernel-hub must not kernelize a model Hugging Face ``kernels`` manages, or None.
 
-
-def _matches_llama(forward: Callable[..., Any], x_dtype: torch.dtype, rtol: float) -> bool:
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 8, generator=generator).to(x_dtype)
-    probe = types.SimpleNamespace(
-        weight=torch.randn(8, generator=generator), variance_epsilon=_PROBE_EPS
-    )
-    try:
-        with torch.no_grad():
-            out = forward(probe, x)
-    except Exception:  # it reads other state or wants other arguments: not the Llama form
-        return False
-    x32 = x.float()
-    normalized = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + _PROBE_EPS)
-    expected = probe.weight * normalized.to(x_dtype)
-    return (
-        isinstance(out, torch.Tensor)
-        and out.shape == expected.shape
-        and out.dtype == expected.dtype
-        and torch.allclose(out, expected, rtol=rtol, atol=rtol * 1e-1)
-    )
+    ``use_kernels=True`` (``from_pretrained`` or the attribute) makes every ``train()``/``eval()``
+    switch re-run that library's kernelize, which resets the forward of each layer it knows:
+    kernel-hub's swaps would be undone silently at the next mode switch.
+    """
+    for name, module in model.named_modules():
+        if getattr(module, "_use_kernels", False) is True:
+            where = f" (its submodule {name!r})" if name else ""
+            return (
+                f"{type(model).__name__}{where} has use_kernels=True: Hugging Face kernels "
+                "manages its layers and re-kernelizes them on every train()/eval(), which would "
+                "undo kernel-hub's swaps; load it without use_kernels (or set "
+                "model.use_kernels = False before any kernelize) to use kernel-hub"
+            )
+    return None
 
 
 def _forward_reads(cls: type, name: str) -> bool:
@@ -103,6 +218,10 @@ class ModelInterface:
     setter: str
     registered: Callable[[str], str | None]
     """Why an implementation name is not usable (not registered, no mask function), or None."""
+    model_problem: Callable[[torch.nn.Module, list[tuple[str, torch.nn.Module]]], str | None] = (
+        lambda model, modules: None
+    )
+    """Why the model (with its dispatching modules) must keep its stock implementation."""
 
     def dispatches(self, module: torch.nn.Module) -> bool:
         return _forward_reads(type(module), self.dispatch_name)
@@ -116,7 +235,8 @@ class ModelInterface:
         return getattr(kernel, "integrations", None)
 
     def current(self, model: torch.nn.Module) -> dict[str, Any]:
-        """The implementation of the model and of each sub-config, as the setter accepts it."""
+        """The implementation of the model and of each sub-config in use, as the setter accepts
+        it (a sub-config whose implementation was never set, None, belongs to no submodel)."""
         if not callable(getattr(model, self.setter, None)):
             raise KernelHubError(
                 f"{type(model).__name__} has no {self.setter}(); kernelize the whole Transformers "
@@ -126,8 +246,9 @@ class ModelInterface:
         current = {"": getattr(config, self.config_attribute)}
         for key in getattr(config, "sub_configs", {}):
             sub = getattr(config, key, None)
-            if sub is not None:
-                current[key] = getattr(sub, self.config_attribute)
+            value = getattr(sub, self.config_attribute, None) if sub is not None else None
+            if value is not None:
+                current[key] = value
         return current
 
     def switch(self, model: torch.nn.Module, name: Any) -> str:
@@ -168,6 +289,26 @@ def _attention_problem(name: str) -> str | None:
     return None
 
 
+def _sdpa_convention_problem(
+    model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
+) -> str | None:
+    """kernel-hub attention gets SDPA's masks (``sdpa_mask``), which leave out a purely causal
+    mask and let the module's ``is_causal`` decide. A model Transformers does not run with SDPA
+    (``_supports_sdpa = False``) may have a causal layer whose ``is_causal`` is False (it gets
+    an explicit causal mask under eager: Pegasus-X, NLLB-MoE, GIT decoders); there that layer
+    would silently become bidirectional."""
+    if getattr(model, "_supports_sdpa", True) is not False:
+        return None
+    name = next((n for n, m in modules if getattr(m, "is_causal", True) is False), None)
+    if name is None:
+        return None
+    return (
+        f"{type(model).__name__} does not support SDPA (_supports_sdpa = False) and {name} has "
+        "is_causal = False: with SDPA's masks (a purely causal mask left out) a causal layer "
+        "of it could run bidirectional"
+    )
+
+
 def _experts_problem(name: str) -> str | None:
     if name not in ExpertsInterface():
         return f"is not registered with ExpertsInterface ({name!r})"
@@ -183,6 +324,7 @@ MODEL_INTERFACES = (
         config_attribute="_attn_implementation",
         setter="set_attn_implementation",
         registered=_attention_problem,
+        model_problem=_sdpa_convention_problem,
     ),
     ModelInterface(
         name="ExpertsInterface",

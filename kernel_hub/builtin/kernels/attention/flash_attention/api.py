@@ -47,6 +47,7 @@ def check_inputs(
     kv_mask=None,
     q_segment_ids=None,
     kv_segment_ids=None,
+    sinks=None,
     *,
     sliding_window=None,
     softcap=None,
@@ -63,9 +64,11 @@ def check_inputs(
     )
     batch, q_heads, q_len, head_dim = query.shape
     _, kv_heads, kv_len, _ = key.shape
+    value_dim = value.shape[-1]
     require(
-        q_len > 0 and kv_len > 0 and head_dim > 0,
-        f"{OP}: empty sequence or head_dim: query {tuple(query.shape)}, key {tuple(key.shape)}",
+        q_len > 0 and kv_len > 0 and head_dim > 0 and value_dim > 0,
+        f"{OP}: empty sequence or head dim: query {tuple(query.shape)}, key "
+        f"{tuple(key.shape)}, value {tuple(value.shape)}",
     )
     _check_shape(
         "key",
@@ -73,7 +76,12 @@ def check_inputs(
         (batch, kv_heads, kv_len, head_dim),
         "[batch, kv_heads, kv_len, head_dim] with query's batch and head_dim",
     )
-    _check_shape("value", value, tuple(key.shape), "the shape of key")
+    _check_shape(
+        "value",
+        value,
+        (batch, kv_heads, kv_len, value_dim),
+        "key's [batch, kv_heads, kv_len] and any value head dim",
+    )
     require(
         kv_heads > 0 and q_heads % kv_heads == 0,
         f"{OP}: key/value have {kv_heads} heads, which must divide query's {q_heads} heads "
@@ -92,6 +100,9 @@ def check_inputs(
         _check_shape("kv_segment_ids", kv_segment_ids, (batch, kv_len), "[batch, kv_len]")
         check_dtype(OP, "q_segment_ids", q_segment_ids, INT_DTYPES)
         check_dtype(OP, "kv_segment_ids", kv_segment_ids, INT_DTYPES)
+    if sinks is not None:
+        _check_shape("sinks", sinks, (q_heads,), "one logit per query head")
+        check_dtype(OP, "sinks", sinks, FLOAT_DTYPES)
     if sliding_window is not None:
         require(
             isinstance(sliding_window, int) and sliding_window >= 1,
@@ -118,15 +129,18 @@ def make_spec(head_dim: int, causal: bool, sliding_window, softcap, scale) -> At
 
 
 # --------------------------------------------------------------------------------------------
-# Implementations: fn(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, block_k, with_lse)
+# Implementations:
+# fn(q, k, v, q_segment_ids, kv_segment_ids, sinks, *, spec, block_q, block_k, with_lse)
 
 
 def _interpret() -> bool:
     return jax_platform() == "cpu"
 
 
-def _kernel_blocks(q, k, block_q, block_k) -> pallas_tpu.KernelBlocks:
-    defaults = pallas_tpu.default_blocks(q.shape, k.shape, q.dtype, interpret=_interpret())
+def _kernel_blocks(q, k, v, block_q, block_k) -> pallas_tpu.KernelBlocks:
+    defaults = pallas_tpu.default_blocks(
+        q.shape, k.shape, q.dtype, interpret=_interpret(), value_dim=v.shape[-1]
+    )
     if block_q is None and block_k is None:
         return defaults
 
@@ -136,30 +150,41 @@ def _kernel_blocks(q, k, block_q, block_k) -> pallas_tpu.KernelBlocks:
     return pallas_tpu.KernelBlocks(override(defaults.forward), override(defaults.backward))
 
 
-def _pallas(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, block_k, with_lse):
-    blocks = _kernel_blocks(q, k, block_q, block_k)
+def _pallas(q, k, v, q_segment_ids, kv_segment_ids, sinks, *, spec, block_q, block_k, with_lse):
+    blocks = _kernel_blocks(q, k, v, block_q, block_k)
     out, lse = pallas_tpu.attention(
-        q, k, v, q_segment_ids, kv_segment_ids, spec, blocks, _interpret()
+        q, k, v, q_segment_ids, kv_segment_ids, sinks, spec, blocks, _interpret()
     )
     return (out, lse) if with_lse else out
 
 
-def _pallas_problem(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, block_k, with_lse):
+def _pallas_problem(
+    q, k, v, q_segment_ids, kv_segment_ids, sinks, *, spec, block_q, block_k, with_lse
+):
     if q.dtype == jnp.float64 and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
     if block_q is None and block_k is None:
         return None
-    blocks = _kernel_blocks(q, k, block_q, block_k).forward
+    blocks = _kernel_blocks(q, k, v, block_q, block_k).forward
     return pallas_tpu.blocks_problem(q.shape, k.shape, q.dtype, blocks, interpret=_interpret())
 
 
-def _tokamax(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, block_k, with_lse):
+def _tokamax(q, k, v, q_segment_ids, kv_segment_ids, sinks, *, spec, block_q, block_k, with_lse):
     return tokamax_impl.attention(q, k, v, q_segment_ids, kv_segment_ids, spec)
 
 
-def _tokamax_problem(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, block_k, with_lse):
+def _tokamax_problem(
+    q, k, v, q_segment_ids, kv_segment_ids, sinks, *, spec, block_q, block_k, with_lse
+):
     if with_lse:
         return "Tokamax's public dot_product_attention returns no logsumexp"
+    if sinks is not None:
+        return "Tokamax's public dot_product_attention has no attention sinks"
+    if v.shape[-1] != q.shape[-1]:
+        return (
+            f"Tokamax's dot_product_attention needs value head dim == query/key head dim "
+            f"(got {v.shape[-1]} and {q.shape[-1]})"
+        )
     if q.dtype == jnp.float64:
         return "Tokamax does not take float64"
     platform = jax_platform()
@@ -176,8 +201,8 @@ def _tokamax_problem(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, b
     return None
 
 
-def _xla(q, k, v, q_segment_ids, kv_segment_ids, *, spec, block_q, block_k, with_lse):
-    out, lse = reference.attention(q, k, v, q_segment_ids, kv_segment_ids, spec)
+def _xla(q, k, v, q_segment_ids, kv_segment_ids, sinks, *, spec, block_q, block_k, with_lse):
+    out, lse = reference.attention(q, k, v, q_segment_ids, kv_segment_ids, spec, sinks=sinks)
     return (out, lse) if with_lse else out
 
 
@@ -213,6 +238,7 @@ def _call(
     kv_mask,
     q_segment_ids,
     kv_segment_ids,
+    sinks,
     *,
     causal,
     sliding_window,
@@ -230,6 +256,7 @@ def _call(
         kv_mask,
         q_segment_ids,
         kv_segment_ids,
+        sinks,
         sliding_window=sliding_window,
         softcap=softcap,
         scale=scale,
@@ -242,6 +269,7 @@ def _call(
         value,
         q_ids,
         kv_ids,
+        sinks,
         spec=spec,
         block_q=block_q,
         block_k=block_k,
@@ -258,6 +286,7 @@ def dot_product_attention(
     kv_mask: jax.Array | None = None,
     q_segment_ids: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
     *,
     causal: bool = False,
     sliding_window: int | None = None,
@@ -267,15 +296,18 @@ def dot_product_attention(
     block_q: int | None = None,
     block_k: int | None = None,
 ) -> jax.Array:
-    """softmax(scale * q k^T [soft-capped, masked]) v for q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D].
+    """softmax(scale * q k^T [soft-capped, masked]) v for q [B, Hq, Sq, D], k [B, Hkv, Sk, D],
+    v [B, Hkv, Sk, Dv] (Dv may differ from D, as in MLA).
 
     ``Hkv`` must divide ``Hq`` (grouped/multi-query attention; kv is not repeated). Queries align
     to the end of the keys (KV-cache decode). ``kv_mask`` [B, Sk] marks keys to attend;
     ``q_segment_ids`` [B, Sq] / ``kv_segment_ids`` [B, Sk] restrict attention to equal ids
-    (packed sequences). ``sliding_window`` w keeps keys with 0 <= position - key < w (|..| < w
-    when not causal); ``softcap`` c maps scores s to c * tanh(s / c); ``scale`` defaults to
-    1/sqrt(D). Rows with no visible key give zeros. ``implementation`` forces "pallas",
-    "tokamax" or "xla"; ``block_q``/``block_k`` override the Pallas blocks (powers of two).
+    (packed sequences). ``sinks`` [Hq] adds one learnable logit per head to every softmax
+    denominator (attention sinks, e.g. GPT-OSS), differentiable. ``sliding_window`` w keeps keys
+    with 0 <= position - key < w (|..| < w when not causal); ``softcap`` c maps scores s to
+    c * tanh(s / c); ``scale`` defaults to 1/sqrt(D). Rows with no visible key give zeros.
+    ``implementation`` forces "pallas", "tokamax" or "xla"; ``block_q``/``block_k`` override the
+    Pallas blocks (powers of two).
     """
     return _call(
         query,
@@ -284,6 +316,7 @@ def dot_product_attention(
         kv_mask,
         q_segment_ids,
         kv_segment_ids,
+        sinks,
         causal=causal,
         sliding_window=sliding_window,
         softcap=softcap,
@@ -303,6 +336,7 @@ def dot_product_attention_with_lse(
     kv_mask: jax.Array | None = None,
     q_segment_ids: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
     *,
     causal: bool = False,
     sliding_window: int | None = None,
@@ -321,6 +355,7 @@ def dot_product_attention_with_lse(
         kv_mask,
         q_segment_ids,
         kv_segment_ids,
+        sinks,
         causal=causal,
         sliding_window=sliding_window,
         softcap=softcap,
@@ -340,6 +375,7 @@ def attention_backward(
     kv_mask,
     q_segment_ids,
     kv_segment_ids,
+    sinks,
     out,
     lse,
     d_out,
@@ -352,36 +388,39 @@ def attention_backward(
     implementation: str | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(dq, dk, dv) of ``dot_product_attention_with_lse`` from its saved outputs.
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+    """(dq, dk, dv, d_sinks) of ``dot_product_attention_with_lse`` from its saved outputs
+    (d_sinks is None without sinks).
 
     The Pallas implementation reuses ``out`` and ``lse`` (no forward recompute); the others
     differentiate their forward.
     """
     spec = make_spec(query.shape[-1], causal, sliding_window, softcap, scale)
     q_ids, kv_ids = _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids)
+    options = dict(spec=spec, block_q=block_q, block_k=block_k, with_lse=True)
     chosen = TABLE.select(
-        query,
-        key,
-        value,
-        q_ids,
-        kv_ids,
-        spec=spec,
-        block_q=block_q,
-        block_k=block_k,
-        with_lse=True,
-        implementation=implementation,
+        query, key, value, q_ids, kv_ids, sinks, implementation=implementation, **options
     )
     if chosen.name == "pallas":
-        blocks = _kernel_blocks(query, key, block_q, block_k)
+        blocks = _kernel_blocks(query, key, value, block_q, block_k)
         return pallas_tpu.attention_backward(
-            query, key, value, q_ids, kv_ids, out, lse, d_out, d_lse, spec, blocks, _interpret()
+            query,
+            key,
+            value,
+            q_ids,
+            kv_ids,
+            sinks,
+            out,
+            lse,
+            d_out,
+            d_lse,
+            spec,
+            blocks,
+            _interpret(),
         )
 
-    def forward(q, k, v):
-        return chosen.fn(
-            q, k, v, q_ids, kv_ids, spec=spec, block_q=block_q, block_k=block_k, with_lse=True
-        )
+    def forward(q, k, v, s):
+        return chosen.fn(q, k, v, q_ids, kv_ids, s, **options)
 
-    _, pullback = jax.vjp(forward, query, key, value)
+    _, pullback = jax.vjp(forward, query, key, value, sinks)
     return pullback((d_out, d_lse))

@@ -140,6 +140,62 @@ def case(name, batch, q_heads, kv_heads, q_len, kv_len, head_dim, options, extra
     )
 
 
+def production_case(name, q_heads, kv_heads, seq, head_dim, value_dim, options, sinks):
+    """Prefill at a production model's head layout, with attention sinks and/or a value head dim
+    of its own: GPT-OSS-20B (64 q / 8 kv heads of 64, sinks, 128-token window on alternate
+    layers), DeepSeek-V3 (MLA: 128 heads, q/k 192 = 128 nope + 64 rope, v 128)."""
+    dtype = jnp.dtype("bfloat16")
+    struct = jax.ShapeDtypeStruct
+    args = (
+        struct((1, q_heads, seq, head_dim), dtype),
+        struct((1, kv_heads, seq, head_dim), dtype),
+        struct((1, kv_heads, seq, value_dim), dtype),
+        None,  # kv_mask
+        None,  # q_segment_ids
+        None,  # kv_segment_ids
+        struct((q_heads,), dtype) if sinks else None,
+    )
+    spec = make_spec(head_dim, True, options.get("sliding_window"), None, None)
+    pairs = q_heads * masking.allowed_pairs(seq, seq, spec)
+
+    def draw(rng: np.random.Generator):
+        return tuple(
+            None if a is None else rng.standard_normal(a.shape, dtype=np.float32).astype(a.dtype)
+            for a in args
+        )
+
+    return KernelCase(
+        name=name,
+        fn=dot_product_attention_with_lse,
+        args=args,
+        kwargs={"causal": True, **options},
+        flops=2 * pairs * (head_dim + value_dim),
+        bytes_accessed=(
+            q_heads * seq * (head_dim + value_dim) + kv_heads * seq * (head_dim + value_dim)
+        )
+        * dtype.itemsize,
+        differentiable=(0, 1, 2, 6) if sinks else (0, 1, 2),
+        make_args=draw,
+    )
+
+
+# Compiled for every TPU generation by the tests (deviceless); not in CASES, whose every entry the
+# runtime tests also run through torch, with an op argument per case argument.
+PRODUCTION_CASES = [
+    production_case(
+        "gpt-oss-20b-prefill-4k-sinks-window128",
+        64,
+        8,
+        4096,
+        64,
+        64,
+        {"sliding_window": 128},
+        sinks=True,
+    ),
+    production_case("gpt-oss-20b-prefill-4k-sinks", 64, 8, 4096, 64, 64, {}, sinks=True),
+    production_case("deepseek-v3-prefill-4k-mla", 128, 128, 4096, 192, 128, {}, sinks=False),
+]
+
 CASES = [case(*shape) for shape in SHAPES]
 
 

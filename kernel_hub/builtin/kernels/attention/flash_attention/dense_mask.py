@@ -8,6 +8,10 @@ module derives that structure from the mask on device and checks it reproduces t
 * otherwise the reference runs with the dense mask, one block of queries at a time, and a
   warning (once per reason) says why.
 
+An additive ``bias`` (T5's ``position_bias``, ALiBi) always runs on the reference, forward and
+backward, with its gradient: the Pallas kernel takes no dense bias (it would stream a
+[B, H, Sq, Sk] operand per block), and Tokamax's public API returns no logsumexp.
+
 The choice is a ``lax.switch`` inside one jitted function: no data-dependent Python branch, so a
 torch caller keeps a single graph under ``torch.compile``.
 """
@@ -30,6 +34,7 @@ log = logging.getLogger(__name__)
 OP = "attention_with_dense_mask"
 STRUCTURES = ("padding", "packed")
 _REFERENCE_QUERY_BLOCK = 128
+_BIAS_REASON = "it adds a dense bias (position_bias), which the Pallas kernel does not take"
 
 
 def check_mask(query, key, mask) -> None:
@@ -99,7 +104,21 @@ def _log_fallback(binary) -> None:
     )
 
 
-def _reference(q, k, v, allowed, bias, spec: AttentionSpec):
+def check_bias(query, key, bias) -> None:
+    """``bias`` must broadcast to [batch, q_heads, q_len, kv_len] along batch and heads only."""
+    check_rank(OP, "bias", bias, 4)
+    check_dtype(OP, "bias", bias, api.FLOAT_DTYPES)
+    batch, heads, q_len, _ = query.shape
+    kv_len = key.shape[2]
+    b_batch, b_heads, b_q, b_kv = bias.shape
+    require(
+        b_batch in (1, batch) and b_heads in (1, heads) and (b_q, b_kv) == (q_len, kv_len),
+        f"{OP}: bias has shape {tuple(bias.shape)}; expected [{batch} or 1, {heads} or 1, "
+        f"{q_len}, {kv_len}] for query {tuple(query.shape)} and key {tuple(key.shape)}",
+    )
+
+
+def _reference(q, k, v, sinks, allowed, bias, spec: AttentionSpec):
     """Reference attention under the dense mask, a block of queries at a time (bounded memory)."""
     q_len = q.shape[2]
     block = min(q_len, _REFERENCE_QUERY_BLOCK)
@@ -120,11 +139,11 @@ def _reference(q, k, v, allowed, bias, spec: AttentionSpec):
     def one_block(args):
         q_block, allowed_block, bias_block = args
         return reference.attention(
-            q_block, k, v, None, None, free, mask=allowed_block, bias=bias_block
+            q_block, k, v, None, None, free, sinks=sinks, mask=allowed_block, bias=bias_block
         )
 
     out, lse = jax.lax.map(one_block, (rows(q), rows(allowed), rows(bias)))
-    out = jnp.moveaxis(out, 0, 2).reshape(*q.shape[:2], padded, q.shape[3])[:, :, :q_len]
+    out = jnp.moveaxis(out, 0, 2).reshape(*q.shape[:2], padded, v.shape[3])[:, :, :q_len]
     lse = jnp.moveaxis(lse, 0, 2).reshape(*q.shape[:2], padded)[:, :, :q_len]
     return out, lse
 
@@ -148,11 +167,19 @@ def _branches(structures, batch: int, structured, fallback):
     return [*branches, fallback]
 
 
+def _combined_bias(mask_bias, bias):
+    if bias is None:
+        return mask_bias
+    return bias if mask_bias is None else mask_bias.astype(bias.dtype) + bias
+
+
 def attention_with_dense_mask(
     query,
     key,
     value,
     mask,
+    sinks=None,
+    bias=None,
     *,
     causal: bool = False,
     sliding_window: int | None = None,
@@ -162,11 +189,20 @@ def attention_with_dense_mask(
 ):
     """(out, logsumexp) of attention where ``mask`` (bool, True = attend; or additive float)
     decides visibility. ``causal``/``sliding_window`` describe the rule the mask is expected to
-    follow (end-aligned, see ``masking``); a mask that does not still gives exact results."""
-    api.check_inputs(query, key, value, sliding_window=sliding_window, softcap=softcap, scale=scale)
-    spec, allowed, bias, binary, structures, choice = _analyse(
+    follow (end-aligned, see ``masking``); a mask that does not still gives exact results.
+    ``sinks`` [Hq] as in ``api.dot_product_attention``; ``bias`` [B|1, H|1, Sq, Sk] is added to
+    the scores (see the module docstring)."""
+    api.check_inputs(
+        query, key, value, sinks=sinks, sliding_window=sliding_window, softcap=softcap, scale=scale
+    )
+    if bias is not None:
+        check_bias(query, key, bias)
+    spec, allowed, mask_bias, binary, structures, choice = _analyse(
         query, key, mask, causal, sliding_window, softcap, scale
     )
+    if bias is not None:
+        jax.debug.callback(functools.partial(_warn_once, _BIAS_REASON))
+        return _reference(query, key, value, sinks, allowed, _combined_bias(mask_bias, bias), spec)
     options = dict(
         causal=causal,
         sliding_window=sliding_window,
@@ -176,14 +212,16 @@ def attention_with_dense_mask(
     )
 
     def structured(ids):
-        return lambda q, k, v: api.dot_product_attention_with_lse(q, k, v, None, *ids, **options)
+        return lambda q, k, v, s: api.dot_product_attention_with_lse(
+            q, k, v, None, *ids, s, **options
+        )
 
-    def fallback(q, k, v):
+    def fallback(q, k, v, s):
         jax.debug.callback(_log_fallback, binary)
-        return _reference(q, k, v, allowed, bias, spec)
+        return _reference(q, k, v, s, allowed, mask_bias, spec)
 
     branches = _branches(structures, query.shape[0], structured, fallback)
-    return jax.lax.switch(choice, branches, query, key, value)
+    return jax.lax.switch(choice, branches, query, key, value, sinks)
 
 
 def attention_with_dense_mask_backward(
@@ -191,6 +229,8 @@ def attention_with_dense_mask_backward(
     key,
     value,
     mask,
+    sinks,
+    bias,
     out,
     lse,
     d_out,
@@ -202,10 +242,18 @@ def attention_with_dense_mask_backward(
     scale: float | None = None,
     implementation: str | None = None,
 ):
-    """(dq, dk, dv) from the saved outputs; the same structure is chosen as in the forward."""
-    spec, allowed, bias, _, structures, choice = _analyse(
+    """(dq, dk, dv, d_sinks, d_bias) from the saved outputs (None for absent sinks or bias); the
+    same structure is chosen as in the forward."""
+    spec, allowed, mask_bias, _, structures, choice = _analyse(
         query, key, mask, causal, sliding_window, softcap, scale
     )
+    if bias is not None:
+
+        def biased(q, k, v, s, b):
+            return _reference(q, k, v, s, allowed, _combined_bias(mask_bias, b), spec)
+
+        _, pullback = jax.vjp(biased, query, key, value, sinks, bias)
+        return pullback((d_out, d_lse))
     options = dict(
         causal=causal,
         sliding_window=sliding_window,
@@ -215,13 +263,16 @@ def attention_with_dense_mask_backward(
     )
 
     def structured(ids):
-        return lambda q, k, v: api.attention_backward(
-            q, k, v, None, *ids, out, lse, d_out, d_lse, **options
+        return lambda q, k, v, s: api.attention_backward(
+            q, k, v, None, *ids, s, out, lse, d_out, d_lse, **options
         )
 
-    def fallback(q, k, v):
-        _, pullback = jax.vjp(lambda *qkv: _reference(*qkv, allowed, bias, spec), q, k, v)
+    def fallback(q, k, v, s):
+        def forward(*args):
+            return _reference(*args, allowed, mask_bias, spec)
+
+        _, pullback = jax.vjp(forward, q, k, v, s)
         return pullback((d_out, d_lse))
 
     branches = _branches(structures, query.shape[0], structured, fallback)
-    return jax.lax.switch(choice, branches, query, key, value)
+    return (*jax.lax.switch(choice, branches, query, key, value, sinks), None)

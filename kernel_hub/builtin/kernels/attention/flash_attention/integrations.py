@@ -12,6 +12,11 @@ Masks, as ``sdpa_mask`` hands them over:
 * a 4-D boolean (or additive float) mask: ``dense_mask`` turns it into key padding + the layer's
   causal/window rule, or packed segments, checked on device to reproduce the mask exactly; a mask
   it cannot express runs on the reference implementation and a warning says why.
+
+Every keyword is honoured or refused (``keywords``): GPT-OSS's sinks (``s_aux``) run in the
+kernel, T5's ``position_bias`` through the dense path (reference implementation, with its
+gradient), MLA's value head dim natively. ``module_problem(module)`` tells ``kernelize`` which
+modules pass a feature the kernel does not implement, before any call.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 
 from kernel_hub.kernel_api import KernelInputError
 
+from . import keywords
 from .torch_ops import attention_with_dense_mask, attention_with_lse
 
 log = logging.getLogger(__name__)
@@ -50,15 +56,22 @@ def _kernel_window(sliding_window: int | None, causal: bool) -> int | None:
     return sliding_window if causal else sliding_window + 1
 
 
-def _dropout_attention(query, key, value, attention_mask, dropout, scaling, causal, softcap):
-    """The kernel has no dropout: training with attention dropout runs torch's SDPA instead."""
-    if softcap is not None:
-        raise KernelInputError(
-            "attention: dropout > 0 together with softcap is not supported by kernel-hub "
-            "attention; use attn_implementation='eager' for this configuration"
-        )
+def _dropout_attention(
+    query, key, value, attention_mask, dropout, scaling, causal, softcap, sinks, position_bias
+):
+    """The kernel has no dropout: training with attention dropout runs torch's SDPA instead, as
+    Transformers' SDPA integration would (a position bias joins the additive mask)."""
+    for name, given in (("softcap", softcap), ("s_aux (attention sinks)", sinks)):
+        if given is not None:
+            raise KernelInputError(
+                f"attention: dropout > 0 together with {name} is not supported by kernel-hub "
+                f"attention (the kernel has no dropout and torch SDPA no {name}); use "
+                f"attn_implementation='eager' for this configuration"
+            )
     log.warning("attention: dropout=%s > 0 runs torch SDPA, the kernel has no dropout", dropout)
     q_len, kv_len = query.shape[2], key.shape[2]
+    if position_bias is not None:
+        attention_mask = _biased_mask(attention_mask, position_bias, causal, q_len, kv_len)
     return torch.nn.functional.scaled_dot_product_attention(
         query,
         key,
@@ -71,6 +84,30 @@ def _dropout_attention(query, key, value, attention_mask, dropout, scaling, caus
     )
 
 
+def _visibility(attention_mask, causal: bool, window, q_len: int, kv_len: int, device):
+    """The mask to combine a bias with: the given one, or the causal (end-aligned) / window /
+    full rule that ``attention_mask=None`` stands for (``window`` in the kernel's convention)."""
+    if attention_mask is not None:
+        return attention_mask
+    distance = (
+        torch.arange(q_len, device=device)[:, None]
+        + (kv_len - q_len)
+        - torch.arange(kv_len, device=device)[None, :]
+    )
+    allowed = distance >= 0 if causal else torch.ones_like(distance, dtype=torch.bool)
+    if window is not None:
+        allowed &= distance.abs() < window
+    return allowed[None, None]
+
+
+def _biased_mask(attention_mask, position_bias, causal, q_len, kv_len):
+    """One additive mask holding the bias where keys are visible (for torch SDPA)."""
+    visible = _visibility(attention_mask, causal, None, q_len, kv_len, position_bias.device)
+    if visible.dtype != torch.bool:
+        return position_bias + visible
+    return position_bias.masked_fill(~visible, torch.finfo(position_bias.dtype).min)
+
+
 def attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -81,10 +118,19 @@ def attention_forward(
     scaling: float | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    is_causal: bool | None = None,
+    s_aux: torch.Tensor | None = None,
+    position_bias: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """Transformers' AttentionInterface contract: q [B, Hq, S, D], k/v [B, Hkv, Skv, D] ->
-    (out [B, S, Hq, D], None). Attention weights are never returned."""
+    """Transformers' AttentionInterface contract: q [B, Hq, S, D], k [B, Hkv, Skv, D],
+    v [B, Hkv, Skv, Dv] -> (out [B, S, Hq, Dv], None). Attention weights are never returned.
+
+    ``s_aux`` [Hq] are attention sinks (GPT-OSS), ``position_bias`` [B|1, Hq, S, Skv] an additive
+    bias (T5); both get gradients. Other keywords: see ``keywords`` (harmless ones are ignored,
+    anything else that is not None is refused).
+    """
+    keywords.check_call(kwargs, attention_mask)
     if kwargs.get("output_attentions", False):
         log.warning("attention: output_attentions=True is not supported; returning None weights")
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
@@ -92,31 +138,44 @@ def attention_forward(
             f"attention: attention_mask of type {type(attention_mask).__name__} is not supported; "
             f"expected a 4-D tensor or None (register() installs sdpa_mask to build it)"
         )
-    causal = _is_causal(module, kwargs.get("is_causal"))
+    causal = _is_causal(module, is_causal)
     window = _kernel_window(sliding_window, causal)
     q_len, kv_len = query.shape[2], key.shape[2]
     if attention_mask is None and causal and 1 < q_len < kv_len:
         key, value = key[:, :, :q_len], value[:, :, :q_len]
+        if position_bias is not None:
+            position_bias = position_bias[..., :q_len]
+        kv_len = q_len
+    options = dict(causal=causal, sliding_window=window, softcap=softcap, scale=scaling)
     if dropout > 0.0:
         out = _dropout_attention(
-            query, key, value, attention_mask, dropout, scaling, causal, softcap
-        )
-    elif attention_mask is None:
-        out, _ = attention_with_lse(
-            query, key, value, causal=causal, sliding_window=window, softcap=softcap, scale=scaling
-        )
-    else:
-        out, _ = attention_with_dense_mask(
             query,
             key,
             value,
             attention_mask,
-            causal=causal,
-            sliding_window=window,
-            softcap=softcap,
-            scale=scaling,
+            dropout,
+            scaling,
+            causal,
+            softcap,
+            s_aux,
+            position_bias,
+        )
+    elif position_bias is not None:
+        visible = _visibility(attention_mask, causal, window, q_len, kv_len, query.device)
+        out, _ = attention_with_dense_mask(
+            query, key, value, visible, sinks=s_aux, bias=position_bias, **options
+        )
+    elif attention_mask is None:
+        out, _ = attention_with_lse(query, key, value, sinks=s_aux, **options)
+    else:
+        out, _ = attention_with_dense_mask(
+            query, key, value, attention_mask, sinks=s_aux, **options
         )
     return out.transpose(1, 2).contiguous(), None
+
+
+module_problem = keywords.module_problem
+"""Hook for ``kernelize``: why a module's attention cannot run on this kernel, or None."""
 
 
 def register(name: str = DEFAULT_NAME) -> str:

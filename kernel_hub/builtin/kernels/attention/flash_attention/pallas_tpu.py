@@ -7,6 +7,10 @@ block is read once for all G heads (what makes decode with few queries cheap), a
 reduction over heads afterwards.
 
 The forward returns the logsumexp per query; the backward reuses it (no forward recompute).
+Attention sinks (a per-head logit in every row's softmax denominator) join the forward's final
+normalisation; the backward kernels need nothing else (the sink is in the logsumexp), and the
+sinks' gradient is a reduction of the logsumexp and the row statistics outside the kernels.
+Values may have their own head dim (``Dv``, e.g. MLA's 128 against q/k's 192).
 Kv blocks no query of a q block can see (causal, sliding window) are skipped, and the kv index map
 is clamped to the visible range so skipped steps fetch nothing new.
 """
@@ -88,6 +92,7 @@ class Layout:
     q_len: int
     kv_len: int
     head_dim: int
+    value_dim: int
     q_len_padded: int
     block_q: int
     kv_len_padded: int
@@ -154,7 +159,7 @@ class Layout:
         return group_start + jnp.clip(_rem(qi, per_group), lo, jnp.maximum(hi, lo))
 
 
-def make_layout(q_shape, kv_shape, blocks: BlockSizes) -> Layout:
+def make_layout(q_shape, kv_shape, blocks: BlockSizes, value_dim: int | None = None) -> Layout:
     """Pad and block the packed query rows and the keys (see the module docstring)."""
     batch, q_heads, q_len, head_dim = q_shape
     _, kv_heads, kv_len, _ = kv_shape
@@ -183,6 +188,7 @@ def make_layout(q_shape, kv_shape, blocks: BlockSizes) -> Layout:
         q_len=q_len,
         kv_len=kv_len,
         head_dim=head_dim,
+        value_dim=head_dim if value_dim is None else value_dim,
         q_len_padded=q_len_padded,
         block_q=block_q,
         kv_len_padded=kv_len_padded,
@@ -191,33 +197,37 @@ def make_layout(q_shape, kv_shape, blocks: BlockSizes) -> Layout:
     )
 
 
-def _forward_vmem_bytes(block_q: int, block_k: int, head_dim: int, itemsize: int) -> int:
-    streamed = 2 * (2 * block_q * head_dim + 2 * block_k * head_dim) * itemsize  # q, o, k, v
-    row_stats = 4 * block_q * _LANES * 4  # lse out (2 buffers), m, l (lane padded)
-    return streamed + row_stats + block_q * head_dim * 4 + 4 * block_q * block_k * 4
+def _forward_vmem_bytes(block_q: int, block_k: int, dims: tuple[int, int], itemsize: int) -> int:
+    d, dv = dims
+    streamed = 2 * (block_q * (d + dv) + block_k * (d + dv)) * itemsize  # q, o, k, v
+    row_stats = 6 * block_q * _LANES * 4  # lse out (2 buffers), sinks (2), m, l (lane padded)
+    return streamed + row_stats + block_q * dv * 4 + 4 * block_q * block_k * 4
 
 
-def _backward_vmem_bytes(block_q: int, block_k: int, head_dim: int, itemsize: int) -> int:
+def _backward_vmem_bytes(block_q: int, block_k: int, dims: tuple[int, int], itemsize: int) -> int:
+    d, dv = dims
     # q, do, k, v, dk, dv
-    streamed = 2 * (2 * block_q * head_dim + 4 * block_k * head_dim) * itemsize
+    streamed = 2 * (block_q * (d + dv) + 2 * block_k * (d + dv)) * itemsize
     row_stats = 4 * block_q * _LANES * 4  # lse, delta
-    return streamed + row_stats + 2 * block_k * head_dim * 4 + 6 * block_q * block_k * 4
+    return streamed + row_stats + block_k * (d + dv) * 4 + 6 * block_q * block_k * 4
 
 
 def _largest_fitting(
-    rows: int, kv_len: int, head_dim: int, itemsize: int, vmem_bytes
+    rows: int, kv_len: int, dims: tuple[int, int], itemsize: int, vmem_bytes
 ) -> BlockSizes:
     for block_q in (_MAX_BLOCK_Q, _MAX_BLOCK_Q // 2, _MAX_BLOCK_Q // 4):
         q = min(block_q, rows)
         for block_k in _BLOCK_K_CHOICES:
             if block_k > _round_up(kv_len, _LANES) and block_k != _BLOCK_K_CHOICES[-1]:
                 continue
-            if vmem_bytes(q, block_k, head_dim, itemsize) <= VMEM_BUDGET_BYTES:
+            if vmem_bytes(q, block_k, dims, itemsize) <= VMEM_BUDGET_BYTES:
                 return BlockSizes(block_q, block_k)
     return BlockSizes(_MAX_BLOCK_Q // 4, _BLOCK_K_CHOICES[-1])
 
 
-def default_blocks(q_shape, kv_shape, dtype, *, interpret: bool) -> KernelBlocks:
+def default_blocks(
+    q_shape, kv_shape, dtype, *, interpret: bool, value_dim: int | None = None
+) -> KernelBlocks:
     """Largest blocks that fit the VMEM budget; few, big blocks in interpret mode (CPU)."""
     if interpret:
         big = BlockSizes(_INTERPRET_BLOCK, _INTERPRET_BLOCK)
@@ -226,9 +236,10 @@ def default_blocks(q_shape, kv_shape, dtype, *, interpret: bool) -> KernelBlocks
     _, kv_heads, kv_len, _ = kv_shape
     rows = q_heads // kv_heads * q_len
     itemsize = jnp.dtype(dtype).itemsize
+    dims = (head_dim, head_dim if value_dim is None else value_dim)
     return KernelBlocks(
-        _largest_fitting(rows, kv_len, head_dim, itemsize, _forward_vmem_bytes),
-        _largest_fitting(rows, kv_len, head_dim, itemsize, _backward_vmem_bytes),
+        _largest_fitting(rows, kv_len, dims, itemsize, _forward_vmem_bytes),
+        _largest_fitting(rows, kv_len, dims, itemsize, _backward_vmem_bytes),
     )
 
 
@@ -268,6 +279,13 @@ def _unpack_rows(x, layout: Layout):
 def _pad_keys(x, layout: Layout):
     pad = layout.kv_len_padded - layout.kv_len
     return jnp.pad(x, [(0, 0), (0, 0), (0, pad), (0, 0)]) if pad else x
+
+
+def _pack_sinks(sinks, layout: Layout, dtype):
+    """Sinks [Hq] -> [Hkv, rows, 1] in the accumulation ``dtype``, one logit per packed row."""
+    per_head = sinks.astype(dtype).reshape(layout.kv_heads, layout.groups, 1)
+    rows = jnp.broadcast_to(per_head, (layout.kv_heads, layout.groups, layout.q_len_padded))
+    return rows.reshape(layout.kv_heads, layout.rows, 1)
 
 
 def _pack_segments(q_segment_ids, kv_segment_ids, layout: Layout):
@@ -331,10 +349,12 @@ def _split_refs(refs, num_inputs: int, has_segments: bool):
     return inputs, segments, rest
 
 
-def _forward_kernel(*refs, layout: Layout, spec: AttentionSpec, has_segments: bool):
-    (q_ref, k_ref, v_ref), segments, (o_ref, lse_ref, m_ref, l_ref, acc_ref) = _split_refs(
-        refs, 3, has_segments
-    )
+def _forward_kernel(
+    *refs, layout: Layout, spec: AttentionSpec, has_segments: bool, has_sinks: bool
+):
+    (q_ref, k_ref, v_ref), segments, rest = _split_refs(refs, 3, has_segments)
+    sink_ref = rest[0] if has_sinks else None
+    o_ref, lse_ref, m_ref, l_ref, acc_ref = rest[1:] if has_sinks else rest
     qi, ki = pl.program_id(2), pl.program_id(3)
 
     @pl.when(ki == 0)
@@ -359,11 +379,17 @@ def _forward_kernel(*refs, layout: Layout, spec: AttentionSpec, has_segments: bo
 
     @pl.when(ki == pl.num_programs(3) - 1)
     def _finish():
-        total = l_ref[...]
+        total, row_max, acc = l_ref[...], m_ref[...], acc_ref[...]
+        if sink_ref is not None:  # the sink joins the denominator with a zero value
+            sink = sink_ref[...].astype(row_max.dtype)
+            with_sink = jnp.maximum(row_max, sink)
+            alpha = jnp.exp(row_max - with_sink)
+            total = alpha * total + jnp.exp(sink - with_sink)
+            acc, row_max = alpha * acc, with_sink
         seen = total > 0
         inverse = jnp.where(seen, 1.0 / jnp.where(seen, total, 1.0), 0.0)
-        o_ref[...] = (acc_ref[...] * inverse).astype(o_ref.dtype)
-        lse_ref[...] = jnp.where(seen, m_ref[...] + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
+        o_ref[...] = (acc * inverse).astype(o_ref.dtype)
+        lse_ref[...] = jnp.where(seen, row_max + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
 
 
 def _probabilities_and_dscores(q, k, v, do, lse, delta, qi, ki, segments, layout, spec):
@@ -447,9 +473,22 @@ def _dkv_kernel(*refs, layout: Layout, spec: AttentionSpec, has_segments: bool):
 # pallas_call wrappers. Grid axes: (batch, kv head, outer block, inner block).
 
 
-def _specs(layout: Layout, spec: AttentionSpec, has_segments: bool, *, kv_outer: bool):
-    """BlockSpecs for q-row inputs, kv inputs, row statistics and segment ids."""
-    d, bq, bk = layout.head_dim, layout.block_q, layout.block_k
+@dataclass(frozen=True)
+class _Specs:
+    """BlockSpecs of one kernel's operands."""
+
+    rows: pl.BlockSpec  # q and dq [bq, D]
+    out_rows: pl.BlockSpec  # out and its cotangent [bq, Dv]
+    keys: pl.BlockSpec  # k and dk [bk, D]
+    values: pl.BlockSpec  # v and dv [bk, Dv]
+    stats: pl.BlockSpec  # per-row statistics [bq, 1]
+    segments: list
+    sinks: pl.BlockSpec  # packed sinks [Hkv, rows, 1]
+
+
+def _specs(layout: Layout, spec: AttentionSpec, has_segments: bool, *, kv_outer: bool) -> _Specs:
+    """BlockSpecs for q-row inputs, kv inputs, row statistics, segment ids and sinks."""
+    d, dv, bq, bk = layout.head_dim, layout.value_dim, layout.block_q, layout.block_k
 
     if kv_outer:  # grid (b, h, ki, qi): q blocks clamped to those that see kv block ki
 
@@ -466,16 +505,21 @@ def _specs(layout: Layout, spec: AttentionSpec, has_segments: bool, *, kv_outer:
         def k_block(b, h, qi, ki):
             return b, h, layout.clamped_key_block(qi, ki, spec), 0
 
-    rows = pl.BlockSpec((None, None, bq, d), q_block)
-    keys = pl.BlockSpec((None, None, bk, d), k_block)
-    stats = pl.BlockSpec((None, None, bq, 1), q_block)
     segments = []
     if has_segments:
         segments = [
             pl.BlockSpec((None, bq, 1), lambda *idx: (q_block(*idx)[0], q_block(*idx)[2], 0)),
             pl.BlockSpec((None, 1, bk), lambda *idx: (k_block(*idx)[0], 0, k_block(*idx)[2])),
         ]
-    return rows, keys, stats, segments
+    return _Specs(
+        rows=pl.BlockSpec((None, None, bq, d), q_block),
+        out_rows=pl.BlockSpec((None, None, bq, dv), q_block),
+        keys=pl.BlockSpec((None, None, bk, d), k_block),
+        values=pl.BlockSpec((None, None, bk, dv), k_block),
+        stats=pl.BlockSpec((None, None, bq, 1), q_block),
+        segments=segments,
+        sinks=pl.BlockSpec((None, bq, 1), lambda *idx: (q_block(*idx)[1], q_block(*idx)[2], 0)),
+    )
 
 
 def _compiler_params() -> pltpu.CompilerParams:
@@ -484,47 +528,60 @@ def _compiler_params() -> pltpu.CompilerParams:
     )
 
 
-def _cost(layout: Layout, spec: AttentionSpec, itemsize: int, matmuls: int, tensors: int):
+def _cost(layout: Layout, spec: AttentionSpec, itemsize: int, matmul_dims: int, tensors: int):
+    """``matmul_dims``: summed contraction/output dims of the kernel's matmuls per visible pair."""
     pairs = (
         layout.batch
         * layout.kv_heads
         * layout.groups
         * masking.allowed_pairs(layout.q_len, layout.kv_len, spec)
     )
-    q_bytes = layout.batch * layout.kv_heads * layout.rows * layout.head_dim * itemsize
-    kv_bytes = layout.batch * layout.kv_heads * layout.kv_len_padded * layout.head_dim * itemsize
+    mean_dim = (layout.head_dim + layout.value_dim) // 2
+    q_bytes = layout.batch * layout.kv_heads * layout.rows * mean_dim * itemsize
+    kv_bytes = layout.batch * layout.kv_heads * layout.kv_len_padded * mean_dim * itemsize
     return pl.CostEstimate(
-        flops=2 * matmuls * pairs * layout.head_dim,
+        flops=2 * matmul_dims * pairs,
         transcendentals=pairs,
         bytes_accessed=tensors * (q_bytes + kv_bytes),
     )
 
 
-def _forward(q, k, v, segments, layout: Layout, spec: AttentionSpec, interpret: bool):
-    """Packed-layout forward: (out [B, Hkv, rows, D], lse [B, Hkv, rows, 1])."""
-    has_segments = segments is not None
-    rows, keys, stats, segment_specs = _specs(layout, spec, has_segments, kv_outer=False)
+def _forward(q, k, v, segments, sinks, layout: Layout, spec: AttentionSpec, interpret: bool):
+    """Packed-layout forward: (out [B, Hkv, rows, Dv], lse [B, Hkv, rows, 1])."""
+    has_segments, has_sinks = segments is not None, sinks is not None
+    specs = _specs(layout, spec, has_segments, kv_outer=False)
     shape = (layout.batch, layout.kv_heads, layout.num_q_blocks, layout.num_k_blocks)
     acc = jnp.promote_types(q.dtype, jnp.float32)
+    kernel = functools.partial(
+        _forward_kernel, layout=layout, spec=spec, has_segments=has_segments, has_sinks=has_sinks
+    )
     return pl.pallas_call(
-        functools.partial(_forward_kernel, layout=layout, spec=spec, has_segments=has_segments),
+        kernel,
         grid=shape,
-        in_specs=[rows, keys, keys, *segment_specs],
-        out_specs=[rows, stats],
+        in_specs=[
+            specs.rows,
+            specs.keys,
+            specs.values,
+            *specs.segments,
+            *([specs.sinks] if has_sinks else []),
+        ],
+        out_specs=[specs.out_rows, specs.stats],
         out_shape=[
-            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct((*q.shape[:3], layout.value_dim), q.dtype),
             jax.ShapeDtypeStruct((*q.shape[:3], 1), acc),
         ],
         scratch_shapes=[
             pltpu.VMEM((layout.block_q, 1), acc),
             pltpu.VMEM((layout.block_q, 1), acc),
-            pltpu.VMEM((layout.block_q, layout.head_dim), acc),
+            pltpu.VMEM((layout.block_q, layout.value_dim), acc),
         ],
         compiler_params=_compiler_params(),
-        cost_estimate=_cost(layout, spec, q.dtype.itemsize, matmuls=2, tensors=2),
+        cost_estimate=_cost(
+            layout, spec, q.dtype.itemsize, layout.head_dim + layout.value_dim, tensors=2
+        ),
         interpret=interpret,
         name="flash_attention_forward",
-    )(q, k, v, *(segments or ()))
+    )(q, k, v, *(segments or ()), *(() if sinks is None else (sinks,)))
 
 
 def _backward(q, k, v, segments, do, lse, delta, layout: Layout, spec: AttentionSpec, interpret):
@@ -534,33 +591,46 @@ def _backward(q, k, v, segments, do, lse, delta, layout: Layout, spec: Attention
     kernel_args = dict(layout=layout, spec=spec, has_segments=has_segments)
     operands = (q, k, v, do, lse, delta, *(segments or ()))
 
-    rows, keys, stats, segment_specs = _specs(layout, spec, has_segments, kv_outer=False)
+    d, dv = layout.head_dim, layout.value_dim
+
+    def in_specs(specs: _Specs) -> list:
+        return [
+            specs.rows,
+            specs.keys,
+            specs.values,
+            specs.out_rows,
+            specs.stats,
+            specs.stats,
+            *specs.segments,
+        ]
+
+    specs = _specs(layout, spec, has_segments, kv_outer=False)
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, **kernel_args),
         grid=(layout.batch, layout.kv_heads, layout.num_q_blocks, layout.num_k_blocks),
-        in_specs=[rows, keys, keys, rows, stats, stats, *segment_specs],
-        out_specs=rows,
+        in_specs=in_specs(specs),
+        out_specs=specs.rows,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        scratch_shapes=[pltpu.VMEM((layout.block_q, layout.head_dim), acc)],
+        scratch_shapes=[pltpu.VMEM((layout.block_q, d), acc)],
         compiler_params=_compiler_params(),
-        cost_estimate=_cost(layout, spec, q.dtype.itemsize, matmuls=3, tensors=3),
+        cost_estimate=_cost(layout, spec, q.dtype.itemsize, 2 * d + dv, tensors=3),
         interpret=interpret,
         name="flash_attention_backward_dq",
     )(*operands)
 
-    rows, keys, stats, segment_specs = _specs(layout, spec, has_segments, kv_outer=True)
+    specs = _specs(layout, spec, has_segments, kv_outer=True)
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, **kernel_args),
         grid=(layout.batch, layout.kv_heads, layout.num_k_blocks, layout.num_q_blocks),
-        in_specs=[rows, keys, keys, rows, stats, stats, *segment_specs],
-        out_specs=[keys, keys],
+        in_specs=in_specs(specs),
+        out_specs=[specs.keys, specs.values],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         scratch_shapes=[
-            pltpu.VMEM((layout.block_k, layout.head_dim), acc),
-            pltpu.VMEM((layout.block_k, layout.head_dim), acc),
+            pltpu.VMEM((layout.block_k, d), acc),
+            pltpu.VMEM((layout.block_k, dv), acc),
         ],
         compiler_params=_compiler_params(),
-        cost_estimate=_cost(layout, spec, q.dtype.itemsize, matmuls=4, tensors=4),
+        cost_estimate=_cost(layout, spec, q.dtype.itemsize, 2 * d + 2 * dv, tensors=4),
         interpret=interpret,
         name="flash_attention_backward_dkv",
     )(*operands)
@@ -577,16 +647,23 @@ def _packed_segments(q_segment_ids, kv_segment_ids, layout):
     return _pack_segments(q_segment_ids, kv_segment_ids, layout)
 
 
+def _layout(q, k, v, blocks: BlockSizes) -> Layout:
+    return make_layout(q.shape, k.shape, blocks, value_dim=v.shape[-1])
+
+
 def attention_forward(
-    q, k, v, q_segment_ids, kv_segment_ids, spec, blocks: KernelBlocks, interpret
+    q, k, v, q_segment_ids, kv_segment_ids, sinks, spec, blocks: KernelBlocks, interpret
 ):
-    """(out [B, Hq, Sq, D], logsumexp [B, Hq, Sq] f32); no autodiff rule (see ``attention``)."""
-    layout = make_layout(q.shape, k.shape, blocks.forward)
+    """(out [B, Hq, Sq, Dv], logsumexp [B, Hq, Sq] f32); no autodiff rule (see ``attention``)."""
+    layout = _layout(q, k, v, blocks.forward)
     out, lse = _forward(
         _pack_rows(q, layout),
         _pad_keys(k, layout),
         _pad_keys(v, layout),
         _packed_segments(q_segment_ids, kv_segment_ids, layout),
+        None
+        if sinks is None
+        else _pack_sinks(sinks, layout, jnp.promote_types(q.dtype, jnp.float32)),
         layout,
         spec,
         interpret,
@@ -600,6 +677,7 @@ def attention_backward(
     v,
     q_segment_ids,
     kv_segment_ids,
+    sinks,
     out,
     lse,
     d_out,
@@ -608,8 +686,9 @@ def attention_backward(
     blocks: KernelBlocks,
     interpret: bool,
 ):
-    """(dq, dk, dv) from the forward's outputs and the cotangents of out and logsumexp."""
-    layout = make_layout(q.shape, k.shape, blocks.backward)
+    """(dq, dk, dv, d_sinks) from the forward's outputs and the cotangents of out and logsumexp;
+    d_sinks is None without sinks."""
+    layout = _layout(q, k, v, blocks.backward)
     acc = jnp.promote_types(q.dtype, jnp.float32)
     delta = jnp.sum(out.astype(acc) * d_out.astype(acc), axis=-1)
     if d_lse is not None:
@@ -627,27 +706,47 @@ def attention_backward(
         interpret,
     )
     kv_len = layout.kv_len
-    return _unpack_rows(dq, layout), dk[:, :, :kv_len], dv[:, :, :kv_len]
+    d_sinks = None
+    if sinks is not None:
+        # The sink is one more score with a zero value: its probability times (0 - delta).
+        sink_probability = jnp.exp(sinks.astype(acc)[None, :, None] - lse.astype(acc))
+        d_sinks = -jnp.sum(sink_probability * delta, axis=(0, 2)).astype(sinks.dtype)
+    return _unpack_rows(dq, layout), dk[:, :, :kv_len], dv[:, :, :kv_len], d_sinks
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def attention(q, k, v, q_segment_ids, kv_segment_ids, spec, blocks: KernelBlocks, interpret):
-    """Differentiable (out, logsumexp); q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D], ids [B, S]|None."""
-    return attention_forward(q, k, v, q_segment_ids, kv_segment_ids, spec, blocks, interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def attention(q, k, v, q_segment_ids, kv_segment_ids, sinks, spec, blocks: KernelBlocks, interpret):
+    """Differentiable (out, logsumexp); q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv],
+    ids [B, S] | None, sinks [Hq] | None."""
+    return attention_forward(q, k, v, q_segment_ids, kv_segment_ids, sinks, spec, blocks, interpret)
 
 
-def _attention_fwd(q, k, v, q_segment_ids, kv_segment_ids, spec, blocks, interpret):
-    out, lse = attention_forward(q, k, v, q_segment_ids, kv_segment_ids, spec, blocks, interpret)
-    return (out, lse), (q, k, v, q_segment_ids, kv_segment_ids, out, lse)
+def _attention_fwd(q, k, v, q_segment_ids, kv_segment_ids, sinks, spec, blocks, interpret):
+    out, lse = attention_forward(
+        q, k, v, q_segment_ids, kv_segment_ids, sinks, spec, blocks, interpret
+    )
+    return (out, lse), (q, k, v, q_segment_ids, kv_segment_ids, sinks, out, lse)
 
 
 def _attention_bwd(spec, blocks, interpret, residuals, cotangents):
-    q, k, v, q_segment_ids, kv_segment_ids, out, lse = residuals
+    q, k, v, q_segment_ids, kv_segment_ids, sinks, out, lse = residuals
     d_out, d_lse = cotangents
-    dq, dk, dv = attention_backward(
-        q, k, v, q_segment_ids, kv_segment_ids, out, lse, d_out, d_lse, spec, blocks, interpret
+    dq, dk, dv, d_sinks = attention_backward(
+        q,
+        k,
+        v,
+        q_segment_ids,
+        kv_segment_ids,
+        sinks,
+        out,
+        lse,
+        d_out,
+        d_lse,
+        spec,
+        blocks,
+        interpret,
     )
-    return dq, dk, dv, None, None
+    return dq, dk, dv, None, None, d_sinks
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)

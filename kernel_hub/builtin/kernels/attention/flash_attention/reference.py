@@ -1,7 +1,7 @@
 """Plain jax.numpy attention: the numerics oracle and the XLA implementation.
 
 Scores and softmax statistics are f32 (f64 for f64 inputs); fully masked query rows give zeros and
-a logsumexp of -inf.
+a logsumexp of -inf (the sink's logit when there are attention sinks).
 """
 
 from __future__ import annotations
@@ -40,11 +40,16 @@ def _grouped(x, kv_heads: int):
     return x.reshape(x.shape[0], kv_heads, x.shape[1] // kv_heads, *x.shape[2:])
 
 
-def attention(q, k, v, q_segment_ids, kv_segment_ids, spec: AttentionSpec, *, mask=None, bias=None):
-    """(out [B, Hq, Sq, D], logsumexp [B, Hq, Sq]) for q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D].
+def attention(
+    q, k, v, q_segment_ids, kv_segment_ids, spec: AttentionSpec, *, sinks=None, mask=None, bias=None
+):
+    """(out [B, Hq, Sq, Dv], logsumexp [B, Hq, Sq]) for q [B, Hq, Sq, D], k [B, Hkv, Sk, D] and
+    v [B, Hkv, Sk, Dv].
 
-    ``mask`` (boolean, True = attend) and ``bias`` (added to the scores) broadcast to
-    [B, Hq, Sq, Sk] and combine with the rules of ``spec`` and the segment ids.
+    ``sinks`` [Hq] is a per-head logit that joins every row's softmax denominator (attention
+    sinks; it attends to a zero value). ``mask`` (boolean, True = attend) and ``bias`` (added to
+    the scores) broadcast to [B, Hq, Sq, Sk] and combine with the rules of ``spec`` and the
+    segment ids.
     """
     kv_heads = k.shape[1]
     q_len, kv_len = q.shape[2], k.shape[2]
@@ -58,10 +63,17 @@ def attention(q, k, v, q_segment_ids, kv_segment_ids, spec: AttentionSpec, *, ma
         allowed = allowed & _grouped(mask, kv_heads)
     allowed = jnp.broadcast_to(allowed, s.shape)
     row_max = jnp.max(jnp.where(allowed, s, -jnp.inf), axis=-1, keepdims=True)
-    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    sink = None
+    if sinks is not None:
+        sink = sinks.astype(s.dtype).reshape(1, kv_heads, -1, 1, 1)
+        row_max = jnp.maximum(row_max, sink)
+    # The row maximum only keeps exp in range; its own gradient cancels exactly.
+    row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
     # Masked scores are replaced before exp so their (unused) gradient stays finite.
     p = jnp.where(allowed, jnp.exp(jnp.where(allowed, s, row_max) - row_max), 0.0)
     total = jnp.sum(p, axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + jnp.exp(sink - row_max)
     safe_total = jnp.where(total > 0, total, 1.0)
     out = jnp.einsum(
         "bhgqk,bhkd->bhgqd",
@@ -70,4 +82,5 @@ def attention(q, k, v, q_segment_ids, kv_segment_ids, spec: AttentionSpec, *, ma
         precision=jax.lax.Precision.HIGHEST,
     )
     lse = jnp.where(total > 0, row_max + jnp.log(safe_total), -jnp.inf)[..., 0]
-    return out.reshape(q.shape).astype(q.dtype), lse.reshape(q.shape[:3])
+    out_shape = (*q.shape[:3], v.shape[-1])
+    return out.reshape(out_shape).astype(q.dtype), lse.reshape(q.shape[:3])

@@ -5,15 +5,17 @@ context parallelism: ``ring.ring_attention`` over a ``cp`` axis."""
 from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
 
 _INPUTS = (
-    "batch heads q_len head_dim, batch kv_heads kv_len head_dim, batch kv_heads kv_len head_dim, "
-    "batch kv_len, batch q_len, batch kv_len"
+    "batch heads q_len head_dim, batch kv_heads kv_len head_dim, batch kv_heads kv_len value_dim, "
+    "batch kv_len, batch q_len, batch kv_len, heads"  # ..., sinks
 )
-_OUT = "batch heads q_len head_dim"
+_OUT = "batch heads q_len value_dim"
 _LSE = "batch heads q_len"
-_KV = "batch kv_heads kv_len head_dim"
+_K = "batch kv_heads kv_len head_dim"
+_V = "batch kv_heads kv_len value_dim"
+_DQ = "batch heads q_len head_dim"
 _RING = "context parallelism: flash_attention.ring.ring_attention over a 'cp' mesh axis"
 _OPTIONS = {
-    "whole": ("q_len", "kv_len", "head_dim"),
+    "whole": ("q_len", "kv_len", "head_dim", "value_dim"),
     "together": (("heads", "kv_heads"),),
     "handled_by": {"q_len": _RING, "kv_len": _RING},
 }
@@ -24,7 +26,10 @@ ATTENTION_WITH_LSE = ShardingRule.parse(
 )
 ATTENTION_BACKWARD = ShardingRule.parse(
     "attention_backward",
-    f"{_INPUTS}, {_OUT}, {_LSE}, {_OUT}, {_LSE} -> {_OUT}, {_KV}, {_KV}",
+    # d_sinks sums over batch and queries: with batch split it would need a psum this rule
+    # cannot state (batch is in dq's factors), so the sharded boundary must not split batch
+    # when sinks are given; see docs/attention-features.md.
+    f"{_INPUTS}, {_OUT}, {_LSE}, {_OUT}, {_LSE} -> {_DQ}, {_K}, {_V}, heads",
     **_OPTIONS,
 )
 

@@ -1,5 +1,11 @@
 """Torch ops, built with kernel-hub's bridge. Both return (out, logsumexp) so the backward reuses
-the forward's saved outputs instead of recomputing it."""
+the forward's saved outputs instead of recomputing it. Tensor arguments added in 1.1 (``sinks``,
+``bias``) come last, so positional calls written for 1.0 keep their meaning.
+
+Under ``torch.autocast`` query, key and value are cast to the autocast dtype, as autocast casts
+SDPA's inputs (so f32 q/k from RoPE and a bf16 v meet in one dtype); masks, sinks and biases keep
+theirs (scores and softmax run in f32 whatever the input dtype).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ def _attention_backward(inputs, outputs, cotangents, **static):
         inputs["kv_mask"],
         inputs["q_segment_ids"],
         inputs["kv_segment_ids"],
+        inputs["sinks"],
         *outputs,
         *cotangents,
         **static,
@@ -30,8 +37,9 @@ def _attention_backward(inputs, outputs, cotangents, **static):
 @jax_op(
     _NAMESPACE,
     api.dot_product_attention_with_lse,
-    differentiable=_QKV,
+    differentiable=(*_QKV, "sinks"),
     jax_backward=_attention_backward,
+    autocast=_QKV,
 )
 def attention_with_lse(
     query: torch.Tensor,
@@ -47,8 +55,9 @@ def attention_with_lse(
     implementation: str | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [B, Hq, Sq, D], logsumexp [B, Hq, Sq] f32); see ``api.dot_product_attention``."""
+    """(out [B, Hq, Sq, Dv], logsumexp [B, Hq, Sq] f32); see ``api.dot_product_attention``."""
     api.check_inputs(
         query,
         key,
@@ -56,6 +65,7 @@ def attention_with_lse(
         kv_mask,
         q_segment_ids,
         kv_segment_ids,
+        sinks,
         sliding_window=sliding_window,
         softcap=softcap,
         scale=scale,
@@ -76,9 +86,10 @@ def dot_product_attention(
     implementation: str | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention output [B, Hq, Sq, D] for q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D]; see
-    ``api.dot_product_attention`` for the options."""
+    """Attention output [B, Hq, Sq, Dv] for q [B, Hq, Sq, D], k [B, Hkv, Sk, D],
+    v [B, Hkv, Sk, Dv]; see ``api.dot_product_attention`` for the options."""
     return attention_with_lse(
         query,
         key,
@@ -93,6 +104,7 @@ def dot_product_attention(
         implementation,
         block_q,
         block_k,
+        sinks,
     )[0]
 
 
@@ -102,6 +114,8 @@ def _dense_mask_backward(inputs, outputs, cotangents, **static):
         inputs["key"],
         inputs["value"],
         inputs["attention_mask"],
+        inputs["sinks"],
+        inputs["bias"],
         *outputs,
         *cotangents,
         **static,
@@ -111,8 +125,9 @@ def _dense_mask_backward(inputs, outputs, cotangents, **static):
 @jax_op(
     _NAMESPACE,
     dense_mask.attention_with_dense_mask,
-    differentiable=_QKV,
+    differentiable=(*_QKV, "sinks", "bias"),
     jax_backward=_dense_mask_backward,
+    autocast=_QKV,
 )
 def attention_with_dense_mask(
     query: torch.Tensor,
@@ -124,8 +139,15 @@ def attention_with_dense_mask(
     softcap: float | None = None,
     scale: float | None = None,
     implementation: str | None = None,
+    sinks: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, logsumexp) under a dense [B|1, H|1, Sq, Sk] mask (bool or additive); the kernel runs
-    when the mask is key padding + the causal/window rule or packed segments, see ``dense_mask``."""
-    api.check_inputs(query, key, value, sliding_window=sliding_window, softcap=softcap, scale=scale)
+    when the mask is key padding + the causal/window rule or packed segments, see ``dense_mask``.
+    ``sinks`` [Hq] and an additive ``bias`` [B|1, H|1, Sq, Sk] are differentiable."""
+    api.check_inputs(
+        query, key, value, sinks=sinks, sliding_window=sliding_window, softcap=softcap, scale=scale
+    )
     dense_mask.check_mask(query, key, attention_mask)
+    if bias is not None:
+        dense_mask.check_bias(query, key, bias)

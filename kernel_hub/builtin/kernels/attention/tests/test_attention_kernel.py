@@ -168,8 +168,9 @@ def test_tokamax_refuses_logsumexp(attention):
     reasons = dict(
         attention.jax.TABLE.explain(
             *Case().arrays().values(),
-            None,
-            None,
+            None,  # q segment ids
+            None,  # kv segment ids
+            None,  # sinks
             spec=attention.jax.make_spec(16, True, None, None, None),
             block_q=None,
             block_k=None,

@@ -59,3 +59,23 @@ def test_dense_mask_entry_point_compiles(attention):
         differentiable=(0, 1, 2),
     )
     _assert_compiles(attention.manifest.name, case, "v5e")
+
+
+# One production layout per generation, each layout on two generations (the full matrix, every
+# layout on every generation, is ``kernel-hub compile-check``-style work recorded in
+# docs/attention-features.md; a GPT-OSS compile takes 10-25 s here).
+PRODUCTION_PER_GENERATION = {
+    "v4": "gpt-oss-20b-prefill-4k-sinks-window128",
+    "v5e": "deepseek-v3-prefill-4k-mla",
+    "v5p": "deepseek-v3-prefill-4k-mla",
+    "v6e": "gpt-oss-20b-prefill-4k-sinks-window128",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("generation", list(PRODUCTION_PER_GENERATION))
+def test_production_head_layouts_compile(attention, generation):
+    """GPT-OSS-20B (sinks, window) and DeepSeek-V3 (MLA head dims), forward and backward."""
+    name = PRODUCTION_PER_GENERATION[generation]
+    case = next(c for c in attention.benchmark.PRODUCTION_CASES if c.name == name)
+    _assert_compiles(attention.manifest.name, case, generation)

@@ -21,8 +21,16 @@ from . import pallas_tpu, reference, sharding
 OP = "rms_norm"
 
 
-def check_inputs(x, weight) -> None:
-    """Shape and dtype rules shared by the JAX function and the torch op."""
+def check_inputs(x, weight, weight_offset: float = 0.0, rounding: str = "promoted") -> None:
+    """Shape, dtype and option rules shared by the JAX function and the torch op."""
+    require(
+        rounding in reference.ROUNDINGS,
+        f"{OP}: rounding={rounding!r}; valid: {', '.join(reference.ROUNDINGS)}",
+    )
+    require(
+        isinstance(weight_offset, (int, float)) and not isinstance(weight_offset, bool),
+        f"{OP}: weight_offset={weight_offset!r}; it must be a number (0.0, or 1.0 for Gemma)",
+    )
     check_rank(OP, "x", x, (1, 8))
     check_rank(OP, "weight", weight, 1)
     check_dtype(OP, "x", x, FLOATS_AND_F64)
@@ -34,7 +42,7 @@ def check_inputs(x, weight) -> None:
     )
 
 
-def _pallas(x, weight, *, eps, block_rows):
+def _pallas(x, weight, *, eps, block_rows, weight_offset, rounding):
     hidden = x.shape[-1]
     rows = math.prod(x.shape[:-1])
     interpret = jax_platform() == "cpu"
@@ -43,11 +51,12 @@ def _pallas(x, weight, *, eps, block_rows):
         if block_rows is not None
         else pallas_tpu.default_config(rows, hidden, x.dtype, interpret=interpret)
     )
-    y = pallas_tpu.rms_norm_2d(x.reshape(rows, hidden), weight, eps, config, interpret)
+    form = pallas_tpu.Form(float(weight_offset), rounding)
+    y = pallas_tpu.rms_norm_2d(x.reshape(rows, hidden), weight, eps, config, form, interpret)
     return y.reshape(x.shape)
 
 
-def _pallas_problem(x, weight, *, eps, block_rows):
+def _pallas_problem(x, weight, *, eps, block_rows, weight_offset, rounding):
     if x.dtype.name == "float64" and jax_platform() != "cpu":
         return "float64 runs only in interpret mode"
     if block_rows is None:
@@ -56,8 +65,8 @@ def _pallas_problem(x, weight, *, eps, block_rows):
     return pallas_tpu.config_problem(rows, x.dtype, pallas_tpu.BlockConfig(block_rows))
 
 
-def _xla(x, weight, *, eps, block_rows):
-    return reference.rms_norm(x, weight, eps)
+def _xla(x, weight, *, eps, block_rows, weight_offset, rounding):
+    return reference.rms_norm(x, weight, eps, float(weight_offset), rounding)
 
 
 TABLE = ImplementationTable(
@@ -78,12 +87,25 @@ def rms_norm(
     *,
     implementation: str | None = None,
     block_rows: int | None = None,
+    weight_offset: float = 0.0,
+    rounding: str = "promoted",
 ) -> jax.Array:
-    """RMS-normalise the last axis of ``x`` and scale by ``weight``; any leading shape.
+    """RMS-normalise the last axis of ``x`` and scale by ``weight + weight_offset``; any leading
+    shape.
 
-    Statistics are computed in f32 (f64 for f64 inputs); the result has the promoted dtype of
-    ``x`` and ``weight``. ``implementation`` forces one ("pallas" or "xla"); by default the
-    platform's order is tried. ``block_rows`` overrides the Pallas row block.
+    Statistics are computed in f32 (f64 for f64 inputs). ``rounding`` says where the result is
+    rounded and so its dtype (``reference.ROUNDINGS``): by default once, to the promoted dtype of
+    ``x`` and ``weight``. ``weight_offset=1.0`` with ``rounding="input"`` is Gemma's norm.
+    ``implementation`` forces one ("pallas" or "xla"); by default the platform's order is tried.
+    ``block_rows`` overrides the Pallas row block.
     """
-    check_inputs(x, weight)
-    return TABLE(x, weight, eps=eps, block_rows=block_rows, implementation=implementation)
+    check_inputs(x, weight, weight_offset, rounding)
+    return TABLE(
+        x,
+        weight,
+        eps=eps,
+        block_rows=block_rows,
+        weight_offset=weight_offset,
+        rounding=rounding,
+        implementation=implementation,
+    )

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .reference import statistics_dtype
+from .reference import output_dtype, scale_and_round, statistics_dtype
 
 # Half of v4's 16 MiB default scoped VMEM, so the default config fits every generation.
 VMEM_BUDGET_BYTES = 8 * 1024 * 1024
@@ -27,6 +27,14 @@ class BlockConfig:
     """Rows per grid step. Must be a multiple of the dtype's sublane tile, or all rows."""
 
     block_rows: int
+
+
+@dataclass(frozen=True)
+class Form:
+    """Which RMSNorm: the offset added to the weight and the rounding (``reference.ROUNDINGS``)."""
+
+    weight_offset: float = 0.0
+    rounding: str = "promoted"
 
 
 def sublane_multiple(dtype) -> int:
@@ -61,22 +69,26 @@ def _compiler_params(semantics: tuple[str, ...]) -> pltpu.CompilerParams:
     return pltpu.CompilerParams(dimension_semantics=semantics)
 
 
-def _forward_kernel(x_ref, w_ref, y_ref, rstd_ref, *, eps: float):
+def _forward_kernel(x_ref, w_ref, y_ref, rstd_ref, *, eps: float, form: Form):
     acc = rstd_ref.dtype
     x = x_ref[...].astype(acc)
     rstd = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
-    y_ref[...] = (x * rstd * w_ref[...].astype(acc)).astype(y_ref.dtype)
+    y_ref[...] = scale_and_round(
+        x * rstd, w_ref[...], x_ref.dtype, y_ref.dtype, form.weight_offset, form.rounding
+    )
     rstd_ref[...] = rstd
 
 
-def _backward_kernel(x_ref, w_ref, rstd_ref, g_ref, dx_ref, dw_ref, *, rows: int):
+def _backward_kernel(
+    x_ref, w_ref, rstd_ref, g_ref, dx_ref, dw_ref, *, rows: int, weight_offset: float
+):
     acc = rstd_ref.dtype
     block_rows = x_ref.shape[0]
     x = x_ref[...].astype(acc)
     g = g_ref[...].astype(acc)
     rstd = rstd_ref[...]
     x_hat = x * rstd
-    wg = w_ref[...].astype(acc) * g
+    wg = (w_ref[...].astype(acc) + weight_offset) * g
     correction = jnp.mean(wg * x_hat, axis=-1, keepdims=True)
     dx_ref[...] = (rstd * (wg - x_hat * correction)).astype(dx_ref.dtype)
     # Rows past the end of a ragged last block hold garbage: keep them out of dweight.
@@ -85,10 +97,10 @@ def _backward_kernel(x_ref, w_ref, rstd_ref, g_ref, dx_ref, dw_ref, *, rows: int
     dw_ref[...] = jnp.sum(contribution, axis=0, keepdims=True)
 
 
-def _forward(x, weight, eps, config: BlockConfig, interpret: bool):
+def _forward(x, weight, eps, config: BlockConfig, form: Form, interpret: bool):
     rows, hidden = x.shape
     acc = statistics_dtype(x.dtype)
-    out_dtype = jnp.result_type(x, weight)
+    out_dtype = output_dtype(x.dtype, weight.dtype, form.rounding)
     block = config.block_rows
     itemsize = x.dtype.itemsize
     cost = pl.CostEstimate(
@@ -99,7 +111,7 @@ def _forward(x, weight, eps, config: BlockConfig, interpret: bool):
         + rows * 4,
     )
     return pl.pallas_call(
-        functools.partial(_forward_kernel, eps=eps),
+        functools.partial(_forward_kernel, eps=eps, form=form),
         out_shape=(
             jax.ShapeDtypeStruct((rows, hidden), out_dtype),
             jax.ShapeDtypeStruct((rows, 1), acc),
@@ -120,7 +132,7 @@ def _forward(x, weight, eps, config: BlockConfig, interpret: bool):
     )(x, weight.reshape(1, hidden))
 
 
-def _backward(x, weight, rstd, grad, config: BlockConfig, interpret: bool):
+def _backward(x, weight, rstd, grad, config: BlockConfig, form: Form, interpret: bool):
     rows, hidden = x.shape
     block = config.block_rows
     num_blocks = pl.cdiv(rows, block)
@@ -134,7 +146,7 @@ def _backward(x, weight, rstd, grad, config: BlockConfig, interpret: bool):
         + rows * 4,
     )
     dx, dw_partial = pl.pallas_call(
-        functools.partial(_backward_kernel, rows=rows),
+        functools.partial(_backward_kernel, rows=rows, weight_offset=form.weight_offset),
         out_shape=(
             jax.ShapeDtypeStruct((rows, hidden), x.dtype),
             jax.ShapeDtypeStruct((num_blocks, 1, hidden), rstd.dtype),
@@ -158,20 +170,21 @@ def _backward(x, weight, rstd, grad, config: BlockConfig, interpret: bool):
     return dx, jnp.sum(dw_partial, axis=(0, 1)).astype(weight.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def rms_norm_2d(x, weight, eps: float, config: BlockConfig, interpret: bool):
-    """RMSNorm of a [rows, hidden] array."""
-    return _forward(x, weight, eps, config, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def rms_norm_2d(x, weight, eps: float, config: BlockConfig, form: Form, interpret: bool):
+    """RMSNorm of a [rows, hidden] array. The backward treats ``normalized`` rounding as the
+    identity (as autograd treats a cast)."""
+    return _forward(x, weight, eps, config, form, interpret)[0]
 
 
-def _rms_norm_fwd(x, weight, eps, config, interpret):
-    y, rstd = _forward(x, weight, eps, config, interpret)
+def _rms_norm_fwd(x, weight, eps, config, form, interpret):
+    y, rstd = _forward(x, weight, eps, config, form, interpret)
     return y, (x, weight, rstd)
 
 
-def _rms_norm_bwd(eps, config, interpret, residuals, grad):
+def _rms_norm_bwd(eps, config, form, interpret, residuals, grad):
     x, weight, rstd = residuals
-    return _backward(x, weight, rstd, grad, config, interpret)
+    return _backward(x, weight, rstd, grad, config, form, interpret)
 
 
 rms_norm_2d.defvjp(_rms_norm_fwd, _rms_norm_bwd)

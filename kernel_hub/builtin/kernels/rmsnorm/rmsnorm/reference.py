@@ -3,15 +3,48 @@
 import jax
 import jax.numpy as jnp
 
+ROUNDINGS = ("promoted", "input", "normalized")
+"""Where the result is rounded, as the model families compute it (``x̂`` = normalised x in f32):
+
+* ``promoted``: ``x̂ * w`` in f32, rounded once to the promoted dtype of x and weight;
+* ``input``: ``x̂ * w`` in f32, rounded once to x's dtype (GPT-OSS, OLMo2, Gemma);
+* ``normalized``: ``x̂`` rounded to x's dtype first, then ``* w`` in the promoted dtype (Llama's
+  ``weight * x̂.to(x.dtype)``).
+"""
+
 
 def statistics_dtype(dtype) -> jnp.dtype:
     """Statistics run in f32, or f64 for f64 inputs."""
     return jnp.promote_types(dtype, jnp.float32)
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """``x * rsqrt(mean(x**2, -1) + eps) * weight``, statistics in f32, one rounding at the end."""
+def output_dtype(x_dtype, weight_dtype, rounding: str) -> jnp.dtype:
+    """The result dtype for a rounding (see ``ROUNDINGS``)."""
+    return jnp.dtype(x_dtype) if rounding == "input" else jnp.promote_types(x_dtype, weight_dtype)
+
+
+def scale_and_round(x_hat, weight, x_dtype, out_dtype, weight_offset: float, rounding: str):
+    """``x̂ * (weight + weight_offset)`` with the rounding points of ``rounding``; x̂ in the
+    statistics dtype. Shared by the reference and the Pallas kernel body."""
+    acc = x_hat.dtype
+    if rounding == "normalized":
+        x_hat = x_hat.astype(x_dtype).astype(acc)
+    scale = weight.astype(acc)
+    if weight_offset:
+        scale = scale + weight_offset
+    return (x_hat * scale).astype(out_dtype)
+
+
+def rms_norm(
+    x: jax.Array,
+    weight: jax.Array,
+    eps: float,
+    weight_offset: float = 0.0,
+    rounding: str = "promoted",
+) -> jax.Array:
+    """``x * rsqrt(mean(x**2, -1) + eps) * (weight + weight_offset)``, statistics in f32."""
     acc = statistics_dtype(x.dtype)
     xf = x.astype(acc)
-    rstd = jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    return (xf * rstd * weight.astype(acc)).astype(jnp.result_type(x, weight))
+    x_hat = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    out_dtype = output_dtype(x.dtype, weight.dtype, rounding)
+    return scale_and_round(x_hat, weight, x.dtype, out_dtype, weight_offset, rounding)

@@ -18,7 +18,13 @@ from . import api
     buckets=RowBuckets(inputs=("x",), outputs=(0,)),
 )
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, implementation: str | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    implementation: str | None = None,
+    weight_offset: float = 0.0,
+    rounding: str = "promoted",
 ) -> torch.Tensor:
-    """RMSNorm over the last dimension of ``x``, scaled by ``weight``; see ``api.rms_norm``."""
-    api.check_inputs(x, weight)
+    """RMSNorm over the last dimension of ``x``, scaled by ``weight + weight_offset``, rounded
+    as ``rounding`` says; see ``api.rms_norm``."""
+    api.check_inputs(x, weight, weight_offset, rounding)
