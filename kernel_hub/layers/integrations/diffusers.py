@@ -265,11 +265,13 @@ class DispatcherInterface:
         return None
 
     def current(self, model: torch.nn.Module) -> dict[str, Any]:
-        """'' -> the backend the dispatching processors use now (one name, or a list when they
-        differ); 'processors' -> what each switchable one has on itself (what restore puts back)."""
+        """'' -> the backend the switchable processors use now (one name, or a list when they
+        differ); 'processors' -> what each has on itself (what restore puts back)."""
         dispatching = [p for _, _, p in _processors(model) if _dispatching(p)]
-        names = sorted({_backend_name(getattr(p, "_attention_backend", None)) for p in dispatching})
         switchable = [p for p in dispatching if _switch_problem(p) is None]
+        # Processors kept on a backend of the user's are not kernel-hub's to report on.
+        judged = switchable or dispatching
+        names = sorted({_backend_name(getattr(p, "_attention_backend", None)) for p in judged})
         return {
             "": names[0] if len(names) == 1 else f"mixed: {', '.join(names)}",
             "processors": [
