@@ -153,11 +153,6 @@ class _Backend:
                 f"attention: is_causal=True with q_len {query.shape[1]} != kv_len "
                 f"{key.shape[1]}; SDPA's top-left causal mask for that case is not implemented"
             )
-        device = query.device.type
-        if torch.is_autocast_enabled(device):
-            # SDPA is on autocast's lower-precision list; custom ops are not cast by autocast.
-            dtype = torch.get_autocast_dtype(device)
-            query, key, value = (t.to(dtype) for t in (query, key, value))
         q, k, v = (t.transpose(1, 2) for t in (query, key, value))
         if dropout_p > 0.0:
             log.warning(
