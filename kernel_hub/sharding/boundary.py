@@ -153,15 +153,19 @@ def _shard_mapped(rule, fn, mesh, arrays, solution: Solution, options, explicit)
     import jax
 
     present = [a for a in arrays if a is not None]
-    reduce_over = solution.reduce_over
+    reductions = solution.result_reductions
+    single = len(rule.results) == 1
+
+    def summed(result, axes):
+        return result if result is None or not axes else jax.lax.psum(result, axes)
 
     def body(*local):
         supplied = iter(local)
         full = [None if a is None else next(supplied) for a in arrays]
         out = fn(*full, **options)
-        if reduce_over:
-            out = jax.tree.map(lambda r: jax.lax.psum(r, reduce_over), out)
-        return out
+        if single:
+            return summed(out, reductions[0])
+        return tuple(summed(r, axes) for r, axes in zip(out, reductions, strict=True))
 
     out_specs = tuple(partition_spec(r) for r in solution.results)
     out_specs = out_specs[0] if len(rule.results) == 1 else out_specs

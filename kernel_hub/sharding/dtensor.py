@@ -2,7 +2,8 @@
 
 For one mesh dimension each strategy splits one factor (with its grouped partner): operands
 holding it are ``Shard(dim)``, the others ``Replicate()``; results holding it are ``Shard(dim)``,
-and results of a ``reduced`` factor are ``Partial()`` (each rank holds a partial sum). All-
+and results without it (a ``reduced`` factor, or einsum-style a factor only other results keep)
+are ``Partial()`` (each rank holds a partial sum). All-
 replicate is always offered. DTensor expands these over every mesh dimension and redistributes
 inputs to the cheapest one. The backward op gets the matching strategies: gradients of operands
 that lack the split factor (replicated weights) come out ``Partial()``, summed when used.
@@ -73,10 +74,9 @@ def forward_strategies(rule: ShardingRule, ranks: Sequence[int | None]) -> list[
     operands, results = _expanded(rule, ranks)
     out = [([Replicate()] * len(results), [None if d is None else Replicate() for d in operands])]
     for group in split_factors(rule, ranks):
-        reduced = bool(group & rule.reduced)
         out.append(
             (
-                [_place(r, group, Partial() if reduced else Replicate()) for r in results],
+                [_place(r, group, Partial()) for r in results],
                 [_place(d, group, Replicate()) for d in operands],
             )
         )

@@ -8,7 +8,9 @@ dimensions (the same count wherever it appears), each one a free factor. Each fa
 * ``whole``: it must stay unsplit (e.g. the normalised axis, a sequence a kernel scans whole);
   ``handled_by`` may name the layer that does shard it (ring attention, expert parallelism);
 * ``reduced``: it appears in no result; when split, each shard computes a partial result and the
-  shards' results are summed (``psum``);
+  shards' results are summed (``psum``). Einsum-style, the same holds per result: a result that
+  lacks a split factor other results keep (the sinks' gradient, summed over batch) is summed
+  over that factor's axes;
 * grouped with another (``together``): both split over the same mesh axes, e.g. query heads and
   kv heads under grouped-query attention, so each shard keeps whole head groups.
 

@@ -29,12 +29,14 @@ class Operand:
 
 @dataclass(frozen=True)
 class Solution:
-    """Per-dimension mesh axes of every present operand and of every result, and the axes the
-    results are summed over (split ``reduced`` factors)."""
+    """Per-dimension mesh axes of every present operand and of every result, and per result the
+    axes it is summed over: those of every split factor the result does not hold (``reduced``
+    factors, and einsum-style a factor other results keep, e.g. the sinks' gradient summed over a
+    split batch)."""
 
     operands: tuple[tuple[Axes, ...], ...]
     results: tuple[tuple[Axes, ...], ...]
-    reduce_over: Axes
+    result_reductions: tuple[Axes, ...]
     factor_axes: Mapping[str, Axes]
 
 
@@ -141,10 +143,13 @@ def solve(
         operand_axes.append(tuple(per_dim))
 
     leading = next(iter(ellipsis_ranks), 0)
-    results = []
+    results, reductions = [], []
     for dims in rule.results:
         names = [f"{ELLIPSIS}{i}" for i in range(leading)] if ELLIPSIS in dims else []
         names += [d for d in dims if d != ELLIPSIS]
         results.append(tuple(factor_axes.get(f, ()) for f in names))
-    reduce_over = tuple(a for f in sorted(rule.reduced) for a in factor_axes.get(f, ()))
-    return Solution(tuple(operand_axes), tuple(results), reduce_over, factor_axes)
+        held = {rule.partner(f) for f in names} | set(names)
+        reductions.append(
+            tuple(a for f in sorted(factor_axes) if f not in held for a in factor_axes[f])
+        )
+    return Solution(tuple(operand_axes), tuple(results), tuple(reductions), factor_axes)

@@ -237,6 +237,53 @@ def attention_batch_heads_2x4():
 
 
 @check
+def attention_sinks_batch_split_2x4():
+    """d_sinks sums over batch and queries: with batch split over data it must be summed there."""
+    m = mesh((2, 4), ("data", "model"))
+    api = get_kernel("dot_product_attention").jax
+    fn = lambda q, k, v, s: api.dot_product_attention(
+        q, k, v, causal=True, sinks=s, implementation="pallas"
+    )
+    spec = P("data", "model")
+    return compare(
+        "attention sinks GQA 8/4, batch x heads over (2,4)",
+        fn,
+        [*qkv(2, 8, 4), 3.0 * rand(13, (8,))],
+        [spec] * 3 + [P("model")],
+        m,
+        (0, 1, 2, 3),
+        [spec],
+    )
+
+
+@check
+def attention_backward_sinks_batch_split_2x4():
+    """The backward entry point (the torch backward op's) with batch split: its d_sinks is the
+    sum over every batch shard, not one shard's partial sum."""
+    m = mesh((2, 4), ("data", "model"))
+    api = get_kernel("dot_product_attention").jax
+    q, k, v = qkv(2, 8, 4)
+    sinks = 3.0 * rand(13, (8,))
+    out, lse = api.dot_product_attention_with_lse(q, k, v, sinks=sinks, causal=True)
+    d_out, d_lse = rand(14, out.shape), jnp.zeros_like(lse)
+    args = [q, k, v, None, None, None, sinks, out, lse, d_out, d_lse]
+    backward = lambda *a: api.attention_backward(*a, causal=True, implementation="pallas")
+    expected = backward(*args)
+    spec = P("data", "model")
+    specs = [spec, spec, spec, None, None, None, P("model"), spec, spec, spec, spec]
+    placed = [
+        a if s is None else put(m, np.asarray(a), s) for a, s in zip(args, specs, strict=True)
+    ]
+    got = jax.jit(backward)(*placed)
+    err = max_err(got, expected)
+    return {
+        "name": "attention_backward sinks, batch x heads over (2,4)",
+        "ok": err <= GRAD_TOL,
+        "grad_err": err,
+    }
+
+
+@check
 def attention_lse_heads_8():
     m = mesh((8,), ("x",))
     _, lse = attention_fns()

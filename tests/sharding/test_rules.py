@@ -27,7 +27,7 @@ def test_rows_split_and_weight_follows() -> None:
     solution = solve(NORM, [x, w], SIZES)
     assert solution.operands == ((("data",), ("model",), ()), ((),))
     assert solution.results == ((("data",), ("model",), ()),)
-    assert solution.reduce_over == ()
+    assert solution.result_reductions == ((),)
 
 
 def test_whole_factor_names_operand_axis_and_layer() -> None:
@@ -58,7 +58,17 @@ def test_conflicting_axes_are_refused() -> None:
 def test_reduced_factor_sums_over_its_axes() -> None:
     a = Operand("a", (8, 16), ((), ("data",)))
     b = Operand("b", (16, 4), (("data",), ()))
-    assert solve(MATMUL, [a, b], SIZES).reduce_over == ("data",)
+    assert solve(MATMUL, [a, b], SIZES).result_reductions == (("data",),)
+
+
+def test_result_without_a_split_factor_is_summed_over_its_axes() -> None:
+    """Einsum-style: the sinks' gradient ("h") lacks batch, which dq keeps: summed over data."""
+    rule = ShardingRule.parse("grad", "b h s, h -> b h s, h")
+    q = Operand("q", (4, 8, 16), (("data",), ("model",), ()))
+    sinks = Operand("sinks", (8,), (("model",),))
+    solution = solve(rule, [q, sinks], SIZES)
+    assert solution.results == ((("data",), ("model",), ()), (("model",),))
+    assert solution.result_reductions == ((), ("data",))
 
 
 def test_optional_operand_and_rank_errors() -> None:

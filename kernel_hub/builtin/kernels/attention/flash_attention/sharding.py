@@ -26,9 +26,8 @@ ATTENTION_WITH_LSE = ShardingRule.parse(
 )
 ATTENTION_BACKWARD = ShardingRule.parse(
     "attention_backward",
-    # d_sinks sums over batch and queries: with batch split it would need a psum this rule
-    # cannot state (batch is in dq's factors), so the sharded boundary must not split batch
-    # when sinks are given; see docs/attention-features.md.
+    # d_sinks ("heads") sums over batch and queries: with batch split, the boundary sums it
+    # over the batch axes (a result lacking a split factor is summed, einsum-style).
     f"{_INPUTS}, {_OUT}, {_LSE}, {_OUT}, {_LSE} -> {_DQ}, {_K}, {_V}, heads",
     **_OPTIONS,
 )
