@@ -5,13 +5,15 @@ A module is a candidate when its class is marked with a layer name:
 * ``@use_kernel_forward("RMSNorm")`` on the class (it sets ``kernel_layer_name``, the attribute
   Transformers' and Hugging Face ``kernels``' decorators set, so their marks count too);
 * ``mark_layer(cls_or_class_name, "RMSNorm")`` for classes you do not own;
-* a known Transformers class (see ``kernel_hub.layers.integrations.transformers``).
+* a known class: ``torch.nn.LayerNorm`` (``integrations.torch_nn``), a Transformers or Diffusers
+  class (``integrations.transformers``, ``integrations.diffusers``).
 
 The registry's ``layers:`` field says which op provides a layer name. ``kernelize`` replaces only
 the instance's ``forward`` (``module.forward = MethodType(layer.forward, module)``); classes,
 parameters and buffers stay as they are, so ``unkernelize`` gives back the stock model exactly.
-Attention and MoE experts are switched through Transformers' interfaces instead (see
-``integrations.transformers.MODEL_INTERFACES``).
+Attention and MoE experts are switched through the frameworks' interfaces instead (each
+integration's ``MODEL_INTERFACES``: Transformers' attention and experts interfaces, Diffusers'
+attention dispatcher).
 
 What a kernel provides for this:
 
@@ -137,6 +139,10 @@ def find_mark(module: torch.nn.Module) -> tuple[str, str] | None:
     marked = getattr(cls, LAYER_ATTRIBUTE, None)
     if isinstance(marked, str):
         return marked, LAYER_ATTRIBUTE
+    for integration in _integrations():
+        recognised = integration.recognised_layer(cls)
+        if recognised is not None:
+            return recognised, "recognised"
     return None
 
 
@@ -164,6 +170,22 @@ def _transformers_integration() -> types.ModuleType | None:
     from .integrations import transformers as hf
 
     return hf
+
+
+def _integrations() -> list[types.ModuleType]:
+    """The integrations whose framework is imported (else no model uses it): torch.nn layers,
+    Transformers, Diffusers. Each has ``recognised_layer(cls)`` and ``MODEL_INTERFACES``."""
+    from .integrations import torch_nn
+
+    found = [torch_nn]
+    hf = _transformers_integration()
+    if hf is not None:
+        found.append(hf)
+    if "diffusers" in sys.modules:
+        from .integrations import diffusers
+
+        found.append(diffusers)
+    return found
 
 
 class _LeftAlone(Exception):
@@ -366,14 +388,30 @@ def _check_modules(
 def _switch_interface(
     source: _KernelSource, model: torch.nn.Module, interface: Any
 ) -> list[ReportEntry]:
-    """Register the op's Transformers integration and make ``model`` dispatch to it."""
+    """Register the op's integration with the interface and make ``model`` dispatch to it.
+
+    Modules the interface sees but cannot reach (``interface.unreached``) are reported as left
+    alone with the interface's reason."""
+    op = source.canonical(interface.op)
+    unreached = [
+        ReportEntry(
+            module=n,
+            cls=type(m).__name__,
+            kind=interface.kind,
+            target=interface.name,
+            found_by=interface.name,
+            op=op,
+            reason=reason,
+        )
+        for n, m, reason in interface.unreached(model)
+    ]
     modules = [(n, m) for n, m in model.named_modules() if interface.dispatches(m)]
     if not modules:
-        return []
-    outcome: dict[str, Any] = {"op": source.canonical(interface.op)}
+        return unreached
+    outcome: dict[str, Any] = {"op": op}
     try:
         kernel = source.kernel(interface.op)
-        integration = getattr(kernel, "integrations", None)
+        integration = interface.integration(kernel)
         if not callable(getattr(integration, "register", None)):
             raise _LeftAlone(f"kernel {_kernel_label(kernel)} has no integrations.register()")
         _check_mode(integration, source.mode, f"{_kernel_label(kernel)} integrations")
@@ -398,7 +436,7 @@ def _switch_interface(
             **outcome,
         )
         for n, m in modules
-    ]
+    ] + unreached
 
 
 def _device_type(model: torch.nn.Module, device: str | torch.device | None) -> str:
@@ -445,8 +483,9 @@ def kernelize(
         entry = _swap_layer(source, name, module, mark) if mark else _unrecognised(name, module)
         if entry is not None:
             entries.append(entry)
-    for interface in hf.MODEL_INTERFACES if hf is not None else ():
-        entries += _switch_interface(source, model, interface)
+    for integration in _integrations():
+        for interface in integration.MODEL_INTERFACES:
+            entries += _switch_interface(source, model, interface)
     swaps.record_report(
         model, KernelizeReport(type(model).__name__, mode.label, device_type, tuple(entries))
     )

@@ -154,9 +154,9 @@ def _check_gradients(
 
     One passes within ``TOLERANCE`` relative, or within ``STOCK_ERROR_FACTOR`` times the stock f32
     model's own error where that is larger (near-uniform softmaxes in random tiny models make
-    q/k gradients a difference of near-equal numbers). A parameter whose exact gradient is zero (a key bias
-    under softmax) gets float noise from stock and kernel alike: below ``ZERO_GRADIENT`` of the
-    model's largest exact gradient there is nothing to agree on.
+    q/k gradients a difference of near-equal numbers). A parameter whose exact gradient is zero
+    (a key bias under softmax) gets float noise from stock and kernel alike: below
+    ``ZERO_GRADIENT`` of the model's largest exact gradient there is nothing to agree on.
     """
     floor = ZERO_GRADIENT * max((_largest(g) for g in exact.values()), default=0.0)
     worst = stock_worst = 0.0

@@ -39,7 +39,14 @@ def test_build_layout_metadata_and_digests(build):
             "1.0.0",
             name,
         )
-        assert metadata.ops == ("rms_norm",) and metadata.layers == ("RMSNorm",)
+        assert metadata.ops == ("rms_norm",)
+        assert metadata.layers == (
+            "RMSNorm",
+            "RMSNormF32Scale",
+            "RMSNormZeroCentered",
+            "TorchRMSNorm",
+            "DiffusersRMSNorm",
+        )
         assert dict(metadata.digest) == hash_tree(variant_dir)
         assert {"jax", "torch"} <= set(metadata.requires)
         manifest = load_manifest(variant_dir)  # kernel-hub's loader reads this manifest

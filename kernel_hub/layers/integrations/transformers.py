@@ -228,6 +228,14 @@ class ModelInterface:
     def dispatches(self, module: torch.nn.Module) -> bool:
         return _forward_reads(type(module), self.dispatch_name)
 
+    def unreached(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
+        """Modules this interface sees but cannot switch: none (it sees only dispatchers)."""
+        return []
+
+    def integration(self, kernel: types.ModuleType) -> Any:
+        """What registers the kernel with the interface: the kernel's ``integrations`` module."""
+        return getattr(kernel, "integrations", None)
+
     def current(self, model: torch.nn.Module) -> dict[str, Any]:
         """The implementation of the model and of each sub-config in use, as the setter accepts
         it (a sub-config whose implementation was never set, None, belongs to no submodel)."""

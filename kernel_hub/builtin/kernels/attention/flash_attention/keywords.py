@@ -43,6 +43,8 @@ HARMLESS = {
     "cu_seq_lens_q": "packed sequences, honoured through the mask (see check_call)",
     "cu_seq_lens_k": "packed sequences, honoured through the mask (see check_call)",
     "output_attentions": "attention weights are never returned (None), with a warning",
+    "num_items_in_batch": "Trainer's token count for the loss; the loss reads it, not attention",
+    "deterministic": "flash-attention's deterministic-backward flag (ModernBERT); the kernel is",
 }
 """Keywords that may be ignored, with why."""
 

@@ -87,3 +87,103 @@ MODULE_CHECKS = dict.fromkeys(
     ("RMSNorm", "RMSNormF32Scale", "RMSNormZeroCentered"), _rmsnorm_module_problem
 )
 """Layer name -> check of the host module's state; kernelize leaves modules that fail alone."""
+
+
+# torch.nn.RMSNorm and Diffusers' RMSNorm (the q/k norms of Flux, Wan, SD3, ...): same op, their
+# own forward parameter names, an optional weight and a multi-dimensional normalized shape.
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _rms_norm_over(
+    x: torch.Tensor, dims: int, weight: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """RMSNorm over the last ``dims`` dims of ``x`` (flattened into one axis); a missing weight
+    is a unit weight in ``x``'s dtype (exact: the result keeps ``x``'s dtype)."""
+    flat = x.reshape(*x.shape[: x.dim() - dims], -1)
+    weight = flat.new_ones(flat.shape[-1]) if weight is None else weight.reshape(-1)
+    return rms_norm(flat, weight, float(eps)).reshape(x.shape)
+
+
+class TorchRMSNorm(torch.nn.Module):
+    """Replaces ``torch.nn.RMSNorm.forward`` (Flux's per-head and Wan's across-head q/k norms):
+    ``eps=None`` is the input dtype's machine epsilon, and the output has the input's dtype, as
+    ``F.rms_norm``."""
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        return _rms_norm_over(x, len(self.normalized_shape), self.weight, eps).to(x.dtype)
+
+
+class DiffusersRMSNorm(torch.nn.Module):
+    """Replaces Diffusers' ``RMSNorm.forward`` (SD3, Sana, ...) without a bias. Output dtype as
+    Diffusers': the weight's if it is half precision, else the promoted one; the input's without a
+    weight. (Diffusers rounds x / rms to a half weight's dtype before scaling; the kernel rounds
+    once, which differs by at most half-precision rounding.)"""
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        y = _rms_norm_over(hidden_states, len(self.dim), self.weight, self.eps)
+        if self.weight is not None and self.weight.dtype in _HALF:
+            return y.to(self.weight.dtype)
+        return y
+
+
+def _weight_problem(weight: object, shape: tuple[int, ...]) -> str | None:
+    if weight is None:
+        return None
+    if not isinstance(weight, torch.Tensor):
+        return f"weight is {type(weight).__name__}, not a tensor or None"
+    if tuple(weight.shape) != shape:
+        return f"weight has shape {tuple(weight.shape)}, the normalized shape is {shape}"
+    dtype = dtype_name(weight.dtype)
+    if dtype not in FLOATS_AND_F64:
+        return f"weight has dtype {dtype}; supported: {', '.join(FLOATS_AND_F64)}"
+    if weight.device.type == "meta":
+        return "weight is on the meta device (not loaded)"
+    return None
+
+
+def _eps_problem(eps: object, *, none_ok: bool) -> str | None:
+    if eps is None and none_ok:
+        return None
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        return f"eps is {eps!r}, not a number"
+    return None
+
+
+def _shape(value: object) -> tuple[int, ...] | None:
+    if isinstance(value, tuple) and value and all(isinstance(n, int) for n in value):
+        return tuple(value)
+    return None
+
+
+def _torch_rmsnorm_problem(module: torch.nn.Module) -> str | None:
+    shape = _shape(getattr(module, "normalized_shape", None))
+    if shape is None:
+        return f"normalized_shape is {getattr(module, 'normalized_shape', None)!r}"
+    return _weight_problem(getattr(module, "weight", None), shape) or _eps_problem(
+        getattr(module, "eps", None), none_ok=True
+    )
+
+
+def _diffusers_rmsnorm_problem(module: torch.nn.Module) -> str | None:
+    if getattr(module, "bias", None) is not None:
+        return "it has a bias (RMSNorm(bias=True)), which the kernel does not add"
+    shape = _shape(getattr(module, "dim", None))
+    if shape is None:
+        return f"dim is {getattr(module, 'dim', None)!r}"
+    return _weight_problem(getattr(module, "weight", None), shape) or _eps_problem(
+        getattr(module, "eps", None), none_ok=False
+    )
+
+
+MODULE_CHECKS |= {
+    "TorchRMSNorm": _torch_rmsnorm_problem,
+    "DiffusersRMSNorm": _diffusers_rmsnorm_problem,
+}

@@ -1,0 +1,191 @@
+"""transformers.Trainer with KernelizeCallback: bf16 mixed precision on f32 weights, gradient
+checkpointing and torch_compile, against stock Trainer runs of the same model and data."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import (
+    BertConfig,
+    BertForMaskedLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Trainer,
+    TrainingArguments,
+)
+
+from kernel_hub import Mode, get_kernel
+from kernel_hub.errors import KernelHubError
+from kernel_hub.layers.integrations.trainer import KernelizeCallback, training_mode
+
+STEPS = 4
+BF16_RTOL = 1e-2
+
+
+def tiny_llama():
+    torch.manual_seed(0)
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
+
+
+def tiny_bert():
+    torch.manual_seed(0)
+    # No dropout: attention dropout would run torch's SDPA instead of the kernel.
+    return BertForMaskedLM(
+        BertConfig(
+            vocab_size=128,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=64,
+            hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )
+    )
+
+
+MODELS = {"llama": tiny_llama, "bert": tiny_bert}
+
+
+def dataset(count: int, seq: int = 12):
+    """Token rows with a padded tail on every other row (the attention mask matters)."""
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for i, ids in enumerate(torch.randint(1, 128, (count, seq), generator=generator)):
+        mask = torch.ones(seq, dtype=torch.long)
+        if i % 2:
+            mask[-3:] = 0
+        labels = torch.where(mask.bool(), ids, -100)
+        rows.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
+    return rows
+
+
+def train(model, tmp_path, *, kernelized: bool, **options):
+    """Losses of each step, the final eval loss, the callback (or None) and the trained model."""
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        bf16=True,
+        use_cpu=True,
+        max_steps=STEPS,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        logging_steps=1,
+        learning_rate=1e-3,
+        seed=0,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **options,
+    )
+    callback = KernelizeCallback() if kernelized else None
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=dataset(16),
+        eval_dataset=dataset(8),
+        callbacks=[callback] if callback else None,
+    )
+    trainer.train()
+    eval_loss = trainer.evaluate()["eval_loss"]
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return losses, eval_loss, callback, trainer.model
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts calls of the attention and norm kernels' torch ops made by the swapped modules."""
+    calls: dict[str, int] = {}
+
+    def count(module, name, key):
+        op = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            calls[key] = calls.get(key, 0) + 1
+            return op(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    integrations = get_kernel("attention").integrations
+    count(integrations, "attention_with_lse", "attention")
+    count(integrations, "attention_with_dense_mask", "attention")
+    count(get_kernel("layernorm").layers, "layer_norm_any", "layernorm")
+    count(get_kernel("rmsnorm").layers, "rms_norm", "rmsnorm")
+    return calls
+
+
+OPTIONS = {
+    "plain": {},
+    "gradient-checkpointing": {"gradient_checkpointing": True},
+    "torch-compile": {"torch_compile": True, "torch_compile_backend": "aot_eager"},
+}
+NORM = {"llama": "rmsnorm", "bert": "layernorm"}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        "plain",
+        "gradient-checkpointing",
+        pytest.param("torch-compile", marks=pytest.mark.slow),
+    ],
+)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_bf16_trainer_run_matches_stock(name, options, tmp_path, kernel_calls):
+    base = MODELS[name]()
+    assert all(p.dtype == torch.float32 for p in base.parameters())
+    stock_losses, stock_eval, _, _ = train(
+        copy.deepcopy(base), tmp_path, kernelized=False, **OPTIONS[options]
+    )
+    assert not kernel_calls
+    losses, eval_loss, callback, model = train(
+        copy.deepcopy(base), tmp_path, kernelized=True, **OPTIONS[options]
+    )
+
+    report = callback.report
+    assert report.mode == training_mode_label(options), report
+    swapped = [e for e in report.entries if e.swapped_to]
+    assert {e.kind for e in swapped} == {"layer", "attention"}, report
+    assert not [e for e in report.entries if not e.swapped_to], report
+    assert kernel_calls.get("attention", 0) > 0 and kernel_calls.get(NORM[name], 0) > 0
+
+    assert len(losses) == len(stock_losses) == STEPS
+    torch.testing.assert_close(losses, stock_losses, rtol=BF16_RTOL, atol=0)
+    torch.testing.assert_close(eval_loss, stock_eval, rtol=BF16_RTOL, atol=0)
+    # The swaps survived train() and evaluate() (their train/eval mode switches).
+    for entry in swapped:
+        if entry.kind == "layer":
+            assert "forward" in model.get_submodule(entry.module).__dict__, entry.module
+    assert model.config._attn_implementation.startswith("kernel_hub"), report
+
+
+def training_mode_label(options: str) -> str:
+    return "training+torch_compile" if options == "torch-compile" else "training"
+
+
+def test_mode_follows_the_training_arguments(tmp_path):
+    plain = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    compiled = TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, report_to=[], torch_compile_backend="aot_eager"
+    )
+    assert training_mode(plain) == Mode.TRAINING
+    assert training_mode(compiled) == Mode.TRAINING | Mode.TORCH_COMPILE
+
+
+def test_refuses_a_model_using_hugging_face_kernels(tmp_path):
+    model = tiny_llama()
+    model._use_kernels = True  # what use_kernels=True leaves (the setter needs kernels>=0.18.2)
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    with pytest.raises(KernelHubError, match="use_kernels=True"):
+        Trainer(model=model, args=args, callbacks=[KernelizeCallback()])
