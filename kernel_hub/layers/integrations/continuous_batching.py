@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +108,14 @@ class ContinuousBatchingInterface:
 
     def dispatches(self, module: torch.nn.Module) -> bool:
         return self.attention.dispatches(module)
+
+    def unreached(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
+        """Modules seen but not switchable: as for the attention interface it rides on."""
+        return self.attention.unreached(model)
+
+    def integration(self, kernel: types.ModuleType) -> Any:
+        """The serving op's ``integrations`` module, whose ``register()`` names the function."""
+        return self.attention.integration(kernel)
 
     def model_problem(self, model: torch.nn.Module, modules: list) -> str | None:
         if not callable(getattr(type(model), _ENTRY, None)):
