@@ -157,7 +157,9 @@ def test_bf16_trainer_run_matches_stock(name, options, tmp_path, kernel_calls):
     assert report.mode == training_mode_label(options), report
     swapped = [e for e in report.entries if e.swapped_to]
     assert {e.kind for e in swapped} == {"layer", "attention"}, report
-    assert not [e for e in report.entries if not e.swapped_to], report
+    # continuous batching (serving) is left alone in training mode by design
+    left_alone = [e for e in report.entries if not e.swapped_to]
+    assert all(e.kind == "continuous batching" for e in left_alone), report
     assert kernel_calls.get("attention", 0) > 0 and kernel_calls.get(NORM[name], 0) > 0
 
     assert len(losses) == len(stock_losses) == STEPS
