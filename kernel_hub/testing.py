@@ -1,13 +1,26 @@
-"""Helpers for kernel and library tests: error measures and cut-down registries."""
+"""Helpers for kernel and library tests, and the pytest plugin they run under.
+
+The plugin (``-p kernel_hub.testing``, set in pyproject.toml) replaces a root ``conftest.py``: a
+conftest at the checkout's root would put the checkout on ``sys.path`` and shadow the installed
+wheel the tests are meant to exercise. With ``KERNEL_HUB_TEST_INSTALLED=1`` (set by
+``scripts/test.sh``) the session refuses to start on a ``kernel_hub`` imported from the checkout.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+import torch
 import yaml
 
 from .paths import registry_path
+from .topologies import allow_shared_libtpu
+
+# Tests, their subprocesses and deviceless TPU compiles all load libtpu at once.
+allow_shared_libtpu()
 
 
 def max_errors(actual: Any, expected: Any) -> tuple[float, float]:
@@ -28,3 +41,22 @@ def registry_with_ops(directory: Path, *ops: str) -> Path:
     path = Path(directory) / "registry.yaml"
     path.write_text(yaml.safe_dump(registry))
     return path
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"kernel_hub: {Path(__file__).resolve().parent}"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    package = Path(__file__).resolve().parent
+    checkout = Path(session.config.rootpath).resolve() / "kernel_hub"
+    if os.environ.get("KERNEL_HUB_TEST_INSTALLED") == "1" and package == checkout:
+        raise pytest.UsageError(
+            f"KERNEL_HUB_TEST_INSTALLED=1 but kernel_hub was imported from the checkout "
+            f"({package}), not from the installed wheel"
+        )
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    torch.manual_seed(0)

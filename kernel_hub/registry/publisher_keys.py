@@ -65,11 +65,14 @@ def key_id(text_or_raw: str | bytes) -> str:
     return KEY_PREFIX + hashlib.sha256(raw).hexdigest()[:16]
 
 
-def parse_publishers(path: Path, node: Any) -> dict[str, PublisherKeys]:
-    """The ``publishers:`` section of a registry; errors name the file, line and field."""
+def parse_publishers(path: Path, node: Any, line: int | None = None) -> dict[str, PublisherKeys]:
+    """The ``publishers:`` section of a registry (``line``: where its key is, for a value such as
+    ``null`` that carries no line of its own); errors name the file, line and field."""
     if not isinstance(node, dict):
         raise SourceError(
-            path, line_of(node), f"publishers: expected a mapping, got {type(node).__name__}"
+            path,
+            line_of(node) or line,
+            f"publishers: expected a mapping, got {type(node).__name__}",
         )
     publishers = {}
     for name, entry in node.items():

@@ -173,7 +173,9 @@ def parse_registry(path: str | Path, text: str | None = None) -> Registry:
             aliases[alias] = name
         ops[name] = entry
     publishers = (
-        parse_publishers(path, root.node["publishers"]) if "publishers" in root.node else {}
+        parse_publishers(path, root.node["publishers"], line_of(root.node, "publishers"))
+        if "publishers" in root.node
+        else {}
     )
     return Registry(path=path, ops=ops, _aliases=aliases, publishers=publishers)
 
