@@ -95,7 +95,7 @@ def test_eight_threads_first_calls_and_staged_calls_are_correct(ops, stagings, m
 def test_staging_buffers_in_use_from_eight_threads_in_a_fresh_process():
     """In a process where kernel-hub starts JAX (so its inline policy, and staging, apply)."""
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-s", "-p", "no:cacheprovider",
+        [sys.executable, "-P", "-m", "pytest", __file__, "-q", "-s", "-p", "no:cacheprovider",
          "-k", "first_calls_and_staged"],
         capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},

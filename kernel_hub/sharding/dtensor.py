@@ -88,7 +88,7 @@ def backward_strategies(
 ) -> list[Strategy]:
     """(gradient placements, inputs + outputs + cotangents placements) for the backward op.
     Reduced factors are not offered (their cotangents would need to be replicated anyway)."""
-    from torch.distributed.tensor import Partial, Replicate
+    from torch.distributed.tensor import Replicate
 
     operands, results = _expanded(rule, ranks)
     everything = [*operands, *results, *results]
@@ -99,11 +99,19 @@ def backward_strategies(
             continue
         out.append(
             (
-                [_place(operands[i], group, Partial()) for i in differentiable],
+                [_gradient_place(operands[i], group) for i in differentiable],
                 [_place(d, group, Replicate()) for d in everything],
             )
         )
     return out
+
+
+def _gradient_place(dims: Sequence[str] | None, group: frozenset[str]) -> Any:
+    """An operand's gradient: split like the operand, else a partial sum; an absent optional
+    operand gets an empty placeholder gradient, replicated."""
+    from torch.distributed.tensor import Partial, Replicate
+
+    return Replicate() if dims is None else _place(dims, group, Partial())
 
 
 def _rank(value: Any) -> int | None:

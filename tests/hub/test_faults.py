@@ -212,7 +212,7 @@ def test_two_processes_and_eight_threads_each_fetch_one_build_once(publish, hub_
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", _RACE, str(go)],
+            [sys.executable, "-P", "-c", _RACE, str(go)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

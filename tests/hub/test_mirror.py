@@ -68,7 +68,7 @@ def served(tmp_path):
 
     def start(directory: Path) -> str:
         process = subprocess.Popen(
-            [sys.executable, "-m", "kernel_hub.cli", "serve", str(directory), "--port", "0"],
+            [sys.executable, "-P", "-m", "kernel_hub.cli", "serve", str(directory), "--port", "0"],
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
@@ -120,7 +120,7 @@ def test_every_registry_op_and_the_demo_load_verified_from_the_mirror(
         "KERNEL_HUB_KERNELS_DIR": str(tmp_path / "no-in-tree-kernels"),
     }
     demo = subprocess.run(
-        [sys.executable, "-m", "kernel_hub.cli", "demo", "--model", "mixtral", "--json"],
+        [sys.executable, "-P", "-m", "kernel_hub.cli", "demo", "--model", "mixtral", "--json"],
         capture_output=True,
         text=True,
         env=env,

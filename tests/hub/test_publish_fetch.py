@@ -132,7 +132,7 @@ def test_hub_load_first_keeps_the_bridge_thread_policy(publish, hub_env):
     staging buffers) must still apply when a hub load is the first thing a process does."""
     publish("1.1.0")
     result = subprocess.run(
-        [sys.executable, "-c", _FIRST_THING_A_PROCESS_DOES],
+        [sys.executable, "-P", "-c", _FIRST_THING_A_PROCESS_DOES],
         capture_output=True,
         text=True,
         timeout=300,

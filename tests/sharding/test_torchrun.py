@@ -18,7 +18,7 @@ SCRIPT = Path(__file__).with_name("torchrun_checks.py")
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict]:
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    torchrun = [sys.executable, "-P", "-m", "torch.distributed.run", "--standalone"]
     return run_checks([*torchrun, "--nproc-per-node", "2"], SCRIPT)
 
 
