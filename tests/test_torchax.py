@@ -89,6 +89,8 @@ def test_kernelize_swaps_the_layers_on_the_jax_device(report, expected):
     assert report["kernelize_device"] == "jax"
     # With the attention kernel loadable here (tokamax installed), its two modules swap too.
     assert swapped.pop("AttentionInterface", 2) == 2
+    # and the continuous-batching entry point, which rides on the attention modules
+    assert swapped.pop("ContinuousBatching", 2) == 2
     assert swapped == expected.kernelize_swapped
     assert report["kernelized_logits_max_abs"] <= TOLERANCE
 

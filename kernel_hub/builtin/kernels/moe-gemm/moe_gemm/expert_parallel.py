@@ -199,7 +199,8 @@ def expert_axis(weights) -> str | None:
     to_array = getattr(weights, "jax", None)
     if not callable(to_array):
         return None
-    spec = tuple(getattr(to_array().sharding, "spec", ())) or (None,)
+    # jax.typeof: the array may be a tracer (a jitted torchax step), which has no .sharding
+    spec = tuple(getattr(jax.typeof(to_array()).sharding, "spec", ())) or (None,)
     first = spec[0]
     if first is None:
         return None
