@@ -1,7 +1,7 @@
 """The one module kernels import from kernel-hub: a stable surface for kernel authors.
 
-A kernel package (in-tree under ``kernel_hub/builtin/kernels/`` or a hub build) may import from
-kernel-hub only this module; everything else inside ``kernel_hub`` may move between releases. A
+A kernel package (in-tree under ``kernels/``, shipped as ``kernel_hub/builtin/kernels/``, or a hub
+build) may import from kernel-hub only this module; everything else inside ``kernel_hub`` may move between releases. A
 kernel's manifest names the API version it needs, ``requires: {kernel-hub: ">=1.0"}``: that range
 is checked against ``API_VERSION`` (not the package version) before the kernel is imported.
 

@@ -1,7 +1,10 @@
 """Where the built-in registry and kernels live, with environment overrides.
 
-Both ship inside the package (``kernel_hub/builtin/``), so a wheel, an sdist build and an editable
-checkout find them the same way: beside this file, never through a checkout's root.
+In the repository, ``registry.yaml`` and ``kernels/`` sit at the top level beside ``kernel_hub/``;
+the wheel ships the same files as the data directory ``kernel_hub/builtin/`` (pyproject's
+package-dir mapping). An installed package finds them beside its own modules, a checkout (an
+editable install, or ``PYTHONPATH`` pointing at it) one directory up: never through the current
+directory.
 """
 
 from __future__ import annotations
@@ -9,14 +12,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _builtin_dir() -> Path:
+    shipped = _PACKAGE_DIR / "builtin"
+    return shipped if (shipped / "registry.yaml").is_file() else _PACKAGE_DIR.parent
+
+
+BUILTIN_DIR = _builtin_dir()
 
 
 def registry_path() -> Path:
-    """``$KERNEL_HUB_REGISTRY`` or the registry.yaml shipped in the package."""
+    """``$KERNEL_HUB_REGISTRY`` or the built-in registry.yaml."""
     return Path(os.environ.get("KERNEL_HUB_REGISTRY", BUILTIN_DIR / "registry.yaml"))
 
 
 def kernels_dir() -> Path:
-    """``$KERNEL_HUB_KERNELS_DIR`` or the kernels shipped in the package."""
+    """``$KERNEL_HUB_KERNELS_DIR`` or the built-in kernels."""
     return Path(os.environ.get("KERNEL_HUB_KERNELS_DIR", BUILTIN_DIR / "kernels"))

@@ -32,7 +32,8 @@ PRELAYOUT_BUILD = Path(__file__).parent / "fixtures" / "prelayout-build" / "torc
 def test_registry_and_kernels_ship_inside_the_package() -> None:
     package = Path(kernel_hub.__file__).resolve().parent
     installed = package != CHECKOUT / "kernel_hub"  # not an editable checkout
-    assert registry_path().resolve().is_relative_to(package)
+    home = package / "builtin" if installed else CHECKOUT
+    assert registry_path().resolve() == home / "registry.yaml"
     for entry in load_registry().ops.values():
         kernel = kernels_dir() / entry.kernel
         assert (kernel / "kernel.yaml").is_file(), kernel
@@ -99,4 +100,11 @@ def test_sdist_builds_the_same_wheel(tmp_path: Path) -> None:
     assert _wheel_files(direct) == _wheel_files(rebuilt)
     files = _wheel_files(direct)
     assert "kernel_hub/builtin/registry.yaml" in files
+    shipped_kernels = {name.split("/")[3] for name in files if name.endswith("/kernel.yaml")}
+    assert shipped_kernels == {p.parent.name for p in (CHECKOUT / "kernels").glob("*/kernel.yaml")}
+    subpackages = {
+        str(p.parent.relative_to(CHECKOUT)) for p in (CHECKOUT / "kernel_hub").rglob("__init__.py")
+    }
+    shipped_packages = {name.rsplit("/", 1)[0] for name in files if name.endswith("__init__.py")}
+    assert subpackages <= shipped_packages, "a kernel_hub subpackage is missing from pyproject"
     assert not [name for name in files if "/tests/" in name], "kernel tests in the wheel"
