@@ -1,9 +1,10 @@
 """The one module kernels import from kernel-hub: a stable surface for kernel authors.
 
 A kernel package (in-tree under ``kernels/``, shipped as ``kernel_hub/builtin/kernels/``, or a hub
-build) may import from kernel-hub only this module; everything else inside ``kernel_hub`` may move between releases. A
-kernel's manifest names the API version it needs, ``requires: {kernel-hub: ">=1.0"}``: that range
-is checked against ``API_VERSION`` (not the package version) before the kernel is imported.
+build) may import from kernel-hub only this module; everything else inside ``kernel_hub`` may move
+between releases. A kernel's manifest names the API version it needs,
+``requires: {kernel-hub: ">=1.0"}``: that range is checked against ``API_VERSION`` (not the
+package version) before the kernel is imported.
 
 ``API_VERSION`` follows semantic versioning: a minor bump adds names, a major bump removes or
 changes one. Version 1.0 offers:
