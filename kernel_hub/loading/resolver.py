@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kernel_hub.bridge.threads import apply_default_policy
-from kernel_hub.errors import HubError, KernelHubError
+from kernel_hub.errors import HubError, KernelHubError, SourceError
 from kernel_hub.hub import settings
 from kernel_hub.hub.fetch import HubBuild, HubRequest, fetch_build
 from kernel_hub.hub.lockfile import LockedOp, LockFile, find_lock
@@ -210,7 +210,40 @@ def _check_version(entry: OpEntry, module: ModuleType) -> None:
         )
 
 
+def check_entry(entry: OpEntry, module: ModuleType) -> None:
+    """``SourceError`` at the registry line naming an implementation the kernel does not have or
+    does not run on that platform, or a layer it does not declare, with the valid names."""
+    manifest, declared = module.manifest, module.KERNEL
+    label = f"op {entry.name!r}: kernel {manifest.name} {manifest.version}"
+    for platform, names in entry.implementations.items():
+        valid = manifest.implementations_on(platform)
+        for name in names:
+            if name in valid:
+                continue
+            if name in manifest.implementations:
+                runs_on = ", ".join(manifest.implementations[name])
+                problem = f"implementation {name!r} does not run on {platform} (only {runs_on})"
+            else:
+                problem = f"has no implementation {name!r}"
+            raise SourceError(
+                entry.source,
+                entry.line_for(f"implementations.{platform}"),
+                f"{label} {problem}; valid on {platform}: {', '.join(valid) or '(none)'}",
+            )
+    unknown = [name for name in entry.layers if name not in declared.layers]
+    if unknown:
+        raise SourceError(
+            entry.source,
+            entry.line_for("layers"),
+            f"{label} has no layer {unknown[0]!r}; its layers: "
+            f"{', '.join(declared.layers) or '(none)'}",
+        )
+
+
 def _apply_implementation_order(entry: OpEntry, module: ModuleType) -> None:
+    """Each implementation table tries the registry's names for a platform in its order (a
+    kernel's tables may each implement a subset of the kernel's names)."""
+    check_entry(entry, module)
     for table in module.KERNEL.implementation_tables:
         for platform, names in entry.implementations.items():
             table.set_order(platform, [n for n in names if n in table.names])
