@@ -30,8 +30,11 @@ Version 1.2 adds ``jax_op(..., autocast=names)`` (inputs cast to the autocast dt
 
 Version 1.3 adds the kernel declaration: ``KernelDeclaration`` (everything kernel-hub reads from a
 kernel, exported by the kernel package as ``KERNEL``; see ``kernel_hub.declaration``) and
-``submodule_loader`` (a lazily imported framework adapter). Builds for 1.0-1.2 still load: their
-declaration is read from the module attributes they exported.
+``submodule_loader`` (a lazily imported framework adapter). An adapter states ``register``,
+``has_backward``, ``can_torch_compile`` and ``module_problem`` (None when it serves every module;
+``FrameworkAdapter`` reads and checks them), a declared layer class ``has_backward`` and
+``can_torch_compile``: nothing has a default. Builds for 1.0-1.2 still load: their declaration is
+read from the module attributes they exported.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from .checks import (
     dtype_name,
     require,
 )
-from .declaration import KernelDeclaration, submodule_loader
+from .declaration import FrameworkAdapter, KernelDeclaration, submodule_loader
 from .dispatch import Implementation, ImplementationTable
 from .errors import KernelHubError, KernelInputError, NoImplementationError, UnsupportedDeviceError
 from .platform import Platform, jax_default_device, jax_platform, tpu_generation
@@ -72,6 +75,7 @@ __all__ = [
     "CPU_TAG",
     "FLOATS",
     "FLOATS_AND_F64",
+    "FrameworkAdapter",
     "Implementation",
     "ImplementationTable",
     "KernelCase",

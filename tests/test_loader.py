@@ -6,12 +6,14 @@ import json
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
 from kernel_hub import get_kernel
+from kernel_hub.declaration import FrameworkAdapter, KernelDeclaration
 from kernel_hub.errors import KernelHubError, RequirementError, SourceError
 from kernel_hub.loading.loader import load_kernel_dir
 from kernel_hub.paths import kernels_dir, registry_path
@@ -240,3 +242,34 @@ def test_cli_reports_errors_without_traceback(tmp_path):
     assert out.returncode == 2
     assert f"{bad}:3: op 'x': expected a mapping, got int" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_every_in_tree_framework_adapter_states_the_whole_contract():
+    for entry in load_registry():
+        declared = get_kernel(entry.name).KERNEL
+        for slot in declared.integrations:
+            adapter = declared.adapter(slot, entry.name)
+            assert callable(adapter.register) and isinstance(adapter.has_backward, bool)
+
+
+def test_adapter_missing_an_attribute_is_refused_naming_it():
+    partial = types.SimpleNamespace(register=lambda: "name", has_backward=True)
+    with pytest.raises(KernelHubError, match="k adapter lacks can_torch_compile, module_problem"):
+        FrameworkAdapter.of(partial, "k adapter")
+    wrong = types.SimpleNamespace(
+        register="name", has_backward=1, can_torch_compile=True, module_problem=None
+    )
+    with pytest.raises(
+        KernelHubError, match="has_backward is not a bool; register is not callable"
+    ):
+        FrameworkAdapter.of(wrong, "k adapter")
+
+
+def test_declared_layer_must_state_its_mode_flags():
+    class Layer(torch.nn.Module):
+        has_backward = True
+
+    with pytest.raises(
+        KernelHubError, match=r"layers\['L'\] lacks the class attribute can_torch_compile"
+    ):
+        KernelDeclaration(ops={}, jax=None, layers={"L": Layer})

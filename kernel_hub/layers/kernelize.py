@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 import torch
 
 from kernel_hub.bridge.runtimes import supported_device_types
+from kernel_hub.declaration import FrameworkAdapter
 from kernel_hub.errors import KernelHubError, UnknownNameError
 from kernel_hub.loading.mappings import Override, active_overrides
 from kernel_hub.loading.resolver import get_kernel
@@ -287,15 +288,12 @@ def _platform_for(device_type: str) -> tuple[Platform, str | None]:
     return platform, None
 
 
-def _check_mode(provider: Any, mode: Mode, label: str) -> None:
-    """``_LeftAlone`` when ``provider`` (a layer class or integration module) does not fit ``mode``.
-
-    As for Hugging Face ``kernels`` layers: ``has_backward`` defaults to True,
-    ``can_torch_compile`` to False.
-    """
-    if Mode.TRAINING in mode and not getattr(provider, "has_backward", True):
+def _check_mode(provider: type | FrameworkAdapter, mode: Mode, label: str) -> None:
+    """``_LeftAlone`` when ``provider`` (a declared layer class or a framework adapter, both
+    stating ``has_backward`` and ``can_torch_compile``) does not fit ``mode``."""
+    if Mode.TRAINING in mode and not provider.has_backward:
         raise _LeftAlone(f"{label} has no backward (has_backward = False), needed in training mode")
-    if Mode.TORCH_COMPILE in mode and not getattr(provider, "can_torch_compile", False):
+    if Mode.TORCH_COMPILE in mode and not provider.can_torch_compile:
         raise _LeftAlone(
             f"{label} does not declare can_torch_compile = True, needed with torch_compile"
         )
@@ -372,15 +370,14 @@ def _swap_layer(
 
 
 def _check_modules(
-    integration: Any, modules: list[tuple[str, torch.nn.Module]], label: str
+    adapter: FrameworkAdapter, modules: list[tuple[str, torch.nn.Module]], label: str
 ) -> None:
-    """``_LeftAlone`` when a module needs a feature the integration lacks: its optional
-    ``module_problem(module) -> reason | None``. The interface is switched for the whole model,
-    so one such module keeps every module on its stock implementation."""
-    check = getattr(integration, "module_problem", None)
-    if check is None:
+    """``_LeftAlone`` when a module needs a feature the adapter lacks (its ``module_problem``).
+    The interface is switched for the whole model, so one such module keeps every module on its
+    stock implementation."""
+    if adapter.module_problem is None:
         return
-    problems = {type(m).__name__: problem for _, m in modules if (problem := check(m))}
+    problems = {type(m).__name__: p for _, m in modules if (p := adapter.module_problem(m))}
     if problems:
         raise _LeftAlone(f"unsupported by {label}: " + "; ".join(problems.values()))
 
@@ -411,16 +408,18 @@ def _switch_interface(
     outcome: dict[str, Any] = {"op": op}
     try:
         kernel = source.kernel(interface.op)
+        label = f"{_kernel_label(kernel)} integrations"
         integration = interface.integration(kernel)
-        if not callable(getattr(integration, "register", None)):
+        if integration is None:
             raise _LeftAlone(f"kernel {_kernel_label(kernel)} has no integrations.register()")
-        _check_mode(integration, source.mode, f"{_kernel_label(kernel)} integrations")
-        _check_modules(integration, modules, f"{_kernel_label(kernel)} integrations")
+        adapter = FrameworkAdapter.of(integration, label)
+        _check_mode(adapter, source.mode, label)
+        _check_modules(adapter, modules, label)
         model_problem = interface.model_problem(model, modules)
         if model_problem:
             raise _LeftAlone(model_problem)
         previous = interface.current(model)
-        name = interface.switch(model, integration.register())
+        name = interface.switch(model, adapter.register())
         outcome["swapped_to"] = f"{_kernel_label(kernel)} {name!r} (was {previous['']!r})"
         switches = model.__dict__.setdefault(swaps.INTERFACES_ATTRIBUTE, {})
         switches[interface] = swaps.InterfaceSwitch(name, previous)
