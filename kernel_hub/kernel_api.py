@@ -35,9 +35,21 @@ kernel, exported by the kernel package as ``KERNEL``; see ``kernel_hub.declarati
 ``FrameworkAdapter`` reads and checks them), a declared layer class ``has_backward`` and
 ``can_torch_compile``: nothing has a default. Builds for 1.0-1.2 still load: their declaration is
 read from the module attributes they exported.
+
+Version 1.3 also offers ``tiling`` (``kernel_hub.tpu_tiling``), the block-size rules Pallas TPU
+kernels share instead of copying: ``tiling.sublane_multiple(dtype)`` (8 rows for 32-bit, 16 for
+16-bit, 32 for 8-bit types), ``tiling.vmem_bytes_per_row(width, itemsize, streamed=...,
+f32_temporaries=...)`` (what one row of a row block costs in VMEM), ``tiling.row_block(rows,
+bytes_per_row, dtype)`` (the largest legal row block within ``tiling.VMEM_BUDGET_BYTES``),
+``tiling.row_block_problem(rows, block_rows, dtype)`` (why a user's block is illegal) and
+``tiling.compiler_params("parallel", "arbitrary", ...)`` (Mosaic's compiler parameters).
+A row-wise kernel states only its own numbers (its streamed blocks and live f32 temporaries);
+see kernels/rmsnorm/rmsnorm/pallas_tpu.py.
 """
 
 from __future__ import annotations
+
+import kernel_hub.tpu_tiling as tiling
 
 from .bench.cases import CPU_TAG, KernelCase
 from .bridge.buckets import RowBuckets
@@ -105,5 +117,6 @@ __all__ = [
     "shard_map_all",
     "sharded",
     "submodule_loader",
+    "tiling",
     "tpu_generation",
 ]

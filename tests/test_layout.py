@@ -25,6 +25,7 @@ RANKS = {
     "paths": 1,
     "progress": 1,
     "checks": 1,
+    "tpu_tiling": 1,
     "dispatch": 2,
     "declaration": 3,
     "topologies": 2,

@@ -76,7 +76,7 @@ def test_decode_tiles_fit_the_rows(model, tokens):
         chosen = tiling.default_tiling(
             "gmm", rows, k, n, experts, jnp.bfloat16, jnp.bfloat16, interpret=False
         )
-        assert chosen.tm <= max(rows, tiling.sublanes(jnp.bfloat16)), chosen
+        assert chosen.tm <= max(rows, tiling.tpu_tiling.sublane_multiple(jnp.bfloat16)), chosen
         modelled = tiling.modelled_us("gmm", rows, k, n, experts, jnp.bfloat16, chosen, tiling.TPU)
         weight_read_us = min(experts, rows) * k * n * 2 / tiling.TPU.bytes_per_us
         if tokens <= 64:

@@ -13,6 +13,7 @@ import torch
 
 from kernel_hub import get_kernel
 from kernel_hub.errors import KernelInputError, NoImplementationError
+from kernel_hub.kernel_api import tiling
 from kernel_hub.testing import max_errors
 
 k = get_kernel("rmsnorm")
@@ -88,11 +89,8 @@ def test_default_block_fits_budget_and_tiling():
     ]:
         config = from_kernel.default_config(rows, hidden, dtype)
         assert from_kernel.config_problem(rows, dtype, config) is None
-        per_row = from_kernel._vmem_bytes_per_row(hidden, jnp.dtype(dtype).itemsize)
-        assert (
-            config.block_rows == rows
-            or config.block_rows * per_row <= from_kernel.VMEM_BUDGET_BYTES
-        )
+        per_row = from_kernel.vmem_bytes_per_row(hidden, jnp.dtype(dtype).itemsize)
+        assert config.block_rows == rows or config.block_rows * per_row <= tiling.VMEM_BUDGET_BYTES
 
 
 @pytest.mark.parametrize("implementation", ["xla", "pallas"])
