@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "models_cmds",
     "bench_cmds",
     "compile_cmds",
+    "new_kernel",
 )
 
 
