@@ -4,8 +4,10 @@ and loads through ``get_kernel``, as generated; names and registries are checked
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,3 +104,20 @@ def test_every_template_placeholder_is_known():
             if m.group("named") or m.group("braced")
         }
         assert found <= known, f"{template.name}: {found - known}"
+
+
+WRITING_A_KERNEL = Path(__file__).resolve().parents[1] / "docs" / "writing-a-kernel.md"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not WRITING_A_KERNEL.is_file(), reason="needs the source tree")
+def test_writing_a_kernel_snippets_run(capsys):
+    """docs/writing-a-kernel.md's Python blocks, top to bottom, in one namespace."""
+    blocks = re.findall(r"```python\n(.*?)```", WRITING_A_KERNEL.read_text(), re.S)
+    assert len(blocks) >= 6
+    namespace: dict = {}
+    for number, block in enumerate(blocks, 1):
+        exec(compile(block, f"writing-a-kernel.md block {number}", "exec"), namespace)
+    printed = capsys.readouterr().out
+    assert "has no implementation 'palas'; valid on cpu: pallas, xla" in printed
+    assert "the JAX function's first parameters are (weight, x)" in printed
