@@ -53,21 +53,27 @@ class DirectCalls:
         self._autocast = autocast
         self._required = sum(p.default is inspect.Parameter.empty for p in params)
         self._count = len(params)
-        # after n positional arguments: the (name, default) of each later parameter, and their names
+        # after n positional arguments: the (name, default) of each later parameter, their names,
+        # and the names of those without a default (a call must name them)
         self._tails = [[(p.name, p.default) for p in params[n:]] for n in range(len(params) + 1)]
         self._tail_names = [frozenset(names[n:]) for n in range(len(params) + 1)]
+        self._tail_required = [
+            frozenset(p.name for p in params[n:] if p.default is inspect.Parameter.empty)
+            for n in range(len(params) + 1)
+        ]
         self.enabled = os.environ.get("KERNEL_HUB_DIRECT_CALLS", "1").strip() != "0"
 
     def positional(self, args: tuple, kwargs: dict) -> tuple | None:
         """Every argument in parameter order (defaults filled in), or None when the keywords do
         not bind (unknown, given twice, a required one missing): the dispatcher then says why."""
         n = len(args)
-        if n > self._count or not kwargs.keys() <= self._tail_names[n]:
+        if (
+            n > self._count
+            or not kwargs.keys() <= self._tail_names[n]
+            or not self._tail_required[n] <= kwargs.keys()
+        ):
             return None
-        rest = tuple([kwargs.get(name, default) for name, default in self._tails[n]])
-        if inspect.Parameter.empty in rest:
-            return None
-        return args + rest
+        return args + tuple([kwargs.get(name, default) for name, default in self._tails[n]])
 
     def allowed(self, args: tuple) -> bool:
         """Whether a call with these positional arguments (and no keywords) may go direct."""
