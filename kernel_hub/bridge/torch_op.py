@@ -243,6 +243,7 @@ def contract_problems(
     names), the others as keywords; and its sharding rule (``sharded``) with one operand per
     tensor argument. Checked when the op is defined, not discovered as a wrong operand later."""
     from ..sharding import ShardingRule
+    from ..sharding.boundary import rule_of
 
     try:
         params = list(inspect.signature(jax_fn).parameters.values())
@@ -279,7 +280,7 @@ def contract_problems(
     ]
     if unfilled:
         problems.append(f"the JAX function requires {', '.join(unfilled)}, which the stub lacks")
-    rule = getattr(jax_fn, "sharding_rule", None)
+    rule = rule_of(jax_fn)
     if isinstance(rule, ShardingRule) and len(rule.operands) != len(tensor_params):
         problems.append(
             f"sharding rule {rule.op!r} ({rule}) has {len(rule.operands)} operands, the stub "
@@ -291,7 +292,9 @@ def contract_problems(
 def _register_dtensor_rule(spec: OpSpec, op: Any, backward_op: Any) -> None:
     """DTensor strategies from the JAX function's sharding rule (see ``kernel_hub.sharding``),
     so DTensor inputs (sequence-parallel norms, tensor-parallel plans) run the op per shard."""
-    rule = getattr(spec.jax_fn, "sharding_rule", None)
+    from ..sharding.boundary import rule_of
+
+    rule = rule_of(spec.jax_fn)
     if rule is None or not torch.distributed.is_available():
         return
     from ..sharding import ShardingRule, dtensor

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +28,17 @@ from .solve import Axes, Operand, Solution, expand, solve
 
 RuleSource = ShardingRule | Callable[..., ShardingRule]
 """A rule, or a function of the call's keyword options returning one (e.g. a layout flag)."""
+
+_RULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Function made by ``sharded`` -> its rule (see ``rule_of``)."""
+
+
+def rule_of(fn: Callable[..., Any]) -> RuleSource | None:
+    """The rule ``fn`` runs under when ``sharded`` made it, else None (it runs as called)."""
+    try:
+        return _RULES.get(fn)
+    except TypeError:  # not weak-referenceable, so not made by ``sharded``
+        return None
 
 
 def partition_spec(per_dim: Sequence[Axes]) -> Any:
@@ -176,8 +188,8 @@ def sharded(rule: RuleSource) -> Callable[[Callable[..., Any]], Callable[..., An
     """Decorator: run a kernel's JAX function through ``run_sharded`` with ``rule``.
 
     The function's first ``len(rule.operands)`` parameters are its array operands (optional ones
-    may be None); the rest are options, passed unchanged. The decorated function exposes the
-    rule as ``sharding_rule`` and the plain function as ``__wrapped__``.
+    may be None); the rest are options, passed unchanged. ``rule_of`` gives the decorated
+    function's rule, ``__wrapped__`` the plain function.
     """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -194,7 +206,7 @@ def sharded(rule: RuleSource) -> Callable[[Callable[..., Any]], Callable[..., An
             options = {k: v for k, v in arguments.items() if k not in names}
             return run_sharded(chosen, fn, names, arrays, options)
 
-        wrapper.sharding_rule = rule
+        _RULES[wrapper] = rule
         return wrapper
 
     return decorate
