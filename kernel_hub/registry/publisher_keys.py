@@ -15,7 +15,7 @@ import base64
 import binascii
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,5 +103,11 @@ def _publisher_name_ok(name: str) -> bool:
 
 
 def keys_for(publishers: Mapping[str, PublisherKeys], repo: str) -> PublisherKeys | None:
-    """The keys pinned for ``repo``: its own entry, else its organisation's."""
-    return publishers.get(repo) or publishers.get(repo.split("/", 1)[0])
+    """The keys pinned for ``repo``: its own entry, else its organisation's. A key revoked by
+    any entry is revoked here too: revocation is about the key, so a repo-level entry can never
+    hide its organisation's ``revoked:`` list."""
+    entry = publishers.get(repo) or publishers.get(repo.split("/", 1)[0])
+    if entry is None:
+        return None
+    revoked = tuple(dict.fromkeys(k for p in publishers.values() for k in p.revoked))
+    return replace(entry, revoked=revoked)
