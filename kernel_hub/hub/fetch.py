@@ -1,17 +1,23 @@
 """Resolve a kernel request to a commit, download the variant that fits this machine, verify it.
 
-Online: list the repo's refs, pick the commit, list ``build/`` at that commit (refusing names that
-escape it), then ``snapshot_download`` only ``build/<variant>/`` and its signature into the
-Hugging Face cache. Offline (``HF_HUB_OFFLINE=1``): the same resolution from the refs and snapshots
-in the cache, with no network call. Either way, on every load and before anyone imports a file,
-the signature must verify against a key the registry pins for the publisher and every file must
-match the signed digests in ``metadata.json`` (and the lock file, if one pins the op); a build that
-fails is removed from the cache. See docs/trust.md.
+Online: list the repo's refs (every commit id checked to be 40 hex), pick the commit, list
+``build/`` at that commit (refusing names that escape it or hold control characters), then
+download by commit id into a private staging folder: the signature, metadata.json (both under
+fixed size caps), the signature checked over those bytes before they are parsed, then exactly the
+files the signed digest names, each stopped at its signed size and checked while written. Only a
+variant that verified whole is moved into the cache, and only then is the ref recorded. Offline
+(``HF_HUB_OFFLINE=1``): the same resolution from the refs and snapshots in the cache. On every
+load, before anyone imports a file, the cached variant is verified again: a key the registry pins
+for the publisher, every file against the signed digests, the signed version against what was
+asked for (the tag's version, a ``vN`` branch's major version, the registry's range, the lock).
+See docs/trust.md.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,18 +32,27 @@ from kernel_hub.registry.registry import OpEntry
 
 from . import cache, settings
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
-from .digests import BYTECODE_DIR, check_relative_name, check_tree_shape, verify_tree
+from .digests import METADATA_FILE, UNDIGESTED, check_tree_shape, verify_tree
+from .json_source import decode
 from .lockfile import COMMIT, LockedOp
 from .metadata import BuildMetadata, read_metadata
 from .signing import signature_path, verify_signature
+from .transfer import (
+    MAX_FILE_BYTES,
+    MAX_METADATA_BYTES,
+    MAX_SIGNATURE_BYTES,
+    MAX_VARIANT_BYTES,
+    MissingOnHub,
+    check_name,
+    fetch_bytes,
+    fetch_file,
+)
 from .trust import TrustRemoteCode, check_trusted
 from .variants import Variant, select_variant
-from .versions import parse_range, select_version, tag_name
+from .versions import major_of_branch, parse_range, select_version, tag_name, version_of_tag
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
-
-BYTECODE_PATTERNS = ["*.pyc", f"**/{BYTECODE_DIR}/**"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +62,8 @@ class HubRequest:
     repo: str
     spec: SpecifierSet | None = None
     revision: str | None = None
+    allowed: SpecifierSet | None = None
+    """The registry's range, which the signed version of a revision (or lock) must be in too."""
 
     def __post_init__(self) -> None:
         if (self.spec is None) == (self.revision is None):
@@ -71,19 +88,45 @@ class HubRequest:
         if version is not None:
             return cls(entry.repo, spec=parse_range(version))
         if revision is not None:
-            return cls(entry.repo, revision=revision)
+            return cls(entry.repo, revision=revision, allowed=entry.version)
         if entry.commit is not None or entry.revision is not None:
-            return cls(entry.repo, revision=entry.commit or entry.revision)
+            return cls(entry.repo, revision=entry.commit or entry.revision, allowed=entry.version)
         return cls(entry.repo, spec=entry.version)
+
+    def range(self) -> SpecifierSet | None:
+        """The versions this request accepts, whatever the revision resolves to."""
+        return self.spec if self.spec is not None else self.allowed
 
 
 @dataclass(frozen=True)
 class Resolved:
     commit: str
     ref: str
-    """What to download by: the tag or branch name (so the cache records it), or the commit."""
+    """The tag or branch name it was resolved through (the cache records it), or the commit."""
     version: Version | None
     """The version its tag names, when resolved through a version tag."""
+    allowed: SpecifierSet | None = None
+    """The versions the signed build may be (the request's range, a ``vN`` branch's major)."""
+
+    @classmethod
+    def of(cls, commit: str, ref: str, request: HubRequest) -> Resolved:
+        """``ref`` -> ``commit`` for ``request``: what the build there must be is fixed now."""
+        allowed = request.range()
+        major = major_of_branch(ref)
+        if major is not None:
+            branch = SpecifierSet(f">={major},<{major + 1}")
+            allowed = branch if allowed is None else allowed & branch
+        return cls(commit, ref, version_of_tag(ref), allowed)
+
+    def check(self, version: Version) -> None:
+        """Refuse a signed ``version`` other than what the tag, branch or range asked for."""
+        if self.version is not None and version != self.version:
+            raise IntegrityError(f"tag {self.ref} holds a build of version {version}")
+        if self.allowed is not None and not self.allowed.contains(version, prereleases=True):
+            raise IntegrityError(
+                f"{self.ref} holds version {version}, outside the versions asked for "
+                f"({self.allowed})"
+            )
 
 
 @dataclass(frozen=True)
@@ -121,7 +164,7 @@ def fetch_build(
     check_trusted(request.repo, trust_remote_code)
     keys = require_keys(request.repo, keys, what)
     if locked is not None:
-        request = HubRequest(request.repo, revision=locked.commit)
+        request = _locked_request(request, locked, what)
     if platform is None:
         from kernel_hub.platform import host_platform
 
@@ -142,11 +185,35 @@ def fetch_build(
     # One process or thread at a time downloads, verifies or discards this variant.
     with cache.variant_lock(request.repo, resolved.commit, chosen.name):
         if api is not None:
-            download(api, request.repo, resolved, [chosen.name], what)
+            download(request.repo, resolved, [chosen.name], locked, keys, what)
         metadata, signed_by = verify_or_discard(
             request.repo, resolved, chosen.name, locked, keys, what=what
         )
+        if api is not None:
+            _record_ref(request.repo, resolved)
     return HubBuild(request.repo, resolved.commit, chosen.name, path, metadata, signed_by)
+
+
+def _locked_request(request: HubRequest, locked: LockedOp, what: str) -> HubRequest:
+    """The lock's commit, bound to its version; a lock found in the working directory (not named
+    by the user) must also stay inside the registry's range."""
+    allowed = request.range()
+    if (
+        not locked.explicit
+        and allowed is not None
+        and not allowed.contains(locked.version, prereleases=True)
+    ):
+        raise HubError(
+            f"{what}: the lock file pins {request.repo} {locked.version}, outside the "
+            f"registry's range {allowed}; name the lock explicitly (lock=PATH or "
+            "$KERNEL_HUB_LOCK) to use it anyway, or re-run 'kernel-hub lock'"
+        )
+    return HubRequest(request.repo, revision=locked.commit, allowed=None)
+
+
+def _record_ref(repo: str, resolved: Resolved) -> None:
+    if resolved.ref != resolved.commit:
+        cache.write_ref(repo, resolved.ref, resolved.commit)
 
 
 def fetch_all_variants(
@@ -164,11 +231,13 @@ def fetch_all_variants(
     with contextlib.ExitStack() as held:
         for variant in variants:  # always in the same order: no two fetchers wait on each other
             held.enter_context(cache.variant_lock(repo, resolved.commit, variant))
-        download(api, repo, resolved, variants, what)
-        return {
+        download(repo, resolved, variants, locked, keys, what)
+        verified = {
             variant: verify_or_discard(repo, resolved, variant, locked, keys, what=what)[0]
             for variant in variants
         }
+        _record_ref(repo, resolved)
+        return verified
 
 
 def require_keys(repo: str, keys: PublisherKeys | None, what: str) -> PublisherKeys:
@@ -195,13 +264,17 @@ def verify_or_discard(
     """``verify_variant`` on the cached variant; on failure nothing of it stays in the cache."""
     path = cache.snapshot_dir(repo, resolved.commit) / "build" / variant
     try:
-        return verify_variant(path, variant, resolved.version, locked, repo=repo, keys=keys)
+        return verify_variant(path, variant, resolved, locked, repo=repo, keys=keys)
     except (IntegrityError, SourceError, OSError) as exc:  # OSError: a file vanished or unreadable
         cache.discard_variant(repo, resolved.commit, variant)
-        raise IntegrityError(
-            f"{what}: refusing {repo} build/{variant} at commit "
-            f"{resolved.commit[:12]}: {exc}. Nothing of it was kept in the cache."
-        ) from None
+        raise _refusal(repo, resolved, variant, exc, what) from None
+
+
+def _refusal(repo: str, resolved: Resolved, variant: str, exc: Exception, what: str):
+    return IntegrityError(
+        f"{what}: refusing {repo} build/{variant} at commit {resolved.commit[:12]}: {exc}. "
+        "Nothing of it was kept in the cache."
+    )
 
 
 def _select(available, platform: Platform, requested: str | None, what: str) -> Variant:
@@ -215,22 +288,16 @@ def resolve_online(api: HfApi, request: HubRequest, what: str) -> Resolved:
     versions, branches, tags = list_refs(api, request.repo)
     if request.spec is not None:
         version, commit = select_version(versions, request.spec, what=f"{what} ({request.repo})")
-        return Resolved(commit, tag_name(version), version)
+        return Resolved.of(commit, tag_name(version), request)
     revision = request.revision
     if COMMIT.match(revision):
-        return Resolved(revision, revision, None)
+        return Resolved.of(revision, revision, request)
     for refs in (tags, branches):
         if revision in refs:
-            return Resolved(refs[revision], revision, _tag_version(revision, versions, refs))
+            return Resolved.of(refs[revision], revision, request)
     raise HubError(
         f"{what}: {request.repo} has no branch or tag {revision!r}; branches: "
         f"{', '.join(sorted(branches)) or '(none)'}; tags: {', '.join(sorted(tags)) or '(none)'}"
-    )
-
-
-def _tag_version(ref: str, versions: dict[Version, str], refs: dict[str, str]) -> Version | None:
-    return next(
-        (v for v, commit in versions.items() if tag_name(v) == ref and refs[ref] == commit), None
     )
 
 
@@ -248,7 +315,7 @@ def resolve_offline(request: HubRequest, what: str) -> Resolved:
                 "Fetch it once online or unset HF_HUB_OFFLINE"
             )
         best = max(matching)
-        return Resolved(matching[best], tag_name(best), best)
+        return Resolved.of(matching[best], tag_name(best), request)
     revision = request.revision
     commit = revision if COMMIT.match(revision) else cache.cached_refs(repo).get(revision)
     if commit is None or not cache.cached_variants(repo, commit):
@@ -256,7 +323,7 @@ def resolve_offline(request: HubRequest, what: str) -> Resolved:
             f"{what}: {repo} revision {revision} is not in the cache; {offline_hint}. "
             "Fetch it once online or unset HF_HUB_OFFLINE"
         )
-    return Resolved(commit, revision, None)
+    return Resolved.of(commit, revision, request)
 
 
 def list_build(api: HfApi, repo: str, commit: str, what: str) -> list[str]:
@@ -267,7 +334,7 @@ def list_build(api: HfApi, repo: str, commit: str, what: str) -> list[str]:
         )
     variants = set()
     for entry in entries:
-        parts = check_relative_name(entry.path, f"{repo} build/").split("/")
+        parts = check_name(entry.path, f"{repo} build/").split("/")
         if parts[0] != "build" or len(parts) < 2:
             raise IntegrityError(f"{what}: refusing file name {entry.path!r}: it escapes build/")
         if len(parts) > 2:  # inside a variant folder (a loose file in build/ is no variant)
@@ -275,50 +342,129 @@ def list_build(api: HfApi, repo: str, commit: str, what: str) -> list[str]:
     return sorted(variants)
 
 
-def download(api: HfApi, repo: str, resolved: Resolved, variants: list[str], what: str) -> Path:
-    """``snapshot_download`` of ``build/<variant>/`` only; on failure nothing of it stays cached."""
+def download(
+    repo: str,
+    resolved: Resolved,
+    variants: list[str],
+    locked: LockedOp | None,
+    keys: PublisherKeys,
+    what: str,
+) -> None:
+    """Fetch the ``variants`` not in the cache yet into a private staging folder, verify each
+    there, and only then move them into the cache (see :func:`stage_variant`). Called under
+    their ``variant_lock``s; on any failure nothing of them is left anywhere."""
+    snapshot = cache.snapshot_dir(repo, resolved.commit)
+    missing = [
+        v
+        for v in variants
+        if not (snapshot / "build" / v).exists() and not (snapshot / "build" / v).is_symlink()
+    ]
+    if not missing:
+        return
+    with cache.staging(repo) as staged:
+        for variant in missing:
+            try:
+                stage_variant(repo, resolved, variant, staged, locked, keys, what)
+            except (IntegrityError, SourceError) as exc:
+                raise _refusal(repo, resolved, variant, exc, what) from None
+        for variant in missing:
+            cache.install_variant(repo, resolved.commit, staged, variant)
+
+
+def stage_variant(
+    repo: str,
+    resolved: Resolved,
+    variant: str,
+    staged: Path,
+    locked: LockedOp | None,
+    keys: PublisherKeys,
+    what: str,
+) -> None:
+    """Download one variant into ``staged`` (``build/<variant>/`` and its signature) and verify it.
+
+    Every name written comes from kernel-hub or the signed digest (checked), never from a
+    response header; metadata.json is parsed only after its signature verified; a file is
+    downloaded only if the signed digest lists it, and stops at its signed size.
+    """
+    commit, label = resolved.commit, f"build/{variant}"
+    where = f"{what}: downloading {repo} {resolved.ref}"
+    folder = staged / "build" / variant
+    signature_file = staged / signature_path(variant)
     try:
-        with hub_errors(f"{what}: downloading {repo} {resolved.ref}"):
-            path = Path(
-                api.snapshot_download(
-                    repo,
-                    repo_type=REPO_TYPE,
-                    revision=resolved.ref,
-                    cache_dir=settings.cache_dir(),
-                    allow_patterns=[
-                        pattern for v in variants for pattern in (f"build/{v}/*", signature_path(v))
-                    ],
-                    ignore_patterns=BYTECODE_PATTERNS,
-                )
-            )
-    except BaseException:
-        for variant in variants:
-            cache.discard_variant(repo, resolved.commit, variant)
-        raise
-    if path.name != resolved.commit:
-        raise HubError(
-            f"{what}: {repo} {resolved.ref} moved from {resolved.commit} to {path.name} "
-            "while fetching"
+        signature = fetch_bytes(
+            repo, commit, signature_path(variant), limit=MAX_SIGNATURE_BYTES, where=where
         )
-    return path
+    except MissingOnHub:
+        raise IntegrityError(
+            f"the build is not signed (the hub has no {signature_path(variant)})"
+        ) from None
+    metadata_bytes = fetch_bytes(
+        repo, commit, f"{label}/{METADATA_FILE}", limit=MAX_METADATA_BYTES, where=where
+    )
+    if locked is not None:  # the lock covers metadata.json: checked before anything else
+        pinned = locked.variants.get(variant, {}).get(METADATA_FILE)
+        if pinned is not None and pinned != _digest(metadata_bytes):
+            raise IntegrityError(
+                f"{label} does not match the lock; changed: {label}/{METADATA_FILE}"
+            )
+    verify_signature(
+        signature_file,
+        metadata_bytes,
+        repo=repo,
+        variant=variant,
+        keys=keys,
+        text=decode(signature_file, signature),
+    )
+    metadata = read_metadata(folder / METADATA_FILE, decode(folder, metadata_bytes))
+    total = len(metadata_bytes)
+    for name, digest in sorted(metadata.digest.items()):
+        if check_name(name, label) in UNDIGESTED:
+            raise IntegrityError(f"the digest lists {label}/{name}, which it cannot cover")
+        limit = metadata.sizes[name] if metadata.sizes is not None else MAX_FILE_BYTES
+        if total + limit > MAX_VARIANT_BYTES:
+            raise IntegrityError(f"{label} is larger than {MAX_VARIANT_BYTES} bytes")
+        total += fetch_file(
+            repo, commit, f"{label}/{name}", folder / name, limit=limit, digest=digest, where=where
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / METADATA_FILE).write_bytes(metadata_bytes)
+    signature_file.parent.mkdir(parents=True, exist_ok=True)
+    signature_file.write_bytes(signature)
+    verify_variant(folder, variant, resolved, locked, repo=repo, keys=keys)
+
+
+def read_capped(path: Path, limit: int) -> bytes:
+    """A file's bytes, refused (before anything parses them) when over ``limit``."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise IntegrityError(f"{path.name} is larger than {limit} bytes; not parsing it")
+    return data
 
 
 def verify_variant(
     path: Path,
     variant: str,
-    tag_version: Version | None,
+    resolved: Resolved,
     locked: LockedOp | None,
     *,
     repo: str,
     keys: PublisherKeys,
 ) -> tuple[BuildMetadata, str]:
-    """Check a variant folder before any of it is imported: only plain files (or the cache's own
+    """Check a variant folder before any of it is imported: only plain files (or an older cache's
     links to its blobs), the lock entry (if any), the signature over metadata.json by a pinned
-    key, then every file against the signed digest. Returns the metadata and the key's id."""
+    key, then every file against the signed digest, and the signed version against what was
+    asked for. metadata.json is read once: the bytes checked are the bytes parsed. Returns the
+    metadata and the key's id."""
     label = f"build/{variant}"
     if not path.is_dir():
         raise IntegrityError(f"{label} is not in the cache")
     check_tree_shape(path, label=label, links_into=cache.repo_cache_dir(repo) / "blobs")
+    metadata_file = path / METADATA_FILE
+    try:
+        metadata_bytes = read_capped(metadata_file, MAX_METADATA_BYTES)
+    except FileNotFoundError:
+        raise IntegrityError(f"{label}/{METADATA_FILE} is missing") from None
     if locked is not None:
         files = locked.variants.get(variant)
         if files is None:
@@ -327,19 +473,31 @@ def verify_variant(
                 f"(it has {', '.join(locked.variants)}); re-run 'kernel-hub lock'"
             )
         verify_tree(path, files, label=label)
-    metadata = read_metadata(path)
-    signed_by = verify_signature(
-        path.parent.parent, repo=repo, version=str(metadata.version), variant=variant, keys=keys
+        if files.get(METADATA_FILE) != _digest(metadata_bytes):
+            raise IntegrityError(f"{label} does not match its digest; changed: {metadata_file}")
+    verified = verify_signature(
+        path.parent.parent / signature_path(variant),
+        metadata_bytes,
+        repo=repo,
+        variant=variant,
+        keys=keys,
     )
+    metadata = read_metadata(metadata_file, decode(metadata_file, metadata_bytes))
+    if str(metadata.version) != verified.version:
+        raise IntegrityError(
+            f"{label}/metadata.json says version {metadata.version} but was signed as "
+            f"{verified.version}"
+        )
     verify_tree(path, metadata.digest, label=label)
     if metadata.variant != variant:
         raise IntegrityError(f"{label}/metadata.json describes variant {metadata.variant!r}")
-    if tag_version is not None and metadata.version != tag_version:
-        raise IntegrityError(
-            f"tag {tag_name(tag_version)} holds a build of version {metadata.version}"
-        )
+    resolved.check(metadata.version)
     if locked is not None and metadata.version != locked.version:
         raise IntegrityError(
             f"the lock pins version {locked.version} but the build is {metadata.version}"
         )
-    return metadata, signed_by
+    return metadata, verified.key
+
+
+def _digest(data: bytes) -> str:
+    return base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")

@@ -179,38 +179,54 @@ def read_signature(path: Path, text: str | None = None) -> Signature:
     return Signature(dict(signed), key, signature)
 
 
-def verify_signature(
-    snapshot: Path, *, repo: str, version: str, variant: str, keys: PublisherKeys
-) -> str:
-    """Check the signature of ``snapshot/build/<variant>`` before anything of it is imported;
-    returns the verifying key's id.
+@dataclass(frozen=True)
+class Verified:
+    key: str
+    """Id of the pinned key whose signature verified."""
+    version: str
+    """The version the publisher signed (the caller checks metadata.json says the same)."""
 
-    Refused: no or malformed signature, a key the registry does not pin for the publisher, a
-    revoked key, a signature that does not verify over this metadata.json for this repo, version
-    and variant. Messages name the repo, version, variant and key.
+
+def verify_signature(
+    signature_file: Path,
+    metadata: bytes,
+    *,
+    repo: str,
+    variant: str,
+    keys: PublisherKeys,
+    text: str | None = None,
+) -> Verified:
+    """Check the signature (``signature_file``, or its already-read ``text``) over these
+    ``metadata`` bytes, before they are parsed and before anything of the variant is imported.
+
+    The statement is rebuilt from the repo asked for, the variant and the bytes held; only the
+    version is taken from the signature's claim, and the caller refuses a metadata.json that says
+    another. Refused: no or malformed signature, a key the registry does not pin for the
+    publisher, a key revoked anywhere in the registry, a signature that does not verify.
+    Messages name the repo, version, variant and key.
     """
     ed25519, _ = _crypto()
     from cryptography.exceptions import InvalidSignature
 
-    what = f"{repo} {version} build/{variant}"
+    what = f"{repo} build/{variant}"
     try:
-        signature = read_signature(snapshot / signature_path(variant))
+        signature = read_signature(signature_file, text)
     except SourceError as exc:
         raise IntegrityError(f"{what}: {exc}") from None
+    version = signature.signed["version"]
+    what = f"{repo} {version} build/{variant}"
     revoked = {key_id(k) for k in keys.revoked}
     pinned = {key_id(k): k for k in keys.keys}
     where = keys.where()
     if signature.key in revoked:
         raise IntegrityError(
-            f"{what} is signed by key {signature.key}, which {where} lists as revoked for "
-            f"publisher {keys.publisher!r}"
+            f"{what} is signed by key {signature.key}, which {where} lists as revoked"
         )
     if signature.key not in pinned:
         raise IntegrityError(
             f"{what} is signed by key {signature.key}, which is not pinned for publisher "
             f"{keys.publisher!r} in {where} (pinned: {', '.join(sorted(pinned)) or 'none'})"
         )
-    metadata = (snapshot / "build" / variant / "metadata.json").read_bytes()
     expected = statement(repo, version, variant, metadata)
     public = ed25519.Ed25519PublicKey.from_public_bytes(key_bytes(pinned[signature.key]))
     try:
@@ -218,11 +234,11 @@ def verify_signature(
     except InvalidSignature:
         claimed = ", ".join(
             f"{k} {signature.signed[k]!r}"
-            for k in ("repo", "version", "variant")
+            for k in ("repo", "variant")
             if signature.signed.get(k) != expected[k]
         )
         detail = f"it was made for {claimed}" if claimed else "metadata.json is not what was signed"
         raise IntegrityError(
             f"{what}: the signature by key {signature.key} does not verify ({detail})"
         ) from None
-    return signature.key
+    return Verified(signature.key, version)
