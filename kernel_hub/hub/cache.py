@@ -114,6 +114,12 @@ def variant_lock(repo: str, commit: str, variant: str) -> Iterator[None]:
         yield
 
 
+def forget_ref(repo: str, ref: str, commit: str) -> None:
+    """Remove ``ref`` if it still names ``commit`` (a ref that led to the wrong build)."""
+    if cached_refs(repo).get(ref) == commit:
+        (repo_cache_dir(repo) / "refs" / ref).unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def staging(repo: str) -> Iterator[Path]:
     """A new private folder (mode 0700) on the cache's file system, removed on exit whatever

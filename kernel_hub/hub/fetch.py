@@ -261,13 +261,25 @@ def verify_or_discard(
     *,
     what: str,
 ) -> tuple[BuildMetadata, str]:
-    """``verify_variant`` on the cached variant; on failure nothing of it stays in the cache."""
+    """``verify_variant`` on the cached variant. A forged or damaged variant is removed from the
+    cache; a genuine one that is not what was asked for stays (another request may want it), and
+    the ref that led here to it is forgotten."""
     path = cache.snapshot_dir(repo, resolved.commit) / "build" / variant
     try:
-        return verify_variant(path, variant, resolved, locked, repo=repo, keys=keys)
+        metadata, key = verify_build(path, variant, repo=repo, keys=keys)
     except (IntegrityError, SourceError, OSError) as exc:  # OSError: a file vanished or unreadable
         cache.discard_variant(repo, resolved.commit, variant)
         raise _refusal(repo, resolved, variant, exc, what) from None
+    try:
+        check_wanted(path, variant, metadata, resolved, locked)
+    except IntegrityError as exc:
+        if resolved.ref != resolved.commit:
+            cache.forget_ref(repo, resolved.ref, resolved.commit)
+        raise IntegrityError(
+            f"{what}: refusing {repo} build/{variant} at commit {resolved.commit[:12]}: {exc}. "
+            "The build itself verified and stays in the cache for requests that want it."
+        ) from None
+    return metadata, key
 
 
 def _refusal(repo: str, resolved: Resolved, variant: str, exc: Exception, what: str):
@@ -451,11 +463,19 @@ def verify_variant(
     repo: str,
     keys: PublisherKeys,
 ) -> tuple[BuildMetadata, str]:
-    """Check a variant folder before any of it is imported: only plain files (or an older cache's
-    links to its blobs), the lock entry (if any), the signature over metadata.json by a pinned
-    key, then every file against the signed digest, and the signed version against what was
-    asked for. metadata.json is read once: the bytes checked are the bytes parsed. Returns the
-    metadata and the key's id."""
+    """:func:`verify_build`, then :func:`check_wanted`; returns the metadata and the key's id."""
+    metadata, key = verify_build(path, variant, repo=repo, keys=keys)
+    check_wanted(path, variant, metadata, resolved, locked)
+    return metadata, key
+
+
+def verify_build(
+    path: Path, variant: str, *, repo: str, keys: PublisherKeys
+) -> tuple[BuildMetadata, str]:
+    """Is this variant folder a genuine build, before any of it is imported: only plain files (or
+    an older cache's links to its blobs), the signature over metadata.json by a pinned key, every
+    file against the signed digest. metadata.json is read once: the bytes checked are the bytes
+    parsed. A folder that fails this is damaged or forged, and is discarded."""
     label = f"build/{variant}"
     if not path.is_dir():
         raise IntegrityError(f"{label} is not in the cache")
@@ -465,16 +485,6 @@ def verify_variant(
         metadata_bytes = read_capped(metadata_file, MAX_METADATA_BYTES)
     except FileNotFoundError:
         raise IntegrityError(f"{label}/{METADATA_FILE} is missing") from None
-    if locked is not None:
-        files = locked.variants.get(variant)
-        if files is None:
-            raise IntegrityError(
-                f"the lock has no digests for variant {variant} "
-                f"(it has {', '.join(locked.variants)}); re-run 'kernel-hub lock'"
-            )
-        verify_tree(path, files, label=label)
-        if files.get(METADATA_FILE) != _digest(metadata_bytes):
-            raise IntegrityError(f"{label} does not match its digest; changed: {metadata_file}")
     verified = verify_signature(
         path.parent.parent / signature_path(variant),
         metadata_bytes,
@@ -491,12 +501,34 @@ def verify_variant(
     verify_tree(path, metadata.digest, label=label)
     if metadata.variant != variant:
         raise IntegrityError(f"{label}/metadata.json describes variant {metadata.variant!r}")
+    return metadata, verified.key
+
+
+def check_wanted(
+    path: Path,
+    variant: str,
+    metadata: BuildMetadata,
+    resolved: Resolved,
+    locked: LockedOp | None,
+) -> None:
+    """Is a genuine build the one asked for: the signed version against the tag, branch or range,
+    and the lock's version and digests. A build that fails only this is valid (another request
+    may want it) and is never discarded for it."""
     resolved.check(metadata.version)
-    if locked is not None and metadata.version != locked.version:
+    if locked is None:
+        return
+    label = f"build/{variant}"
+    files = locked.variants.get(variant)
+    if files is None:
+        raise IntegrityError(
+            f"the lock has no digests for variant {variant} "
+            f"(it has {', '.join(locked.variants)}); re-run 'kernel-hub lock'"
+        )
+    verify_tree(path, files, label=label)
+    if metadata.version != locked.version:
         raise IntegrityError(
             f"the lock pins version {locked.version} but the build is {metadata.version}"
         )
-    return metadata, verified.key
 
 
 def _digest(data: bytes) -> str:

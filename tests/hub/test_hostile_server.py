@@ -8,20 +8,27 @@ still loads offline afterwards.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
+import yaml
 
-from kernel_hub.errors import KernelHubError
+from kernel_hub.errors import HubError, IntegrityError, KernelHubError
+from kernel_hub.hub import cache
+from kernel_hub.hub.locking import lock_registry
+from kernel_hub.hub.transfer import MAX_METADATA_BYTES
 from kernel_hub.loading.resolver import get_kernel
+from kernel_hub.registry.registry import load_registry
 
-from .hub_helpers import cache_dir
+from .hub_helpers import REPO, cache_dir, signed_registry
 
 MARK = b"kernel-hub-attacker-was-here"
 PAYLOAD = b"import os; os.environ['PWNED'] = '1'  # " + MARK + b"\n"
 API_FILE = "build/torch-cpu/rmsnorm/api.py"
 METADATA = "build/torch-cpu/metadata.json"
+REPO_CACHE = "kernels--kernel-hub--rmsnorm"
 
 
 @pytest.fixture
@@ -93,3 +100,259 @@ def test_a_forged_etag_writes_nothing_outside_the_cache(
     hub_env.lie = None
     assert not target.exists()
     assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+
+
+def _lie_on(hub, match, rewrite, times: int | None = None):
+    """Serve ``rewrite(status, body, headers)`` for requests whose path ``match``es; the rest
+    honestly. ``times``: only that many times, then honest again."""
+    seen = []
+
+    def lie(method, path, status, body, headers):
+        if method == "GET" and match(path) and (times is None or len(seen) < times):
+            seen.append(path)
+            return rewrite(status, body, headers)
+        return status, body, headers
+
+    hub.lie = lie
+    return seen
+
+
+def _json_lie(edit):
+    def rewrite(status, body, headers):
+        data = json.loads(body)
+        edit(data)
+        return status, json.dumps(data).encode(), headers
+
+    return rewrite
+
+
+def test_a_forged_commit_id_in_the_refs_names_nothing(
+    victim, publish, hub_env, tmp_path, monkeypatch
+):
+    publish("1.1.0")
+
+    def forge(refs):
+        for tag in refs["tags"]:
+            if tag["name"] == "v1.1.0":
+                tag["targetCommit"] = "../../../site-packages/evil"
+
+    _lie_on(hub_env, lambda p: p.endswith("/refs"), _json_lie(forge))
+    before = len(hub_env.downloads())
+    with pytest.raises(IntegrityError, match=r"'\.\./\.\./\.\./site-packages/evil'.*not a 40-hex"):
+        get_kernel("rmsnorm", version="1.1.0")
+    assert len(hub_env.downloads()) == before  # refused before any download
+    hub_env.lie = None
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["build/torch-cpu/rmsnorm/evil\x00.py", "build/torch-cpu/../../../site-packages/evil.pth"],
+)
+def test_a_forged_name_in_the_listing_is_a_clear_error(
+    victim, publish, hub_env, tmp_path, monkeypatch, name
+):
+    publish("1.1.0")
+
+    def forge(entries):
+        entries.append({"type": "file", "path": name, "size": len(PAYLOAD), "oid": "0" * 40})
+
+    _lie_on(hub_env, lambda p: "/tree/" in p, _json_lie(forge))
+    before = len(hub_env.downloads())
+    with pytest.raises(IntegrityError, match=r"refusing file name .*evil"):
+        get_kernel("rmsnorm", version="1.1.0")
+    assert len(hub_env.downloads()) == before
+    hub_env.lie = None
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+
+
+def test_an_undigested_file_beside_the_build_is_never_downloaded(
+    victim, publish, hub_env, tmp_path, monkeypatch
+):
+    new = publish("1.1.0")
+    hub_env.tamper(REPO, new.commit, "build/torch-cpu/rmsnorm/evil.py", PAYLOAD)
+    module = get_kernel("rmsnorm", version="1.1.0")  # the signed build, without the extra file
+    assert module.origin.commit == new.commit
+    assert hub_env.downloads("evil") == []
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+
+
+def test_a_file_larger_than_its_signed_size_is_cut_off(
+    victim, publish, hub_env, tmp_path, monkeypatch
+):
+    publish("1.1.0")
+    huge = PAYLOAD * 100_000  # ~6 MB, far over the signed size of api.py
+
+    def stream_more(status, body, headers):
+        return status, huge, {k: v for k, v in headers.items() if k != "Content-Length"}
+
+    _lie_on(hub_env, lambda p: _resolve_of(p, "rmsnorm/api.py"), stream_more)
+    with pytest.raises(
+        IntegrityError, match=r"changed: build/torch-cpu/rmsnorm/api\.py \(.*over \d+"
+    ):
+        get_kernel("rmsnorm", version="1.1.0")
+    hub_env.lie = None
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+
+
+def test_oversized_metadata_is_refused_before_it_is_parsed(
+    victim, publish, hub_env, tmp_path, monkeypatch
+):
+    publish("1.1.0")
+    parsed = []
+    real_loads = json.loads
+    monkeypatch.setattr(
+        json, "loads", lambda text, *a, **k: parsed.append(len(text)) or real_loads(text, *a, **k)
+    )
+    bloated = b'{"pad": "' + MARK * (2 * MAX_METADATA_BYTES // len(MARK)) + b'"}'
+    _lie_on(hub_env, lambda p: _resolve_of(p, METADATA), lambda s, b, h: (s, bloated, h))
+    with pytest.raises(IntegrityError, match=rf"changed: {METADATA} \(.*over {MAX_METADATA_BYTES}"):
+        get_kernel("rmsnorm", version="1.1.0")
+    assert all(n < MAX_METADATA_BYTES for n in parsed)  # nothing that large reached the parser
+    hub_env.lie = None
+    monkeypatch.setattr(json, "loads", real_loads)
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+
+
+# -- 2. the version is bound to every kind of request ---------------------------------------------
+
+
+def _registry(tmp_path, monkeypatch, keys, **entry) -> None:
+    """The test registry with the rmsnorm entry's fields replaced by ``entry``."""
+    (tmp_path / "reg").mkdir(exist_ok=True)
+    path = signed_registry(tmp_path / "reg", ["rmsnorm"], [keys["publisher"].public_key])
+    data = yaml.safe_load(path.read_text())
+    data["ops"]["rmsnorm"].update(entry)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(path))
+
+
+def test_a_moved_branch_cannot_roll_back_below_the_registry_range(
+    victim, publish, hub_env, tmp_path, monkeypatch, keys
+):
+    publish("1.1.0")
+    _registry(tmp_path, monkeypatch, keys, version=">=1.1,<2", revision="v1")
+    hub_env.store.set_ref("kernel", REPO, "branch", "v1", victim.commit, create=False)
+    with pytest.raises(IntegrityError, match=r"v1 holds version 1\.0\.0, outside .*>=1\.1"):
+        get_kernel("rmsnorm", source="hub")
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+
+
+def test_a_major_branch_cannot_hold_another_major_version(
+    victim, publish, hub_env, tmp_path, monkeypatch
+):
+    two = publish("2.0.0")
+    hub_env.store.set_ref("kernel", REPO, "branch", "v1", two.commit, create=False)
+    with pytest.raises(IntegrityError, match=r"v1 holds version 2\.0\.0, outside .*<2"):
+        get_kernel("rmsnorm", revision="v1")
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+
+
+def test_a_pinned_commit_relabelled_below_the_range_is_refused(
+    victim, publish, hub_env, tmp_path, monkeypatch, keys
+):
+    new = publish("1.1.0")
+    _registry(tmp_path, monkeypatch, keys, version=">=1.1,<2", commit=new.commit)
+    for path, data in hub_env.files(REPO, victim.commit).items():  # 1.0.0, validly signed
+        hub_env.tamper(REPO, new.commit, path, data)
+    with pytest.raises(IntegrityError, match=rf"{new.commit} holds version 1\.0\.0, outside"):
+        get_kernel("rmsnorm", source="hub")
+    assert not (cache_dir(tmp_path) / REPO_CACHE / "snapshots" / new.commit).exists()
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+
+
+def test_a_lock_in_the_working_directory_cannot_leave_the_registry_range(
+    victim, publish, hub_env, tmp_path, monkeypatch, keys
+):
+    lock_registry(load_registry(), tmp_path / "kernel-hub.lock")  # pins 1.0.0, in the cwd
+    publish("1.1.0")
+    _registry(tmp_path, monkeypatch, keys, version=">=1.1,<2")
+    before = len(hub_env.requests)
+    with pytest.raises(
+        HubError, match=r"pins kernel-hub/rmsnorm 1\.0\.0, outside .*>=1\.1.*explicit"
+    ):
+        get_kernel("rmsnorm")
+    assert len(hub_env.requests) == before  # refused before any request
+    named = get_kernel("rmsnorm", lock=tmp_path / "kernel-hub.lock")  # named: the user's choice
+    assert named.origin.commit == victim.commit
+    monkeypatch.setenv("KERNEL_HUB_LOCK", str(tmp_path / "kernel-hub.lock"))
+    assert get_kernel("rmsnorm").origin.commit == victim.commit
+
+
+def test_an_offline_tag_lookup_checks_the_version(victim, publish, hub_env, tmp_path, monkeypatch):
+    new = publish("1.1.0")
+    assert get_kernel("rmsnorm", version="1.1.0").origin.commit == new.commit
+    refs = cache_dir(tmp_path) / REPO_CACHE / "refs"
+    (refs / "v1.1.0").write_text(victim.commit)  # a poisoned ref in the cache
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(IntegrityError, match=r"tag v1\.1\.0 holds a build of version 1\.0\.0"):
+        get_kernel("rmsnorm", revision="v1.1.0")
+    assert "v1.1.0" not in cache.cached_refs(REPO)  # the poisoned ref is forgotten
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+
+
+# -- 3. refusals clean only what is theirs ---------------------------------------------------------
+
+
+def test_a_refused_build_leaves_no_ref_and_a_genuine_refetch_works(
+    victim, publish, hub_env, tmp_path, monkeypatch
+):
+    new = publish("1.1.0")
+    lies = _lie_on(
+        hub_env,
+        lambda p: _resolve_of(p, "rmsnorm/api.py"),
+        lambda s, b, h: (s, PAYLOAD, h),
+        times=1,
+    )
+    with pytest.raises(IntegrityError, match=r"changed: build/torch-cpu/rmsnorm/api\.py"):
+        get_kernel("rmsnorm", version="1.1.0")
+    assert len(lies) == 1
+    repo_cache = cache_dir(tmp_path) / REPO_CACHE
+    assert "v1.1.0" not in cache.cached_refs(REPO)
+    assert not (repo_cache / "snapshots" / new.commit).exists()
+    assert not (repo_cache / ".staging").exists()
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+    # the hub answers honestly again: no manual cleanup needed
+    assert get_kernel("rmsnorm", version="1.1.0").origin.commit == new.commit
+    assert cache.cached_refs(REPO)["v1.1.0"] == new.commit
+
+
+def test_discarding_an_older_cache_layout_keeps_blobs_others_link_to(hub_env, tmp_path):
+    """Caches written through snapshot_download link files to blobs/<etag>; refusing one snapshot
+    removes only the blobs no other snapshot links to."""
+    repo_cache = cache_dir(tmp_path) / REPO_CACHE
+    blobs = repo_cache / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / "shared").write_bytes(b"shared")
+    (blobs / "own").write_bytes(b"own")
+    good, bad = ("a" * 40, "b" * 40)
+    for commit, names in ((good, ["shared"]), (bad, ["shared", "own"])):
+        folder = repo_cache / "snapshots" / commit / "build" / "torch-cpu"
+        folder.mkdir(parents=True)
+        for name in names:
+            (folder / f"{name}.py").symlink_to(blobs / name)
+        cache.write_ref(REPO, f"ref-{commit[0]}", commit)
+    cache.discard_variant(REPO, bad, "torch-cpu")
+    assert sorted(p.name for p in blobs.iterdir()) == ["shared"]
+    assert (repo_cache / "snapshots" / good / "build" / "torch-cpu" / "shared.py").read_bytes()
+    assert cache.cached_refs(REPO) == {"ref-a": good}
+
+
+# -- 5. limits and scope --------------------------------------------------------------------------
+
+
+def test_an_org_revocation_reaches_a_repo_level_entry(
+    victim, publish, hub_env, tmp_path, monkeypatch, keys
+):
+    path = signed_registry(
+        tmp_path, ["rmsnorm"], [keys["rotated"].public_key], [keys["publisher"].public_key]
+    )
+    data = yaml.safe_load(path.read_text())
+    data["publishers"][REPO] = {"keys": [keys["publisher"].public_key]}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(path))
+    publish("1.1.0")
+    with pytest.raises(IntegrityError, match=r"signed by key .* lists as revoked"):
+        get_kernel("rmsnorm", version="1.1.0")
+    assert attacker_files(tmp_path) == []
