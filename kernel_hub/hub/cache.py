@@ -16,11 +16,13 @@ blobs no other snapshot links to.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +37,8 @@ from .signing import signature_path
 from .versions import version_of_tag
 
 STAGING = ".staging"
+_private: tuple[int, Path] | None = None
+_private_lock = threading.Lock()
 _REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*$")
 
 
@@ -112,6 +116,37 @@ def variant_lock(repo: str, commit: str, variant: str) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(path):
         yield
+
+
+def verified_copy_dir(repo: str, commit: str, variant: str, metadata_digest: str) -> Path:
+    """Where this process keeps its private copy of a verified variant, to import from.
+
+    The copy is written from the very bytes that were hashed (:func:`.digests.hash_tree`), in a
+    folder only this user can write, removed when the process exits; so what is imported is what
+    was verified, whoever can write the shared cache. ``metadata_digest`` (hex) keys it to the
+    exact build.
+    """
+    global _private
+    with _private_lock:
+        if _private is None or _private[0] != os.getpid() or not _private[1].is_dir():
+            root = Path(tempfile.mkdtemp(prefix="kernel-hub-verified-"))
+            _private = (os.getpid(), root)
+            atexit.register(_remove_private, os.getpid(), root)
+        root = _private[1]
+    return (
+        root
+        / metadata_digest[:32]
+        / repo_cache_dir(repo).name
+        / "snapshots"
+        / commit
+        / "build"
+        / variant
+    )
+
+
+def _remove_private(pid: int, root: Path) -> None:
+    if os.getpid() == pid:  # not in a forked child that inherited the handler
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def forget_ref(repo: str, ref: str, commit: str) -> None:

@@ -18,6 +18,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,7 +36,7 @@ from kernel_hub.registry.registry import OpEntry
 
 from . import cache, settings
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
-from .digests import METADATA_FILE, UNDIGESTED, check_tree_shape, verify_tree
+from .digests import METADATA_FILE, UNDIGESTED, check_tree_shape, compare_digests, hash_tree
 from .json_source import decode
 from .lockfile import COMMIT, LockedOp
 from .metadata import BuildMetadata, read_metadata
@@ -140,6 +144,8 @@ class HubBuild:
     metadata: BuildMetadata
     signed_by: str
     """Id of the pinned key whose signature verified."""
+    verified_copy: Path
+    """This process's private copy of the verified bytes: import from here, not from ``path``."""
 
     @property
     def version(self) -> Version:
@@ -186,12 +192,12 @@ def fetch_build(
     with cache.variant_lock(request.repo, resolved.commit, chosen.name):
         if api is not None:
             download(request.repo, resolved, [chosen.name], locked, keys, what)
-        metadata, signed_by = verify_or_discard(
-            request.repo, resolved, chosen.name, locked, keys, what=what
+        metadata, signed_by, copy = verify_or_discard(
+            request.repo, resolved, chosen.name, locked, keys, what=what, copy=True
         )
         if api is not None:
             _record_ref(request.repo, resolved)
-    return HubBuild(request.repo, resolved.commit, chosen.name, path, metadata, signed_by)
+    return HubBuild(request.repo, resolved.commit, chosen.name, path, metadata, signed_by, copy)
 
 
 def _locked_request(request: HubRequest, locked: LockedOp, what: str) -> HubRequest:
@@ -260,18 +266,20 @@ def verify_or_discard(
     keys: PublisherKeys,
     *,
     what: str,
-) -> tuple[BuildMetadata, str]:
-    """``verify_variant`` on the cached variant. A forged or damaged variant is removed from the
-    cache; a genuine one that is not what was asked for stays (another request may want it), and
-    the ref that led here to it is forgotten."""
+    copy: bool = False,
+) -> tuple[BuildMetadata, str, Path | None]:
+    """``verify_variant`` on the cached variant (``copy``: also make this process's private copy
+    to import from). A forged or damaged variant is removed from the cache; a genuine one that is
+    not what was asked for stays (another request may want it), and the ref that led here to it
+    is forgotten. Returns the metadata, the key's id and the private copy."""
     path = cache.snapshot_dir(repo, resolved.commit) / "build" / variant
     try:
-        metadata, key = verify_build(path, variant, repo=repo, keys=keys)
+        build = verify_build(path, variant, repo=repo, keys=keys, copy=copy)
     except (IntegrityError, SourceError, OSError) as exc:  # OSError: a file vanished or unreadable
         cache.discard_variant(repo, resolved.commit, variant)
         raise _refusal(repo, resolved, variant, exc, what) from None
     try:
-        check_wanted(path, variant, metadata, resolved, locked)
+        check_wanted(variant, build, resolved, locked)
     except IntegrityError as exc:
         if resolved.ref != resolved.commit:
             cache.forget_ref(repo, resolved.ref, resolved.commit)
@@ -279,7 +287,7 @@ def verify_or_discard(
             f"{what}: refusing {repo} build/{variant} at commit {resolved.commit[:12]}: {exc}. "
             "The build itself verified and stays in the cache for requests that want it."
         ) from None
-    return metadata, key
+    return build.metadata, build.key, build.copy
 
 
 def _refusal(repo: str, resolved: Resolved, variant: str, exc: Exception, what: str):
@@ -464,18 +472,28 @@ def verify_variant(
     keys: PublisherKeys,
 ) -> tuple[BuildMetadata, str]:
     """:func:`verify_build`, then :func:`check_wanted`; returns the metadata and the key's id."""
-    metadata, key = verify_build(path, variant, repo=repo, keys=keys)
-    check_wanted(path, variant, metadata, resolved, locked)
-    return metadata, key
+    build = verify_build(path, variant, repo=repo, keys=keys)
+    check_wanted(variant, build, resolved, locked)
+    return build.metadata, build.key
+
+
+@dataclass(frozen=True)
+class VerifiedBuild:
+    metadata: BuildMetadata
+    key: str
+    digests: dict[str, str]
+    """Every file's digest (metadata.json included), from the one read that was checked."""
+    copy: Path | None
 
 
 def verify_build(
-    path: Path, variant: str, *, repo: str, keys: PublisherKeys
-) -> tuple[BuildMetadata, str]:
+    path: Path, variant: str, *, repo: str, keys: PublisherKeys, copy: bool = False
+) -> VerifiedBuild:
     """Is this variant folder a genuine build, before any of it is imported: only plain files (or
     an older cache's links to its blobs), the signature over metadata.json by a pinned key, every
-    file against the signed digest. metadata.json is read once: the bytes checked are the bytes
-    parsed. A folder that fails this is damaged or forged, and is discarded."""
+    file against the signed digest. Each file is read once: the bytes hashed are the bytes parsed
+    (metadata.json) and, with ``copy``, the bytes written to this process's private copy, which
+    is what gets imported. A folder that fails this is damaged or forged, and is discarded."""
     label = f"build/{variant}"
     if not path.is_dir():
         raise IntegrityError(f"{label} is not in the cache")
@@ -498,36 +516,59 @@ def verify_build(
             f"{label}/metadata.json says version {metadata.version} but was signed as "
             f"{verified.version}"
         )
-    verify_tree(path, metadata.digest, label=label)
     if metadata.variant != variant:
         raise IntegrityError(f"{label}/metadata.json describes variant {metadata.variant!r}")
-    return metadata, verified.key
+    target = None
+    if copy:
+        digest_hex = hashlib.sha256(metadata_bytes).hexdigest()
+        target = cache.verified_copy_dir(repo, path.parent.parent.name, variant, digest_hex)
+    digests = _hash_and_copy(path, target, metadata.digest, metadata_bytes, label)
+    return VerifiedBuild(metadata, verified.key, digests, target)
+
+
+def _hash_and_copy(
+    path: Path, target: Path | None, signed: Mapping[str, str], metadata: bytes, label: str
+) -> dict[str, str]:
+    """Hash every file of ``path`` once (writing those bytes to ``target`` unless this process
+    already holds that copy) and compare with the signed digests."""
+    staged = None
+    if target is not None and not target.is_dir():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=".copy-", dir=target.parent))
+    try:
+        digests = hash_tree(path, with_metadata=True, copy_to=staged)
+        if digests.get(METADATA_FILE) != _digest(metadata):
+            raise IntegrityError(f"{label}/{METADATA_FILE} changed while it was being verified")
+        compare_digests(digests, signed, label=label)
+        if staged is not None:
+            with contextlib.suppress(OSError):  # another thread made the same copy first
+                os.rename(staged, target)
+    finally:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+    return digests
 
 
 def check_wanted(
-    path: Path,
-    variant: str,
-    metadata: BuildMetadata,
-    resolved: Resolved,
-    locked: LockedOp | None,
+    variant: str, build: VerifiedBuild, resolved: Resolved, locked: LockedOp | None
 ) -> None:
     """Is a genuine build the one asked for: the signed version against the tag, branch or range,
-    and the lock's version and digests. A build that fails only this is valid (another request
-    may want it) and is never discarded for it."""
-    resolved.check(metadata.version)
+    and the lock's version and digests (compared with the digests of the one read that was
+    verified). A build that fails only this is valid (another request may want it) and is never
+    discarded for it."""
+    resolved.check(build.metadata.version)
     if locked is None:
         return
-    label = f"build/{variant}"
     files = locked.variants.get(variant)
     if files is None:
         raise IntegrityError(
             f"the lock has no digests for variant {variant} "
             f"(it has {', '.join(locked.variants)}); re-run 'kernel-hub lock'"
         )
-    verify_tree(path, files, label=label)
-    if metadata.version != locked.version:
+    compare_digests(build.digests, files, label=f"build/{variant}")
+    if build.metadata.version != locked.version:
         raise IntegrityError(
-            f"the lock pins version {locked.version} but the build is {metadata.version}"
+            f"the lock pins version {locked.version} but the build is {build.metadata.version}"
         )
 
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from kernel_hub.errors import HubError, IntegrityError, KernelHubError
-from kernel_hub.hub import cache
+from kernel_hub.hub import cache, fetch
 from kernel_hub.hub.locking import lock_registry
 from kernel_hub.hub.transfer import MAX_METADATA_BYTES
 from kernel_hub.loading.resolver import get_kernel
@@ -337,6 +337,32 @@ def test_discarding_an_older_cache_layout_keeps_blobs_others_link_to(hub_env, tm
     assert sorted(p.name for p in blobs.iterdir()) == ["shared"]
     assert (repo_cache / "snapshots" / good / "build" / "torch-cpu" / "shared.py").read_bytes()
     assert cache.cached_refs(REPO) == {"ref-a": good}
+
+
+# -- 4. one read ----------------------------------------------------------------------------------
+
+
+def test_the_bytes_imported_are_the_bytes_verified(victim, publish, hub_env, tmp_path, monkeypatch):
+    """A local attacker who swaps a cached file right after it was verified does not get it
+    imported: the import reads this process's private copy of the verified bytes."""
+    new = publish("1.1.0")
+    real_hash_tree = fetch.hash_tree
+
+    def swap_after_hashing(root, **kwargs):
+        digests = real_hash_tree(root, **kwargs)
+        if kwargs.get("copy_to") is not None and "snapshots" in Path(root).parts:
+            (Path(root) / "rmsnorm" / "api.py").write_bytes(PAYLOAD)
+        return digests
+
+    monkeypatch.setattr(fetch, "hash_tree", swap_after_hashing)
+    monkeypatch.delenv("PWNED", raising=False)
+    module = get_kernel("rmsnorm", version="1.1.0")
+    assert module.origin.commit == new.commit and "PWNED" not in os.environ
+    assert MARK not in (Path(module.__file__).parent / "api.py").read_bytes()
+    monkeypatch.setattr(fetch, "hash_tree", real_hash_tree)
+    with pytest.raises(IntegrityError, match=r"changed: build/torch-cpu/rmsnorm/api\.py"):
+        get_kernel("rmsnorm", version="1.1.0")  # the next load sees the swap, and discards it
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
 
 
 # -- 5. limits and scope --------------------------------------------------------------------------
