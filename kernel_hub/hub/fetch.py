@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -34,7 +35,7 @@ from kernel_hub.platform import Platform
 from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry
 
-from . import cache, settings
+from . import cache, index, settings
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
 from .digests import METADATA_FILE, UNDIGESTED, check_tree_shape, compare_digests, hash_tree
 from .json_source import decode
@@ -125,7 +126,10 @@ class Resolved:
     def check(self, version: Version) -> None:
         """Refuse a signed ``version`` other than what the tag, branch or range asked for."""
         if self.version is not None and version != self.version:
-            raise IntegrityError(f"tag {self.ref} holds a build of version {version}")
+            kind = "tag " if version_of_tag(self.ref) == self.version else ""
+            raise IntegrityError(
+                f"{kind}{self.ref} holds a build of version {version}, not {self.version}"
+            )
         if self.allowed is not None and not self.allowed.contains(version, prereleases=True):
             raise IntegrityError(
                 f"{self.ref} holds version {version}, outside the versions asked for "
@@ -178,13 +182,17 @@ def fetch_build(
     requested_variant = variant or settings.variant_override()
     api = None
     if settings.offline():
-        resolved = resolve_offline(request, what)
+        resolved = bind_to_index(
+            request.repo, resolve_offline(request, what), request, keys, False, what
+        )
         chosen = _select(
             cache.cached_variants(request.repo, resolved.commit), platform, requested_variant, what
         )
     else:
         api = hub_api()
-        resolved = resolve_online(api, request, what)
+        resolved = bind_to_index(
+            request.repo, resolve_online(api, request, what), request, keys, True, what
+        )
         listing = list_build(api, request.repo, resolved.commit, what)
         chosen = _select(listing, platform, requested_variant, what)
     path = cache.snapshot_dir(request.repo, resolved.commit) / "build" / chosen.name
@@ -217,6 +225,48 @@ def _locked_request(request: HubRequest, locked: LockedOp, what: str) -> HubRequ
     return HubRequest(request.repo, revision=locked.commit, allowed=None)
 
 
+def bind_to_index(
+    repo: str,
+    resolved: Resolved,
+    request: HubRequest | None,
+    keys: PublisherKeys,
+    online: bool,
+    what: str,
+) -> Resolved:
+    """When the registry requires the publisher's signed index (``index: true``): the commit
+    must be listed there, and the build is bound to the listed version; online, a range or
+    ``vN`` branch ``request`` must have resolved to the newest listed version that fits (a hub
+    hiding newer versions is caught). Offline, the cache cannot be frozen by a hub, so an older
+    cached version in range stays loadable until the index expires."""
+    if not keys.index:
+        return resolved
+    org = repo.split("/", 1)[0]
+    signed = index.current_index(org, keys, online=online, what=what)
+    listed = signed.kernels.get(repo, {})
+    version = next((v for v, commit in listed.items() if commit == resolved.commit), None)
+    where = f"{what}: {resolved.ref} is commit {resolved.commit[:12]}"
+    if version is None:
+        raise IntegrityError(f"{where}, which {signed.describe()} does not list")
+    if resolved.version is not None and resolved.version != version:
+        raise IntegrityError(f"{where}, which {signed.describe()} lists as version {version}")
+    newest_wanted = request is not None and (
+        request.spec is not None or major_of_branch(resolved.ref) is not None
+    )
+    if online and newest_wanted:
+        fitting = [
+            v
+            for v in listed
+            if resolved.allowed is None or resolved.allowed.contains(v, prereleases=True)
+        ]
+        if max(fitting) != version:
+            raise IntegrityError(
+                f"{what}: the hub resolved {resolved.ref} to {version}, but {signed.describe()} "
+                f"lists {max(fitting)} as the newest in {resolved.allowed}: the hub is frozen "
+                "or rolled back"
+            )
+    return dataclasses.replace(resolved, version=version)
+
+
 def _record_ref(repo: str, resolved: Resolved) -> None:
     if resolved.ref != resolved.commit:
         cache.write_ref(repo, resolved.ref, resolved.commit)
@@ -231,6 +281,7 @@ def fetch_all_variants(
     locked: LockedOp | None = None,
 ) -> dict[str, BuildMetadata]:
     """Download and verify every variant of a resolved commit (for locks and mirrors)."""
+    resolved = bind_to_index(repo, resolved, None, keys, True, what)
     variants = sorted(list_build(api, repo, resolved.commit, what))
     if not variants:
         raise HubError(f"{what}: {repo} at {resolved.commit[:12]} has no build/<variant>/ folders")

@@ -8,16 +8,17 @@ versions are immutable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.version import Version
 
 from kernel_hub.errors import HubError
-from kernel_hub.registry.publisher_keys import key_id
+from kernel_hub.registry.publisher_keys import PublisherKeys, key_id
 
 from .build import Build, build_kernel
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
+from .index import publish_index
 from .signing import SIGNATURE_DIR, SigningKey, signature_path
 from .versions import branch_name, tag_name
 
@@ -42,9 +43,14 @@ def publish_kernel(
     sign_key: str | Path | None,
     build_dir: str | Path | None = None,
     token: str | bool | None = None,
+    index: PublisherKeys | None = None,
 ) -> Published:
     """Build, sign each variant with ``sign_key`` (a ``kernel-hub keygen`` private key; None
-    publishes unsigned builds, which kernel-hub refuses to load) and upload."""
+    publishes unsigned builds, which kernel-hub refuses to load) and upload. ``index``: also add
+    the version to the publisher's signed index (:mod:`.index`), whose current state must verify
+    against these keys (the registry's for the org; ``sign_key`` is always accepted)."""
+    if index is not None and sign_key is None:
+        raise HubError("the publisher's index can only be updated with --sign-key")
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise HubError(f"--repo must be 'org/name', got {repo!r}")
     key = SigningKey(sign_key) if sign_key is not None else None
@@ -84,6 +90,10 @@ def publish_kernel(
             if branch in branches:
                 api.delete_branch(repo, branch=branch, repo_type=REPO_TYPE)
             api.create_branch(repo, branch=branch, revision=commit, repo_type=REPO_TYPE)
+    if index is not None:
+        org = repo.split("/", 1)[0]
+        trusted = replace(index, keys=(*index.keys, key.public_key))
+        publish_index(org, key, trusted, add={repo: (version, commit)}, token=token)
     return Published(
         repo, version, commit, tag, branch, build, key_id(key.public_key) if key else None
     )

@@ -111,6 +111,11 @@ class SigningKey:
             )
         )
 
+    def sign_statement(self, signed: dict[str, str]) -> tuple[str, str]:
+        """(key id, base64 signature) over the canonical form of ``signed``."""
+        signature = self._key.sign(_canonical(signed))
+        return key_id(self.public_key), base64.b64encode(signature).decode("ascii")
+
     def sign_variant(self, folder: Path, repo: str, version: str, variant: str) -> bytes:
         """The signature file (``signature_path(variant)``) for the variant in ``folder``."""
         signed = statement(repo, version, variant, (folder / "metadata.json").read_bytes())
@@ -205,40 +210,52 @@ def verify_signature(
     publisher, a key revoked anywhere in the registry, a signature that does not verify.
     Messages name the repo, version, variant and key.
     """
-    ed25519, _ = _crypto()
-    from cryptography.exceptions import InvalidSignature
-
     what = f"{repo} build/{variant}"
     try:
         signature = read_signature(signature_file, text)
     except SourceError as exc:
         raise IntegrityError(f"{what}: {exc}") from None
     version = signature.signed["version"]
+    expected = statement(repo, version, variant, metadata)
+    claimed = ", ".join(
+        f"{k} {signature.signed[k]!r}"
+        for k in ("repo", "variant")
+        if signature.signed.get(k) != expected[k]
+    )
+    detail = f"it was made for {claimed}" if claimed else "metadata.json is not what was signed"
     what = f"{repo} {version} build/{variant}"
+    verify_statement(expected, signature.key, signature.signature, keys, what=what, detail=detail)
+    return Verified(signature.key, version)
+
+
+def verify_statement(
+    signed: dict[str, str],
+    key: str,
+    signature: bytes,
+    keys: PublisherKeys,
+    *,
+    what: str,
+    detail: str = "it is not what was signed",
+) -> None:
+    """``signature`` by key id ``key`` over ``signed``, by a key pinned for the publisher and not
+    revoked; an ``IntegrityError`` starting with ``what`` otherwise."""
+    ed25519, _ = _crypto()
+    from cryptography.exceptions import InvalidSignature
+
     revoked = {key_id(k) for k in keys.revoked}
     pinned = {key_id(k): k for k in keys.keys}
     where = keys.where()
-    if signature.key in revoked:
+    if key in revoked:
+        raise IntegrityError(f"{what} is signed by key {key}, which {where} lists as revoked")
+    if key not in pinned:
         raise IntegrityError(
-            f"{what} is signed by key {signature.key}, which {where} lists as revoked"
-        )
-    if signature.key not in pinned:
-        raise IntegrityError(
-            f"{what} is signed by key {signature.key}, which is not pinned for publisher "
+            f"{what} is signed by key {key}, which is not pinned for publisher "
             f"{keys.publisher!r} in {where} (pinned: {', '.join(sorted(pinned)) or 'none'})"
         )
-    expected = statement(repo, version, variant, metadata)
-    public = ed25519.Ed25519PublicKey.from_public_bytes(key_bytes(pinned[signature.key]))
+    public = ed25519.Ed25519PublicKey.from_public_bytes(key_bytes(pinned[key]))
     try:
-        public.verify(signature.signature, _canonical(expected))
+        public.verify(signature, _canonical(signed))
     except InvalidSignature:
-        claimed = ", ".join(
-            f"{k} {signature.signed[k]!r}"
-            for k in ("repo", "variant")
-            if signature.signed.get(k) != expected[k]
-        )
-        detail = f"it was made for {claimed}" if claimed else "metadata.json is not what was signed"
         raise IntegrityError(
-            f"{what}: the signature by key {signature.key} does not verify ({detail})"
+            f"{what}: the signature by key {key} does not verify ({detail})"
         ) from None
-    return Verified(signature.key, version)

@@ -4,6 +4,7 @@
       kernel-hub:                      # a hub organisation, or one repo as 'org/name'
         keys: [ed25519:BASE64...]      # builds signed by any of these are accepted (rotation)
         revoked: [ed25519:BASE64...]   # builds signed by these are refused, cached ones too
+        index: true                    # require the publisher's signed, expiring index
 
 A key is written ``ed25519:`` + the base64 of its 32 raw bytes (what ``kernel-hub keygen``
 prints). Only the text form is checked here; :mod:`kernel_hub.hub.signing` does the cryptography.
@@ -25,7 +26,7 @@ from .yaml_source import FieldReader, line_of
 
 KEY_PREFIX = "ed25519:"
 KEY_BYTES = 32
-_FIELDS = {"keys", "revoked"}
+_FIELDS = {"keys", "revoked", "index"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class PublisherKeys:
     revoked: tuple[str, ...] = ()
     source: str = ""
     line: int | None = None
+    index: bool = False
+    """Loads must check the publisher's signed, expiring index (kernel_hub.hub.index)."""
 
     def where(self) -> str:
         return f"{self.source}:{self.line}" if self.line else self.source
@@ -93,7 +96,8 @@ def parse_publishers(path: Path, node: Any, line: int | None = None) -> dict[str
         both = sorted(set(keys) & set(revoked))
         if both:
             raise fields.error("revoked", f"key {key_id(both[0])} is both pinned and revoked")
-        publishers[name] = PublisherKeys(name, keys, revoked, str(path), line)
+        index = fields.get("index", bool, False)
+        publishers[name] = PublisherKeys(name, keys, revoked, str(path), line, index)
     return publishers
 
 
@@ -110,4 +114,5 @@ def keys_for(publishers: Mapping[str, PublisherKeys], repo: str) -> PublisherKey
     if entry is None:
         return None
     revoked = tuple(dict.fromkeys(k for p in publishers.values() for k in p.revoked))
-    return replace(entry, revoked=revoked)
+    org = publishers.get(repo.split("/", 1)[0])
+    return replace(entry, revoked=revoked, index=entry.index or (org is not None and org.index))

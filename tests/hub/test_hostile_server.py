@@ -8,6 +8,7 @@ still loads offline afterwards.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 from pathlib import Path
@@ -15,14 +16,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kernel_hub.cli import main
 from kernel_hub.errors import HubError, IntegrityError, KernelHubError
-from kernel_hub.hub import cache, fetch
+from kernel_hub.hub import cache, fetch, index
 from kernel_hub.hub.locking import lock_registry
 from kernel_hub.hub.transfer import MAX_METADATA_BYTES
 from kernel_hub.loading.resolver import get_kernel
 from kernel_hub.registry.registry import load_registry
 
 from .hub_helpers import REPO, cache_dir, signed_registry
+from .hub_server import Fault
 
 MARK = b"kernel-hub-attacker-was-here"
 PAYLOAD = b"import os; os.environ['PWNED'] = '1'  # " + MARK + b"\n"
@@ -382,3 +385,125 @@ def test_an_org_revocation_reaches_a_repo_level_entry(
     with pytest.raises(IntegrityError, match=r"signed by key .* lists as revoked"):
         get_kernel("rmsnorm", version="1.1.0")
     assert attacker_files(tmp_path) == []
+
+
+# -- 6. freshness: the publisher's signed, expiring index ----------------------------------------
+
+
+def _require_index(tmp_path, monkeypatch, keys, **entry) -> Path:
+    (tmp_path / "reg").mkdir(exist_ok=True)
+    path = signed_registry(tmp_path / "reg", ["rmsnorm"], [keys["publisher"].public_key])
+    data = yaml.safe_load(path.read_text())
+    data["publishers"]["kernel-hub"]["index"] = True
+    data["ops"]["rmsnorm"].update(entry)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    monkeypatch.setenv("KERNEL_HUB_REGISTRY", str(path))
+    return path
+
+
+@pytest.fixture
+def indexed(publish, hub_env, tmp_path, monkeypatch, keys):
+    """As ``victim``, with 1.0.0 in the publisher's signed index and the registry requiring it."""
+    (tmp_path / "home").mkdir()
+    (tmp_path / "site-packages").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    _require_index(tmp_path, monkeypatch, keys)
+    good = publish("1.0.0", index=True)
+    assert get_kernel("rmsnorm", version="1.0.0").origin.commit == good.commit
+    return good
+
+
+def test_a_hub_hiding_the_newest_version_is_detected(
+    indexed, publish, hub_env, tmp_path, monkeypatch
+):
+    new = publish("1.1.0", index=True)
+    hub_env.store.set_ref("kernel", REPO, "tag", "v1.1.0", None, create=False)  # frozen at 1.0.0
+    hub_env.store.set_ref("kernel", REPO, "branch", "v1", indexed.commit, create=False)
+    for request in ({"version": ">=1,<2"}, {"revision": "v1"}):
+        with pytest.raises(IntegrityError, match=r"lists 1\.1\.0 as the newest .*frozen or rolled"):
+            get_kernel("rmsnorm", **request)
+    hub_env.store.set_ref("kernel", REPO, "tag", "v1.1.0", new.commit, create=True)
+    hub_env.store.set_ref("kernel", REPO, "branch", "v1", new.commit, create=False)
+    assert get_kernel("rmsnorm", version=">=1,<2").origin.commit == new.commit
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, indexed)
+
+
+def test_a_commit_relabelled_inside_the_range_is_refused(
+    indexed, publish, hub_env, tmp_path, monkeypatch, keys
+):
+    new = publish("1.1.0", index=True)
+    _require_index(tmp_path, monkeypatch, keys, commit=new.commit)  # range >=1.0,<2 fits both
+    for path, data in hub_env.files(REPO, indexed.commit).items():
+        hub_env.tamper(REPO, new.commit, path, data)  # 1.0.0, validly signed, as that commit
+    with pytest.raises(
+        IntegrityError, match=rf"{new.commit} holds a build of version 1\.0\.0, not 1\.1\.0"
+    ):
+        get_kernel("rmsnorm", source="hub")
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, indexed)
+
+
+def test_an_unlisted_commit_and_a_missing_index_are_refused(
+    indexed, publish, hub_env, tmp_path, monkeypatch
+):
+    unlisted = publish("1.1.0")  # published without updating the index
+    with pytest.raises(
+        IntegrityError, match=rf"commit {unlisted.commit[:12]}, which .* does not list"
+    ):
+        get_kernel("rmsnorm", revision=unlisted.commit)
+    hub_env.inject_fault(
+        Fault("GET", r"kernel-hub-index/refs$", 404, headers={"X-Error-Code": "RepoNotFound"})
+    )
+    with pytest.raises(
+        IntegrityError, match=r"requires kernel-hub's signed index, but .* serves none"
+    ):
+        get_kernel("rmsnorm", version="1.0.0")
+    hub_env.faults.clear()
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, indexed)
+
+
+def test_a_rolled_back_index_is_refused(indexed, publish, hub_env, tmp_path, monkeypatch):
+    first = hub_env.branches("kernel-hub/kernel-hub-index")["main"]
+    publish("1.1.0", index=True)
+    get_kernel("rmsnorm", version=">=1,<2")  # this client has now seen serial 2
+    hub_env.store.set_ref(
+        "kernel", "kernel-hub/kernel-hub-index", "branch", "main", first, create=False
+    )
+    with pytest.raises(IntegrityError, match=r"serial 1.*already verified serial 2: .*rolled back"):
+        get_kernel("rmsnorm", version="1.0.0")
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, indexed)
+
+
+def test_an_expired_index_is_refused_until_the_publisher_refreshes_it(
+    indexed, hub_env, tmp_path, monkeypatch, keys, capsys
+):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert get_kernel("rmsnorm", version="1.0.0").origin.commit == indexed.commit  # honoured
+    later = index.now() + dt.timedelta(days=index.DEFAULT_EXPIRY_DAYS + 1)
+    monkeypatch.setattr(index, "now", lambda: later)
+    with pytest.raises(IntegrityError, match=r"serial 1, expires .* has expired"):
+        get_kernel("rmsnorm", version="1.0.0")  # offline, the cached index is too old
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    with pytest.raises(IntegrityError, match=r"has expired"):
+        get_kernel("rmsnorm", version="1.0.0")  # online, the hub only has the old one (frozen)
+    registry = os.environ["KERNEL_HUB_REGISTRY"]
+    argv = ["index", "refresh", "--publisher", "kernel-hub", "--registry", registry]
+    assert (
+        main([*argv, "--sign-key", str(keys["publisher"].private_path), "--expires-days", "30"])
+        == 0
+    )
+    assert "serial 2" in capsys.readouterr().out
+    assert get_kernel("rmsnorm", version="1.0.0").origin.commit == indexed.commit
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, indexed)
+
+
+def test_a_forged_index_is_refused(indexed, hub_env, tmp_path, monkeypatch):
+    def forge(status, body, headers):
+        return status, body.replace(b'"serial": 1', b'"serial": 99'), headers
+
+    _lie_on(hub_env, lambda p: _resolve_of(p, "/index.json"), forge)
+    with pytest.raises(
+        IntegrityError, match=r"kernel-hub's index: the signature by key .* not verify"
+    ):
+        get_kernel("rmsnorm", version="1.0.0")
+    hub_env.lie = None
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, indexed)
