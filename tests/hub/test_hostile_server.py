@@ -507,3 +507,32 @@ def test_a_forged_index_is_refused(indexed, hub_env, tmp_path, monkeypatch):
         get_kernel("rmsnorm", version="1.0.0")
     hub_env.lie = None
     assert_clean_and_good_still_loads(tmp_path, monkeypatch, indexed)
+
+
+# -- 7. key management ----------------------------------------------------------------------------
+
+
+def test_a_lost_key_is_survived_with_the_pinned_backup_key(
+    publish, hub_env, tmp_path, monkeypatch, keys, capsys
+):
+    """docs/trust.md: pin a primary and an offline backup key; when the primary is lost, the
+    backup signs new builds and refreshes the index, and nothing the primary signed breaks."""
+    registry = _require_index(tmp_path, monkeypatch, keys)
+    data = yaml.safe_load(registry.read_text())
+    data["publishers"]["kernel-hub"]["keys"].append(keys["rotated"].public_key)  # the backup
+    registry.write_text(yaml.safe_dump(data, sort_keys=False))
+    first = publish("1.0.0", index=True)  # by the primary, which is then lost
+    second = publish("1.1.0", key="rotated", index=True)
+    assert get_kernel("rmsnorm", version=">=1,<2").origin.commit == second.commit
+    backup = str(keys["rotated"].private_path)
+    argv = ["index", "refresh", "--publisher", "kernel-hub", "--registry", str(registry)]
+    assert main([*argv, "--sign-key", backup, "--json"]) == 0
+    refreshed = json.loads(capsys.readouterr().out)
+    assert refreshed["serial"] == 3 and set(refreshed["kernels"][REPO]) == {"1.0.0", "1.1.0"}
+    assert get_kernel("rmsnorm", version="1.0.0").origin.commit == first.commit
+    # a key the registry does not pin cannot take over the index
+    stranger = ["--sign-key", str(keys["stranger"].private_path)]
+    assert main([*argv, *stranger]) == 0  # it can upload (the hub has no accounts) ...
+    capsys.readouterr()
+    with pytest.raises(IntegrityError, match=r"kernel-hub's index is signed by key .* not pinned"):
+        get_kernel("rmsnorm", version="1.0.0")  # ... but no client accepts it
