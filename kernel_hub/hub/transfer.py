@@ -15,6 +15,8 @@ import base64
 import hashlib
 import os
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kernel_hub.errors import HubError, IntegrityError
@@ -32,6 +34,7 @@ MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_VARIANT_BYTES = 256 * 1024 * 1024
 """All files of one variant together."""
 _CHUNK = 1 << 16
+BODY_RETRIES = 1
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -54,7 +57,7 @@ def fetch_bytes(repo: str, commit: str, path: str, *, limit: int, where: str) ->
     """A small file (a signature, metadata.json) read into memory, at most ``limit`` bytes;
     ``where`` starts error messages."""
     chunks: list[bytes] = []
-    _stream(repo, commit, path, limit, chunks.append, where)
+    _stream(repo, commit, path, limit, chunks.append, where, restart=chunks.clear)
     return b"".join(chunks)
 
 
@@ -64,17 +67,22 @@ def fetch_file(
     """Download ``path`` to ``dest`` (a new file in a private staging folder), refusing more than
     ``limit`` bytes or content whose sha256 is not ``digest`` (``changed: PATH``); returns the
     size."""
-    sha = hashlib.sha256()
+    sha = [hashlib.sha256()]
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
     with os.fdopen(fd, "wb") as f:
 
         def write(chunk: bytes) -> None:
-            sha.update(chunk)
+            sha[0].update(chunk)
             f.write(chunk)
 
-        size = _stream(repo, commit, path, limit, write, where)
-    if base64.b64encode(sha.digest()).decode("ascii") != digest:
+        def restart() -> None:
+            f.seek(0)
+            f.truncate()
+            sha[0] = hashlib.sha256()
+
+        size = _stream(repo, commit, path, limit, write, where, restart=restart)
+    if base64.b64encode(sha[0].digest()).decode("ascii") != digest:
         raise IntegrityError(f"changed: {path} (not the bytes its signed digest names)")
     return size
 
@@ -88,8 +96,34 @@ class _BodyFailed(Exception):
     try to retry from inside a response it has already handed out."""
 
 
-def _stream(repo: str, commit: str, path: str, limit: int, sink, where: str) -> int:
+def _stream(
+    repo: str,
+    commit: str,
+    path: str,
+    limit: int,
+    sink: Callable[[bytes], None],
+    where: str,
+    *,
+    restart: Callable[[], None],
+) -> int:
+    """GET the file at ``commit`` into ``sink``, at most ``limit`` bytes. Error answers are
+    retried with backoff by ``http_stream_backoff``; a body cut short is fetched again from the
+    start (``restart`` empties the sink) up to ``BODY_RETRIES`` times."""
     import httpx2
+
+    with hub_errors(f"{where}: {path}"):
+        for attempt in range(BODY_RETRIES + 1):
+            try:
+                return _stream_once(repo, commit, path, limit, sink, where)
+            except _BodyFailed as failed:
+                if attempt == BODY_RETRIES or not isinstance(failed.__cause__, httpx2.HTTPError):
+                    raise failed.__cause__ from None
+            restart()
+            time.sleep(2**attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _stream_once(repo, commit, path, limit, sink, where) -> int:
     from huggingface_hub.errors import RemoteEntryNotFoundError
     from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
@@ -97,25 +131,23 @@ def _stream(repo: str, commit: str, path: str, limit: int, sink, where: str) -> 
     headers["Accept-Encoding"] = "identity"  # the limit counts the bytes written, not compressed
     size = 0
     url = file_url(repo, commit, path)
-    with hub_errors(f"{where}: {path}"):
+    with http_stream_backoff("GET", url, headers=headers, follow_redirects=True) as answer:
         try:
-            with http_stream_backoff("GET", url, headers=headers, follow_redirects=True) as answer:
-                try:
-                    hf_raise_for_status(answer)
-                except RemoteEntryNotFoundError:
-                    missing = f"{where}: {path}: file not found on {settings.endpoint()}"
-                    raise MissingOnHub(missing) from None
-                declared = answer.headers.get("Content-Length", "")
-                if declared.isdigit() and int(declared) > limit:
-                    raise IntegrityError(f"changed: {path} ({declared} bytes, over {limit})")
-                try:
-                    for chunk in answer.iter_raw(_CHUNK):
-                        size += len(chunk)
-                        if size > limit:
-                            raise IntegrityError(f"changed: {path} (over {limit} bytes)")
-                        sink(chunk)
-                except (httpx2.HTTPError, OSError) as exc:
-                    raise _BodyFailed() from exc
-        except _BodyFailed as failed:
-            raise failed.__cause__ from None
+            hf_raise_for_status(answer)
+        except RemoteEntryNotFoundError:
+            missing = f"{where}: {path}: file not found on {settings.endpoint()}"
+            raise MissingOnHub(missing) from None
+        declared = answer.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise IntegrityError(f"changed: {path} ({declared} bytes, over {limit})")
+        try:
+            for chunk in answer.iter_raw(_CHUNK):
+                size += len(chunk)
+                if size > limit:
+                    raise IntegrityError(f"changed: {path} (over {limit} bytes)")
+                sink(chunk)
+        except IntegrityError:
+            raise
+        except Exception as exc:  # a transport error or a full disk, inside the response
+            raise _BodyFailed() from exc
     return size

@@ -43,10 +43,17 @@ def test_server_dying_mid_download(publish, hub_env, tmp_path):
     hub_env.inject_fault(Fault("GET", FILE_RE, truncate_at=100, die=True, times=1))
     with pytest.raises(HubError, match=r"op rmsnorm: downloading kernel-hub/rmsnorm v1\.1\.0"):
         get_kernel("rmsnorm", version="1.1.0")  # the client retries, then gives up
-    assert hub_env.stopped.is_set()
+    assert hub_env.stopped.wait(10)
     assert_nothing_half_written(tmp_path, new.commit)
     hub_env.start()  # the server comes back on the same port
     assert get_kernel("rmsnorm", version="1.1.0").origin.commit == new.commit
+
+
+def test_a_body_cut_short_once_is_fetched_again(publish, hub_env, tmp_path):
+    new = publish("1.1.0")
+    hub_env.inject_fault(Fault("GET", FILE_RE, truncate_at=100, times=1))
+    assert get_kernel("rmsnorm", version="1.1.0").origin.commit == new.commit
+    assert len(hub_env.downloads("rmsnorm/api.py")) == 2  # from the start, in the same staging
 
 
 def test_rate_limit_is_retried_with_backoff_by_the_hub_client(publish, hub_env):
@@ -91,13 +98,15 @@ def test_disk_full_while_writing_the_cache(publish, hub_env, tmp_path, monkeypat
     new = publish("1.1.0")
     real_stream = transfer._stream
 
-    def fill_disk(repo, commit, path, limit, sink, where):
+    def fill_disk(repo, commit, path, limit, sink, where, **kwargs):
         def write_then_fail(chunk):
             sink(chunk[:10])  # half a file, then the disk is full
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         full = path.endswith("rmsnorm/api.py")
-        return real_stream(repo, commit, path, limit, write_then_fail if full else sink, where)
+        return real_stream(
+            repo, commit, path, limit, write_then_fail if full else sink, where, **kwargs
+        )
 
     monkeypatch.setattr(transfer, "_stream", fill_disk)
     with pytest.raises(HubError, match="No space left on device"):
