@@ -23,6 +23,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +38,8 @@ from .signing import signature_path
 from .versions import version_of_tag
 
 STAGING = ".staging"
+STALE_STAGING_SECONDS = 24 * 3600
+"""A staging folder this old belongs to no running fetch (downloads are bounded in size)."""
 _private: tuple[int, Path] | None = None
 _private_lock = threading.Lock()
 _REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*$")
@@ -161,6 +164,10 @@ def staging(repo: str) -> Iterator[Path]:
     happened; what verified in it is moved out by :func:`install_variant` first."""
     parent = repo_cache_dir(repo) / STAGING
     parent.mkdir(parents=True, exist_ok=True)
+    for stale in parent.iterdir():  # left by a process killed while fetching
+        with contextlib.suppress(OSError):
+            if time.time() - stale.lstat().st_mtime > STALE_STAGING_SECONDS:
+                shutil.rmtree(stale, ignore_errors=True)
     folder = Path(tempfile.mkdtemp(prefix="fetch-", dir=parent))
     try:
         yield folder
