@@ -200,12 +200,14 @@ def fetch_build(
     with cache.variant_lock(request.repo, resolved.commit, chosen.name):
         if api is not None:
             download(request.repo, resolved, [chosen.name], locked, keys, what)
-        metadata, signed_by, copy = verify_or_discard(
+        build = verify_or_discard(
             request.repo, resolved, chosen.name, locked, keys, what=what, copy=True
         )
         if api is not None:
             _record_ref(request.repo, resolved)
-    return HubBuild(request.repo, resolved.commit, chosen.name, path, metadata, signed_by, copy)
+    return HubBuild(
+        request.repo, resolved.commit, chosen.name, path, build.metadata, build.key, build.copy
+    )
 
 
 def _locked_request(request: HubRequest, locked: LockedOp, what: str) -> HubRequest:
@@ -279,8 +281,9 @@ def fetch_all_variants(
     keys: PublisherKeys,
     what: str,
     locked: LockedOp | None = None,
-) -> dict[str, BuildMetadata]:
-    """Download and verify every variant of a resolved commit (for locks and mirrors)."""
+) -> dict[str, VerifiedBuild]:
+    """Download and verify every variant of a resolved commit (for locks and mirrors); each
+    result carries the digests of the one read that was verified."""
     resolved = bind_to_index(repo, resolved, None, keys, True, what)
     variants = sorted(list_build(api, repo, resolved.commit, what))
     if not variants:
@@ -290,7 +293,7 @@ def fetch_all_variants(
             held.enter_context(cache.variant_lock(repo, resolved.commit, variant))
         download(repo, resolved, variants, locked, keys, what)
         verified = {
-            variant: verify_or_discard(repo, resolved, variant, locked, keys, what=what)[0]
+            variant: verify_or_discard(repo, resolved, variant, locked, keys, what=what)
             for variant in variants
         }
         _record_ref(repo, resolved)
@@ -318,11 +321,11 @@ def verify_or_discard(
     *,
     what: str,
     copy: bool = False,
-) -> tuple[BuildMetadata, str, Path | None]:
+) -> VerifiedBuild:
     """``verify_variant`` on the cached variant (``copy``: also make this process's private copy
     to import from). A forged or damaged variant is removed from the cache; a genuine one that is
     not what was asked for stays (another request may want it), and the ref that led here to it
-    is forgotten. Returns the metadata, the key's id and the private copy."""
+    is forgotten."""
     path = cache.snapshot_dir(repo, resolved.commit) / "build" / variant
     try:
         build = verify_build(path, variant, repo=repo, keys=keys, copy=copy)
@@ -338,7 +341,7 @@ def verify_or_discard(
             f"{what}: refusing {repo} build/{variant} at commit {resolved.commit[:12]}: {exc}. "
             "The build itself verified and stays in the cache for requests that want it."
         ) from None
-    return build.metadata, build.key, build.copy
+    return build
 
 
 def _refusal(repo: str, resolved: Resolved, variant: str, exc: Exception, what: str):

@@ -76,14 +76,14 @@ def mirror_registry(
         for resolved in _wanted(api, entry, versions, lock, what):
             pin = locked if locked is not None and locked.commit == resolved.commit else None
             # verified every time (from the local cache when already downloaded)
-            metadata = fetch_all_variants(api, entry.repo, resolved, keys, what, pin)
+            builds = fetch_all_variants(api, entry.repo, resolved, keys, what, pin)
             copied = not (
                 store.has_repo(REPO_TYPE, entry.repo)
                 and store.commit(REPO_TYPE, entry.repo, resolved.commit) is not None
             )
             if copied:
                 try:
-                    _copy(store, entry.repo, resolved.commit, sorted(metadata), what)
+                    _copy(store, entry.repo, resolved.commit, sorted(builds), what)
                 except OSError as exc:
                     raise HubError(
                         f"{what}: writing {store.root} failed ({exc.strerror or exc}); the store "
@@ -91,14 +91,14 @@ def mirror_registry(
                         "recorded only after all its files are written)"
                     ) from exc
             refs = _copy_refs(store, entry.repo, resolved.commit, branches, tags)
-            version = next(iter(metadata.values())).version
+            version = next(iter(builds.values())).metadata.version
             done.append(
                 Mirrored(
                     entry.name,
                     entry.repo,
                     version,
                     resolved.commit,
-                    tuple(sorted(metadata)),
+                    tuple(sorted(builds)),
                     refs,
                     copied,
                 )
