@@ -38,7 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     signing = parser.add_mutually_exclusive_group(required=True)
     signing.add_argument(
-        "--sign-key", type=Path, help="private key from 'kernel-hub keygen' to sign each variant"
+        "--sign-key",
+        type=Path,
+        action="append",
+        help="private key from 'kernel-hub keygen' to sign each variant (repeat for a threshold)",
     )
     signing.add_argument(
         "--unsigned",

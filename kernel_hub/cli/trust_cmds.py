@@ -39,7 +39,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "and with a new key after a rotation",
     )
     refresh.add_argument("--publisher", required=True, help="hub organisation")
-    refresh.add_argument("--sign-key", type=Path, required=True, help="a pinned private key")
+    refresh.add_argument(
+        "--sign-key",
+        type=Path,
+        action="append",
+        required=True,
+        help="a pinned private key (repeat for a registry threshold)",
+    )
     refresh.add_argument(
         "--expires-days", type=float, default=DEFAULT_EXPIRY_DAYS, help="validity (default 7)"
     )
@@ -79,13 +85,14 @@ def run_index(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     pinned = registry.publishers.get(args.publisher)
     if args.action == "refresh":
-        key = SigningKey(args.sign_key)
+        signers = [SigningKey(path) for path in args.sign_key]
         trusted = PublisherKeys(
             args.publisher,
-            (*(pinned.keys if pinned else ()), key.public_key),
+            (*(pinned.keys if pinned else ()), *(k.public_key for k in signers)),
             pinned.revoked if pinned else (),
+            threshold=pinned.threshold if pinned else 1,
         )
-        signed = publish_index(args.publisher, key, trusted, expires_days=args.expires_days)
+        signed = publish_index(args.publisher, signers, trusted, expires_days=args.expires_days)
     else:
         if pinned is None or not pinned.keys:
             raise KernelHubError(f"the registry pins no key for publisher {args.publisher!r}")

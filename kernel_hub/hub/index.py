@@ -26,14 +26,13 @@ cached copy is verified again and honoured until it expires.
 from __future__ import annotations
 
 import base64
-import binascii
 import datetime as dt
 import hashlib
 import json
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +45,13 @@ from . import settings
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
 from .json_source import decode, load_json
 from .lockfile import COMMIT
-from .signing import SigningKey, verify_statement
+from .signing import (
+    SigningKey,
+    decode_signature,
+    read_cosignatures,
+    signature_fields,
+    verify_statement,
+)
 from .transfer import MAX_METADATA_BYTES, MAX_SIGNATURE_BYTES, MissingOnHub, fetch_bytes
 
 INDEX_FORMAT = 1
@@ -93,9 +98,9 @@ def _statement(publisher: str, data: bytes) -> dict[str, str]:
     return {"publisher": publisher, "index": digest}
 
 
-def sign_index(key: SigningKey, publisher: str, data: bytes) -> bytes:
-    key_id, signature = key.sign_statement(_statement(publisher, data))
-    document = {"kernel-hub-index-signature": 1, "key": key_id, "signature": signature}
+def sign_index(keys: Sequence[SigningKey], publisher: str, data: bytes) -> bytes:
+    document = {"kernel-hub-index-signature": 1}
+    document.update(signature_fields(keys, _statement(publisher, data)))
     return (json.dumps(document, indent=2) + "\n").encode("utf-8")
 
 
@@ -118,14 +123,15 @@ def verify_index(data: bytes, signature: bytes, publisher: str, keys: PublisherK
     what = f"{publisher}'s index"
     path = Path(INDEX_FILE)
     _, doc = load_json(Path(SIGNATURE_FILE), decode(Path(SIGNATURE_FILE), signature))
-    raw = doc.get("signature") if isinstance(doc, dict) else None
-    try:
-        sig = base64.b64decode(raw, validate=True) if isinstance(raw, str) else b""
-    except (binascii.Error, ValueError):
-        sig = b""
-    if not isinstance(doc, dict) or not isinstance(doc.get("key"), str) or len(sig) != 64:
+
+    def fail(field: str, message: str) -> IntegrityError:
+        return IntegrityError(f"{what}: {SIGNATURE_FILE} field {field!r}: {message}")
+
+    sig = decode_signature(doc.get("signature")) if isinstance(doc, dict) else None
+    if sig is None or not isinstance(doc.get("key"), str):
         raise IntegrityError(f"{what}: {SIGNATURE_FILE} is not a kernel-hub index signature")
-    verify_statement(_statement(publisher, data), doc["key"], sig, keys, what=what)
+    signatures = ((doc["key"], sig), *read_cosignatures(doc, fail))
+    verify_statement(_statement(publisher, data), signatures, keys, what=what)
     _, node = load_json(path, decode(path, data))
     try:
         if node["kernel-hub-index"] != INDEX_FORMAT or node["publisher"] != publisher:
@@ -234,15 +240,16 @@ def current_index(publisher: str, keys: PublisherKeys, *, online: bool, what: st
 
 def publish_index(
     publisher: str,
-    key: SigningKey,
+    key: SigningKey | Sequence[SigningKey],
     keys: PublisherKeys,
     *,
     add: Mapping[str, tuple[Version, str]] | None = None,
     expires_days: float = DEFAULT_EXPIRY_DAYS,
     token: str | bool | None = None,
 ) -> Index:
-    """Sign and upload the next index: the current one (verified against ``keys``, the keys the
-    publisher trusts for it), plus ``add`` (repo -> (version, commit)), a new serial and expiry."""
+    """Sign and upload the next index: the current one (verified against ``keys``, the keys and
+    threshold the publisher's clients pin), plus ``add`` (repo -> (version, commit)), a new
+    serial and expiry. An index those keys would refuse is not uploaded."""
     from huggingface_hub import CommitOperationAdd
 
     if expires_days <= 0:
@@ -257,7 +264,9 @@ def publish_index(
         kernels.setdefault(repo, {})[str(version)] = commit
     serial = (current.serial if current else 0) + 1
     data = make_index(publisher, serial, now() + dt.timedelta(days=expires_days), kernels)
-    signature = sign_index(key, publisher, data)
+    signers = [key] if isinstance(key, SigningKey) else list(key)
+    signature = sign_index(signers, publisher, data)
+    signed = verify_index(data, signature, publisher, keys)  # what clients will check
     repo = index_repo(publisher)
     api = hub_api(token)
     with hub_errors(what):
@@ -271,4 +280,4 @@ def publish_index(
             commit_message=f"index serial {serial}",
             repo_type=REPO_TYPE,
         )
-    return verify_index(data, signature, publisher, PublisherKeys(publisher, (key.public_key,)))
+    return signed

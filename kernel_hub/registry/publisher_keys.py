@@ -5,6 +5,7 @@
         keys: [ed25519:BASE64...]      # builds signed by any of these are accepted (rotation)
         revoked: [ed25519:BASE64...]   # builds signed by these are refused, cached ones too
         index: true                    # require the publisher's signed, expiring index
+        threshold: 2                   # builds and indexes need this many pinned keys' signatures
 
 A key is written ``ed25519:`` + the base64 of its 32 raw bytes (what ``kernel-hub keygen``
 prints). Only the text form is checked here; :mod:`kernel_hub.hub.signing` does the cryptography.
@@ -26,7 +27,7 @@ from .yaml_source import FieldReader, line_of
 
 KEY_PREFIX = "ed25519:"
 KEY_BYTES = 32
-_FIELDS = {"keys", "revoked", "index"}
+_FIELDS = {"keys", "revoked", "index", "threshold"}
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class PublisherKeys:
     line: int | None = None
     index: bool = False
     """Loads must check the publisher's signed, expiring index (kernel_hub.hub.index)."""
+    threshold: int = 1
+    """How many distinct pinned keys must have signed a build or an index."""
 
     def where(self) -> str:
         return f"{self.source}:{self.line}" if self.line else self.source
@@ -97,7 +100,10 @@ def parse_publishers(path: Path, node: Any, line: int | None = None) -> dict[str
         if both:
             raise fields.error("revoked", f"key {key_id(both[0])} is both pinned and revoked")
         index = fields.get("index", bool, False)
-        publishers[name] = PublisherKeys(name, keys, revoked, str(path), line, index)
+        threshold = fields.get("threshold", int, 1)
+        if not 1 <= threshold <= max(len(keys), 1):
+            raise fields.error("threshold", f"must be 1 to {len(keys)} (the pinned keys)")
+        publishers[name] = PublisherKeys(name, keys, revoked, str(path), line, index, threshold)
     return publishers
 
 

@@ -20,6 +20,8 @@ from kernel_hub.cli import main
 from kernel_hub.errors import HubError, IntegrityError, KernelHubError
 from kernel_hub.hub import cache, fetch, index
 from kernel_hub.hub.locking import lock_registry
+from kernel_hub.hub.publish import publish_kernel
+from kernel_hub.hub.signing import SigningKey
 from kernel_hub.hub.transfer import MAX_METADATA_BYTES
 from kernel_hub.loading.resolver import get_kernel
 from kernel_hub.registry.registry import load_registry
@@ -536,3 +538,42 @@ def test_a_lost_key_is_survived_with_the_pinned_backup_key(
     capsys.readouterr()
     with pytest.raises(IntegrityError, match=r"kernel-hub's index is signed by key .* not pinned"):
         get_kernel("rmsnorm", version="1.0.0")  # ... but no client accepts it
+
+
+def test_a_threshold_needs_that_many_pinned_signatures(
+    hub_env, kernel_copy, tmp_path, monkeypatch, keys
+):
+    """``threshold: 2``: one stolen key is not enough, and a signature by an unpinned key does not
+    count; losing one of three keys still leaves two to sign with."""
+    registry = _require_index(tmp_path, monkeypatch, keys)
+    data = yaml.safe_load(registry.read_text())
+    entry = data["publishers"]["kernel-hub"]
+    entry["keys"].append(keys["rotated"].public_key)
+    entry["threshold"] = 2
+    entry["index"] = False
+    registry.write_text(yaml.safe_dump(data, sort_keys=False))
+    primary, backup, stranger = (keys[k].private_path for k in ("publisher", "rotated", "stranger"))
+
+    def publish(version, *signers):
+        return publish_kernel(kernel_copy(version), REPO, sign_key=list(signers))
+
+    alone = publish("1.0.0", primary)  # one stolen key
+    with pytest.raises(IntegrityError, match=r"signed by 1 of the 2 pinned keys .*requires"):
+        get_kernel("rmsnorm", version="1.0.0")
+    mixed = publish("1.0.1", primary, stranger)
+    with pytest.raises(IntegrityError, match=r"1 of the 2 pinned keys.*not pinned"):
+        get_kernel("rmsnorm", version="1.0.1")
+    both = publish("1.1.0", primary, backup)
+    assert get_kernel("rmsnorm", version="1.1.0").origin.commit == both.commit
+    entry["index"] = True  # the index needs the same threshold
+    registry.write_text(yaml.safe_dump(data, sort_keys=False))
+    trusted = load_registry().keys_for(REPO)
+    listed = {REPO: (both.version, both.commit)}
+    with pytest.raises(IntegrityError, match=r"index is signed by 1 of the 2 pinned keys"):
+        index.publish_index("kernel-hub", SigningKey(primary), trusted, add=listed)  # not uploaded
+    signers = [SigningKey(primary), SigningKey(backup)]
+    assert index.publish_index("kernel-hub", signers, trusted, add=listed).serial == 1
+    assert get_kernel("rmsnorm", version=">=1,<2").origin.commit == both.commit
+    snapshots = cache_dir(tmp_path) / REPO_CACHE / "snapshots"
+    assert not (snapshots / alone.commit).exists() and not (snapshots / mixed.commit).exists()
+    assert attacker_files(tmp_path) == []
