@@ -16,6 +16,7 @@ from kernel_hub.hub.lockfile import find_lock
 from kernel_hub.hub.locking import lock_registry
 from kernel_hub.hub.publish import publish_kernel
 from kernel_hub.loading.resolver import fetch_op_build, get_kernel
+from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import load_registry
 
 from .output import print_json, print_table
@@ -37,13 +38,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     signing = parser.add_mutually_exclusive_group(required=True)
     signing.add_argument(
-        "--sign-key", type=Path, help="private key from 'kernel-hub keygen' to sign each variant"
+        "--sign-key",
+        type=Path,
+        action="append",
+        help="private key from 'kernel-hub keygen' to sign each variant (repeat for a threshold)",
     )
     signing.add_argument(
         "--unsigned",
         action="store_true",
         help="publish without a signature (kernel-hub refuses to load such builds)",
     )
+    parser.add_argument(
+        "--index",
+        action="store_true",
+        help="also add the version to the publisher's signed index ('kernel-hub index')",
+    )
+    parser.add_argument("--registry", help="registry whose keys verify the current index")
     _json_flag(parser)
     parser.set_defaults(func=run_publish)
 
@@ -120,8 +130,12 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_publish(args: argparse.Namespace) -> int:
+    index = None
+    if args.index:
+        org = args.repo.split("/", 1)[0]
+        index = load_registry(args.registry).publishers.get(org) or PublisherKeys(org, ())
     published = publish_kernel(
-        args.kernel_dir, args.repo, sign_key=args.sign_key, build_dir=args.build_dir
+        args.kernel_dir, args.repo, sign_key=args.sign_key, build_dir=args.build_dir, index=index
     )
     data = {
         "repo": published.repo,

@@ -192,7 +192,7 @@ def fetch_op_build(
 
 
 def _load_hub_build(build: HubBuild, entry: OpEntry) -> tuple[ModuleType, KernelOrigin]:
-    module = load_kernel_dir(build.path)
+    module = load_kernel_dir(build.verified_copy)  # the bytes verified, not the shared cache
     if module.manifest.version != build.version:
         raise HubError(
             f"op {entry.name}: {build.path} has kernel.yaml version {module.manifest.version} "
