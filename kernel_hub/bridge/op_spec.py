@@ -77,6 +77,52 @@ class OpSpec:
         return fn
 
 
+_SCALARS: dict[Any, tuple[type, ...]] = {
+    float: (float, int),
+    int: (int,),
+    bool: (bool,),
+    str: (str,),
+}
+
+
+def _expected(annotation: Any) -> tuple[tuple[type, ...], bool, str] | None:
+    """The Python types a stub annotation accepts, whether None is one, and how to name them;
+    None for annotations not checked here (sequences and anything unusual)."""
+    import torch
+
+    options = list(typing.get_args(annotation)) if _is_union(annotation) else [annotation]
+    optional = type(None) in options
+    options = [o for o in options if o is not type(None)]
+    if len(options) != 1:
+        return None
+    (option,) = options
+    if option is torch.Tensor:
+        return (torch.Tensor,), optional, "a tensor"
+    if option in _SCALARS:
+        symbolic = {float: (torch.SymFloat, torch.SymInt), int: (torch.SymInt,)}.get(option, ())
+        return _SCALARS[option] + symbolic, optional, f"a {option.__name__}"
+    return None
+
+
+def check_argument_types(spec: OpSpec, arguments: dict[str, Any]) -> None:
+    """``KernelInputError`` naming the argument, what it must be and what it got (``None`` for a
+    weight, a string eps), before the stub's checks or any JAX tracing sees it."""
+    for name, value in arguments.items():
+        expected = _expected(spec.signature.parameters[name].annotation)
+        if expected is None or (value is None and expected[1]):
+            continue
+        types_, optional, what = expected
+        bad_bool = isinstance(value, bool) and bool not in types_
+        if not isinstance(value, types_) or bad_bool:
+            from kernel_hub.errors import KernelInputError
+
+            op = spec.qualname.rpartition("::")[2]
+            valid = f"{what} or None" if optional else what
+            raise KernelInputError(
+                f"{op}: {name} must be {valid}, got {type(value).__name__} {value!r:.60}"
+            )
+
+
 def _takes_sequence(annotation: Any) -> bool:
     """``list[int]``, ``Sequence[float] | None`` and the like."""
     options = typing.get_args(annotation) if _is_union(annotation) else (annotation,)

@@ -33,7 +33,7 @@ from . import autocast as _autocast
 from .buckets import RowBuckets, power_of_two
 from .eager import DirectCalls
 from .executor import OpExecutor, check_devices
-from .op_spec import JaxBackward, OpSpec, hashable, present_differentiable
+from .op_spec import JaxBackward, OpSpec, check_argument_types, hashable, present_differentiable
 from .runtimes import op_defined
 from .tensors import map_tensors, needs_x64, tensor_leaves, torch_to_jax_dtype, x64_scope
 
@@ -296,6 +296,7 @@ def _define_forward(
 
     def fake(*args: Any, **kwargs: Any) -> Any:
         arguments = dict(zip(names, _positional(spec.signature, args, kwargs), strict=True))
+        check_argument_types(spec, arguments)
         check_devices(arguments, spec.tensor_params)
         spec.validate(**arguments)
         static = {name: hashable(arguments[name]) for name in spec.static_params}

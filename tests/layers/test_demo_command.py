@@ -9,6 +9,7 @@ import torch
 
 from kernel_hub import load_registry
 from kernel_hub.cli import main
+from kernel_hub.cli.demo_cmds import CPU_TIMING_NOTE
 from kernel_hub.errors import UnknownNameError
 from kernel_hub.models.demo import run_demo
 
@@ -30,7 +31,10 @@ def expected_swaps(model: str) -> dict[str, int]:
 
 def test_demo_table(capsys: pytest.CaptureFixture) -> None:
     assert main(["demo"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    # progress on stderr as each model starts; what CPU times mean, after the table
+    assert "demo: [1/2] llama: " in err and "demo: [2/2] mixtral: " in err
+    assert out.rstrip().endswith(CPU_TIMING_NOTE)
     threads, _blank, header, _rule, *rows = out.splitlines()
     assert threads.startswith("torch threads: 1;")
     assert header.split()[:3] == ["model", "swapped", "left"]
