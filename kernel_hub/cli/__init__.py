@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "models_cmds",
     "bench_cmds",
     "compile_cmds",
+    "doctor_cmds",
 )
 
 EXTRA_OF_MODULE = {
