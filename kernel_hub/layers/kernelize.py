@@ -417,6 +417,9 @@ def _switch_interface(
         _check_mode(integration, source.mode, f"{_kernel_label(kernel)} integrations")
         _check_modules(integration, modules, f"{_kernel_label(kernel)} integrations")
         model_problem = interface.model_problem(model, modules)
+        if not model_problem and Mode.TRAINING in source.mode:
+            training_problem = getattr(interface, "training_problem", None)
+            model_problem = training_problem and training_problem(model, modules)
         if model_problem:
             raise _LeftAlone(model_problem)
         previous = interface.current(model)
