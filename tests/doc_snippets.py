@@ -120,3 +120,19 @@ data = [{"input_ids": row, "labels": row} for row in ids]
 """,
     "tiny-llama-and-prompts": _TINY_LLAMA + "prompts = [[1, 5, 9, 13], [1, 7, 3]]\n",
 }
+
+SHELL_SETUPS: dict[str, str] = {
+    # A `kernel-hub serve` store on 127.0.0.1 as the hub, a token for it, and kernels/ as in a
+    # checkout. The server stops when the snippet's shell exits.
+    "local-hub": """
+mkdir -p hub-store kernels
+builtin=$(python -c 'from kernel_hub.paths import kernels_dir; print(kernels_dir())')
+cp -r "$builtin/rmsnorm" kernels/
+kernel-hub serve hub-store --port 0 > serve.log 2>&1 &
+server=$!
+trap 'kill $server' EXIT
+until grep -q '^serving' serve.log; do sleep 0.2; kill -0 $server; done
+export HF_ENDPOINT=$(sed -n 's/.* at \\(http[^ ]*\\) .*/\\1/p' serve.log) HF_TOKEN=local
+export HF_HUB_DISABLE_TELEMETRY=1
+""",
+}

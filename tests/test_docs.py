@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from doc_snippets import ROOT, SETUPS, Snippet, all_snippets
+from doc_snippets import ROOT, SETUPS, SHELL_SETUPS, Snippet, all_snippets
 
 SNIPPETS = all_snippets()
 _PATH_IN_REASON = re.compile(r"`?((?:tests|scripts|benchmarks|kernels)/[\w/.-]+)`?")
@@ -57,8 +57,9 @@ def test_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
         script.write_text(setup + "\n" + code)
         command = [sys.executable, "-P", str(script)]
     else:
+        setup = SHELL_SETUPS[snippet.setup] if snippet.setup else ""
         script = tmp_path / "snippet.sh"
-        script.write_text(code)
+        script.write_text(setup + "\n" + code)
         command = ["bash", "-euo", "pipefail", str(script)]
     done = subprocess.run(
         command,
@@ -75,6 +76,7 @@ def test_snippet_runs(snippet: Snippet, tmp_path: Path) -> None:
 def test_marks_are_known() -> None:
     assert SNIPPETS, "no snippets found"
     for snippet in SNIPPETS:
-        assert snippet.setup is None or snippet.setup in SETUPS, snippet.id
+        setups = SETUPS if snippet.language == "python" else SHELL_SETUPS
+        assert snippet.setup is None or snippet.setup in setups, snippet.id
         if not snippet.skip:
             snippet.runnable_code()  # every small-size switch still matches the text
