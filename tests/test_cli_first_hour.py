@@ -127,3 +127,57 @@ def test_kernelize_refuses_a_device_the_host_lacks() -> None:
         kernelize(model, device="cuda")
     with pytest.raises(KernelHubError, match="was never kernelized"):
         kernel_hub.kernelize_report(model)  # refused before anything was swapped
+
+
+def test_serve_refuses_a_missing_directory(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", str(tmp_path / "nosuchdir"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "nosuchdir is not a directory; make a store with 'kernel-hub mirror --to" in err
+    assert not (tmp_path / "nosuchdir").exists()
+
+
+def test_keygen_refuses_a_missing_directory(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "nonexistent" / "dir" / "k"
+    assert main(["keygen", "--out", str(out)]) == 2
+    assert f"directory {out.parent} does not exist; create it first" in capsys.readouterr().err
+    assert not out.parent.exists()
+
+
+def test_versions_offline_says_nothing_is_cached(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    assert main(["versions", "rmsnorm"]) == 0
+    assert "kernel-hub/rmsnorm (cache): nothing cached (HF_HUB_OFFLINE is set)" in (
+        capsys.readouterr().out
+    )
+
+
+def test_build_takes_an_op_name_and_builds_here(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["build", "rmsnorm", "--variant", "torch-cpu"]) == 0
+    assert (tmp_path / "build" / "rmsnorm" / "torch-cpu" / "metadata.json").is_file()
+    assert "build/rmsnorm/torch-cpu" in capsys.readouterr().out
+
+
+def test_cli_errors_name_flags_not_keyword_arguments(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    from kernel_hub.paths import registry_path
+
+    data = yaml.safe_load(registry_path().read_text())
+    data["ops"] = {"rmsnorm": {**data["ops"]["rmsnorm"], "repo": "stranger/rmsnorm"}}
+    registry = tmp_path / "registry.yaml"
+    registry.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["verify", "rmsnorm", "--registry", str(registry), "--version", ">=1"]) == 2
+    err = capsys.readouterr().err
+    assert "not a trusted publisher" in err and "Pass --trust-remote-code" in err, err
+    assert "trust_remote_code" not in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -39,6 +40,21 @@ EXTRA_OF_MODULE = {
 }
 """Import name -> the kernel-hub extra (pyproject.toml) that installs it."""
 
+_CLI_TERMS = (
+    (re.compile(r" or trust_remote_code=\[[^\]]*\]"), ""),  # the flag has no per-repo form
+    (re.compile(r"trust_remote_code=True"), "--trust-remote-code"),
+    (re.compile(r"lock=False"), "--no-lock"),
+    (re.compile(r"\bversion= or revision="), "--version or --revision"),
+)
+"""Library keyword arguments in error messages -> the command line's flags for them."""
+
+
+def in_cli_terms(message: str) -> str:
+    """An error raised for library callers, reworded for the command line's flags."""
+    for pattern, flag in _CLI_TERMS:
+        message = pattern.sub(flag, message)
+    return message
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -66,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KernelHubError as exc:
-        print(f"kernel-hub: error: {exc}", file=sys.stderr)
+        print(f"kernel-hub: error: {in_cli_terms(str(exc))}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
         extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kernel_hub.errors import KernelHubError
 from kernel_hub.hub.signing import generate_key_pair
 
 from .output import print_json
@@ -26,6 +27,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_keygen(args: argparse.Namespace) -> int:
+    if not args.out.parent.is_dir():
+        raise KernelHubError(
+            f"keygen --out {args.out}: directory {args.out.parent} does not exist; create it "
+            "first (keys are written only where you chose)"
+        )
     pair = generate_key_pair(args.out)
     publisher = args.publisher or "YOUR-ORG"
     if args.json:
