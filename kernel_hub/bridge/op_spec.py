@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections.abc
 import functools
 import inspect
+import numbers
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -78,8 +79,8 @@ class OpSpec:
 
 
 _SCALARS: dict[Any, tuple[type, ...]] = {
-    float: (float, int),
-    int: (int,),
+    float: (numbers.Real,),  # numpy scalars too
+    int: (numbers.Integral,),
     bool: (bool,),
     str: (str,),
 }
