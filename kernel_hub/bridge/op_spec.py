@@ -101,7 +101,8 @@ def _expected(annotation: Any) -> tuple[tuple[type, ...], bool, str] | None:
         return (torch.Tensor,), optional, "a tensor"
     if option in _SCALARS:
         symbolic = {float: (torch.SymFloat, torch.SymInt), int: (torch.SymInt,)}.get(option, ())
-        return _SCALARS[option] + symbolic, optional, f"a {option.__name__}"
+        article = "an" if option.__name__[0] in "aeiou" else "a"
+        return _SCALARS[option] + symbolic, optional, f"{article} {option.__name__}"
     return None
 
 
@@ -113,8 +114,7 @@ def check_argument_types(spec: OpSpec, arguments: dict[str, Any]) -> None:
         if expected is None or (value is None and expected[1]):
             continue
         types_, optional, what = expected
-        bad_bool = isinstance(value, bool) and bool not in types_
-        if not isinstance(value, types_) or bad_bool:
+        if not isinstance(value, types_):
             from kernel_hub.errors import KernelInputError
 
             op = spec.qualname.rpartition("::")[2]

@@ -145,7 +145,19 @@ class JaxOp:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.compiler.is_compiling() and self._direct.allowed(args, kwargs):
             return self.implementation(*args)
-        return self.op(*args, **kwargs)
+        try:
+            return self.op(*args, **kwargs)
+        except (RuntimeError, TypeError):
+            # the dispatcher's schema error names C++ types; say what was wrong in our terms
+            self._check_types(args, kwargs)
+            raise
+
+    def _check_types(self, args: tuple, kwargs: dict) -> None:
+        try:
+            values = _positional(self._spec.signature, args, kwargs)
+        except TypeError:
+            return  # wrong arguments altogether: the dispatcher's error stands
+        check_argument_types(self._spec, dict(zip(self._spec.param_names, values, strict=True)))
 
     def __repr__(self) -> str:
         return f"<kernel-hub op {self.qualname}{self._spec.signature}>"
