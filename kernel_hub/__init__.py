@@ -17,6 +17,7 @@ _EXPORTS = {
     "Mode": ".layers.modes",
     "kernel_mapping": ".loading.mappings",
     "KernelizeReport": ".layers.report",
+    "KernelizeCallback": ".layers.integrations.trainer",
     "kernelize": ".layers.kernelize",
     "kernelize_report": ".layers.kernelize",
     "unkernelize": ".layers.kernelize",
@@ -29,6 +30,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from .errors import KernelHubError
+    from .layers.integrations.trainer import KernelizeCallback
     from .layers.kernelize import (
         from_pretrained,
         kernelize,
@@ -61,6 +63,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "KernelHubError",
+    "KernelizeCallback",
     "KernelizeReport",
     "Mode",
     "__version__",

@@ -95,7 +95,7 @@ fi
 step "main job from a fresh environment holding only the wheel"
 python3 -m venv .venv-main
 .venv-main/bin/python -m pip install --quiet --upgrade pip
-.venv-main/bin/python -m pip install --quiet -c constraints.txt "$wheel[transformers,tokamax]"
+.venv-main/bin/python -m pip install --quiet -c constraints.txt "$wheel[transformers,tokamax,hub]"
 .venv-main/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
 outside=$(mktemp -d)
 (

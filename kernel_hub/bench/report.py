@@ -10,6 +10,7 @@ The CLI prints its tables with the same row functions, so the terminal and the R
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -209,7 +210,28 @@ produced it, the machine, library versions and every timing sample.
   implementations compiled without a TPU (libtpu deviceless topologies), forward
   and backward, per generation; a cell is pass with its compile time, FAIL
   (VMEM when the compiler ran out of vector memory) or skip.
+- The benchmark scripts beside this file and the runs they recorded are listed
+  at the end ("Benchmark scripts").
 """
+
+
+def _scripts_section(benchmarks_dir: Path) -> list[str]:
+    """Each benchmark script, what it measures (its docstring's first line) and the records it
+    wrote beside it (``SCRIPT*.json``); results/ holds the CLI's records."""
+    lines = []
+    for script in sorted(benchmarks_dir.glob("*.py")):
+        doc = ast.get_docstring(ast.parse(script.read_text())) or ""
+        records = sorted(
+            p.name
+            for p in benchmarks_dir.glob("*.json")
+            if p.stem == script.stem or p.stem.startswith(f"{script.stem}_")
+        )
+        recorded = ", ".join(f"[`{name}`]({name})" for name in records) or "prints only"
+        lines.append(
+            f"- [`{script.name}`]({script.name}): {doc.splitlines()[0] if doc else '-'} "
+            f"Recorded: {recorded}."
+        )
+    return lines
 
 
 def render_readme(results_dir: Path) -> str:
@@ -227,6 +249,7 @@ def render_readme(results_dir: Path) -> str:
             raise SourceError(path, None, f"unknown kind {kind!r}; expected 'bench' or 'compile'")
     lines = [_INTRO.rstrip(), "", "## Microbenchmarks", *bench, "", "## TPU compile matrix"]
     lines += [*compiled, "", "## Roofline figures of the chips", "", *_chip_table()]
+    lines += ["", "## Benchmark scripts", "", *_scripts_section(results_dir.parent)]
     return "\n".join(lines) + "\n"
 
 

@@ -33,7 +33,7 @@ from . import autocast as _autocast
 from .buckets import RowBuckets, power_of_two
 from .eager import DirectCalls
 from .executor import OpExecutor, check_devices
-from .op_spec import JaxBackward, OpSpec, hashable, present_differentiable
+from .op_spec import JaxBackward, OpSpec, check_argument_types, hashable, present_differentiable
 from .runtimes import op_defined
 from .tensors import map_tensors, needs_x64, tensor_leaves, torch_to_jax_dtype, x64_scope
 
@@ -143,7 +143,19 @@ class JaxOp:
                 flat = self._direct.positional(args, kwargs)
                 if flat is not None and self._direct.allowed(flat):
                     return self.implementation(*flat)
-        return self.op(*args, **kwargs)
+        try:
+            return self.op(*args, **kwargs)
+        except (RuntimeError, TypeError):
+            # the dispatcher's schema error names C++ types; say what was wrong in our terms
+            self._check_types(args, kwargs)
+            raise
+
+    def _check_types(self, args: tuple, kwargs: dict) -> None:
+        try:
+            values = _positional(self._spec.signature, args, kwargs)
+        except TypeError:
+            return  # wrong arguments altogether: the dispatcher's error stands
+        check_argument_types(self._spec, dict(zip(self._spec.param_names, values, strict=True)))
 
     def __repr__(self) -> str:
         return f"<kernel-hub op {self.qualname}{self._spec.signature}>"
@@ -359,6 +371,7 @@ def _define_forward(
 
     def fake(*args: Any, **kwargs: Any) -> Any:
         arguments = dict(zip(names, _positional(spec.signature, args, kwargs), strict=True))
+        check_argument_types(spec, arguments)
         check_devices(arguments, spec.tensor_params)
         spec.validate(**arguments)
         static = {name: hashable(arguments[name]) for name in spec.static_params}

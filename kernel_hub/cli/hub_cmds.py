@@ -15,7 +15,7 @@ from kernel_hub.hub.client import hub_api, list_refs
 from kernel_hub.hub.lockfile import find_lock
 from kernel_hub.hub.locking import lock_registry
 from kernel_hub.hub.publish import publish_kernel
-from kernel_hub.loading.resolver import fetch_op_build, get_kernel
+from kernel_hub.loading.resolver import fetch_op_build, get_kernel, in_tree_dir
 from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import load_registry
 
@@ -24,8 +24,16 @@ from .output import print_json, print_table
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("build", help="build kernels/<name> into build/<variant>/")
-    parser.add_argument("kernel_dir", type=Path, help="kernel directory (holds kernel.yaml)")
-    parser.add_argument("--out", type=Path, help="output folder (default: <kernel_dir>/build)")
+    parser.add_argument(
+        "kernel_dir",
+        type=Path,
+        help="kernel directory (holds kernel.yaml), or a registry op name (its in-tree kernel)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="output folder (default: <kernel_dir>/build; for an op name ./build/<kernel>)",
+    )
     parser.add_argument("--variant", action="append", help="build only this variant (repeatable)")
     _json_flag(parser)
     parser.set_defaults(func=run_build)
@@ -108,7 +116,13 @@ def _lock_arg(args: argparse.Namespace) -> Path | bool | None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    build = build_kernel(args.kernel_dir, args.out, args.variant)
+    kernel_dir, out = args.kernel_dir, args.out
+    if not kernel_dir.exists() and len(kernel_dir.parts) == 1:
+        # an op name: its in-tree kernel, built into the current directory (never into an
+        # installed package's directory)
+        kernel_dir = in_tree_dir(load_registry().get(str(kernel_dir)))
+        out = out or Path("build") / kernel_dir.name
+    build = build_kernel(kernel_dir, out, args.variant)
     rows = [
         {
             "variant": name,
@@ -260,6 +274,15 @@ def run_versions(args: argparse.Namespace) -> int:
     ]
     if args.json:
         print_json({"op": entry.name, "repo": entry.repo, "source": where, "versions": rows})
+        return 0
+    if not rows:
+        hint = (
+            "nothing cached (HF_HUB_OFFLINE is set): fetch a build online first, e.g. "
+            f"'kernel-hub get {entry.name} --version \"{entry.version}\"'"
+            if where == "cache"
+            else f"nothing published in {entry.repo}"
+        )
+        print(f"{entry.repo} ({where}): {hint}")
         return 0
     print(f"{entry.repo} ({where}); registry range {entry.version}")
     print_table(

@@ -62,6 +62,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_keygen(args: argparse.Namespace) -> int:
+    if not args.out.parent.is_dir():
+        raise KernelHubError(
+            f"keygen --out {args.out}: directory {args.out.parent} does not exist; create it "
+            "first (keys are written only where you chose)"
+        )
     pair = generate_key_pair(args.out)
     publisher = args.publisher or "YOUR-ORG"
     if args.json:

@@ -416,6 +416,9 @@ def _switch_interface(
         _check_mode(adapter, source.mode, label)
         _check_modules(adapter, modules, label)
         model_problem = interface.model_problem(model, modules)
+        if not model_problem and Mode.TRAINING in source.mode:
+            training_problem = getattr(interface, "training_problem", None)
+            model_problem = training_problem and training_problem(model, modules)
         if model_problem:
             raise _LeftAlone(model_problem)
         previous = interface.current(model)
@@ -445,9 +448,25 @@ def _device_type(model: torch.nn.Module, device: str | torch.device | None) -> s
             tensor = next(model.buffers(), None)
         return tensor.device.type if tensor is not None else "cpu"
     try:
-        return torch.device(device).type
+        device_type = torch.device(device).type
     except (RuntimeError, TypeError) as exc:
         raise KernelHubError(f"invalid device {device!r}: {exc}") from None
+    missing = _HOST_CHECKS.get(device_type)
+    if missing is not None and not missing[0]():
+        raise KernelHubError(
+            f"kernelize(device={device!r}): this host has no {device_type!r} device "
+            f"({missing[1]}); leave device out to use the model's ({_device_type(model, None)!r})"
+        )
+    return device_type
+
+
+_HOST_CHECKS: dict[str, tuple[Callable[[], bool], str]] = {
+    "cuda": (lambda: torch.cuda.is_available(), "torch.cuda.is_available() is False"),
+    "tpu": (lambda: hasattr(torch, "tpu"), "torch_tpu is not loaded"),
+    "jax": (lambda: "torchax" in sys.modules, "torchax is not imported"),
+    "xla": (lambda: "torch_xla" in sys.modules, "torch_xla is not imported"),
+}
+"""Device types kernel-hub serves that a host may lack: how to tell, and what to say."""
 
 
 def kernelize(

@@ -22,12 +22,12 @@ from pathlib import Path
 from types import ModuleType
 
 from kernel_hub.bridge.threads import apply_default_policy
-from kernel_hub.errors import HubError, KernelHubError, SourceError
+from kernel_hub.errors import HubError, KernelHubError, KernelInputError, SourceError
 from kernel_hub.hub import settings
 from kernel_hub.hub.fetch import HubBuild, HubRequest, fetch_build
 from kernel_hub.hub.lockfile import LockedOp, LockFile, find_lock
 from kernel_hub.hub.trust import TrustRemoteCode
-from kernel_hub.hub.variants import select_variant
+from kernel_hub.hub.variants import VARIANT_NAMES, select_variant
 from kernel_hub.paths import kernels_dir
 from kernel_hub.registry.manifest import MANIFEST_NAME
 from kernel_hub.registry.publisher_keys import PublisherKeys
@@ -77,6 +77,16 @@ def get_kernel(
     from trusted publishers or with ``trust_remote_code`` (True, or a list of orgs / repo ids).
     """
     registry_file = load_registry(registry)
+    if not isinstance(name, str):
+        raise KernelInputError(
+            f"get_kernel: name must be an op name (str), got {type(name).__name__} {name!r}; "
+            f"ops: {', '.join(registry_file.ops)}"
+        )
+    if variant is not None and variant not in VARIANT_NAMES:
+        raise KernelInputError(
+            f"get_kernel: unknown build variant {variant!r}; valid variants: "
+            f"{', '.join(VARIANT_NAMES)}"
+        )
     entry = registry_file.get(name)
     override = Path(local_dir) if local_dir is not None else _env_override(entry, name)
     if override is not None:
