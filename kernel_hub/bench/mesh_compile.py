@@ -16,7 +16,6 @@ shows the boundary is what makes the other cells compile.
 from __future__ import annotations
 
 import functools
-import importlib
 import re
 import time
 from collections import Counter
@@ -176,11 +175,8 @@ def kernel_mesh_cases(op: str, registry: str | None = None) -> tuple[str, list[M
     from kernel_hub.loading.resolver import get_kernel
 
     kernel = get_kernel(op, registry=registry)
-    try:
-        module = importlib.import_module(f"{kernel.__name__}.sharding")
-    except ModuleNotFoundError:
-        return kernel.manifest.name, []
-    return kernel.manifest.name, list(getattr(module, "mesh_cases", lambda: [])())
+    cases = kernel.KERNEL.mesh_cases
+    return kernel.manifest.name, list(cases() if cases is not None else [])
 
 
 def mesh_matrix(

@@ -2,33 +2,35 @@
 
 Exports the torch ops (``dot_product_attention``, ``attention_with_lse``,
 ``attention_with_dense_mask``), ``jax`` (the JAX API), ``ring`` (context-parallel ring attention)
-and ``integrations`` (Transformers' AttentionInterface; imported on first use because it imports
-transformers).
+and, through ``KERNEL``, the Transformers AttentionInterface adapter (imported on first use
+because it imports transformers).
 """
 
-import importlib
-from typing import Any
+from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
-from . import benchmark, ring
+from . import benchmark, ring, sharding
 from .torch_ops import attention_with_dense_mask, attention_with_lse, dot_product_attention
 
-implementation_tables = (jax.TABLE,)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "integrations":
-        return importlib.import_module(".integrations", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+KERNEL = KernelDeclaration(
+    ops={
+        "attention_with_lse": attention_with_lse,
+        "attention_with_dense_mask": attention_with_dense_mask,
+    },
+    jax=jax,
+    implementation_tables=(jax.TABLE,),
+    integrations={"transformers": submodule_loader(__name__, "integrations")},
+    mesh_cases=sharding.mesh_cases,
+    benchmark_cases=benchmark.CASES,
+    torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
+)
 
 __all__ = [
+    "KERNEL",
     "attention_with_dense_mask",
     "attention_with_lse",
     "benchmark",
     "dot_product_attention",
-    "implementation_tables",
-    "integrations",
     "jax",
     "ring",
 ]
