@@ -51,8 +51,11 @@ def max_err(a, b) -> float:
     """Largest |a - b| over every leaf, relative to the largest |b| of that leaf (values of
     order one read as absolute; a gradient summed over 256 columns is ~16)."""
     return max(
-        float(np.max(np.abs(np.asarray(x) - np.asarray(y))) / max(1.0, np.max(np.abs(y))))
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+        (
+            float(np.max(np.abs(np.asarray(x) - np.asarray(y))) / max(1.0, np.max(np.abs(y))))
+            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+        ),
+        default=0.0,
     )
 
 
@@ -69,6 +72,8 @@ def with_grads(fn, args, diff):
         )
 
     out = fn(*args)
+    if not diff:  # a forward-only op
+        return out, ()
     grads = jax.grad(loss, argnums=tuple(range(len(diff))))(*(args[i] for i in diff))
     return out, grads
 
@@ -81,10 +86,10 @@ def compare(name, fn, args, specs, m, diff, expect_out):
     jitted = jax.jit(lambda *a: with_grads(fn, a, diff))
     out, grads = jitted(*placed)
     out_specs = [tuple(o.sharding.spec) for o in jax.tree.leaves(out)]
-    expect = [tuple(s) for s in expect_out]
+    expect = [tuple(s) for s in expect_out or ()]
     pad = lambda s, n: s + (None,) * (n - len(s))
     outs = jax.tree.leaves(out)
-    specs_ok = all(
+    specs_ok = expect_out is None or all(
         pad(a, o.ndim) == pad(e, o.ndim) for a, e, o in zip(out_specs, expect, outs, strict=True)
     )
     jaxpr = str(jax.make_jaxpr(lambda *a: fn(*a))(*placed))
@@ -197,6 +202,106 @@ def rmsnorm_use_mesh_auto():
         and "shard_map" in jaxpr
         and "in_specs=(P('data', 'model'" in jaxpr,
         "forward_err": err,
+    }
+
+
+# --- Auto meshes: plain jit, no use_mesh --------------------------------------------------------
+# The traced arrays carry the mesh but no spec; the boundary places them by the mesh-axis
+# conventions (data: batch/rows, model: heads) and the partitioner reshards the rest. Output
+# shardings are the partitioner's choice, so only values and the shard_map are checked.
+
+
+def auto_compare(name, fn, args, specs, diff):
+    m = mesh((2, 4), ("data", "model"), AxisType.Auto)
+    return compare(name, fn, args, specs, m, diff, None)
+
+
+@check
+def auto_rmsnorm():
+    x, w = rand(20, (8, 4, 128)), 1 + 0.1 * rand(21, (128,))
+    return auto_compare(
+        "Auto mesh: rmsnorm rows over data x model",
+        rmsnorm_fn(),
+        [x, w],
+        [P("data", "model"), P()],
+        (0, 1),
+    )
+
+
+@check
+def auto_layernorm():
+    ln = get_kernel("layer_norm").jax
+    x, w, b = rand(22, (8, 4, 128)), 1 + 0.1 * rand(23, (128,)), 0.1 * rand(24, (128,))
+    checks = [
+        auto_compare(
+            "Auto mesh: layer_norm weight+bias",
+            lambda x, w, b: ln.layer_norm(x, w, b, implementation="pallas"),
+            [x, w, b],
+            [P("data"), P(), P()],
+            (0, 1, 2),
+        ),
+        auto_compare(
+            "Auto mesh: layer_norm no bias",
+            lambda x, w: ln.layer_norm_no_bias(x, w, implementation="pallas"),
+            [x, w],
+            [P(None, "model"), P()],
+            (0, 1),
+        ),
+        auto_compare(
+            "Auto mesh: layer_norm no affine",
+            lambda x: ln.layer_norm_no_affine(x, implementation="pallas"),
+            [x],
+            [P("data", "model")],
+            (0,),
+        ),
+    ]
+    return {
+        "name": "Auto mesh: layer_norm (3 forms)",
+        "ok": all(c["ok"] for c in checks),
+        "checks": checks,
+    }
+
+
+@check
+def auto_attention():
+    plain, _ = attention_fns()
+    spec = P("data", "model")
+    return auto_compare(
+        "Auto mesh: attention GQA 8/4 batch x heads",
+        plain,
+        list(qkv(2, 8, 4)),
+        [spec] * 3,
+        (0, 1, 2),
+    )
+
+
+@check
+def auto_ragged_and_paged():
+    api = get_kernel("ragged_attention").jax
+    q, k, v = rand(30, (64, 8, 32)), rand(31, (64, 4, 32)), rand(32, (64, 4, 32))
+    cu = jnp.array([0, 10, 40, 64], jnp.int32)
+    heads = P(None, "model")
+    ragged = auto_compare(
+        "Auto mesh: ragged attention heads over model",
+        lambda q, k, v, a, b: api.ragged_attention(q, k, v, a, b, implementation="pallas"),
+        [q, k, v, cu, cu],
+        [heads, heads, heads, P(), P()],
+        (),
+    )
+    pages_k, pages_v = rand(33, (16, 8, 4, 32)), rand(34, (16, 8, 4, 32))
+    table = jnp.arange(16, dtype=jnp.int32).reshape(4, 4)[::-1]
+    lens = jnp.array([5, 32, 17, 1], jnp.int32)
+    paged = auto_compare(
+        "Auto mesh: paged decode heads over model, sequences over data",
+        lambda q, kp, vp, t, n: api.paged_attention(q, kp, vp, t, n, implementation="pallas"),
+        [rand(35, (4, 8, 32)), pages_k, pages_v, table, lens],
+        [P("data", "model"), P(None, None, "model"), P(None, None, "model"), P(), P()],
+        (),
+    )
+    return {
+        "name": "Auto mesh: ragged + paged",
+        "ok": ragged["ok"] and paged["ok"],
+        "checks": [ragged, paged],
     }
 
 
