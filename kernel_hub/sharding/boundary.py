@@ -142,7 +142,7 @@ def run_sharded(
         return fn(*arrays, **options)
     mesh, operands, explicit = placement
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
-    solution = solve(rule, operands, sizes)
+    solution = solve(rule, operands, sizes, _result_shapes(rule, fn, arrays, options))
     return _shard_mapped(rule, fn, mesh, arrays, solution, options, explicit)
 
 
@@ -158,6 +158,19 @@ def bypassed() -> Iterator[None]:
         yield
     finally:
         _BYPASSED.reset(token)
+
+
+def _result_shapes(rule: ShardingRule, fn, arrays, options):
+    """The results' global shapes (None: an absent result), for rules whose results may
+    broadcast; traced on unsharded stand-ins, so no kernel is placed."""
+    import jax
+
+    if not rule.broadcast_results:
+        return None
+    stand_ins = [None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+    out = jax.eval_shape(lambda *a: fn(*a, **options), *stand_ins)
+    out = (out,) if len(rule.results) == 1 else out
+    return [None if o is None else tuple(o.shape) for o in out]
 
 
 def find_mesh(op: str, arrays: Sequence[Any]) -> tuple[Any, bool] | None:

@@ -7,6 +7,9 @@ are ``Partial()`` (each rank holds a partial sum). All-
 replicate is always offered. DTensor expands these over every mesh dimension and redistributes
 inputs to the cheapest one. The backward op gets the matching strategies: gradients of operands
 that lack the split factor (replicated weights) come out ``Partial()``, summed when used.
+A factor an operand broadcasts (a size-1 ``factor?`` dimension, such as a [1, H, Sq, Sk] mask's
+batch) is not offered for splitting: the inputs are redistributed to keep it whole (exact, with
+the communication DTensor chooses).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from .rule import ELLIPSIS, ShardingRule
 from .solve import expand
 
 Strategy = tuple[list[Any], list[Any]]
+Shape = tuple[int, ...]
 
 
 def _leading(rule: ShardingRule, ranks: Sequence[int | None]) -> int:
@@ -41,9 +45,25 @@ def _expanded(rule: ShardingRule, ranks: Sequence[int | None]):
     return operands, results
 
 
-def split_factors(rule: ShardingRule, ranks: Sequence[int | None]) -> list[frozenset[str]]:
-    """The factor groups a strategy may split: free ones, a grouped pair counted once."""
+def _broadcast_factors(rule: ShardingRule, shapes: Sequence[Shape | None]) -> set[str]:
+    """Factors some operand holds in a size-1 broadcasting dimension."""
+    operands, _ = _expanded(rule, [None if s is None else len(s) for s in shapes])
+    return {
+        factor
+        for index, (dims, shape) in enumerate(zip(operands, shapes, strict=True))
+        if shape is not None
+        for dim, factor in enumerate(dims)
+        if shape[dim] == 1 and rule.broadcasts(False, index, dim, len(shape))
+    }
+
+
+def split_factors(
+    rule: ShardingRule, ranks: Sequence[int | None], shapes: Sequence[Shape | None] | None = None
+) -> list[frozenset[str]]:
+    """The factor groups a strategy may split: free ones, a grouped pair counted once; with
+    ``shapes``, none an operand broadcasts."""
     operands, _ = _expanded(rule, ranks)
+    broadcast = _broadcast_factors(rule, shapes) if shapes is not None else set()
     seen: list[frozenset[str]] = []
     for dims in operands:
         for factor in dims or ():
@@ -51,6 +71,8 @@ def split_factors(rule: ShardingRule, ranks: Sequence[int | None]) -> list[froze
             if base in rule.whole:
                 continue
             group = frozenset({factor} | ({rule.partner(factor)} - {None}))
+            if group & broadcast:
+                continue
             if group not in seen:
                 seen.append(group)
     return seen
@@ -67,13 +89,15 @@ def _place(dims: Sequence[str] | None, group: frozenset[str], otherwise: Any) ->
     return otherwise
 
 
-def forward_strategies(rule: ShardingRule, ranks: Sequence[int | None]) -> list[Strategy]:
+def forward_strategies(
+    rule: ShardingRule, ranks: Sequence[int | None], shapes: Sequence[Shape | None] | None = None
+) -> list[Strategy]:
     """(result placements, operand placements) pairs for one mesh dimension."""
     from torch.distributed.tensor import Partial, Replicate
 
     operands, results = _expanded(rule, ranks)
     out = [([Replicate()] * len(results), [None if d is None else Replicate() for d in operands])]
-    for group in split_factors(rule, ranks):
+    for group in split_factors(rule, ranks, shapes):
         out.append(
             (
                 [_place(r, group, Partial()) for r in results],
@@ -84,7 +108,10 @@ def forward_strategies(rule: ShardingRule, ranks: Sequence[int | None]) -> list[
 
 
 def backward_strategies(
-    rule: ShardingRule, ranks: Sequence[int | None], differentiable: Sequence[int]
+    rule: ShardingRule,
+    ranks: Sequence[int | None],
+    differentiable: Sequence[int],
+    shapes: Sequence[Shape | None] | None = None,
 ) -> list[Strategy]:
     """(gradient placements, inputs + outputs + cotangents placements) for the backward op.
     Reduced factors are not offered (their cotangents would need to be replicated anyway)."""
@@ -94,7 +121,7 @@ def backward_strategies(
     everything = [*operands, *results, *results]
     replicated = [None if d is None else Replicate() for d in everything]
     out = [([Replicate()] * len(differentiable), replicated)]
-    for group in split_factors(rule, ranks):
+    for group in split_factors(rule, ranks, shapes):
         if group & rule.reduced:
             continue
         out.append(
@@ -112,6 +139,10 @@ def _gradient_place(dims: Sequence[str] | None, group: frozenset[str]) -> Any:
     from torch.distributed.tensor import Partial, Replicate
 
     return Replicate() if dims is None else _place(dims, group, Partial())
+
+
+def _shape(value: Any) -> Shape | None:
+    return None if value is None else tuple(value.shape)
 
 
 def _rank(value: Any) -> int | None:
@@ -140,8 +171,9 @@ def register(
         arguments = dict(zip(param_names, args, strict=False)) | kwargs
         static = {p: arguments[p] for p in static_params if p in arguments}
         ranks = [_rank(arguments.get(p)) for p in tensor_params]
+        shapes = [_shape(arguments.get(p)) for p in tensor_params]
         strategies = []
-        for results, placements in forward_strategies(rule_for(static), ranks):
+        for results, placements in forward_strategies(rule_for(static), ranks, shapes):
             by_name = dict(zip(tensor_params, placements, strict=True))
             strategies.append((results, [by_name.get(p) for p in param_names[: len(args)]]))
         return strategies
@@ -153,6 +185,7 @@ def register(
     def backward(inputs, outputs, cotangents, *static_values: Any) -> list[Strategy]:
         static = dict(zip(static_params, static_values, strict=False))
         ranks = [_rank(t) for t in inputs]
-        strategies = backward_strategies(rule_for(static), ranks, diff_index)
+        shapes = [_shape(t) for t in inputs]
+        strategies = backward_strategies(rule_for(static), ranks, diff_index, shapes)
         pad = [None] * len(static_values)
         return [(grads, [*placements, *pad]) for grads, placements in strategies]

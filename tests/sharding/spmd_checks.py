@@ -11,6 +11,7 @@ import os
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
+import importlib
 import json
 import sys
 import time
@@ -386,6 +387,76 @@ def attention_backward_sinks_batch_split_2x4():
         "ok": err <= GRAD_TOL,
         "grad_err": err,
     }
+
+
+def dense_mask_case(mask_shape, bias_shape):
+    """GQA 8/4 with key padding, a [B|1, H|1, S, S] boolean mask and an additive bias."""
+    q, k, v = qkv(2, 8, 4)
+    keep = jnp.arange(64) < jnp.array([48, 64])[:, None]  # batch 0 pads its last 16 keys
+    mask = jnp.broadcast_to(keep[:, None, None, :], (2, 8, 64, 64))
+    mask = mask[: mask_shape[0], : mask_shape[1]]
+    bias = 0.5 * rand(15, bias_shape)
+    return q, k, v, mask, 3.0 * rand(13, (8,)), bias
+
+
+def dense_specs(mask_shape, bias_shape):
+    spec = P("data", "model")
+    split = lambda shape: P(
+        *[a if n > 1 else None for a, n in zip(("data", "model"), shape[:2], strict=True)]
+    )
+    return [spec, spec, spec, split(mask_shape), P("model"), split(bias_shape)]
+
+
+@check
+def dense_mask_fwd_bwd():
+    """Dense-mask attention, forward (out, lse) and gradients through it, and the backward entry
+    point (the torch backward op's): batch over data, heads over model, the bias broadcast over
+    batch ([1, H, ...]: its gradient summed over data) or heads ([B, 1, ...]: over model); on an
+    Explicit mesh and on an Auto mesh under plain jit."""
+    dense_mask = importlib.import_module(get_kernel("attention").__name__ + ".dense_mask")
+
+    fwd = lambda q, k, v, m, s, b: dense_mask.attention_with_dense_mask(
+        q, k, v, m, s, b, implementation="pallas"
+    )
+    results = []
+    for mask_shape, bias_shape in (((2, 1), (1, 8, 64, 64)), ((1, 1), (2, 1, 64, 64))):
+        args = list(dense_mask_case(mask_shape, bias_shape))
+        for kind in (AxisType.Explicit, AxisType.Auto):
+            m = mesh((2, 4), ("data", "model"), kind)
+            specs = dense_specs(mask_shape, bias_shape)
+            results.append(
+                compare(
+                    f"dense mask {mask_shape} bias {bias_shape[:2]} {kind}",
+                    fwd,
+                    args,
+                    specs,
+                    m,
+                    (0, 1, 2, 4, 5),
+                    None,
+                )
+            )
+            out, lse = fwd(*args)
+            cot = [rand(16, out.shape), rand(17, lse.shape)]
+            backward = lambda *a: dense_mask.attention_with_dense_mask_backward(
+                *a, implementation="pallas"
+            )
+            full = [*args, out, lse, *cot]
+            expected = backward(*full)
+            spec = P("data", "model")
+            placed = [
+                put(m, np.asarray(a), sp)
+                for a, sp in zip(full, [*specs, spec, spec, spec, spec], strict=True)
+            ]
+            got = jax.jit(backward)(*placed)
+            err = max_err(got, expected)
+            results.append(
+                {
+                    "name": f"backward entry {mask_shape} {bias_shape[:2]} {kind}",
+                    "ok": err <= GRAD_TOL,
+                    "grad_err": err,
+                }
+            )
+    return {"name": "dense-mask attention", "ok": all(r["ok"] for r in results), "checks": results}
 
 
 @check

@@ -114,3 +114,31 @@ def test_dtensor_backward_gives_partial_weight_gradients() -> None:
     matmul = backward_strategies(MATMUL, [2, 2], differentiable=[0, 1])
     assert ([Shard(0), Partial()], [Shard(0), Replicate(), Shard(0), Shard(0)]) in matmul
     assert all(inputs[0] != Shard(1) for _, inputs in matmul)  # the reduced k is not offered
+
+
+MASKED = ShardingRule.parse(
+    "masked", "b h s, b? h? s, b? h? s -> b h s, b? h? s", whole=("s",)
+)  # q, mask, bias -> out, d_bias
+
+
+def test_broadcast_dimension_stays_whole_and_its_gradient_is_summed() -> None:
+    q = Operand("q", (4, 8, 16), (("data",), ("model",), ()))
+    mask = Operand("mask", (1, 8, 16), ((), (), ()))
+    bias = Operand("bias", (4, 1, 16), ((), (), ()))
+    solution = solve(MASKED, [q, mask, bias], SIZES, [(4, 8, 16), (4, 1, 16)])
+    assert solution.operands[1:] == (((), ("model",), ()), (("data",), (), ()))
+    assert solution.results[1] == (("data",), (), ())
+    assert solution.result_reductions == ((), ("model",))  # d_bias summed over the heads' axis
+    full = solve(MASKED, [q, mask, Operand("bias", (4, 8, 16), ((), (), ()))], SIZES, None)
+    assert full.results[1] == (("data",), ("model",), ()) and full.result_reductions == ((), ())
+    assert str(MASKED) == "b h s, b? h? s, b? h? s -> b h s, b? h? s"
+
+
+def test_dtensor_does_not_split_a_broadcast_factor() -> None:
+    from torch.distributed.tensor import Replicate, Shard
+
+    shapes = [(4, 8, 16), (1, 8, 16), (4, 8, 16)]
+    strategies = forward_strategies(MASKED, [3, 3, 3], shapes)
+    assert all(Shard(0) not in placements for _, placements in strategies)  # b is broadcast
+    assert ([Shard(1), Shard(1)], [Shard(1), Shard(1), Shard(1)]) in strategies
+    assert strategies[0] == ([Replicate(), Replicate()], [Replicate()] * 3)

@@ -88,6 +88,38 @@ def dtensor_attention_heads(mesh):
     }
 
 
+@check
+def dtensor_dense_mask_heads(mesh):
+    """Head-split DTensors through attention_with_dense_mask: a key-padding mask [B, 1, S, S]
+    (heads broadcast: replicated) and a bias [1, H, S, S] split with the heads; its gradient,
+    summed over the batch inside each shard, comes back split like the bias."""
+    attention = get_kernel("attention").attention_with_dense_mask
+    torch.manual_seed(0)
+    q = torch.randn(2, 4, 16, 32, requires_grad=True)
+    k, v = (torch.randn(2, 2, 16, 32, requires_grad=True) for _ in range(2))
+    bias = (0.5 * torch.randn(1, 4, 16, 16)).requires_grad_()
+    mask = (torch.arange(16) < torch.tensor([12, 16])[:, None])[:, None, None, :].expand(
+        2, 1, 16, 16
+    )
+    ref_out, ref_lse = attention(q, k, v, mask, bias=bias)
+    (ref_out.sum() + ref_lse.sum()).backward()
+    leaves = (q, k, v, bias)
+    shard = [distribute_tensor(t.detach(), mesh, [Shard(1)]).requires_grad_() for t in leaves]
+    dmask = distribute_tensor(mask.contiguous(), mesh, [Replicate()])
+    out, lse = attention(*shard[:3], dmask, bias=shard[3])
+    (out.sum() + lse.sum()).backward()
+    errors = {
+        "forward": max(err(out.full_tensor(), ref_out), err(lse.full_tensor(), ref_lse)),
+        "grads": max(err(s.grad.full_tensor(), t.grad) for s, t in zip(shard, leaves, strict=True)),
+    }
+    placements = [str(p) for p in out.placements + lse.placements + shard[3].grad.placements]
+    return {
+        "ok": placements == ["S(1)", "S(1)", "S(1)"] and max(errors.values()) <= TOL,
+        "placements": placements,
+        **errors,
+    }
+
+
 def _llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -32,10 +32,29 @@ ATTENTION_BACKWARD = ShardingRule.parse(
     **_OPTIONS,
 )
 
-# Decorators of the public JAX functions in ``api``.
+# Dense-mask attention: the mask and the additive bias are [B|1, H|1, Sq, Sk]; a size-1 batch or
+# head dimension broadcasts (each shard reads it whole) and the bias gradient there is summed over
+# the shards splitting that factor.
+_MASKED = "batch? heads? q_len kv_len"
+_DENSE_INPUTS = (
+    "batch heads q_len head_dim, batch kv_heads kv_len head_dim, "
+    f"batch kv_heads kv_len value_dim, {_MASKED}, heads, {_MASKED}"  # mask, sinks, bias
+)
+ATTENTION_DENSE_MASK = ShardingRule.parse(
+    "attention_with_dense_mask", f"{_DENSE_INPUTS} -> {_OUT}, {_LSE}", **_OPTIONS
+)
+ATTENTION_DENSE_MASK_BACKWARD = ShardingRule.parse(
+    "attention_with_dense_mask_backward",
+    f"{_DENSE_INPUTS}, {_OUT}, {_LSE}, {_OUT}, {_LSE} -> {_DQ}, {_K}, {_V}, heads, {_MASKED}",
+    **_OPTIONS,
+)
+
+# Decorators of the public JAX functions in ``api`` and ``dense_mask``.
 attention_boundary = sharded(ATTENTION)
 with_lse_boundary = sharded(ATTENTION_WITH_LSE)
 backward_boundary = sharded(ATTENTION_BACKWARD)
+dense_mask_boundary = sharded(ATTENTION_DENSE_MASK)
+dense_mask_backward_boundary = sharded(ATTENTION_DENSE_MASK_BACKWARD)
 
 
 def mesh_cases() -> list[MeshCase]:
