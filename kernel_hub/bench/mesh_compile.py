@@ -27,6 +27,7 @@ from kernel_hub.sharding.cases import MeshCase, default_mesh_shape
 from kernel_hub.topologies import filtered_libtpu_stderr, tpu_devices
 
 from .compile_check import check_generations, no_persistent_cache
+from .overflow import memory_overflow
 
 COLLECTIVES = (
     "all-reduce",
@@ -64,6 +65,8 @@ class MeshCompileResult:
     seconds: float
     collectives: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    overflow: dict[str, Any] | None = None
+    """{space: 'HBM' | 'VMEM', asked, available} (bytes) when the program did not fit."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "status": "pass" if self.ok else "fail"}
@@ -154,7 +157,13 @@ def compile_mesh_case(
     except Exception as exc:  # the compiler's message is the result
         message = f"{type(exc).__name__}: {exc}".strip()[:1500]
         refused = "cannot be automatically partitioned" in message
-        return cell(ok=control and refused, seconds=time.perf_counter() - start, error=message)
+        overflow = memory_overflow(message)
+        return cell(
+            ok=control and refused,
+            seconds=time.perf_counter() - start,
+            error=message,
+            overflow=None if overflow is None else asdict(overflow),
+        )
     seconds = time.perf_counter() - start
     counts = count_collectives(hlo)
     if control:

@@ -99,6 +99,7 @@ def run_compile_check(args: argparse.Namespace) -> int:
 
 def _run_mesh_check(args: argparse.Namespace) -> int:
     from kernel_hub.bench.mesh_compile import mesh_matrix
+    from kernel_hub.bench.overflow import MemoryOverflow
 
     results = [
         r.to_json()
@@ -139,7 +140,8 @@ def _run_mesh_check(args: argparse.Namespace) -> int:
     print(f"\n{len(results)} cells: {len(results) - len(failures)} pass, {len(failures)} fail")
     for r in failures:
         cell = f"{r['kernel']} {r['case']} {r['direction']} {r['kind']} {r['generation']}"
-        print(f"FAIL {cell}: {r['error']}")
+        label = f" ({MemoryOverflow(**r['overflow'])})" if r.get("overflow") else ""
+        print(f"FAIL{label} {cell}: {r['error']}")
     if args.json:
         Path(args.json).write_text(
             json.dumps({"schema": 1, "kind": "mesh-compile", "results": results}, indent=1) + "\n"
