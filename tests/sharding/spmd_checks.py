@@ -736,6 +736,59 @@ def ring_causal_gqa_4():
     )
 
 
+def zigzag_case(shards, *, softcap=None, segments=False, kind=AxisType.Explicit):
+    """A zig-zag causal ring vs unsharded attention. Both take the sequence in zig-zag order
+    (sharded over cp for the ring); the reference undoes the order, attends, and redoes it."""
+    ring = get_kernel("dot_product_attention").ring
+    api = get_kernel("dot_product_attention").jax
+    seq = 32 * shards
+    order = ring.zigzag_order(seq, shards)
+    undo = np.argsort(order)
+    q, k, v = qkv(1, 4, 2, seq=seq)
+    ids = (jnp.arange(seq) >= seq // 3).astype(jnp.int32)[None] + (jnp.arange(seq) >= seq // 2)
+    options = dict(causal=True, softcap=softcap)
+
+    def sharded(q, k, v, ids):
+        seg = (ids, ids) if segments else ()
+        return ring.ring_attention_with_lse(
+            q, k, v, *seg, layout="zigzag", implementation="pallas", **options
+        )
+
+    def reference(q, k, v, ids):
+        q, k, v, ids = q[:, :, undo], k[:, :, undo], v[:, :, undo], ids[:, undo]
+        seg = (ids, ids) if segments else (None, None)
+        out, lse = api.dot_product_attention_with_lse(
+            q, k, v, None, *seg, implementation="xla", **options
+        )
+        return out[:, :, order], lse[:, :, order]
+
+    m = jax.sharding.Mesh(np.array(jax.devices()[:shards]), ("cp",), axis_types=(kind,))
+    label = f"zig-zag ring, {shards} shards, causal{', softcap' if softcap else ''}"
+    label += ", segments" if segments else ""
+    spec = P(None, None, "cp")
+    args = [q[:, :, order], k[:, :, order], v[:, :, order], ids[:, order]]
+    expect = [spec, spec] if kind == AxisType.Explicit else [(), ()]
+    return compare_to_reference(
+        f"{label}, {kind}",
+        sharded,
+        reference,
+        args,
+        [spec] * 3 + [P(None, "cp")],
+        m,
+        (0, 1, 2),
+        expect,
+    )
+
+
+@check
+def ring_zigzag_4_and_8():
+    checks = [
+        zigzag_case(4),
+        zigzag_case(8, softcap=20.0, segments=True, kind=AxisType.Auto),
+    ]
+    return {"name": "zig-zag ring attention", "ok": all(c["ok"] for c in checks), "checks": checks}
+
+
 @check
 def ring_bidirectional_batch_2x4():
     m = mesh((2, 4), ("data", "cp"))

@@ -58,8 +58,8 @@ dense_mask_backward_boundary = sharded(ATTENTION_DENSE_MASK_BACKWARD)
 
 
 def mesh_cases() -> list[MeshCase]:
-    """Causal GQA 32/8 with batch over data and heads over model (no collectives needed), and a
-    causal ring over cp (K/V passed on with collective-permute)."""
+    """Causal GQA 32/8 with batch over data and heads over model (no collectives needed), and
+    causal rings over cp, contiguous and zig-zag (K/V passed on with collective-permute)."""
     import jax
     import jax.numpy as jnp
 
@@ -88,6 +88,18 @@ def mesh_cases() -> list[MeshCase]:
             ("cp",),
             differentiable=(0, 1, 2),
             forward_collectives={"collective-permute": 3},
+            backward_collectives={"collective-permute": 3},
+            control=False,
+        ),
+        MeshCase(
+            "zig-zag ring attention causal GQA 32/8 S4096 over cp bf16",
+            lambda q, k, v: ring.ring_attention(q, k, v, causal=True, layout="zigzag"),
+            (long_q, long_kv, long_kv),
+            (cp, cp, cp),
+            ("cp",),
+            differentiable=(0, 1, 2),
+            # 4 shards: the local causal block, then 3 steps of 2 equal-work branches.
+            forward_collectives={"collective-permute": 3, "mosaic": 7},
             backward_collectives={"collective-permute": 3},
             control=False,
         ),
