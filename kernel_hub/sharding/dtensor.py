@@ -7,9 +7,8 @@ are ``Partial()`` (each rank holds a partial sum). All-
 replicate is always offered. DTensor expands these over every mesh dimension and redistributes
 inputs to the cheapest one. The backward op gets the matching strategies: gradients of operands
 that lack the split factor (replicated weights) come out ``Partial()``, summed when used.
-A factor an operand broadcasts (a size-1 ``factor?`` dimension, such as a [1, H, Sq, Sk] mask's
-batch) is not offered for splitting: the inputs are redistributed to keep it whole (exact, with
-the communication DTensor chooses).
+An operand that broadcasts the split factor (a size-1 ``factor?`` dimension, such as a
+[1, H, Sq, Sk] mask's batch) is ``Replicate()`` and its gradient ``Partial()``.
 """
 
 from __future__ import annotations
@@ -31,48 +30,38 @@ def _leading(rule: ShardingRule, ranks: Sequence[int | None]) -> int:
     return 0
 
 
-def _expanded(rule: ShardingRule, ranks: Sequence[int | None]):
-    """Factor names per dimension of each operand (None: absent) and of each result."""
+def _expanded(rule: ShardingRule, ranks: Sequence[int | None], shapes=None):
+    """Factor names per dimension of each operand (None: absent) and of each result. With
+    ``shapes``, an operand's size-1 broadcasting dimension is named "" (it holds no factor: the
+    operand stays whole there, and its gradient is a partial sum)."""
     operands = [
-        None if r is None else expand(rule, d, r, f"operand {i}")
+        None if r is None else list(expand(rule, d, r, f"operand {i}"))
         for i, (d, r) in enumerate(zip(rule.operands, ranks, strict=True))
     ]
+    for index, (dims, shape) in enumerate(
+        zip(operands, shapes or [None] * len(ranks), strict=True)
+    ):
+        for dim in range(len(shape or ())):
+            if shape[dim] == 1 and rule.broadcasts(False, index, dim, len(shape)):
+                dims[dim] = ""
     leading = [f"{ELLIPSIS}{i}" for i in range(_leading(rule, ranks))]
     results = [
         tuple((leading if ELLIPSIS in d else []) + [f for f in d if f != ELLIPSIS])
         for d in rule.results
     ]
-    return operands, results
+    return [None if d is None else tuple(d) for d in operands], results
 
 
-def _broadcast_factors(rule: ShardingRule, shapes: Sequence[Shape | None]) -> set[str]:
-    """Factors some operand holds in a size-1 broadcasting dimension."""
-    operands, _ = _expanded(rule, [None if s is None else len(s) for s in shapes])
-    return {
-        factor
-        for index, (dims, shape) in enumerate(zip(operands, shapes, strict=True))
-        if shape is not None
-        for dim, factor in enumerate(dims)
-        if shape[dim] == 1 and rule.broadcasts(False, index, dim, len(shape))
-    }
-
-
-def split_factors(
-    rule: ShardingRule, ranks: Sequence[int | None], shapes: Sequence[Shape | None] | None = None
-) -> list[frozenset[str]]:
-    """The factor groups a strategy may split: free ones, a grouped pair counted once; with
-    ``shapes``, none an operand broadcasts."""
+def split_factors(rule: ShardingRule, ranks: Sequence[int | None]) -> list[frozenset[str]]:
+    """The factor groups a strategy may split: free ones, a grouped pair counted once."""
     operands, _ = _expanded(rule, ranks)
-    broadcast = _broadcast_factors(rule, shapes) if shapes is not None else set()
     seen: list[frozenset[str]] = []
     for dims in operands:
         for factor in dims or ():
             base = ELLIPSIS if factor.startswith(ELLIPSIS) else factor
-            if base in rule.whole:
+            if not factor or base in rule.whole:
                 continue
             group = frozenset({factor} | ({rule.partner(factor)} - {None}))
-            if group & broadcast:
-                continue
             if group not in seen:
                 seen.append(group)
     return seen
@@ -95,9 +84,9 @@ def forward_strategies(
     """(result placements, operand placements) pairs for one mesh dimension."""
     from torch.distributed.tensor import Partial, Replicate
 
-    operands, results = _expanded(rule, ranks)
+    operands, results = _expanded(rule, ranks, shapes)
     out = [([Replicate()] * len(results), [None if d is None else Replicate() for d in operands])]
-    for group in split_factors(rule, ranks, shapes):
+    for group in split_factors(rule, ranks):
         out.append(
             (
                 [_place(r, group, Partial()) for r in results],
@@ -117,11 +106,11 @@ def backward_strategies(
     Reduced factors are not offered (their cotangents would need to be replicated anyway)."""
     from torch.distributed.tensor import Replicate
 
-    operands, results = _expanded(rule, ranks)
+    operands, results = _expanded(rule, ranks, shapes)
     everything = [*operands, *results, *results]
     replicated = [None if d is None else Replicate() for d in everything]
     out = [([Replicate()] * len(differentiable), replicated)]
-    for group in split_factors(rule, ranks, shapes):
+    for group in split_factors(rule, ranks):
         if group & rule.reduced:
             continue
         out.append(

@@ -134,11 +134,13 @@ def test_broadcast_dimension_stays_whole_and_its_gradient_is_summed() -> None:
     assert str(MASKED) == "b h s, b? h? s, b? h? s -> b h s, b? h? s"
 
 
-def test_dtensor_does_not_split_a_broadcast_factor() -> None:
-    from torch.distributed.tensor import Replicate, Shard
+def test_dtensor_replicates_a_broadcast_operand_and_sums_its_gradient() -> None:
+    from torch.distributed.tensor import Partial, Replicate, Shard
 
-    shapes = [(4, 8, 16), (1, 8, 16), (4, 8, 16)]
+    shapes = [(4, 8, 16), (1, 8, 16), (4, 8, 16)]  # the mask broadcasts over b
     strategies = forward_strategies(MASKED, [3, 3, 3], shapes)
-    assert all(Shard(0) not in placements for _, placements in strategies)  # b is broadcast
+    assert ([Shard(0), Shard(0)], [Shard(0), Replicate(), Shard(0)]) in strategies
     assert ([Shard(1), Shard(1)], [Shard(1), Shard(1), Shard(1)]) in strategies
-    assert strategies[0] == ([Replicate(), Replicate()], [Replicate()] * 3)
+    backward = backward_strategies(MASKED, [3, 3, 3], [0, 1, 2], shapes)
+    grads = [g for g, inputs in backward if inputs[0] == Shard(0)]
+    assert grads == [[Shard(0), Partial(), Shard(0)]]  # the mask's gradient: a partial sum

@@ -90,9 +90,10 @@ def dtensor_attention_heads(mesh):
 
 @check
 def dtensor_dense_mask_heads(mesh):
-    """Head-split DTensors through attention_with_dense_mask: a key-padding mask [B, 1, S, S]
-    (heads broadcast: replicated) and a bias [1, H, S, S] split with the heads; its gradient,
-    summed over the batch inside each shard, comes back split like the bias."""
+    """DTensors through attention_with_dense_mask with a key-padding mask [B, 1, S, S] and a bias
+    [1, H, S, S]. Heads split: the mask (heads broadcast) is replicated, the bias split with the
+    heads and so is its gradient. Batch split: the mask follows, the bias (batch broadcast) is
+    read whole and its gradient comes back a partial sum, summed over the ranks."""
     attention = get_kernel("attention").attention_with_dense_mask
     torch.manual_seed(0)
     q = torch.randn(2, 4, 16, 32, requires_grad=True)
@@ -113,9 +114,23 @@ def dtensor_dense_mask_heads(mesh):
         "grads": max(err(s.grad.full_tensor(), t.grad) for s, t in zip(shard, leaves, strict=True)),
     }
     placements = [str(p) for p in out.placements + lse.placements + shard[3].grad.placements]
+    # batch split: the mask follows it, the [1, H] bias is read whole and its gradient summed
+    batch = [distribute_tensor(t.detach(), mesh, [Shard(0)]).requires_grad_() for t in leaves[:3]]
+    whole_bias = distribute_tensor(bias.detach(), mesh, [Replicate()]).requires_grad_()
+    bmask = distribute_tensor(mask.contiguous(), mesh, [Shard(0)])
+    out, lse = attention(*batch, bmask, bias=whole_bias)
+    (out.sum() + lse.sum()).backward()
+    errors["batch_forward"] = max(err(out.full_tensor(), ref_out), err(lse.full_tensor(), ref_lse))
+    errors["batch_grads"] = max(
+        err(s.grad.full_tensor(), t.grad) for s, t in zip([*batch, whole_bias], leaves, strict=True)
+    )
+    batch_placements = [str(p) for p in out.placements]
     return {
-        "ok": placements == ["S(1)", "S(1)", "S(1)"] and max(errors.values()) <= TOL,
+        "ok": placements == ["S(1)", "S(1)", "S(1)"]
+        and batch_placements == ["S(0)"]
+        and max(errors.values()) <= TOL,
         "placements": placements,
+        "batch_placements": batch_placements,
         **errors,
     }
 
