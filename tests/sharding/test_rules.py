@@ -144,3 +144,22 @@ def test_dtensor_replicates_a_broadcast_operand_and_sums_its_gradient() -> None:
     backward = backward_strategies(MASKED, [3, 3, 3], [0, 1, 2], shapes)
     grads = [g for g, inputs in backward if inputs[0] == Shard(0)]
     assert grads == [[Shard(0), Partial(), Shard(0)]]  # the mask's gradient: a partial sum
+
+
+def test_conventional_placement_on_auto_meshes() -> None:
+    """Auto meshes under plain jit: factors placed by the mesh-axis names; a placement a
+    dimension cannot divide is dropped with its grouped partner (a guess, not a request)."""
+    from types import SimpleNamespace
+
+    from kernel_hub.sharding.boundary import _divisible
+    from kernel_hub.sharding.context import conventional_context
+
+    mesh = SimpleNamespace(axis_names=("data", "model", "cp"), axis_sizes=(2, 4, 2))
+    context = conventional_context(mesh)
+    assert context.axes_of("batch") == ("data",) and context.axes_of("...0") == ("data",)
+    assert context.axes_of("heads") == context.axes_of("kv_heads") == ("model",)
+    assert context.axes_of("...1") == () and context.axes_of("q_len") == ()
+    q = Operand("q", (2, 8, 64, 32), (("data",), ("model",), (), ()))
+    narrow_k = Operand("k", (2, 2, 64, 32), (("data",), ("model",), (), ()))
+    placed = _divisible(GQA, [q, narrow_k], mesh)
+    assert [o.axes[:2] for o in placed] == [(("data",), ()), (("data",), ())]
