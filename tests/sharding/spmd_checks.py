@@ -419,43 +419,46 @@ def dense_mask_fwd_bwd():
         q, k, v, m, s, b, implementation="pallas"
     )
     results = []
-    for mask_shape, bias_shape in (((2, 1), (1, 8, 64, 64)), ((1, 1), (2, 1, 64, 64))):
+    cases = (
+        ((2, 1), (1, 8, 64, 64), AxisType.Explicit),
+        ((1, 1), (2, 1, 64, 64), AxisType.Auto),
+    )
+    for mask_shape, bias_shape, kind in cases:
         args = list(dense_mask_case(mask_shape, bias_shape))
-        for kind in (AxisType.Explicit, AxisType.Auto):
-            m = mesh((2, 4), ("data", "model"), kind)
-            specs = dense_specs(mask_shape, bias_shape)
-            results.append(
-                compare(
-                    f"dense mask {mask_shape} bias {bias_shape[:2]} {kind}",
-                    fwd,
-                    args,
-                    specs,
-                    m,
-                    (0, 1, 2, 4, 5),
-                    None,
-                )
+        m = mesh((2, 4), ("data", "model"), kind)
+        specs = dense_specs(mask_shape, bias_shape)
+        results.append(
+            compare(
+                f"dense mask {mask_shape} bias {bias_shape[:2]} {kind}",
+                fwd,
+                args,
+                specs,
+                m,
+                (0, 1, 2, 4, 5),
+                None,
             )
-            out, lse = fwd(*args)
-            cot = [rand(16, out.shape), rand(17, lse.shape)]
-            backward = lambda *a: dense_mask.attention_with_dense_mask_backward(
-                *a, implementation="pallas"
-            )
-            full = [*args, out, lse, *cot]
-            expected = backward(*full)
-            spec = P("data", "model")
-            placed = [
-                put(m, np.asarray(a), sp)
-                for a, sp in zip(full, [*specs, spec, spec, spec, spec], strict=True)
-            ]
-            got = jax.jit(backward)(*placed)
-            err = max_err(got, expected)
-            results.append(
-                {
-                    "name": f"backward entry {mask_shape} {bias_shape[:2]} {kind}",
-                    "ok": err <= GRAD_TOL,
-                    "grad_err": err,
-                }
-            )
+        )
+        out, lse = fwd(*args)
+        cot = [rand(16, out.shape), rand(17, lse.shape)]
+        backward = lambda *a: dense_mask.attention_with_dense_mask_backward(
+            *a, implementation="pallas"
+        )
+        full = [*args, out, lse, *cot]
+        expected = backward(*full)
+        spec = P("data", "model")
+        placed = [
+            put(m, np.asarray(a), sp)
+            for a, sp in zip(full, [*specs, spec, spec, spec, spec], strict=True)
+        ]
+        got = jax.jit(backward)(*placed)
+        err = max_err(got, expected)
+        results.append(
+            {
+                "name": f"backward entry {mask_shape} {bias_shape[:2]} {kind}",
+                "ok": err <= GRAD_TOL,
+                "grad_err": err,
+            }
+        )
     return {"name": "dense-mask attention", "ok": all(r["ok"] for r in results), "checks": results}
 
 
