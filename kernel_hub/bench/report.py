@@ -19,6 +19,7 @@ from typing import Any
 
 from kernel_hub.errors import SourceError
 
+from .overflow import MemoryOverflow
 from .roofline import CHIPS
 
 BENCHMARKS_DIR = Path("benchmarks")  # run from a kernel-hub checkout
@@ -77,13 +78,17 @@ def bench_row(result: Mapping[str, Any]) -> list[str]:
 
 
 def compile_cell(result: Mapping[str, Any]) -> str:
-    """'ok 0.13 s', 'FAIL (VMEM)', 'FAIL' or 'skip' for one compile result."""
+    """'ok 0.13 s', 'FAIL (VMEM 198.0 MiB > 128.0 MiB)', 'FAIL (HBM ...)', 'FAIL' or 'skip' for
+    one compile result."""
     status = result["status"]
     if status == "pass":
         return f"ok {result['seconds']:.2f} s"
     if status == "skip":
         return "skip"
-    return "FAIL (VMEM)" if result["vmem_overflow"] else "FAIL"
+    overflow = result.get("overflow")
+    if overflow:
+        return f"FAIL ({MemoryOverflow(**overflow)})"
+    return "FAIL (VMEM)" if result.get("vmem_overflow") else "FAIL"
 
 
 COMPILE_KEY = ("kernel", "implementation", "case", "dtype", "direction")
@@ -209,7 +214,8 @@ produced it, the machine, library versions and every timing sample.
 - `compile` files come from `kernel-hub compile-check`: every kernel's TPU
   implementations compiled without a TPU (libtpu deviceless topologies), forward
   and backward, per generation; a cell is pass with its compile time, FAIL
-  (VMEM when the compiler ran out of vector memory) or skip.
+  (with the memory that overflowed, HBM or VMEM, and the bytes asked and
+  available) or skip.
 - The benchmark scripts beside this file and the runs they recorded are listed
   at the end ("Benchmark scripts").
 """

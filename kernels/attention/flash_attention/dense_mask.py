@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from kernel_hub.kernel_api import check_dtype, check_rank, require
 
-from . import api, masking, reference
+from . import api, masking, reference, sharding
 from .masking import AttentionSpec
 
 log = logging.getLogger(__name__)
@@ -173,6 +173,7 @@ def _combined_bias(mask_bias, bias):
     return bias if mask_bias is None else mask_bias.astype(bias.dtype) + bias
 
 
+@sharding.dense_mask_boundary
 def attention_with_dense_mask(
     query,
     key,
@@ -224,6 +225,7 @@ def attention_with_dense_mask(
     return jax.lax.switch(choice, branches, query, key, value, sinks)
 
 
+@sharding.dense_mask_backward_boundary
 def attention_with_dense_mask_backward(
     query,
     key,
