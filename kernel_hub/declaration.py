@@ -167,7 +167,8 @@ def legacy_declaration(module: ModuleType, ops: Sequence[str], layers: Sequence[
     ``layers.MODULE_CHECKS``, ``integrations`` (Transformers: ``register``, and optionally
     ``module_problem``, ``has_backward`` (default True) and ``can_torch_compile`` (default
     False), as in Hugging Face ``kernels``), ``sharding.mesh_cases``, ``benchmark.CASES`` and
-    ``benchmark.TORCH_IMPLEMENTATIONS``, each optional.
+    ``benchmark.TORCH_IMPLEMENTATIONS``, each optional. Their layer classes get the same two
+    flags' defaults where they state none.
     """
     missing = [op for op in ops if not callable(getattr(module, op, None))]
     layer_module = getattr(module, "layers", None)
@@ -176,6 +177,12 @@ def legacy_declaration(module: ModuleType, ops: Sequence[str], layers: Sequence[
         raise KernelHubError(f"does not export: {', '.join(missing)}")
     benchmark = getattr(module, "benchmark", None)
     package = module.__name__
+    layer_classes = {name: getattr(layer_module, name) for name in layers}
+    for cls in layer_classes.values():
+        # the defaults kernelize applied to layers before the flags were declared
+        for flag, default in (("has_backward", True), ("can_torch_compile", False)):
+            if not hasattr(cls, flag):
+                setattr(cls, flag, default)
 
     def mesh_cases() -> list[Any]:
         try:
@@ -199,7 +206,7 @@ def legacy_declaration(module: ModuleType, ops: Sequence[str], layers: Sequence[
         ops={op: getattr(module, op) for op in ops},
         jax=getattr(module, "jax", None),
         implementation_tables=getattr(module, "implementation_tables", ()),
-        layers={name: getattr(layer_module, name) for name in layers},
+        layers=layer_classes,
         module_checks=getattr(layer_module, "MODULE_CHECKS", {}),
         integrations={"transformers": transformers_integration},
         mesh_cases=mesh_cases,

@@ -142,6 +142,7 @@ def test_no_pinned_key_is_refused_before_any_request(
 
 def test_keygen_writes_a_private_key_only_its_owner_reads(tmp_path, capsys):
     out = tmp_path / "keys" / "publisher.key"
+    out.parent.mkdir()
     assert main(["keygen", "--out", str(out), "--publisher", "my-org"]) == 0
     printed = capsys.readouterr().out
     public = (tmp_path / "keys" / "publisher.key.pub").read_text().strip()
