@@ -115,7 +115,9 @@ rm -rf "$outside"
 step "TorchTPU tests in .venv-torch-tpu"
 python3 -m venv .venv-torch-tpu
 .venv-torch-tpu/bin/python -m pip install --quiet --upgrade pip
-.venv-torch-tpu/bin/python -m pip install --quiet -c constraints.txt "$wheel[test,tokamax,torch-tpu]"
+# hub: the Hugging Face kernels test publishes a signed build to a local kernel-hub serve
+.venv-torch-tpu/bin/python -m pip install --quiet -c constraints.txt "$wheel[test,tokamax,torch-tpu,hub]"
 .venv-torch-tpu/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
-TORCH_DEVICE_BACKEND_AUTOLOAD=0 .venv-torch-tpu/bin/python -P -m pytest tests/test_torch_tpu_runtime.py
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 .venv-torch-tpu/bin/python -P -m pytest \
+    tests/test_torch_tpu_runtime.py tests/hub/test_torch_tpu_hf_kernels.py
 printf '\n== done (%ss)\n' "$SECONDS"
