@@ -120,14 +120,26 @@ def test_every_registry_op_and_the_demo_load_verified_from_the_mirror(
         "KERNEL_HUB_KERNELS_DIR": str(tmp_path / "no-in-tree-kernels"),
     }
     demo = subprocess.run(
-        [sys.executable, "-P", "-m", "kernel_hub.cli", "demo", "--model", "mixtral", "--json"],
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "kernel_hub.cli",
+            "demo",
+            "--model",
+            "mixtral",
+            "--no-hub",
+            "--json",
+        ],
         capture_output=True,
         text=True,
         env=env,
         timeout=300,
     )
     assert demo.returncode == 0, demo.stderr[-3000:]
-    (row,) = json.loads(demo.stdout)
+    rows = json.loads(demo.stdout)
+    assert len(rows) == 1, (rows, demo.stderr[-3000:])
+    (row,) = rows
     assert row["ok"] and row["greedy_identical"], row
     assert set(row["swapped"]) == {"RMSNorm", "AttentionInterface", "ExpertsInterface"}
     snapshots = tmp_path / "demo-cache"
