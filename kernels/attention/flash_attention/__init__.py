@@ -2,8 +2,8 @@
 
 Exports the torch ops (``dot_product_attention``, ``attention_with_lse``,
 ``attention_with_dense_mask``), ``jax`` (the JAX API), ``ring`` (context-parallel ring attention)
-and ``integrations`` (Transformers' AttentionInterface; imported on first use because it imports
-transformers).
+and ``integrations`` / ``transformers_masks`` (Transformers' AttentionInterface and
+AttentionMaskInterface entries; imported on first use because they import transformers).
 """
 
 import importlib
@@ -17,8 +17,8 @@ implementation_tables = (jax.TABLE,)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "integrations":
-        return importlib.import_module(".integrations", __name__)
+    if name in ("integrations", "transformers_masks"):
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -31,4 +31,5 @@ __all__ = [
     "integrations",
     "jax",
     "ring",
+    "transformers_masks",
 ]

@@ -81,7 +81,7 @@ def _choice(allowed, binary, structures, q_len: int, kv_len: int, spec: Attentio
         ids = structures[index]
         if ids is None:
             continue
-        rebuilt = masking.dense_mask(q_len, kv_len, spec, *ids)
+        rebuilt = masking.dense_mask(q_len, kv_len, spec, masking.TokenMask(*ids))
         exact = binary & jnp.all(rebuilt == allowed)
         choice = jnp.where(exact, index, choice)
     return choice
@@ -139,7 +139,7 @@ def _reference(q, k, v, sinks, allowed, bias, spec: AttentionSpec):
     def one_block(args):
         q_block, allowed_block, bias_block = args
         return reference.attention(
-            q_block, k, v, None, None, free, sinks=sinks, mask=allowed_block, bias=bias_block
+            q_block, k, v, None, free, sinks=sinks, mask=allowed_block, bias=bias_block
         )
 
     out, lse = jax.lax.map(one_block, (rows(q), rows(allowed), rows(bias)))
@@ -264,7 +264,7 @@ def attention_with_dense_mask_backward(
 
     def structured(ids):
         return lambda q, k, v, s: api.attention_backward(
-            q, k, v, None, *ids, s, out, lse, d_out, d_lse, **options
+            q, k, v, None, *ids, s, None, None, None, None, out, lse, d_out, d_lse, **options
         )
 
     def fallback(q, k, v, s):

@@ -17,6 +17,7 @@ from . import api, dense_mask
 
 _NAMESPACE = op_namespace(__name__)
 _QKV = ("query", "key", "value")
+_TOKENS = ("q_positions", "kv_positions", "q_groups", "kv_groups")
 
 
 def _attention_backward(inputs, outputs, cotangents, **static):
@@ -28,6 +29,7 @@ def _attention_backward(inputs, outputs, cotangents, **static):
         inputs["q_segment_ids"],
         inputs["kv_segment_ids"],
         inputs["sinks"],
+        *(inputs[name] for name in _TOKENS),
         *outputs,
         *cotangents,
         **static,
@@ -56,6 +58,11 @@ def attention_with_lse(
     block_q: int | None = None,
     block_k: int | None = None,
     sinks: torch.Tensor | None = None,
+    q_positions: torch.Tensor | None = None,
+    kv_positions: torch.Tensor | None = None,
+    q_groups: torch.Tensor | None = None,
+    kv_groups: torch.Tensor | None = None,
+    window_bounds_groups: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [B, Hq, Sq, Dv], logsumexp [B, Hq, Sq] f32); see ``api.dot_product_attention``."""
     api.check_inputs(
@@ -66,6 +73,10 @@ def attention_with_lse(
         q_segment_ids,
         kv_segment_ids,
         sinks,
+        q_positions,
+        kv_positions,
+        q_groups,
+        kv_groups,
         sliding_window=sliding_window,
         softcap=softcap,
         scale=scale,
