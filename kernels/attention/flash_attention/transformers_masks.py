@@ -55,6 +55,9 @@ class MaskDescription:
     q_groups: torch.Tensor | None = None
     kv_groups: torch.Tensor | None = None
 
+    ndim = 4
+    """Transformers reads ``attention_mask.ndim`` before it hands a prepared mask on."""
+
     @property
     def shape(self) -> tuple[int, ...]:
         """The dense mask's shape, for model code that reads ``attention_mask.shape``."""
@@ -346,7 +349,17 @@ def mask_interface(
     **kwargs,
 ) -> MaskDescription | torch.Tensor | None:
     """``AttentionMaskInterface`` entry: a ``MaskDescription``, or (for a mask function it cannot
-    describe) ``sdpa_mask``'s dense mask, with a once-per-reason warning."""
+    describe) ``sdpa_mask``'s dense mask, with a once-per-reason warning. A description that
+    comes back (``generate`` prepares masks before the model's forward builds them again) is
+    returned as it is, as Transformers returns a prepared 4-D mask."""
+    if isinstance(attention_mask, MaskDescription):
+        if (attention_mask.q_len, attention_mask.kv_len) != (q_length, kv_length):
+            raise ValueError(
+                f"a prepared MaskDescription for {attention_mask.q_len} queries and "
+                f"{attention_mask.kv_len} keys was given where {q_length} and {kv_length} are "
+                f"needed; pass the 2-D padding mask instead"
+            )
+        return attention_mask
     try:
         return describe(
             batch_size,
