@@ -36,6 +36,7 @@ rebuilds it later from what is still in place (``swaps.py``). A model that Huggi
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import sys
@@ -372,14 +373,17 @@ def _swap_layer(
 
 
 def _check_modules(
-    integration: Any, modules: list[tuple[str, torch.nn.Module]], label: str
+    integration: Any, modules: list[tuple[str, torch.nn.Module]], label: str, mode: Mode
 ) -> None:
     """``_LeftAlone`` when a module needs a feature the integration lacks: its optional
-    ``module_problem(module) -> reason | None``. The interface is switched for the whole model,
-    so one such module keeps every module on its stock implementation."""
+    ``module_problem(module[, training=...]) -> reason | None`` (``training`` is passed when the
+    hook takes it: some features only a training forward uses). The interface is switched for
+    the whole model, so one such module keeps every module on its stock implementation."""
     check = getattr(integration, "module_problem", None)
     if check is None:
         return
+    if "training" in inspect.signature(check).parameters:
+        check = functools.partial(check, training=bool(mode & Mode.TRAINING))
     problems = {type(m).__name__: problem for _, m in modules if (problem := check(m))}
     if problems:
         raise _LeftAlone(f"unsupported by {label}: " + "; ".join(problems.values()))
@@ -415,7 +419,7 @@ def _switch_interface(
         if not callable(getattr(integration, "register", None)):
             raise _LeftAlone(f"kernel {_kernel_label(kernel)} has no integrations.register()")
         _check_mode(integration, source.mode, f"{_kernel_label(kernel)} integrations")
-        _check_modules(integration, modules, f"{_kernel_label(kernel)} integrations")
+        _check_modules(integration, modules, f"{_kernel_label(kernel)} integrations", source.mode)
         model_problem = interface.model_problem(model, modules)
         if model_problem:
             raise _LeftAlone(model_problem)

@@ -143,3 +143,30 @@ def test_blocks_must_be_powers_of_two(attention):
     q, k, v = _qkv()
     with pytest.raises(Exception, match="block_q=12 must be a power of two"):
         attention.dot_product_attention(q, k, v, implementation="pallas", block_q=12)
+
+
+def test_order_change_takes_effect_for_shapes_that_already_ran(attention, monkeypatch):
+    """A shape traced under one implementation order runs the new first implementation after
+    the order changes (no cache clearing by hand), forward and backward."""
+    table, pallas_tpu = attention.jax.TABLE, attention.jax.pallas_tpu
+    ran = []
+    for name in ("attention_forward", "attention_backward"):
+        original = getattr(pallas_tpu, name)
+
+        def recording(*args, _original=original, _name=name, **kwargs):
+            ran.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(pallas_tpu, name, recording)
+    q = torch.randn(1, 2, 8, 16, requires_grad=True)
+    k, v = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
+    saved = table.order("cpu")
+    try:
+        table.set_order("cpu", ("xla", "pallas"))
+        attention.attention_with_lse(q, k, v, causal=True)[0].sum().backward()
+        assert ran == [], "the xla order ran the Pallas kernel"
+        table.set_order("cpu", ("pallas", "xla"))
+        attention.attention_with_lse(q, k, v, causal=True)[0].sum().backward()
+        assert ran == ["attention_forward", "attention_backward"], ran
+    finally:
+        table.set_order("cpu", saved)
