@@ -306,9 +306,13 @@ def _pad(x, pad: int, fill):
 
 
 def _pack_pair(q_values, kv_values, layout: Layout, q_fill, kv_fill):
-    """q values -> [B, rows, 1] (one per packed row), kv values -> [B, 1, Sk_padded]."""
+    """q values -> [B, Sq_padded, 1] (a q block of one head's rows reads its queries' block,
+    see ``_specs``), or [B, rows, 1] when q blocks hold whole groups (short q: one value per
+    packed row); kv values -> [B, 1, Sk_padded]."""
     q = _pad(q_values, layout.q_len_padded - layout.q_len, q_fill)
-    q = jnp.tile(q, (1, layout.groups))[:, :, None]
+    if layout.whole_groups:
+        q = jnp.tile(q, (1, layout.groups))
+    q = q[:, :, None]
     kv = _pad(kv_values, layout.kv_len_padded - layout.kv_len, kv_fill)
     return q, kv[:, None, :]
 
@@ -615,8 +619,12 @@ def _specs(layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], *, kv_o
         def k_block(b, h, qi, ki):
             return b, h, layout.clamped_key_block(qi, ki, spec), 0
 
+    def token_block(*idx):  # the q block's queries (one head's rows; see ``_pack_pair``)
+        b, _, qi, _ = q_block(*idx)
+        return b, qi if layout.whole_groups else _rem(qi, layout.q_len_padded // bq), 0
+
     tokens = [
-        pl.BlockSpec((None, bq, 1), lambda *idx: (q_block(*idx)[0], q_block(*idx)[2], 0)),
+        pl.BlockSpec((None, bq, 1), token_block),
         pl.BlockSpec((None, 1, bk), lambda *idx: (k_block(*idx)[0], 0, k_block(*idx)[2])),
     ] * len(fields)
     return _Specs(

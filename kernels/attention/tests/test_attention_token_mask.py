@@ -38,6 +38,12 @@ def _groups():
     return groups
 
 
+def _decode_groups():
+    groups = _groups()
+    groups[0, 196:204] = 2  # decoding queries 200..203 inside an image block
+    return groups
+
+
 def _segments():
     return np.repeat(np.arange(3), [100, 200, 84])[None].repeat(B, 0)
 
@@ -59,6 +65,13 @@ CASES = {
          "kv_positions": np.arange(S)[None].repeat(B, 0), "kv_mask": _padding(),
          "q_len": 128},
         {"causal": True},
+    ),
+    "decode-positions-groups": (
+        # 4 queries at positions 200..203 (q blocks hold whole head groups) over a padded cache.
+        {"q_positions": np.arange(200, 204)[None].repeat(B, 0),
+         "kv_positions": np.arange(S)[None].repeat(B, 0), "kv_mask": _padding(),
+         "q_groups": _decode_groups()[:, 200:204], "kv_groups": _decode_groups(), "q_len": 4},
+        {"causal": True, "sliding_window": 150},
     ),
     "two-way-window-padding": ({"kv_mask": _padding()}, {"sliding_window": 40}),
 }  # fmt: skip
