@@ -27,6 +27,11 @@ dense all_to_all emulation on CPU).
 
 Version 1.2 adds ``jax_op(..., autocast=names)`` (inputs cast to the autocast dtype) and optional
 (``Tensor | None``) differentiable arguments.
+
+Version 1.3 adds the kernel declaration: ``KernelDeclaration`` (everything kernel-hub reads from a
+kernel, exported by the kernel package as ``KERNEL``; see ``kernel_hub.declaration``) and
+``submodule_loader`` (a lazily imported framework adapter). Builds for 1.0-1.2 still load: their
+declaration is read from the module attributes they exported.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from .checks import (
     dtype_name,
     require,
 )
+from .declaration import KernelDeclaration, submodule_loader
 from .dispatch import Implementation, ImplementationTable
 from .errors import KernelHubError, KernelInputError, NoImplementationError, UnsupportedDeviceError
 from .platform import Platform, jax_default_device, jax_platform, tpu_generation
@@ -69,6 +75,7 @@ __all__ = [
     "Implementation",
     "ImplementationTable",
     "KernelCase",
+    "KernelDeclaration",
     "KernelHubError",
     "KernelInputError",
     "MeshCase",
@@ -93,5 +100,6 @@ __all__ = [
     "require",
     "shard_map_all",
     "sharded",
+    "submodule_loader",
     "tpu_generation",
 ]

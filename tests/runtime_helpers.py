@@ -53,7 +53,7 @@ def op_cases() -> list[OpCase]:
         seen.add(entry.kernel)
         module = get_kernel(entry.name)
         ops = [op for op in vars(module).values() if isinstance(op, JaxOp)]
-        for case in module.benchmark.CASES:
+        for case in module.KERNEL.benchmark_cases:
             # The op wrapping the case's function, else the op of that name (a thin JAX wrapper
             # can stand between a torch op and the kernel's public function).
             op = next((op for op in ops if op.jax_fn is case.fn), None)

@@ -26,6 +26,7 @@ RANKS = {
     "progress": 1,
     "checks": 1,
     "dispatch": 2,
+    "declaration": 3,
     "topologies": 2,
     "registry": 3,
     "sharding": 3,

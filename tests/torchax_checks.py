@@ -277,7 +277,7 @@ def main(model_name: str) -> None:
     # Kernels load before torchax exists: their ops are registered on torchax's import.
     ops = {op for op, _ in case.swaps.values()} | {OP_PROBES[p].kernel for p in case.probes}
     kernels = {op: get_kernel(op) for op in sorted(ops)}
-    tables = [table for kernel in kernels.values() for table in kernel.implementation_tables]
+    tables = [table for kernel in kernels.values() for table in kernel.KERNEL.implementation_tables]
     selections = [RecordingSelection(table) for table in tables]
 
     stock = build_tiny_model(model_name)

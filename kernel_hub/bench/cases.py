@@ -119,13 +119,11 @@ def select_cases(
 
 def implementation_table(kernel: ModuleType, case: KernelCase):
     """The ``ImplementationTable`` serving a case: the kernel's only one, or the one for its op."""
-    tables = list(getattr(kernel, "implementation_tables", ()))
-    if len(tables) == 1:
-        return tables[0]
+    tables = kernel.KERNEL.implementation_tables
     op = case.op or getattr(case.fn, "__name__", None)
-    for table in tables:
-        if table.op == op:
-            return table
+    table = kernel.KERNEL.table_for(op)
+    if table is not None:
+        return table
     ops = ", ".join(t.op for t in tables) or "(none)"
     raise KernelHubError(
         f"case {case.name!r}: cannot tell which implementation table serves it (op {op!r}; the "

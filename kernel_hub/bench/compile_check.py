@@ -254,7 +254,7 @@ def plan_kernel(
     from kernel_hub.loading.resolver import get_kernel
 
     kernel = get_kernel(op, registry=registry)
-    cases = select_cases(kernel.benchmark.CASES, patterns)
+    cases = select_cases(kernel.KERNEL.benchmark_cases, patterns)
     tasks = plan_matrix(
         kernel.manifest.name,
         cases,

@@ -30,7 +30,7 @@ def _compile_by_name(
     from kernel_hub.loading.resolver import get_kernel
 
     kernel = get_kernel(op, registry=registry)
-    case = next(c for c in kernel.benchmark.CASES if c.name == case_name)
+    case = next(c for c in kernel.KERNEL.benchmark_cases if c.name == case_name)
     return compile_case(kernel.manifest.name, case, generation, direction, implementation)
 
 

@@ -178,7 +178,7 @@ def _time_torch(fn: Callable, case: KernelCase, host_args, torch_device: str, po
 
 def kernel_cases(kernel: Any, platform: Platform, patterns, dtype) -> list[KernelCase]:
     """The cases to run: by name patterns, else the CPU-sized ones on a CPU and all elsewhere."""
-    cases = kernel.benchmark.CASES
+    cases = kernel.KERNEL.benchmark_cases
     tag = CPU_TAG if patterns is None and platform == "cpu" else None
     chosen = select_cases(cases, patterns, dtype, tag)
     if not chosen:
@@ -194,7 +194,7 @@ def _implementations(
     kernel: Any, cases: Sequence[KernelCase], wanted: Sequence[str] | None
 ) -> list[tuple[KernelCase, str, Callable | None]]:
     """(case, implementation, torch callable or None for a table entry) cells to run."""
-    torch_impls: Mapping[str, Callable] = getattr(kernel.benchmark, "TORCH_IMPLEMENTATIONS", {})
+    torch_impls: Mapping[str, Callable] = kernel.KERNEL.torch_implementations
     per_case = {c.name: [*implementation_table(kernel, c).names, *torch_impls] for c in cases}
     known = {name for names in per_case.values() for name in names}
     for name in wanted or ():

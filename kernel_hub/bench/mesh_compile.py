@@ -13,7 +13,6 @@ partitioned"), which shows the partitioner really runs.
 from __future__ import annotations
 
 import functools
-import importlib
 import re
 import time
 from collections import Counter
@@ -155,11 +154,8 @@ def kernel_mesh_cases(op: str, registry: str | None = None) -> tuple[str, list[M
     from kernel_hub.loading.resolver import get_kernel
 
     kernel = get_kernel(op, registry=registry)
-    try:
-        module = importlib.import_module(f"{kernel.__name__}.sharding")
-    except ModuleNotFoundError:
-        return kernel.manifest.name, []
-    return kernel.manifest.name, list(getattr(module, "mesh_cases", lambda: [])())
+    cases = kernel.KERNEL.mesh_cases
+    return kernel.manifest.name, list(cases() if cases is not None else [])
 
 
 def mesh_matrix(

@@ -270,8 +270,8 @@ class _KernelSource:
                 f"(layers provided: {', '.join(provided) or 'none'})"
             )
         kernel = self.kernel(op)
-        layer_cls = getattr(getattr(kernel, "layers", None), layer_name, None)
-        if not isinstance(layer_cls, type):
+        layer_cls = kernel.KERNEL.layers.get(layer_name)
+        if layer_cls is None:
             raise _LeftAlone(f"kernel {_kernel_label(kernel)} does not export layers.{layer_name}")
         _check_mode(layer_cls, self.mode, f"{_kernel_label(kernel)} layers.{layer_name}")
         return kernel, layer_cls
@@ -329,8 +329,8 @@ def signature_problem(module_cls: type, layer_cls: type) -> str | None:
 def _module_problem(
     kernel: types.ModuleType, layer_name: str, module: torch.nn.Module
 ) -> str | None:
-    """The kernel's own check of the module's state (``layers.MODULE_CHECKS``, optional)."""
-    check = getattr(kernel.layers, "MODULE_CHECKS", {}).get(layer_name)
+    """The kernel's own check of the module's state (its declaration's ``module_checks``)."""
+    check = kernel.KERNEL.module_checks.get(layer_name)
     problem = check(module) if check is not None else None
     return problem and f"unsupported by {_kernel_label(kernel)} layers.{layer_name}: {problem}"
 

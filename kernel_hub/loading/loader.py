@@ -14,8 +14,9 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from kernel_hub.declaration import KernelDeclaration, legacy_declaration
 from kernel_hub.errors import KernelHubError
-from kernel_hub.registry.manifest import Manifest, load_manifest
+from kernel_hub.registry.manifest import MANIFEST_NAME, Manifest, load_manifest
 
 _lock = threading.RLock()
 
@@ -27,7 +28,8 @@ def module_name_for(manifest: Manifest, kernel_dir: Path) -> str:
 
 
 def load_kernel_dir(kernel_dir: str | Path) -> ModuleType:
-    """Import the kernel in ``kernel_dir`` (manifest + package); ``module.manifest`` is set."""
+    """Import the kernel in ``kernel_dir`` (manifest + package); ``module.manifest`` and
+    ``module.KERNEL`` (its declaration, checked against the manifest) are set."""
     kernel_dir = Path(kernel_dir)
     manifest = load_manifest(kernel_dir)
     manifest.check_requirements()
@@ -50,20 +52,48 @@ def load_kernel_dir(kernel_dir: str | Path) -> ModuleType:
         sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
+            _attach_declaration(module, manifest)
         except BaseException:
             for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
                 del sys.modules[loaded]
             raise
-        _check_exports(module, manifest)
         return module
 
 
-def _check_exports(module: ModuleType, manifest: Manifest) -> None:
-    missing = [op for op in manifest.ops if not callable(getattr(module, op, None))]
-    layers = getattr(module, "layers", None)
-    missing += [f"layers.{name}" for name in manifest.layers if not hasattr(layers, name)]
-    if missing:
+def _attach_declaration(module: ModuleType, manifest: Manifest) -> None:
+    """Set ``module.KERNEL`` (a legacy build gets one read from its attributes) and check it
+    against the manifest: the ops, layers and implementation names both state."""
+    declared = module.__dict__.get("KERNEL")
+    label = f"kernel {manifest.name} {manifest.version}"
+    if declared is None:
+        try:
+            declared = legacy_declaration(module, manifest.ops, manifest.layers)
+        except KernelHubError as exc:
+            raise KernelHubError(f"{label} declares but {exc}") from None
+        module.KERNEL = declared
+    elif not isinstance(declared, KernelDeclaration):
         raise KernelHubError(
-            f"kernel {manifest.name} {manifest.version} declares but does not export: "
-            f"{', '.join(missing)}"
+            f"{label}: KERNEL is a {type(declared).__name__}, not a kernel_api.KernelDeclaration"
         )
+    problems = _mismatches("ops", manifest.ops, declared.ops)
+    problems += _mismatches("layers", manifest.layers, declared.layers)
+    implemented = {name for table in declared.implementation_tables for name in table.names}
+    if declared.implementation_tables:
+        problems += _mismatches("implementations", manifest.implementations, implemented)
+    if problems:
+        where = manifest.path or MANIFEST_NAME
+        raise KernelHubError(
+            f"{label}: {where} and the package's KERNEL disagree: " + "; ".join(problems)
+        )
+
+
+def _mismatches(what: str, manifest_names, declared_names) -> list[str]:
+    only_manifest = sorted(set(manifest_names) - set(declared_names))
+    only_declared = sorted(set(declared_names) - set(manifest_names))
+    problems = [f"{what} {', '.join(only_manifest)} in the manifest, not declared"] * bool(
+        only_manifest
+    )
+    problems += [f"{what} {', '.join(only_declared)} declared, not in the manifest"] * bool(
+        only_declared
+    )
+    return problems

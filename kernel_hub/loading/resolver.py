@@ -211,6 +211,6 @@ def _check_version(entry: OpEntry, module: ModuleType) -> None:
 
 
 def _apply_implementation_order(entry: OpEntry, module: ModuleType) -> None:
-    for table in getattr(module, "implementation_tables", ()):
+    for table in module.KERNEL.implementation_tables:
         for platform, names in entry.implementations.items():
             table.set_order(platform, [n for n in names if n in table.names])

@@ -16,6 +16,7 @@ from kernel_hub.bench.cases import (
 )
 from kernel_hub.dispatch import Implementation, ImplementationTable
 from kernel_hub.errors import KernelHubError, KernelInputError, UnknownNameError
+from kernel_hub.kernel_api import KernelDeclaration
 
 
 def gmm(x, group_sizes, *, implementation=None):
@@ -73,7 +74,10 @@ def test_kernels_with_several_tables_name_the_op():
     def table(op):
         return ImplementationTable(op, [Implementation("xla", gmm, ("cpu",))], {"cpu": ("xla",)})
 
-    kernel = types.SimpleNamespace(implementation_tables=(table("gmm"), table("tgmm")))
+    declaration = KernelDeclaration(
+        ops={"gmm": gmm}, jax=None, implementation_tables=(table("gmm"), table("tgmm"))
+    )
+    kernel = types.SimpleNamespace(KERNEL=declaration)
     assert implementation_table(kernel, CASES[0]).op == "gmm"  # by the function's name
     assert implementation_table(kernel, make_case("t", op="tgmm")).op == "tgmm"
     with pytest.raises(KernelHubError, match="tables are for: gmm, tgmm"):

@@ -104,10 +104,10 @@ def test_every_registry_kernel_compiles_for_every_generation(tmp_path):
         cells = [r for r in results if r["kernel"] == kernel.manifest.name]
         assert len(cells) == len(plan_kernel(entry.name)) > 0
         assert {r["generation"] for r in cells} == set(DEFAULT_GENERATIONS)
-        tables = kernel.implementation_tables
+        tables = kernel.KERNEL.implementation_tables
         assert {r["implementation"] for r in cells} == {
             name for table in tables for name in tpu_kernel_implementations(table)
         }
-        differentiable = [c.name for c in kernel.benchmark.CASES if c.differentiable]
+        differentiable = [c.name for c in kernel.KERNEL.benchmark_cases if c.differentiable]
         backward = {r["case"] for r in cells if r["direction"] == "backward"}
         assert backward == set(differentiable)

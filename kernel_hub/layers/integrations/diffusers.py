@@ -249,7 +249,7 @@ class DispatcherInterface:
         return found
 
     def integration(self, kernel: types.ModuleType) -> _Backend:
-        if not callable(getattr(kernel, "attention_with_lse", None)):
+        if "attention_with_lse" not in kernel.KERNEL.ops:
             raise KernelHubError(f"kernel {kernel.manifest.name} has no attention_with_lse op")
         return _Backend(kernel)
 

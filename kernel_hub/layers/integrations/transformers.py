@@ -233,8 +233,8 @@ class ModelInterface:
         return []
 
     def integration(self, kernel: types.ModuleType) -> Any:
-        """What registers the kernel with the interface: the kernel's ``integrations`` module."""
-        return getattr(kernel, "integrations", None)
+        """What registers the kernel with the interface: its declared Transformers adapter."""
+        return kernel.KERNEL.integration("transformers")
 
     def current(self, model: torch.nn.Module) -> dict[str, Any]:
         """The implementation of the model and of each sub-config in use, as the setter accepts

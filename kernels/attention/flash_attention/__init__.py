@@ -2,34 +2,36 @@
 
 Exports the torch ops (``dot_product_attention``, ``attention_with_lse``,
 ``attention_with_dense_mask``), ``jax`` (the JAX API), ``ring`` (context-parallel ring attention)
-and ``integrations`` / ``transformers_masks`` (Transformers' AttentionInterface and
-AttentionMaskInterface entries; imported on first use because they import transformers).
+and, through ``KERNEL``, the Transformers AttentionInterface adapter (``integrations``, with the
+AttentionMaskInterface entry of ``transformers_masks``; imported on first use because they import
+transformers).
 """
 
-import importlib
-from typing import Any
+from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
-from . import benchmark, ring
+from . import benchmark, ring, sharding
 from .torch_ops import attention_with_dense_mask, attention_with_lse, dot_product_attention
 
-implementation_tables = (jax.TABLE,)
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("integrations", "transformers_masks"):
-        return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+KERNEL = KernelDeclaration(
+    ops={
+        "attention_with_lse": attention_with_lse,
+        "attention_with_dense_mask": attention_with_dense_mask,
+    },
+    jax=jax,
+    implementation_tables=(jax.TABLE,),
+    integrations={"transformers": submodule_loader(__name__, "integrations")},
+    mesh_cases=sharding.mesh_cases,
+    benchmark_cases=benchmark.CASES,
+    torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
+)
 
 __all__ = [
+    "KERNEL",
     "attention_with_dense_mask",
     "attention_with_lse",
     "benchmark",
     "dot_product_attention",
-    "implementation_tables",
-    "integrations",
     "jax",
     "ring",
-    "transformers_masks",
 ]

@@ -28,10 +28,10 @@ def _sample(name: str):
 
 
 def test_harmless_keywords_do_not_change_the_result(attention):
-    forward = attention.integrations.attention_forward
+    forward = attention.KERNEL.integration("transformers").attention_forward
     q, k, v = _qkv()
     want, _ = forward(torch.nn.Module(), q, k, v, None)
-    for name in attention.integrations.keywords.HARMLESS:
+    for name in attention.KERNEL.integration("transformers").keywords.HARMLESS:
         got, _ = forward(torch.nn.Module(), q, k, v, None, **{name: _sample(name)})
         assert torch.equal(got, want), name
 
@@ -40,7 +40,7 @@ def test_harmless_keywords_do_not_change_the_result(attention):
 def test_refused_features_raise_and_name_the_feature(attention, name):
     from kernel_hub.errors import KernelInputError
 
-    forward = attention.integrations.attention_forward
+    forward = attention.KERNEL.integration("transformers").attention_forward
     q, k, v = _qkv()
     forward(torch.nn.Module(), q, k, v, None, **{name: None})  # absent feature: fine
     with pytest.raises(KernelInputError, match=f"keyword '{name}' .*not implemented"):
@@ -50,7 +50,7 @@ def test_refused_features_raise_and_name_the_feature(attention, name):
 def test_unknown_keywords_are_refused_unless_none(attention):
     from kernel_hub.errors import KernelInputError
 
-    forward = attention.integrations.attention_forward
+    forward = attention.KERNEL.integration("transformers").attention_forward
     q, k, v = _qkv()
     forward(torch.nn.Module(), q, k, v, None, some_future_option=None)
     with pytest.raises(KernelInputError, match=r"unknown keyword 'some_future_option'=0\.5"):
@@ -60,7 +60,7 @@ def test_unknown_keywords_are_refused_unless_none(attention):
 def test_packed_sequences_need_a_mask(attention):
     from kernel_hub.errors import KernelInputError
 
-    forward = attention.integrations.attention_forward
+    forward = attention.KERNEL.integration("transformers").attention_forward
     q, k, v = _qkv()
     packed = torch.tensor([0, 2, 6], dtype=torch.int32)
     with pytest.raises(KernelInputError, match="2 packed sequences but no attention mask"):
@@ -95,4 +95,7 @@ def test_kernelize_leaves_attention_passing_a_refused_feature_alone(attention):
     assert entries and not any(e.swapped for e in entries), report
     assert all("SparseAttention.forward passes 'indices'" in e.reason for e in entries), report
     assert model.config._attn_implementation == "sdpa"
-    assert attention.integrations.module_problem(model.model.layers[1].self_attn) is None
+    assert (
+        attention.KERNEL.integration("transformers").module_problem(model.model.layers[1].self_attn)
+        is None
+    )

@@ -21,7 +21,7 @@ BATCH, LENGTH = 2, 20
 
 @pytest.fixture(scope="module")
 def name(attention):
-    return attention.integrations.register()
+    return attention.KERNEL.integration("transformers").register()
 
 
 def _config(implementation: str, **extra) -> LlamaConfig:
@@ -146,7 +146,9 @@ def _build(factory, config, kwargs, length=LENGTH, cache=None):
 def test_description_equals_sdpa_mask(attention, name, case):
     factory, extra, kwargs = CASES[case]
     description = _build(factory, _config(name, **extra), kwargs)
-    assert isinstance(description, attention.transformers_masks.MaskDescription), description
+    assert isinstance(description, attention.KERNEL.integration("transformers").MaskDescription), (
+        description
+    )
     stock = _build(factory, _config("sdpa", **extra), kwargs)
     if stock is None:  # SDPA left it out: plain causal or bidirectional over every key
         pytest.fail(f"{case}: Transformers built no mask; the case tests nothing")

@@ -68,13 +68,13 @@ MODELS = {
 
 @pytest.fixture(scope="module")
 def kernel_name(attention):
-    return attention.integrations.register()
+    return attention.KERNEL.integration("transformers").register()
 
 
 @pytest.fixture
 def op_calls(attention, monkeypatch):
     """Counts the integration's calls of each torch op, and which masks reached the flash op."""
-    integrations = attention.integrations
+    integrations = attention.KERNEL.integration("transformers")
     calls = {"flash": 0, "described": 0, "dense": 0}
     flash, dense = integrations.attention_with_lse, integrations.attention_with_dense_mask
 

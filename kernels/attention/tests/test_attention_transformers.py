@@ -61,7 +61,7 @@ def _inputs(batch=2, length=12, left_padding=3):
 
 @pytest.fixture(scope="module")
 def kernel_name(attention):
-    return attention.integrations.register()
+    return attention.KERNEL.integration("transformers").register()
 
 
 def _logits(model, implementation, **inputs):
@@ -181,7 +181,9 @@ def test_unexpressible_mask_falls_back_with_reason(attention, caplog):
     module = torch.nn.Module()
     attention.dense_mask._warn_once.cache_clear()  # the warning is given once per reason
     with caplog.at_level(logging.WARNING):
-        got, weights = attention.integrations.attention_forward(module, q, k, k, mask)
+        got, weights = attention.KERNEL.integration("transformers").attention_forward(
+            module, q, k, k, mask
+        )
     assert weights is None
     assert "dense mask ran on the reference implementation" in caplog.text
     want = torch.nn.functional.scaled_dot_product_attention(
@@ -206,7 +208,9 @@ def test_additive_masks(attention, caplog):
     for mask, falls_back in ((binary, False), (biased, True)):
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            got, _ = attention.integrations.attention_forward(torch.nn.Module(), q, k, k, mask)
+            got, _ = attention.KERNEL.integration("transformers").attention_forward(
+                torch.nn.Module(), q, k, k, mask
+            )
         assert ("reference implementation" in caplog.text) == falls_back, caplog.text
         want = torch.nn.functional.scaled_dot_product_attention(
             q, k, k, attn_mask=mask, enable_gqa=True
@@ -222,7 +226,9 @@ def test_dropout_runs_torch_sdpa_with_a_reason(attention, caplog):
     k = torch.randn(1, 2, 6, 8, generator=generator)
     torch.manual_seed(0)
     with caplog.at_level(logging.WARNING):
-        got, _ = attention.integrations.attention_forward(torch.nn.Module(), q, k, k, None, 0.5)
+        got, _ = attention.KERNEL.integration("transformers").attention_forward(
+            torch.nn.Module(), q, k, k, None, 0.5
+        )
     assert "the kernel has no dropout" in caplog.text
     torch.manual_seed(0)
     want = torch.nn.functional.scaled_dot_product_attention(
@@ -240,7 +246,10 @@ def test_kernelize_switches_attention_to_the_kernel(attention):
     report = kernelize(model, mode="inference+torch_compile")
     switched = [e for e in report.entries if e.kind == "attention"]
     assert switched and all(e.swapped for e in switched), report
-    assert model.config._attn_implementation == attention.integrations.DEFAULT_NAME
+    assert (
+        model.config._attn_implementation
+        == attention.KERNEL.integration("transformers").DEFAULT_NAME
+    )
     with torch.no_grad():
         got = model(input_ids=ids, attention_mask=mask).logits
     unkernelize(model)
@@ -253,4 +262,6 @@ def test_bad_sliding_window_is_rejected(attention):
 
     q = torch.randn(1, 2, 4, 8)
     with pytest.raises(KernelInputError, match="sliding_window=0"):
-        attention.integrations.attention_forward(torch.nn.Module(), q, q, q, None, sliding_window=0)
+        attention.KERNEL.integration("transformers").attention_forward(
+            torch.nn.Module(), q, q, q, None, sliding_window=0
+        )

@@ -1,14 +1,28 @@
 """layernorm kernel: ``layer_norm*`` torch ops, ``jax.layer_norm``, ``layers.LayerNorm``."""
 
+from kernel_hub.kernel_api import KernelDeclaration
+
 from . import api as jax
 from . import benchmark, layers
 from .torch_ops import layer_norm, layer_norm_any, layer_norm_no_affine, layer_norm_no_bias
 
-implementation_tables = (jax.TABLE,)
+KERNEL = KernelDeclaration(
+    ops={
+        "layer_norm": layer_norm,
+        "layer_norm_no_affine": layer_norm_no_affine,
+        "layer_norm_no_bias": layer_norm_no_bias,
+    },
+    jax=jax,
+    implementation_tables=(jax.TABLE,),
+    layers={"LayerNorm": layers.LayerNorm, "FP32LayerNorm": layers.FP32LayerNorm},
+    module_checks=layers.MODULE_CHECKS,
+    benchmark_cases=benchmark.CASES,
+    torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
+)
 
 __all__ = [
+    "KERNEL",
     "benchmark",
-    "implementation_tables",
     "jax",
     "layer_norm",
     "layer_norm_any",

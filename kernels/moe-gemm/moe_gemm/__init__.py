@@ -5,17 +5,28 @@ Torch ops ``gmm`` / ``tgmm``, their JAX functions in ``jax``, token routing help
 integration in ``integrations`` and ``layers.MoEExperts``.
 """
 
+from kernel_hub.kernel_api import KernelDeclaration
+
 from . import api as jax
-from . import benchmark, expert_parallel, integrations, layers, routing
+from . import benchmark, expert_parallel, integrations, layers, routing, sharding
 from .torch_ops import gmm, tgmm
 
-implementation_tables = (jax.GMM_TABLE, jax.TGMM_TABLE)
+KERNEL = KernelDeclaration(
+    ops={"gmm": gmm, "tgmm": tgmm},
+    jax=jax,
+    implementation_tables=(jax.GMM_TABLE, jax.TGMM_TABLE),
+    layers={"MoEExperts": layers.MoEExperts},
+    integrations={"transformers": lambda: integrations},
+    mesh_cases=sharding.mesh_cases,
+    benchmark_cases=benchmark.CASES,
+    torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
+)
 
 __all__ = [
+    "KERNEL",
     "benchmark",
     "expert_parallel",
     "gmm",
-    "implementation_tables",
     "integrations",
     "jax",
     "layers",

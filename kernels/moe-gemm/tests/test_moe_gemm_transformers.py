@@ -32,7 +32,7 @@ def _use_orders(tables, orders) -> None:
 @pytest.fixture(params=["xla_loop", "pallas"])
 def implementation(request):
     """Run the kernel's gmm/tgmm through one implementation on CPU for the test."""
-    tables = moe.implementation_tables
+    tables = moe.KERNEL.implementation_tables
     saved = [table.order("cpu") for table in tables]
     _use_orders(tables, [[request.param]] * len(tables))
     yield request.param

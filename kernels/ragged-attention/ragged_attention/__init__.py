@@ -2,12 +2,11 @@
 
 Exports the torch entry points ``ragged_attention`` (packed varlen batches: chunked prefill mixed
 with decode) and ``paged_attention`` (decode over Transformers' paged KV cache, read in place),
-their raw ops, ``jax`` (the JAX API) and ``integrations`` (Transformers continuous batching;
-imported on first use because it imports transformers).
+their raw ops, ``jax`` (the JAX API) and, through ``KERNEL``, the Transformers continuous-batching
+adapter (imported on first use because it imports transformers).
 """
 
-import importlib
-from typing import Any
+from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
 from . import benchmark
@@ -18,19 +17,17 @@ from .torch_ops import (
     ragged_attention_op,
 )
 
-implementation_tables = (jax.RAGGED_TABLE, jax.PAGED_TABLE)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "integrations":
-        return importlib.import_module(".integrations", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+KERNEL = KernelDeclaration(
+    ops={"ragged_attention": ragged_attention, "paged_attention": paged_attention},
+    jax=jax,
+    implementation_tables=(jax.RAGGED_TABLE, jax.PAGED_TABLE),
+    integrations={"transformers": submodule_loader(__name__, "integrations")},
+    benchmark_cases=benchmark.CASES,
+)
 
 __all__ = [
+    "KERNEL",
     "benchmark",
-    "implementation_tables",
-    "integrations",
     "jax",
     "paged_attention",
     "paged_attention_op",

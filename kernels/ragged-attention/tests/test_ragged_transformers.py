@@ -158,7 +158,7 @@ def test_errors_in_the_batching_thread_are_raised(ragged, monkeypatch):
     def broken(*args, **kwargs):
         raise KernelInputError("ragged_attention: bad input for the test")
 
-    monkeypatch.setattr(ragged.integrations, "ragged_attention", broken)
+    monkeypatch.setattr(ragged.KERNEL.integration("transformers"), "ragged_attention", broken)
     with pytest.raises(ContinuousBatchingError, match="bad input for the test"):
         generate_batch(
             model,
@@ -173,7 +173,7 @@ def test_unknown_arguments_are_refused(ragged):
     k = torch.zeros(1, 2, 2, 16)
     cu = torch.tensor([0, 2], dtype=torch.int32)
     with pytest.raises(KernelInputError, match=r"\['head_mask'\] are not implemented"):
-        ragged.integrations.continuous_batching_attention(
+        ragged.KERNEL.integration("transformers").continuous_batching_attention(
             torch.nn.Module(),
             q,
             k,
@@ -184,4 +184,6 @@ def test_unknown_arguments_are_refused(ragged):
             head_mask=torch.ones(1),
         )
     with pytest.raises(KernelInputError, match="serves continuous batching calls"):
-        ragged.integrations.continuous_batching_attention(torch.nn.Module(), q, k, k, None)
+        ragged.KERNEL.integration("transformers").continuous_batching_attention(
+            torch.nn.Module(), q, k, k, None
+        )
