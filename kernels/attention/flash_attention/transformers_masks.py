@@ -4,8 +4,9 @@ Transformers 5 builds every mask from ``mask_function(batch, head, q_idx, kv_idx
 by a few factories in ``masking_utils`` (causal, sliding windows, chunks, padding, packed
 sequences, bidirectional blocks of image tokens), combined with ``and_masks``/``or_masks``. The
 mask function ``mask_interface`` registers in ``AttentionMaskInterface`` reads that closure tree
-(each factory's inner function is recognised by its code object, its parameters by the names of
-its closure cells; nothing is evaluated per pair) and returns a ``MaskDescription``: the layer's
+(each factory's inner function is recognised by its code's file and qualified name, its
+parameters by the names of its closure cells; nothing is evaluated per pair) and returns a
+``MaskDescription``: the layer's
 rule plus per-token arrays (key padding, segment ids, positions, groups). The description is the
 mask function, rewritten, so the result is exact by construction:
 
@@ -114,20 +115,26 @@ def _leaf(*_):
     return True
 
 
-_CODES: dict[Any, str] = {
-    mu.causal_mask_function.__code__: "causal",
-    mu.bidirectional_mask_function.__code__: "all",
-    _inner_code(mu.and_masks, _leaf): "and",
-    _inner_code(mu.or_masks, _leaf): "or",
-    _inner_code(mu.sliding_window_overlay, 1): "window",
-    _inner_code(mu.sliding_window_bidirectional_overlay, 1): "window_inclusive",
-    _inner_code(mu.chunked_overlay, 1, None): "chunk",
-    _inner_code(mu.blockwise_overlay, None): "blocks",
-    _inner_code(mu.padding_mask_function, None): "padding",
-    _inner_code(mu.packed_sequence_mask_function, None): "packed",
-    _inner_code(mu.remap_positions_for_packed_sequence, _leaf, None): "remap",
+def _key(code) -> tuple[str, str]:
+    """Strings, not the code object: torch.compile guards on what the lookup reads."""
+    return code.co_filename, code.co_qualname
+
+
+_CODES: dict[tuple[str, str], str] = {
+    _key(mu.causal_mask_function.__code__): "causal",
+    _key(mu.bidirectional_mask_function.__code__): "all",
+    _key(_inner_code(mu.and_masks, _leaf)): "and",
+    _key(_inner_code(mu.or_masks, _leaf)): "or",
+    _key(_inner_code(mu.sliding_window_overlay, 1)): "window",
+    _key(_inner_code(mu.sliding_window_bidirectional_overlay, 1)): "window_inclusive",
+    _key(_inner_code(mu.chunked_overlay, 1, None)): "chunk",
+    _key(_inner_code(mu.blockwise_overlay, None)): "blocks",
+    _key(_inner_code(mu.padding_mask_function, None)): "padding",
+    _key(_inner_code(mu.packed_sequence_mask_function, None)): "packed",
+    _key(_inner_code(mu.remap_positions_for_packed_sequence, _leaf, None)): "remap",
 }
-"""Code object -> kind, for every factory ``masking_utils`` composes masks from."""
+"""(file, qualified name) of each factory's code -> kind, for every factory ``masking_utils``
+composes masks from."""
 
 
 def _cells(fn) -> dict[str, Any]:
@@ -156,7 +163,7 @@ class _Terms:
 
 def _kind(fn) -> str:
     code = getattr(fn, "__code__", None)
-    kind = _CODES.get(code)
+    kind = None if code is None else _CODES.get(_key(code))
     if kind is None:
         name = getattr(fn, "__qualname__", type(fn).__name__)
         raise Unsupported(f"mask function {name} is not one of masking_utils' factories")
