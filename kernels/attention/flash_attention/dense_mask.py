@@ -177,7 +177,7 @@ def attention_with_dense_mask(
     query,
     key,
     value,
-    mask,
+    attention_mask,
     sinks=None,
     bias=None,
     *,
@@ -187,7 +187,7 @@ def attention_with_dense_mask(
     scale: float | None = None,
     implementation: str | None = None,
 ):
-    """(out, logsumexp) of attention where ``mask`` (bool, True = attend; or additive float)
+    """(out, logsumexp) of attention where ``attention_mask`` (bool, True = attend; or additive)
     decides visibility. ``causal``/``sliding_window`` describe the rule the mask is expected to
     follow (end-aligned, see ``masking``); a mask that does not still gives exact results.
     ``sinks`` [Hq] as in ``api.dot_product_attention``; ``bias`` [B|1, H|1, Sq, Sk] is added to
@@ -198,7 +198,7 @@ def attention_with_dense_mask(
     if bias is not None:
         check_bias(query, key, bias)
     spec, allowed, mask_bias, binary, structures, choice = _analyse(
-        query, key, mask, causal, sliding_window, softcap, scale
+        query, key, attention_mask, causal, sliding_window, softcap, scale
     )
     if bias is not None:
         jax.debug.callback(functools.partial(_warn_once, _BIAS_REASON))
@@ -228,7 +228,7 @@ def attention_with_dense_mask_backward(
     query,
     key,
     value,
-    mask,
+    attention_mask,
     sinks,
     bias,
     out,
@@ -245,7 +245,7 @@ def attention_with_dense_mask_backward(
     """(dq, dk, dv, d_sinks, d_bias) from the saved outputs (None for absent sinks or bias); the
     same structure is chosen as in the forward."""
     spec, allowed, mask_bias, _, structures, choice = _analyse(
-        query, key, mask, causal, sliding_window, softcap, scale
+        query, key, attention_mask, causal, sliding_window, softcap, scale
     )
     if bias is not None:
 

@@ -170,3 +170,38 @@ def test_order_change_takes_effect_for_shapes_that_already_ran(attention, monkey
         assert ran == ["attention_forward", "attention_backward"], ran
     finally:
         table.set_order("cpu", saved)
+
+
+def test_positional_contract_is_checked_by_name_at_definition(attention):
+    """The bridge passes the stub's tensors to the JAX functions by position and the sharding
+    rules describe them by position: a reordered or missing tensor fails when the op is defined."""
+    from kernel_hub.kernel_api import ShardingRule
+
+    ops, api = attention.torch_ops, attention.jax
+    contract = ops._contract(api.dot_product_attention_with_lse, api.attention_backward)
+
+    def swapped(query: torch.Tensor, value: torch.Tensor, key: torch.Tensor) -> torch.Tensor: ...
+
+    with pytest.raises(TypeError, match="takes \\('query', 'key', 'value'\\)"):
+        contract(swapped)
+
+    two = ShardingRule.parse("two", "batch, batch -> batch")
+    with pytest.raises(TypeError, match="2 operands"):
+        ops._contract(api.dot_product_attention_with_lse, api.attention_backward, (two,))(
+            _stub_like_attention_with_lse
+        )
+
+
+def _stub_like_attention_with_lse(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_mask: torch.Tensor | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    q_positions: torch.Tensor | None = None,
+    kv_positions: torch.Tensor | None = None,
+    q_groups: torch.Tensor | None = None,
+    kv_groups: torch.Tensor | None = None,
+) -> torch.Tensor: ...
