@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernel_hub.dispatch import order_generation
+
 from .buckets import RowBuckets
 
 JaxBackward = Callable[..., Sequence[Any]]
@@ -63,10 +65,17 @@ class OpSpec:
         return {name: named[name] for name in self.param_names}
 
     def jitted(self, role: str, static: Static) -> Callable[..., Any]:
-        """The jitted forward (tensors...) or backward (inputs, outputs, cotangents) function."""
-        key = (role, static)
+        """The jitted forward (tensors...) or backward (inputs, outputs, cotangents) function.
+
+        Keyed by the implementation order's generation too: a trace picks its implementation
+        when it runs, and ``jax.jit`` would otherwise replay the old choice for shapes it has
+        seen; functions of older generations are dropped."""
+        generation = order_generation()
+        key = (role, static, generation)
         fn = self._jitted.get(key)
         if fn is None:
+            for stale in [k for k in self._jitted if k[2] != generation]:
+                del self._jitted[stale]
             import jax
 
             kwargs = dict(zip(self.static_params, static, strict=True))

@@ -25,7 +25,7 @@ CPU_TIMING_NOTE = (
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from kernel_hub.models.tiny import DEFAULT_MODELS, TINY_MODELS
+    from kernel_hub.models.tiny import CAUSAL_LM_MODELS, DEFAULT_MODELS
 
     parser = subparsers.add_parser(
         "demo", help="kernelize tiny Llama/Mixtral models and compare them with stock"
@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--model",
         action="append",
-        choices=sorted(TINY_MODELS),
+        choices=sorted(CAUSAL_LM_MODELS),
         help=f"model to run (repeatable; default: {', '.join(DEFAULT_MODELS)})",
     )
     parser.add_argument("--registry", help="registry file (default: the in-tree registry.yaml)")

@@ -36,6 +36,7 @@ rebuilds it later from what is still in place (``swaps.py``). A model that Huggi
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import sys
@@ -370,14 +371,18 @@ def _swap_layer(
 
 
 def _check_modules(
-    adapter: FrameworkAdapter, modules: list[tuple[str, torch.nn.Module]], label: str
+    adapter: FrameworkAdapter, modules: list[tuple[str, torch.nn.Module]], label: str, mode: Mode
 ) -> None:
-    """``_LeftAlone`` when a module needs a feature the adapter lacks (its ``module_problem``).
-    The interface is switched for the whole model, so one such module keeps every module on its
-    stock implementation."""
-    if adapter.module_problem is None:
+    """``_LeftAlone`` when a module needs a feature the adapter lacks: its ``module_problem(module[,
+    training=...]) -> reason | None`` (``training`` is passed when the hook takes it: some
+    features only a training forward uses). The interface is switched for the whole model, so one
+    such module keeps every module on its stock implementation."""
+    check = adapter.module_problem
+    if check is None:
         return
-    problems = {type(m).__name__: p for _, m in modules if (p := adapter.module_problem(m))}
+    if "training" in inspect.signature(check).parameters:
+        check = functools.partial(check, training=bool(mode & Mode.TRAINING))
+    problems = {type(m).__name__: p for _, m in modules if (p := check(m))}
     if problems:
         raise _LeftAlone(f"unsupported by {label}: " + "; ".join(problems.values()))
 
@@ -414,7 +419,7 @@ def _switch_interface(
             raise _LeftAlone(f"kernel {_kernel_label(kernel)} has no integrations.register()")
         adapter = FrameworkAdapter.of(integration, label)
         _check_mode(adapter, source.mode, label)
-        _check_modules(adapter, modules, label)
+        _check_modules(adapter, modules, label, source.mode)
         model_problem = interface.model_problem(model, modules)
         if not model_problem and Mode.TRAINING in source.mode:
             training_problem = getattr(interface, "training_problem", None)

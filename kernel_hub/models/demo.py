@@ -21,7 +21,13 @@ from kernel_hub.errors import UnknownNameError
 from kernel_hub.layers.kernelize import kernelize, unkernelize
 from kernel_hub.layers.report import KernelizeReport
 
-from .tiny import DEFAULT_MODELS, PAD_TOKEN_ID, TINY_MODELS, VOCAB_SIZE, build_tiny_model
+from .tiny import (
+    CAUSAL_LM_MODELS,
+    DEFAULT_MODELS,
+    PAD_TOKEN_ID,
+    VOCAB_SIZE,
+    build_tiny_model,
+)
 
 LOGIT_TOLERANCE = 1e-4
 """Largest |logit difference| (f32) the demo calls a match."""
@@ -109,8 +115,8 @@ def run_demo(
     line as each model starts (the first kernel calls compile, which takes seconds).
     """
     for name in models:
-        if name not in TINY_MODELS:
-            raise UnknownNameError("demo model", name, TINY_MODELS)
+        if name not in CAUSAL_LM_MODELS:
+            raise UnknownNameError("demo model", name, CAUSAL_LM_MODELS)
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)

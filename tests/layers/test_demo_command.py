@@ -100,7 +100,9 @@ def test_demo_bad_thread_count(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_demo_unknown_model() -> None:
-    with pytest.raises(UnknownNameError, match="Valid demo models: llama, mixtral, qwen3_moe"):
+    with pytest.raises(
+        UnknownNameError, match="Valid demo models: llama, llama4_text, mistral, mixtral, qwen3_moe"
+    ):
         run_demo(["gpt2"])
 
 

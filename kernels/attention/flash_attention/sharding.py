@@ -6,7 +6,8 @@ from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
 
 _INPUTS = (
     "batch heads q_len head_dim, batch kv_heads kv_len head_dim, batch kv_heads kv_len value_dim, "
-    "batch kv_len, batch q_len, batch kv_len, heads"  # ..., sinks
+    "batch kv_len, batch q_len, batch kv_len, heads, "  # ..., sinks
+    "batch q_len, batch kv_len, batch q_len, batch kv_len"  # positions, groups
 )
 _OUT = "batch heads q_len value_dim"
 _LSE = "batch heads q_len"
