@@ -178,7 +178,7 @@ def _dense_mask_backward(inputs, outputs, cotangents, **static):
         inputs["query"],
         inputs["key"],
         inputs["value"],
-        inputs["mask"],
+        inputs["attention_mask"],
         inputs["sinks"],
         inputs["bias"],
         *outputs,
@@ -203,7 +203,7 @@ def attention_with_dense_mask(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    mask: torch.Tensor,
+    attention_mask: torch.Tensor,
     causal: bool = False,
     sliding_window: int | None = None,
     softcap: float | None = None,
@@ -218,6 +218,6 @@ def attention_with_dense_mask(
     api.check_inputs(
         query, key, value, sinks=sinks, sliding_window=sliding_window, softcap=softcap, scale=scale
     )
-    dense_mask.check_mask(query, key, mask)
+    dense_mask.check_mask(query, key, attention_mask)
     if bias is not None:
         dense_mask.check_bias(query, key, bias)
