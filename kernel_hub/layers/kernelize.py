@@ -385,6 +385,16 @@ def _check_modules(
         raise _LeftAlone(f"unsupported by {label}: " + "; ".join(problems.values()))
 
 
+def _interface_op(source: _KernelSource, interface: Any) -> str:
+    """The registry op serving ``interface`` in this mode: its ``inference_op`` (a forward-only
+    kernel, such as the fused MoE layer) when kernelizing for inference and the registry has
+    that op, else its ``op``."""
+    inference_op = getattr(interface, "inference_op", None)
+    if inference_op and Mode.INFERENCE in source.mode and source.canonical(inference_op):
+        return inference_op
+    return interface.op
+
+
 def _switch_interface(
     source: _KernelSource, model: torch.nn.Module, interface: Any
 ) -> list[ReportEntry]:
@@ -392,7 +402,8 @@ def _switch_interface(
 
     Modules the interface sees but cannot reach (``interface.unreached``) are reported as left
     alone with the interface's reason."""
-    op = source.canonical(interface.op)
+    op_name = _interface_op(source, interface)
+    op = source.canonical(op_name)
     unreached = [
         ReportEntry(
             module=n,
@@ -410,7 +421,7 @@ def _switch_interface(
         return unreached
     outcome: dict[str, Any] = {"op": op}
     try:
-        kernel = source.kernel(interface.op)
+        kernel = source.kernel(op_name)
         integration = interface.integration(kernel)
         if not callable(getattr(integration, "register", None)):
             raise _LeftAlone(f"kernel {_kernel_label(kernel)} has no integrations.register()")
