@@ -33,7 +33,7 @@ class Dispatch(NamedTuple):
     row_tokens: jax.Array
     """[R, 1] int32: the token of each padded row, -1 for padding."""
     row_weights: jax.Array
-    """[R, 1] f32: the router weight of each padded row, 0 for padding."""
+    """[R, 1]: the router weight of each padded row (f32, f64 for f64 weights), 0 for padding."""
 
 
 def cdiv(a, b: int):
@@ -75,8 +75,9 @@ def dispatch(
         .at[dest]
         .set((order // top_k).astype(jnp.int32), mode="drop")
     )
-    weights = top_k_weights.reshape(-1).astype(jnp.float32)[order]
-    row_weights = jnp.zeros((rows,), jnp.float32).at[dest].set(weights, mode="drop")
+    acc = jnp.promote_types(top_k_weights.dtype, jnp.float32)
+    weights = top_k_weights.reshape(-1).astype(acc)[order]
+    row_weights = jnp.zeros((rows,), acc).at[dest].set(weights, mode="drop")
 
     nonempty = chunks > 0
     index = jnp.arange(num_experts, dtype=jnp.int32)

@@ -39,9 +39,15 @@ def _precision(dtype):
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype).itemsize >= 4 else None
 
 
+def _acc(dtype):
+    """f32, or f64 for f64 operands (interpret mode)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 def _dot(a, b, *, transpose_b: bool, precision):
     dims = (((1,), (1 if transpose_b else 0,)), ((), ()))
-    return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=jnp.float32)
+    acc = _acc(jnp.promote_types(a.dtype, b.dtype))
+    return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=acc)
 
 
 def _project(x, w, scale, *, transpose_w: bool, quantization, precision):
@@ -146,7 +152,7 @@ def _kernel(
                 precision=precision,
             )
             if b_ref is not None:
-                h = h + b_ref[...].astype(jnp.float32)
+                h = h + b_ref[...].astype(h.dtype)
             projected.append(h)
         if config.interleaved:
             gate, up = _deinterleave(projected[0])
@@ -172,7 +178,7 @@ def _kernel(
         def scatter(c, carry):
             y = hacc_ref[rows(c), :]
             if down_bias_ref is not None:
-                y = y + down_bias_ref[...].astype(jnp.float32)
+                y = y + down_bias_ref[...].astype(y.dtype)
             weights = row_weights_ref[pl.ds(pl.multiple_of(base + c * tm, tm), tm), :]
             y = (y * weights).astype(out_ref.dtype)
             sel = selection(c, y.dtype)
@@ -181,7 +187,7 @@ def _kernel(
                 y,
                 (((0,), (0,)), ((), ())),
                 precision=_precision(y.dtype),
-                preferred_element_type=jnp.float32,
+                preferred_element_type=oacc_ref.dtype,
             )
             return carry
 
@@ -277,7 +283,9 @@ def fused_experts(
     intermediate = config.intermediate(w_gate_up.shape)
     steps = intermediate // blocks.ti
     tm = blocks.tm
-    plan: Dispatch = dispatch(top_k_index, top_k_weights, num_experts, tm, steps)
+    plan: Dispatch = dispatch(
+        top_k_index, top_k_weights.astype(_acc(x.dtype)), num_experts, tm, steps
+    )
     padded = plan.row_tokens.shape[0]
 
     operands = [plan.row_tokens, plan.row_weights, x]
@@ -337,8 +345,8 @@ def fused_experts(
             out_specs=pl.BlockSpec((tokens, hidden), lambda e, j, *_: (0, 0)),
             scratch_shapes=[
                 pltpu.VMEM((cap, hidden), x.dtype),
-                pltpu.VMEM((cap, hidden), jnp.float32),
-                pltpu.VMEM((tokens, hidden), jnp.float32),
+                pltpu.VMEM((cap, hidden), _acc(x.dtype)),
+                pltpu.VMEM((tokens, hidden), _acc(x.dtype)),
             ],
         ),
         compiler_params=pltpu.CompilerParams(
