@@ -19,13 +19,15 @@ from kernel_hub.kernel_api import (
     check_dtype,
     check_rank,
     dtype_name,
+    jax_default_device,
     jax_platform,
     require,
+    tpu_generation,
 )
 
 from . import pallas_tpu, quant, reference, sharding
 from .activations import KINDS, Activation
-from .blocks import MAX_TOKENS, Blocks, blocks_problem, default_blocks
+from .blocks import MAX_TOKENS, Blocks, blocks_problem, default_blocks, vmem_capacity
 from .config import ExpertsConfig
 from .routing import Router, route
 
@@ -133,12 +135,29 @@ def _interpret() -> bool:
     return jax_platform() == "cpu"
 
 
+def _vmem_capacity() -> int:
+    generation = None if _interpret() else tpu_generation(jax_default_device())
+    return vmem_capacity(generation)
+
+
+def _default_blocks(x, idx, w1, config: ExpertsConfig) -> Blocks | None:
+    """Blocks for one kernel call (at most MAX_TOKENS tokens) within 85% of the chip's VMEM."""
+    return default_blocks(
+        min(idx.shape[0], MAX_TOKENS),
+        idx.shape[1],
+        w1.shape[0],
+        config.intermediate(w1.shape),
+        x.shape[1],
+        x.dtype,
+        config,
+        jnp.dtype(w1.dtype).itemsize,
+        int(0.85 * _vmem_capacity()),
+    )
+
+
 def _pallas(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
-    tokens, top_k = idx.shape
-    if blocks is None:
-        chunk = min(tokens, MAX_TOKENS)
-        blocks = default_blocks(chunk, top_k, w1.shape[0], config.intermediate(w1.shape),
-                                x.dtype, config)  # fmt: skip
+    tokens = idx.shape[0]
+    blocks = blocks or _default_blocks(x, idx, w1, config)
     if config.quantization is not None:
         s1 = quant.kernel_scale(s1, config.quantization, w1.shape[1])
         s2 = quant.kernel_scale(s2, config.quantization, w2.shape[1])
@@ -147,6 +166,7 @@ def _pallas(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
         return pallas_tpu.fused_experts(
             xc, ic, wc, w1, w2, b1, b2, s1, s2,
             config=config, out_dtype=out_dtype, blocks=blocks, interpret=_interpret(),
+            vmem_capacity=_vmem_capacity(),
         )  # fmt: skip
 
     if tokens <= MAX_TOKENS:
@@ -173,8 +193,7 @@ def _pallas_problem(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blo
     inter = config.intermediate(w1.shape)
     if blocks is not None:
         return blocks_problem(blocks, inter, x.dtype, config)
-    chunk = min(idx.shape[0], MAX_TOKENS)
-    if default_blocks(chunk, idx.shape[1], w1.shape[0], inter, x.dtype, config) is None:
+    if _default_blocks(x, idx, w1, config) is None:
         return f"no intermediate block size fits the TPU block rules for I={inter}"
     return None
 

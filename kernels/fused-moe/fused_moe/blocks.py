@@ -22,6 +22,30 @@ TARGET_TI = 512
 """Intermediate columns per step: three [ti, H] weight blocks, double-buffered, stay below
 ~30 MiB for H = 7168 in bf16."""
 MAX_TM = 128
+MIB = 1024 * 1024
+VMEM_BYTES = {"v4": 16 * MIB, "v5p": 95 * MIB}
+"""VMEM per core where it is not 128 MiB (v5e, v6e)."""
+DEFAULT_VMEM_BYTES = 128 * MIB
+
+
+def vmem_capacity(generation: str | None) -> int:
+    """VMEM of a TPU generation (128 MiB if unknown: interpret mode, newer chips)."""
+    return VMEM_BYTES.get(generation or "", DEFAULT_VMEM_BYTES)
+
+
+def vmem_bytes(
+    tokens: int, hidden: int, blocks: Blocks, dtype, w_itemsize: int, quantized: bool
+) -> int:
+    """Estimated VMEM: x and the f32 output whole, per-expert scratch, double-buffered weight
+    blocks, dequantized weight blocks, and per-chunk temporaries."""
+    itemsize = jnp.dtype(dtype).itemsize
+    cap = -(-tokens // blocks.tm) * blocks.tm
+    resident = tokens * hidden * (2 * itemsize + 4 + 2 * itemsize)  # x (x2), out acc, out (x2)
+    scratch = cap * hidden * (itemsize + 4)
+    weights = 2 * 3 * blocks.ti * hidden * w_itemsize
+    dequantized = 2 * blocks.ti * hidden * itemsize if quantized else 0
+    temporaries = blocks.tm * (tokens * 4 + 4 * blocks.ti * 4 + 2 * hidden * 4)
+    return resident + scratch + weights + dequantized + temporaries
 
 
 @dataclass(frozen=True)
@@ -71,10 +95,19 @@ def blocks_problem(blocks: Blocks, intermediate: int, dtype, config: ExpertsConf
 
 
 def default_blocks(
-    tokens: int, top_k: int, num_experts: int, intermediate: int, dtype, config: ExpertsConfig
+    tokens: int,
+    top_k: int,
+    num_experts: int,
+    intermediate: int,
+    hidden: int,
+    dtype,
+    config: ExpertsConfig,
+    w_itemsize: int,
+    vmem_budget: int = DEFAULT_VMEM_BYTES,
 ) -> Blocks | None:
     """Chunks sized to the expected rows per expert; the largest legal ``ti`` <= ``TARGET_TI``
-    (else the smallest legal one). None when no ``ti`` is legal."""
+    whose VMEM estimate fits ``vmem_budget`` (else the smallest legal one, and the compiler
+    decides). None when no ``ti`` is legal."""
     sub = sublanes(dtype)
     expected = -(-tokens * top_k // num_experts)
     tm = sub
@@ -84,5 +117,11 @@ def default_blocks(
     legal = [t for t in divisors if ti_problem(t, intermediate, config) is None]
     if not legal:
         return None
-    small = [t for t in legal if t <= TARGET_TI]
-    return Blocks(tm, small[0] if small else legal[-1])
+    quantized = config.quantization is not None
+    fitting = [
+        t
+        for t in legal
+        if t <= TARGET_TI
+        and vmem_bytes(tokens, hidden, Blocks(tm, t), dtype, w_itemsize, quantized) <= vmem_budget
+    ]
+    return Blocks(tm, fitting[0] if fitting else legal[-1])

@@ -26,13 +26,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .blocks import Blocks
+from .blocks import Blocks, vmem_bytes
 from .config import ExpertsConfig
 from .dispatch import Dispatch, cdiv, dispatch
 from .quant import FP8_BLOCK
-
-VMEM_CAP_BYTES = 100 * 1024 * 1024
-"""Ceiling of the scoped VMEM asked for (v5e/v5p/v6e have 128 MiB per core; v4 32 MiB)."""
 
 
 def _precision(dtype):
@@ -248,17 +245,6 @@ def _specs(config: ExpertsConfig, w_gate_up, w_down, blocks: Blocks, steps: int,
     return specs
 
 
-def vmem_bytes(tokens: int, hidden: int, blocks: Blocks, dtype, w_itemsize: int) -> int:
-    """Estimated VMEM: whole x and f32 output, per-expert scratch, double-buffered weights."""
-    itemsize = jnp.dtype(dtype).itemsize
-    cap = cdiv(tokens, blocks.tm) * blocks.tm
-    resident = tokens * hidden * (2 * itemsize + 4 + 2 * itemsize)  # x (x2), out acc, out (x2)
-    scratch = cap * hidden * (itemsize + 4)
-    weights = 2 * 3 * blocks.ti * hidden * max(w_itemsize, 1)
-    temporaries = blocks.tm * (tokens * 4 + 3 * blocks.ti * 4 + 2 * hidden * 4)
-    return resident + scratch + weights + temporaries
-
-
 def fused_experts(
     x,
     top_k_index,
@@ -274,9 +260,11 @@ def fused_experts(
     out_dtype,
     blocks: Blocks,
     interpret: bool,
+    vmem_capacity: int,
 ):
     """The fused experts for up to ``MAX_TOKENS`` tokens (see the module docstring). Biases are
-    [E, 2I] / [E, H]; scales in ``quant.kernel_scale`` layout."""
+    [E, 2I] / [E, H]; scales in ``quant.kernel_scale`` layout; ``vmem_capacity``: the chip's
+    VMEM, the most the kernel may ask for."""
     tokens, hidden = x.shape
     top_k = top_k_index.shape[1]
     num_experts = w_gate_up.shape[0]
@@ -327,7 +315,7 @@ def fused_experts(
         transcendentals=padded * intermediate,
         bytes_accessed=weight_bytes + tokens * hidden * (itemsize + jnp.dtype(out_dtype).itemsize),
     )
-    vmem = vmem_bytes(tokens, hidden, blocks, x.dtype, w_itemsize)
+    vmem = vmem_bytes(tokens, hidden, blocks, x.dtype, w_itemsize, gate_up_scale is not None)
     kernel = functools.partial(
         _kernel,
         config=config,
@@ -351,7 +339,7 @@ def fused_experts(
         ),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("arbitrary", "arbitrary"),
-            vmem_limit_bytes=min(VMEM_CAP_BYTES, int(vmem * 1.25) + (8 << 20)),
+            vmem_limit_bytes=min(vmem_capacity, int(vmem * 1.25) + (8 << 20)),
         ),
         cost_estimate=cost,
         interpret=interpret,
