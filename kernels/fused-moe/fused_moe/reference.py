@@ -58,7 +58,8 @@ def fused_experts(
     tokens, top_k = top_k_index.shape
     num_experts = w_gate_up.shape[0]
     acc = accumulator(x.dtype)
-    precision = jax.lax.Precision.HIGHEST
+    # Full precision for f32/f64 operands; TPU's ragged_dot kernel rejects it for bf16.
+    precision = jax.lax.Precision.HIGHEST if jnp.dtype(x.dtype).itemsize >= 4 else None
     w1 = weights(w_gate_up, gate_up_scale, config, x.dtype)
     w2 = weights(w_down, down_scale, config, x.dtype)
 

@@ -19,10 +19,9 @@ def _weights(transposed: bool, quantization: str | None) -> str:
     w = "experts h gu, experts i h" if transposed else "experts gu h, experts h i"
     bias = "experts gu, experts h"
     scales = {
-        None: "experts o, experts p",  # absent (None) operands
         "int8": "experts gu, experts h",
         "fp8": "experts gu_s h_s, experts h_s i_s",
-    }[quantization]
+    }.get(quantization, "experts o, experts p")  # None: absent operands (checked by the op)
     return f"{w}, {bias}, {scales}"
 
 
