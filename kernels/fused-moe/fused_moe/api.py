@@ -2,7 +2,9 @@
 logits -> top-k -> experts), with one implementation table: "pallas" (the fused kernel) and
 "xla" (sorted copies + ``ragged_dot``).
 
-Forward only: training keeps Transformers' experts on the moe-gemm kernel (``gmm``/``tgmm`` with
+The fused kernel serves decode steps (up to ``MAX_TOKENS`` tokens, held whole in VMEM); longer
+calls (prefill) take the XLA path, which is compute-bound there anyway. Forward only: training
+keeps Transformers' experts on the moe-gemm kernel (``gmm``/``tgmm`` with
 their VJP), where the backward's weight gradients need the per-expert row groups anyway; the
 fused kernel exists to read each weight once per decode step.
 """
@@ -141,9 +143,9 @@ def _vmem_capacity() -> int:
 
 
 def _default_blocks(x, idx, w1, config: ExpertsConfig) -> Blocks | None:
-    """Blocks for one kernel call (at most MAX_TOKENS tokens) within 85% of the chip's VMEM."""
+    """Blocks for one kernel call within 85% of the chip's VMEM."""
     return default_blocks(
-        min(idx.shape[0], MAX_TOKENS),
+        idx.shape[0],
         idx.shape[1],
         w1.shape[0],
         config.intermediate(w1.shape),
@@ -156,29 +158,16 @@ def _default_blocks(x, idx, w1, config: ExpertsConfig) -> Blocks | None:
 
 
 def _pallas(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
-    tokens = idx.shape[0]
     blocks = blocks or _default_blocks(x, idx, w1, config)
     if config.quantization is not None:
         s1 = quant.kernel_scale(s1, config.quantization, w1.shape[1])
         s2 = quant.kernel_scale(s2, config.quantization, w2.shape[1])
 
-    def call(xc, ic, wc):
-        return pallas_tpu.fused_experts(
-            xc, ic, wc, w1, w2, b1, b2, s1, s2,
-            config=config, out_dtype=out_dtype, blocks=blocks, interpret=_interpret(),
-            vmem_capacity=_vmem_capacity(),
-        )  # fmt: skip
-
-    if tokens <= MAX_TOKENS:
-        return call(x, idx, w)
-    # Prefill: token chunks of MAX_TOKENS (each chunk reads the weights its experts need).
-    chunks = -(-tokens // MAX_TOKENS)
-    pad = chunks * MAX_TOKENS - tokens
-    xs = jnp.pad(x, ((0, pad), (0, 0))).reshape(chunks, MAX_TOKENS, -1)
-    ids = jnp.pad(idx, ((0, pad), (0, 0)), constant_values=-1).reshape(chunks, MAX_TOKENS, -1)
-    ws = jnp.pad(w, ((0, pad), (0, 0))).reshape(chunks, MAX_TOKENS, -1)
-    out = jax.lax.map(lambda args: call(*args), (xs, ids, ws))
-    return out.reshape(chunks * MAX_TOKENS, -1)[:tokens]
+    return pallas_tpu.fused_experts(
+        x, idx, w, w1, w2, b1, b2, s1, s2,
+        config=config, out_dtype=out_dtype, blocks=blocks, interpret=_interpret(),
+        vmem_capacity=_vmem_capacity(),
+    )  # fmt: skip
 
 
 def _xla(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
@@ -190,6 +179,11 @@ def _xla(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
 def _pallas_problem(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
     if jnp.dtype(x.dtype).name == "float64" and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
+    if idx.shape[0] > MAX_TOKENS:
+        return (
+            f"{idx.shape[0]} tokens: the fused kernel holds at most {MAX_TOKENS} (a decode "
+            "step) in VMEM; prefill runs the sorted ragged_dot path"
+        )
     inter = config.intermediate(w1.shape)
     if blocks is not None:
         return blocks_problem(blocks, inter, x.dtype, config)

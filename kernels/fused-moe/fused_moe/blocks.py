@@ -3,7 +3,7 @@ intermediate dimension per grid step. TPU block rules per weight layout, and the
 
 The kernel keeps ``hidden_states``, the f32 output accumulator and two per-expert scratch
 buffers (gathered rows, f32 down-projection partials) whole in VMEM, so it serves up to
-``MAX_TOKENS`` tokens per call; larger calls are split into token chunks by ``api``.
+``MAX_TOKENS`` tokens per call; ``api`` sends longer calls (prefill) to the XLA path.
 """
 
 from __future__ import annotations

@@ -124,17 +124,20 @@ def test_quantization_error_is_small_but_not_zero():
         assert 0 < rel < bound, (kind, rel)
 
 
-def test_prefill_is_split_into_kernel_sized_token_chunks():
-    """More tokens than one kernel call holds (MAX_TOKENS) run in chunks with the same result."""
+def test_prefill_takes_the_xla_path_with_the_reason():
+    """More tokens than the kernel holds in VMEM (a decode step) run the XLA path."""
     rng = np.random.default_rng(5)
     tokens, top_k, hidden, inter = api.MAX_TOKENS + 40, 2, 128, 128
-    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
-    ids = np.stack([rng.choice(4, 2, replace=False) for _ in range(tokens)]).astype(np.int32)
-    w = rng.random((tokens, top_k)).astype(np.float32)
-    w1 = (rng.standard_normal((4, 2 * inter, hidden)) / 12).astype(np.float32)
-    w2 = (rng.standard_normal((4, hidden, inter)) / 12).astype(np.float32)
-    got = api.fused_experts(x, ids, w, w1, w2, implementation="pallas", blocks=Blocks(128, 128))
-    check(got, oracle.experts(x, ids, w, w1, w2), np.float32)
+    x = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.float32)
+    ids = jnp.asarray(np.stack([rng.choice(4, 2, replace=False) for _ in range(tokens)]),
+                      jnp.int32)  # fmt: skip
+    w = jnp.asarray(rng.random((tokens, top_k)), jnp.float32)
+    w1 = jnp.zeros((4, 2 * inter, hidden), jnp.float32)
+    w2 = jnp.zeros((4, hidden, inter), jnp.float32)
+    kwargs = dict(config=fused.jax.ExpertsConfig(), out_dtype=jnp.float32, blocks=None)
+    verdicts = dict(api.TABLE.explain(x, ids, w, w1, w2, None, None, None, None, **kwargs))
+    assert "prefill runs the sorted ragged_dot path" in verdicts["pallas"]
+    assert verdicts["xla"] is None
 
 
 def test_float64_in_interpret_mode():
