@@ -9,10 +9,10 @@ experts stay outside.
 
 What a module computes is read from it, never assumed: its layout flags, and its ``_apply_gate``
 run on a probe and compared with each gated activation the kernel has (``module_problem`` says
-why a module is left alone). Forward only: a call that needs gradients raises (kernelize in
-training mode keeps the moe-gemm kernel). Token counts are padded to a power of two (at least
-``MIN_TOKENS``) with rows that route nowhere, so continuous batching's changing batch sizes
-compile once per bucket.
+why a module is left alone). Expert weights split over devices (DTensor, or torchax tensors
+holding sharded arrays) are left to moe-gemm's expert parallelism. Token counts are padded to a
+power of two (at least ``MIN_TOKENS``) with rows that route nowhere, so continuous batching's
+changing batch sizes compile once per bucket.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 DEFAULT_NAME = "kernel_hub_fused_moe"
 MIN_TOKENS = 8
 can_torch_compile = False
-has_backward = False
+has_backward = True
+"""The backward differentiates the XLA path (see ``torch_ops``); kernelize in training mode still
+picks moe-gemm, whose gmm/tgmm backward kernels are the training path."""
 
 _PROBE_ROWS = 4
 
@@ -90,8 +92,26 @@ def activation_of(module: torch.nn.Module) -> tuple[str | None, str]:
     return None, f"its _apply_gate ({type(module).__name__}) matches none of the kernel's forms"
 
 
+def _sharded(weight: torch.Tensor) -> bool:
+    """Whether the weight is split over devices (DTensor, or a torchax tensor of a sharded
+    array)."""
+    if type(weight).__name__ == "DTensor" or getattr(weight, "_is_expert_parallel", False):
+        return True
+    to_array = getattr(weight, "jax", None)
+    if not callable(to_array):
+        return False
+    import jax
+
+    spec = getattr(jax.typeof(to_array()).sharding, "spec", ())
+    return any(axis is not None for axis in spec)
+
+
 def module_problem(module: torch.nn.Module) -> str | None:
     """Why the fused kernel cannot run ``module`` exactly, or None."""
+    if getattr(module, "_is_expert_parallel", False) or any(
+        _sharded(getattr(module, p)) for p in ("gate_up_proj", "down_proj") if hasattr(module, p)
+    ):
+        return "its expert weights are split over devices (expert parallelism: moe-gemm's moe_ep)"
     if getattr(module, "has_post_expert_norm", False):
         return "it has a post-expert norm"
     if not hasattr(module, "gate_up_proj") or not hasattr(module, "down_proj"):
@@ -144,13 +164,6 @@ def experts_forward(
         raise NotImplementedError(f"{type(experts).__name__}: fused-moe cannot run it: {problem}")
     _CHECKED.add(experts)
     tensors = quantized.expert_tensors(experts)
-    if torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (hidden_states, top_k_weights, *tensors[:4])
-    ):
-        raise KernelInputError(
-            "fused-moe is forward only (serving); run it under torch.no_grad() / "
-            "torch.inference_mode(), or kernelize in training mode (experts on moe-gemm)"
-        )
     tokens = hidden_states.shape[0]
     padded = _bucket(tokens) if tokens else 0
     pad = padded - tokens

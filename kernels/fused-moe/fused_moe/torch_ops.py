@@ -1,4 +1,10 @@
-"""The fused_experts and fused_moe torch ops (forward only), built with kernel-hub's bridge."""
+"""The fused_experts and fused_moe torch ops, built with kernel-hub's bridge.
+
+The forward is the fused kernel; the backward differentiates the XLA path (sorted rows and
+``ragged_dot``) at the same inputs, recomputing its forward: gradients are exact, and training
+steps that happen to run through a model kernelized for inference stay correct. Quantized weights
+get no gradient (they are not trainable).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,43 @@ from kernel_hub.kernel_api import jax_op, op_namespace, require
 
 from . import api
 
+_DIFFERENTIABLE = (
+    "hidden_states", "top_k_weights", "w_gate_up", "w_down", "gate_up_bias", "down_bias",
+)  # fmt: skip
 
-@jax_op(op_namespace(__name__), api.fused_experts)
+
+def _experts_backward(inputs, outputs, cotangents, **static):
+    """Gradients of the XLA implementation for every differentiable input: zeros for quantized
+    weights, None for absent optional inputs."""
+    import jax
+    import jax.numpy as jnp
+
+    static = {k: v for k, v in static.items() if k != "implementation"}
+    frozen = ("w_gate_up", "w_down") if static.get("quantization") else ()
+    names = [n for n in _DIFFERENTIABLE if inputs[n] is not None and n not in frozen]
+
+    def forward(*values):
+        a = {**inputs, **dict(zip(names, values, strict=True))}
+        return api.fused_experts(
+            a["hidden_states"], a["top_k_index"], a["top_k_weights"], a["w_gate_up"],
+            a["w_down"], a["gate_up_bias"], a["down_bias"], a["gate_up_scale"], a["down_scale"],
+            implementation="xla", **static,
+        )  # fmt: skip
+
+    _, pullback = jax.vjp(forward, *(inputs[n] for n in names))
+    grads = dict(zip(names, pullback(cotangents[0]), strict=True))
+    return tuple(
+        None if inputs[n] is None else grads.get(n, jnp.zeros_like(inputs[n]))
+        for n in _DIFFERENTIABLE
+    )
+
+
+@jax_op(
+    op_namespace(__name__),
+    api.fused_experts,
+    differentiable=_DIFFERENTIABLE,
+    jax_backward=_experts_backward,
+)
 def fused_experts(
     hidden_states: torch.Tensor,
     top_k_index: torch.Tensor,
