@@ -140,6 +140,114 @@ def compile_cell(path: str, model, tokens: int, generation: str) -> dict[str, An
     return cell
 
 
+def stock_weight_bytes(model, tokens: int) -> float:
+    """Hand count for batched_mm: every (token, slot) row gathers its expert's weights."""
+    return tokens * model.top_k * 3 * model.intermediate * model.hidden * 2
+
+
+def _row(cells: list[dict], model, tokens: int, generation: str) -> list[str]:
+    roof = chip(generation)
+    found = {c["path"]: c for c in cells if c["model"] == model.name and c["tokens"] == tokens
+             and c["tpu"] == generation}  # fmt: skip
+    flops = 2 * tokens * model.top_k * 3 * model.intermediate * model.hidden
+    stock = stock_weight_bytes(model, tokens)
+    out = [
+        model.name,
+        str(tokens),
+        f"{stock / 1e9:.2f} / {roof.time_floor(flops, stock) * 1e6:.0f}",
+    ]
+    for path in PATHS[1:]:
+        cell = found.get(path)
+        if cell is None:
+            out.append("-")
+        elif "error" in cell:
+            if "memory on HBM" in cell["error"]:
+                out.append("does not fit HBM")
+            elif "prefill runs the sorted ragged_dot path" in cell["error"]:
+                out.append("(XLA path)")
+            else:
+                out.append("n/a")
+        else:
+            read = cell["bytes_accessed"]
+            out.append(f"{read / 1e9:.2f} / {roof.time_floor(cell['flops'], read) * 1e6:.0f}")
+    hand = hand_weight_bytes(model, tokens, None)
+    out.append(f"{hand / 1e9:.2f}")
+    return out
+
+
+def report(path: str, plot: str | None) -> str:
+    """Markdown tables (one per generation) and an optional plot of modelled time vs tokens."""
+    with open(path) as f:
+        data = json.load(f)
+    cells = data["cells"]
+    header = ["model", "T", "stock batched_mm (hand)", "XLA ragged_dot", "fused bf16",
+              "fused int8", "fused fp8", "hand count bf16 weights"]  # fmt: skip
+    lines = [f"Reproduce: `{data['command']}`", ""]
+    for generation in sorted({c["tpu"] for c in cells}, reverse=True):
+        roof = chip(generation)
+        lines += [
+            f"### {generation}: GB read per step / modelled time (us)",
+            "",
+            f"Roofline: {roof.peak_flops / 1e12:.0f} TFLOP/s bf16, "
+            f"{roof.memory_bandwidth / 1e9:.0f} GB/s HBM.",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|" + "---|" * len(header),
+        ]
+        for model in bench.MODELS:
+            for tokens in sorted({c["tokens"] for c in cells if c["tpu"] == generation}):
+                lines.append("| " + " | ".join(_row(cells, model, tokens, generation)) + " |")
+        lines.append("")
+    stock = [c for c in cells if c["path"] == "stock-batched_mm" and "error" not in c]
+    if stock:
+        lines += ["Stock batched_mm compiled (cross-check of the hand count):", ""]
+        for c in stock:
+            model = next(m for m in bench.MODELS if m.name == c["model"])
+            lines.append(
+                f"- {c['tpu']} {c['model']} T={c['tokens']}: cost analysis "
+                f"{c['bytes_accessed'] / 1e9:.2f} GB, temporaries {c['temp_bytes'] / 1e9:.2f} GB; "
+                f"hand count {stock_weight_bytes(model, c['tokens']) / 1e9:.2f} GB"
+            )
+    if plot:
+        _plot(cells, plot)
+    return "\n".join(lines)
+
+
+def _plot(cells: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    generation = "v6e"
+    roof = chip(generation)
+    fig, axes = plt.subplots(1, len(bench.MODELS), figsize=(4 * len(bench.MODELS), 3.6))
+    for ax, model in zip(axes, bench.MODELS, strict=True):
+        mine = [c for c in cells if c["model"] == model.name and c["tpu"] == generation
+                and c["tokens"] <= 512]  # fmt: skip
+        tokens = sorted({c["tokens"] for c in mine})
+        ax.set_title(model.name)
+        if not tokens:
+            continue
+        flops = [2 * t * model.top_k * 3 * model.intermediate * model.hidden for t in tokens]
+        stock = [roof.time_floor(f, stock_weight_bytes(model, t)) * 1e6
+                 for f, t in zip(flops, tokens, strict=True)]  # fmt: skip
+        ax.plot(tokens, stock, "k--", label="stock batched_mm (hand)")
+        for name in PATHS[1:]:
+            points = [(c["tokens"], roof.time_floor(c["flops"], c["bytes_accessed"]) * 1e6)
+                      for c in mine if c["path"] == name and "error" not in c]  # fmt: skip
+            if points:
+                ax.plot(*zip(*sorted(points), strict=True), marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens per decode step")
+    axes[0].set_ylabel(f"modelled {generation} time per layer (us)")
+    axes[-1].legend(fontsize=7)
+    fig.suptitle("MoE experts, modelled TPU time (deviceless compile + roofline), not measured")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tpu", default="v5e,v6e")
@@ -153,8 +261,13 @@ def main(argv: list[str] | None = None) -> int:
         "the report hand-counts the others)",
     )
     parser.add_argument("--json", required=True)
+    parser.add_argument("--report", action="store_true", help="print tables from --json")
+    parser.add_argument("--plot", help="with --report: write a plot here")
     parser.add_argument("--append", action="store_true", help="add to the cells in --json")
     args = parser.parse_args(argv)
+    if args.report:
+        print(report(args.json, args.plot))
+        return 0
     models = {m.name: m for m in bench.MODELS}
     stock_tokens = {int(t) for t in args.stock_tokens.split(",")}
     cells = []
