@@ -182,7 +182,13 @@ def report(path: str, plot: str | None) -> str:
     cells = data["cells"]
     header = ["model", "T", "stock batched_mm (hand)", "XLA ragged_dot", "fused bf16",
               "fused int8", "fused fp8", "hand count bf16 weights"]  # fmt: skip
-    lines = [f"Reproduce: `{data['command']}`", ""]
+    lines = ["Reproduce (in this order):", ""]
+    lines += [f"    {command}" for command in data["commands"]]
+    lines += [
+        "",
+        "then `python benchmarks/moe_decode.py --report --json <that file> --plot <png>`.",
+        "",
+    ]
     for generation in sorted({c["tpu"] for c in cells}, reverse=True):
         roof = chip(generation)
         lines += [
@@ -233,16 +239,21 @@ def _plot(cells: list[dict], path: str) -> None:
         stock = [roof.time_floor(f, stock_weight_bytes(model, t)) * 1e6
                  for f, t in zip(flops, tokens, strict=True)]  # fmt: skip
         ax.plot(tokens, stock, "k--", label="stock batched_mm (hand)")
-        for name in PATHS[1:]:
+        for color, name in enumerate(PATHS[1:], start=1):
             points = [(c["tokens"], roof.time_floor(c["flops"], c["bytes_accessed"]) * 1e6)
                       for c in mine if c["path"] == name and "error" not in c]  # fmt: skip
             if points:
-                ax.plot(*zip(*sorted(points), strict=True), marker="o", label=name)
+                ax.plot(
+                    *zip(*sorted(points), strict=True), marker="o", label=name, color=f"C{color}"
+                )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("tokens per decode step")
     axes[0].set_ylabel(f"modelled {generation} time per layer (us)")
-    axes[-1].legend(fontsize=7)
+    handles = {
+        label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels(), strict=True)
+    }
+    axes[0].legend(handles.values(), handles.keys(), fontsize=7)
     fig.suptitle("MoE experts, modelled TPU time (deviceless compile + roofline), not measured")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -270,10 +281,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     models = {m.name: m for m in bench.MODELS}
     stock_tokens = {int(t) for t in args.stock_tokens.split(",")}
-    cells = []
+    cells, commands = [], []
     if args.append and os.path.exists(args.json):
         with open(args.json) as existing:
-            cells = json.load(existing)["cells"]
+            previous = json.load(existing)
+        cells, commands = previous["cells"], previous["commands"]
+    commands.append(" ".join(["python benchmarks/moe_decode.py", *(argv or sys.argv[1:])]))
     for generation in args.tpu.split(","):
         for name in args.models.split(","):
             for tokens in (int(t) for t in args.tokens.split(",")):
@@ -286,9 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{cell['bytes_accessed'] / 1e9:8.3f} GB  {cell['model_time_us']:9.1f} us"
                     )
                     print(f"{generation} {name:15s} T={tokens:5d} {path:17s} {status}", flush=True)
-                    command = " ".join(["python benchmarks/moe_decode.py", *(argv or sys.argv[1:])])
                     with open(args.json, "w") as out:
-                        json.dump({"command": command, "cells": cells}, out, indent=1)
+                        json.dump({"commands": commands, "cells": cells}, out, indent=1)
     return 0
 
 
