@@ -92,6 +92,7 @@ def test_layouts_activations_and_biases(implementation, activation, transposed, 
     check(got, expected, np.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation", ["pallas", "xla"])
 @pytest.mark.parametrize("quantization", ["int8", "fp8"])
 def test_quantized_weights_match_dequantized_oracle(implementation, quantization):
@@ -140,6 +141,7 @@ def test_prefill_takes_the_xla_path_with_the_reason():
     assert verdicts["xla"] is None
 
 
+@pytest.mark.slow
 def test_float64_in_interpret_mode():
     rng = np.random.default_rng(6)
     with jax.enable_x64(True):
@@ -173,6 +175,7 @@ def test_routing_matches_definition(router, with_bias):
     np.testing.assert_allclose(np.asarray(weights), expected_w, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_fused_moe_routes_then_runs_the_experts():
     rng = np.random.default_rng(9)
     tokens, experts = 16, 8
