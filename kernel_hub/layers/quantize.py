@@ -22,7 +22,7 @@ def quantize_experts(
 
     Returns the fused-moe kernel's ``QuantizationReport``: each weight's bytes before and after
     and its error against the weight it replaced (also logged), and the modules left alone with
-    the reason. The quantized weights cannot be trained (forward-only kernel).
+    the reason. Quantized weights get no gradient (they are not trainable).
     """
     kernel = get_kernel("fused-moe", registry=registry)
     return kernel.KERNEL.integration("transformers").quantize_experts(model, quantization)
