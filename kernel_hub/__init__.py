@@ -26,6 +26,7 @@ _EXPORTS = {
     "unmark_layer": ".layers.kernelize",
     "from_pretrained": ".layers.kernelize",
     "use_mesh": ".sharding",
+    "quantize_experts": ".layers.quantize",
 }
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
         use_kernel_forward,
     )
     from .layers.modes import Mode
+    from .layers.quantize import quantize_experts
     from .layers.report import KernelizeReport
     from .loading.mappings import kernel_mapping
     from .loading.resolver import get_kernel
@@ -74,6 +76,7 @@ __all__ = [
     "kernelize_report",
     "load_registry",
     "mark_layer",
+    "quantize_experts",
     "unkernelize",
     "unmark_layer",
     "use_kernel_forward",

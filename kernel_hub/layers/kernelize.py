@@ -387,32 +387,28 @@ def _check_modules(
         raise _LeftAlone(f"unsupported by {label}: " + "; ".join(problems.values()))
 
 
-def _switch_interface(
-    source: _KernelSource, model: torch.nn.Module, interface: Any
-) -> list[ReportEntry]:
-    """Register the op's integration with the interface and make ``model`` dispatch to it.
+def _interface_ops(source: _KernelSource, interface: Any) -> list[str]:
+    """The registry ops that may serve ``interface`` in this mode, first choice first: its
+    ``inference_op`` (a forward-only kernel, such as the fused MoE layer) when kernelizing for
+    inference and the registry has that op, then its ``op``."""
+    inference_op = getattr(interface, "inference_op", None)
+    if inference_op and Mode.INFERENCE in source.mode and source.canonical(inference_op):
+        return [inference_op, interface.op]
+    return [interface.op]
 
-    Modules the interface sees but cannot reach (``interface.unreached``) are reported as left
-    alone with the interface's reason."""
-    op = source.canonical(interface.op)
-    unreached = [
-        ReportEntry(
-            module=n,
-            cls=type(m).__name__,
-            kind=interface.kind,
-            target=interface.name,
-            found_by=interface.name,
-            op=op,
-            reason=reason,
-        )
-        for n, m, reason in interface.unreached(model)
-    ]
-    modules = [(n, m) for n, m in model.named_modules() if interface.dispatches(m)]
-    if not modules:
-        return unreached
-    outcome: dict[str, Any] = {"op": op}
+
+def _switch_with(
+    source: _KernelSource,
+    model: torch.nn.Module,
+    interface: Any,
+    modules: list[tuple[str, torch.nn.Module]],
+    op_name: str,
+) -> dict[str, Any]:
+    """Switch ``model``'s ``interface`` to ``op_name``'s kernel: {"op", "swapped_to"} or
+    {"op", "reason"}."""
+    outcome: dict[str, Any] = {"op": source.canonical(op_name)}
     try:
-        kernel = source.kernel(interface.op)
+        kernel = source.kernel(op_name)
         label = f"{_kernel_label(kernel)} integrations"
         integration = interface.integration(kernel)
         if integration is None:
@@ -433,6 +429,44 @@ def _switch_interface(
         switches[interface] = swaps.InterfaceSwitch(name, previous)
     except (_LeftAlone, KernelHubError) as reason:
         outcome["reason"] = str(reason)
+    return outcome
+
+
+def _switch_interface(
+    source: _KernelSource, model: torch.nn.Module, interface: Any
+) -> list[ReportEntry]:
+    """Register the op's integration with the interface and make ``model`` dispatch to it.
+
+    Modules the interface sees but cannot reach (``interface.unreached``) are reported as left
+    alone with the interface's reason."""
+    candidates = _interface_ops(source, interface)
+    op = source.canonical(candidates[-1])
+    unreached = [
+        ReportEntry(
+            module=n,
+            cls=type(m).__name__,
+            kind=interface.kind,
+            target=interface.name,
+            found_by=interface.name,
+            op=op,
+            reason=reason,
+        )
+        for n, m, reason in interface.unreached(model)
+    ]
+    modules = [(n, m) for n, m in model.named_modules() if interface.dispatches(m)]
+    if not modules:
+        return unreached
+    outcome: dict[str, Any] = {}
+    passed_over = []
+    for op_name in candidates:
+        outcome = _switch_with(source, model, interface, modules, op_name)
+        if "swapped_to" in outcome:
+            if passed_over:
+                outcome["swapped_to"] += f" ({'; '.join(passed_over)})"
+            break
+        passed_over.append(f"{outcome['op']} left it: {outcome['reason']}")
+    else:
+        outcome["reason"] = "; ".join(passed_over)
     return [
         ReportEntry(
             module=n,

@@ -228,6 +228,9 @@ class ModelInterface:
         lambda model, modules: None
     )
     """The same, for training mode only (a gradient the implementation would not give)."""
+    inference_op: str | None = None
+    """Registry op used instead of ``op`` when kernelizing for inference (a forward-only kernel
+    serving the same interface)."""
 
     def dispatches(self, module: torch.nn.Module) -> bool:
         return _forward_reads(type(module), self.dispatch_name)
@@ -382,6 +385,7 @@ MODEL_INTERFACES = (
         name="ExpertsInterface",
         kind="experts",
         op="moe-gemm",
+        inference_op="fused-moe",
         dispatch_name="experts_interface",
         config_attribute="_experts_implementation",
         setter="set_experts_implementation",
