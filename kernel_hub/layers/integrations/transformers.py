@@ -39,6 +39,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from kernel_hub.errors import KernelHubError
 
+from .causal_lm_loss import CausalLMLossInterface
 from .continuous_batching import ContinuousBatchingInterface
 
 
@@ -340,4 +341,5 @@ MODEL_INTERFACES = (
         registered=_experts_problem,
     ),
     ContinuousBatchingInterface(attention=ATTENTION_INTERFACE),
+    CausalLMLossInterface(),
 )
