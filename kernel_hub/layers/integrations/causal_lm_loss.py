@@ -27,6 +27,7 @@ The model's ``loss_function`` must be Transformers' ``ForCausalLMLoss`` and its 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import types
 from collections import OrderedDict
@@ -150,6 +151,11 @@ def probe(model: torch.nn.Module) -> tuple[str, LogitForm]:
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     cls = type(model)
+    if hasattr(model.config, "output_router_logits"):
+        raise Refused(
+            f"{cls.__name__} adds the router's auxiliary loss to the loss (output_router_logits), "
+            "which the fused loss does not compute yet"
+        )
     loss_function = model.loss_function
     if loss_function is not ForCausalLMLoss:
         name = getattr(loss_function, "__qualname__", type(loss_function).__name__)
@@ -167,7 +173,8 @@ def probe(model: torch.nn.Module) -> tuple[str, LogitForm]:
         copy = object.__new__(cls)
         copy.__dict__.update(model.__dict__)
         children = {n: _Decoder(hidden) for n, _ in model.named_children() if n != head_name}
-        probe_head = _Head(4, 8, bias=head.bias is not None)
+        with torch.random.fork_rng(devices=[]):  # kernelize leaves the global RNG alone
+            probe_head = _Head(4, 8, bias=head.bias is not None)
         with torch.no_grad():
             probe_head.weight.copy_(torch.randn(8, 4, generator=generator))
             if probe_head.bias is not None:
@@ -318,6 +325,17 @@ def fused_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     return out if return_dict else out.to_tuple()
 
 
+def _with_stock_signature(cls: type) -> Any:
+    """``fused_forward`` showing the stock forward's signature: the Trainer drops dataset
+    columns the forward's signature does not name."""
+
+    @functools.wraps(cls.forward)
+    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return fused_forward(self, *args, **kwargs)
+
+    return forward
+
+
 def _parameter_index(cls: type, name: str) -> int:
     """Position of ``name`` among ``cls.forward``'s arguments after self (or ``Refused``)."""
     params = list(inspect.signature(cls.forward).parameters)[1:]
@@ -335,6 +353,8 @@ class CausalLMLossInterface:
     name: str = "ForCausalLMLoss"
     kind: str = "causal LM loss"
     op: str = "linear-cross-entropy"
+    training_only: bool = True
+    """kernelize skips this interface outside training mode (the forward acts only there)."""
 
     def dispatches(self, module: torch.nn.Module) -> bool:
         return is_causal_lm(module)
@@ -375,7 +395,7 @@ class CausalLMLossInterface:
             keep_index=_parameter_index(type(model), "logits_to_keep"),
         )
         model.__dict__[_STATE] = state
-        model.__dict__["forward"] = types.MethodType(fused_forward, model)
+        model.__dict__["forward"] = types.MethodType(_with_stock_signature(type(model)), model)
         return state.label
 
     def restore(self, model: torch.nn.Module, previous: dict[str, Any]) -> None:

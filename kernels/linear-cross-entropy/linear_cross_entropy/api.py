@@ -17,7 +17,7 @@ from kernel_hub.kernel_api import (
     require,
 )
 
-from . import pallas_tpu, reference, sharding
+from . import pallas_tpu, reference, sharding, xla_chunked
 from .reference import REDUCTIONS, LogitForm
 
 OP = "linear_cross_entropy"
@@ -121,7 +121,9 @@ def _pallas_problem(hidden, weight, bias, targets, *, form, block_tokens, block_
 
 
 def _xla(hidden, weight, bias, targets, *, form, block_tokens, block_vocab):
-    return reference.token_statistics(hidden, weight, bias, targets, form)
+    return xla_chunked.token_statistics(
+        hidden, weight, bias, targets, form, block_vocab or xla_chunked.CHUNK
+    )
 
 
 TABLE = ImplementationTable(
@@ -184,8 +186,9 @@ def linear_cross_entropy(
     Semantics of ``torch.nn.functional.cross_entropy(logits.float(), labels, ignore_index=,
     reduction=, label_smoothing=)``, plus ``z_loss * logsumexp**2`` per counted token. The
     result (a scalar, or [N] for ``reduction="none"``) is f32 (f64 for f64 inputs); logits are
-    accumulated in f32 for bf16 inputs. ``implementation`` forces "pallas" or "xla" (the XLA
-    path materialises the logits); ``block_tokens`` / ``block_vocab`` override Pallas blocks.
+    accumulated in f32 for bf16 inputs. ``implementation`` forces "pallas" or "xla" (a scan over
+    vocabulary chunks, ``xla_chunked``); ``block_tokens`` / ``block_vocab`` override the Pallas
+    blocks (``block_vocab``: the XLA chunk too).
     """
     check_inputs(
         hidden,
