@@ -150,14 +150,17 @@ def _unrecognised(name: str, module: torch.nn.Module) -> ReportEntry | None:
     """A report entry for a known kind of layer that no kernel layer computes exactly."""
     hf = _transformers_integration()
     cls = type(module)
-    if hf is None or not hf.is_transformers_norm(cls):
+    if hf is not None and hf.is_gated_mlp_candidate(cls):
+        target, reason = "GatedMLP", hf.recognise_gated_mlp(cls).reason
+    elif hf is not None and hf.is_transformers_norm(cls):
+        target, reason = "RMSNorm", hf.recognise_norm(cls).reason
+    else:
         return None
-    reason = hf.recognise_norm(cls).reason
     return ReportEntry(
         module=name,
         cls=cls.__name__,
         kind="layer",
-        target="RMSNorm",
+        target=target,
         found_by="recognised",
         reason=reason,
     )
@@ -485,6 +488,8 @@ def kernelize(
             entries.append(entry)
     for integration in _integrations():
         for interface in integration.MODEL_INTERFACES:
+            if getattr(interface, "training_only", False) and Mode.TRAINING not in mode:
+                continue  # e.g. the causal-LM loss: nothing to swap outside training
             entries += _switch_interface(source, model, interface)
     swaps.record_report(
         model, KernelizeReport(type(model).__name__, mode.label, device_type, tuple(entries))

@@ -67,7 +67,8 @@ def _probe_state() -> dict:
     generator = torch.Generator().manual_seed(0)
 
     def linear(n_in: int, n_out: int) -> torch.nn.Linear:
-        layer = torch.nn.Linear(n_in, n_out, bias=False)
+        with torch.random.fork_rng(devices=[]):  # kernelize leaves the global RNG alone
+            layer = torch.nn.Linear(n_in, n_out, bias=False)
         with torch.no_grad():
             layer.weight.copy_(torch.randn(n_out, n_in, generator=generator))
         return layer
