@@ -166,6 +166,14 @@ def _unrecognised(name: str, module: torch.nn.Module) -> ReportEntry | None:
     )
 
 
+def _registry_bound(layer_name: str | None, module: torch.nn.Module) -> bool:
+    """A gated MLP (recognised or a near miss): a candidate only if the registry has the op."""
+    hf = _transformers_integration()
+    return hf is not None and (
+        layer_name in ("GatedMLP", "FusedGatedMLP") or hf.is_gated_mlp_candidate(type(module))
+    )
+
+
 def _transformers_integration() -> types.ModuleType | None:
     """The Transformers integration, only if Transformers is imported (else no model uses it)."""
     if "transformers" not in sys.modules:
@@ -483,6 +491,8 @@ def kernelize(
     entries = []
     for name, module in model.named_modules():
         mark = find_mark(module)
+        if _registry_bound(mark and mark[0], module) and source.owner("GatedMLP") is None:
+            continue  # gated MLPs are candidates only with a registry that serves them
         entry = _swap_layer(source, name, module, mark) if mark else _unrecognised(name, module)
         if entry is not None:
             entries.append(entry)
