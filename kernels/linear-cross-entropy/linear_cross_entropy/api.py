@@ -13,8 +13,10 @@ from kernel_hub.kernel_api import (
     check_dtype,
     check_rank,
     dtype_name,
+    jax_default_device,
     jax_platform,
     require,
+    tpu_generation,
 )
 
 from . import pallas_tpu, reference, sharding, xla_chunked
@@ -98,9 +100,13 @@ def check_inputs(
         )
 
 
+def _generation() -> str | None:
+    return tpu_generation(jax_default_device()) if jax_platform() == "tpu" else None
+
+
 def _config(hidden, weight, block_tokens, block_vocab) -> pallas_tpu.BlockConfig:
     default = pallas_tpu.default_config(
-        hidden.shape[0], weight.shape[0], hidden.shape[1], hidden.dtype
+        hidden.shape[0], weight.shape[0], hidden.shape[1], hidden.dtype, _generation()
     )
     return pallas_tpu.BlockConfig(
         block_tokens or default.block_tokens, block_vocab or default.block_vocab
@@ -117,7 +123,16 @@ def _pallas_problem(hidden, weight, bias, targets, *, form, block_tokens, block_
     if hidden.dtype.name == "float64" and jax_platform() != "cpu":
         return "float64 runs only in interpret mode"
     config = _config(hidden, weight, block_tokens, block_vocab)
-    return pallas_tpu.config_problem(hidden.shape[0], weight.shape[0], hidden.dtype, config)
+    problem = pallas_tpu.config_problem(hidden.shape[0], weight.shape[0], hidden.dtype, config)
+    generation = _generation()
+    need = pallas_tpu.vmem_bytes(config, hidden.shape[1], hidden.dtype.itemsize)
+    if problem is None and generation is not None and need > pallas_tpu.budget(generation):
+        problem = (
+            f"blocks {config.block_tokens} x {config.block_vocab} with the whole hidden size "
+            f"({hidden.shape[1]}) need {need >> 20} MiB of VMEM, over {generation}'s "
+            f"{pallas_tpu.budget(generation) >> 20} MiB budget"
+        )
+    return problem
 
 
 def _xla(hidden, weight, bias, targets, *, form, block_tokens, block_vocab):

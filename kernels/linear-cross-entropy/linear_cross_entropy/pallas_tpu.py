@@ -27,8 +27,10 @@ from jax.experimental.pallas import tpu as pltpu
 
 from .reference import LogitForm, accumulation_dtype, transform
 
-VMEM_BUDGET_BYTES = 20 * 1024 * 1024
-"""What the default blocks may use; the compiler limit is set a little above the estimate."""
+VMEM_BUDGET_BYTES = {"v4": 12 << 20}
+"""What the default blocks may use per TPU generation (v4 has 16 MiB of VMEM, later ones 64-128
+MiB); the compiler limit is set a little above the estimate."""
+DEFAULT_BUDGET_BYTES = 40 << 20
 _BLOCKS = ((512, 512), (256, 512), (256, 256), (128, 256), (128, 128))
 """Default (tokens, vocab) blocks, largest first: a bigger token block re-reads W less often."""
 
@@ -56,13 +58,20 @@ def vmem_bytes(config: BlockConfig, hidden: int, itemsize: int, acc_itemsize: in
     return max(dh, dw) + tile
 
 
-def default_config(tokens: int, vocab: int, hidden: int, dtype) -> BlockConfig:
-    """The largest default block pair that fits the VMEM budget (whole axes when smaller)."""
+def budget(generation: str | None) -> int:
+    return VMEM_BUDGET_BYTES.get(generation, DEFAULT_BUDGET_BYTES)
+
+
+def default_config(
+    tokens: int, vocab: int, hidden: int, dtype, generation: str | None = None
+) -> BlockConfig:
+    """The largest default block pair that fits the generation's VMEM budget (whole axes when
+    smaller)."""
     itemsize = jnp.dtype(dtype).itemsize
     acc = accumulation_dtype(dtype).itemsize
     for bn, bv in _BLOCKS:
         config = BlockConfig(min(bn, tokens), min(bv, vocab))
-        if vmem_bytes(config, hidden, itemsize, acc) <= VMEM_BUDGET_BYTES:
+        if vmem_bytes(config, hidden, itemsize, acc) <= budget(generation):
             return config
     return BlockConfig(min(_BLOCKS[-1][0], tokens), min(_BLOCKS[-1][1], vocab))
 
@@ -256,7 +265,7 @@ def _dw_kernel(*refs, shape: _Shape):
 def _params(semantics, config: BlockConfig, hidden: int, dtype) -> pltpu.CompilerParams:
     need = vmem_bytes(config, hidden, jnp.dtype(dtype).itemsize, accumulation_dtype(dtype).itemsize)
     return pltpu.CompilerParams(
-        dimension_semantics=semantics, vmem_limit_bytes=max(32 << 20, need * 5 // 4)
+        dimension_semantics=semantics, vmem_limit_bytes=max(16 << 20, need * 5 // 4)
     )
 
 
