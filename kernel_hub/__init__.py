@@ -17,6 +17,7 @@ _EXPORTS = {
     "Mode": ".layers.modes",
     "kernel_mapping": ".loading.mappings",
     "KernelizeReport": ".layers.report",
+    "KernelizeCallback": ".layers.integrations.trainer",
     "kernelize": ".layers.kernelize",
     "kernelize_report": ".layers.kernelize",
     "unkernelize": ".layers.kernelize",
@@ -25,10 +26,12 @@ _EXPORTS = {
     "unmark_layer": ".layers.kernelize",
     "from_pretrained": ".layers.kernelize",
     "use_mesh": ".sharding",
+    "quantize_experts": ".layers.quantize",
 }
 
 if TYPE_CHECKING:
     from .errors import KernelHubError
+    from .layers.integrations.trainer import KernelizeCallback
     from .layers.kernelize import (
         from_pretrained,
         kernelize,
@@ -39,6 +42,7 @@ if TYPE_CHECKING:
         use_kernel_forward,
     )
     from .layers.modes import Mode
+    from .layers.quantize import quantize_experts
     from .layers.report import KernelizeReport
     from .loading.mappings import kernel_mapping
     from .loading.resolver import get_kernel
@@ -61,6 +65,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "KernelHubError",
+    "KernelizeCallback",
     "KernelizeReport",
     "Mode",
     "__version__",
@@ -71,6 +76,7 @@ __all__ = [
     "kernelize_report",
     "load_registry",
     "mark_layer",
+    "quantize_experts",
     "unkernelize",
     "unmark_layer",
     "use_kernel_forward",

@@ -13,8 +13,9 @@ module attributes once, in the one place that still knows those names.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType, ModuleType
 from typing import Any
 
@@ -38,9 +39,8 @@ class KernelDeclaration:
     ``module_checks``: layer name -> ``check(module) -> reason | None``: a module instance the
         layer cannot serve exactly is left alone with that reason.
     ``integrations``: framework slot -> a zero-argument loader returning the adapter (imported on
-        first use: adapters import transformers/diffusers). Slots read by kernel-hub:
-        ``"transformers"`` (``register()``, optional ``module_problem(module)``, ``has_backward``,
-        ``can_torch_compile``) and ``"diffusers-attention"``.
+        first use: adapters import transformers/diffusers), an object with the attributes of
+        ``FrameworkAdapter``. kernel-hub reads the ``"transformers"`` slot.
     ``mesh_cases``: zero-argument callable giving the sharded compile cases (``MeshCase``).
     ``benchmark_cases``: the kernel's ``KernelCase`` list (``kernel-hub bench``, compile matrix).
     ``torch_implementations``: name -> torch callable timed beside the kernel in benchmarks.
@@ -70,6 +70,13 @@ class KernelDeclaration:
             if not isinstance(cls, type)
         ]
         problems += [
+            f"layers[{name!r}] lacks the class attribute {flag} (a bool)"
+            for name, cls in self.layers.items()
+            if isinstance(cls, type)
+            for flag in LAYER_FLAGS
+            if not isinstance(inspect.getattr_static(cls, flag, None), bool)
+        ]
+        problems += [
             f"module_checks[{name!r}] names no layer"
             for name in self.module_checks
             if name not in self.layers
@@ -87,11 +94,65 @@ class KernelDeclaration:
         loader = self.integrations.get(slot)
         return loader() if loader is not None else None
 
+    def adapter(self, slot: str, label: str) -> FrameworkAdapter | None:
+        """The framework slot's adapter as kernel-hub reads it (see ``FrameworkAdapter.of``)."""
+        found = self.integration(slot)
+        return None if found is None else FrameworkAdapter.of(found, f"{label} {slot} adapter")
+
     def table_for(self, op: str) -> ImplementationTable | None:
         """The implementation table dispatching JAX op ``op`` (or the only table)."""
         if len(self.implementation_tables) == 1:
             return self.implementation_tables[0]
         return next((t for t in self.implementation_tables if t.op == op), None)
+
+
+LAYER_FLAGS = ("has_backward", "can_torch_compile")
+"""Class attributes every declared layer states (as in Hugging Face ``kernels``): whether it has
+a backward (kernelize's training mode) and traces into one ``torch.compile`` graph."""
+
+
+@dataclass(frozen=True)
+class FrameworkAdapter:
+    """What kernel-hub reads from a framework adapter (a kernel's ``integrations`` module, or an
+    adapter kernel-hub builds around a kernel's ops).
+
+    ``register()``: registers the kernel with the framework's dispatch table and returns the name
+        (or key) to switch a model to.
+    ``has_backward`` / ``can_torch_compile``: as for layers (kernelize's training and
+        torch_compile modes).
+    ``module_problem(module) -> reason | None``: why a module the framework dispatches cannot be
+        served exactly (the whole model then stays stock); None when every module is served.
+    """
+
+    register: Callable[[], Any]
+    has_backward: bool
+    can_torch_compile: bool
+    module_problem: ModuleCheck | None
+
+    @classmethod
+    def of(cls, adapter: Any, label: str) -> FrameworkAdapter:
+        """Read an adapter object's attributes; ``KernelHubError`` naming every missing or
+        mistyped one (no attribute has a default: each adapter states all four)."""
+        if isinstance(adapter, FrameworkAdapter):
+            return adapter
+        names = [f.name for f in fields(cls)]
+        missing = [name for name in names if not hasattr(adapter, name)]
+        if missing:
+            raise KernelHubError(
+                f"{label} lacks {', '.join(missing)} (an adapter states {', '.join(names)})"
+            )
+        found = cls(**{name: getattr(adapter, name) for name in names})
+        problems = [
+            f"{flag} is not a bool"
+            for flag in LAYER_FLAGS
+            if not isinstance(getattr(found, flag), bool)
+        ]
+        problems += ["register is not callable"] * (not callable(found.register))
+        if found.module_problem is not None and not callable(found.module_problem):
+            problems.append("module_problem is neither None nor callable")
+        if problems:
+            raise KernelHubError(f"{label}: {'; '.join(problems)}")
+        return found
 
 
 def submodule_loader(package: str, name: str) -> Callable[[], ModuleType]:
@@ -103,8 +164,11 @@ def legacy_declaration(module: ModuleType, ops: Sequence[str], layers: Sequence[
     """The declaration of a build made for kernel API <= 1.2, read from its module attributes.
 
     Such builds exported ``implementation_tables``, ``layers.<Name>`` and
-    ``layers.MODULE_CHECKS``, ``integrations`` (Transformers), ``sharding.mesh_cases``,
-    ``benchmark.CASES`` and ``benchmark.TORCH_IMPLEMENTATIONS``, each optional.
+    ``layers.MODULE_CHECKS``, ``integrations`` (Transformers: ``register``, and optionally
+    ``module_problem``, ``has_backward`` (default True) and ``can_torch_compile`` (default
+    False), as in Hugging Face ``kernels``), ``sharding.mesh_cases``, ``benchmark.CASES`` and
+    ``benchmark.TORCH_IMPLEMENTATIONS``, each optional. Their layer classes get the same two
+    flags' defaults where they state none.
     """
     missing = [op for op in ops if not callable(getattr(module, op, None))]
     layer_module = getattr(module, "layers", None)
@@ -113,6 +177,12 @@ def legacy_declaration(module: ModuleType, ops: Sequence[str], layers: Sequence[
         raise KernelHubError(f"does not export: {', '.join(missing)}")
     benchmark = getattr(module, "benchmark", None)
     package = module.__name__
+    layer_classes = {name: getattr(layer_module, name) for name in layers}
+    for cls in layer_classes.values():
+        # the defaults kernelize applied to layers before the flags were declared
+        for flag, default in (("has_backward", True), ("can_torch_compile", False)):
+            if not hasattr(cls, flag):
+                setattr(cls, flag, default)
 
     def mesh_cases() -> list[Any]:
         try:
@@ -121,14 +191,22 @@ def legacy_declaration(module: ModuleType, ops: Sequence[str], layers: Sequence[
             return []
         return list(getattr(sharding, "mesh_cases", lambda: [])())
 
-    def transformers_integration() -> Any:
-        return getattr(module, "integrations", None)
+    def transformers_integration() -> FrameworkAdapter | None:
+        found = getattr(module, "integrations", None)
+        if found is None:
+            return None
+        return FrameworkAdapter(
+            register=found.register,
+            has_backward=getattr(found, "has_backward", True),
+            can_torch_compile=getattr(found, "can_torch_compile", False),
+            module_problem=getattr(found, "module_problem", None),
+        )
 
     return KernelDeclaration(
         ops={op: getattr(module, op) for op in ops},
         jax=getattr(module, "jax", None),
         implementation_tables=getattr(module, "implementation_tables", ()),
-        layers={name: getattr(layer_module, name) for name in layers},
+        layers=layer_classes,
         module_checks=getattr(layer_module, "MODULE_CHECKS", {}),
         integrations={"transformers": transformers_integration},
         mesh_cases=mesh_cases,

@@ -22,6 +22,13 @@ class SourceError(KernelHubError, ValueError):
         super().__init__(f"{where}: {message}")
 
 
+def _plural(kind: str) -> str:
+    """'families' for 'family', 'implementations of rmsnorm' for 'implementation of rmsnorm'."""
+    noun, of, rest = kind.partition(" of ")
+    noun = noun[:-1] + "ies" if noun.endswith("y") and noun[-2:-1] not in "aeiou" else noun + "s"
+    return noun + of + rest
+
+
 class UnknownNameError(KernelHubError, KeyError):
     """A name (op, layer, implementation, ...) that is not known; suggests close ones."""
 
@@ -32,7 +39,7 @@ class UnknownNameError(KernelHubError, KeyError):
         close = difflib.get_close_matches(name, self.valid, n=3, cutoff=0.5)
         hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         listing = ", ".join(self.valid) if self.valid else "(none)"
-        self.message = f"unknown {kind} {name!r}.{hint} Valid {kind}s: {listing}."
+        self.message = f"unknown {kind} {name!r}.{hint} Valid {_plural(kind)}: {listing}."
         super().__init__(self.message)
 
     def __str__(self) -> str:  # KeyError would otherwise repr() the message

@@ -30,11 +30,26 @@ Version 1.2 adds ``jax_op(..., autocast=names)`` (inputs cast to the autocast dt
 
 Version 1.3 adds the kernel declaration: ``KernelDeclaration`` (everything kernel-hub reads from a
 kernel, exported by the kernel package as ``KERNEL``; see ``kernel_hub.declaration``) and
-``submodule_loader`` (a lazily imported framework adapter). Builds for 1.0-1.2 still load: their
-declaration is read from the module attributes they exported.
+``submodule_loader`` (a lazily imported framework adapter). An adapter states ``register``,
+``has_backward``, ``can_torch_compile`` and ``module_problem`` (None when it serves every module;
+``FrameworkAdapter`` reads and checks them), a declared layer class ``has_backward`` and
+``can_torch_compile``: nothing has a default. Builds for 1.0-1.2 still load: their declaration is
+read from the module attributes they exported.
+
+Version 1.3 also offers ``tiling`` (``kernel_hub.tpu_tiling``), the block-size rules Pallas TPU
+kernels share instead of copying: ``tiling.sublane_multiple(dtype)`` (8 rows for 32-bit, 16 for
+16-bit, 32 for 8-bit types), ``tiling.vmem_bytes_per_row(width, itemsize, streamed=...,
+f32_temporaries=...)`` (what one row of a row block costs in VMEM), ``tiling.row_block(rows,
+bytes_per_row, dtype)`` (the largest legal row block within ``tiling.VMEM_BUDGET_BYTES``),
+``tiling.row_block_problem(rows, block_rows, dtype)`` (why a user's block is illegal) and
+``tiling.compiler_params("parallel", "arbitrary", ...)`` (Mosaic's compiler parameters).
+A row-wise kernel states only its own numbers (its streamed blocks and live f32 temporaries);
+see kernels/rmsnorm/rmsnorm/pallas_tpu.py.
 """
 
 from __future__ import annotations
+
+import kernel_hub.tpu_tiling as tiling
 
 from .bench.cases import CPU_TAG, KernelCase
 from .bridge.buckets import RowBuckets
@@ -48,7 +63,7 @@ from .checks import (
     dtype_name,
     require,
 )
-from .declaration import KernelDeclaration, submodule_loader
+from .declaration import FrameworkAdapter, KernelDeclaration, submodule_loader
 from .dispatch import Implementation, ImplementationTable
 from .errors import KernelHubError, KernelInputError, NoImplementationError, UnsupportedDeviceError
 from .platform import Platform, jax_default_device, jax_platform, tpu_generation
@@ -72,6 +87,7 @@ __all__ = [
     "CPU_TAG",
     "FLOATS",
     "FLOATS_AND_F64",
+    "FrameworkAdapter",
     "Implementation",
     "ImplementationTable",
     "KernelCase",
@@ -101,5 +117,6 @@ __all__ = [
     "shard_map_all",
     "sharded",
     "submodule_loader",
+    "tiling",
     "tpu_generation",
 ]

@@ -92,3 +92,12 @@ def describe_host() -> dict[str, str]:
         "machine": std_platform.machine(),
         "processor": std_platform.processor() or std_platform.machine(),
     }
+
+
+def accelerator_present() -> bool:
+    """Whether this host has TPU chips (``/dev/accel*``, ``/dev/vfio/N``) or an NVIDIA GPU, seen
+    without starting JAX: libtpu's start-up on a host with none prints errors nobody asked for."""
+    import glob
+
+    patterns = ("/dev/accel*", "/dev/vfio/[0-9]*", "/dev/nvidia[0-9]*")
+    return any(glob.glob(pattern) for pattern in patterns)

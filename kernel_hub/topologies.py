@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import os
 import re
 import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import UnknownNameError
+from .errors import RequirementError, UnknownNameError
 
 # Generation -> smallest topology name libtpu accepts for it.
 TOPOLOGIES: dict[str, str] = {
@@ -72,6 +73,11 @@ def tpu_devices(generation: str) -> tuple[Any, ...]:
     """Every device of the deviceless topology for ``generation`` (4 chips; v4: 8 cores)."""
     if generation not in TOPOLOGIES:
         raise UnknownNameError("TPU generation", generation, TOPOLOGIES)
+    if importlib.util.find_spec("libtpu") is None:
+        raise RequirementError(
+            "deviceless TPU compiles need libtpu, which is not installed: "
+            "pip install 'kernel-hub[tpu]'"
+        )
     allow_shared_libtpu()
     from jax.experimental import topologies
 

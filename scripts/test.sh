@@ -19,7 +19,30 @@ cd "$(dirname "$0")/.."
 root=$PWD
 extras="test,tpu,tokamax,hub,transformers,bench,torchax"
 
-step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
+# Each step's name and start (seconds since the script began); the table of their durations is
+# printed at exit, also when a step fails (its row then runs to the failure). Work running beside
+# a step (the compile matrix) adds a row of its own to "side_rows".
+step_names=()
+step_starts=()
+side_rows=()
+step() {
+    step_names+=("$1")
+    step_starts+=("$SECONDS")
+    printf '\n== %s (%ss)\n' "$1" "$SECONDS"
+}
+summary() {
+    local status=$? end=$SECONDS i next
+    [ "${#step_names[@]}" -gt 0 ] || return "$status"
+    printf '\n%-72s %8s\n' "step" "seconds"
+    for i in "${!step_names[@]}"; do
+        next=${step_starts[$((i + 1))]:-$end}
+        printf '%-72.72s %8d\n' "${step_names[$i]}" "$((next - step_starts[i]))"
+    done
+    for i in "${side_rows[@]+"${side_rows[@]}"}"; do printf '%s\n' "$i"; done
+    printf '%-72s %8d%s\n' "total" "$end" "$([ "$status" -eq 0 ] || echo "  (failed: exit $status)")"
+    return "$status"
+}
+trap summary EXIT
 
 step "build the wheel"
 python3 -m venv .venv
@@ -48,13 +71,22 @@ step "tests against the installed wheel"
 # it runs beside the rest of the suite (which keeps one core busy) instead of after it.
 matrix=tests/bench/test_compile_matrix.py::test_every_registry_kernel_compiles_for_every_generation
 matrix_log=$(mktemp)
-.venv/bin/python -P -m pytest -p no:cacheprovider "$matrix" >"$matrix_log" 2>&1 &
+matrix_time=$(mktemp)
+(
+    start=$SECONDS
+    status=0
+    .venv/bin/python -P -m pytest -p no:cacheprovider "$matrix" || status=$?
+    echo "$((SECONDS - start))" >"$matrix_time"
+    exit "$status"
+) >"$matrix_log" 2>&1 &
 matrix_pid=$!
 suite=0
 .venv/bin/python -P -m pytest --deselect "$matrix" --durations=20 || suite=$?
 matrix_status=0
 wait "$matrix_pid" || matrix_status=$?
 cat "$matrix_log" && rm -f "$matrix_log"
+side_rows+=("$(printf '%-72s %8s' "  beside it: TPU compile matrix (2 workers)" "$(cat "$matrix_time")")")
+rm -f "$matrix_time"
 if [ "$suite" -ne 0 ] || [ "$matrix_status" -ne 0 ]; then
     echo "tests failed (suite: $suite, compile matrix: $matrix_status)" >&2
     exit 1
@@ -63,7 +95,7 @@ fi
 step "main job from a fresh environment holding only the wheel"
 python3 -m venv .venv-main
 .venv-main/bin/python -m pip install --quiet --upgrade pip
-.venv-main/bin/python -m pip install --quiet -c constraints.txt "$wheel[transformers,tokamax]"
+.venv-main/bin/python -m pip install --quiet -c constraints.txt "$wheel[transformers,tokamax,hub]"
 .venv-main/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
 outside=$(mktemp -d)
 (
@@ -83,7 +115,9 @@ rm -rf "$outside"
 step "TorchTPU tests in .venv-torch-tpu"
 python3 -m venv .venv-torch-tpu
 .venv-torch-tpu/bin/python -m pip install --quiet --upgrade pip
-.venv-torch-tpu/bin/python -m pip install --quiet -c constraints.txt "$wheel[test,tokamax,torch-tpu]"
+# hub: the Hugging Face kernels test publishes a signed build to a local kernel-hub serve
+.venv-torch-tpu/bin/python -m pip install --quiet -c constraints.txt "$wheel[test,tokamax,torch-tpu,hub]"
 .venv-torch-tpu/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
-TORCH_DEVICE_BACKEND_AUTOLOAD=0 .venv-torch-tpu/bin/python -P -m pytest tests/test_torch_tpu_runtime.py
-step "done"
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 .venv-torch-tpu/bin/python -P -m pytest \
+    tests/test_torch_tpu_runtime.py tests/hub/test_torch_tpu_hf_kernels.py
+printf '\n== done (%ss)\n' "$SECONDS"

@@ -6,6 +6,7 @@ Runs on the rmsnorm kernel's op and on small test-only ops defined here.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -23,6 +24,7 @@ from kernel_hub.bridge.runtimes.aot import compilations
 from kernel_hub.bridge.runtimes.exchange import exchange_for
 from kernel_hub.bridge.torch_op import RowBuckets, jax_op, power_of_two
 from kernel_hub.errors import KernelInputError, UnknownNameError, UnsupportedDeviceError
+from kernel_hub.sharding import ShardingRule, sharded
 
 NS = "kernel_hub_bridge_test"
 
@@ -179,31 +181,37 @@ def test_direct_calls_only_when_the_dispatcher_would_make_them(monkeypatch):
 
     from kernel_hub.bridge.eager import DirectCalls
 
-    direct = DirectCalls([0, 1], required=2, count=4)
+    def stub(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6, k: int = 0) -> None: ...
+
+    direct = DirectCalls(inspect.signature(stub), ("x", "w"))
     x, w = torch.randn(4, 8), torch.nn.Parameter(torch.randn(8))
     frozen = torch.nn.Parameter(torch.randn(8), requires_grad=False)
-    assert direct.allowed((x, frozen, 1e-6), {})
-    assert not direct.allowed((x, frozen), {"eps": 1e-6})  # keywords: the dispatcher binds them
-    assert not direct.allowed((x, frozen, torch.tensor(1e-6)), {})  # a tensor for a float
-    assert not direct.allowed((x, x.to("meta")[0]), {})
-    assert not direct.allowed((x, w), {})  # w needs a gradient
+    assert direct.allowed((x, frozen, 1e-6))
+    assert direct.positional((x, frozen), {"k": 2}) == (x, frozen, 1e-6, 2)
+    assert direct.positional((x,), {"w": frozen}) == (x, frozen, 1e-6, 0)
+    assert direct.positional((x, frozen), {"x": x}) is None  # given twice: the dispatcher says so
+    assert direct.positional((x,), {"eps": 1e-6}) is None  # w missing
+    assert direct.positional((x, frozen), {"bogus": 1}) is None
+    assert not direct.allowed((x, frozen, torch.tensor(1e-6)))  # a tensor for a float
+    assert not direct.allowed((x, x.to("meta")[0]))
+    assert not direct.allowed((x, w))  # w needs a gradient
     with torch.no_grad():
-        assert direct.allowed((x, w), {})
+        assert direct.allowed((x, w))
     with torch.inference_mode():
-        assert direct.allowed((x, frozen), {})
+        assert direct.allowed((x, frozen))
     fake_x = FakeTensorMode().from_tensor(x)
-    assert not direct.allowed((fake_x, frozen), {})  # a tensor subclass
+    assert not direct.allowed((fake_x, frozen))  # a tensor subclass
 
     class Recorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
     with Recorder():
-        assert not direct.allowed((x, frozen), {})
+        assert not direct.allowed((x, frozen))
     with torch.profiler.profile():
-        assert not direct.allowed((x, frozen), {})
+        assert not direct.allowed((x, frozen))
     monkeypatch.setenv("KERNEL_HUB_DIRECT_CALLS", "0")
-    assert not DirectCalls([0, 1], required=2, count=4).allowed((x, frozen), {})
+    assert not DirectCalls(inspect.signature(stub), ("x", "w")).allowed((x, frozen))
 
 
 def test_modes_and_profilers_still_see_the_op(rmsnorm):
@@ -296,6 +304,51 @@ def test_stub_definition_errors():
 
         @jax_op(NS, lambda x, *, k: x, buckets=RowBuckets(inputs=("k",)))
         def bucket_static(x: torch.Tensor, k: int = 1) -> torch.Tensor: ...
+
+
+@pytest.mark.parametrize(
+    ("jax_fn", "problem"),
+    [
+        (
+            lambda w, x, *, shift: x,
+            r"first parameters are \(w, x\), the stub's tensor arguments \(x, w\)",
+        ),
+        (lambda x, w: x, "the JAX function takes no keyword shift"),
+        (lambda x, w, *, shift, scale: x, "the JAX function requires scale, which the stub lacks"),
+        (
+            sharded(ShardingRule.parse("op", "rows cols -> rows cols"))(lambda x, w, *, shift: x),
+            r"sharding rule 'op' \(rows cols -> rows cols\) has 1 operands, the stub 2 tensor",
+        ),
+    ],
+)
+def test_stub_and_jax_function_contract_checked_by_name_at_definition(jax_fn, problem):
+    """The bridge calls the JAX function with the stub's tensors positionally and the rest by
+    keyword: a stub naming them otherwise is an error when the op is defined."""
+    with pytest.raises(
+        TypeError, match="contract_stub: the stub and its JAX function disagree: .*" + problem
+    ):
+
+        @jax_op(NS, jax_fn)
+        def contract_stub(x: torch.Tensor, w: torch.Tensor, shift: float = 0.0) -> torch.Tensor: ...
+
+
+def test_keyword_calls_take_the_eager_fast_path(rmsnorm, monkeypatch):
+    """Static arguments given by keyword are as direct as positional ones (no dispatcher)."""
+    x, w = torch.randn(4, 32), torch.randn(32)
+    want = rmsnorm.rms_norm(x, w, 1e-6, None, 1.0, "input")
+    direct = []
+    implementation = rmsnorm.rms_norm.implementation
+    monkeypatch.setattr(
+        rmsnorm.rms_norm, "implementation", lambda *a: direct.append(a) or implementation(*a)
+    )
+    got = rmsnorm.rms_norm(x, w, weight_offset=1.0, rounding="input")
+    assert len(direct) == 1 and len(direct[0]) == 6
+    torch.testing.assert_close(got, want)
+    rmsnorm.rms_norm(x, weight=w, eps=1e-6)  # a tensor by keyword: direct too, in its place
+    assert len(direct) == 2 and direct[1][1] is w
+    with pytest.raises(RuntimeError, match="Unknown keyword argument 'bogus'"):
+        rmsnorm.rms_norm(x, w, bogus=1.0)  # the dispatcher's error, as before
+    assert len(direct) == 2
 
 
 def test_validation_once_per_signature_and_errors_not_cached():

@@ -25,6 +25,7 @@ RANKS = {
     "paths": 1,
     "progress": 1,
     "checks": 1,
+    "tpu_tiling": 1,
     "dispatch": 2,
     "declaration": 3,
     "topologies": 2,
@@ -167,3 +168,21 @@ def test_kernel_manifests_declare_the_kernel_api(kernel: str) -> None:
     from kernel_hub.version import KERNEL_API_REQUIREMENT
 
     assert KERNEL_API_REQUIREMENT in load_manifest(kernels_dir() / kernel).requires
+
+
+CHECKOUT_KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+
+
+@pytest.mark.skipif(not CHECKOUT_KERNELS.is_dir(), reason="kernel tests live in the checkout")
+def test_every_registry_kernel_brings_tests_and_compile_cells() -> None:
+    """CI finds a kernel's tests (``kernels/<name>/tests``) and compile cells (its declaration's
+    benchmark cases) from the registry: a kernel without either would go untested."""
+    from kernel_hub import get_kernel, load_registry
+
+    missing = []
+    for entry in load_registry():
+        if not list((CHECKOUT_KERNELS / entry.kernel / "tests").glob("test_*.py")):
+            missing.append(f"{entry.kernel}: no kernels/{entry.kernel}/tests/test_*.py")
+        if not get_kernel(entry.name).KERNEL.benchmark_cases:
+            missing.append(f"{entry.kernel}: KERNEL declares no benchmark_cases")
+    assert not missing, "\n".join(missing)

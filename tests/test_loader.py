@@ -6,16 +6,19 @@ import json
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
 from kernel_hub import get_kernel
+from kernel_hub.declaration import FrameworkAdapter, KernelDeclaration
 from kernel_hub.errors import KernelHubError, RequirementError, SourceError
 from kernel_hub.loading.loader import load_kernel_dir
-from kernel_hub.paths import kernels_dir
+from kernel_hub.paths import kernels_dir, registry_path
 from kernel_hub.registry.manifest import parse_manifest
+from kernel_hub.registry.registry import load_registry
 
 
 def copy_with_version(tmp_path, version: str):
@@ -59,25 +62,97 @@ def test_failed_import_leaves_nothing_in_sys_modules(tmp_path):
     assert not [name for name in sys.modules if "rmsnorm_1_0_2" in name]
 
 
-def test_missing_export_is_reported(tmp_path):
+def test_missing_export_is_reported_at_the_manifest_line(tmp_path):
     target = copy_with_version(tmp_path, "1.0.3")
     manifest = target / "kernel.yaml"
     manifest.write_text(
         manifest.read_text().replace("ops: [rms_norm]", "ops: [rms_norm, fused_add]")
     )
-    with pytest.raises(
-        KernelHubError, match=r"kernel\.yaml and the package's KERNEL disagree: ops fused_add in"
-    ):
+    with pytest.raises(SourceError) as info:
         load_kernel_dir(target)
+    assert (info.value.path, info.value.line) == (str(manifest), 6)
+    assert (
+        "the manifest and the package's KERNEL disagree: ops fused_add in the manifest, not "
+        "declared" in str(info.value)
+    )
 
 
 def test_declared_layer_missing_from_the_manifest_is_reported(tmp_path):
     target = copy_with_version(tmp_path, "1.0.4")
     manifest = target / "kernel.yaml"
     manifest.write_text(manifest.read_text().replace("TorchRMSNorm, ", ""))
-    with pytest.raises(KernelHubError, match="layers TorchRMSNorm declared, not in the manifest"):
+    with pytest.raises(
+        SourceError, match=r"kernel\.yaml:7: .*layers TorchRMSNorm declared, not in the manifest"
+    ):
         load_kernel_dir(target)
     assert not [name for name in sys.modules if "rmsnorm_1_0_4" in name]
+
+
+def test_implementation_the_package_lacks_is_reported_at_the_manifest_line(tmp_path):
+    target = copy_with_version(tmp_path, "1.0.6")
+    manifest = target / "kernel.yaml"
+    text = manifest.read_text().replace(
+        "  xla: [tpu, gpu, cpu]", "  xla: [tpu, gpu, cpu]\n  mosaic: [tpu]"
+    )
+    manifest.write_text(text)
+    with pytest.raises(
+        SourceError,
+        match=r"kernel\.yaml:11: .*implementations mosaic in the manifest, not decl",
+    ):
+        load_kernel_dir(target)
+
+
+REGISTRY_EDITS = [
+    (
+        (
+            "      cpu: [xla, pallas]\n    layers: [RMSNorm,",
+            "      cpu: [palas, xla]\n    layers: [RMSNorm,",
+        ),
+        "implementations.cpu",
+        "op 'rmsnorm': kernel rmsnorm 1.0.0 has no implementation 'palas'; "
+        "valid on cpu: pallas, xla",
+    ),
+    (
+        (
+            "      gpu: [xla]\n      cpu: [xla, pallas]\n    layers: [RMSNorm,",
+            "      gpu: [pallas, xla]\n      cpu: [xla, pallas]\n    layers: [RMSNorm,",
+        ),
+        "implementations.gpu",
+        "implementation 'pallas' does not run on gpu (only tpu, cpu); valid on gpu: xla",
+    ),
+    (
+        ("layers: [RMSNorm, RMSNormF32Scale", "layers: [RMSNorm, RMSNormF32", 1),
+        "layers",
+        "op 'rmsnorm': kernel rmsnorm 1.0.0 has no layer 'RMSNormF32'; its layers: RMSNorm, ",
+    ),
+]
+
+
+@pytest.mark.parametrize(("edit", "field", "message"), REGISTRY_EDITS)
+def test_registry_entry_checked_against_the_kernel_at_load_time(tmp_path, edit, field, message):
+    """A registry naming an implementation, platform or layer the kernel lacks is refused at the
+    registry's line with the valid names (a typo used to drop the implementation silently)."""
+    registry = tmp_path / "registry.yaml"
+    text = Path(registry_path()).read_text()
+    assert edit[0] in text
+    registry.write_text(text.replace(*edit))
+    entry = load_registry(registry).get("rmsnorm")
+    with pytest.raises(SourceError) as info:
+        get_kernel("rmsnorm", registry=registry)
+    assert (info.value.path, info.value.line) == (str(registry), entry.lines[field])
+    assert message in str(info.value)
+
+
+def test_unknown_platform_in_the_registry_names_line_and_valid_platforms(tmp_path):
+    registry = tmp_path / "registry.yaml"
+    text = Path(registry_path()).read_text()
+    registry.write_text(
+        text.replace("      gpu: [xla]\n", "      gpu: [xla]\n      npu: [xla]\n", 1)
+    )
+    with pytest.raises(
+        SourceError, match=r"registry\.yaml:26: .*unknown field 'npu'; valid fields: cpu, gpu, tpu"
+    ):
+        get_kernel("rmsnorm", registry=registry)
 
 
 def test_kernel_that_is_not_a_declaration_is_refused(tmp_path):
@@ -167,3 +242,34 @@ def test_cli_reports_errors_without_traceback(tmp_path):
     assert out.returncode == 2
     assert f"{bad}:3: op 'x': expected a mapping, got int" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_every_in_tree_framework_adapter_states_the_whole_contract():
+    for entry in load_registry():
+        declared = get_kernel(entry.name).KERNEL
+        for slot in declared.integrations:
+            adapter = declared.adapter(slot, entry.name)
+            assert callable(adapter.register) and isinstance(adapter.has_backward, bool)
+
+
+def test_adapter_missing_an_attribute_is_refused_naming_it():
+    partial = types.SimpleNamespace(register=lambda: "name", has_backward=True)
+    with pytest.raises(KernelHubError, match="k adapter lacks can_torch_compile, module_problem"):
+        FrameworkAdapter.of(partial, "k adapter")
+    wrong = types.SimpleNamespace(
+        register="name", has_backward=1, can_torch_compile=True, module_problem=None
+    )
+    with pytest.raises(
+        KernelHubError, match="has_backward is not a bool; register is not callable"
+    ):
+        FrameworkAdapter.of(wrong, "k adapter")
+
+
+def test_declared_layer_must_state_its_mode_flags():
+    class Layer(torch.nn.Module):
+        has_backward = True
+
+    with pytest.raises(
+        KernelHubError, match=r"layers\['L'\] lacks the class attribute can_torch_compile"
+    ):
+        KernelDeclaration(ops={}, jax=None, layers={"L": Layer})

@@ -108,3 +108,6 @@ def test_sdist_builds_the_same_wheel(tmp_path: Path) -> None:
     shipped_packages = {name.rsplit("/", 1)[0] for name in files if name.endswith("__init__.py")}
     assert subpackages <= shipped_packages, "a kernel_hub subpackage is missing from pyproject"
     assert not [name for name in files if "/tests/" in name], "kernel tests in the wheel"
+    templates = CHECKOUT / "kernel_hub" / "cli" / "new_kernel_template"
+    scaffold = {str(p.relative_to(CHECKOUT)) for p in templates.rglob("*.tmpl")}
+    assert scaffold and scaffold <= set(files), "new-kernel's templates are missing from the wheel"

@@ -14,9 +14,6 @@ Not run here: TorchTPU's custom-kernel call on a TPU (``call_custom_kernel``) an
 from __future__ import annotations
 
 import re
-import sys
-from dataclasses import dataclass
-from typing import Any
 
 import jax
 import pytest
@@ -25,7 +22,6 @@ import torch
 pytest.importorskip("torch_tpu", reason="torch-tpu is tested in its own venv (scripts/test.sh)")
 
 from runtime_helpers import (
-    LAZY,
     OpCase,
     fake_outputs,
     inputs_on,
@@ -33,9 +29,9 @@ from runtime_helpers import (
     op_cases,
     run_forward_and_backward,
 )
+from torch_tpu_helpers import Wrapped, install_wrapping_runtime
 
 from kernel_hub import get_kernel
-from kernel_hub.bridge import runtimes
 from kernel_hub.bridge.runtimes import torch_tpu as tpu_runtime
 from kernel_hub.bridge.runtimes.dlpack import tensor_leaves
 from kernel_hub.bridge.runtimes.tpu_program import (
@@ -44,50 +40,10 @@ from kernel_hub.bridge.runtimes.tpu_program import (
     tensor_signature,
 )
 
-DEVICE = "TPU v6e"  # as torch.tpu.get_device_name() names it
-
-
-@dataclass
-class Wrapped:
-    key: Any
-    tensors: Any
-    tpu_op: tpu_runtime.TpuOp
-    fake: list[tuple[tuple[int, ...], torch.dtype]]
-
-
-def _to_meta(tree: Any) -> Any:
-    if isinstance(tree, (list, tuple)):
-        return [_to_meta(item) for item in tree]
-    return None if tree is None else torch.empty(tree.shape, dtype=tree.dtype, device="meta")
-
-
-class WrappingRuntime(tpu_runtime.TorchTpuRuntime):
-    """TorchTPU's wrapping and fake shapes for each call; zeros on the stand-in device."""
-
-    def __init__(self) -> None:
-        self.wrapped: list[Wrapped] = []
-
-    def call(self, jax_fn, tensors, *, key):
-        tpu_op = tpu_runtime.op_for(jax_fn, tensors, key, DEVICE)
-        fake = tpu_op.custom_op(*_to_meta(list(tensors)))
-        shapes = [(tuple(t.shape), t.dtype) for t in tensor_leaves(fake)]
-        self.wrapped.append(Wrapped(key, list(tensors), tpu_op, shapes))
-        return jax.tree.map(
-            lambda t: torch.zeros(t.shape, dtype=t.dtype, device=LAZY),
-            fake,
-            is_leaf=lambda t: isinstance(t, torch.Tensor),
-        )
-
 
 @pytest.fixture
 def wrapping(monkeypatch):
-    lazy_device()
-    runtime = WrappingRuntime()
-    module = type(tpu_runtime)("wrapping_tpu_runtime")
-    module.RUNTIME = runtime
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(runtimes._RUNTIME_MODULES, LAZY, module.__name__)
-    return runtime
+    return install_wrapping_runtime(monkeypatch)
 
 
 def _schema(tpu_op: tpu_runtime.TpuOp) -> str:

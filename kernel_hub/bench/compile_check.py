@@ -1,7 +1,8 @@
 """Compile Pallas kernels for real TPU generations without a TPU (libtpu deviceless topologies).
 
-The Mosaic compiler runs exactly as on a TPU host, so illegal block shapes and VMEM overflow for a
-generation are caught here, not on a user's TPU.
+The Mosaic compiler runs exactly as on a TPU host, so illegal block shapes and VMEM or HBM overflow
+for a generation are caught here, not on a user's TPU; an overflow is reported as the memory it
+was, with the bytes asked and available (``overflow``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -24,8 +24,8 @@ from kernel_hub.topologies import (
 )
 
 from .cases import KernelCase, case_dtype, implementation_table, select_cases
+from .overflow import memory_overflow
 
-_VMEM = re.compile(r"vmem|scoped memory|exceed", re.IGNORECASE)
 DIRECTIONS: tuple[str, ...] = ("forward", "backward")
 
 
@@ -52,6 +52,8 @@ class CompileResult:
     error: str | None = None
     """The compiler's message on failure; the implementation's reason when skipped."""
     vmem_overflow: bool = False
+    overflow: dict[str, Any] | None = None
+    """{space: 'HBM' | 'VMEM', asked, available} (bytes) when the program did not fit."""
     skipped: bool = False
     """The implementation declined the case's inputs (they fall back to another one)."""
     memory: dict[str, int] = field(default_factory=dict)
@@ -154,11 +156,13 @@ def compile_case(
         return cell(ok=False, seconds=time.perf_counter() - start, error=str(exc), skipped=True)
     except Exception as exc:  # the compiler's message is the result
         message = f"{type(exc).__name__}: {exc}".strip()
+        overflow = memory_overflow(message)
         return cell(
             ok=False,
             seconds=time.perf_counter() - start,
             error=message[:2000],
-            vmem_overflow=bool(_VMEM.search(message)),
+            vmem_overflow=overflow is not None and overflow.space == "VMEM",
+            overflow=None if overflow is None else asdict(overflow),
         )
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list):

@@ -1,13 +1,16 @@
 """Compile sharded kernels for multi-chip TPU topologies without a TPU, and check the collectives.
 
-Each ``MeshCase`` (from a kernel's ``sharding.mesh_cases()``) is compiled on an Explicit-axis mesh
-over every device of a deviceless topology (v5e:2x2, v5p:2x2x1, v6e:2x2: 4 chips; v4:2x2x1: 8),
-forward and backward. A cell passes when the program compiles, holds Mosaic kernels (so the TPU
-kernel ran, not the interpreter) and at least the collectives the case names (all-reduce for
-replicated weights' gradients, ragged-all-to-all for expert parallelism, collective-permute for
-the ring). The negative control compiles the same function on an Auto-axis mesh, where the
-kernel's rule cannot see the shardings: Mosaic must refuse it ("cannot be automatically
-partitioned"), which shows the partitioner really runs.
+Each ``MeshCase`` (from a kernel's ``sharding.mesh_cases()``) is compiled under plain ``jit`` with
+inputs sharded over every device of a deviceless topology (v5e:2x2, v5p:2x2x1, v6e:2x2: 4 chips;
+v4:2x2x1: 8), forward and backward, on an Explicit-axis mesh and on an Auto-axis one (the
+long-standing ``Mesh(devices, names)``, where the kernel's boundary places inputs by the mesh-axis
+conventions and the partitioner reshards the rest). A cell passes when the program compiles,
+holds Mosaic kernels (so the TPU kernel ran, not the interpreter) and at least the collectives the
+case names (all-reduce for replicated weights' gradients, ragged-all-to-all for expert
+parallelism, collective-permute for the ring; on Auto meshes also the reshards of inputs placed
+against the conventions). The negative control compiles the same function on an Auto-axis mesh
+with the boundary bypassed: Mosaic must refuse it ("cannot be automatically partitioned"), which
+shows the boundary is what makes the other cells compile.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from kernel_hub.sharding.cases import MeshCase, default_mesh_shape
 from kernel_hub.topologies import filtered_libtpu_stderr, tpu_devices
 
 from .compile_check import check_generations, no_persistent_cache
+from .overflow import memory_overflow
 
 COLLECTIVES = (
     "all-reduce",
@@ -37,6 +41,7 @@ _OP = re.compile(r"(?<![\w-])(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 _MOSAIC = re.compile(r'custom_call_target="tpu_custom_call"')
 CONTROL = "control"
 """The direction name of the negative-control cell."""
+MESH_KINDS = ("explicit", "auto")
 
 
 def count_collectives(hlo: str) -> dict[str, int]:
@@ -55,10 +60,13 @@ class MeshCompileResult:
     direction: str
     generation: str
     mesh: str
+    kind: str
     ok: bool
     seconds: float
     collectives: dict[str, int] = field(default_factory=dict)
     error: str | None = None
+    overflow: dict[str, Any] | None = None
+    """{space: 'HBM' | 'VMEM', asked, available} (bytes) when the program did not fit."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "status": "pass" if self.ok else "fail"}
@@ -99,8 +107,12 @@ def _staged(case: MeshCase, direction: str, mesh: Any):
     return forward_and_backward, args
 
 
-def _problems(case: MeshCase, direction: str, counts: dict[str, int]) -> list[str]:
-    wanted = case.backward_collectives if direction == "backward" else case.forward_collectives
+def _problems(case: MeshCase, direction: str, kind: str, counts: dict[str, int]) -> list[str]:
+    backward = direction == "backward"
+    wanted = case.backward_collectives if backward else case.forward_collectives
+    if kind == "auto":
+        auto = case.auto_backward_collectives if backward else case.auto_forward_collectives
+        wanted = wanted if auto is None else auto
     problems = [
         f"{name}: {counts.get(name, 0)} in the program, expected at least {least}"
         for name, least in wanted.items()
@@ -111,15 +123,25 @@ def _problems(case: MeshCase, direction: str, counts: dict[str, int]) -> list[st
     return problems
 
 
-def compile_mesh_case(kernel: str, case: MeshCase, generation: str, direction: str):
-    """Compile one cell; failures are results. The control passes when the compile fails."""
+def compile_mesh_case(
+    kernel: str, case: MeshCase, generation: str, direction: str, kind: str = "explicit"
+):
+    """Compile one cell; failures are results. The control (always an Auto mesh, the boundary
+    bypassed) passes when the compile fails."""
+    import contextlib
+
     import jax
 
+    from kernel_hub.sharding.boundary import bypassed
+
     control = direction == CONTROL
-    mesh = tpu_mesh(generation, case.axes, explicit=not control)
+    kind = "auto" if control else kind
+    if kind not in MESH_KINDS:
+        raise ValueError(f"mesh kind {kind!r}; valid: {MESH_KINDS}")
+    mesh = tpu_mesh(generation, case.axes, explicit=kind == "explicit")
     shape = "x".join(str(s) for s in mesh.devices.shape)
     cell = functools.partial(
-        MeshCompileResult, kernel, case.name, direction, generation, f"{shape} {case.axes}"
+        MeshCompileResult, kernel, case.name, direction, generation, f"{shape} {case.axes}", kind
     )
     start = time.perf_counter()
     try:
@@ -127,13 +149,21 @@ def compile_mesh_case(kernel: str, case: MeshCase, generation: str, direction: s
             filtered_libtpu_stderr(),
             no_persistent_cache(),
             jax.default_device(mesh.devices.flat[0]),
+            bypassed() if control else contextlib.nullcontext(),
         ):
             fn, args = _staged(case, direction, mesh)
-            hlo = jax.jit(fn).trace(*args).lower().compile().as_text()
+            # A fresh function each cell: jit's trace cache ignores the bypass.
+            hlo = jax.jit(lambda *a: fn(*a)).trace(*args).lower().compile().as_text()
     except Exception as exc:  # the compiler's message is the result
         message = f"{type(exc).__name__}: {exc}".strip()[:1500]
         refused = "cannot be automatically partitioned" in message
-        return cell(ok=control and refused, seconds=time.perf_counter() - start, error=message)
+        overflow = memory_overflow(message)
+        return cell(
+            ok=control and refused,
+            seconds=time.perf_counter() - start,
+            error=message,
+            overflow=None if overflow is None else asdict(overflow),
+        )
     seconds = time.perf_counter() - start
     counts = count_collectives(hlo)
     if control:
@@ -141,9 +171,9 @@ def compile_mesh_case(kernel: str, case: MeshCase, generation: str, direction: s
             ok=False,
             seconds=seconds,
             collectives=counts,
-            error="the control compiled: the rule is not what makes it work",
+            error="the control compiled: the boundary is not what makes it work",
         )
-    problems = _problems(case, direction, counts)
+    problems = _problems(case, direction, kind, counts)
     return cell(
         ok=not problems, seconds=seconds, collectives=counts, error="; ".join(problems) or None
     )
@@ -163,11 +193,12 @@ def mesh_matrix(
     generations: Sequence[str],
     *,
     directions: Sequence[str] = ("forward", "backward"),
+    kinds: Sequence[str] = MESH_KINDS,
     control: bool = True,
     registry: str | None = None,
 ) -> list[MeshCompileResult]:
-    """Every mesh case of the ops x direction x generation, plus one negative control per case
-    on the first generation."""
+    """Every mesh case of the ops x direction x mesh kind x generation, plus one negative control
+    per case on the first generation."""
     generations = check_generations(generations)
     results = []
     for op in ops:
@@ -176,7 +207,11 @@ def mesh_matrix(
             for direction in directions:
                 if direction == "backward" and not case.differentiable:
                     continue
-                results += [compile_mesh_case(kernel, case, g, direction) for g in generations]
+                results += [
+                    compile_mesh_case(kernel, case, g, direction, kind)
+                    for kind in kinds
+                    for g in generations
+                ]
             if control and case.control:
                 results.append(compile_mesh_case(kernel, case, generations[0], CONTROL))
     return results

@@ -10,6 +10,7 @@ The CLI prints its tables with the same row functions, so the terminal and the R
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 
 from kernel_hub.errors import SourceError
 
+from .overflow import MemoryOverflow
 from .roofline import CHIPS
 
 BENCHMARKS_DIR = Path("benchmarks")  # run from a kernel-hub checkout
@@ -76,13 +78,17 @@ def bench_row(result: Mapping[str, Any]) -> list[str]:
 
 
 def compile_cell(result: Mapping[str, Any]) -> str:
-    """'ok 0.13 s', 'FAIL (VMEM)', 'FAIL' or 'skip' for one compile result."""
+    """'ok 0.13 s', 'FAIL (VMEM 198.0 MiB > 128.0 MiB)', 'FAIL (HBM ...)', 'FAIL' or 'skip' for
+    one compile result."""
     status = result["status"]
     if status == "pass":
         return f"ok {result['seconds']:.2f} s"
     if status == "skip":
         return "skip"
-    return "FAIL (VMEM)" if result["vmem_overflow"] else "FAIL"
+    overflow = result.get("overflow")
+    if overflow:
+        return f"FAIL ({MemoryOverflow(**overflow)})"
+    return "FAIL (VMEM)" if result.get("vmem_overflow") else "FAIL"
 
 
 COMPILE_KEY = ("kernel", "implementation", "case", "dtype", "direction")
@@ -208,8 +214,30 @@ produced it, the machine, library versions and every timing sample.
 - `compile` files come from `kernel-hub compile-check`: every kernel's TPU
   implementations compiled without a TPU (libtpu deviceless topologies), forward
   and backward, per generation; a cell is pass with its compile time, FAIL
-  (VMEM when the compiler ran out of vector memory) or skip.
+  (with the memory that overflowed, HBM or VMEM, and the bytes asked and
+  available) or skip.
+- The benchmark scripts beside this file and the runs they recorded are listed
+  at the end ("Benchmark scripts").
 """
+
+
+def _scripts_section(benchmarks_dir: Path) -> list[str]:
+    """Each benchmark script, what it measures (its docstring's first line) and the records it
+    wrote beside it (``SCRIPT*.json``); results/ holds the CLI's records."""
+    lines = []
+    for script in sorted(benchmarks_dir.glob("*.py")):
+        doc = ast.get_docstring(ast.parse(script.read_text())) or ""
+        records = sorted(
+            p.name
+            for p in benchmarks_dir.glob("*.json")
+            if p.stem == script.stem or p.stem.startswith(f"{script.stem}_")
+        )
+        recorded = ", ".join(f"[`{name}`]({name})" for name in records) or "prints only"
+        lines.append(
+            f"- [`{script.name}`]({script.name}): {doc.splitlines()[0] if doc else '-'} "
+            f"Recorded: {recorded}."
+        )
+    return lines
 
 
 def render_readme(results_dir: Path) -> str:
@@ -227,6 +255,7 @@ def render_readme(results_dir: Path) -> str:
             raise SourceError(path, None, f"unknown kind {kind!r}; expected 'bench' or 'compile'")
     lines = [_INTRO.rstrip(), "", "## Microbenchmarks", *bench, "", "## TPU compile matrix"]
     lines += [*compiled, "", "## Roofline figures of the chips", "", *_chip_table()]
+    lines += ["", "## Benchmark scripts", "", *_scripts_section(results_dir.parent)]
     return "\n".join(lines) + "\n"
 
 

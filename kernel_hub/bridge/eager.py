@@ -9,14 +9,17 @@ recognises exactly that case, so the op can make the same call itself.
 A call is plain when nothing could observe or redirect the dispatch: no profiler, no
 ``torch.jit.trace``, no torch function or dispatch mode, no functorch transform, no tensor
 subclass (fake, functional, ...), every tensor argument a CPU or CUDA tensor in a tensor
-parameter's place and none needing a gradient, every other argument a non-tensor, passed
-positionally, and, for an op with an autocast policy, no autocast region. The caller checks first
+parameter's place and none needing a gradient, every other argument a non-tensor, and, for an op
+with an autocast policy, no autocast region. Arguments given by keyword are put in their places
+first (``positional``), so a caller may name its options: the fast path does not need a positional
+call. The caller checks first
 that torch.compile is not tracing. Anything else goes through the dispatcher as usual.
 ``KERNEL_HUB_DIRECT_CALLS=0`` sends every call through the dispatcher.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Sequence
 
@@ -42,18 +45,40 @@ class DirectCalls:
     """Decides, per call of one op, whether it may call its implementation directly."""
 
     def __init__(
-        self, tensor_positions: Sequence[int], required: int, count: int, autocast: bool = False
+        self, signature: inspect.Signature, tensor_params: Sequence[str], autocast: bool = False
     ):
-        self._tensor_positions = frozenset(tensor_positions)
+        params = list(signature.parameters.values())
+        names = [p.name for p in params]
+        self._tensor_positions = frozenset(names.index(n) for n in tensor_params)
         self._autocast = autocast
-        self._required = required
-        self._count = count
+        self._required = sum(p.default is inspect.Parameter.empty for p in params)
+        self._count = len(params)
+        # after n positional arguments: the (name, default) of each later parameter, their names,
+        # and the names of those without a default (a call must name them)
+        self._tails = [[(p.name, p.default) for p in params[n:]] for n in range(len(params) + 1)]
+        self._tail_names = [frozenset(names[n:]) for n in range(len(params) + 1)]
+        self._tail_required = [
+            frozenset(p.name for p in params[n:] if p.default is inspect.Parameter.empty)
+            for n in range(len(params) + 1)
+        ]
         self.enabled = os.environ.get("KERNEL_HUB_DIRECT_CALLS", "1").strip() != "0"
 
-    def allowed(self, args: tuple, kwargs: dict) -> bool:
+    def positional(self, args: tuple, kwargs: dict) -> tuple | None:
+        """Every argument in parameter order (defaults filled in), or None when the keywords do
+        not bind (unknown, given twice, a required one missing): the dispatcher then says why."""
+        n = len(args)
         if (
-            kwargs
-            or not self.enabled
+            n > self._count
+            or not kwargs.keys() <= self._tail_names[n]
+            or not self._tail_required[n] <= kwargs.keys()
+        ):
+            return None
+        return args + tuple([kwargs.get(name, default) for name, default in self._tails[n]])
+
+    def allowed(self, args: tuple) -> bool:
+        """Whether a call with these positional arguments (and no keywords) may go direct."""
+        if (
+            not self.enabled
             or not self._required <= len(args) <= self._count
             or _tls_includes() not in _PLAIN_TLS_INCLUDES
             or _function_mode()

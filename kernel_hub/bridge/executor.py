@@ -16,7 +16,7 @@ from kernel_hub.dispatch import order_generation
 from kernel_hub.errors import UnsupportedDeviceError
 
 from .buckets import RowLayout
-from .op_spec import OpSpec, Static, present_differentiable
+from .op_spec import OpSpec, Static, check_argument_types, present_differentiable
 from .runtimes import Runtime, runtime_for
 
 Plan = Callable[..., Any]
@@ -96,6 +96,7 @@ class OpExecutor:
     def _plan_forward(self, static: Static, tensors: list[Any]) -> Plan:
         spec = self.spec
         arguments = spec.arguments(static, tensors)
+        check_argument_types(spec, arguments)
         runtime = check_devices(arguments, spec.tensor_params)
         spec.validate(**arguments)
         fn = spec.jitted("forward", static)

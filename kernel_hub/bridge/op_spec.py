@@ -8,11 +8,14 @@ from __future__ import annotations
 import collections.abc
 import functools
 import inspect
+import numbers
 import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from kernel_hub.dispatch import order_generation
 
 from .buckets import RowBuckets
 
@@ -62,10 +65,17 @@ class OpSpec:
         return {name: named[name] for name in self.param_names}
 
     def jitted(self, role: str, static: Static) -> Callable[..., Any]:
-        """The jitted forward (tensors...) or backward (inputs, outputs, cotangents) function."""
-        key = (role, static)
+        """The jitted forward (tensors...) or backward (inputs, outputs, cotangents) function.
+
+        Keyed by the implementation order's generation too: a trace picks its implementation
+        when it runs, and ``jax.jit`` would otherwise replay the old choice for shapes it has
+        seen; functions of older generations are dropped."""
+        generation = order_generation()
+        key = (role, static, generation)
         fn = self._jitted.get(key)
         if fn is None:
+            for stale in [k for k in self._jitted if k[2] != generation]:
+                del self._jitted[stale]
             import jax
 
             kwargs = dict(zip(self.static_params, static, strict=True))
@@ -75,6 +85,52 @@ class OpSpec:
                 fn = jax.jit(functools.partial(_vjp, self, kwargs))
             self._jitted[key] = fn
         return fn
+
+
+_SCALARS: dict[Any, tuple[type, ...]] = {
+    float: (numbers.Real,),  # numpy scalars too
+    int: (numbers.Integral,),
+    bool: (bool,),
+    str: (str,),
+}
+
+
+def _expected(annotation: Any) -> tuple[tuple[type, ...], bool, str] | None:
+    """The Python types a stub annotation accepts, whether None is one, and how to name them;
+    None for annotations not checked here (sequences and anything unusual)."""
+    import torch
+
+    options = list(typing.get_args(annotation)) if _is_union(annotation) else [annotation]
+    optional = type(None) in options
+    options = [o for o in options if o is not type(None)]
+    if len(options) != 1:
+        return None
+    (option,) = options
+    if option is torch.Tensor:
+        return (torch.Tensor,), optional, "a tensor"
+    if option in _SCALARS:
+        symbolic = {float: (torch.SymFloat, torch.SymInt), int: (torch.SymInt,)}.get(option, ())
+        article = "an" if option.__name__[0] in "aeiou" else "a"
+        return _SCALARS[option] + symbolic, optional, f"{article} {option.__name__}"
+    return None
+
+
+def check_argument_types(spec: OpSpec, arguments: dict[str, Any]) -> None:
+    """``KernelInputError`` naming the argument, what it must be and what it got (``None`` for a
+    weight, a string eps), before the stub's checks or any JAX tracing sees it."""
+    for name, value in arguments.items():
+        expected = _expected(spec.signature.parameters[name].annotation)
+        if expected is None or (value is None and expected[1]):
+            continue
+        types_, optional, what = expected
+        if not isinstance(value, types_):
+            from kernel_hub.errors import KernelInputError
+
+            op = spec.qualname.rpartition("::")[2]
+            valid = f"{what} or None" if optional else what
+            raise KernelInputError(
+                f"{op}: {name} must be {valid}, got {type(value).__name__} {value!r:.60}"
+            )
 
 
 def _takes_sequence(annotation: Any) -> bool:

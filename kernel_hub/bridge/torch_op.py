@@ -33,7 +33,7 @@ from . import autocast as _autocast
 from .buckets import RowBuckets, power_of_two
 from .eager import DirectCalls
 from .executor import OpExecutor, check_devices
-from .op_spec import JaxBackward, OpSpec, hashable, present_differentiable
+from .op_spec import JaxBackward, OpSpec, check_argument_types, hashable, present_differentiable
 from .runtimes import op_defined
 from .tensors import map_tensors, needs_x64, tensor_leaves, torch_to_jax_dtype, x64_scope
 
@@ -129,23 +129,33 @@ class JaxOp:
         # classes handle ops themselves (torchax) run the implementation.
         self.op, self.implementation = forward
         self.backward_op, self.backward_implementation = backward
-        names = spec.param_names
-        self._direct = DirectCalls(
-            [names.index(n) for n in spec.tensor_params],
-            required=sum(
-                p.default is inspect.Parameter.empty for p in spec.signature.parameters.values()
-            ),
-            count=len(names),
-            autocast=bool(spec.autocast),
-        )
+        self._direct = DirectCalls(spec.signature, spec.tensor_params, bool(spec.autocast))
         self.jax_fn = spec.jax_fn
         self.qualname = spec.qualname
         functools.update_wrapper(self, stub)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not torch.compiler.is_compiling() and self._direct.allowed(args, kwargs):
-            return self.implementation(*args)
-        return self.op(*args, **kwargs)
+        if not torch.compiler.is_compiling():
+            if not kwargs:
+                if self._direct.allowed(args):
+                    return self.implementation(*args)
+            else:
+                flat = self._direct.positional(args, kwargs)
+                if flat is not None and self._direct.allowed(flat):
+                    return self.implementation(*flat)
+        try:
+            return self.op(*args, **kwargs)
+        except (RuntimeError, TypeError):
+            # the dispatcher's schema error names C++ types; say what was wrong in our terms
+            self._check_types(args, kwargs)
+            raise
+
+    def _check_types(self, args: tuple, kwargs: dict) -> None:
+        try:
+            values = _positional(self._spec.signature, args, kwargs)
+        except TypeError:
+            return  # wrong arguments altogether: the dispatcher's error stands
+        check_argument_types(self._spec, dict(zip(self._spec.param_names, values, strict=True)))
 
     def __repr__(self) -> str:
         return f"<kernel-hub op {self.qualname}{self._spec.signature}>"
@@ -199,11 +209,17 @@ def jax_op(
         not_cast = set(autocast) - set(tensor_params)
         if not_cast:
             raise TypeError(f"autocast names non-tensor arguments: {sorted(not_cast)}")
+        static_params = tuple(p for p in signature.parameters if p not in tensor_params)
+        problems = contract_problems(jax_fn, tensor_params, static_params)
+        if problems:
+            raise TypeError(
+                f"{stub.__name__}: the stub and its JAX function disagree: " + "; ".join(problems)
+            )
         spec = OpSpec(
             qualname=f"{namespace}::{name or stub.__name__}",
             signature=signature,
             tensor_params=tensor_params,
-            static_params=tuple(p for p in signature.parameters if p not in tensor_params),
+            static_params=static_params,
             differentiable=tuple(differentiable),
             jax_fn=jax_fn,
             jax_backward=jax_backward,
@@ -228,10 +244,69 @@ def jax_op(
     return decorate
 
 
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def contract_problems(
+    jax_fn: Callable[..., Any], tensor_params: Sequence[str], static_params: Sequence[str]
+) -> list[str]:
+    """How ``jax_fn`` fails the call the bridge makes, by name: the stub's tensor arguments
+    positionally in the stub's order (so the JAX function's first parameters carry the same
+    names), the others as keywords; and its sharding rule (``sharded``) with one operand per
+    tensor argument. Checked when the op is defined, not discovered as a wrong operand later."""
+    from ..sharding import ShardingRule
+    from ..sharding.boundary import rule_of
+
+    try:
+        params = list(inspect.signature(jax_fn).parameters.values())
+    except (TypeError, ValueError) as exc:
+        return [f"its signature cannot be read ({exc})"]
+    problems = []
+    leading = [p.name for p in params if p.kind in _POSITIONAL][: len(tensor_params)]
+    if not any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params) and leading != list(
+        tensor_params
+    ):
+        problems.append(
+            f"the JAX function's first parameters are ({', '.join(leading)}), the stub's tensor "
+            f"arguments ({', '.join(tensor_params)})"
+        )
+    named = {p.name: p for p in params}
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        unknown = [
+            name
+            for name in static_params
+            if name not in named
+            or named[name].kind
+            not in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            or name in leading
+        ]
+        if unknown:
+            problems.append(f"the JAX function takes no keyword {', '.join(unknown)}")
+    unfilled = [
+        p.name
+        for p in params
+        if p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        and p.name not in tensor_params
+        and p.name not in static_params
+    ]
+    if unfilled:
+        problems.append(f"the JAX function requires {', '.join(unfilled)}, which the stub lacks")
+    rule = rule_of(jax_fn)
+    if isinstance(rule, ShardingRule) and len(rule.operands) != len(tensor_params):
+        problems.append(
+            f"sharding rule {rule.op!r} ({rule}) has {len(rule.operands)} operands, the stub "
+            f"{len(tensor_params)} tensor arguments ({', '.join(tensor_params)})"
+        )
+    return problems
+
+
 def _register_dtensor_rule(spec: OpSpec, op: Any, backward_op: Any) -> None:
     """DTensor strategies from the JAX function's sharding rule (see ``kernel_hub.sharding``),
     so DTensor inputs (sequence-parallel norms, tensor-parallel plans) run the op per shard."""
-    rule = getattr(spec.jax_fn, "sharding_rule", None)
+    from ..sharding.boundary import rule_of
+
+    rule = rule_of(spec.jax_fn)
     if rule is None or not torch.distributed.is_available():
         return
     from ..sharding import ShardingRule, dtensor
@@ -296,6 +371,7 @@ def _define_forward(
 
     def fake(*args: Any, **kwargs: Any) -> Any:
         arguments = dict(zip(names, _positional(spec.signature, args, kwargs), strict=True))
+        check_argument_types(spec, arguments)
         check_devices(arguments, spec.tensor_params)
         spec.validate(**arguments)
         static = {name: hashable(arguments[name]) for name in spec.static_params}

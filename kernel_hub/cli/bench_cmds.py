@@ -48,6 +48,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_bench)
 
 
+def _thread_note(asked: int | None) -> str:
+    """The two sides' threads: they differ, and on a small or busy host that decides the race."""
+    import torch
+
+    from kernel_hub.bridge.threads import thread_policy
+
+    source = "--torch-threads" if asked else "torch's default; --torch-threads 1 to compare"
+    return (
+        f"threads: torch and torch-op ran with torch.set_num_threads({torch.get_num_threads()}) "
+        f"({source}); JAX's computations use XLA's CPU thread pool, dispatched on the calling "
+        f"thread (KERNEL_HUB_THREADS={thread_policy()}). torch's OpenMP threads spin after each "
+        "call and contend with XLA's on a few cores, so a CPU 'win' here can be thread contention."
+    )
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from kernel_hub.bench.harness import run_benchmarks
     from kernel_hub.bench.provenance import command_line
@@ -68,6 +83,7 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     results = [asdict(r) for r in report.results]
     print_table(BENCH_HEADERS, [bench_row(r) for r in results])
+    print(f"\n{_thread_note(args.torch_threads)}")
     chip = report.chip
     if chip is None:
         print(f"\nroofline: no figures for this {report.platform} device; shares not computed")

@@ -99,6 +99,7 @@ def run_compile_check(args: argparse.Namespace) -> int:
 
 def _run_mesh_check(args: argparse.Namespace) -> int:
     from kernel_hub.bench.mesh_compile import mesh_matrix
+    from kernel_hub.bench.overflow import MemoryOverflow
 
     results = [
         r.to_json()
@@ -109,7 +110,17 @@ def _run_mesh_check(args: argparse.Namespace) -> int:
             registry=args.registry,
         )
     ]
-    headers = ["kernel", "case", "direction", "generation", "mesh", "status", "s", "collectives"]
+    headers = [
+        "kernel",
+        "case",
+        "direction",
+        "generation",
+        "mesh",
+        "kind",
+        "status",
+        "s",
+        "collectives",
+    ]
     rows = [
         [
             r["kernel"],
@@ -117,6 +128,7 @@ def _run_mesh_check(args: argparse.Namespace) -> int:
             r["direction"],
             r["generation"],
             r["mesh"],
+            r["kind"],
             r["status"],
             f"{r['seconds']:.1f}",
             ", ".join(f"{k} {v}" for k, v in sorted(r["collectives"].items())),
@@ -127,7 +139,9 @@ def _run_mesh_check(args: argparse.Namespace) -> int:
     failures = [r for r in results if r["status"] == "fail"]
     print(f"\n{len(results)} cells: {len(results) - len(failures)} pass, {len(failures)} fail")
     for r in failures:
-        print(f"FAIL {r['kernel']} {r['case']} {r['direction']} {r['generation']}: {r['error']}")
+        cell = f"{r['kernel']} {r['case']} {r['direction']} {r['kind']} {r['generation']}"
+        label = f" ({MemoryOverflow(**r['overflow'])})" if r.get("overflow") else ""
+        print(f"FAIL{label} {cell}: {r['error']}")
     if args.json:
         Path(args.json).write_text(
             json.dumps({"schema": 1, "kind": "mesh-compile", "results": results}, indent=1) + "\n"

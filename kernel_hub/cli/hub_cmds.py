@@ -15,7 +15,8 @@ from kernel_hub.hub.client import hub_api, list_refs
 from kernel_hub.hub.lockfile import find_lock
 from kernel_hub.hub.locking import lock_registry
 from kernel_hub.hub.publish import publish_kernel
-from kernel_hub.loading.resolver import fetch_op_build, get_kernel
+from kernel_hub.loading.resolver import fetch_op_build, get_kernel, in_tree_dir
+from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import load_registry
 
 from .output import print_json, print_table
@@ -23,8 +24,16 @@ from .output import print_json, print_table
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("build", help="build kernels/<name> into build/<variant>/")
-    parser.add_argument("kernel_dir", type=Path, help="kernel directory (holds kernel.yaml)")
-    parser.add_argument("--out", type=Path, help="output folder (default: <kernel_dir>/build)")
+    parser.add_argument(
+        "kernel_dir",
+        type=Path,
+        help="kernel directory (holds kernel.yaml), or a registry op name (its in-tree kernel)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="output folder (default: <kernel_dir>/build; for an op name ./build/<kernel>)",
+    )
     parser.add_argument("--variant", action="append", help="build only this variant (repeatable)")
     _json_flag(parser)
     parser.set_defaults(func=run_build)
@@ -37,13 +46,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     signing = parser.add_mutually_exclusive_group(required=True)
     signing.add_argument(
-        "--sign-key", type=Path, help="private key from 'kernel-hub keygen' to sign each variant"
+        "--sign-key",
+        type=Path,
+        action="append",
+        help="private key from 'kernel-hub keygen' to sign each variant (repeat for a threshold)",
     )
     signing.add_argument(
         "--unsigned",
         action="store_true",
         help="publish without a signature (kernel-hub refuses to load such builds)",
     )
+    parser.add_argument(
+        "--index",
+        action="store_true",
+        help="also add the version to the publisher's signed index ('kernel-hub index')",
+    )
+    parser.add_argument("--registry", help="registry whose keys verify the current index")
     _json_flag(parser)
     parser.set_defaults(func=run_publish)
 
@@ -98,7 +116,13 @@ def _lock_arg(args: argparse.Namespace) -> Path | bool | None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    build = build_kernel(args.kernel_dir, args.out, args.variant)
+    kernel_dir, out = args.kernel_dir, args.out
+    if not kernel_dir.exists() and len(kernel_dir.parts) == 1:
+        # an op name: its in-tree kernel, built into the current directory (never into an
+        # installed package's directory)
+        kernel_dir = in_tree_dir(load_registry().get(str(kernel_dir)))
+        out = out or Path("build") / kernel_dir.name
+    build = build_kernel(kernel_dir, out, args.variant)
     rows = [
         {
             "variant": name,
@@ -120,8 +144,12 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_publish(args: argparse.Namespace) -> int:
+    index = None
+    if args.index:
+        org = args.repo.split("/", 1)[0]
+        index = load_registry(args.registry).publishers.get(org) or PublisherKeys(org, ())
     published = publish_kernel(
-        args.kernel_dir, args.repo, sign_key=args.sign_key, build_dir=args.build_dir
+        args.kernel_dir, args.repo, sign_key=args.sign_key, build_dir=args.build_dir, index=index
     )
     data = {
         "repo": published.repo,
@@ -246,6 +274,15 @@ def run_versions(args: argparse.Namespace) -> int:
     ]
     if args.json:
         print_json({"op": entry.name, "repo": entry.repo, "source": where, "versions": rows})
+        return 0
+    if not rows:
+        hint = (
+            "nothing cached (HF_HUB_OFFLINE is set): fetch a build online first, e.g. "
+            f"'kernel-hub get {entry.name} --version \"{entry.version}\"'"
+            if where == "cache"
+            else f"nothing published in {entry.repo}"
+        )
+        print(f"{entry.repo} ({where}): {hint}")
         return 0
     print(f"{entry.repo} ({where}); registry range {entry.version}")
     print_table(

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kernel_hub.errors import KernelHubError
 from kernel_hub.hub.lockfile import read_lock
 from kernel_hub.hub.mirror import mirror_registry
 from kernel_hub.hub.server import serve
@@ -81,6 +82,11 @@ def run_mirror(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    if not args.directory.is_dir():
+        raise KernelHubError(
+            f"serve: {args.directory} is not a directory; make a store with 'kernel-hub mirror "
+            f"--to {args.directory}', or 'mkdir {args.directory}' for an empty hub to publish to"
+        )
     server = serve(args.directory, args.host, args.port)
     print(f"serving {args.directory} at {server.url} (set HF_ENDPOINT={server.url})", flush=True)
     try:

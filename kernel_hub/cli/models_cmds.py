@@ -60,7 +60,7 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.1e}"
 
 
-def _rows(results: Sequence[Any]) -> list[list[str]]:
+def result_rows(results: Sequence[Any]) -> list[list[str]]:
     return [
         [
             r.model_type,
@@ -104,7 +104,7 @@ def _print_markdown(results: Sequence[Any], argv: Sequence[str], summary: str) -
     print(f"**Summary** ({summary})\n")
     print("| " + " | ".join(_HEADERS) + " |")
     print("|" + "---|" * len(_HEADERS))
-    for row in _rows(results):
+    for row in result_rows(results):
         print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
 
 
@@ -127,6 +127,6 @@ def run_models_command(args: argparse.Namespace) -> int:
     elif args.markdown:
         _print_markdown(results, args.argv, line)
     else:
-        print_table(_HEADERS, _rows(results))
+        print_table(_HEADERS, result_rows(results))
         print(f"\n{line}")
     return 1 if any(r.status in DEFECTS for r in results) else 0

@@ -6,8 +6,11 @@
 * :mod:`.publish` uploads a build as tag ``vX.Y.Z`` and moves branch ``vX``; re-publishing a
   version is refused.
 * :mod:`.fetch` resolves a version range / branch / commit over the repo's refs, downloads only the
-  variant for this machine into the Hugging Face cache and verifies it; :mod:`.cache` answers the
-  same questions offline.
+  variant for this machine (:mod:`.transfer`: kernel-hub's own bounded downloads into a private
+  staging folder, no server value ever naming a path), verifies it, and only then moves it into
+  the cache; :mod:`.cache` answers the same questions offline.
+* :mod:`.index`: the publisher's signed, expiring index of versions and commits (freshness,
+  rollback and relabel protection; ``kernel-hub index refresh``).
 * :mod:`.lockfile` / :mod:`.locking`: ``kernel-hub.lock`` pins commits and every file's digest.
 * :mod:`.trust`: downloaded code is imported only from allowlisted publishers.
 * :mod:`.signing`: ed25519 signatures over each variant's metadata.json (``kernel-hub keygen``,

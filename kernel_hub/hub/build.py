@@ -101,6 +101,8 @@ def _build_variant(kernel_dir: Path, manifest: Manifest, variant: Variant, dest:
     source = yaml.safe_load((kernel_dir / MANIFEST_NAME).read_text(encoding="utf-8"))
     source["requires"] = requires
     (dest / MANIFEST_NAME).write_text(yaml.safe_dump(source, sort_keys=False), encoding="utf-8")
-    metadata = make_metadata(manifest, variant, requires, hash_tree(dest))
+    digest = hash_tree(dest)
+    sizes = {name: (dest / name).stat().st_size for name in digest}
+    metadata = make_metadata(manifest, variant, requires, digest, sizes)
     (dest / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
     return metadata

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
-from kernel_hub.errors import HubError, KernelHubError
+from kernel_hub.errors import HubError, IntegrityError, KernelHubError
 from kernel_hub.version import __version__
 
 from . import settings
+from .lockfile import COMMIT
 from .versions import version_of_tag
 
 if TYPE_CHECKING:
@@ -75,6 +76,12 @@ def list_refs(api: HfApi, repo: str) -> tuple[dict[Version, str], dict[str, str]
     """(version tag -> commit, branch -> commit, tag -> commit) of ``repo``."""
     with hub_errors(f"listing versions of {repo}"):
         refs = api.list_repo_refs(repo, repo_type=REPO_TYPE)
+    for ref in [*refs.tags, *refs.branches]:
+        if not isinstance(ref.target_commit, str) or not COMMIT.match(ref.target_commit):
+            raise IntegrityError(
+                f"listing versions of {repo}: the hub at {settings.endpoint()} answered "
+                f"{ref.target_commit!r} as the commit of {ref.name!r}, not a 40-hex commit id"
+            )
     tags = {ref.name: ref.target_commit for ref in refs.tags}
     branches = {ref.name: ref.target_commit for ref in refs.branches}
     versions = {

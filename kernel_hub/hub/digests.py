@@ -9,6 +9,7 @@ its signature); lock files add ``metadata.json``'s own digest, so a locked build
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import re
@@ -27,12 +28,15 @@ BYTECODE_DIR = "__pycache__"
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
 
-def file_digest(path: str | Path) -> str:
-    """base64 sha256 of a file's bytes."""
+def file_digest(path: str | Path, copy_to: Path | None = None) -> str:
+    """base64 sha256 of a file's bytes; with ``copy_to``, exactly the bytes hashed are written
+    there too (one read: what was checked is what is used)."""
     sha = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(path, "rb") as f, open(copy_to, "xb") if copy_to else contextlib.nullcontext() as out:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             sha.update(chunk)
+            if out is not None:
+                out.write(chunk)
     return base64.b64encode(sha.digest()).decode("ascii")
 
 
@@ -54,8 +58,11 @@ def check_relative_name(name: str, inside: str) -> str:
     return str(PurePosixPath(*parts))
 
 
-def hash_tree(root: str | Path, *, with_metadata: bool = False) -> dict[str, str]:
-    """Digest of every file under ``root`` (symlinks followed, bytecode caches skipped)."""
+def hash_tree(
+    root: str | Path, *, with_metadata: bool = False, copy_to: Path | None = None
+) -> dict[str, str]:
+    """Digest of every file under ``root`` (symlinks followed, bytecode caches skipped); with
+    ``copy_to`` (a new folder), every file read is copied there from the bytes hashed."""
     root = Path(root)
     digests: dict[str, str] = {}
     for directory, dirs, files in os.walk(root, followlinks=False):
@@ -65,21 +72,32 @@ def hash_tree(root: str | Path, *, with_metadata: bool = False) -> dict[str, str
             relative = path.relative_to(root).as_posix()
             if not with_metadata and relative in UNDIGESTED:
                 continue
-            digests[relative] = file_digest(path)
+            target = None
+            if copy_to is not None:
+                target = copy_to / relative
+                target.parent.mkdir(parents=True, exist_ok=True)
+            digests[relative] = file_digest(path, target)
     return digests
 
 
 def verify_tree(root: str | Path, expected: Mapping[str, str], *, label: str) -> None:
-    """Raise ``IntegrityError`` naming every file of ``root`` that differs from ``expected``.
+    """Raise ``IntegrityError`` naming every file of ``root`` that differs from ``expected``."""
+    with_metadata = METADATA_FILE in expected
+    compare_digests(hash_tree(root, with_metadata=with_metadata), expected, label=label)
+
+
+def compare_digests(actual: Mapping[str, str], expected: Mapping[str, str], *, label: str) -> None:
+    """Raise ``IntegrityError`` naming every file whose digest in ``actual`` (what is on disk)
+    differs from ``expected``.
 
     ``label`` prefixes the file names in the message (e.g. ``build/torch-cpu``) so they read as
-    repository paths. Files in ``expected`` are checked against what is on disk; files on disk
-    that ``expected`` does not list are refused too (extra code is never imported silently).
+    repository paths. Files on disk that ``expected`` does not list are refused too (extra code is
+    never imported silently); metadata.json counts only when ``expected`` lists it.
     """
     for name in expected:
         check_relative_name(name, label)
-    with_metadata = METADATA_FILE in expected
-    actual = hash_tree(root, with_metadata=with_metadata)
+    if METADATA_FILE not in expected:
+        actual = {n: d for n, d in actual.items() if n not in UNDIGESTED}
     changed = sorted(n for n in expected if n in actual and actual[n] != expected[n])
     missing = sorted(n for n in expected if n not in actual)
     unexpected = sorted(n for n in actual if n not in expected)

@@ -1,17 +1,28 @@
 """Resolve a kernel request to a commit, download the variant that fits this machine, verify it.
 
-Online: list the repo's refs, pick the commit, list ``build/`` at that commit (refusing names that
-escape it), then ``snapshot_download`` only ``build/<variant>/`` and its signature into the
-Hugging Face cache. Offline (``HF_HUB_OFFLINE=1``): the same resolution from the refs and snapshots
-in the cache, with no network call. Either way, on every load and before anyone imports a file,
-the signature must verify against a key the registry pins for the publisher and every file must
-match the signed digests in ``metadata.json`` (and the lock file, if one pins the op); a build that
-fails is removed from the cache. See docs/trust.md.
+Online: list the repo's refs (every commit id checked to be 40 hex), pick the commit, list
+``build/`` at that commit (refusing names that escape it or hold control characters), then
+download by commit id into a private staging folder: the signature, metadata.json (both under
+fixed size caps), the signature checked over those bytes before they are parsed, then exactly the
+files the signed digest names, each stopped at its signed size and checked while written. Only a
+variant that verified whole is moved into the cache, and only then is the ref recorded. Offline
+(``HF_HUB_OFFLINE=1``): the same resolution from the refs and snapshots in the cache. On every
+load, before anyone imports a file, the cached variant is verified again: a key the registry pins
+for the publisher, every file against the signed digests, the signed version against what was
+asked for (the tag's version, a ``vN`` branch's major version, the registry's range, the lock).
+See docs/trust.md.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,20 +35,29 @@ from kernel_hub.platform import Platform
 from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry
 
-from . import cache, settings
+from . import cache, index, settings
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
-from .digests import BYTECODE_DIR, check_relative_name, check_tree_shape, verify_tree
+from .digests import METADATA_FILE, UNDIGESTED, check_tree_shape, compare_digests, hash_tree
+from .json_source import decode
 from .lockfile import COMMIT, LockedOp
 from .metadata import BuildMetadata, read_metadata
 from .signing import signature_path, verify_signature
+from .transfer import (
+    MAX_FILE_BYTES,
+    MAX_METADATA_BYTES,
+    MAX_SIGNATURE_BYTES,
+    MAX_VARIANT_BYTES,
+    MissingOnHub,
+    check_name,
+    fetch_bytes,
+    fetch_file,
+)
 from .trust import TrustRemoteCode, check_trusted
 from .variants import Variant, select_variant
-from .versions import parse_range, select_version, tag_name
+from .versions import major_of_branch, parse_range, select_version, tag_name, version_of_tag
 
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
-
-BYTECODE_PATTERNS = ["*.pyc", f"**/{BYTECODE_DIR}/**"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +67,8 @@ class HubRequest:
     repo: str
     spec: SpecifierSet | None = None
     revision: str | None = None
+    allowed: SpecifierSet | None = None
+    """The registry's range, which the signed version of a revision (or lock) must be in too."""
 
     def __post_init__(self) -> None:
         if (self.spec is None) == (self.revision is None):
@@ -71,19 +93,48 @@ class HubRequest:
         if version is not None:
             return cls(entry.repo, spec=parse_range(version))
         if revision is not None:
-            return cls(entry.repo, revision=revision)
+            return cls(entry.repo, revision=revision, allowed=entry.version)
         if entry.commit is not None or entry.revision is not None:
-            return cls(entry.repo, revision=entry.commit or entry.revision)
+            return cls(entry.repo, revision=entry.commit or entry.revision, allowed=entry.version)
         return cls(entry.repo, spec=entry.version)
+
+    def range(self) -> SpecifierSet | None:
+        """The versions this request accepts, whatever the revision resolves to."""
+        return self.spec if self.spec is not None else self.allowed
 
 
 @dataclass(frozen=True)
 class Resolved:
     commit: str
     ref: str
-    """What to download by: the tag or branch name (so the cache records it), or the commit."""
+    """The tag or branch name it was resolved through (the cache records it), or the commit."""
     version: Version | None
     """The version its tag names, when resolved through a version tag."""
+    allowed: SpecifierSet | None = None
+    """The versions the signed build may be (the request's range, a ``vN`` branch's major)."""
+
+    @classmethod
+    def of(cls, commit: str, ref: str, request: HubRequest) -> Resolved:
+        """``ref`` -> ``commit`` for ``request``: what the build there must be is fixed now."""
+        allowed = request.range()
+        major = major_of_branch(ref)
+        if major is not None:
+            branch = SpecifierSet(f">={major},<{major + 1}")
+            allowed = branch if allowed is None else allowed & branch
+        return cls(commit, ref, version_of_tag(ref), allowed)
+
+    def check(self, version: Version) -> None:
+        """Refuse a signed ``version`` other than what the tag, branch or range asked for."""
+        if self.version is not None and version != self.version:
+            kind = "tag " if version_of_tag(self.ref) == self.version else ""
+            raise IntegrityError(
+                f"{kind}{self.ref} holds a build of version {version}, not {self.version}"
+            )
+        if self.allowed is not None and not self.allowed.contains(version, prereleases=True):
+            raise IntegrityError(
+                f"{self.ref} holds version {version}, outside the versions asked for "
+                f"({self.allowed})"
+            )
 
 
 @dataclass(frozen=True)
@@ -97,6 +148,8 @@ class HubBuild:
     metadata: BuildMetadata
     signed_by: str
     """Id of the pinned key whose signature verified."""
+    verified_copy: Path
+    """This process's private copy of the verified bytes: import from here, not from ``path``."""
 
     @property
     def version(self) -> Version:
@@ -121,7 +174,7 @@ def fetch_build(
     check_trusted(request.repo, trust_remote_code)
     keys = require_keys(request.repo, keys, what)
     if locked is not None:
-        request = HubRequest(request.repo, revision=locked.commit)
+        request = _locked_request(request, locked, what)
     if platform is None:
         from kernel_hub.platform import host_platform
 
@@ -129,24 +182,96 @@ def fetch_build(
     requested_variant = variant or settings.variant_override()
     api = None
     if settings.offline():
-        resolved = resolve_offline(request, what)
+        resolved = bind_to_index(
+            request.repo, resolve_offline(request, what), request, keys, False, what
+        )
         chosen = _select(
             cache.cached_variants(request.repo, resolved.commit), platform, requested_variant, what
         )
     else:
         api = hub_api()
-        resolved = resolve_online(api, request, what)
+        resolved = bind_to_index(
+            request.repo, resolve_online(api, request, what), request, keys, True, what
+        )
         listing = list_build(api, request.repo, resolved.commit, what)
         chosen = _select(listing, platform, requested_variant, what)
     path = cache.snapshot_dir(request.repo, resolved.commit) / "build" / chosen.name
     # One process or thread at a time downloads, verifies or discards this variant.
     with cache.variant_lock(request.repo, resolved.commit, chosen.name):
         if api is not None:
-            download(api, request.repo, resolved, [chosen.name], what)
-        metadata, signed_by = verify_or_discard(
-            request.repo, resolved, chosen.name, locked, keys, what=what
+            download(request.repo, resolved, [chosen.name], locked, keys, what)
+        build = verify_or_discard(
+            request.repo, resolved, chosen.name, locked, keys, what=what, copy=True
         )
-    return HubBuild(request.repo, resolved.commit, chosen.name, path, metadata, signed_by)
+        if api is not None:
+            _record_ref(request.repo, resolved)
+    return HubBuild(
+        request.repo, resolved.commit, chosen.name, path, build.metadata, build.key, build.copy
+    )
+
+
+def _locked_request(request: HubRequest, locked: LockedOp, what: str) -> HubRequest:
+    """The lock's commit, bound to its version; a lock found in the working directory (not named
+    by the user) must also stay inside the registry's range."""
+    allowed = request.range()
+    if (
+        not locked.explicit
+        and allowed is not None
+        and not allowed.contains(locked.version, prereleases=True)
+    ):
+        raise HubError(
+            f"{what}: the lock file pins {request.repo} {locked.version}, outside the "
+            f"registry's range {allowed}; name the lock explicitly (lock=PATH or "
+            "$KERNEL_HUB_LOCK) to use it anyway, or re-run 'kernel-hub lock'"
+        )
+    return HubRequest(request.repo, revision=locked.commit, allowed=None)
+
+
+def bind_to_index(
+    repo: str,
+    resolved: Resolved,
+    request: HubRequest | None,
+    keys: PublisherKeys,
+    online: bool,
+    what: str,
+) -> Resolved:
+    """When the registry requires the publisher's signed index (``index: true``): the commit
+    must be listed there, and the build is bound to the listed version; online, a range or
+    ``vN`` branch ``request`` must have resolved to the newest listed version that fits (a hub
+    hiding newer versions is caught). Offline, the cache cannot be frozen by a hub, so an older
+    cached version in range stays loadable until the index expires."""
+    if not keys.index:
+        return resolved
+    org = repo.split("/", 1)[0]
+    signed = index.current_index(org, keys, online=online, what=what)
+    listed = signed.kernels.get(repo, {})
+    version = next((v for v, commit in listed.items() if commit == resolved.commit), None)
+    where = f"{what}: {resolved.ref} is commit {resolved.commit[:12]}"
+    if version is None:
+        raise IntegrityError(f"{where}, which {signed.describe()} does not list")
+    if resolved.version is not None and resolved.version != version:
+        raise IntegrityError(f"{where}, which {signed.describe()} lists as version {version}")
+    newest_wanted = request is not None and (
+        request.spec is not None or major_of_branch(resolved.ref) is not None
+    )
+    if online and newest_wanted:
+        fitting = [
+            v
+            for v in listed
+            if resolved.allowed is None or resolved.allowed.contains(v, prereleases=True)
+        ]
+        if max(fitting) != version:
+            raise IntegrityError(
+                f"{what}: the hub resolved {resolved.ref} to {version}, but {signed.describe()} "
+                f"lists {max(fitting)} as the newest in {resolved.allowed}: the hub is frozen "
+                "or rolled back"
+            )
+    return dataclasses.replace(resolved, version=version)
+
+
+def _record_ref(repo: str, resolved: Resolved) -> None:
+    if resolved.ref != resolved.commit:
+        cache.write_ref(repo, resolved.ref, resolved.commit)
 
 
 def fetch_all_variants(
@@ -156,19 +281,23 @@ def fetch_all_variants(
     keys: PublisherKeys,
     what: str,
     locked: LockedOp | None = None,
-) -> dict[str, BuildMetadata]:
-    """Download and verify every variant of a resolved commit (for locks and mirrors)."""
+) -> dict[str, VerifiedBuild]:
+    """Download and verify every variant of a resolved commit (for locks and mirrors); each
+    result carries the digests of the one read that was verified."""
+    resolved = bind_to_index(repo, resolved, None, keys, True, what)
     variants = sorted(list_build(api, repo, resolved.commit, what))
     if not variants:
         raise HubError(f"{what}: {repo} at {resolved.commit[:12]} has no build/<variant>/ folders")
     with contextlib.ExitStack() as held:
         for variant in variants:  # always in the same order: no two fetchers wait on each other
             held.enter_context(cache.variant_lock(repo, resolved.commit, variant))
-        download(api, repo, resolved, variants, what)
-        return {
-            variant: verify_or_discard(repo, resolved, variant, locked, keys, what=what)[0]
+        download(repo, resolved, variants, locked, keys, what)
+        verified = {
+            variant: verify_or_discard(repo, resolved, variant, locked, keys, what=what)
             for variant in variants
         }
+        _record_ref(repo, resolved)
+        return verified
 
 
 def require_keys(repo: str, keys: PublisherKeys | None, what: str) -> PublisherKeys:
@@ -191,17 +320,35 @@ def verify_or_discard(
     keys: PublisherKeys,
     *,
     what: str,
-) -> tuple[BuildMetadata, str]:
-    """``verify_variant`` on the cached variant; on failure nothing of it stays in the cache."""
+    copy: bool = False,
+) -> VerifiedBuild:
+    """``verify_variant`` on the cached variant (``copy``: also make this process's private copy
+    to import from). A forged or damaged variant is removed from the cache; a genuine one that is
+    not what was asked for stays (another request may want it), and the ref that led here to it
+    is forgotten."""
     path = cache.snapshot_dir(repo, resolved.commit) / "build" / variant
     try:
-        return verify_variant(path, variant, resolved.version, locked, repo=repo, keys=keys)
+        build = verify_build(path, variant, repo=repo, keys=keys, copy=copy)
     except (IntegrityError, SourceError, OSError) as exc:  # OSError: a file vanished or unreadable
         cache.discard_variant(repo, resolved.commit, variant)
+        raise _refusal(repo, resolved, variant, exc, what) from None
+    try:
+        check_wanted(variant, build, resolved, locked)
+    except IntegrityError as exc:
+        if resolved.ref != resolved.commit:
+            cache.forget_ref(repo, resolved.ref, resolved.commit)
         raise IntegrityError(
-            f"{what}: refusing {repo} build/{variant} at commit "
-            f"{resolved.commit[:12]}: {exc}. Nothing of it was kept in the cache."
+            f"{what}: refusing {repo} build/{variant} at commit {resolved.commit[:12]}: {exc}. "
+            "The build itself verified and stays in the cache for requests that want it."
         ) from None
+    return build
+
+
+def _refusal(repo: str, resolved: Resolved, variant: str, exc: Exception, what: str):
+    return IntegrityError(
+        f"{what}: refusing {repo} build/{variant} at commit {resolved.commit[:12]}: {exc}. "
+        "Nothing of it was kept in the cache."
+    )
 
 
 def _select(available, platform: Platform, requested: str | None, what: str) -> Variant:
@@ -215,22 +362,16 @@ def resolve_online(api: HfApi, request: HubRequest, what: str) -> Resolved:
     versions, branches, tags = list_refs(api, request.repo)
     if request.spec is not None:
         version, commit = select_version(versions, request.spec, what=f"{what} ({request.repo})")
-        return Resolved(commit, tag_name(version), version)
+        return Resolved.of(commit, tag_name(version), request)
     revision = request.revision
     if COMMIT.match(revision):
-        return Resolved(revision, revision, None)
+        return Resolved.of(revision, revision, request)
     for refs in (tags, branches):
         if revision in refs:
-            return Resolved(refs[revision], revision, _tag_version(revision, versions, refs))
+            return Resolved.of(refs[revision], revision, request)
     raise HubError(
         f"{what}: {request.repo} has no branch or tag {revision!r}; branches: "
         f"{', '.join(sorted(branches)) or '(none)'}; tags: {', '.join(sorted(tags)) or '(none)'}"
-    )
-
-
-def _tag_version(ref: str, versions: dict[Version, str], refs: dict[str, str]) -> Version | None:
-    return next(
-        (v for v, commit in versions.items() if tag_name(v) == ref and refs[ref] == commit), None
     )
 
 
@@ -248,7 +389,7 @@ def resolve_offline(request: HubRequest, what: str) -> Resolved:
                 "Fetch it once online or unset HF_HUB_OFFLINE"
             )
         best = max(matching)
-        return Resolved(matching[best], tag_name(best), best)
+        return Resolved.of(matching[best], tag_name(best), request)
     revision = request.revision
     commit = revision if COMMIT.match(revision) else cache.cached_refs(repo).get(revision)
     if commit is None or not cache.cached_variants(repo, commit):
@@ -256,7 +397,7 @@ def resolve_offline(request: HubRequest, what: str) -> Resolved:
             f"{what}: {repo} revision {revision} is not in the cache; {offline_hint}. "
             "Fetch it once online or unset HF_HUB_OFFLINE"
         )
-    return Resolved(commit, revision, None)
+    return Resolved.of(commit, revision, request)
 
 
 def list_build(api: HfApi, repo: str, commit: str, what: str) -> list[str]:
@@ -267,7 +408,7 @@ def list_build(api: HfApi, repo: str, commit: str, what: str) -> list[str]:
         )
     variants = set()
     for entry in entries:
-        parts = check_relative_name(entry.path, f"{repo} build/").split("/")
+        parts = check_name(entry.path, f"{repo} build/").split("/")
         if parts[0] != "build" or len(parts) < 2:
             raise IntegrityError(f"{what}: refusing file name {entry.path!r}: it escapes build/")
         if len(parts) > 2:  # inside a variant folder (a loose file in build/ is no variant)
@@ -275,71 +416,215 @@ def list_build(api: HfApi, repo: str, commit: str, what: str) -> list[str]:
     return sorted(variants)
 
 
-def download(api: HfApi, repo: str, resolved: Resolved, variants: list[str], what: str) -> Path:
-    """``snapshot_download`` of ``build/<variant>/`` only; on failure nothing of it stays cached."""
+def download(
+    repo: str,
+    resolved: Resolved,
+    variants: list[str],
+    locked: LockedOp | None,
+    keys: PublisherKeys,
+    what: str,
+) -> None:
+    """Fetch the ``variants`` not in the cache yet into a private staging folder, verify each
+    there, and only then move them into the cache (see :func:`stage_variant`). Called under
+    their ``variant_lock``s; on any failure nothing of them is left anywhere."""
+    snapshot = cache.snapshot_dir(repo, resolved.commit)
+    missing = [
+        v
+        for v in variants
+        if not (snapshot / "build" / v).exists() and not (snapshot / "build" / v).is_symlink()
+    ]
+    if not missing:
+        return
+    with cache.staging(repo) as staged:
+        for variant in missing:
+            try:
+                stage_variant(repo, resolved, variant, staged, locked, keys, what)
+            except (IntegrityError, SourceError) as exc:
+                raise _refusal(repo, resolved, variant, exc, what) from None
+        for variant in missing:
+            cache.install_variant(repo, resolved.commit, staged, variant)
+
+
+def stage_variant(
+    repo: str,
+    resolved: Resolved,
+    variant: str,
+    staged: Path,
+    locked: LockedOp | None,
+    keys: PublisherKeys,
+    what: str,
+) -> None:
+    """Download one variant into ``staged`` (``build/<variant>/`` and its signature) and verify it.
+
+    Every name written comes from kernel-hub or the signed digest (checked), never from a
+    response header; metadata.json is parsed only after its signature verified; a file is
+    downloaded only if the signed digest lists it, and stops at its signed size.
+    """
+    commit, label = resolved.commit, f"build/{variant}"
+    where = f"{what}: downloading {repo} {resolved.ref}"
+    folder = staged / "build" / variant
+    signature_file = staged / signature_path(variant)
     try:
-        with hub_errors(f"{what}: downloading {repo} {resolved.ref}"):
-            path = Path(
-                api.snapshot_download(
-                    repo,
-                    repo_type=REPO_TYPE,
-                    revision=resolved.ref,
-                    cache_dir=settings.cache_dir(),
-                    allow_patterns=[
-                        pattern for v in variants for pattern in (f"build/{v}/*", signature_path(v))
-                    ],
-                    ignore_patterns=BYTECODE_PATTERNS,
-                )
-            )
-    except BaseException:
-        for variant in variants:
-            cache.discard_variant(repo, resolved.commit, variant)
-        raise
-    if path.name != resolved.commit:
-        raise HubError(
-            f"{what}: {repo} {resolved.ref} moved from {resolved.commit} to {path.name} "
-            "while fetching"
+        signature = fetch_bytes(
+            repo, commit, signature_path(variant), limit=MAX_SIGNATURE_BYTES, where=where
         )
-    return path
+    except MissingOnHub:
+        raise IntegrityError(
+            f"the build is not signed (the hub has no {signature_path(variant)})"
+        ) from None
+    metadata_bytes = fetch_bytes(
+        repo, commit, f"{label}/{METADATA_FILE}", limit=MAX_METADATA_BYTES, where=where
+    )
+    if locked is not None:  # the lock covers metadata.json: checked before anything else
+        pinned = locked.variants.get(variant, {}).get(METADATA_FILE)
+        if pinned is not None and pinned != _digest(metadata_bytes):
+            raise IntegrityError(
+                f"{label} does not match the lock; changed: {label}/{METADATA_FILE}"
+            )
+    verify_signature(
+        signature_file,
+        metadata_bytes,
+        repo=repo,
+        variant=variant,
+        keys=keys,
+        text=decode(signature_file, signature),
+    )
+    metadata = read_metadata(folder / METADATA_FILE, decode(folder, metadata_bytes))
+    total = len(metadata_bytes)
+    for name, digest in sorted(metadata.digest.items()):
+        if check_name(name, label) in UNDIGESTED:
+            raise IntegrityError(f"the digest lists {label}/{name}, which it cannot cover")
+        limit = metadata.sizes[name] if metadata.sizes is not None else MAX_FILE_BYTES
+        if total + limit > MAX_VARIANT_BYTES:
+            raise IntegrityError(f"{label} is larger than {MAX_VARIANT_BYTES} bytes")
+        total += fetch_file(
+            repo, commit, f"{label}/{name}", folder / name, limit=limit, digest=digest, where=where
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / METADATA_FILE).write_bytes(metadata_bytes)
+    signature_file.parent.mkdir(parents=True, exist_ok=True)
+    signature_file.write_bytes(signature)
+    verify_variant(folder, variant, resolved, locked, repo=repo, keys=keys)
+
+
+def read_capped(path: Path, limit: int) -> bytes:
+    """A file's bytes, refused (before anything parses them) when over ``limit``."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise IntegrityError(f"{path.name} is larger than {limit} bytes; not parsing it")
+    return data
 
 
 def verify_variant(
     path: Path,
     variant: str,
-    tag_version: Version | None,
+    resolved: Resolved,
     locked: LockedOp | None,
     *,
     repo: str,
     keys: PublisherKeys,
 ) -> tuple[BuildMetadata, str]:
-    """Check a variant folder before any of it is imported: only plain files (or the cache's own
-    links to its blobs), the lock entry (if any), the signature over metadata.json by a pinned
-    key, then every file against the signed digest. Returns the metadata and the key's id."""
+    """:func:`verify_build`, then :func:`check_wanted`; returns the metadata and the key's id."""
+    build = verify_build(path, variant, repo=repo, keys=keys)
+    check_wanted(variant, build, resolved, locked)
+    return build.metadata, build.key
+
+
+@dataclass(frozen=True)
+class VerifiedBuild:
+    metadata: BuildMetadata
+    key: str
+    digests: dict[str, str]
+    """Every file's digest (metadata.json included), from the one read that was checked."""
+    copy: Path | None
+
+
+def verify_build(
+    path: Path, variant: str, *, repo: str, keys: PublisherKeys, copy: bool = False
+) -> VerifiedBuild:
+    """Is this variant folder a genuine build, before any of it is imported: only plain files (or
+    an older cache's links to its blobs), the signature over metadata.json by a pinned key, every
+    file against the signed digest. Each file is read once: the bytes hashed are the bytes parsed
+    (metadata.json) and, with ``copy``, the bytes written to this process's private copy, which
+    is what gets imported. A folder that fails this is damaged or forged, and is discarded."""
     label = f"build/{variant}"
     if not path.is_dir():
         raise IntegrityError(f"{label} is not in the cache")
     check_tree_shape(path, label=label, links_into=cache.repo_cache_dir(repo) / "blobs")
-    if locked is not None:
-        files = locked.variants.get(variant)
-        if files is None:
-            raise IntegrityError(
-                f"the lock has no digests for variant {variant} "
-                f"(it has {', '.join(locked.variants)}); re-run 'kernel-hub lock'"
-            )
-        verify_tree(path, files, label=label)
-    metadata = read_metadata(path)
-    signed_by = verify_signature(
-        path.parent.parent, repo=repo, version=str(metadata.version), variant=variant, keys=keys
+    metadata_file = path / METADATA_FILE
+    try:
+        metadata_bytes = read_capped(metadata_file, MAX_METADATA_BYTES)
+    except FileNotFoundError:
+        raise IntegrityError(f"{label}/{METADATA_FILE} is missing") from None
+    verified = verify_signature(
+        path.parent.parent / signature_path(variant),
+        metadata_bytes,
+        repo=repo,
+        variant=variant,
+        keys=keys,
     )
-    verify_tree(path, metadata.digest, label=label)
+    metadata = read_metadata(metadata_file, decode(metadata_file, metadata_bytes))
+    if str(metadata.version) != verified.version:
+        raise IntegrityError(
+            f"{label}/metadata.json says version {metadata.version} but was signed as "
+            f"{verified.version}"
+        )
     if metadata.variant != variant:
         raise IntegrityError(f"{label}/metadata.json describes variant {metadata.variant!r}")
-    if tag_version is not None and metadata.version != tag_version:
+    target = None
+    if copy:
+        digest_hex = hashlib.sha256(metadata_bytes).hexdigest()
+        target = cache.verified_copy_dir(repo, path.parent.parent.name, variant, digest_hex)
+    digests = _hash_and_copy(path, target, metadata.digest, metadata_bytes, label)
+    return VerifiedBuild(metadata, verified.key, digests, target)
+
+
+def _hash_and_copy(
+    path: Path, target: Path | None, signed: Mapping[str, str], metadata: bytes, label: str
+) -> dict[str, str]:
+    """Hash every file of ``path`` once (writing those bytes to ``target`` unless this process
+    already holds that copy) and compare with the signed digests."""
+    staged = None
+    if target is not None and not target.is_dir():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=".copy-", dir=target.parent))
+    try:
+        digests = hash_tree(path, with_metadata=True, copy_to=staged)
+        if digests.get(METADATA_FILE) != _digest(metadata):
+            raise IntegrityError(f"{label}/{METADATA_FILE} changed while it was being verified")
+        compare_digests(digests, signed, label=label)
+        if staged is not None:
+            with contextlib.suppress(OSError):  # another thread made the same copy first
+                os.rename(staged, target)
+    finally:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+    return digests
+
+
+def check_wanted(
+    variant: str, build: VerifiedBuild, resolved: Resolved, locked: LockedOp | None
+) -> None:
+    """Is a genuine build the one asked for: the signed version against the tag, branch or range,
+    and the lock's version and digests (compared with the digests of the one read that was
+    verified). A build that fails only this is valid (another request may want it) and is never
+    discarded for it."""
+    resolved.check(build.metadata.version)
+    if locked is None:
+        return
+    files = locked.variants.get(variant)
+    if files is None:
         raise IntegrityError(
-            f"tag {tag_name(tag_version)} holds a build of version {metadata.version}"
+            f"the lock has no digests for variant {variant} "
+            f"(it has {', '.join(locked.variants)}); re-run 'kernel-hub lock'"
         )
-    if locked is not None and metadata.version != locked.version:
+    compare_digests(build.digests, files, label=f"build/{variant}")
+    if build.metadata.version != locked.version:
         raise IntegrityError(
-            f"the lock pins version {locked.version} but the build is {metadata.version}"
+            f"the lock pins version {locked.version} but the build is {build.metadata.version}"
         )
-    return metadata, signed_by
+
+
+def _digest(data: bytes) -> str:
+    return base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")

@@ -20,20 +20,27 @@ def load_json(
     """(text, parsed data) of ``path`` (or of ``text``, which then stands for its content)."""
     if text is None:
         try:
-            text = path.read_bytes().decode("utf-8")
+            data = path.read_bytes()
         except FileNotFoundError:
             raise SourceError(path, None, missing) from None
-        except UnicodeDecodeError as exc:
-            line = path.read_bytes()[: exc.start].count(b"\n") + 1
-            raise SourceError(path, line, f"not UTF-8 text ({exc.reason})") from None
         except OSError as exc:
             raise SourceError(path, None, f"cannot read: {exc.strerror or exc}") from None
+        text = decode(path, data)
     try:
         return text, json.loads(text)
     except json.JSONDecodeError as exc:
         raise SourceError(path, exc.lineno, f"invalid JSON: {exc.msg}") from None
     except RecursionError:
         raise SourceError(path, None, "invalid JSON: nested too deeply") from None
+
+
+def decode(path: Path, data: bytes) -> str:
+    """``data`` (the content of ``path``) as UTF-8 text, or a ``SourceError`` at the bad line."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise SourceError(path, line, f"not UTF-8 text ({exc.reason})") from None
 
 
 def field_line(text: str, key: str, after: str | None = None) -> int:

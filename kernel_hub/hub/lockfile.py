@@ -21,7 +21,7 @@ import os
 import re
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -44,6 +44,9 @@ class LockedOp:
     commit: str
     variants: Mapping[str, Mapping[str, str]]
     """Variant -> relative file path -> base64 sha256 (metadata.json included)."""
+    explicit: bool = False
+    """Named by the user (``lock=PATH``, ``$KERNEL_HUB_LOCK``), not found in the working
+    directory: only then may it pin a version outside the registry's range."""
 
     def to_json(self) -> dict:
         return {
@@ -131,7 +134,8 @@ def find_lock(lock: str | Path | bool | None = None) -> LockFile | None:
     """The lock to honour: ``lock`` if a path, none if False.
 
     None (or True) means ``$KERNEL_HUB_LOCK``, else ``./kernel-hub.lock`` when present; True
-    insists that one exists.
+    insists that one exists. A lock named by path or ``$KERNEL_HUB_LOCK`` is explicit; one
+    found in the working directory must stay inside the registry's version range.
     """
     if lock is False:
         return None
@@ -140,4 +144,7 @@ def find_lock(lock: str | Path | bool | None = None) -> LockFile | None:
         if lock is True:
             raise SourceError(Path.cwd() / settings.LOCK_FILE_NAME, None, "lock file not found")
         return None
-    return read_lock(path)
+    found = read_lock(path)
+    if isinstance(lock, (str, os.PathLike)) or settings.lock_named():
+        found = LockFile(found.path, {o: replace(p, explicit=True) for o, p in found.ops.items()})
+    return found

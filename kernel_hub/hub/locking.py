@@ -14,9 +14,7 @@ from kernel_hub.errors import IntegrityError
 from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry, Registry
 
-from . import cache
 from .client import hub_api
-from .digests import hash_tree
 from .fetch import HubRequest, fetch_all_variants, require_keys, resolve_online
 from .lockfile import LockedOp, LockFile, write_lock
 
@@ -47,13 +45,12 @@ def lock_op(entry: OpEntry, request: HubRequest, keys: PublisherKeys | None) -> 
     keys = require_keys(request.repo, keys, what)
     api = hub_api()
     resolved = resolve_online(api, request, what)
-    metadata = fetch_all_variants(api, request.repo, resolved, keys, what)
-    snapshot = cache.snapshot_dir(request.repo, resolved.commit)
-    versions = {m.version for m in metadata.values()}
+    builds = fetch_all_variants(api, request.repo, resolved, keys, what)
+    versions = {b.metadata.version for b in builds.values()}
     if len(versions) != 1:
         raise IntegrityError(
             f"{what}: the variants of {request.repo} at {resolved.commit[:12]} disagree on the "
             f"version ({', '.join(sorted(map(str, versions))) or 'no variants'})"
         )
-    files = {v: hash_tree(snapshot / "build" / v, with_metadata=True) for v in metadata}
+    files = {v: dict(b.digests) for v, b in builds.items()}  # exactly what was verified
     return LockedOp(entry.name, request.repo, versions.pop(), resolved.commit, files)

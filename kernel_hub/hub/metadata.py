@@ -4,7 +4,9 @@
 ``python-depends`` (from its allowlist, which has no jax, so it stays empty) and ``backend``; it
 accepts a ``digest`` in the format of :mod:`kernel_hub.hub.digests` and ignores other keys.
 kernel-hub's own fields live under ``"kernel-hub"``: the semantic version, variant, framework,
-requirements (``jax>=``, ``torch>=``...), ops, layers and the implementations that run there.
+requirements (``jax>=``, ``torch>=``...), ops, layers, the implementations that run there, and
+each file's size in bytes (``sizes``: signed with the rest, so a download stops at the signed
+size; builds made before sizes were recorded fall back to fixed caps, see :mod:`.transfer`).
 """
 
 from __future__ import annotations
@@ -46,10 +48,16 @@ class BuildMetadata:
     layers: tuple[str, ...]
     digest: Mapping[str, str]
     """Relative path -> base64 sha256, for every file but metadata.json."""
+    sizes: Mapping[str, int] | None = None
+    """Relative path -> size in bytes, for the same files (None in builds made before sizes)."""
 
 
 def make_metadata(
-    manifest: Manifest, variant: Variant, requires: Mapping[str, str], digest: Mapping[str, str]
+    manifest: Manifest,
+    variant: Variant,
+    requires: Mapping[str, str],
+    digest: Mapping[str, str],
+    sizes: Mapping[str, int],
 ) -> dict[str, Any]:
     """The metadata.json content for one variant of a build."""
     version = manifest.version
@@ -72,11 +80,12 @@ def make_metadata(
             "ops": list(manifest.ops),
             "layers": list(manifest.layers),
             "implementations": list(manifest.implementations_on(variant.platforms[0])),
+            "sizes": dict(sorted(sizes.items())),
         },
     }
 
 
-_OWN_FIELDS = {"version", "variant", "framework", "package", "requires", "ops", "layers"}
+_OWN_FIELDS = {"version", "variant", "framework", "package", "requires", "ops", "layers", "sizes"}
 """Fields read from the ``"kernel-hub"`` section (error lines are searched for there)."""
 
 
@@ -133,7 +142,15 @@ def read_metadata(path: str | Path, text: str | None = None) -> BuildMetadata:
         requires = {dist: SpecifierSet(spec) for dist, spec in raw_requires.items()}
     except InvalidSpecifier as exc:
         raise fail("requires", f"bad requirement: {exc}") from None
+    sizes = own.get("sizes")
+    if sizes is not None and (
+        not isinstance(sizes, dict)
+        or set(sizes) != set(files)
+        or not all(type(n) is int and n >= 0 for n in sizes.values())
+    ):
+        raise fail("sizes", "expected every digested file's size in bytes, and no other file")
     return BuildMetadata(
+        sizes=sizes,
         version=version,
         backend=backend["type"],
         requires=requires,

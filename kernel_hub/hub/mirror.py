@@ -5,7 +5,10 @@ checked exactly as ``get_kernel`` checks it (pinned publisher key, signed digest
 digests when mirroring a lock), so a mirror never holds a build its clients would refuse. It
 keeps the upstream commit ids, tags and ``vX`` branches, so lock files and version ranges resolve
 against the mirror as against the hub, and clients still verify every build themselves: the
-mirror is no trust anchor, only a copy. Serve the directory with ``kernel-hub serve``.
+mirror is no trust anchor, only a copy. A publisher whose registry entry requires its signed
+index (``index: true``) has that index verified and copied too, so clients behind the mirror
+check freshness as against the hub (until the copied index expires: re-run the mirror).
+Serve the directory with ``kernel-hub serve``.
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from pathlib import Path
 from packaging.version import Version
 
 from kernel_hub.errors import HubError
+from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry, Registry
 
 from . import cache
 from .client import REPO_TYPE, hub_api, list_refs
 from .fetch import HubRequest, Resolved, fetch_all_variants, require_keys, resolve_online
+from .index import INDEX_FILE, SIGNATURE_FILE, current_index, index_repo
 from .lockfile import LockFile
 from .signing import signature_path
 from .store import Commit, RepoStore
@@ -55,6 +60,7 @@ def mirror_registry(
     entries = [registry.get(op) for op in ops] if ops is not None else list(registry)
     done: list[Mirrored] = []
     skipped: dict[str, str] = {}
+    indexed: dict[str, PublisherKeys] = {}
     for entry in entries:
         if entry.repo is None:
             skipped[entry.name] = "no 'repo' in the registry: in-tree only"
@@ -62,20 +68,22 @@ def mirror_registry(
         what = f"mirroring op {entry.name}"
         check_trusted(entry.repo, trust_remote_code)
         keys = require_keys(entry.repo, registry.keys_for(entry.repo), what)
+        if keys.index:
+            indexed[entry.repo.split("/", 1)[0]] = keys
         locked = lock.ops.get(entry.name) if lock is not None else None
         api = hub_api()
         versions, branches, tags = list_refs(api, entry.repo)
         for resolved in _wanted(api, entry, versions, lock, what):
             pin = locked if locked is not None and locked.commit == resolved.commit else None
             # verified every time (from the local cache when already downloaded)
-            metadata = fetch_all_variants(api, entry.repo, resolved, keys, what, pin)
+            builds = fetch_all_variants(api, entry.repo, resolved, keys, what, pin)
             copied = not (
                 store.has_repo(REPO_TYPE, entry.repo)
                 and store.commit(REPO_TYPE, entry.repo, resolved.commit) is not None
             )
             if copied:
                 try:
-                    _copy(store, entry.repo, resolved.commit, sorted(metadata), what)
+                    _copy(store, entry.repo, resolved.commit, sorted(builds), what)
                 except OSError as exc:
                     raise HubError(
                         f"{what}: writing {store.root} failed ({exc.strerror or exc}); the store "
@@ -83,19 +91,41 @@ def mirror_registry(
                         "recorded only after all its files are written)"
                     ) from exc
             refs = _copy_refs(store, entry.repo, resolved.commit, branches, tags)
-            version = next(iter(metadata.values())).version
+            version = next(iter(builds.values())).metadata.version
             done.append(
                 Mirrored(
                     entry.name,
                     entry.repo,
                     version,
                     resolved.commit,
-                    tuple(sorted(metadata)),
+                    tuple(sorted(builds)),
                     refs,
                     copied,
                 )
             )
+    for org, keys in sorted(indexed.items()):
+        _copy_index(store, org, keys)
     return done, skipped
+
+
+def _copy_index(store: RepoStore, org: str, keys: PublisherKeys) -> None:
+    """The publisher's current index, verified, as the head of the mirror's index repo."""
+    signed = current_index(org, keys, online=True, what=f"mirroring {org}'s index")
+    repo = index_repo(org)
+    store.ensure_repo(REPO_TYPE, repo)
+    head = store.resolve(REPO_TYPE, repo, "main")
+    files = {INDEX_FILE: signed.data, SIGNATURE_FILE: signed.signature}
+    if {p: store.read_blob(f) for p, f in head.files.items()} != files:
+        store.commit_files(
+            REPO_TYPE,
+            repo,
+            "main",
+            added=files,
+            deleted=[],
+            deleted_folders=[],
+            message=f"mirror of {repo}, serial {signed.serial}",
+            parent=None,
+        )
 
 
 def _wanted(api, entry: OpEntry, versions, lock: LockFile | None, what: str) -> list[Resolved]:

@@ -8,17 +8,19 @@ versions are immutable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.version import Version
 
 from kernel_hub.errors import HubError
-from kernel_hub.registry.publisher_keys import key_id
+from kernel_hub.registry.publisher_keys import PublisherKeys, key_id
 
 from .build import Build, build_kernel
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
-from .signing import SIGNATURE_DIR, SigningKey, signature_path
+from .index import publish_index
+from .signing import SIGNATURE_DIR, SigningKey, sign_variant, signature_path
 from .versions import branch_name, tag_name
 
 
@@ -39,21 +41,28 @@ def publish_kernel(
     kernel_dir: str | Path,
     repo: str,
     *,
-    sign_key: str | Path | None,
+    sign_key: str | Path | Sequence[str | Path] | None,
     build_dir: str | Path | None = None,
     token: str | bool | None = None,
+    index: PublisherKeys | None = None,
 ) -> Published:
-    """Build, sign each variant with ``sign_key`` (a ``kernel-hub keygen`` private key; None
-    publishes unsigned builds, which kernel-hub refuses to load) and upload."""
+    """Build, sign each variant with ``sign_key`` (a ``kernel-hub keygen`` private key, or several
+    for a registry ``threshold``; None publishes unsigned builds, which kernel-hub refuses to
+    load) and upload. ``index``: also add the version to the publisher's signed index
+    (:mod:`.index`), whose current state must verify against these keys (the registry's for the
+    org; the signing keys are always accepted)."""
+    if index is not None and sign_key is None:
+        raise HubError("the publisher's index can only be updated with --sign-key")
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise HubError(f"--repo must be 'org/name', got {repo!r}")
-    key = SigningKey(sign_key) if sign_key is not None else None
+    paths = [sign_key] if isinstance(sign_key, (str, Path)) else list(sign_key or ())
+    signers = [SigningKey(path) for path in paths]
     build = build_kernel(kernel_dir, build_dir)
     version = build.manifest.version
     signatures = {
-        signature_path(variant): key.sign_variant(build.path / variant, repo, str(version), variant)
-        for variant in build.variants
-        if key is not None
+        signature_path(v): sign_variant(signers, build.path / v, repo, str(version), v)
+        for v in build.variants
+        if signers
     }
     tag = tag_name(version)
     what = f"publishing {build.manifest.name} {version} to {repo}"
@@ -84,9 +93,12 @@ def publish_kernel(
             if branch in branches:
                 api.delete_branch(repo, branch=branch, repo_type=REPO_TYPE)
             api.create_branch(repo, branch=branch, revision=commit, repo_type=REPO_TYPE)
-    return Published(
-        repo, version, commit, tag, branch, build, key_id(key.public_key) if key else None
-    )
+    if index is not None:
+        org = repo.split("/", 1)[0]
+        trusted = replace(index, keys=(*index.keys, *(k.public_key for k in signers)))
+        publish_index(org, signers, trusted, add={repo: (version, commit)}, token=token)
+    signed_by = key_id(signers[0].public_key) if signers else None
+    return Published(repo, version, commit, tag, branch, build, signed_by)
 
 
 def _operations(

@@ -94,5 +94,10 @@ def lock_path() -> Path | None:
     return candidate if candidate.is_file() else None
 
 
+def lock_named() -> bool:
+    """Whether ``$KERNEL_HUB_LOCK`` names the lock: an explicit choice, unlike ./kernel-hub.lock."""
+    return bool(os.environ.get(ENV_LOCK))
+
+
 def variant_override() -> str | None:
     return os.environ.get(ENV_VARIANT, "").strip() or None

@@ -25,6 +25,7 @@ import binascii
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from .json_source import field_line, load_json
 
 SIGNATURE_DIR = "signatures"
 SIGNATURE_FORMAT = 1
-_FIELDS = {"kernel-hub-signature", "signed", "key", "signature"}
+_FIELDS = {"kernel-hub-signature", "signed", "key", "signature", "cosignatures"}
 _SIGNED_FIELDS = {"repo", "version", "variant", "metadata"}
 
 
@@ -111,16 +112,36 @@ class SigningKey:
             )
         )
 
+    def sign_statement(self, signed: dict[str, str]) -> tuple[str, str]:
+        """(key id, base64 signature) over the canonical form of ``signed``."""
+        signature = self._key.sign(_canonical(signed))
+        return key_id(self.public_key), base64.b64encode(signature).decode("ascii")
+
     def sign_variant(self, folder: Path, repo: str, version: str, variant: str) -> bytes:
         """The signature file (``signature_path(variant)``) for the variant in ``folder``."""
-        signed = statement(repo, version, variant, (folder / "metadata.json").read_bytes())
-        document = {
-            "kernel-hub-signature": SIGNATURE_FORMAT,
-            "signed": signed,
-            "key": key_id(self.public_key),
-            "signature": base64.b64encode(self._key.sign(_canonical(signed))).decode("ascii"),
-        }
-        return (json.dumps(document, indent=2) + "\n").encode("utf-8")
+        return sign_variant([self], folder, repo, version, variant)
+
+
+def sign_variant(
+    keys: Sequence[SigningKey], folder: Path, repo: str, version: str, variant: str
+) -> bytes:
+    """The signature file for the variant in ``folder``, signed by every one of ``keys`` (the
+    first as ``key``/``signature``, the others as ``cosignatures``: a registry ``threshold``)."""
+    signed = statement(repo, version, variant, (folder / "metadata.json").read_bytes())
+    document = {"kernel-hub-signature": SIGNATURE_FORMAT, "signed": signed}
+    document.update(signature_fields(keys, signed))
+    return (json.dumps(document, indent=2) + "\n").encode("utf-8")
+
+
+def signature_fields(keys: Sequence[SigningKey], signed: dict[str, str]) -> dict:
+    """``key``, ``signature`` and (with several keys) ``cosignatures`` over ``signed``."""
+    if not keys:
+        raise KernelHubError("no signing key given")
+    (key, signature), *others = [k.sign_statement(signed) for k in keys]
+    fields: dict = {"key": key, "signature": signature}
+    if others:
+        fields["cosignatures"] = [{"key": k, "signature": s} for k, s in others]
+    return fields
 
 
 def signature_path(variant: str) -> str:
@@ -145,6 +166,11 @@ class Signature:
     signed: dict[str, str]
     key: str
     signature: bytes
+    cosignatures: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def all(self) -> tuple[tuple[str, bytes], ...]:
+        return ((self.key, self.signature), *self.cosignatures)
 
 
 def read_signature(path: Path, text: str | None = None) -> Signature:
@@ -169,60 +195,128 @@ def read_signature(path: Path, text: str | None = None) -> Signature:
     key = data.get("key")
     if not isinstance(key, str) or not key:
         raise fail("key", f"expected the signing key's id, got {key!r}")
-    raw = data.get("signature")
+    signature = decode_signature(data.get("signature"))
+    if signature is None:
+        raise fail("signature", "expected the base64 of a 64-byte ed25519 signature")
+    return Signature(dict(signed), key, signature, read_cosignatures(data, fail))
+
+
+def decode_signature(raw: object) -> bytes | None:
+    """The 64 bytes of a base64 ed25519 signature, or None."""
     try:
         signature = base64.b64decode(raw, validate=True) if isinstance(raw, str) else None
     except (binascii.Error, ValueError):
-        signature = None
-    if signature is None or len(signature) != 64:
-        raise fail("signature", "expected the base64 of a 64-byte ed25519 signature")
-    return Signature(dict(signed), key, signature)
+        return None
+    return signature if signature is not None and len(signature) == 64 else None
+
+
+def read_cosignatures(data: dict, fail) -> tuple[tuple[str, bytes], ...]:
+    """``cosignatures: [{"key": ID, "signature": BASE64}, ...]`` (optional)."""
+    raw = data.get("cosignatures", [])
+    items = raw if isinstance(raw, list) else None
+    parsed = []
+    for item in items or ():
+        signature = decode_signature(item.get("signature")) if isinstance(item, dict) else None
+        if (
+            signature is None
+            or not isinstance(item.get("key"), str)
+            or set(item)
+            != {
+                "key",
+                "signature",
+            }
+        ):
+            items = None
+            break
+        parsed.append((item["key"], signature))
+    if items is None:
+        raise fail("cosignatures", 'expected a list of {"key": ID, "signature": BASE64}')
+    return tuple(parsed)
+
+
+@dataclass(frozen=True)
+class Verified:
+    key: str
+    """Id of the pinned key whose signature verified."""
+    version: str
+    """The version the publisher signed (the caller checks metadata.json says the same)."""
 
 
 def verify_signature(
-    snapshot: Path, *, repo: str, version: str, variant: str, keys: PublisherKeys
-) -> str:
-    """Check the signature of ``snapshot/build/<variant>`` before anything of it is imported;
-    returns the verifying key's id.
+    signature_file: Path,
+    metadata: bytes,
+    *,
+    repo: str,
+    variant: str,
+    keys: PublisherKeys,
+    text: str | None = None,
+) -> Verified:
+    """Check the signature (``signature_file``, or its already-read ``text``) over these
+    ``metadata`` bytes, before they are parsed and before anything of the variant is imported.
 
-    Refused: no or malformed signature, a key the registry does not pin for the publisher, a
-    revoked key, a signature that does not verify over this metadata.json for this repo, version
-    and variant. Messages name the repo, version, variant and key.
+    The statement is rebuilt from the repo asked for, the variant and the bytes held; only the
+    version is taken from the signature's claim, and the caller refuses a metadata.json that says
+    another. Refused: no or malformed signature, a key the registry does not pin for the
+    publisher, a key revoked anywhere in the registry, a signature that does not verify.
+    Messages name the repo, version, variant and key.
     """
+    what = f"{repo} build/{variant}"
+    try:
+        signature = read_signature(signature_file, text)
+    except SourceError as exc:
+        raise IntegrityError(f"{what}: {exc}") from None
+    version = signature.signed["version"]
+    expected = statement(repo, version, variant, metadata)
+    claimed = ", ".join(
+        f"{k} {signature.signed[k]!r}"
+        for k in ("repo", "variant")
+        if signature.signed.get(k) != expected[k]
+    )
+    detail = f"it was made for {claimed}" if claimed else "metadata.json is not what was signed"
+    what = f"{repo} {version} build/{variant}"
+    key = verify_statement(expected, signature.all, keys, what=what, detail=detail)
+    return Verified(key, version)
+
+
+def verify_statement(
+    signed: dict[str, str],
+    signatures: Sequence[tuple[str, bytes]],
+    keys: PublisherKeys,
+    *,
+    what: str,
+    detail: str = "it is not what was signed",
+) -> str:
+    """At least ``keys.threshold`` distinct keys, pinned for the publisher and not revoked, must
+    have signed ``signed`` (signatures by other keys do not count); returns the first such key's
+    id, or raises an ``IntegrityError`` starting with ``what``."""
     ed25519, _ = _crypto()
     from cryptography.exceptions import InvalidSignature
 
-    what = f"{repo} {version} build/{variant}"
-    try:
-        signature = read_signature(snapshot / signature_path(variant))
-    except SourceError as exc:
-        raise IntegrityError(f"{what}: {exc}") from None
     revoked = {key_id(k) for k in keys.revoked}
     pinned = {key_id(k): k for k in keys.keys}
     where = keys.where()
-    if signature.key in revoked:
-        raise IntegrityError(
-            f"{what} is signed by key {signature.key}, which {where} lists as revoked for "
-            f"publisher {keys.publisher!r}"
-        )
-    if signature.key not in pinned:
-        raise IntegrityError(
-            f"{what} is signed by key {signature.key}, which is not pinned for publisher "
-            f"{keys.publisher!r} in {where} (pinned: {', '.join(sorted(pinned)) or 'none'})"
-        )
-    metadata = (snapshot / "build" / variant / "metadata.json").read_bytes()
-    expected = statement(repo, version, variant, metadata)
-    public = ed25519.Ed25519PublicKey.from_public_bytes(key_bytes(pinned[signature.key]))
-    try:
-        public.verify(signature.signature, _canonical(expected))
-    except InvalidSignature:
-        claimed = ", ".join(
-            f"{k} {signature.signed[k]!r}"
-            for k in ("repo", "version", "variant")
-            if signature.signed.get(k) != expected[k]
-        )
-        detail = f"it was made for {claimed}" if claimed else "metadata.json is not what was signed"
-        raise IntegrityError(
-            f"{what}: the signature by key {signature.key} does not verify ({detail})"
-        ) from None
-    return signature.key
+    valid: list[str] = []
+    problems: list[str] = []
+    for key, signature in signatures:
+        if key in revoked:
+            problems.append(f"{what} is signed by key {key}, which {where} lists as revoked")
+        elif key not in pinned:
+            problems.append(
+                f"{what} is signed by key {key}, which is not pinned for publisher "
+                f"{keys.publisher!r} in {where} (pinned: {', '.join(sorted(pinned)) or 'none'})"
+            )
+        elif key not in valid:
+            public = ed25519.Ed25519PublicKey.from_public_bytes(key_bytes(pinned[key]))
+            try:
+                public.verify(signature, _canonical(signed))
+                valid.append(key)
+            except InvalidSignature:
+                problems.append(f"{what}: the signature by key {key} does not verify ({detail})")
+    if len(valid) >= keys.threshold:
+        return valid[0]
+    if keys.threshold == 1:
+        raise IntegrityError(problems[0])
+    raise IntegrityError(
+        f"{what} is signed by {len(valid)} of the {keys.threshold} pinned keys {where} requires "
+        f"for publisher {keys.publisher!r}" + "".join(f"; {p}" for p in problems)
+    )

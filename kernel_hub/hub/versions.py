@@ -11,6 +11,7 @@ from packaging.version import InvalidVersion, Version
 from kernel_hub.errors import HubError, KernelHubError
 
 _TAG = re.compile(r"^v(\d+\.\d+\.\d+)$")
+_BRANCH = re.compile(r"^v(\d+)$")
 
 
 def tag_name(version: Version) -> str:
@@ -25,6 +26,12 @@ def version_of_tag(tag: str) -> Version | None:
     """``Version('1.2.0')`` for tag ``v1.2.0``; None for other refs."""
     match = _TAG.match(tag)
     return Version(match.group(1)) if match else None
+
+
+def major_of_branch(ref: str) -> int | None:
+    """1 for branch ``v1`` (which must hold a 1.x build); None for other refs."""
+    match = _BRANCH.match(ref)
+    return int(match.group(1)) if match else None
 
 
 def parse_range(value: str | int) -> SpecifierSet:

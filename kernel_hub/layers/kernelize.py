@@ -36,6 +36,7 @@ rebuilds it later from what is still in place (``swaps.py``). A model that Huggi
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import sys
@@ -49,6 +50,7 @@ from typing import Any, TypeVar
 import torch
 
 from kernel_hub.bridge.runtimes import supported_device_types
+from kernel_hub.declaration import FrameworkAdapter
 from kernel_hub.errors import KernelHubError, UnknownNameError
 from kernel_hub.loading.mappings import Override, active_overrides
 from kernel_hub.loading.resolver import get_kernel
@@ -298,15 +300,12 @@ def _platform_for(device_type: str) -> tuple[Platform, str | None]:
     return platform, None
 
 
-def _check_mode(provider: Any, mode: Mode, label: str) -> None:
-    """``_LeftAlone`` when ``provider`` (a layer class or integration module) does not fit ``mode``.
-
-    As for Hugging Face ``kernels`` layers: ``has_backward`` defaults to True,
-    ``can_torch_compile`` to False.
-    """
-    if Mode.TRAINING in mode and not getattr(provider, "has_backward", True):
+def _check_mode(provider: type | FrameworkAdapter, mode: Mode, label: str) -> None:
+    """``_LeftAlone`` when ``provider`` (a declared layer class or a framework adapter, both
+    stating ``has_backward`` and ``can_torch_compile``) does not fit ``mode``."""
+    if Mode.TRAINING in mode and not provider.has_backward:
         raise _LeftAlone(f"{label} has no backward (has_backward = False), needed in training mode")
-    if Mode.TORCH_COMPILE in mode and not getattr(provider, "can_torch_compile", False):
+    if Mode.TORCH_COMPILE in mode and not provider.can_torch_compile:
         raise _LeftAlone(
             f"{label} does not declare can_torch_compile = True, needed with torch_compile"
         )
@@ -383,17 +382,65 @@ def _swap_layer(
 
 
 def _check_modules(
-    integration: Any, modules: list[tuple[str, torch.nn.Module]], label: str
+    adapter: FrameworkAdapter, modules: list[tuple[str, torch.nn.Module]], label: str, mode: Mode
 ) -> None:
-    """``_LeftAlone`` when a module needs a feature the integration lacks: its optional
-    ``module_problem(module) -> reason | None``. The interface is switched for the whole model,
-    so one such module keeps every module on its stock implementation."""
-    check = getattr(integration, "module_problem", None)
+    """``_LeftAlone`` when a module needs a feature the adapter lacks: its ``module_problem(module[,
+    training=...]) -> reason | None`` (``training`` is passed when the hook takes it: some
+    features only a training forward uses). The interface is switched for the whole model, so one
+    such module keeps every module on its stock implementation."""
+    check = adapter.module_problem
     if check is None:
         return
-    problems = {type(m).__name__: problem for _, m in modules if (problem := check(m))}
+    if "training" in inspect.signature(check).parameters:
+        check = functools.partial(check, training=bool(mode & Mode.TRAINING))
+    problems = {type(m).__name__: p for _, m in modules if (p := check(m))}
     if problems:
         raise _LeftAlone(f"unsupported by {label}: " + "; ".join(problems.values()))
+
+
+def _interface_ops(source: _KernelSource, interface: Any) -> list[str]:
+    """The registry ops that may serve ``interface`` in this mode, first choice first: its
+    ``inference_op`` (a forward-only kernel, such as the fused MoE layer) when kernelizing for
+    inference and the registry has that op, then its ``op``."""
+    inference_op = getattr(interface, "inference_op", None)
+    if inference_op and Mode.INFERENCE in source.mode and source.canonical(inference_op):
+        return [inference_op, interface.op]
+    return [interface.op]
+
+
+def _switch_with(
+    source: _KernelSource,
+    model: torch.nn.Module,
+    interface: Any,
+    modules: list[tuple[str, torch.nn.Module]],
+    op_name: str,
+) -> dict[str, Any]:
+    """Switch ``model``'s ``interface`` to ``op_name``'s kernel: {"op", "swapped_to"} or
+    {"op", "reason"}."""
+    outcome: dict[str, Any] = {"op": source.canonical(op_name)}
+    try:
+        kernel = source.kernel(op_name)
+        label = f"{_kernel_label(kernel)} integrations"
+        integration = interface.integration(kernel)
+        if integration is None:
+            raise _LeftAlone(f"kernel {_kernel_label(kernel)} has no integrations.register()")
+        adapter = FrameworkAdapter.of(integration, label)
+        _check_mode(adapter, source.mode, label)
+        _check_modules(adapter, modules, label, source.mode)
+        model_problem = interface.model_problem(model, modules)
+        if not model_problem and Mode.TRAINING in source.mode:
+            training_problem = getattr(interface, "training_problem", None)
+            model_problem = training_problem and training_problem(model, modules)
+        if model_problem:
+            raise _LeftAlone(model_problem)
+        previous = interface.current(model)
+        name = interface.switch(model, adapter.register())
+        outcome["swapped_to"] = f"{_kernel_label(kernel)} {name!r} (was {previous['']!r})"
+        switches = model.__dict__.setdefault(swaps.INTERFACES_ATTRIBUTE, {})
+        switches[interface] = swaps.InterfaceSwitch(name, previous)
+    except (_LeftAlone, KernelHubError) as reason:
+        outcome["reason"] = str(reason)
+    return outcome
 
 
 def _switch_interface(
@@ -403,7 +450,8 @@ def _switch_interface(
 
     Modules the interface sees but cannot reach (``interface.unreached``) are reported as left
     alone with the interface's reason."""
-    op = source.canonical(interface.op)
+    candidates = _interface_ops(source, interface)
+    op = source.canonical(candidates[-1])
     unreached = [
         ReportEntry(
             module=n,
@@ -419,24 +467,17 @@ def _switch_interface(
     modules = [(n, m) for n, m in model.named_modules() if interface.dispatches(m)]
     if not modules:
         return unreached
-    outcome: dict[str, Any] = {"op": op}
-    try:
-        kernel = source.kernel(interface.op)
-        integration = interface.integration(kernel)
-        if not callable(getattr(integration, "register", None)):
-            raise _LeftAlone(f"kernel {_kernel_label(kernel)} has no integrations.register()")
-        _check_mode(integration, source.mode, f"{_kernel_label(kernel)} integrations")
-        _check_modules(integration, modules, f"{_kernel_label(kernel)} integrations")
-        model_problem = interface.model_problem(model, modules)
-        if model_problem:
-            raise _LeftAlone(model_problem)
-        previous = interface.current(model)
-        name = interface.switch(model, integration.register())
-        outcome["swapped_to"] = f"{_kernel_label(kernel)} {name!r} (was {previous['']!r})"
-        switches = model.__dict__.setdefault(swaps.INTERFACES_ATTRIBUTE, {})
-        switches[interface] = swaps.InterfaceSwitch(name, previous)
-    except (_LeftAlone, KernelHubError) as reason:
-        outcome["reason"] = str(reason)
+    outcome: dict[str, Any] = {}
+    passed_over = []
+    for op_name in candidates:
+        outcome = _switch_with(source, model, interface, modules, op_name)
+        if "swapped_to" in outcome:
+            if passed_over:
+                outcome["swapped_to"] += f" ({'; '.join(passed_over)})"
+            break
+        passed_over.append(f"{outcome['op']} left it: {outcome['reason']}")
+    else:
+        outcome["reason"] = "; ".join(passed_over)
     return [
         ReportEntry(
             module=n,
@@ -457,9 +498,25 @@ def _device_type(model: torch.nn.Module, device: str | torch.device | None) -> s
             tensor = next(model.buffers(), None)
         return tensor.device.type if tensor is not None else "cpu"
     try:
-        return torch.device(device).type
+        device_type = torch.device(device).type
     except (RuntimeError, TypeError) as exc:
         raise KernelHubError(f"invalid device {device!r}: {exc}") from None
+    missing = _HOST_CHECKS.get(device_type)
+    if missing is not None and not missing[0]():
+        raise KernelHubError(
+            f"kernelize(device={device!r}): this host has no {device_type!r} device "
+            f"({missing[1]}); leave device out to use the model's ({_device_type(model, None)!r})"
+        )
+    return device_type
+
+
+_HOST_CHECKS: dict[str, tuple[Callable[[], bool], str]] = {
+    "cuda": (lambda: torch.cuda.is_available(), "torch.cuda.is_available() is False"),
+    "tpu": (lambda: hasattr(torch, "tpu"), "torch_tpu is not loaded"),
+    "jax": (lambda: "torchax" in sys.modules, "torchax is not imported"),
+    "xla": (lambda: "torch_xla" in sys.modules, "torch_xla is not imported"),
+}
+"""Device types kernel-hub serves that a host may lack: how to tell, and what to say."""
 
 
 def kernelize(

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kernel_hub.declaration import KernelDeclaration, legacy_declaration
-from kernel_hub.errors import KernelHubError
+from kernel_hub.errors import KernelHubError, SourceError
 from kernel_hub.registry.manifest import MANIFEST_NAME, Manifest, load_manifest
 
 _lock = threading.RLock()
@@ -75,25 +75,34 @@ def _attach_declaration(module: ModuleType, manifest: Manifest) -> None:
         raise KernelHubError(
             f"{label}: KERNEL is a {type(declared).__name__}, not a kernel_api.KernelDeclaration"
         )
-    problems = _mismatches("ops", manifest.ops, declared.ops)
-    problems += _mismatches("layers", manifest.layers, declared.layers)
-    implemented = {name for table in declared.implementation_tables for name in table.names}
+    problems = _mismatches(manifest, "ops", declared.ops)
+    problems += _mismatches(manifest, "layers", declared.layers)
     if declared.implementation_tables:
-        problems += _mismatches("implementations", manifest.implementations, implemented)
+        implemented = {name for table in declared.implementation_tables for name in table.names}
+        problems += _mismatches(manifest, "implementations", implemented)
     if problems:
-        where = manifest.path or MANIFEST_NAME
-        raise KernelHubError(
-            f"{label}: {where} and the package's KERNEL disagree: " + "; ".join(problems)
+        raise SourceError(
+            manifest.path or MANIFEST_NAME,
+            problems[0][0],
+            f"{label}: the manifest and the package's KERNEL disagree: "
+            + "; ".join(message for _, message in problems),
         )
 
 
-def _mismatches(what: str, manifest_names, declared_names) -> list[str]:
-    only_manifest = sorted(set(manifest_names) - set(declared_names))
-    only_declared = sorted(set(declared_names) - set(manifest_names))
-    problems = [f"{what} {', '.join(only_manifest)} in the manifest, not declared"] * bool(
-        only_manifest
-    )
-    problems += [f"{what} {', '.join(only_declared)} declared, not in the manifest"] * bool(
-        only_declared
-    )
+def _mismatches(manifest: Manifest, what: str, declared_names) -> list[tuple[int | None, str]]:
+    """(manifest line, problem) for the names of field ``what`` only one side states."""
+    stated = getattr(manifest, what)
+    only_manifest = sorted(set(stated) - set(declared_names))
+    only_declared = sorted(set(declared_names) - set(stated))
+    problems = []
+    if only_manifest:
+        line = manifest.line_for(f"{what}.{only_manifest[0]}") or manifest.line_for(what)
+        problems.append((line, f"{what} {', '.join(only_manifest)} in the manifest, not declared"))
+    if only_declared:
+        problems.append(
+            (
+                manifest.line_for(what),
+                f"{what} {', '.join(only_declared)} declared, not in the manifest",
+            )
+        )
     return problems

@@ -22,12 +22,12 @@ from pathlib import Path
 from types import ModuleType
 
 from kernel_hub.bridge.threads import apply_default_policy
-from kernel_hub.errors import HubError, KernelHubError
+from kernel_hub.errors import HubError, KernelHubError, KernelInputError, SourceError
 from kernel_hub.hub import settings
 from kernel_hub.hub.fetch import HubBuild, HubRequest, fetch_build
 from kernel_hub.hub.lockfile import LockedOp, LockFile, find_lock
 from kernel_hub.hub.trust import TrustRemoteCode
-from kernel_hub.hub.variants import select_variant
+from kernel_hub.hub.variants import VARIANT_NAMES, select_variant
 from kernel_hub.paths import kernels_dir
 from kernel_hub.registry.manifest import MANIFEST_NAME
 from kernel_hub.registry.publisher_keys import PublisherKeys
@@ -77,6 +77,16 @@ def get_kernel(
     from trusted publishers or with ``trust_remote_code`` (True, or a list of orgs / repo ids).
     """
     registry_file = load_registry(registry)
+    if not isinstance(name, str):
+        raise KernelInputError(
+            f"get_kernel: name must be an op name (str), got {type(name).__name__} {name!r}; "
+            f"ops: {', '.join(registry_file.ops)}"
+        )
+    if variant is not None and variant not in VARIANT_NAMES:
+        raise KernelInputError(
+            f"get_kernel: unknown build variant {variant!r}; valid variants: "
+            f"{', '.join(VARIANT_NAMES)}"
+        )
     entry = registry_file.get(name)
     override = Path(local_dir) if local_dir is not None else _env_override(entry, name)
     if override is not None:
@@ -192,7 +202,7 @@ def fetch_op_build(
 
 
 def _load_hub_build(build: HubBuild, entry: OpEntry) -> tuple[ModuleType, KernelOrigin]:
-    module = load_kernel_dir(build.path)
+    module = load_kernel_dir(build.verified_copy)  # the bytes verified, not the shared cache
     if module.manifest.version != build.version:
         raise HubError(
             f"op {entry.name}: {build.path} has kernel.yaml version {module.manifest.version} "
@@ -210,7 +220,40 @@ def _check_version(entry: OpEntry, module: ModuleType) -> None:
         )
 
 
+def check_entry(entry: OpEntry, module: ModuleType) -> None:
+    """``SourceError`` at the registry line naming an implementation the kernel does not have or
+    does not run on that platform, or a layer it does not declare, with the valid names."""
+    manifest, declared = module.manifest, module.KERNEL
+    label = f"op {entry.name!r}: kernel {manifest.name} {manifest.version}"
+    for platform, names in entry.implementations.items():
+        valid = manifest.implementations_on(platform)
+        for name in names:
+            if name in valid:
+                continue
+            if name in manifest.implementations:
+                runs_on = ", ".join(manifest.implementations[name])
+                problem = f"implementation {name!r} does not run on {platform} (only {runs_on})"
+            else:
+                problem = f"has no implementation {name!r}"
+            raise SourceError(
+                entry.source,
+                entry.line_for(f"implementations.{platform}"),
+                f"{label} {problem}; valid on {platform}: {', '.join(valid) or '(none)'}",
+            )
+    unknown = [name for name in entry.layers if name not in declared.layers]
+    if unknown:
+        raise SourceError(
+            entry.source,
+            entry.line_for("layers"),
+            f"{label} has no layer {unknown[0]!r}; its layers: "
+            f"{', '.join(declared.layers) or '(none)'}",
+        )
+
+
 def _apply_implementation_order(entry: OpEntry, module: ModuleType) -> None:
+    """Each implementation table tries the registry's names for a platform in its order (a
+    kernel's tables may each implement a subset of the kernel's names)."""
+    check_entry(entry, module)
     for table in module.KERNEL.implementation_tables:
         for platform, names in entry.implementations.items():
             table.set_order(platform, [n for n in names if n in table.names])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,13 @@ from kernel_hub.errors import UnknownNameError
 from kernel_hub.layers.kernelize import kernelize, unkernelize
 from kernel_hub.layers.report import KernelizeReport
 
-from .tiny import DEFAULT_MODELS, PAD_TOKEN_ID, TINY_MODELS, VOCAB_SIZE, build_tiny_model
+from .tiny import (
+    CAUSAL_LM_MODELS,
+    DEFAULT_MODELS,
+    PAD_TOKEN_ID,
+    VOCAB_SIZE,
+    build_tiny_model,
+)
 
 LOGIT_TOLERANCE = 1e-4
 """Largest |logit difference| (f32) the demo calls a match."""
@@ -100,21 +106,27 @@ def run_demo(
     *,
     registry: str | Path | None = None,
     threads: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per model; a model whose kernelized run raises gets a row with ``error``.
 
     ``threads`` sets torch's intra-op threads for the run (restored after): on small CPUs
-    torch's and XLA's thread pools contend and make timings meaningless.
+    torch's and XLA's thread pools contend and make timings meaningless. ``progress`` gets a
+    line as each model starts (the first kernel calls compile, which takes seconds).
     """
     for name in models:
-        if name not in TINY_MODELS:
-            raise UnknownNameError("demo model", name, TINY_MODELS)
+        if name not in CAUSAL_LM_MODELS:
+            raise UnknownNameError("demo model", name, CAUSAL_LM_MODELS)
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     rows = []
     try:
-        for name in models:
+        for index, name in enumerate(models, 1):
+            if progress is not None:
+                progress(
+                    f"[{index}/{len(models)}] {name}: stock, then kernelized (first calls compile)"
+                )
             try:
                 row = compare_model(name, registry=registry)
             except Exception as exc:  # a broken kernel must not hide the other models' results

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from kernel_hub.errors import RequirementError
 from kernel_hub.platform import PLATFORMS, Platform
 from kernel_hub.version import KERNEL_API_REQUIREMENT, KERNEL_API_VERSION, __version__
 
-from .yaml_source import FieldReader, load_yaml
+from .yaml_source import FieldReader, key_lines, load_yaml
 
 MANIFEST_NAME = "kernel.yaml"
 _FIELDS = {
@@ -48,6 +48,12 @@ class Manifest:
     summary: str = ""
     license: str = "Apache-2.0"
     path: Path | None = None
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
+    """Line of each field in ``path``, and of each implementation (``implementations.<name>``)."""
+
+    def line_for(self, key: str) -> int | None:
+        """The line of field ``key`` (see ``lines``), or None."""
+        return self.lines.get(key)
 
     def implementations_on(self, platform: Platform) -> tuple[str, ...]:
         return tuple(name for name, plats in self.implementations.items() if platform in plats)
@@ -119,6 +125,7 @@ def parse_manifest(path: str | Path, text: str | None = None) -> Manifest:
         except InvalidSpecifier:
             raise fields.error("requires", f"{dist}: invalid version range {spec!r}") from None
 
+    lines = key_lines(fields.node) | key_lines(impl_node, "implementations.")
     return Manifest(
         name=fields.get("name", str),
         version=version,
@@ -130,6 +137,7 @@ def parse_manifest(path: str | Path, text: str | None = None) -> Manifest:
         summary=fields.get("summary", str, ""),
         license=fields.get("license", str, "Apache-2.0"),
         path=path,
+        lines=lines,
     )
 
 

@@ -4,6 +4,8 @@
       kernel-hub:                      # a hub organisation, or one repo as 'org/name'
         keys: [ed25519:BASE64...]      # builds signed by any of these are accepted (rotation)
         revoked: [ed25519:BASE64...]   # builds signed by these are refused, cached ones too
+        index: true                    # require the publisher's signed, expiring index
+        threshold: 2                   # builds and indexes need this many pinned keys' signatures
 
 A key is written ``ed25519:`` + the base64 of its 32 raw bytes (what ``kernel-hub keygen``
 prints). Only the text form is checked here; :mod:`kernel_hub.hub.signing` does the cryptography.
@@ -15,7 +17,7 @@ import base64
 import binascii
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from .yaml_source import FieldReader, line_of
 
 KEY_PREFIX = "ed25519:"
 KEY_BYTES = 32
-_FIELDS = {"keys", "revoked"}
+_FIELDS = {"keys", "revoked", "index", "threshold"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,10 @@ class PublisherKeys:
     revoked: tuple[str, ...] = ()
     source: str = ""
     line: int | None = None
+    index: bool = False
+    """Loads must check the publisher's signed, expiring index (kernel_hub.hub.index)."""
+    threshold: int = 1
+    """How many distinct pinned keys must have signed a build or an index."""
 
     def where(self) -> str:
         return f"{self.source}:{self.line}" if self.line else self.source
@@ -93,7 +99,11 @@ def parse_publishers(path: Path, node: Any, line: int | None = None) -> dict[str
         both = sorted(set(keys) & set(revoked))
         if both:
             raise fields.error("revoked", f"key {key_id(both[0])} is both pinned and revoked")
-        publishers[name] = PublisherKeys(name, keys, revoked, str(path), line)
+        index = fields.get("index", bool, False)
+        threshold = fields.get("threshold", int, 1)
+        if not 1 <= threshold <= max(len(keys), 1):
+            raise fields.error("threshold", f"must be 1 to {len(keys)} (the pinned keys)")
+        publishers[name] = PublisherKeys(name, keys, revoked, str(path), line, index, threshold)
     return publishers
 
 
@@ -103,5 +113,12 @@ def _publisher_name_ok(name: str) -> bool:
 
 
 def keys_for(publishers: Mapping[str, PublisherKeys], repo: str) -> PublisherKeys | None:
-    """The keys pinned for ``repo``: its own entry, else its organisation's."""
-    return publishers.get(repo) or publishers.get(repo.split("/", 1)[0])
+    """The keys pinned for ``repo``: its own entry, else its organisation's. A key revoked by
+    any entry is revoked here too: revocation is about the key, so a repo-level entry can never
+    hide its organisation's ``revoked:`` list."""
+    entry = publishers.get(repo) or publishers.get(repo.split("/", 1)[0])
+    if entry is None:
+        return None
+    revoked = tuple(dict.fromkeys(k for p in publishers.values() for k in p.revoked))
+    org = publishers.get(repo.split("/", 1)[0])
+    return replace(entry, revoked=revoked, index=entry.index or (org is not None and org.index))

@@ -15,7 +15,7 @@ from kernel_hub.paths import registry_path
 from kernel_hub.platform import PLATFORMS, Platform
 
 from .publisher_keys import PublisherKeys, keys_for, parse_publishers
-from .yaml_source import FieldReader, line_of, load_yaml
+from .yaml_source import FieldReader, key_lines, line_of, load_yaml
 
 SCHEMA_VERSION = 1
 _OP_FIELDS = {
@@ -53,6 +53,12 @@ class OpEntry:
     layers: tuple[str, ...] = ()
     source: str = ""
     line: int | None = None
+    lines: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
+    """Line of each field: ``layers``, ``implementations``, ``implementations.<platform>``."""
+
+    def line_for(self, key: str) -> int | None:
+        """The line of field ``key`` (see ``lines``), else the op's own line."""
+        return self.lines.get(key, self.line)
 
     def implementations_for(self, platform: Platform) -> tuple[str, ...]:
         return self.implementations.get(platform, ())
@@ -133,6 +139,7 @@ def _parse_op(path: Path, name: str, node: object, line: int | None) -> OpEntry:
         raise fields.error("revision", "expected a branch or tag name, got an empty string")
     if commit is not None and not _COMMIT.match(commit):
         raise fields.error("commit", f"expected a full 40-hex commit id, got {commit!r}")
+    lines = key_lines(fields.node) | key_lines(impl_node, "implementations.")
     return OpEntry(
         name=name,
         kernel=fields.get("kernel", str),
@@ -146,6 +153,7 @@ def _parse_op(path: Path, name: str, node: object, line: int | None) -> OpEntry:
         layers=fields.get_str_list("layers", ()),
         source=str(path),
         line=line,
+        lines=lines,
     )
 
 

@@ -103,6 +103,11 @@ def line_of(node: Any, key: str | None = None) -> int | None:
     return getattr(node, "line", None)
 
 
+def key_lines(node: Any, prefix: str = "") -> dict[str, int]:
+    """``{prefix + key: line}`` for each key of a mapping read by ``load_yaml``."""
+    return {prefix + key: line for key, line in getattr(node, "lines", {}).items()}
+
+
 class FieldReader:
     """Reads typed fields from one YAML mapping, raising ``SourceError`` at the right line."""
 

@@ -1,21 +1,59 @@
 """Sharded kernels: one declarative rule per op drives ``jax.shard_map`` at the kernel boundary
-(``boundary``) and the op's DTensor strategy (``dtensor``); ``transport`` moves expert-parallel
-rows between shards. See docs/running-on-a-pod.md.
+(``boundary``) on Explicit meshes, on Auto meshes under plain ``jit`` and inside ``use_mesh``, and
+the op's DTensor strategy (``dtensor``); ``transport`` moves expert-parallel rows between shards.
+See docs/running-on-a-pod.md.
+
+Giving a new kernel's op a rule (``tests/sharding/test_coverage.py`` fails for a torch op without
+one), in the kernel's ``sharding.py``, importing only ``kernel_hub.kernel_api``::
+
+    from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
+
+    GATED_MLP = ShardingRule.parse(
+        "gated_mlp",
+        "... hidden, hidden inner, hidden inner, inner hidden -> ... hidden",
+        reduced=("inner",),  # split inner: each shard's partial output, summed (psum)
+        whole=("hidden",),
+        handled_by={"hidden": "an all-gather of x first"},
+    )
+    boundary = sharded(GATED_MLP)  # decorate the public JAX function in api.py
+
+1. Name every dimension of every array operand, in the JAX function's parameter order (its first
+   ``len(operands)`` parameters; an optional one may be None), then every result, einsum style.
+   ``...`` (first, once) stands for any number of leading dimensions.
+2. A factor is free (split wherever an input is split; an operand holding it unsplit is sliced to
+   match), ``whole`` (never split: the normalised axis, a scanned sequence; ``handled_by`` names
+   the layer that does shard it, quoted in the error), ``reduced`` (in no result: split, each shard
+   returns a partial result and they are summed), or split ``together`` with another (query and kv
+   heads). A result lacking a split factor that other results keep is summed over its axes (a
+   weight's gradient). ``factor?`` marks a dimension that may have size 1 and broadcast.
+3. A rule that depends on an option (a layout flag) is a function of the keyword options
+   returning one: ``sharded(lambda transpose_rhs=False, **_: ...)``.
+4. Decorate the backward entry point too when the torch op has a ``jax_backward``; ops whose JAX
+   function goes through ``jax.vjp`` get the transpose of the forward's ``shard_map``.
+5. Add a ``mesh_cases()`` returning ``MeshCase``s (small bf16 shapes, specs, the collectives the
+   compiled program must hold) and declare it as ``KERNEL``'s ``mesh_cases``: ``kernel-hub
+   compile-check --mesh`` compiles them for four TPU generations on Explicit and Auto meshes.
+   Add a values check to ``tests/sharding/spmd_checks.py`` (8 CPU devices, vs unsharded).
+
+Layers that choose their own collectives (expert parallelism, ring attention) are not per-op
+rules: they call ``find_mesh`` and ``shard_map_all`` themselves.
 """
 
-from .boundary import find_mesh, partition_spec, run_sharded, shard_map_all, sharded
+from .boundary import bypassed, find_mesh, partition_spec, run_sharded, shard_map_all, sharded
 from .cases import MeshCase
-from .context import MeshContext, current_mesh_context, use_mesh
+from .context import CONVENTIONAL_AXES, MeshContext, current_mesh_context, use_mesh
 from .rule import ShardingError, ShardingRule
 from .transport import TRANSPORTS, Transport, default_transport, exchange_rows
 
 __all__ = [
+    "CONVENTIONAL_AXES",
     "TRANSPORTS",
     "MeshCase",
     "MeshContext",
     "ShardingError",
     "ShardingRule",
     "Transport",
+    "bypassed",
     "current_mesh_context",
     "default_transport",
     "exchange_rows",

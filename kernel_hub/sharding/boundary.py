@@ -4,9 +4,18 @@ A Pallas call cannot be partitioned automatically: on an Explicit-axis mesh it f
 on an Auto-axis mesh at Mosaic lowering (CPU interpret mode runs anyway, which hides the bug). So a
 decorated JAX function, called with arrays sharded over a mesh (or inside ``use_mesh``), runs as
 one ``jax.shard_map`` over *all* mesh axes (Mosaic needs every axis manual), with specs solved
-from the rule. Outside a mesh, or inside a caller's ``shard_map`` (every axis already manual), it
-runs unchanged. The backward is ``shard_map``'s transpose, so replicated weights get their
-gradient summed over the shards.
+from the rule. The input placement comes from the arrays' types on an Explicit mesh, from
+``use_mesh``'s rules, from a concrete array's own sharding, or, for a traced array on an Auto mesh
+(whose type carries the mesh but no spec), from the mesh-axis naming conventions
+(``context.CONVENTIONAL_AXES``); the partitioner reshards an input placed otherwise, and the
+collective shows in the compiled program. Outside a mesh, or inside a caller's ``shard_map``
+(every axis already manual), it runs unchanged. The backward is ``shard_map``'s transpose, so
+replicated weights get their gradient summed over the shards.
+
+``jax.experimental.custom_partitioning`` would let the partitioner hand the kernel the shardings
+it chose instead of a convention, but it does not compile for TPU in JAX 0.10 (libtpu: "Custom
+emitter for CustomSPMDPartitioning not found", deviceless and on chips, jax-ml/jax#38196), and
+its program cannot be ``jax.export``ed (TorchTPU's path).
 
 ``check_vma=False``: the kernels' ``pallas_call`` out_shapes carry no manual-axis types, and the
 CPU interpreter rejects them when they do (research/distributed.md §1). The out specs come from
@@ -16,17 +25,32 @@ which is what catches a wrong rule.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+import math
+import weakref
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .context import current_mesh_context
+from .context import conventional_context, current_mesh_context
 from .rule import ShardingError, ShardingRule
 from .solve import Axes, Operand, Solution, expand, solve
 
 RuleSource = ShardingRule | Callable[..., ShardingRule]
 """A rule, or a function of the call's keyword options returning one (e.g. a layout flag)."""
+
+_RULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Function made by ``sharded`` -> its rule (see ``rule_of``)."""
+
+
+def rule_of(fn: Callable[..., Any]) -> RuleSource | None:
+    """The rule ``fn`` runs under when ``sharded`` made it, else None (it runs as called)."""
+    try:
+        return _RULES.get(fn)
+    except TypeError:  # not weak-referenceable, so not made by ``sharded``
+        return None
 
 
 def partition_spec(per_dim: Sequence[Axes]) -> Any:
@@ -62,23 +86,59 @@ def _axis_kinds(mesh: Any) -> set[str]:
 def _placement(rule: ShardingRule, names: Sequence[str], arrays: Sequence[Any]):
     """(mesh, operands with their current per-dimension axes, explicit) or None: run unwrapped."""
     import jax
+    from jax.sharding import NamedSharding
 
     found = find_mesh(rule.op, arrays)
     if found is None:
         return None
     mesh, explicit = found
     context = current_mesh_context()
+    if context is None and not explicit:
+        context = conventional_context(mesh)
 
     def axes(name: str, array: Any, dims: tuple[str, ...]) -> tuple[Axes, ...]:
-        if context is not None:
-            return tuple(context.axes_of(f) for f in expand(rule, dims, array.ndim, name))
-        return _spec_axes(jax.typeof(array).sharding.spec, array.ndim)
+        if context is None:
+            return _spec_axes(jax.typeof(array).sharding.spec, array.ndim)
+        concrete = not isinstance(array, jax.core.Tracer)
+        sharding = getattr(array, "sharding", None) if concrete else None
+        if context.conventional and isinstance(sharding, NamedSharding):
+            return _spec_axes(sharding.spec, array.ndim)  # a concrete array: its own placement
+        return tuple(context.axes_of(f) for f in expand(rule, dims, array.ndim, name))
 
     operands = [
         None if a is None else Operand(n, tuple(a.shape), axes(n, a, dims))
         for n, a, dims in zip(names, arrays, rule.operands, strict=True)
     ]
+    if context is not None and context.conventional:
+        operands = _divisible(rule, operands, mesh)
     return mesh, operands, explicit
+
+
+def _divisible(rule: ShardingRule, operands: list[Operand | None], mesh: Any):
+    """Conventional placements a factor's sizes cannot take dropped (that factor unsplit, with
+    its grouped partner): they are a guess from the axis names, not the caller's request."""
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+    dropped: set[str] = set()
+    for operand, dims in zip(operands, rule.operands, strict=True):
+        if operand is None:
+            continue
+        factors = expand(rule, dims, len(operand.shape), operand.name)
+        for factor, size, axes in zip(factors, operand.shape, operand.axes, strict=True):
+            if size % math.prod(sizes[a] for a in axes):
+                dropped |= {factor, rule.partner(factor)} - {None}
+    return [
+        o
+        if o is None
+        else Operand(
+            o.name,
+            o.shape,
+            tuple(
+                () if f in dropped else a
+                for f, a in zip(expand(rule, d, len(o.shape), o.name), o.axes, strict=True)
+            ),
+        )
+        for o, d in zip(operands, rule.operands, strict=True)
+    ]
 
 
 def run_sharded(
@@ -94,13 +154,43 @@ def run_sharded(
         return fn(*arrays, **options)
     mesh, operands, explicit = placement
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
-    solution = solve(rule, operands, sizes)
+    solution = solve(rule, operands, sizes, _result_shapes(rule, fn, arrays, options))
     return _shard_mapped(rule, fn, mesh, arrays, solution, options, explicit)
+
+
+_BYPASSED: contextvars.ContextVar[bool] = contextvars.ContextVar("kernel_hub_bypass", default=False)
+
+
+@contextlib.contextmanager
+def bypassed() -> Iterator[None]:
+    """Kernels called in this block skip the boundary (run unwrapped): the negative control of
+    the sharded compile checks, showing what Mosaic does without it."""
+    token = _BYPASSED.set(True)
+    try:
+        yield
+    finally:
+        _BYPASSED.reset(token)
+
+
+def _result_shapes(rule: ShardingRule, fn, arrays, options):
+    """The results' global shapes (None: an absent result), for rules whose results may
+    broadcast; traced on unsharded stand-ins, so no kernel is placed."""
+    import jax
+
+    if not rule.broadcast_results:
+        return None
+    stand_ins = [None if a is None else jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+    out = jax.eval_shape(lambda *a: fn(*a, **options), *stand_ins)
+    out = (out,) if len(rule.results) == 1 else out
+    return [None if o is None else tuple(o.shape) for o in out]
 
 
 def find_mesh(op: str, arrays: Sequence[Any]) -> tuple[Any, bool] | None:
     """(mesh, explicit) a layer built on shard_map runs over: the ``use_mesh`` region's, else the
-    Explicit-axis mesh the arrays are sharded on; None outside any mesh or inside a shard_map."""
+    mesh the arrays are sharded on (Explicit or Auto axes); None outside any mesh or inside a
+    shard_map over every axis."""
+    if _BYPASSED.get():
+        return None
     context = current_mesh_context()
     mesh = _mesh_of([a for a in arrays if a is not None], op)
     if mesh is not None and "Manual" in _axis_kinds(mesh):
@@ -113,9 +203,9 @@ def find_mesh(op: str, arrays: Sequence[Any]) -> tuple[Any, bool] | None:
         )
     if context is not None:
         return context.mesh, "Explicit" in _axis_kinds(context.mesh)
-    if mesh is None or "Explicit" not in _axis_kinds(mesh):
+    if mesh is None:
         return None
-    return mesh, True
+    return mesh, "Explicit" in _axis_kinds(mesh)
 
 
 def shard_map_all(
@@ -176,8 +266,8 @@ def sharded(rule: RuleSource) -> Callable[[Callable[..., Any]], Callable[..., An
     """Decorator: run a kernel's JAX function through ``run_sharded`` with ``rule``.
 
     The function's first ``len(rule.operands)`` parameters are its array operands (optional ones
-    may be None); the rest are options, passed unchanged. The decorated function exposes the
-    rule as ``sharding_rule`` and the plain function as ``__wrapped__``.
+    may be None); the rest are options, passed unchanged. ``rule_of`` gives the decorated
+    function's rule, ``__wrapped__`` the plain function.
     """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -194,7 +284,7 @@ def sharded(rule: RuleSource) -> Callable[[Callable[..., Any]], Callable[..., An
             options = {k: v for k, v in arguments.items() if k not in names}
             return run_sharded(chosen, fn, names, arrays, options)
 
-        wrapper.sharding_rule = rule
+        _RULES[wrapper] = rule
         return wrapper
 
     return decorate

@@ -33,6 +33,11 @@ class MeshCase:
     forward_collectives: Mapping[str, int] = field(default_factory=dict)
     """HLO collective -> the least number of them the compiled forward holds."""
     backward_collectives: Mapping[str, int] = field(default_factory=dict)
+    auto_forward_collectives: Mapping[str, int] | None = None
+    """On an Auto mesh, where the boundary places inputs by the mesh-axis conventions
+    (``sharding.context``) and the partitioner reshards inputs whose ``specs`` differ (all-gather,
+    all-to-all); None: the same as on an Explicit mesh."""
+    auto_backward_collectives: Mapping[str, int] | None = None
     control: bool = True
-    """Compile a negative control (Auto mesh: the rule sees no sharding, Mosaic must refuse).
-    False for layers that are their own shard_map (they refuse a mesh-less call themselves)."""
+    """Compile a negative control (Auto mesh, the boundary bypassed: Mosaic must refuse). False
+    for layers that are their own shard_map (they refuse a mesh-less call themselves)."""

@@ -1,9 +1,14 @@
 """``use_mesh``: the mesh and factor -> mesh axes rules for calls made on an Auto-axis mesh.
 
 On an Explicit-axis mesh every array carries its sharding (``jax.typeof(x).sharding``), even inside
-``jit``, so kernel-hub reads it there. On an Auto-axis mesh a traced array reports no sharding, so
-the caller states it once for a region: which mesh, and which mesh axes split which rule factor
-(``batch``, ``heads``, ``...`` for the leading dimensions of row-wise ops, ...).
+``jit``, so kernel-hub reads it there. On an Auto-axis mesh a traced array reports its mesh but no
+partition spec (the partitioner decides it after tracing), so kernel-hub falls back on
+``CONVENTIONAL_AXES``: the mesh-axis names MaxText-style code gives data and tensor parallelism
+(``data``/``fsdp`` split ``batch`` and the first leading dimension, ``model``/``tp`` split
+``heads``, ``ep`` splits ``experts``). An input sharded otherwise is resharded to that placement
+by the partitioner (the collective shows in the compiled program). ``use_mesh`` states the rules
+for a region instead: which mesh, and which mesh axes split which rule factor (``batch``,
+``heads``, ``...`` for the leading dimensions of row-wise ops, ...).
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ class MeshContext:
 
     mesh: Any
     rules: Mapping[str, tuple[Axes, ...]]
+    conventional: bool = False
+    """Rules guessed from the mesh-axis names (an Auto mesh outside ``use_mesh``): a factor
+    these cannot divide stays unsplit instead of being an error."""
 
     def axes_of(self, factor: str) -> Axes:
         """Mesh axes splitting ``factor`` (``...0``, ``...1`` are the leading dimensions)."""
@@ -81,6 +89,29 @@ def use_mesh(
         yield context
     finally:
         _CURRENT.reset(token)
+
+
+CONVENTIONAL_AXES: Mapping[str, tuple[str, ...]] = {
+    "batch": ("data", "dp", "fsdp", "batch"),
+    f"{ELLIPSIS}0": ("data", "dp", "fsdp", "batch"),
+    "heads": ("model", "tp", "tensor", "mp"),
+    "kv_heads": ("model", "tp", "tensor", "mp"),
+    "experts": ("ep", "expert"),
+}
+"""Rule factor -> the mesh-axis names that split it on an Auto mesh without ``use_mesh``. A rule
+factor not listed (a sequence, a contraction, ``hidden``) stays unsplit there."""
+
+
+def conventional_context(mesh: Any) -> MeshContext:
+    """The rules ``CONVENTIONAL_AXES`` gives ``mesh``: each listed factor split over the mesh
+    axes of those names it has, in mesh order."""
+    rules = {
+        ELLIPSIS if factor.startswith(ELLIPSIS) else factor: (
+            tuple(a for a in mesh.axis_names if a in names),
+        )
+        for factor, names in CONVENTIONAL_AXES.items()
+    }
+    return MeshContext(mesh, rules, conventional=True)
 
 
 def current_mesh_context() -> MeshContext | None:

@@ -7,6 +7,8 @@ are ``Partial()`` (each rank holds a partial sum). All-
 replicate is always offered. DTensor expands these over every mesh dimension and redistributes
 inputs to the cheapest one. The backward op gets the matching strategies: gradients of operands
 that lack the split factor (replicated weights) come out ``Partial()``, summed when used.
+An operand that broadcasts the split factor (a size-1 ``factor?`` dimension, such as a
+[1, H, Sq, Sk] mask's batch) is ``Replicate()`` and its gradient ``Partial()``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .rule import ELLIPSIS, ShardingRule
 from .solve import expand
 
 Strategy = tuple[list[Any], list[Any]]
+Shape = tuple[int, ...]
 
 
 def _leading(rule: ShardingRule, ranks: Sequence[int | None]) -> int:
@@ -27,18 +30,26 @@ def _leading(rule: ShardingRule, ranks: Sequence[int | None]) -> int:
     return 0
 
 
-def _expanded(rule: ShardingRule, ranks: Sequence[int | None]):
-    """Factor names per dimension of each operand (None: absent) and of each result."""
+def _expanded(rule: ShardingRule, ranks: Sequence[int | None], shapes=None):
+    """Factor names per dimension of each operand (None: absent) and of each result. With
+    ``shapes``, an operand's size-1 broadcasting dimension is named "" (it holds no factor: the
+    operand stays whole there, and its gradient is a partial sum)."""
     operands = [
-        None if r is None else expand(rule, d, r, f"operand {i}")
+        None if r is None else list(expand(rule, d, r, f"operand {i}"))
         for i, (d, r) in enumerate(zip(rule.operands, ranks, strict=True))
     ]
+    for index, (dims, shape) in enumerate(
+        zip(operands, shapes or [None] * len(ranks), strict=True)
+    ):
+        for dim in range(len(shape or ())):
+            if shape[dim] == 1 and rule.broadcasts(False, index, dim, len(shape)):
+                dims[dim] = ""
     leading = [f"{ELLIPSIS}{i}" for i in range(_leading(rule, ranks))]
     results = [
         tuple((leading if ELLIPSIS in d else []) + [f for f in d if f != ELLIPSIS])
         for d in rule.results
     ]
-    return operands, results
+    return [None if d is None else tuple(d) for d in operands], results
 
 
 def split_factors(rule: ShardingRule, ranks: Sequence[int | None]) -> list[frozenset[str]]:
@@ -48,7 +59,7 @@ def split_factors(rule: ShardingRule, ranks: Sequence[int | None]) -> list[froze
     for dims in operands:
         for factor in dims or ():
             base = ELLIPSIS if factor.startswith(ELLIPSIS) else factor
-            if base in rule.whole:
+            if not factor or base in rule.whole:
                 continue
             group = frozenset({factor} | ({rule.partner(factor)} - {None}))
             if group not in seen:
@@ -67,11 +78,13 @@ def _place(dims: Sequence[str] | None, group: frozenset[str], otherwise: Any) ->
     return otherwise
 
 
-def forward_strategies(rule: ShardingRule, ranks: Sequence[int | None]) -> list[Strategy]:
+def forward_strategies(
+    rule: ShardingRule, ranks: Sequence[int | None], shapes: Sequence[Shape | None] | None = None
+) -> list[Strategy]:
     """(result placements, operand placements) pairs for one mesh dimension."""
     from torch.distributed.tensor import Partial, Replicate
 
-    operands, results = _expanded(rule, ranks)
+    operands, results = _expanded(rule, ranks, shapes)
     out = [([Replicate()] * len(results), [None if d is None else Replicate() for d in operands])]
     for group in split_factors(rule, ranks):
         out.append(
@@ -84,13 +97,16 @@ def forward_strategies(rule: ShardingRule, ranks: Sequence[int | None]) -> list[
 
 
 def backward_strategies(
-    rule: ShardingRule, ranks: Sequence[int | None], differentiable: Sequence[int]
+    rule: ShardingRule,
+    ranks: Sequence[int | None],
+    differentiable: Sequence[int],
+    shapes: Sequence[Shape | None] | None = None,
 ) -> list[Strategy]:
     """(gradient placements, inputs + outputs + cotangents placements) for the backward op.
     Reduced factors are not offered (their cotangents would need to be replicated anyway)."""
     from torch.distributed.tensor import Replicate
 
-    operands, results = _expanded(rule, ranks)
+    operands, results = _expanded(rule, ranks, shapes)
     everything = [*operands, *results, *results]
     replicated = [None if d is None else Replicate() for d in everything]
     out = [([Replicate()] * len(differentiable), replicated)]
@@ -112,6 +128,10 @@ def _gradient_place(dims: Sequence[str] | None, group: frozenset[str]) -> Any:
     from torch.distributed.tensor import Partial, Replicate
 
     return Replicate() if dims is None else _place(dims, group, Partial())
+
+
+def _shape(value: Any) -> Shape | None:
+    return None if value is None else tuple(value.shape)
 
 
 def _rank(value: Any) -> int | None:
@@ -140,8 +160,9 @@ def register(
         arguments = dict(zip(param_names, args, strict=False)) | kwargs
         static = {p: arguments[p] for p in static_params if p in arguments}
         ranks = [_rank(arguments.get(p)) for p in tensor_params]
+        shapes = [_shape(arguments.get(p)) for p in tensor_params]
         strategies = []
-        for results, placements in forward_strategies(rule_for(static), ranks):
+        for results, placements in forward_strategies(rule_for(static), ranks, shapes):
             by_name = dict(zip(tensor_params, placements, strict=True))
             strategies.append((results, [by_name.get(p) for p in param_names[: len(args)]]))
         return strategies
@@ -153,6 +174,7 @@ def register(
     def backward(inputs, outputs, cotangents, *static_values: Any) -> list[Strategy]:
         static = dict(zip(static_params, static_values, strict=False))
         ranks = [_rank(t) for t in inputs]
-        strategies = backward_strategies(rule_for(static), ranks, diff_index)
+        shapes = [_shape(t) for t in inputs]
+        strategies = backward_strategies(rule_for(static), ranks, diff_index, shapes)
         pad = [None] * len(static_values)
         return [(grads, [*placements, *pad]) for grads, placements in strategies]

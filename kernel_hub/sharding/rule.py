@@ -14,6 +14,11 @@ dimensions (the same count wherever it appears), each one a free factor. Each fa
 * grouped with another (``together``): both split over the same mesh axes, e.g. query heads and
   kv heads under grouped-query attention, so each shard keeps whole head groups.
 
+A dimension written ``factor?`` may instead have size 1 and broadcast (a [1, 1, Sq, Sk] mask
+against [B, H, ...] queries): an operand's size-1 dimension stays unsplit (each shard reads all of
+it), and a result's size-1 dimension (the gradient of such an operand) is summed over the axes
+that split the factor.
+
 One rule is the single source of the ``jax.shard_map`` specs (``boundary``) and the DTensor
 strategy (``dtensor``) of an op.
 """
@@ -32,14 +37,25 @@ class ShardingError(KernelHubError, ValueError):
     """Inputs sharded in a way an op's rule cannot serve; names the factor, operand and axis."""
 
 
-def _parse_side(op: str, text: str) -> tuple[tuple[str, ...], ...]:
-    side = []
-    for part in text.split(","):
+BROADCAST = "?"
+Dim = tuple[int, int]
+"""(array index, dimension index counted from the end: -1 is the last)."""
+
+
+def _parse_side(op: str, text: str) -> tuple[tuple[tuple[str, ...], ...], frozenset[Dim]]:
+    """The factor names of each array and the (array, dimension from the end) that broadcast."""
+    side, broadcast = [], set()
+    for index, part in enumerate(text.split(",")):
         names = tuple(part.split())
         if names.count(ELLIPSIS) > 1 or (ELLIPSIS in names and names[0] != ELLIPSIS):
             raise ShardingError(f"{op}: '...' may appear once, first, in {part.strip()!r}")
-        side.append(names)
-    return tuple(side)
+        broadcast |= {
+            (index, position - len(names))
+            for position, name in enumerate(names)
+            if name.endswith(BROADCAST)
+        }
+        side.append(tuple(name.removesuffix(BROADCAST) for name in names))
+    return tuple(side), frozenset(broadcast)
 
 
 @dataclass(frozen=True)
@@ -53,6 +69,8 @@ class ShardingRule:
     reduced: frozenset[str] = frozenset()
     together: tuple[tuple[str, str], ...] = ()
     handled_by: Mapping[str, str] = field(default_factory=dict)
+    broadcast_operands: frozenset[Dim] = frozenset()
+    broadcast_results: frozenset[Dim] = frozenset()
 
     @classmethod
     def parse(
@@ -69,14 +87,20 @@ class ShardingRule:
         if text.count("->") != 1:
             raise ShardingError(f"{op}: a sharding rule reads 'operands -> results', got {text!r}")
         left, right = text.split("->")
-        rule = cls(
-            op,
+        (operands, broadcast_operands), (results, broadcast_results) = (
             _parse_side(op, left),
             _parse_side(op, right),
+        )
+        rule = cls(
+            op,
+            operands,
+            results,
             frozenset(whole),
             frozenset(reduced),
             tuple(tuple(pair) for pair in together),
             dict(handled_by or {}),
+            broadcast_operands,
+            broadcast_results,
         )
         rule._validate()
         return rule
@@ -108,6 +132,19 @@ class ShardingRule:
                 return b if factor == a else a
         return None
 
+    def broadcasts(self, result: bool, index: int, dim: int, rank: int) -> bool:
+        """Whether dimension ``dim`` of a rank-``rank`` operand (or result) may broadcast."""
+        dims = self.broadcast_results if result else self.broadcast_operands
+        return (index, dim - rank) in dims
+
     def __str__(self) -> str:
-        side = lambda dims: ", ".join(" ".join(d) for d in dims)
-        return f"{side(self.operands)} -> {side(self.results)}"
+        def side(arrays, broadcast):
+            return ", ".join(
+                " ".join(
+                    f + BROADCAST * ((i, p - len(dims)) in broadcast) for p, f in enumerate(dims)
+                )
+                for i, dims in enumerate(arrays)
+            )
+
+        operands = side(self.operands, self.broadcast_operands)
+        return f"{operands} -> {side(self.results, self.broadcast_results)}"

@@ -66,27 +66,40 @@ def solve(
     rule: ShardingRule,
     operands: Sequence[Operand | None],
     mesh_sizes: Mapping[str, int],
+    result_shapes: Sequence[tuple[int, ...] | None] | None = None,
 ) -> Solution:
-    """Mesh axes for every dimension of the operands (None: absent optional) and results."""
+    """Mesh axes for every dimension of the operands (None: absent optional) and results.
+
+    ``result_shapes`` are needed only by rules with broadcasting result dimensions (``factor?``):
+    one of size 1 is unsplit and summed over its factor's axes."""
     if len(operands) != len(rule.operands):
         raise ShardingError(
             f"{rule.op}: {len(operands)} array arguments, its rule has {len(rule.operands)}"
         )
-    present = [(o, dims) for o, dims in zip(operands, rule.operands, strict=True) if o is not None]
-    expanded = [expand(rule, dims, len(o.shape), o.name) for o, dims in present]
+    present = [
+        (o, dims, i)
+        for i, (o, dims) in enumerate(zip(operands, rule.operands, strict=True))
+        if o is not None
+    ]
+    expanded = [expand(rule, dims, len(o.shape), o.name) for o, dims, _ in present]
     ellipsis_ranks = {
         sum(f.startswith(ELLIPSIS) for f in e)
-        for e, (_, d) in zip(expanded, present, strict=True)
+        for e, (_, d, _) in zip(expanded, present, strict=True)
         if ELLIPSIS in d
     }
+
+    def broadcast(index: int, operand: Operand, dim: int) -> bool:
+        rank = len(operand.shape)
+        return operand.shape[dim] == 1 and rule.broadcasts(False, index, dim, rank)
+
     if len(ellipsis_ranks) > 1:
         raise ShardingError(f"{rule.op}: the '...' dimensions differ in count between operands")
 
     factor_axes: dict[str, Axes] = {}
     seen_at: dict[str, str] = {}
-    for (operand, _), factors in zip(present, expanded, strict=True):
+    for (operand, _, index), factors in zip(present, expanded, strict=True):
         for dim, (factor, axes) in enumerate(zip(factors, operand.axes, strict=True)):
-            if not axes:
+            if not axes or broadcast(index, operand, dim):
                 continue
             base = factor if not factor.startswith(ELLIPSIS) else ELLIPSIS
             if base in rule.whole:
@@ -129,10 +142,10 @@ def solve(
             users[axis] = factor
 
     operand_axes = []
-    for (operand, _), factors in zip(present, expanded, strict=True):
+    for (operand, _, index), factors in zip(present, expanded, strict=True):
         per_dim = []
         for dim, factor in enumerate(factors):
-            axes = factor_axes.get(factor, ())
+            axes = () if broadcast(index, operand, dim) else factor_axes.get(factor, ())
             count = math.prod(mesh_sizes[a] for a in axes)
             if operand.shape[dim] % count:
                 raise ShardingError(
@@ -144,11 +157,19 @@ def solve(
 
     leading = next(iter(ellipsis_ranks), 0)
     results, reductions = [], []
-    for dims in rule.results:
+    for index, dims in enumerate(rule.results):
         names = [f"{ELLIPSIS}{i}" for i in range(leading)] if ELLIPSIS in dims else []
         names += [d for d in dims if d != ELLIPSIS]
-        results.append(tuple(factor_axes.get(f, ()) for f in names))
-        held = {rule.partner(f) for f in names} | set(names)
+        shape = result_shapes[index] if result_shapes is not None else None
+        summed = {
+            f
+            for dim, f in enumerate(names)
+            if shape is not None
+            and shape[dim] == 1
+            and rule.broadcasts(True, index, dim, len(names))
+        }
+        results.append(tuple(() if f in summed else factor_axes.get(f, ()) for f in names))
+        held = ({rule.partner(f) for f in names} | set(names)) - summed
         reductions.append(
             tuple(a for f in sorted(factor_axes) if f not in held for a in factor_axes[f])
         )

@@ -59,6 +59,8 @@ def test_oversized_block_is_reported_as_vmem_failure(kernels_with_oversized_bloc
     cells = {r["case"]: r for r in json.loads(out.read_text())["results"]}
     oversized = cells["oversized-block-8k-h4096"]
     assert oversized["status"] == "fail" and oversized["vmem_overflow"]
+    overflow = oversized["overflow"]
+    assert overflow["space"] == "VMEM" and overflow["asked"] > overflow["available"] > 0
     assert "vmem" in oversized["error"].lower()
     # the same shape with the kernel's own block choice compiles
     assert cells["prefill-8k-h4096"]["status"] == "pass"

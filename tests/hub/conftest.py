@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from kernel_hub.hub.signing import KeyPair, generate_key_pair
+from kernel_hub.registry.publisher_keys import PublisherKeys
 
 from .hub_helpers import REPO, RMSNORM, cache_dir, signed_registry
 from .hub_server import TestHub
@@ -93,11 +94,14 @@ def kernel_copy(tmp_path: Path):
 @pytest.fixture
 def publish(hub_env: TestHub, kernel_copy, keys):
     """``publish("1.1.0", repo=..., key=...)``: publish a copy of rmsnorm at that version, signed
-    by the pinned test key unless another key name (or None: unsigned) is given."""
+    by the pinned test key unless another key name (or None: unsigned) is given; ``index=True``
+    also adds it to the publisher's signed index."""
     from kernel_hub.hub.publish import publish_kernel
 
-    def run(version: str, repo: str = REPO, key: str | None = "publisher"):
+    def run(version: str, repo: str = REPO, key: str | None = "publisher", index: bool = False):
         sign_key = keys[key].private_path if key is not None else None
-        return publish_kernel(kernel_copy(version), repo, sign_key=sign_key)
+        org = repo.split("/")[0]
+        trusted = PublisherKeys(org, (keys["publisher"].public_key,)) if index else None
+        return publish_kernel(kernel_copy(version), repo, sign_key=sign_key, index=trusted)
 
     return run

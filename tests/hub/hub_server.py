@@ -7,7 +7,9 @@ module only adds what tests need to play a failing or compromised hub:
   server dies in the middle of the body (it stops listening, as a crashed process would);
 * ``tamper``: rewrite a file inside an existing commit, keeping the commit id (what a
   compromised mirror would serve);
-* ``requests``: every request seen, ``(method, path)``.
+* ``requests``: every request seen, ``(method, path)``;
+* ``lie``: a function ``(method, path, status, body, headers) -> (status, body, headers)`` that
+  rewrites every answer (a hostile hub: forged ETags, commit ids, listings, sizes).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import contextlib
 import re
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -49,6 +52,16 @@ class _FaultyHandler(HubRequestHandler):
         with self.server.harness.lock:
             self.server.harness.connections.discard(self.connection)
         super().finish()
+
+    def send(self, status, body=b"", headers=None, content_type="application/json") -> None:
+        lie = self.server.harness.lie
+        if lie is not None:
+            status, body, headers = lie(
+                self.command, urlsplit(self.path).path, status, body, dict(headers or {})
+            )
+            if self.command != "HEAD":
+                headers.pop("Content-Length", None)  # the length of the body actually sent
+        super().send(status, body, headers, content_type)
 
     def handle_request(self, seg: list[str], query: dict) -> None:
         hub: TestHub = self.server.harness
@@ -90,6 +103,7 @@ class TestHub:
         self.store = RepoStore(directory)
         self.requests: list[tuple[str, str]] = []
         self.faults: list[Fault] = []
+        self.lie: Callable[[str, str, int, bytes, dict], tuple[int, bytes, dict]] | None = None
         self.lock = threading.RLock()
         self.connections: set[socket.socket] = set()
         self._server: HubServer | None = None

@@ -91,7 +91,7 @@ def test_server_error_is_reported_with_status(publish, hub_env):
 
 def test_file_missing_on_server_is_a_clear_error_and_leaves_nothing(publish, hub_env, tmp_path):
     new = publish("1.1.0")
-    hub_env.inject_fault(Fault("HEAD", r"/resolve/.*/rmsnorm/layers\.py$", status=404))
+    hub_env.inject_fault(Fault("GET", r"/resolve/.*/rmsnorm/layers\.py$", status=404))
     with pytest.raises(HubError, match=r"op rmsnorm: downloading kernel-hub/rmsnorm v1\.1\.0"):
         get_kernel("rmsnorm", version=">=1,<2")
     repo_cache = cache_dir(tmp_path) / "kernels--kernel-hub--rmsnorm"

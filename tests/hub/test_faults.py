@@ -34,6 +34,7 @@ def assert_nothing_half_written(tmp_path, commit: str) -> None:
     assert not (snapshot / "build" / "torch-cpu").exists()
     assert not (snapshot / signature_path("torch-cpu")).exists()
     assert not [p for p in repo_cache(tmp_path).rglob("*") if p.name.endswith(".incomplete")]
+    assert not (repo_cache(tmp_path) / ".staging").exists()
 
 
 @pytest.mark.slow
@@ -42,10 +43,17 @@ def test_server_dying_mid_download(publish, hub_env, tmp_path):
     hub_env.inject_fault(Fault("GET", FILE_RE, truncate_at=100, die=True, times=1))
     with pytest.raises(HubError, match=r"op rmsnorm: downloading kernel-hub/rmsnorm v1\.1\.0"):
         get_kernel("rmsnorm", version="1.1.0")  # the client retries, then gives up
-    assert hub_env.stopped.is_set()
+    assert hub_env.stopped.wait(10)
     assert_nothing_half_written(tmp_path, new.commit)
     hub_env.start()  # the server comes back on the same port
     assert get_kernel("rmsnorm", version="1.1.0").origin.commit == new.commit
+
+
+def test_a_body_cut_short_once_is_fetched_again(publish, hub_env, tmp_path):
+    new = publish("1.1.0")
+    hub_env.inject_fault(Fault("GET", FILE_RE, truncate_at=100, times=1))
+    assert get_kernel("rmsnorm", version="1.1.0").origin.commit == new.commit
+    assert len(hub_env.downloads("rmsnorm/api.py")) == 2  # from the start, in the same staging
 
 
 def test_rate_limit_is_retried_with_backoff_by_the_hub_client(publish, hub_env):
@@ -85,22 +93,26 @@ def test_hub_errors_are_clear_and_leave_nothing(
 
 
 def test_disk_full_while_writing_the_cache(publish, hub_env, tmp_path, monkeypatch):
-    from huggingface_hub import file_download
+    from kernel_hub.hub import transfer
 
     new = publish("1.1.0")
-    real_get = file_download.http_get
+    real_stream = transfer._stream
 
-    def fill_disk(url, temp_file, **kwargs):
-        if url.endswith("rmsnorm/api.py"):
-            temp_file.write(b"half a file")
+    def fill_disk(repo, commit, path, limit, sink, where, **kwargs):
+        def write_then_fail(chunk):
+            sink(chunk[:10])  # half a file, then the disk is full
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_get(url, temp_file, **kwargs)
 
-    monkeypatch.setattr(file_download, "http_get", fill_disk)
+        full = path.endswith("rmsnorm/api.py")
+        return real_stream(
+            repo, commit, path, limit, write_then_fail if full else sink, where, **kwargs
+        )
+
+    monkeypatch.setattr(transfer, "_stream", fill_disk)
     with pytest.raises(HubError, match="No space left on device"):
         get_kernel("rmsnorm", version="1.1.0")
     assert_nothing_half_written(tmp_path, new.commit)
-    monkeypatch.setattr(file_download, "http_get", real_get)
+    monkeypatch.setattr(transfer, "_stream", real_stream)
     assert get_kernel("rmsnorm", version="1.1.0").origin.commit == new.commit
 
 

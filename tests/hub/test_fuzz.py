@@ -223,9 +223,18 @@ def signed_folder(tmp_path_factory):
 
 
 def test_fuzz_signature_baseline_verifies(signed_folder):
+    from kernel_hub.hub.signing import signature_path
+
     root, keys, _ = signed_folder
-    verify_signature(root, repo="kernel-hub/rmsnorm", version="1.0.0", variant="torch-cpu",
-                     keys=keys)  # fmt: skip
+    signature = root / signature_path("torch-cpu")
+    verified = verify_signature(
+        signature, metadata_bytes(root), repo="kernel-hub/rmsnorm", variant="torch-cpu", keys=keys
+    )
+    assert verified.version == "1.0.0"
+
+
+def metadata_bytes(root):
+    return (root / "build" / "torch-cpu" / "metadata.json").read_bytes()
 
 
 @FUZZ
@@ -239,8 +248,9 @@ def test_mutated_signatures_never_verify_and_fail_cleanly(signed_folder, data):
     original = path.read_bytes()
     try:
         path.write_text(json.dumps(doc))
-        verify_signature(root, repo="kernel-hub/rmsnorm", version="1.0.0", variant="torch-cpu",
-                         keys=keys)  # fmt: skip
+        verified = verify_signature(path, metadata_bytes(root), repo="kernel-hub/rmsnorm",
+                                    variant="torch-cpu", keys=keys)  # fmt: skip
+        assert verified.version == "1.0.0"  # the version is part of what was signed
     except KernelHubError:
         pass
     else:  # only edits that leave the signed bytes and the key id as they were may verify

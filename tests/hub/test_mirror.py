@@ -120,14 +120,26 @@ def test_every_registry_op_and_the_demo_load_verified_from_the_mirror(
         "KERNEL_HUB_KERNELS_DIR": str(tmp_path / "no-in-tree-kernels"),
     }
     demo = subprocess.run(
-        [sys.executable, "-P", "-m", "kernel_hub.cli", "demo", "--model", "mixtral", "--json"],
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "kernel_hub.cli",
+            "demo",
+            "--model",
+            "mixtral",
+            "--no-hub",
+            "--json",
+        ],
         capture_output=True,
         text=True,
         env=env,
         timeout=300,
     )
     assert demo.returncode == 0, demo.stderr[-3000:]
-    (row,) = json.loads(demo.stdout)
+    rows = json.loads(demo.stdout)
+    assert len(rows) == 1, (rows, demo.stderr[-3000:])
+    (row,) = rows
     assert row["ok"] and row["greedy_identical"], row
     assert set(row["swapped"]) == {"RMSNorm", "AttentionInterface", "ExpertsInterface"}
     snapshots = tmp_path / "demo-cache"
@@ -167,6 +179,27 @@ def test_mirror_of_a_lock_serves_it_and_takes_new_publications(
         assert mirror.tags(REPO) == {"v1.0.0": old.commit, "v1.2.0": newer.commit}
         module = get_kernel("rmsnorm", version=">=1,<2", lock=False)
         assert (str(module.manifest.version), module.origin.commit) == ("1.2.0", newer.commit)
+
+
+def test_a_publisher_index_is_mirrored_and_checked_behind_the_mirror(
+    publish, hub_env, tmp_path, monkeypatch, keys
+):
+    registry = signed_registry(tmp_path, ["rmsnorm"], [keys["publisher"].public_key])
+    data = yaml.safe_load(registry.read_text())
+    data["publishers"]["kernel-hub"]["index"] = True
+    registry.write_text(yaml.safe_dump(data, sort_keys=False))
+    publish("1.0.0", index=True)
+    new = publish("1.1.0", index=True)
+    from kernel_hub.hub.mirror import mirror_registry
+
+    mirror_registry(load_registry(), tmp_path / "mirror")
+    hub_env.stop()
+    with TestHub(tmp_path / "mirror") as mirror:
+        point_at(monkeypatch, mirror.url, tmp_path / "pod-cache")
+        assert get_kernel("rmsnorm", version=">=1,<2").origin.commit == new.commit
+        mirror.store.set_ref("kernel", REPO, "tag", "v1.1.0", None, create=False)  # frozen
+        with pytest.raises(KernelHubError, match=r"lists 1\.1\.0 as the newest"):
+            get_kernel("rmsnorm", version=">=1,<2")
 
 
 def test_mirror_blob_changed_on_disk_is_not_served(publish, hub_env, tmp_path, monkeypatch):

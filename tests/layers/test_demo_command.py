@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from kernel_hub import load_registry
 from kernel_hub.cli import main
+from kernel_hub.cli.demo_cmds import CPU_TIMING_NOTE
 from kernel_hub.errors import UnknownNameError
 from kernel_hub.models.demo import run_demo
 
@@ -30,22 +34,25 @@ def expected_swaps(model: str) -> dict[str, int]:
 
 
 def test_demo_table(capsys: pytest.CaptureFixture) -> None:
-    assert main(["demo"]) == 0
-    out = capsys.readouterr().out
+    assert main(["demo", "--no-hub"]) == 0
+    out, err = capsys.readouterr()
+    # progress on stderr as each model starts; what CPU times mean, after the table
+    assert "demo: [1/2] llama: " in err and "demo: [2/2] mixtral: " in err
+    assert out.rstrip().endswith(CPU_TIMING_NOTE)
     threads, _blank, header, _rule, *rows = out.splitlines()
     assert threads.startswith("torch threads: 1;")
-    assert header.split()[:3] == ["model", "swapped", "left"]
+    assert header.split()[:4] == ["model", "builds", "swapped", "left"]
     for row, (cls, model) in zip(
         rows, [("LlamaForCausalLM", "llama"), ("MixtralForCausalLM", "mixtral")], strict=False
     ):
         swapped = ", ".join(f"{name} x{count}" for name, count in expected_swaps(model).items())
-        assert row.startswith(f"{cls}  ") and f" {swapped} " in row, row
+        assert row.split()[:2] == [cls, "in-tree"] and f" {swapped} " in row, row
         assert row.rstrip().endswith("ok"), row
 
 
 def test_demo_json(capsys: pytest.CaptureFixture) -> None:
     threads = torch.get_num_threads()
-    assert main(["demo", "--json", "--model", "llama", "--threads", "2"]) == 0
+    assert main(["demo", "--json", "--no-hub", "--model", "llama", "--threads", "2"]) == 0
     assert torch.get_num_threads() == threads
     (row,) = json.loads(capsys.readouterr().out)
     assert row["model"] == "LlamaForCausalLM" and row["ok"] and row["torch_threads"] == 2
@@ -94,5 +101,39 @@ def test_demo_bad_thread_count(capsys: pytest.CaptureFixture) -> None:
 
 
 def test_demo_unknown_model() -> None:
-    with pytest.raises(UnknownNameError, match="Valid demo models: llama, mixtral, qwen3_moe"):
+    with pytest.raises(
+        UnknownNameError, match="Valid demo models: llama, llama4_text, mistral, mixtral, qwen3_moe"
+    ):
         run_demo(["gpt2"])
+
+
+@pytest.mark.slow
+def test_demo_runs_the_hub_round_trip_offline(tmp_path) -> None:
+    """The main job as a user runs it: a fresh process, the hub half on 127.0.0.1 only."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "KERNEL_HUB_"))}
+    env.update(HF_HOME=str(tmp_path / "hf-home"), HF_HUB_OFFLINE="0")
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "kernel_hub.cli", "demo", "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout)
+    registry = load_registry()
+    published = [b["op"] for b in result["hub_builds"]]
+    assert sorted([*published, *result["not_published"]]) == sorted(registry.ops)
+    assert "rmsnorm" in published  # the op every demo model swaps
+    for build in result["hub_builds"]:
+        assert build["repo"] == f"kernel-hub-demo/{build['op']}" and build["variant"] == "torch-cpu"
+        assert len(build["commit"]) == 40 and build["signed_by"].startswith("ed25519:")
+    rows = result["rows"]
+    assert [r["builds"] for r in rows[:2]] == ["in-tree", "in-tree"]
+    assert all(r["builds"] == "hub: " + ", ".join(published) for r in rows[2:])
+    assert len(rows) == 4 and all(r["ok"] for r in rows)
+    # kernelize asked for each published op by version range, which only a hub build satisfies:
+    # a failed fetch or verification would leave the layers alone instead
+    for in_tree, hub, model in zip(rows[:2], rows[2:], ("llama", "mixtral"), strict=True):
+        assert hub["swapped"] == in_tree["swapped"] == expected_swaps(model)

@@ -19,7 +19,7 @@ def _attention_entries(report):
 def test_module_problem_leaves_the_whole_models_attention_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    integrations = get_kernel("attention").integrations
+    integrations = get_kernel("attention").KERNEL.integration("transformers")
 
     def refuse_layer_one(module: torch.nn.Module) -> str | None:
         return "layer 1 needs a feature" if module.layer_idx == 1 else None

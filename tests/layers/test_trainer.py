@@ -8,9 +8,7 @@ import copy
 import pytest
 import torch
 from transformers import (
-    BertConfig,
     BertForMaskedLM,
-    LlamaConfig,
     LlamaForCausalLM,
     Trainer,
     TrainingArguments,
@@ -19,40 +17,24 @@ from transformers import (
 from kernel_hub import Mode, get_kernel
 from kernel_hub.errors import KernelHubError
 from kernel_hub.layers.integrations.trainer import KernelizeCallback, training_mode
+from kernel_hub.models.tiny import tiny_model
 
 STEPS = 4
 BF16_RTOL = 1e-2
 
 
 def tiny_llama():
-    torch.manual_seed(0)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=128,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    return tiny_model(LlamaForCausalLM).train()
 
 
 def tiny_bert():
-    torch.manual_seed(0)
     # No dropout: attention dropout would run torch's SDPA instead of the kernel.
-    return BertForMaskedLM(
-        BertConfig(
-            vocab_size=128,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
-            max_position_embeddings=64,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-        )
-    )
+    return tiny_model(
+        BertForMaskedLM,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    ).train()
 
 
 MODELS = {"llama": tiny_llama, "bert": tiny_bert}
@@ -117,7 +99,7 @@ def kernel_calls(monkeypatch):
 
         monkeypatch.setattr(module, name, counted)
 
-    integrations = get_kernel("attention").integrations
+    integrations = get_kernel("attention").KERNEL.integration("transformers")
     count(integrations, "attention_with_lse", "attention")
     count(integrations, "attention_with_dense_mask", "attention")
     count(get_kernel("layernorm").layers, "layer_norm_any", "layernorm")

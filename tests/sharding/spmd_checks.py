@@ -11,6 +11,7 @@ import os
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
+import importlib
 import json
 import sys
 import time
@@ -51,8 +52,11 @@ def max_err(a, b) -> float:
     """Largest |a - b| over every leaf, relative to the largest |b| of that leaf (values of
     order one read as absolute; a gradient summed over 256 columns is ~16)."""
     return max(
-        float(np.max(np.abs(np.asarray(x) - np.asarray(y))) / max(1.0, np.max(np.abs(y))))
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+        (
+            float(np.max(np.abs(np.asarray(x) - np.asarray(y))) / max(1.0, np.max(np.abs(y))))
+            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+        ),
+        default=0.0,
     )
 
 
@@ -69,6 +73,8 @@ def with_grads(fn, args, diff):
         )
 
     out = fn(*args)
+    if not diff:  # a forward-only op
+        return out, ()
     grads = jax.grad(loss, argnums=tuple(range(len(diff))))(*(args[i] for i in diff))
     return out, grads
 
@@ -81,10 +87,10 @@ def compare(name, fn, args, specs, m, diff, expect_out):
     jitted = jax.jit(lambda *a: with_grads(fn, a, diff))
     out, grads = jitted(*placed)
     out_specs = [tuple(o.sharding.spec) for o in jax.tree.leaves(out)]
-    expect = [tuple(s) for s in expect_out]
+    expect = [tuple(s) for s in expect_out or ()]
     pad = lambda s, n: s + (None,) * (n - len(s))
     outs = jax.tree.leaves(out)
-    specs_ok = all(
+    specs_ok = expect_out is None or all(
         pad(a, o.ndim) == pad(e, o.ndim) for a, e, o in zip(out_specs, expect, outs, strict=True)
     )
     jaxpr = str(jax.make_jaxpr(lambda *a: fn(*a))(*placed))
@@ -200,6 +206,106 @@ def rmsnorm_use_mesh_auto():
     }
 
 
+# --- Auto meshes: plain jit, no use_mesh --------------------------------------------------------
+# The traced arrays carry the mesh but no spec; the boundary places them by the mesh-axis
+# conventions (data: batch/rows, model: heads) and the partitioner reshards the rest. Output
+# shardings are the partitioner's choice, so only values and the shard_map are checked.
+
+
+def auto_compare(name, fn, args, specs, diff):
+    m = mesh((2, 4), ("data", "model"), AxisType.Auto)
+    return compare(name, fn, args, specs, m, diff, None)
+
+
+@check
+def auto_rmsnorm():
+    x, w = rand(20, (8, 4, 128)), 1 + 0.1 * rand(21, (128,))
+    return auto_compare(
+        "Auto mesh: rmsnorm rows over data x model",
+        rmsnorm_fn(),
+        [x, w],
+        [P("data", "model"), P()],
+        (0, 1),
+    )
+
+
+@check
+def auto_layernorm():
+    ln = get_kernel("layer_norm").jax
+    x, w, b = rand(22, (8, 4, 128)), 1 + 0.1 * rand(23, (128,)), 0.1 * rand(24, (128,))
+    checks = [
+        auto_compare(
+            "Auto mesh: layer_norm weight+bias",
+            lambda x, w, b: ln.layer_norm(x, w, b, implementation="pallas"),
+            [x, w, b],
+            [P("data"), P(), P()],
+            (0, 1, 2),
+        ),
+        auto_compare(
+            "Auto mesh: layer_norm no bias",
+            lambda x, w: ln.layer_norm_no_bias(x, w, implementation="pallas"),
+            [x, w],
+            [P(None, "model"), P()],
+            (0, 1),
+        ),
+        auto_compare(
+            "Auto mesh: layer_norm no affine",
+            lambda x: ln.layer_norm_no_affine(x, implementation="pallas"),
+            [x],
+            [P("data", "model")],
+            (0,),
+        ),
+    ]
+    return {
+        "name": "Auto mesh: layer_norm (3 forms)",
+        "ok": all(c["ok"] for c in checks),
+        "checks": checks,
+    }
+
+
+@check
+def auto_attention():
+    plain, _ = attention_fns()
+    spec = P("data", "model")
+    return auto_compare(
+        "Auto mesh: attention GQA 8/4 batch x heads",
+        plain,
+        list(qkv(2, 8, 4)),
+        [spec] * 3,
+        (0, 1, 2),
+    )
+
+
+@check
+def auto_ragged_and_paged():
+    api = get_kernel("ragged_attention").jax
+    q, k, v = rand(30, (64, 8, 32)), rand(31, (64, 4, 32)), rand(32, (64, 4, 32))
+    cu = jnp.array([0, 10, 40, 64], jnp.int32)
+    heads = P(None, "model")
+    ragged = auto_compare(
+        "Auto mesh: ragged attention heads over model",
+        lambda q, k, v, a, b: api.ragged_attention(q, k, v, a, b, implementation="pallas"),
+        [q, k, v, cu, cu],
+        [heads, heads, heads, P(), P()],
+        (),
+    )
+    pages_k, pages_v = rand(33, (16, 8, 4, 32)), rand(34, (16, 8, 4, 32))
+    table = jnp.arange(16, dtype=jnp.int32).reshape(4, 4)[::-1]
+    lens = jnp.array([5, 32, 17, 1], jnp.int32)
+    paged = auto_compare(
+        "Auto mesh: paged decode heads over model, sequences over data",
+        lambda q, kp, vp, t, n: api.paged_attention(q, kp, vp, t, n, implementation="pallas"),
+        [rand(35, (4, 8, 32)), pages_k, pages_v, table, lens],
+        [P("data", "model"), P(None, None, "model"), P(None, None, "model"), P(), P()],
+        (),
+    )
+    return {
+        "name": "Auto mesh: ragged + paged",
+        "ok": ragged["ok"] and paged["ok"],
+        "checks": [ragged, paged],
+    }
+
+
 # --- attention ----------------------------------------------------------------------------------
 
 
@@ -281,6 +387,79 @@ def attention_backward_sinks_batch_split_2x4():
         "ok": err <= GRAD_TOL,
         "grad_err": err,
     }
+
+
+def dense_mask_case(mask_shape, bias_shape):
+    """GQA 8/4 with key padding, a [B|1, H|1, S, S] boolean mask and an additive bias."""
+    q, k, v = qkv(2, 8, 4)
+    keep = jnp.arange(64) < jnp.array([48, 64])[:, None]  # batch 0 pads its last 16 keys
+    mask = jnp.broadcast_to(keep[:, None, None, :], (2, 8, 64, 64))
+    mask = mask[: mask_shape[0], : mask_shape[1]]
+    bias = 0.5 * rand(15, bias_shape)
+    return q, k, v, mask, 3.0 * rand(13, (8,)), bias
+
+
+def dense_specs(mask_shape, bias_shape):
+    spec = P("data", "model")
+    split = lambda shape: P(
+        *[a if n > 1 else None for a, n in zip(("data", "model"), shape[:2], strict=True)]
+    )
+    return [spec, spec, spec, split(mask_shape), P("model"), split(bias_shape)]
+
+
+@check
+def dense_mask_fwd_bwd():
+    """Dense-mask attention, forward (out, lse) and gradients through it, and the backward entry
+    point (the torch backward op's): batch over data, heads over model, the bias broadcast over
+    batch ([1, H, ...]: its gradient summed over data) or heads ([B, 1, ...]: over model); on an
+    Explicit mesh and on an Auto mesh under plain jit."""
+    dense_mask = importlib.import_module(get_kernel("attention").__name__ + ".dense_mask")
+
+    fwd = lambda q, k, v, m, s, b: dense_mask.attention_with_dense_mask(
+        q, k, v, m, s, b, implementation="pallas"
+    )
+    results = []
+    cases = (
+        ((2, 1), (1, 8, 64, 64), AxisType.Explicit),
+        ((1, 1), (2, 1, 64, 64), AxisType.Auto),
+    )
+    for mask_shape, bias_shape, kind in cases:
+        args = list(dense_mask_case(mask_shape, bias_shape))
+        m = mesh((2, 4), ("data", "model"), kind)
+        specs = dense_specs(mask_shape, bias_shape)
+        results.append(
+            compare(
+                f"dense mask {mask_shape} bias {bias_shape[:2]} {kind}",
+                fwd,
+                args,
+                specs,
+                m,
+                (0, 1, 2, 4, 5),
+                None,
+            )
+        )
+        out, lse = fwd(*args)
+        cot = [rand(16, out.shape), rand(17, lse.shape)]
+        backward = lambda *a: dense_mask.attention_with_dense_mask_backward(
+            *a, implementation="pallas"
+        )
+        full = [*args, out, lse, *cot]
+        expected = backward(*full)
+        spec = P("data", "model")
+        placed = [
+            put(m, np.asarray(a), sp)
+            for a, sp in zip(full, [*specs, spec, spec, spec, spec], strict=True)
+        ]
+        got = jax.jit(backward)(*placed)
+        err = max_err(got, expected)
+        results.append(
+            {
+                "name": f"backward entry {mask_shape} {bias_shape[:2]} {kind}",
+                "ok": err <= GRAD_TOL,
+                "grad_err": err,
+            }
+        )
+    return {"name": "dense-mask attention", "ok": all(r["ok"] for r in results), "checks": results}
 
 
 @check
@@ -558,6 +737,59 @@ def ring_causal_gqa_4():
         (0, 1, 2),
         [spec, spec],
     )
+
+
+def zigzag_case(shards, *, softcap=None, segments=False, kind=AxisType.Explicit):
+    """A zig-zag causal ring vs unsharded attention. Both take the sequence in zig-zag order
+    (sharded over cp for the ring); the reference undoes the order, attends, and redoes it."""
+    ring = get_kernel("dot_product_attention").ring
+    api = get_kernel("dot_product_attention").jax
+    seq = 32 * shards
+    order = ring.zigzag_order(seq, shards)
+    undo = np.argsort(order)
+    q, k, v = qkv(1, 4, 2, seq=seq)
+    ids = (jnp.arange(seq) >= seq // 3).astype(jnp.int32)[None] + (jnp.arange(seq) >= seq // 2)
+    options = dict(causal=True, softcap=softcap)
+
+    def sharded(q, k, v, ids):
+        seg = (ids, ids) if segments else ()
+        return ring.ring_attention_with_lse(
+            q, k, v, *seg, layout="zigzag", implementation="pallas", **options
+        )
+
+    def reference(q, k, v, ids):
+        q, k, v, ids = q[:, :, undo], k[:, :, undo], v[:, :, undo], ids[:, undo]
+        seg = (ids, ids) if segments else (None, None)
+        out, lse = api.dot_product_attention_with_lse(
+            q, k, v, None, *seg, implementation="xla", **options
+        )
+        return out[:, :, order], lse[:, :, order]
+
+    m = jax.sharding.Mesh(np.array(jax.devices()[:shards]), ("cp",), axis_types=(kind,))
+    label = f"zig-zag ring, {shards} shards, causal{', softcap' if softcap else ''}"
+    label += ", segments" if segments else ""
+    spec = P(None, None, "cp")
+    args = [q[:, :, order], k[:, :, order], v[:, :, order], ids[:, order]]
+    expect = [spec, spec] if kind == AxisType.Explicit else [(), ()]
+    return compare_to_reference(
+        f"{label}, {kind}",
+        sharded,
+        reference,
+        args,
+        [spec] * 3 + [P(None, "cp")],
+        m,
+        (0, 1, 2),
+        expect,
+    )
+
+
+@check
+def ring_zigzag_4_and_8():
+    checks = [
+        zigzag_case(4),
+        zigzag_case(8, softcap=20.0, segments=True, kind=AxisType.Auto),
+    ]
+    return {"name": "zig-zag ring attention", "ok": all(c["ok"] for c in checks), "checks": checks}
 
 
 @check

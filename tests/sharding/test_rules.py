@@ -114,3 +114,52 @@ def test_dtensor_backward_gives_partial_weight_gradients() -> None:
     matmul = backward_strategies(MATMUL, [2, 2], differentiable=[0, 1])
     assert ([Shard(0), Partial()], [Shard(0), Replicate(), Shard(0), Shard(0)]) in matmul
     assert all(inputs[0] != Shard(1) for _, inputs in matmul)  # the reduced k is not offered
+
+
+MASKED = ShardingRule.parse(
+    "masked", "b h s, b? h? s, b? h? s -> b h s, b? h? s", whole=("s",)
+)  # q, mask, bias -> out, d_bias
+
+
+def test_broadcast_dimension_stays_whole_and_its_gradient_is_summed() -> None:
+    q = Operand("q", (4, 8, 16), (("data",), ("model",), ()))
+    mask = Operand("mask", (1, 8, 16), ((), (), ()))
+    bias = Operand("bias", (4, 1, 16), ((), (), ()))
+    solution = solve(MASKED, [q, mask, bias], SIZES, [(4, 8, 16), (4, 1, 16)])
+    assert solution.operands[1:] == (((), ("model",), ()), (("data",), (), ()))
+    assert solution.results[1] == (("data",), (), ())
+    assert solution.result_reductions == ((), ("model",))  # d_bias summed over the heads' axis
+    full = solve(MASKED, [q, mask, Operand("bias", (4, 8, 16), ((), (), ()))], SIZES, None)
+    assert full.results[1] == (("data",), ("model",), ()) and full.result_reductions == ((), ())
+    assert str(MASKED) == "b h s, b? h? s, b? h? s -> b h s, b? h? s"
+
+
+def test_dtensor_replicates_a_broadcast_operand_and_sums_its_gradient() -> None:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    shapes = [(4, 8, 16), (1, 8, 16), (4, 8, 16)]  # the mask broadcasts over b
+    strategies = forward_strategies(MASKED, [3, 3, 3], shapes)
+    assert ([Shard(0), Shard(0)], [Shard(0), Replicate(), Shard(0)]) in strategies
+    assert ([Shard(1), Shard(1)], [Shard(1), Shard(1), Shard(1)]) in strategies
+    backward = backward_strategies(MASKED, [3, 3, 3], [0, 1, 2], shapes)
+    grads = [g for g, inputs in backward if inputs[0] == Shard(0)]
+    assert grads == [[Shard(0), Partial(), Shard(0)]]  # the mask's gradient: a partial sum
+
+
+def test_conventional_placement_on_auto_meshes() -> None:
+    """Auto meshes under plain jit: factors placed by the mesh-axis names; a placement a
+    dimension cannot divide is dropped with its grouped partner (a guess, not a request)."""
+    from types import SimpleNamespace
+
+    from kernel_hub.sharding.boundary import _divisible
+    from kernel_hub.sharding.context import conventional_context
+
+    mesh = SimpleNamespace(axis_names=("data", "model", "cp"), axis_sizes=(2, 4, 2))
+    context = conventional_context(mesh)
+    assert context.axes_of("batch") == ("data",) and context.axes_of("...0") == ("data",)
+    assert context.axes_of("heads") == context.axes_of("kv_heads") == ("model",)
+    assert context.axes_of("...1") == () and context.axes_of("q_len") == ()
+    q = Operand("q", (2, 8, 64, 32), (("data",), ("model",), (), ()))
+    narrow_k = Operand("k", (2, 2, 64, 32), (("data",), ("model",), (), ()))
+    placed = _divisible(GQA, [q, narrow_k], mesh)
+    assert [o.axes[:2] for o in placed] == [(("data",), ()), (("data",), ())]

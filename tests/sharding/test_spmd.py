@@ -20,7 +20,7 @@ SCRIPT = Path(__file__).with_name("spmd_checks.py")
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict]:
-    return run_checks([sys.executable, "-P"], SCRIPT)
+    return run_checks([sys.executable, "-P"], SCRIPT, timeout=1800)  # ~10 min on 2 busy cores
 
 
 @pytest.mark.slow

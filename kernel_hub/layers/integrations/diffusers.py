@@ -103,6 +103,7 @@ class _Backend:
         # The kernel's ops have backward ops and trace into one torch.compile graph.
         self.has_backward = True
         self.can_torch_compile = True
+        self.module_problem = None  # each processor is judged by the interface instead
         # One key per loaded kernel build (its module name is unique to the build).
         self.key = _backend_key(f"{BACKEND_PREFIX}:{kernel.__name__}")
 

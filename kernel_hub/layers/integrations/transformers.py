@@ -233,6 +233,13 @@ class ModelInterface:
         lambda model, modules: None
     )
     """Why the model (with its dispatching modules) must keep its stock implementation."""
+    training_problem: Callable[[torch.nn.Module, list[tuple[str, torch.nn.Module]]], str | None] = (
+        lambda model, modules: None
+    )
+    """The same, for training mode only (a gradient the implementation would not give)."""
+    inference_op: str | None = None
+    """Registry op used instead of ``op`` when kernelizing for inference (a forward-only kernel
+    serving the same interface)."""
 
     def dispatches(self, module: torch.nn.Module) -> bool:
         return _forward_reads(type(module), self.dispatch_name)
@@ -320,6 +327,49 @@ def _sdpa_convention_problem(
     )
 
 
+def _legacy_mask_problem(model: torch.nn.Module) -> str | None:
+    """A model that builds its own BERT-era extended mask (``get_extended_attention_mask`` or an
+    ``extended_attention_mask`` local: a broadcastable [B, 1, 1, S] additive mask, LayoutLM) hands
+    attention that mask instead of one from ``AttentionMaskInterface``, in a layout the attention
+    kernel does not take."""
+    for module in model.modules():
+        fn = type(module).forward
+        while fn is not None:
+            code = getattr(fn, "__code__", None)
+            if code is not None and (
+                "extended_attention_mask" in code.co_varnames
+                or "get_extended_attention_mask" in code.co_names
+            ):
+                return (
+                    f"{type(module).__name__} builds its own broadcastable [B, 1, 1, S] attention "
+                    "mask (extended_attention_mask) instead of asking AttentionMaskInterface, and "
+                    "the attention kernel takes only the masks the interface builds"
+                )
+            fn = getattr(fn, "__wrapped__", None)
+    return None
+
+
+def _attention_model_problem(
+    model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
+) -> str | None:
+    return _sdpa_convention_problem(model, modules) or _legacy_mask_problem(model)
+
+
+def _parameter_mask_problem(
+    model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
+) -> str | None:
+    """Training: an attention layer that computes its mask from parameters (Doge's dynamic mask
+    attention, ``prepare_dynamic_mask`` over ``A`` and ``dt_proj``) needs the mask's gradient,
+    which the attention kernel does not return."""
+    name = next((n for n, m in modules if _forward_reads(type(m), "prepare_dynamic_mask")), None)
+    if name is None:
+        return None
+    return (
+        f"{name} computes its attention mask from parameters (prepare_dynamic_mask); the "
+        "attention kernel gives the mask no gradient, so training would not update them"
+    )
+
+
 def _experts_problem(name: str) -> str | None:
     if name not in ExpertsInterface():
         return f"is not registered with ExpertsInterface ({name!r})"
@@ -334,7 +384,8 @@ ATTENTION_INTERFACE = ModelInterface(
     config_attribute="_attn_implementation",
     setter="set_attn_implementation",
     registered=_attention_problem,
-    model_problem=_sdpa_convention_problem,
+    model_problem=_attention_model_problem,
+    training_problem=_parameter_mask_problem,
 )
 
 MODEL_INTERFACES = (
@@ -343,6 +394,7 @@ MODEL_INTERFACES = (
         name="ExpertsInterface",
         kind="experts",
         op="moe-gemm",
+        inference_op="fused-moe",
         dispatch_name="experts_interface",
         config_attribute="_experts_implementation",
         setter="set_experts_implementation",

@@ -2,8 +2,9 @@
 
 Exports the torch ops (``dot_product_attention``, ``attention_with_lse``,
 ``attention_with_dense_mask``), ``jax`` (the JAX API), ``ring`` (context-parallel ring attention)
-and, through ``KERNEL``, the Transformers AttentionInterface adapter (imported on first use
-because it imports transformers).
+and, through ``KERNEL``, the Transformers AttentionInterface adapter (``integrations``, with the
+AttentionMaskInterface entry of ``transformers_masks``; imported on first use because they import
+transformers).
 """
 
 from kernel_hub.kernel_api import KernelDeclaration, submodule_loader

@@ -26,7 +26,7 @@ from kernel_hub.kernel_api import (
 
 from . import masking, pallas_tpu, reference, sharding
 from . import tokamax as tokamax_impl
-from .masking import AttentionSpec
+from .masking import AttentionSpec, TokenMask
 
 OP = "dot_product_attention"
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -48,6 +48,10 @@ def check_inputs(
     q_segment_ids=None,
     kv_segment_ids=None,
     sinks=None,
+    q_positions=None,
+    kv_positions=None,
+    q_groups=None,
+    kv_groups=None,
     *,
     sliding_window=None,
     softcap=None,
@@ -91,15 +95,21 @@ def check_inputs(
     if kv_mask is not None:
         _check_shape("kv_mask", kv_mask, (batch, kv_len), "[batch, kv_len], True = attend")
         check_dtype(OP, "kv_mask", kv_mask, ("bool",))
-    require(
-        (q_segment_ids is None) == (kv_segment_ids is None),
-        f"{OP}: pass both q_segment_ids and kv_segment_ids, or neither",
+    pairs = (
+        ("segment_ids", q_segment_ids, kv_segment_ids),
+        ("positions", q_positions, kv_positions),
+        ("groups", q_groups, kv_groups),
     )
-    if q_segment_ids is not None:
-        _check_shape("q_segment_ids", q_segment_ids, (batch, q_len), "[batch, q_len]")
-        _check_shape("kv_segment_ids", kv_segment_ids, (batch, kv_len), "[batch, kv_len]")
-        check_dtype(OP, "q_segment_ids", q_segment_ids, INT_DTYPES)
-        check_dtype(OP, "kv_segment_ids", kv_segment_ids, INT_DTYPES)
+    for name, q_values, kv_values in pairs:
+        require(
+            (q_values is None) == (kv_values is None),
+            f"{OP}: pass both q_{name} and kv_{name}, or neither",
+        )
+        if q_values is not None:
+            _check_shape(f"q_{name}", q_values, (batch, q_len), "[batch, q_len]")
+            _check_shape(f"kv_{name}", kv_values, (batch, kv_len), "[batch, kv_len]")
+            check_dtype(OP, f"q_{name}", q_values, INT_DTYPES)
+            check_dtype(OP, f"kv_{name}", kv_values, INT_DTYPES)
     if sinks is not None:
         _check_shape("sinks", sinks, (q_heads,), "one logit per query head")
         check_dtype(OP, "sinks", sinks, FLOAT_DTYPES)
@@ -118,19 +128,22 @@ def check_inputs(
         require(math.isfinite(scale), f"{OP}: scale={scale!r}; it must be finite or None")
 
 
-def make_spec(head_dim: int, causal: bool, sliding_window, softcap, scale) -> AttentionSpec:
+def make_spec(
+    head_dim: int, causal: bool, sliding_window, softcap, scale, window_bounds_groups=False
+) -> AttentionSpec:
     """Static options with the default scale 1/sqrt(head_dim) filled in."""
     return AttentionSpec(
         causal=bool(causal),
         sliding_window=sliding_window,
         softcap=None if softcap is None else float(softcap),
         scale=float(head_dim**-0.5 if scale is None else scale),
+        window_bounds_groups=bool(window_bounds_groups),
     )
 
 
 # --------------------------------------------------------------------------------------------
 # Implementations:
-# fn(q, k, v, q_segment_ids, kv_segment_ids, sinks, *, spec, block_q, block_k, with_lse)
+# fn(q, k, v, tokens: TokenMask | None, sinks, *, spec, block_q, block_k, with_lse)
 
 
 def _interpret() -> bool:
@@ -150,17 +163,13 @@ def _kernel_blocks(q, k, v, block_q, block_k) -> pallas_tpu.KernelBlocks:
     return pallas_tpu.KernelBlocks(override(defaults.forward), override(defaults.backward))
 
 
-def _pallas(q, k, v, q_segment_ids, kv_segment_ids, sinks, *, spec, block_q, block_k, with_lse):
+def _pallas(q, k, v, tokens, sinks, *, spec, block_q, block_k, with_lse):
     blocks = _kernel_blocks(q, k, v, block_q, block_k)
-    out, lse = pallas_tpu.attention(
-        q, k, v, q_segment_ids, kv_segment_ids, sinks, spec, blocks, _interpret()
-    )
+    out, lse = pallas_tpu.attention(q, k, v, tokens, sinks, spec, blocks, _interpret())
     return (out, lse) if with_lse else out
 
 
-def _pallas_problem(
-    q, k, v, q_segment_ids, kv_segment_ids, sinks, *, spec, block_q, block_k, with_lse
-):
+def _pallas_problem(q, k, v, tokens, sinks, *, spec, block_q, block_k, with_lse):
     if q.dtype == jnp.float64 and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
     if block_q is None and block_k is None:
@@ -169,13 +178,14 @@ def _pallas_problem(
     return pallas_tpu.blocks_problem(q.shape, k.shape, q.dtype, blocks, interpret=_interpret())
 
 
-def _tokamax(q, k, v, q_segment_ids, kv_segment_ids, sinks, *, spec, block_q, block_k, with_lse):
-    return tokamax_impl.attention(q, k, v, q_segment_ids, kv_segment_ids, spec)
+def _tokamax(q, k, v, tokens, sinks, *, spec, block_q, block_k, with_lse):
+    ids = (None, None) if tokens is None else (tokens.q_segment_ids, tokens.kv_segment_ids)
+    return tokamax_impl.attention(q, k, v, *ids, spec)
 
 
-def _tokamax_problem(
-    q, k, v, q_segment_ids, kv_segment_ids, sinks, *, spec, block_q, block_k, with_lse
-):
+def _tokamax_problem(q, k, v, tokens, sinks, *, spec, block_q, block_k, with_lse):
+    if tokens is not None and (tokens.has_positions or tokens.has_groups):
+        return "Tokamax's public dot_product_attention takes no per-token positions or groups"
     if with_lse:
         return "Tokamax's public dot_product_attention returns no logsumexp"
     if sinks is not None:
@@ -201,8 +211,8 @@ def _tokamax_problem(
     return None
 
 
-def _xla(q, k, v, q_segment_ids, kv_segment_ids, sinks, *, spec, block_q, block_k, with_lse):
-    out, lse = reference.attention(q, k, v, q_segment_ids, kv_segment_ids, spec, sinks=sinks)
+def _xla(q, k, v, tokens, sinks, *, spec, block_q, block_k, with_lse):
+    out, lse = reference.attention(q, k, v, tokens, spec, sinks=sinks)
     return (out, lse) if with_lse else out
 
 
@@ -221,14 +231,23 @@ TABLE = ImplementationTable(
 )
 
 
-def _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids):
-    """Key padding folded into int32 segment ids (see ``masking.merge_key_padding``)."""
-    if q_segment_ids is not None:
-        q_segment_ids = jnp.asarray(q_segment_ids, jnp.int32)
-        kv_segment_ids = jnp.asarray(kv_segment_ids, jnp.int32)
-    return masking.merge_key_padding(
-        query.shape[2], key.shape[2], query.shape[0], kv_mask, q_segment_ids, kv_segment_ids
+def _int32(x):
+    return None if x is None else jnp.asarray(x, jnp.int32)
+
+
+def _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids, *token_arrays):
+    """The per-token arrays as a ``TokenMask`` (None when there are none), key padding folded
+    into int32 segment ids (see ``masking.merge_key_padding``)."""
+    ids = masking.merge_key_padding(
+        query.shape[2],
+        key.shape[2],
+        query.shape[0],
+        kv_mask,
+        _int32(q_segment_ids),
+        _int32(kv_segment_ids),
     )
+    tokens = TokenMask(*ids, *(_int32(x) for x in token_arrays))
+    return None if tokens.empty else tokens
 
 
 def _call(
@@ -239,11 +258,13 @@ def _call(
     q_segment_ids,
     kv_segment_ids,
     sinks,
+    token_arrays,
     *,
     causal,
     sliding_window,
     softcap,
     scale,
+    window_bounds_groups,
     implementation,
     block_q,
     block_k,
@@ -257,18 +278,18 @@ def _call(
         q_segment_ids,
         kv_segment_ids,
         sinks,
+        *token_arrays,
         sliding_window=sliding_window,
         softcap=softcap,
         scale=scale,
     )
-    spec = make_spec(query.shape[-1], causal, sliding_window, softcap, scale)
-    q_ids, kv_ids = _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids)
+    spec = make_spec(query.shape[-1], causal, sliding_window, softcap, scale, window_bounds_groups)
+    tokens = _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids, *token_arrays)
     return TABLE(
         query,
         key,
         value,
-        q_ids,
-        kv_ids,
+        tokens,
         sinks,
         spec=spec,
         block_q=block_q,
@@ -287,11 +308,16 @@ def dot_product_attention(
     q_segment_ids: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
     sinks: jax.Array | None = None,
+    q_positions: jax.Array | None = None,
+    kv_positions: jax.Array | None = None,
+    q_groups: jax.Array | None = None,
+    kv_groups: jax.Array | None = None,
     *,
     causal: bool = False,
     sliding_window: int | None = None,
     softcap: float | None = None,
     scale: float | None = None,
+    window_bounds_groups: bool = False,
     implementation: str | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
@@ -303,7 +329,11 @@ def dot_product_attention(
     to the end of the keys (KV-cache decode). ``kv_mask`` [B, Sk] marks keys to attend;
     ``q_segment_ids`` [B, Sq] / ``kv_segment_ids`` [B, Sk] restrict attention to equal ids
     (packed sequences). ``sinks`` [Hq] adds one learnable logit per head to every softmax
-    denominator (attention sinks, e.g. GPT-OSS), differentiable. ``sliding_window`` w keeps keys
+    denominator (attention sinks, e.g. GPT-OSS), differentiable. ``q_positions`` [B, Sq] /
+    ``kv_positions`` [B, Sk] replace the end-aligned indices in the causal/window rule (a cache
+    prefilled at an offset); ``q_groups`` / ``kv_groups`` let tokens of one group >= 0 see each
+    other whatever the rule (bidirectional image tokens; ``window_bounds_groups`` keeps the
+    window on them too); see ``masking``. ``sliding_window`` w keeps keys
     with 0 <= position - key < w (|..| < w when not causal); ``softcap`` c maps scores s to
     c * tanh(s / c); ``scale`` defaults to 1/sqrt(D). Rows with no visible key give zeros.
     ``implementation`` forces "pallas", "tokamax" or "xla"; ``block_q``/``block_k`` override the
@@ -317,10 +347,12 @@ def dot_product_attention(
         q_segment_ids,
         kv_segment_ids,
         sinks,
+        (q_positions, kv_positions, q_groups, kv_groups),
         causal=causal,
         sliding_window=sliding_window,
         softcap=softcap,
         scale=scale,
+        window_bounds_groups=window_bounds_groups,
         implementation=implementation,
         block_q=block_q,
         block_k=block_k,
@@ -337,11 +369,16 @@ def dot_product_attention_with_lse(
     q_segment_ids: jax.Array | None = None,
     kv_segment_ids: jax.Array | None = None,
     sinks: jax.Array | None = None,
+    q_positions: jax.Array | None = None,
+    kv_positions: jax.Array | None = None,
+    q_groups: jax.Array | None = None,
+    kv_groups: jax.Array | None = None,
     *,
     causal: bool = False,
     sliding_window: int | None = None,
     softcap: float | None = None,
     scale: float | None = None,
+    window_bounds_groups: bool = False,
     implementation: str | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
@@ -356,10 +393,12 @@ def dot_product_attention_with_lse(
         q_segment_ids,
         kv_segment_ids,
         sinks,
+        (q_positions, kv_positions, q_groups, kv_groups),
         causal=causal,
         sliding_window=sliding_window,
         softcap=softcap,
         scale=scale,
+        window_bounds_groups=window_bounds_groups,
         implementation=implementation,
         block_q=block_q,
         block_k=block_k,
@@ -376,6 +415,10 @@ def attention_backward(
     q_segment_ids,
     kv_segment_ids,
     sinks,
+    q_positions,
+    kv_positions,
+    q_groups,
+    kv_groups,
     out,
     lse,
     d_out,
@@ -385,6 +428,7 @@ def attention_backward(
     sliding_window: int | None = None,
     softcap: float | None = None,
     scale: float | None = None,
+    window_bounds_groups: bool = False,
     implementation: str | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
@@ -395,11 +439,21 @@ def attention_backward(
     The Pallas implementation reuses ``out`` and ``lse`` (no forward recompute); the others
     differentiate their forward.
     """
-    spec = make_spec(query.shape[-1], causal, sliding_window, softcap, scale)
-    q_ids, kv_ids = _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids)
+    spec = make_spec(query.shape[-1], causal, sliding_window, softcap, scale, window_bounds_groups)
+    tokens = _prepare(
+        query,
+        key,
+        kv_mask,
+        q_segment_ids,
+        kv_segment_ids,
+        q_positions,
+        kv_positions,
+        q_groups,
+        kv_groups,
+    )
     options = dict(spec=spec, block_q=block_q, block_k=block_k, with_lse=True)
     chosen = TABLE.select(
-        query, key, value, q_ids, kv_ids, sinks, implementation=implementation, **options
+        query, key, value, tokens, sinks, implementation=implementation, **options
     )
     if chosen.name == "pallas":
         blocks = _kernel_blocks(query, key, value, block_q, block_k)
@@ -407,8 +461,7 @@ def attention_backward(
             query,
             key,
             value,
-            q_ids,
-            kv_ids,
+            tokens,
             sinks,
             out,
             lse,
@@ -420,7 +473,7 @@ def attention_backward(
         )
 
     def forward(q, k, v, s):
-        return chosen.fn(q, k, v, q_ids, kv_ids, s, **options)
+        return chosen.fn(q, k, v, tokens, s, **options)
 
     _, pullback = jax.vjp(forward, query, key, value, sinks)
     return pullback((d_out, d_lse))

@@ -198,6 +198,35 @@ PRODUCTION_CASES = [
 
 CASES = [case(*shape) for shape in SHAPES]
 
+MEMORY_MASKS = ("unpadded", "padded", "image-prefix")
+"""Masks of ``mask_memory_case``: none; key padding; Gemma-3-style image groups + key padding."""
+
+
+def mask_memory_case(mask: str, batch: int, length: int) -> KernelCase:
+    """Llama-3-8B heads (32/8, D 128, bf16), causal, under one of ``MEMORY_MASKS`` (abstract
+    arguments: what a padded batch and an image-token prefix hand the kernel, O(S) each). Compiled
+    deviceless to compare temporary HBM (``benchmarks/attention_mask_memory.py``, tests)."""
+    struct = jax.ShapeDtypeStruct
+    q = struct((batch, 32, length, 128), jnp.bfloat16)
+    kv = struct((batch, 8, length, 128), jnp.bfloat16)
+    per_token = {
+        "unpadded": (),
+        "padded": (struct((batch, length), jnp.bool_),),
+        "image-prefix": (
+            struct((batch, length), jnp.bool_),  # kv_mask
+            *(None,) * 5,  # segment ids, sinks, positions
+            struct((batch, length), jnp.int32),  # q_groups
+            struct((batch, length), jnp.int32),  # kv_groups
+        ),
+    }[mask]
+    return KernelCase(
+        name=f"{mask}-b{batch}-s{length}",
+        fn=dot_product_attention_with_lse,
+        args=(q, kv, kv, *per_token),
+        kwargs={"causal": True},
+        differentiable=(0, 1, 2),
+    )
+
 
 def torch_sdpa(query, key, value, *masks, causal=False, sliding_window=None, softcap=None):
     """torch's scaled_dot_product_attention as a torch user calls it for plain causal prefill or

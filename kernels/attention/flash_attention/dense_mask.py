@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from kernel_hub.kernel_api import check_dtype, check_rank, require
 
-from . import api, masking, reference
+from . import api, masking, reference, sharding
 from .masking import AttentionSpec
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def _choice(allowed, binary, structures, q_len: int, kv_len: int, spec: Attentio
         ids = structures[index]
         if ids is None:
             continue
-        rebuilt = masking.dense_mask(q_len, kv_len, spec, *ids)
+        rebuilt = masking.dense_mask(q_len, kv_len, spec, masking.TokenMask(*ids))
         exact = binary & jnp.all(rebuilt == allowed)
         choice = jnp.where(exact, index, choice)
     return choice
@@ -139,7 +139,7 @@ def _reference(q, k, v, sinks, allowed, bias, spec: AttentionSpec):
     def one_block(args):
         q_block, allowed_block, bias_block = args
         return reference.attention(
-            q_block, k, v, None, None, free, sinks=sinks, mask=allowed_block, bias=bias_block
+            q_block, k, v, None, free, sinks=sinks, mask=allowed_block, bias=bias_block
         )
 
     out, lse = jax.lax.map(one_block, (rows(q), rows(allowed), rows(bias)))
@@ -173,11 +173,12 @@ def _combined_bias(mask_bias, bias):
     return bias if mask_bias is None else mask_bias.astype(bias.dtype) + bias
 
 
+@sharding.dense_mask_boundary
 def attention_with_dense_mask(
     query,
     key,
     value,
-    mask,
+    attention_mask,
     sinks=None,
     bias=None,
     *,
@@ -187,7 +188,7 @@ def attention_with_dense_mask(
     scale: float | None = None,
     implementation: str | None = None,
 ):
-    """(out, logsumexp) of attention where ``mask`` (bool, True = attend; or additive float)
+    """(out, logsumexp) of attention where ``attention_mask`` (bool, True = attend; or additive)
     decides visibility. ``causal``/``sliding_window`` describe the rule the mask is expected to
     follow (end-aligned, see ``masking``); a mask that does not still gives exact results.
     ``sinks`` [Hq] as in ``api.dot_product_attention``; ``bias`` [B|1, H|1, Sq, Sk] is added to
@@ -198,7 +199,7 @@ def attention_with_dense_mask(
     if bias is not None:
         check_bias(query, key, bias)
     spec, allowed, mask_bias, binary, structures, choice = _analyse(
-        query, key, mask, causal, sliding_window, softcap, scale
+        query, key, attention_mask, causal, sliding_window, softcap, scale
     )
     if bias is not None:
         jax.debug.callback(functools.partial(_warn_once, _BIAS_REASON))
@@ -224,11 +225,12 @@ def attention_with_dense_mask(
     return jax.lax.switch(choice, branches, query, key, value, sinks)
 
 
+@sharding.dense_mask_backward_boundary
 def attention_with_dense_mask_backward(
     query,
     key,
     value,
-    mask,
+    attention_mask,
     sinks,
     bias,
     out,
@@ -245,7 +247,7 @@ def attention_with_dense_mask_backward(
     """(dq, dk, dv, d_sinks, d_bias) from the saved outputs (None for absent sinks or bias); the
     same structure is chosen as in the forward."""
     spec, allowed, mask_bias, _, structures, choice = _analyse(
-        query, key, mask, causal, sliding_window, softcap, scale
+        query, key, attention_mask, causal, sliding_window, softcap, scale
     )
     if bias is not None:
 
@@ -264,7 +266,7 @@ def attention_with_dense_mask_backward(
 
     def structured(ids):
         return lambda q, k, v, s: api.attention_backward(
-            q, k, v, None, *ids, s, out, lse, d_out, d_lse, **options
+            q, k, v, None, *ids, s, None, None, None, None, out, lse, d_out, d_lse, **options
         )
 
     def fallback(q, k, v, s):

@@ -1,17 +1,21 @@
 """Transformers integration: an ``AttentionInterface`` function that runs this kernel.
 
 ``register(name)`` installs ``attention_forward`` under ``name`` in ``AttentionInterface`` and
-Transformers' ``sdpa_mask`` under the same name in ``AttentionMaskInterface``; without the mask
-entry Transformers passes ``attention_mask=None`` and padding would be silently ignored. Then
-``attn_implementation=name`` (or ``model.set_attn_implementation(name)``) selects it.
+``transformers_masks.mask_interface`` under the same name in ``AttentionMaskInterface``; without
+the mask entry Transformers passes ``attention_mask=None`` and padding would be silently ignored.
+Then ``attn_implementation=name`` (or ``model.set_attn_implementation(name)``) selects it.
 
-Masks, as ``sdpa_mask`` hands them over:
+Masks ``attention_forward`` takes:
 
+* a ``MaskDescription`` (what the registered mask function returns for every mask Transformers
+  composes from its own factories: padding, packing, windows, chunks, image-token blocks, cache
+  offsets): its rule and O(S) arrays go to the flash kernel, no dense mask is ever built;
 * ``None``: plain causal (or bidirectional) attention over all keys, exactly as SDPA reads it:
   for a prefill into a larger static cache the keys past ``q_len`` are empty slots and are cut.
-* a 4-D boolean (or additive float) mask: ``dense_mask`` turns it into key padding + the layer's
-  causal/window rule, or packed segments, checked on device to reproduce the mask exactly; a mask
-  it cannot express runs on the reference implementation and a warning says why.
+* a 4-D boolean (or additive float) mask (a model's own, or a mask function the description
+  cannot express): ``dense_mask`` turns it into key padding + the layer's causal/window rule, or
+  packed segments, checked on device to reproduce the mask exactly; a mask it cannot express
+  runs on the reference implementation and a warning says why.
 
 Every keyword is honoured or refused (``keywords``): GPT-OSS's sinks (``s_aux``) run in the
 kernel, T5's ``position_bias`` through the dense path (reference implementation, with its
@@ -29,6 +33,7 @@ from kernel_hub.kernel_api import KernelInputError
 
 from . import keywords
 from .torch_ops import attention_with_dense_mask, attention_with_lse
+from .transformers_masks import MaskDescription, mask_interface
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +138,15 @@ def attention_forward(
     keywords.check_call(kwargs, attention_mask)
     if kwargs.get("output_attentions", False):
         log.warning("attention: output_attentions=True is not supported; returning None weights")
+    if isinstance(attention_mask, MaskDescription):
+        return _described_attention(
+            query, key, value, attention_mask, dropout, scaling, softcap, s_aux, position_bias
+        )
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
         raise KernelInputError(
             f"attention: attention_mask of type {type(attention_mask).__name__} is not supported; "
-            f"expected a 4-D tensor or None (register() installs sdpa_mask to build it)"
+            f"expected a MaskDescription, a 4-D tensor or None (register() installs the mask "
+            f"function that builds it)"
         )
     causal = _is_causal(module, is_causal)
     window = _kernel_window(sliding_window, causal)
@@ -174,15 +184,57 @@ def attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+def _described_attention(
+    query, key, value, mask: MaskDescription, dropout, scaling, softcap, sinks, position_bias
+):
+    """Attention under a ``MaskDescription``: its rule replaces the module's (as a mask replaces
+    ``is_causal`` and ``sliding_window`` under SDPA). Dropout and an additive bias have no
+    kernel path; they get the description's dense mask (their paths are dense anyway)."""
+    expected = (mask.q_len, mask.kv_len)
+    if (query.shape[2], key.shape[2]) != expected:
+        raise KernelInputError(
+            f"attention: the mask describes {mask.q_len} queries and {mask.kv_len} keys, but "
+            f"query has {query.shape[2]} and key {key.shape[2]}"
+        )
+    options = dict(
+        causal=mask.causal, sliding_window=mask.sliding_window, softcap=softcap, scale=scaling
+    )
+    if dropout > 0.0:
+        out = _dropout_attention(
+            query, key, value, mask.dense(), dropout, scaling, False, softcap, sinks, position_bias
+        )
+    elif position_bias is not None:
+        out, _ = attention_with_dense_mask(
+            query, key, value, mask.dense(), sinks=sinks, bias=position_bias, **options
+        )
+    else:
+        out, _ = attention_with_lse(
+            query,
+            key,
+            value,
+            mask.kv_valid,
+            mask.q_segment_ids,
+            mask.kv_segment_ids,
+            sinks=sinks,
+            q_positions=mask.q_positions,
+            kv_positions=mask.kv_positions,
+            q_groups=mask.q_groups,
+            kv_groups=mask.kv_groups,
+            window_bounds_groups=mask.window_bounds_groups,
+            **options,
+        )
+    return out.transpose(1, 2).contiguous(), None
+
+
 module_problem = keywords.module_problem
 """Hook for ``kernelize``: why a module's attention cannot run on this kernel, or None."""
 
 
 def register(name: str = DEFAULT_NAME) -> str:
-    """Make ``attn_implementation=name`` run ``attention_forward`` with SDPA-style masks."""
+    """Make ``attn_implementation=name`` run ``attention_forward`` with kernel-hub's masks."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, mask_interface)
     return name

@@ -12,13 +12,17 @@ normalisation; the backward kernels need nothing else (the sink is in the logsum
 sinks' gradient is a reduction of the logsumexp and the row statistics outside the kernels.
 Values may have their own head dim (``Dv``, e.g. MLA's 128 against q/k's 192).
 Kv blocks no query of a q block can see (causal, sliding window) are skipped, and the kv index map
-is clamped to the visible range so skipped steps fetch nothing new.
+is clamped to the visible range so skipped steps fetch nothing new. Per-token mask arrays
+(``masking.TokenMask``: segment ids, positions, groups) come in blocks beside q and kv; a block pair
+whose id, position or group ranges cannot meet (all-padding key blocks, another packed sequence,
+another chunk, a causal future) is skipped too, decided in the kernel from those blocks' minima and
+maxima, so no mask larger than O(S) exists anywhere.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +30,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from . import masking
-from .masking import AttentionSpec
+from .masking import AttentionSpec, TokenMask
 
 # Score given to masked entries while tracking the running row maximum: finite, so a row with no
 # visible key so far keeps exp(m_prev - m_new) = 1 instead of NaN.
@@ -262,6 +266,10 @@ def blocks_problem(q_shape, kv_shape, dtype, blocks: BlockSizes, *, interpret: b
 # --------------------------------------------------------------------------------------------
 # Packing between the [B, H, S, D] API layout and the kernels' [B, Hkv, rows, D] layout.
 
+_FIELDS = ("segments", "positions", "groups")
+"""Per-token inputs a kernel may take, each as a (q [B, rows, 1], kv [B, 1, Sk_padded]) pair."""
+_NO_GROUP = -1
+
 
 def _pack_rows(x, layout: Layout):
     """[B, Hq, Sq, ...] -> [B, Hkv, G * Sq_padded, ...], zero padded."""
@@ -288,16 +296,46 @@ def _pack_sinks(sinks, layout: Layout, dtype):
     return rows.reshape(layout.kv_heads, layout.rows, 1)
 
 
-def _pack_segments(q_segment_ids, kv_segment_ids, layout: Layout):
-    """q ids -> [B, rows, 1] (one per packed row), kv ids -> [B, 1, Sk_padded]."""
-    q_pad = layout.q_len_padded - layout.q_len
-    q_ids = jnp.pad(q_segment_ids, [(0, 0), (0, q_pad)])
-    q_ids = jnp.tile(q_ids, (1, layout.groups))[:, :, None]
-    kv_pad = layout.kv_len_padded - layout.kv_len
-    kv_ids = jnp.pad(
-        kv_segment_ids, [(0, 0), (0, kv_pad)], constant_values=masking.KV_PADDING_SEGMENT
-    )
-    return q_ids.astype(jnp.int32), kv_ids[:, None, :].astype(jnp.int32)
+def _pad(x, pad: int, fill):
+    x = x.astype(jnp.int32)
+    if not pad:
+        return x
+    if fill == "edge":
+        return jnp.pad(x, [(0, 0), (0, pad)], mode="edge")
+    return jnp.pad(x, [(0, 0), (0, pad)], constant_values=fill)
+
+
+def _pack_pair(q_values, kv_values, layout: Layout, q_fill, kv_fill):
+    """q values -> [B, Sq_padded, 1] (a q block of one head's rows reads its queries' block,
+    see ``_specs``), or [B, rows, 1] when q blocks hold whole groups (short q: one value per
+    packed row); kv values -> [B, 1, Sk_padded]."""
+    q = _pad(q_values, layout.q_len_padded - layout.q_len, q_fill)
+    if layout.whole_groups:
+        q = jnp.tile(q, (1, layout.groups))
+    q = q[:, :, None]
+    kv = _pad(kv_values, layout.kv_len_padded - layout.kv_len, kv_fill)
+    return q, kv[:, None, :]
+
+
+def _pack_tokens(tokens: TokenMask | None, layout: Layout) -> tuple[tuple[str, ...], tuple]:
+    """(fields present, their packed arrays in ``_FIELDS`` order, q then kv for each).
+
+    Padding rows and keys get fills that widen no block's range: key padding's segment id,
+    positions of the last real token, no group."""
+    if tokens is None:
+        return (), ()
+    pairs = {
+        "segments": (tokens.q_segment_ids, tokens.kv_segment_ids, 0, masking.KV_PADDING_SEGMENT),
+        "positions": (tokens.q_positions, tokens.kv_positions, "edge", "edge"),
+        "groups": (tokens.q_groups, tokens.kv_groups, _NO_GROUP, _NO_GROUP),
+    }
+    fields, arrays = [], []
+    for name in _FIELDS:
+        q_values, kv_values, q_fill, kv_fill = pairs[name]
+        if q_values is not None:
+            fields.append(name)
+            arrays.extend(_pack_pair(q_values, kv_values, layout, q_fill, kv_fill))
+    return tuple(fields), tuple(arrays)
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,8 +358,9 @@ def _dot(a, b, contract_a: int, contract_b: int):
     )
 
 
-def _block_scores(q, k, qi, ki, segment_refs, layout: Layout, spec: AttentionSpec):
-    """Scores of one (q block, kv block) pair and which entries are allowed.
+def _block_scores(q, k, qi, ki, tokens: dict, layout: Layout, spec: AttentionSpec):
+    """Scores of one (q block, kv block) pair and which entries are allowed (``masking``'s rule
+    with the block's per-token refs ``tokens``: field -> (q ref, kv ref)).
 
     Returns (s, allowed, capped): ``capped`` is tanh(raw / softcap) when soft-capping, else None.
     """
@@ -332,27 +371,101 @@ def _block_scores(q, k, qi, ki, segment_refs, layout: Layout, spec: AttentionSpe
         s = spec.softcap * capped
     q_index = layout.query_index(qi, s.shape)
     k_index = ki * layout.block_k + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
-    allowed = (q_index < layout.q_len) & masking.position_allowed(
-        q_index, k_index, layout.q_len, layout.kv_len, spec
-    )
-    if segment_refs is not None:
-        q_ids_ref, kv_ids_ref = segment_refs
+    real = (q_index < layout.q_len) & (k_index < layout.kv_len)
+    if "positions" in tokens or "groups" in tokens:
+        if "positions" in tokens:
+            q_position, k_position = (ref[...] for ref in tokens["positions"])
+        else:
+            q_position, k_position = q_index + (layout.kv_len - layout.q_len), k_index
+        groups = [ref[...] for ref in tokens["groups"]] if "groups" in tokens else (None, None)
+        allowed = real & masking.token_allowed(q_position, k_position, spec, *groups)
+    else:
+        allowed = real & masking.position_allowed(
+            q_index, k_index, layout.q_len, layout.kv_len, spec
+        )
+    if "segments" in tokens:
+        q_ids_ref, kv_ids_ref = tokens["segments"]
         allowed &= q_ids_ref[...] == kv_ids_ref[...]
     return s, allowed, capped
 
 
-def _split_refs(refs, num_inputs: int, has_segments: bool):
-    """(inputs, segment refs or None, outputs and scratch)."""
-    count = num_inputs + (2 if has_segments else 0)
+def _ranges_meet(q_values, kv_values):
+    """Whether [min, max] of a q block's values and of a kv block's values overlap."""
+    return (jnp.max(q_values) >= jnp.min(kv_values)) & (jnp.max(kv_values) >= jnp.min(q_values))
+
+
+def _groups_meet(q_groups, kv_groups):
+    """Whether the ranges of the groups >= 0 of a q block and a kv block overlap."""
+    big = jnp.iinfo(jnp.int32).max
+    q_min = jnp.min(jnp.where(q_groups >= 0, q_groups, big))
+    kv_min = jnp.min(jnp.where(kv_groups >= 0, kv_groups, big))
+    return (jnp.max(q_groups) >= kv_min) & (jnp.max(kv_groups) >= q_min)
+
+
+def _positions_meet(q_positions, kv_positions, spec: AttentionSpec):
+    """Whether the rule may allow some pair of a q block's and a kv block's positions."""
+    q_min, q_max = jnp.min(q_positions), jnp.max(q_positions)
+    k_min, k_max = jnp.min(kv_positions), jnp.max(kv_positions)
+    meet = jnp.asarray(True)
+    if spec.causal:
+        meet &= k_min <= q_max
+    window = spec.sliding_window
+    if window is not None:
+        meet &= q_min - k_max < window
+        if not spec.causal:
+            meet &= k_min - q_max < window
+    return meet
+
+
+def _window_meet(qi, ki, tokens: dict, layout: Layout, spec: AttentionSpec):
+    """Whether the window alone may allow a pair of the block pair (conservative)."""
+    if spec.sliding_window is None:
+        return jnp.asarray(True)
+    two_sided = replace(spec, causal=False)
+    if "positions" in tokens:
+        return _positions_meet(*(ref[...] for ref in tokens["positions"]), two_sided)
+    return layout.visible(qi, ki, two_sided)
+
+
+def _block_visible(qi, ki, tokens: dict, layout: Layout, spec: AttentionSpec):
+    """Whether block pair (qi, ki) may hold an allowed entry: the static index rule, then the
+    per-token blocks' ranges (conservative: a visited block is still masked exactly)."""
+    visible = layout.visible(qi, ki, masking.block_rule(spec, _token_mask_shape(tokens)))
+    if "positions" in tokens:
+        rule = _positions_meet(*(ref[...] for ref in tokens["positions"]), spec)
+    else:
+        rule = layout.visible(qi, ki, spec)
+    if "groups" in tokens:
+        together = _groups_meet(*(ref[...] for ref in tokens["groups"]))
+        if spec.window_bounds_groups:
+            together &= _window_meet(qi, ki, tokens, layout, spec)
+        rule |= together
+    if "segments" in tokens:
+        visible &= _ranges_meet(*(ref[...] for ref in tokens["segments"]))
+    return visible & rule
+
+
+def _token_mask_shape(fields) -> TokenMask:
+    """A TokenMask standing for which fields are present (values are placeholders)."""
+    return TokenMask(
+        q_positions=True if "positions" in fields else None,
+        q_groups=True if "groups" in fields else None,
+    )
+
+
+def _split_refs(refs, num_inputs: int, fields: tuple[str, ...]):
+    """(inputs, {field: (q ref, kv ref)}, outputs and scratch)."""
+    count = num_inputs + 2 * len(fields)
     inputs, rest = refs[:num_inputs], refs[count:]
-    segments = tuple(refs[num_inputs:count]) if has_segments else None
-    return inputs, segments, rest
+    token_refs = refs[num_inputs:count]
+    tokens = {name: tuple(token_refs[2 * i : 2 * i + 2]) for i, name in enumerate(fields)}
+    return inputs, tokens, rest
 
 
 def _forward_kernel(
-    *refs, layout: Layout, spec: AttentionSpec, has_segments: bool, has_sinks: bool
+    *refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], has_sinks: bool
 ):
-    (q_ref, k_ref, v_ref), segments, rest = _split_refs(refs, 3, has_segments)
+    (q_ref, k_ref, v_ref), tokens, rest = _split_refs(refs, 3, fields)
     sink_ref = rest[0] if has_sinks else None
     o_ref, lse_ref, m_ref, l_ref, acc_ref = rest[1:] if has_sinks else rest
     qi, ki = pl.program_id(2), pl.program_id(3)
@@ -363,9 +476,9 @@ def _forward_kernel(
         l_ref[...] = jnp.zeros(l_ref.shape, l_ref.dtype)
         acc_ref[...] = jnp.zeros(acc_ref.shape, acc_ref.dtype)
 
-    @pl.when(layout.visible(qi, ki, spec))
+    @pl.when(_block_visible(qi, ki, tokens, layout, spec))
     def _step():
-        s, allowed, _ = _block_scores(q_ref[...], k_ref[...], qi, ki, segments, layout, spec)
+        s, allowed, _ = _block_scores(q_ref[...], k_ref[...], qi, ki, tokens, layout, spec)
         m_prev = m_ref[...]
         m_new = jnp.maximum(
             m_prev, jnp.max(jnp.where(allowed, s, _MASK_VALUE), axis=1, keepdims=True)
@@ -392,9 +505,9 @@ def _forward_kernel(
         lse_ref[...] = jnp.where(seen, row_max + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
 
 
-def _probabilities_and_dscores(q, k, v, do, lse, delta, qi, ki, segments, layout, spec):
+def _probabilities_and_dscores(q, k, v, do, lse, delta, qi, ki, tokens, layout, spec):
     """p = softmax probabilities and ds = dL/d(raw scaled scores) for one block pair."""
-    s, allowed, capped = _block_scores(q, k, qi, ki, segments, layout, spec)
+    s, allowed, capped = _block_scores(q, k, qi, ki, tokens, layout, spec)
     p = jnp.where(allowed, jnp.exp(s - lse), 0.0)
     ds = p * (_dot(do, v, 1, 1) - delta)
     if capped is not None:
@@ -402,8 +515,8 @@ def _probabilities_and_dscores(q, k, v, do, lse, delta, qi, ki, segments, layout
     return p, ds
 
 
-def _dq_kernel(*refs, layout: Layout, spec: AttentionSpec, has_segments: bool):
-    inputs, segments, (dq_ref, dq_acc_ref) = _split_refs(refs, 6, has_segments)
+def _dq_kernel(*refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ...]):
+    inputs, tokens, (dq_ref, dq_acc_ref) = _split_refs(refs, 6, fields)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = inputs
     qi, ki = pl.program_id(2), pl.program_id(3)
 
@@ -411,7 +524,7 @@ def _dq_kernel(*refs, layout: Layout, spec: AttentionSpec, has_segments: bool):
     def _init():
         dq_acc_ref[...] = jnp.zeros(dq_acc_ref.shape, dq_acc_ref.dtype)
 
-    @pl.when(layout.visible(qi, ki, spec))
+    @pl.when(_block_visible(qi, ki, tokens, layout, spec))
     def _step():
         k = k_ref[...]
         _, ds = _probabilities_and_dscores(
@@ -423,7 +536,7 @@ def _dq_kernel(*refs, layout: Layout, spec: AttentionSpec, has_segments: bool):
             delta_ref[...],
             qi,
             ki,
-            segments,
+            tokens,
             layout,
             spec,
         )
@@ -434,8 +547,8 @@ def _dq_kernel(*refs, layout: Layout, spec: AttentionSpec, has_segments: bool):
         dq_ref[...] = (dq_acc_ref[...] * spec.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(*refs, layout: Layout, spec: AttentionSpec, has_segments: bool):
-    inputs, segments, (dk_ref, dv_ref, dk_acc_ref, dv_acc_ref) = _split_refs(refs, 6, has_segments)
+def _dkv_kernel(*refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ...]):
+    inputs, tokens, (dk_ref, dv_ref, dk_acc_ref, dv_acc_ref) = _split_refs(refs, 6, fields)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = inputs
     ki, qi = pl.program_id(2), pl.program_id(3)
 
@@ -444,7 +557,7 @@ def _dkv_kernel(*refs, layout: Layout, spec: AttentionSpec, has_segments: bool):
         dk_acc_ref[...] = jnp.zeros(dk_acc_ref.shape, dk_acc_ref.dtype)
         dv_acc_ref[...] = jnp.zeros(dv_acc_ref.shape, dv_acc_ref.dtype)
 
-    @pl.when(layout.visible(qi, ki, spec))
+    @pl.when(_block_visible(qi, ki, tokens, layout, spec))
     def _step():
         q, do = q_ref[...], do_ref[...]
         p, ds = _probabilities_and_dscores(
@@ -456,7 +569,7 @@ def _dkv_kernel(*refs, layout: Layout, spec: AttentionSpec, has_segments: bool):
             delta_ref[...],
             qi,
             ki,
-            segments,
+            tokens,
             layout,
             spec,
         )
@@ -482,13 +595,14 @@ class _Specs:
     keys: pl.BlockSpec  # k and dk [bk, D]
     values: pl.BlockSpec  # v and dv [bk, Dv]
     stats: pl.BlockSpec  # per-row statistics [bq, 1]
-    segments: list
+    tokens: list  # per-token (q [bq, 1], kv [1, bk]) pairs, one per field
     sinks: pl.BlockSpec  # packed sinks [Hkv, rows, 1]
 
 
-def _specs(layout: Layout, spec: AttentionSpec, has_segments: bool, *, kv_outer: bool) -> _Specs:
-    """BlockSpecs for q-row inputs, kv inputs, row statistics, segment ids and sinks."""
+def _specs(layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], *, kv_outer: bool):
+    """BlockSpecs for q-row inputs, kv inputs, row statistics, per-token arrays and sinks."""
     d, dv, bq, bk = layout.head_dim, layout.value_dim, layout.block_q, layout.block_k
+    spec = masking.block_rule(spec, _token_mask_shape(fields))
 
     if kv_outer:  # grid (b, h, ki, qi): q blocks clamped to those that see kv block ki
 
@@ -505,19 +619,21 @@ def _specs(layout: Layout, spec: AttentionSpec, has_segments: bool, *, kv_outer:
         def k_block(b, h, qi, ki):
             return b, h, layout.clamped_key_block(qi, ki, spec), 0
 
-    segments = []
-    if has_segments:
-        segments = [
-            pl.BlockSpec((None, bq, 1), lambda *idx: (q_block(*idx)[0], q_block(*idx)[2], 0)),
-            pl.BlockSpec((None, 1, bk), lambda *idx: (k_block(*idx)[0], 0, k_block(*idx)[2])),
-        ]
+    def token_block(*idx):  # the q block's queries (one head's rows; see ``_pack_pair``)
+        b, _, qi, _ = q_block(*idx)
+        return b, qi if layout.whole_groups else _rem(qi, layout.q_len_padded // bq), 0
+
+    tokens = [
+        pl.BlockSpec((None, bq, 1), token_block),
+        pl.BlockSpec((None, 1, bk), lambda *idx: (k_block(*idx)[0], 0, k_block(*idx)[2])),
+    ] * len(fields)
     return _Specs(
         rows=pl.BlockSpec((None, None, bq, d), q_block),
         out_rows=pl.BlockSpec((None, None, bq, dv), q_block),
         keys=pl.BlockSpec((None, None, bk, d), k_block),
         values=pl.BlockSpec((None, None, bk, dv), k_block),
         stats=pl.BlockSpec((None, None, bq, 1), q_block),
-        segments=segments,
+        tokens=tokens,
         sinks=pl.BlockSpec((None, bq, 1), lambda *idx: (q_block(*idx)[1], q_block(*idx)[2], 0)),
     )
 
@@ -546,14 +662,16 @@ def _cost(layout: Layout, spec: AttentionSpec, itemsize: int, matmul_dims: int, 
     )
 
 
-def _forward(q, k, v, segments, sinks, layout: Layout, spec: AttentionSpec, interpret: bool):
-    """Packed-layout forward: (out [B, Hkv, rows, Dv], lse [B, Hkv, rows, 1])."""
-    has_segments, has_sinks = segments is not None, sinks is not None
-    specs = _specs(layout, spec, has_segments, kv_outer=False)
+def _forward(q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interpret: bool):
+    """Packed-layout forward: (out [B, Hkv, rows, Dv], lse [B, Hkv, rows, 1]); ``tokens`` is
+    (fields, packed arrays) from ``_pack_tokens``."""
+    (fields, token_arrays), has_sinks = tokens, sinks is not None
+    specs = _specs(layout, spec, fields, kv_outer=False)
     shape = (layout.batch, layout.kv_heads, layout.num_q_blocks, layout.num_k_blocks)
     acc = jnp.promote_types(q.dtype, jnp.float32)
+    rule = masking.block_rule(spec, _token_mask_shape(fields))
     kernel = functools.partial(
-        _forward_kernel, layout=layout, spec=spec, has_segments=has_segments, has_sinks=has_sinks
+        _forward_kernel, layout=layout, spec=spec, fields=fields, has_sinks=has_sinks
     )
     return pl.pallas_call(
         kernel,
@@ -562,7 +680,7 @@ def _forward(q, k, v, segments, sinks, layout: Layout, spec: AttentionSpec, inte
             specs.rows,
             specs.keys,
             specs.values,
-            *specs.segments,
+            *specs.tokens,
             *([specs.sinks] if has_sinks else []),
         ],
         out_specs=[specs.out_rows, specs.stats],
@@ -577,19 +695,20 @@ def _forward(q, k, v, segments, sinks, layout: Layout, spec: AttentionSpec, inte
         ],
         compiler_params=_compiler_params(),
         cost_estimate=_cost(
-            layout, spec, q.dtype.itemsize, layout.head_dim + layout.value_dim, tensors=2
+            layout, rule, q.dtype.itemsize, layout.head_dim + layout.value_dim, tensors=2
         ),
         interpret=interpret,
         name="flash_attention_forward",
-    )(q, k, v, *(segments or ()), *(() if sinks is None else (sinks,)))
+    )(q, k, v, *token_arrays, *(() if sinks is None else (sinks,)))
 
 
-def _backward(q, k, v, segments, do, lse, delta, layout: Layout, spec: AttentionSpec, interpret):
+def _backward(q, k, v, tokens, do, lse, delta, layout: Layout, spec: AttentionSpec, interpret):
     """Packed-layout backward: (dq, dk, dv)."""
-    has_segments = segments is not None
+    fields, token_arrays = tokens
     acc = jnp.promote_types(q.dtype, jnp.float32)
-    kernel_args = dict(layout=layout, spec=spec, has_segments=has_segments)
-    operands = (q, k, v, do, lse, delta, *(segments or ()))
+    rule = masking.block_rule(spec, _token_mask_shape(fields))
+    kernel_args = dict(layout=layout, spec=spec, fields=fields)
+    operands = (q, k, v, do, lse, delta, *token_arrays)
 
     d, dv = layout.head_dim, layout.value_dim
 
@@ -601,10 +720,10 @@ def _backward(q, k, v, segments, do, lse, delta, layout: Layout, spec: Attention
             specs.out_rows,
             specs.stats,
             specs.stats,
-            *specs.segments,
+            *specs.tokens,
         ]
 
-    specs = _specs(layout, spec, has_segments, kv_outer=False)
+    specs = _specs(layout, spec, fields, kv_outer=False)
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, **kernel_args),
         grid=(layout.batch, layout.kv_heads, layout.num_q_blocks, layout.num_k_blocks),
@@ -613,12 +732,12 @@ def _backward(q, k, v, segments, do, lse, delta, layout: Layout, spec: Attention
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         scratch_shapes=[pltpu.VMEM((layout.block_q, d), acc)],
         compiler_params=_compiler_params(),
-        cost_estimate=_cost(layout, spec, q.dtype.itemsize, 2 * d + dv, tensors=3),
+        cost_estimate=_cost(layout, rule, q.dtype.itemsize, 2 * d + dv, tensors=3),
         interpret=interpret,
         name="flash_attention_backward_dq",
     )(*operands)
 
-    specs = _specs(layout, spec, has_segments, kv_outer=True)
+    specs = _specs(layout, spec, fields, kv_outer=True)
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, **kernel_args),
         grid=(layout.batch, layout.kv_heads, layout.num_k_blocks, layout.num_q_blocks),
@@ -630,7 +749,7 @@ def _backward(q, k, v, segments, do, lse, delta, layout: Layout, spec: Attention
             pltpu.VMEM((layout.block_k, dv), acc),
         ],
         compiler_params=_compiler_params(),
-        cost_estimate=_cost(layout, spec, q.dtype.itemsize, 2 * d + 2 * dv, tensors=4),
+        cost_estimate=_cost(layout, rule, q.dtype.itemsize, 2 * d + 2 * dv, tensors=4),
         interpret=interpret,
         name="flash_attention_backward_dkv",
     )(*operands)
@@ -641,26 +760,18 @@ def _backward(q, k, v, segments, do, lse, delta, layout: Layout, spec: Attention
 # Public functions in the [B, H, S, D] layout.
 
 
-def _packed_segments(q_segment_ids, kv_segment_ids, layout):
-    if q_segment_ids is None:
-        return None
-    return _pack_segments(q_segment_ids, kv_segment_ids, layout)
-
-
 def _layout(q, k, v, blocks: BlockSizes) -> Layout:
     return make_layout(q.shape, k.shape, blocks, value_dim=v.shape[-1])
 
 
-def attention_forward(
-    q, k, v, q_segment_ids, kv_segment_ids, sinks, spec, blocks: KernelBlocks, interpret
-):
+def attention_forward(q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interpret):
     """(out [B, Hq, Sq, Dv], logsumexp [B, Hq, Sq] f32); no autodiff rule (see ``attention``)."""
     layout = _layout(q, k, v, blocks.forward)
     out, lse = _forward(
         _pack_rows(q, layout),
         _pad_keys(k, layout),
         _pad_keys(v, layout),
-        _packed_segments(q_segment_ids, kv_segment_ids, layout),
+        _pack_tokens(tokens, layout),
         None
         if sinks is None
         else _pack_sinks(sinks, layout, jnp.promote_types(q.dtype, jnp.float32)),
@@ -675,8 +786,7 @@ def attention_backward(
     q,
     k,
     v,
-    q_segment_ids,
-    kv_segment_ids,
+    tokens: TokenMask | None,
     sinks,
     out,
     lse,
@@ -697,7 +807,7 @@ def attention_backward(
         _pack_rows(q, layout),
         _pad_keys(k, layout),
         _pad_keys(v, layout),
-        _packed_segments(q_segment_ids, kv_segment_ids, layout),
+        _pack_tokens(tokens, layout),
         _pack_rows(d_out.astype(q.dtype), layout),
         _pack_rows(lse.astype(acc)[..., None], layout),
         _pack_rows(delta[..., None], layout),
@@ -714,39 +824,24 @@ def attention_backward(
     return _unpack_rows(dq, layout), dk[:, :, :kv_len], dv[:, :, :kv_len], d_sinks
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
-def attention(q, k, v, q_segment_ids, kv_segment_ids, sinks, spec, blocks: KernelBlocks, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def attention(q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interpret):
     """Differentiable (out, logsumexp); q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv],
-    ids [B, S] | None, sinks [Hq] | None."""
-    return attention_forward(q, k, v, q_segment_ids, kv_segment_ids, sinks, spec, blocks, interpret)
+    tokens ``masking.TokenMask`` | None, sinks [Hq] | None."""
+    return attention_forward(q, k, v, tokens, sinks, spec, blocks, interpret)
 
 
-def _attention_fwd(q, k, v, q_segment_ids, kv_segment_ids, sinks, spec, blocks, interpret):
-    out, lse = attention_forward(
-        q, k, v, q_segment_ids, kv_segment_ids, sinks, spec, blocks, interpret
-    )
-    return (out, lse), (q, k, v, q_segment_ids, kv_segment_ids, sinks, out, lse)
+def _attention_fwd(q, k, v, tokens, sinks, spec, blocks, interpret):
+    out, lse = attention_forward(q, k, v, tokens, sinks, spec, blocks, interpret)
+    return (out, lse), (q, k, v, tokens, sinks, out, lse)
 
 
 def _attention_bwd(spec, blocks, interpret, residuals, cotangents):
-    q, k, v, q_segment_ids, kv_segment_ids, sinks, out, lse = residuals
-    d_out, d_lse = cotangents
+    q, k, v, tokens, sinks, out, lse = residuals
     dq, dk, dv, d_sinks = attention_backward(
-        q,
-        k,
-        v,
-        q_segment_ids,
-        kv_segment_ids,
-        sinks,
-        out,
-        lse,
-        d_out,
-        d_lse,
-        spec,
-        blocks,
-        interpret,
+        q, k, v, tokens, sinks, out, lse, *cotangents, spec, blocks, interpret
     )
-    return dq, dk, dv, None, None, d_sinks
+    return dq, dk, dv, None, d_sinks
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)

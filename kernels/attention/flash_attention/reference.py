@@ -40,25 +40,21 @@ def _grouped(x, kv_heads: int):
     return x.reshape(x.shape[0], kv_heads, x.shape[1] // kv_heads, *x.shape[2:])
 
 
-def attention(
-    q, k, v, q_segment_ids, kv_segment_ids, spec: AttentionSpec, *, sinks=None, mask=None, bias=None
-):
+def attention(q, k, v, tokens, spec: AttentionSpec, *, sinks=None, mask=None, bias=None):
     """(out [B, Hq, Sq, Dv], logsumexp [B, Hq, Sq]) for q [B, Hq, Sq, D], k [B, Hkv, Sk, D] and
     v [B, Hkv, Sk, Dv].
 
     ``sinks`` [Hq] is a per-head logit that joins every row's softmax denominator (attention
     sinks; it attends to a zero value). ``mask`` (boolean, True = attend) and ``bias`` (added to
     the scores) broadcast to [B, Hq, Sq, Sk] and combine with the rules of ``spec`` and the
-    segment ids.
+    per-token arrays ``tokens`` (``masking.TokenMask`` or None).
     """
     kv_heads = k.shape[1]
     q_len, kv_len = q.shape[2], k.shape[2]
     s = scores(_grouped(q, kv_heads), k, spec)
     if bias is not None:
         s = s + _grouped(bias, kv_heads).astype(s.dtype)
-    allowed = _grouped(
-        masking.dense_mask(q_len, kv_len, spec, q_segment_ids, kv_segment_ids), kv_heads
-    )
+    allowed = _grouped(masking.dense_mask(q_len, kv_len, spec, tokens), kv_heads)
     if mask is not None:
         allowed = allowed & _grouped(mask, kv_heads)
     allowed = jnp.broadcast_to(allowed, s.shape)

@@ -1,21 +1,33 @@
 """Context parallelism: ring attention over a ``cp`` mesh axis, built on ``attention_with_lse``.
 
 The sequence of q, k and v is split over the axis. Each shard keeps its query block and passes
-its key/value block around the ring (``ppermute`` to the next shard, one step per shard); every
-step attends its queries to the block it holds and merges the partial result into a running one
-by the log-sum-exp of the scores (``logaddexp`` of the LSEs, outputs reweighted). Causal rings
-skip blocks wholly in the future, use the causal kernel on the diagonal block and the full one
-on past blocks. The backward is the transpose of this program: the kernel's own backward per
-block (its LSE cotangent included) and the reverse ring.
+its key/value block (and key segment ids) around the ring (``ppermute`` to the next shard, one
+step per shard); every step attends its queries to the block it holds and merges the partial
+result into a running one by the log-sum-exp of the scores (``logaddexp`` of the LSEs, outputs
+reweighted). The backward is the transpose of this program: the kernel's own backward per block
+(its LSE cotangent included) and the reverse ring.
 
-Without load balancing a causal ring leaves the last shard with ``shards`` times the first one's
-work; the zig-zag layout that evens it out is not implemented.
+Layouts of the sequence over the ``n`` shards:
+
+* ``contiguous``: shard ``i`` holds chunk ``i`` of ``n``. A causal ring skips blocks wholly in the
+  future, so the last shard does ``n`` times the first one's work.
+* ``zigzag``: the sequence is cut into ``2n`` chunks and shard ``i`` holds chunks ``i`` and
+  ``2n-1-i`` (``zigzag_order`` permutes a sequence into this layout; the caller permutes once, at
+  the embedding, since every token-wise layer is indifferent to the order). With causal masking
+  every shard then does the same work at every step: the local causal block at step 0, after
+  that either both query chunks against the first key chunk (the sender is earlier in the ring)
+  or the second query chunk against both key chunks (it is later). ``block_counts`` derives each
+  shard's kernel block computations from the same schedule and the kernel's causal block skipping.
+
+Sliding windows are refused: a window across chunks needs the key positions offset, which the
+kernel does not take.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernel_hub.kernel_api import (
     KernelInputError,
@@ -25,10 +37,31 @@ from kernel_hub.kernel_api import (
     shard_map_all,
 )
 
-from . import api
+from . import api, masking
 
 OP = "ring_attention"
-_SKIP, _FULL, _DIAGONAL = 0, 1, 2
+LAYOUTS = ("contiguous", "zigzag")
+# Per-step work kinds. contiguous: skip / full / diagonal (causal) block; zigzag after step 0:
+# both query chunks x the first key chunk (PAST) or the second query chunk x both (FUTURE).
+_SKIP, _FULL, _DIAGONAL, _PAST, _FUTURE = range(5)
+
+
+def step_kind(me, source, step: int, *, causal: bool, layout: str):
+    """What shard ``me`` computes at ``step`` against the key block shard ``source`` sent
+    (ints or traced ints); the one schedule the ring and ``block_counts`` share."""
+    if not causal:
+        return jnp.asarray(_FULL) if isinstance(me, jax.Array) else _FULL
+    if layout == "zigzag":
+        if step == 0:
+            return _DIAGONAL
+        return (
+            jnp.where(source < me, _PAST, _FUTURE)
+            if isinstance(me, jax.Array)
+            else (_PAST if source < me else _FUTURE)
+        )
+    if isinstance(me, jax.Array):
+        return jnp.where(source > me, _SKIP, jnp.where(source == me, _DIAGONAL, _FULL))
+    return _SKIP if source > me else _DIAGONAL if source == me else _FULL
 
 
 def _merge(out, lse, block_out, block_lse):
@@ -40,36 +73,62 @@ def _merge(out, lse, block_out, block_lse):
     return out * weight + block_out.astype(jnp.float32) * block_weight, total
 
 
-def _ring(q, k, v, *, axis, causal, scale, implementation):
+def _calls(kind: int, length: int):
+    """The kernel calls of one step as (query slice, key slice, causal) over the local blocks."""
+    half = length // 2
+    whole = slice(0, length)
+    return {
+        _SKIP: [],
+        _FULL: [(whole, whole, False)],
+        _DIAGONAL: [(whole, whole, True)],
+        _PAST: [(whole, slice(0, half), False)],
+        _FUTURE: [(slice(half, length), whole, False)],
+    }[kind]
+
+
+def _ring(q, k, v, q_ids, kv_ids, *, axis, causal, layout, options):
     """The per-shard body: local query block, key/value blocks arriving around the ring."""
     shards, me = jax.lax.axis_size(axis), jax.lax.axis_index(axis)
     batch, heads, length, _ = q.shape
-    out = jnp.zeros(q.shape, jnp.float32)
+    out = jnp.zeros((*q.shape[:3], v.shape[-1]), jnp.float32)
     lse = jnp.full((batch, heads, length), -jnp.inf, jnp.float32)
+    # The kinds a traced step may take (a switch compiles every branch's kernels).
+    kinds = (_PAST, _FUTURE) if layout == "zigzag" else (_SKIP, _FULL, _DIAGONAL)
 
-    def attend(kind):
-        def run(q, k, v):
-            return api.dot_product_attention_with_lse(
-                q, k, v, causal=kind == _DIAGONAL, scale=scale, implementation=implementation
-            )
+    def branch(kind):
+        def run(q, k, v, q_ids, kv_ids):
+            block_out = jnp.zeros(out.shape, q.dtype)
+            block_lse = jnp.full(lse.shape, -jnp.inf, jnp.float32)
+            for rows, cols, diagonal in _calls(kind, length):
+                ids = (None, None) if q_ids is None else (q_ids[:, rows], kv_ids[:, cols])
+                part_out, part_lse = api.dot_product_attention_with_lse(
+                    q[:, :, rows],
+                    k[:, :, cols],
+                    v[:, :, cols],
+                    None,
+                    *ids,
+                    causal=diagonal,
+                    **options,
+                )
+                block_out = block_out.at[:, :, rows].set(part_out)
+                block_lse = block_lse.at[:, :, rows].set(part_lse)
+            return block_out, block_lse
 
-        def skip(q, k, v):
-            return jnp.zeros(q.shape, q.dtype), jnp.full(q.shape[:3], -jnp.inf, jnp.float32)
+        return run
 
-        return skip if kind == _SKIP else run
-
-    branches = [attend(kind) for kind in (_SKIP, _FULL, _DIAGONAL)]
+    branches = [branch(kind) for kind in kinds]
     ring = [(i, (i + 1) % shards) for i in range(shards)]
     for step in range(shards):
         source = (me - step) % shards  # whose key/value block this shard holds now
-        if causal:
-            kind = jnp.where(source > me, _SKIP, jnp.where(source == me, _DIAGONAL, _FULL))
+        kind = step_kind(me, source, step, causal=causal, layout=layout)
+        if isinstance(kind, int):
+            block_out, block_lse = branch(kind)(q, k, v, q_ids, kv_ids)
         else:
-            kind = jnp.asarray(_FULL)
-        block_out, block_lse = jax.lax.switch(kind, branches, q, k, v)
+            index = kind - kinds[0]
+            block_out, block_lse = jax.lax.switch(index, branches, q, k, v, q_ids, kv_ids)
         out, lse = _merge(out, lse, block_out, block_lse)
         if step + 1 < shards:
-            k, v = jax.lax.ppermute((k, v), axis, ring)
+            k, v, kv_ids = jax.lax.ppermute((k, v, kv_ids), axis, ring)
     return out.astype(q.dtype), lse
 
 
@@ -83,53 +142,118 @@ def _split_axes(q, axis: str, explicit: bool):
     return (as_axes(spec[0]), as_axes(spec[1]), (axis,), ())
 
 
+def zigzag_order(length: int, shards: int) -> np.ndarray:
+    """Positions in zig-zag order: ``x[..., zigzag_order(S, n), :]`` lays a sequence out so
+    that shard ``i`` of ``n`` holds chunks ``i`` and ``2n-1-i``; ``np.argsort`` of it undoes it."""
+    require(
+        length % (2 * shards) == 0,
+        f"{OP}: a zig-zag layout cuts the sequence into 2 x {shards} chunks; length {length} "
+        f"must divide by {2 * shards}",
+    )
+    chunks = np.arange(length).reshape(2 * shards, -1)
+    return np.concatenate([np.concatenate([chunks[i], chunks[-1 - i]]) for i in range(shards)])
+
+
+def block_counts(
+    length: int,
+    *,
+    shards: int,
+    causal: bool,
+    layout: str,
+    block_q: int,
+    block_k: int,
+) -> list[int]:
+    """Kernel block computations (q block x kv block pairs the kernel does not skip) per shard
+    over the whole ring, from the ring's schedule (``step_kind``) and the kernel's block skipping
+    (``masking.key_range``, what ``pallas_tpu`` visits)."""
+    local = length // shards
+    counts = []
+    for me in range(shards):
+        total = 0
+        for step in range(shards):
+            kind = step_kind(me, (me - step) % shards, step, causal=causal, layout=layout)
+            for rows, cols, diagonal in _calls(kind, local):
+                q_len, kv_len = rows.stop - rows.start, cols.stop - cols.start
+                spec = masking.AttentionSpec(causal=diagonal)
+                for first in range(0, q_len, block_q):
+                    last = min(first + block_q, q_len) - 1
+                    lo, hi = masking.key_range(first, last, q_len, kv_len, spec)
+                    lo, hi = int(lo), int(hi)
+                    if hi >= lo:
+                        total += hi // block_k - lo // block_k + 1
+        counts.append(total)
+    return counts
+
+
 def ring_attention_with_lse(
     query: jax.Array,
     key: jax.Array,
     value: jax.Array,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
     *,
     causal: bool = False,
+    softcap: float | None = None,
     scale: float | None = None,
+    layout: str = "contiguous",
     axis: str = "cp",
     implementation: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """``dot_product_attention_with_lse`` with the sequence split over mesh axis ``axis``.
 
-    q [B, Hq, S, D], k/v [B, Hkv, S, D] (same S: self-attention over the whole sequence); S must
-    divide by the axis size. Batch and heads may also be split (over other axes, as q has them on
-    an Explicit mesh). Masks, segments, windows and soft-capping are not supported here.
+    q [B, Hq, S, D], k/v [B, Hkv, S, D] (same S: self-attention over the whole sequence), optional
+    segment ids [B, S] (packed sequences), in ``layout`` order (see the module docstring); S must
+    divide by the axis size (``zigzag``: twice it). Batch and heads may also be split (over other
+    axes, as q has them on an Explicit mesh).
     """
-    api.check_inputs(query, key, value, scale=scale)
+    api.check_inputs(
+        query, key, value, None, q_segment_ids, kv_segment_ids, softcap=softcap, scale=scale
+    )
+    require(layout in LAYOUTS, f"{OP}: layout {layout!r}; valid: {LAYOUTS}")
     require(
         query.shape[2] == key.shape[2],
         f"{OP}: query and key sequence lengths differ ({query.shape[2]} vs {key.shape[2]}); "
         f"ring attention is self-attention over one sequence",
     )
+    require(
+        (q_segment_ids is None) == (kv_segment_ids is None),
+        f"{OP}: pass both q_segment_ids and kv_segment_ids, or neither",
+    )
     found = find_mesh(OP, (query, key, value))
     if found is None:
         raise KernelInputError(
-            f"{OP}: needs a mesh with a {axis!r} axis: pass arrays sharded over an Explicit-axis "
-            f"mesh, or call inside kernel_hub.use_mesh(mesh)"
+            f"{OP}: needs a mesh with a {axis!r} axis: pass arrays sharded over a mesh, or call "
+            f"inside kernel_hub.use_mesh(mesh)"
         )
     mesh, explicit = found
     require(axis in mesh.axis_names, f"{OP}: mesh axes {mesh.axis_names} have no {axis!r}")
     shards = mesh.shape[axis]
+    chunks = shards * (2 if layout == "zigzag" else 1)
     require(
-        query.shape[2] % shards == 0,
-        f"{OP}: sequence length {query.shape[2]} must divide by the {shards} shards of {axis!r}",
+        query.shape[2] % chunks == 0,
+        f"{OP}: sequence length {query.shape[2]} must divide by the {chunks} chunks of a "
+        f"{layout} layout over the {shards} shards of {axis!r}",
     )
     q_axes = _split_axes(query, axis, explicit)
     kv_axes = (q_axes[0], q_axes[1], (axis,), ())
+    ids_axes = (q_axes[0], (axis,))
+    options = dict(softcap=softcap, scale=scale, implementation=implementation)
 
-    def body(q, k, v):
-        return _ring(q, k, v, axis=axis, causal=causal, scale=scale, implementation=implementation)
+    def body(q, k, v, *ids):
+        q_ids, kv_ids = ids if ids else (None, None)
+        return _ring(
+            q, k, v, q_ids, kv_ids, axis=axis, causal=causal, layout=layout, options=options
+        )
 
+    arrays = (query, key, value)
+    in_axes = [q_axes, kv_axes, kv_axes]
+    if q_segment_ids is not None:
+        arrays += (q_segment_ids, kv_segment_ids)
+        in_axes += [ids_axes, ids_axes]
     out_specs = (partition_spec(q_axes), partition_spec(q_axes[:3]))
-    return shard_map_all(
-        body, mesh, (query, key, value), (q_axes, kv_axes, kv_axes), out_specs, explicit
-    )
+    return shard_map_all(body, mesh, arrays, in_axes, out_specs, explicit)
 
 
-def ring_attention(query, key, value, **options) -> jax.Array:
+def ring_attention(query, key, value, *args, **options) -> jax.Array:
     """The output of ``ring_attention_with_lse``."""
-    return ring_attention_with_lse(query, key, value, **options)[0]
+    return ring_attention_with_lse(query, key, value, *args, **options)[0]

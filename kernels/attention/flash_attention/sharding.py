@@ -6,7 +6,8 @@ from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
 
 _INPUTS = (
     "batch heads q_len head_dim, batch kv_heads kv_len head_dim, batch kv_heads kv_len value_dim, "
-    "batch kv_len, batch q_len, batch kv_len, heads"  # ..., sinks
+    "batch kv_len, batch q_len, batch kv_len, heads, "  # ..., sinks
+    "batch q_len, batch kv_len, batch q_len, batch kv_len"  # positions, groups
 )
 _OUT = "batch heads q_len value_dim"
 _LSE = "batch heads q_len"
@@ -32,15 +33,34 @@ ATTENTION_BACKWARD = ShardingRule.parse(
     **_OPTIONS,
 )
 
-# Decorators of the public JAX functions in ``api``.
+# Dense-mask attention: the mask and the additive bias are [B|1, H|1, Sq, Sk]; a size-1 batch or
+# head dimension broadcasts (each shard reads it whole) and the bias gradient there is summed over
+# the shards splitting that factor.
+_MASKED = "batch? heads? q_len kv_len"
+_DENSE_INPUTS = (
+    "batch heads q_len head_dim, batch kv_heads kv_len head_dim, "
+    f"batch kv_heads kv_len value_dim, {_MASKED}, heads, {_MASKED}"  # mask, sinks, bias
+)
+ATTENTION_DENSE_MASK = ShardingRule.parse(
+    "attention_with_dense_mask", f"{_DENSE_INPUTS} -> {_OUT}, {_LSE}", **_OPTIONS
+)
+ATTENTION_DENSE_MASK_BACKWARD = ShardingRule.parse(
+    "attention_with_dense_mask_backward",
+    f"{_DENSE_INPUTS}, {_OUT}, {_LSE}, {_OUT}, {_LSE} -> {_DQ}, {_K}, {_V}, heads, {_MASKED}",
+    **_OPTIONS,
+)
+
+# Decorators of the public JAX functions in ``api`` and ``dense_mask``.
 attention_boundary = sharded(ATTENTION)
 with_lse_boundary = sharded(ATTENTION_WITH_LSE)
 backward_boundary = sharded(ATTENTION_BACKWARD)
+dense_mask_boundary = sharded(ATTENTION_DENSE_MASK)
+dense_mask_backward_boundary = sharded(ATTENTION_DENSE_MASK_BACKWARD)
 
 
 def mesh_cases() -> list[MeshCase]:
-    """Causal GQA 32/8 with batch over data and heads over model (no collectives needed), and a
-    causal ring over cp (K/V passed on with collective-permute)."""
+    """Causal GQA 32/8 with batch over data and heads over model (no collectives needed), and
+    causal rings over cp, contiguous and zig-zag (K/V passed on with collective-permute)."""
     import jax
     import jax.numpy as jnp
 
@@ -69,6 +89,18 @@ def mesh_cases() -> list[MeshCase]:
             ("cp",),
             differentiable=(0, 1, 2),
             forward_collectives={"collective-permute": 3},
+            backward_collectives={"collective-permute": 3},
+            control=False,
+        ),
+        MeshCase(
+            "zig-zag ring attention causal GQA 32/8 S4096 over cp bf16",
+            lambda q, k, v: ring.ring_attention(q, k, v, causal=True, layout="zigzag"),
+            (long_q, long_kv, long_kv),
+            (cp, cp, cp),
+            ("cp",),
+            differentiable=(0, 1, 2),
+            # 4 shards: the local causal block, then 3 steps of 2 equal-work branches.
+            forward_collectives={"collective-permute": 3, "mosaic": 7},
             backward_collectives={"collective-permute": 3},
             control=False,
         ),

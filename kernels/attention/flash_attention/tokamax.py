@@ -36,7 +36,9 @@ def attention(q, k, v, q_segment_ids, kv_segment_ids, spec: AttentionSpec):
             reach = spec.sliding_window - 1
             window = (reach, 0) if spec.causal else (reach, reach)
     else:
-        mask = masking.dense_mask(q_len, kv_len, spec, q_segment_ids, kv_segment_ids)
+        mask = masking.dense_mask(
+            q_len, kv_len, spec, masking.TokenMask(q_segment_ids, kv_segment_ids)
+        )
         causal, window = False, None
     _parse_tokamax_flags()
     out = tokamax.dot_product_attention(

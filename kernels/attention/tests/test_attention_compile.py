@@ -68,8 +68,8 @@ def test_backward_fake_has_the_real_gradient_layout(attention):
     sinks = torch.randn(4, dtype=torch.float64)
     op = attention.attention_with_lse
     out, lse = op(q, k, v, causal=True, sinks=sinks.float())
-    inputs = [q, k, v, None, None, None, sinks.float()]
-    static = (True, None, None, None, None, None, None)
+    inputs = [q, k, v, None, None, None, sinks.float(), None, None, None, None]
+    static = (True, None, None, None, None, None, None, False)
     real = op.backward_op(inputs, [out, lse], [torch.ones_like(out), torch.ones_like(lse)], *static)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake_inputs = [None if t is None else mode.from_tensor(t) for t in inputs]

@@ -168,8 +168,7 @@ def test_tokamax_refuses_logsumexp(attention):
     reasons = dict(
         attention.jax.TABLE.explain(
             *Case().arrays().values(),
-            None,  # q segment ids
-            None,  # kv segment ids
+            None,  # per-token mask arrays (masking.TokenMask)
             None,  # sinks
             spec=attention.jax.make_spec(16, True, None, None, None),
             block_q=None,

@@ -158,3 +158,51 @@ def test_kernelized_greedy_generation_matches_stock(attention, name):
                 )
             )
     assert torch.equal(*outputs), outputs
+
+
+def _gemma2_dropout():
+    config = transformers.Gemma2Config(
+        **SMALL, head_dim=16, attn_logit_softcapping=50.0, attention_dropout=0.1
+    )
+    return transformers.Gemma2ForCausalLM(config)
+
+
+def _gpt_oss_dropout():
+    model = _gpt_oss()
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    return model
+
+
+DROPOUT = {"gemma2-softcap": _gemma2_dropout, "gpt-oss-sinks": _gpt_oss_dropout}
+
+
+@pytest.mark.parametrize("name", list(DROPOUT))
+def test_dropout_with_softcap_or_sinks_is_left_alone_in_training(attention, name):
+    """The dropout path (torch SDPA) has no soft-cap and no sinks: a training kernelize leaves
+    the model's attention alone and says why; its training step runs."""
+    torch.manual_seed(0)
+    model = DROPOUT[name]().train()
+    report = kernelize(model, mode="training")
+    entries = [e for e in report.entries if e.kind == "attention"]
+    assert entries and not any(e.swapped for e in entries), report
+    assert all("attention_dropout=0.1" in e.reason for e in entries), entries[0].reason
+    ids, mask = _batch()
+    model(input_ids=ids, attention_mask=mask, labels=ids).loss.backward()
+
+
+@pytest.mark.parametrize("name", list(DROPOUT))
+def test_dropout_after_inference_kernelize_is_refused_at_the_call(attention, name):
+    from kernel_hub.kernel_api import KernelInputError
+
+    torch.manual_seed(0)
+    model = DROPOUT[name]().eval()
+    report = kernelize(model, mode="inference")
+    assert any(e.swapped for e in report.entries if e.kind == "attention"), report
+    ids, mask = _batch()
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)  # inference: no dropout, served
+    model.train()
+    feature = "softcap" if name.startswith("gemma2") else "s_aux"
+    with pytest.raises(KernelInputError, match=feature):
+        model(input_ids=ids, attention_mask=mask)

@@ -143,3 +143,65 @@ def test_blocks_must_be_powers_of_two(attention):
     q, k, v = _qkv()
     with pytest.raises(Exception, match="block_q=12 must be a power of two"):
         attention.dot_product_attention(q, k, v, implementation="pallas", block_q=12)
+
+
+def test_order_change_takes_effect_for_shapes_that_already_ran(attention, monkeypatch):
+    """A shape traced under one implementation order runs the new first implementation after
+    the order changes (no cache clearing by hand), forward and backward."""
+    table, pallas_tpu = attention.jax.TABLE, attention.jax.pallas_tpu
+    ran = []
+    for name in ("attention_forward", "attention_backward"):
+        original = getattr(pallas_tpu, name)
+
+        def recording(*args, _original=original, _name=name, **kwargs):
+            ran.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(pallas_tpu, name, recording)
+    q = torch.randn(1, 2, 8, 16, requires_grad=True)
+    k, v = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
+    saved = table.order("cpu")
+    try:
+        table.set_order("cpu", ("xla", "pallas"))
+        attention.attention_with_lse(q, k, v, causal=True)[0].sum().backward()
+        assert ran == [], "the xla order ran the Pallas kernel"
+        table.set_order("cpu", ("pallas", "xla"))
+        attention.attention_with_lse(q, k, v, causal=True)[0].sum().backward()
+        assert ran == ["attention_forward", "attention_backward"], ran
+    finally:
+        table.set_order("cpu", saved)
+
+
+def test_positional_contract_is_checked_by_name_at_definition(attention):
+    """The bridge passes the stub's tensors to the JAX functions by position and the sharding
+    rules describe them by position: a reordered or missing tensor fails when the op is defined."""
+    from kernel_hub.kernel_api import ShardingRule
+
+    ops, api = attention.torch_ops, attention.jax
+    contract = ops._contract(api.dot_product_attention_with_lse, api.attention_backward)
+
+    def swapped(query: torch.Tensor, value: torch.Tensor, key: torch.Tensor) -> torch.Tensor: ...
+
+    with pytest.raises(TypeError, match="takes \\('query', 'key', 'value'\\)"):
+        contract(swapped)
+
+    two = ShardingRule.parse("two", "batch, batch -> batch")
+    with pytest.raises(TypeError, match="2 operands"):
+        ops._contract(api.dot_product_attention_with_lse, api.attention_backward, (two,))(
+            _stub_like_attention_with_lse
+        )
+
+
+def _stub_like_attention_with_lse(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_mask: torch.Tensor | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    q_positions: torch.Tensor | None = None,
+    kv_positions: torch.Tensor | None = None,
+    q_groups: torch.Tensor | None = None,
+    kv_groups: torch.Tensor | None = None,
+) -> torch.Tensor: ...

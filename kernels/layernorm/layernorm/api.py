@@ -16,7 +16,7 @@ from kernel_hub.kernel_api import (
     require,
 )
 
-from . import pallas_tpu, reference
+from . import pallas_tpu, reference, sharding
 
 OP = "layer_norm"
 
@@ -75,6 +75,7 @@ TABLE = ImplementationTable(
 )
 
 
+@sharding.boundary
 def layer_norm(
     x: jax.Array,
     weight: jax.Array | None = None,
@@ -95,6 +96,7 @@ def layer_norm(
     return TABLE(x, weight, bias, eps=eps, block_rows=block_rows, implementation=implementation)
 
 
+@sharding.no_bias_boundary
 def layer_norm_no_bias(
     x: jax.Array,
     weight: jax.Array,
@@ -107,6 +109,7 @@ def layer_norm_no_bias(
     return layer_norm(x, weight, None, eps, implementation=implementation, block_rows=block_rows)
 
 
+@sharding.no_affine_boundary
 def layer_norm_no_affine(
     x: jax.Array,
     eps: float = 1e-5,

@@ -15,13 +15,10 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
+
+from kernel_hub.kernel_api import tiling
 
 from .reference import statistics_dtype
-
-# Half of v4's 16 MiB default scoped VMEM, so the default config fits every generation.
-VMEM_BUDGET_BYTES = 8 * 1024 * 1024
-MAX_BLOCK_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -39,32 +36,23 @@ class Affine:
     bias: bool
 
 
-def sublane_multiple(dtype) -> int:
-    """Rows in one TPU vreg tile: 8 for 32-bit, 16 for 16-bit types."""
-    return 8 * max(1, 4 // jnp.dtype(dtype).itemsize)
-
-
 def vmem_bytes_per_row(hidden: int, itemsize: int) -> int:
-    """Backward is the larger pass: x, g and dx blocks double-buffered, plus ~6 f32 temporaries."""
-    return hidden * (3 * 2 * itemsize + 6 * 4)
+    """The backward is the larger pass: x, g and dx blocks streamed, plus ~6 f32 temporaries
+    (x_hat, g, w*g, their product and the dweight and dbias contributions)."""
+    return tiling.vmem_bytes_per_row(hidden, itemsize, streamed=3, f32_temporaries=6)
 
 
 def default_config(rows: int, hidden: int, dtype, *, interpret: bool = False) -> BlockConfig:
     """Largest row block that fits the VMEM budget; one block per call in interpret mode."""
     if interpret:
         return BlockConfig(block_rows=rows)
-    multiple = sublane_multiple(dtype)
-    fit = VMEM_BUDGET_BYTES // vmem_bytes_per_row(hidden, jnp.dtype(dtype).itemsize)
-    block = max(multiple, min(MAX_BLOCK_ROWS, fit) // multiple * multiple)
-    return BlockConfig(block_rows=rows if rows <= block else block)
+    per_row = vmem_bytes_per_row(hidden, jnp.dtype(dtype).itemsize)
+    return BlockConfig(block_rows=tiling.row_block(rows, per_row, dtype))
 
 
 def config_problem(rows: int, dtype, config: BlockConfig) -> str | None:
     """Why a block config is illegal for TPU tiling, or None."""
-    multiple = sublane_multiple(dtype)
-    if config.block_rows == rows or (config.block_rows > 0 and config.block_rows % multiple == 0):
-        return None
-    return f"block_rows={config.block_rows} must equal rows ({rows}) or be a multiple of {multiple}"
+    return tiling.row_block_problem(rows, config.block_rows, dtype)
 
 
 def _split_refs(refs, affine: Affine):
@@ -153,7 +141,7 @@ def _forward(x, weight, bias, eps, config: BlockConfig, interpret: bool):
             _row_stat_spec(block),
             _row_stat_spec(block),
         ),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=tiling.compiler_params("parallel"),
         cost_estimate=cost,
         interpret=interpret,
         name="layer_norm_forward",
@@ -191,7 +179,7 @@ def _backward(x, weight, bias, mean, rstd, grad, config: BlockConfig, interpret:
             pl.BlockSpec((block, hidden), lambda i: (i, 0)),
             *[pl.BlockSpec((None, 1, hidden), lambda i: (i, 0, 0))] * num_partials,
         ),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=tiling.compiler_params("parallel"),
         cost_estimate=cost,
         interpret=interpret,
         name="layer_norm_backward",

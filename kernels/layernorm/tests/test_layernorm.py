@@ -13,6 +13,7 @@ import torch
 
 from kernel_hub import get_kernel
 from kernel_hub.errors import KernelInputError, NoImplementationError
+from kernel_hub.kernel_api import tiling
 from kernel_hub.testing import max_errors
 
 k = get_kernel("layernorm")
@@ -115,7 +116,7 @@ def test_default_block_fits_budget_and_tiling():
         config = pallas_tpu.default_config(rows, hidden, dtype)
         assert pallas_tpu.config_problem(rows, dtype, config) is None
         per_row = pallas_tpu.vmem_bytes_per_row(hidden, jnp.dtype(dtype).itemsize)
-        assert config.block_rows * per_row <= pallas_tpu.VMEM_BUDGET_BYTES
+        assert config.block_rows * per_row <= tiling.VMEM_BUDGET_BYTES
 
 
 @pytest.mark.parametrize("implementation", ["xla", "pallas"])

@@ -12,11 +12,13 @@ from kernel_hub.kernel_api import jax_op, op_namespace, require
 from . import expert_parallel
 
 
-def _swiglu_experts(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, axis, transport):
+def _swiglu_experts(
+    hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj, *, axis, transport
+):
     """The result laid out like ``hidden_states`` (the torch model reshapes it next; on an
     Explicit mesh a reshape of a token-split array needs its output sharding spelled out)."""
     out = expert_parallel.moe_ep(
-        x,
+        hidden_states,
         top_k_index,
         top_k_weights,
         gate_up_proj,
@@ -26,7 +28,7 @@ def _swiglu_experts(x, top_k_index, top_k_weights, gate_up_proj, down_proj, *, a
         transpose_rhs=True,
         transport=transport,
     )
-    return jax.sharding.reshard(out, jax.typeof(x).sharding)
+    return jax.sharding.reshard(out, jax.typeof(hidden_states).sharding)
 
 
 @jax_op(

@@ -25,6 +25,7 @@ MIN_ROWS = 8
 # without graph breaks, and training gradients).
 can_torch_compile = True
 has_backward = True
+module_problem = None  # every module the interface dispatches is served
 
 
 def _grouped_linear(

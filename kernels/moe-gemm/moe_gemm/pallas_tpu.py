@@ -17,6 +17,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernel_hub.kernel_api import tiling as tpu_tiling
+
 from .reference import accumulator_dtype
 from .schedule import Schedule, cdiv, gmm_schedule, num_visits, tgmm_schedule
 from .tiling import Tiling, default_tiling
@@ -107,9 +109,7 @@ def _gmm_call(lhs, rhs, group_sizes, *, transpose_rhs, out_dtype, tiling: Tiling
         functools.partial(_gmm_kernel, transpose_rhs=transpose_rhs),
         out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
         grid_spec=grid_spec,
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "arbitrary", "arbitrary")
-        ),
+        compiler_params=tpu_tiling.compiler_params("parallel", "arbitrary", "arbitrary"),
         cost_estimate=cost,
         interpret=interpret,
         name="moe_gmm",
@@ -181,9 +181,7 @@ def _tgmm_call(lhs, grad, group_sizes, *, out_dtype, tiling: Tiling, interpret):
         _tgmm_kernel,
         out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
         grid_spec=grid_spec,
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")
-        ),
+        compiler_params=tpu_tiling.compiler_params("parallel", "parallel", "arbitrary"),
         cost_estimate=cost,
         interpret=interpret,
         name="moe_tgmm",

@@ -74,6 +74,9 @@ def mesh_cases() -> list[MeshCase]:
             ("data", "model"),
             differentiable=(0, 1),
             forward_collectives={"all-reduce": 1},
+            # No mesh-axis convention splits k or n: both inputs are gathered whole.
+            auto_forward_collectives={"all-gather": 2},
+            auto_backward_collectives={"all-gather": 2},
         ),
         MeshCase(
             "expert-parallel MoE E16 top-2 bf16 (ragged_all_to_all)",
@@ -100,5 +103,6 @@ def mesh_cases() -> list[MeshCase]:
             (rows, rows, sizes),
             ((None, "data"), (None, "model"), (None,)),
             ("data", "model"),
+            auto_forward_collectives={"all-gather": 2},
         ),
     ]

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import jax.numpy as jnp
 
+from kernel_hub.kernel_api import tiling as tpu_tiling
+
 from .schedule import cdiv
 
 LANES = 128
@@ -53,11 +55,6 @@ TPU = Machine(flops_per_us=2e8, bytes_per_us=1e6, step_us=0.35)
 INTERPRET_TILE_ROWS = 128
 
 
-def sublanes(dtype) -> int:
-    """Rows in one TPU vreg tile: 8 for 32-bit, 16 for 16-bit types."""
-    return 8 * max(1, 4 // jnp.dtype(dtype).itemsize)
-
-
 def _dim_problem(name: str, tile: int, size: int, multiple: int) -> str | None:
     if tile == size or (tile > 0 and tile % multiple == 0):
         return None
@@ -67,7 +64,7 @@ def _dim_problem(name: str, tile: int, size: int, multiple: int) -> str | None:
 def tiling_problem(kind: str, m: int, k: int, n: int, dtype, tiling: Tiling) -> str | None:
     """Why ``tiling`` breaks TPU block rules for ``kind`` ("gmm" or "tgmm"), or None."""
     problems = [
-        _dim_problem("tm", tiling.tm, m, sublanes(dtype)),
+        _dim_problem("tm", tiling.tm, m, tpu_tiling.sublane_multiple(dtype)),
         _dim_problem("tk", tiling.tk, k, LANES),
         _dim_problem("tn", tiling.tn, n, LANES),
     ]
@@ -112,7 +109,7 @@ def modelled_us(
 
 
 def _row_candidates(m: int, dtype) -> list[int]:
-    multiple = sublanes(dtype)
+    multiple = tpu_tiling.sublane_multiple(dtype)
     return [m] + [t for t in ROW_TILES if t < m and t % multiple == 0]
 
 

@@ -18,26 +18,23 @@ import pytest
 import torch
 
 from kernel_hub import get_kernel
+from kernel_hub.models.tiny import tiny_model
 
 moe = get_kernel("moe-gemm")
 tiling = moe.tiling
 
 
 def test_decode_rows_are_bucketed_and_match_stock():
-    from transformers import MixtralConfig, MixtralForCausalLM
+    from transformers import MixtralForCausalLM
 
-    config = MixtralConfig(
-        vocab_size=128,
-        hidden_size=64,
+    model = tiny_model(
+        MixtralForCausalLM,
         intermediate_size=96,
         num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         num_local_experts=4,
         num_experts_per_tok=2,
     )
-    torch.manual_seed(0)
-    experts = MixtralForCausalLM(config).eval().model.layers[0].mlp.experts
+    experts = model.model.layers[0].mlp.experts
     name = moe.integrations.register()
     rows_seen = set()
     real_gmm = moe.integrations.gmm
@@ -76,7 +73,7 @@ def test_decode_tiles_fit_the_rows(model, tokens):
         chosen = tiling.default_tiling(
             "gmm", rows, k, n, experts, jnp.bfloat16, jnp.bfloat16, interpret=False
         )
-        assert chosen.tm <= max(rows, tiling.sublanes(jnp.bfloat16)), chosen
+        assert chosen.tm <= max(rows, tiling.tpu_tiling.sublane_multiple(jnp.bfloat16)), chosen
         modelled = tiling.modelled_us("gmm", rows, k, n, experts, jnp.bfloat16, chosen, tiling.TPU)
         weight_read_us = min(experts, rows) * k * n * 2 / tiling.TPU.bytes_per_us
         if tokens <= 64:

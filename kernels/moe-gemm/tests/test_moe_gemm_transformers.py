@@ -9,9 +9,10 @@ from unittest import mock
 import jax
 import pytest
 import torch
-from transformers import MixtralConfig, MixtralForCausalLM
+from transformers import MixtralForCausalLM
 
 from kernel_hub import get_kernel
+from kernel_hub.models.tiny import tiny_model
 
 moe = get_kernel("moe-gemm")
 
@@ -40,19 +41,13 @@ def implementation(request):
 
 
 def tiny_mixtral(experts_implementation: str = "eager") -> MixtralForCausalLM:
-    config = MixtralConfig(
-        vocab_size=128,
-        hidden_size=64,
+    model = tiny_model(
+        MixtralForCausalLM,
         intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         num_local_experts=4,
         num_experts_per_tok=2,
         max_position_embeddings=64,
     )
-    torch.manual_seed(0)
-    model = MixtralForCausalLM(config).eval()
     model.set_experts_implementation(experts_implementation)
     return model
 

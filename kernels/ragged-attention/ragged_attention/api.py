@@ -26,7 +26,7 @@ from kernel_hub.kernel_api import (
 )
 
 from . import blocks as block_sizes
-from . import pallas_paged, pallas_ragged, reference
+from . import pallas_paged, pallas_ragged, reference, sharding
 from .masking import RaggedSpec
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float64")
@@ -303,6 +303,7 @@ PAGED_TABLE = ImplementationTable(
 )
 
 
+@sharding.ragged_boundary
 def ragged_attention(
     query: jax.Array,
     key: jax.Array,
@@ -353,6 +354,7 @@ def ragged_attention(
     )
 
 
+@sharding.paged_boundary
 def paged_attention(
     query: jax.Array,
     k_pages: jax.Array,

@@ -31,6 +31,7 @@ DEFAULT_NAME = "kernel_hub_flash_serving"
 # What kernelize() checks before using it in a mode: forward only, eager only.
 can_torch_compile = False
 has_backward = False
+module_problem = None  # every module the interface dispatches is served
 
 HONOURED = (
     "cu_seq_lens_q",

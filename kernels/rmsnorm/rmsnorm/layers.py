@@ -33,7 +33,7 @@ class RMSNorm(torch.nn.Module):
     has_backward = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return rms_norm(hidden_states, self.weight, _epsilon(self), None, 0.0, "normalized")
+        return rms_norm(hidden_states, self.weight, _epsilon(self), rounding="normalized")
 
 
 class RMSNormF32Scale(torch.nn.Module):
@@ -43,7 +43,7 @@ class RMSNormF32Scale(torch.nn.Module):
     has_backward = True
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return rms_norm(hidden_states, self.weight, _epsilon(self), None, 0.0, "input")
+        return rms_norm(hidden_states, self.weight, _epsilon(self), rounding="input")
 
 
 class RMSNormZeroCentered(torch.nn.Module):
@@ -53,7 +53,7 @@ class RMSNormZeroCentered(torch.nn.Module):
     has_backward = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, _epsilon(self), None, 1.0, "input")
+        return rms_norm(x, self.weight, _epsilon(self), weight_offset=1.0, rounding="input")
 
 
 def _rmsnorm_module_problem(module: torch.nn.Module) -> str | None:

@@ -13,13 +13,10 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
+
+from kernel_hub.kernel_api import tiling
 
 from .reference import output_dtype, scale_and_round, statistics_dtype
-
-# Half of v4's 16 MiB default scoped VMEM, so the default config fits every generation.
-VMEM_BUDGET_BYTES = 8 * 1024 * 1024
-MAX_BLOCK_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -37,36 +34,23 @@ class Form:
     rounding: str = "promoted"
 
 
-def sublane_multiple(dtype) -> int:
-    """Rows in one TPU vreg tile: 8 for 32-bit, 16 for 16-bit types."""
-    return 8 * max(1, 4 // jnp.dtype(dtype).itemsize)
-
-
-def _vmem_bytes_per_row(hidden: int, itemsize: int) -> int:
-    # Backward is the larger pass: x, g and dx blocks double-buffered, plus ~5 f32 temporaries.
-    return hidden * (3 * 2 * itemsize + 5 * 4)
+def vmem_bytes_per_row(hidden: int, itemsize: int) -> int:
+    """The backward is the larger pass: x, g and dx blocks streamed, plus ~5 f32 temporaries
+    (x, g, x_hat, w*g and the dweight contribution)."""
+    return tiling.vmem_bytes_per_row(hidden, itemsize, streamed=3, f32_temporaries=5)
 
 
 def default_config(rows: int, hidden: int, dtype, *, interpret: bool = False) -> BlockConfig:
     """Largest row block that fits the VMEM budget; one block per call in interpret mode."""
     if interpret:
         return BlockConfig(block_rows=rows)
-    multiple = sublane_multiple(dtype)
-    fit = VMEM_BUDGET_BYTES // _vmem_bytes_per_row(hidden, jnp.dtype(dtype).itemsize)
-    block = max(multiple, min(MAX_BLOCK_ROWS, fit) // multiple * multiple)
-    return BlockConfig(block_rows=rows if rows <= block else block)
+    per_row = vmem_bytes_per_row(hidden, jnp.dtype(dtype).itemsize)
+    return BlockConfig(block_rows=tiling.row_block(rows, per_row, dtype))
 
 
 def config_problem(rows: int, dtype, config: BlockConfig) -> str | None:
     """Why a block config is illegal for TPU tiling, or None."""
-    multiple = sublane_multiple(dtype)
-    if config.block_rows == rows or (config.block_rows > 0 and config.block_rows % multiple == 0):
-        return None
-    return f"block_rows={config.block_rows} must equal rows ({rows}) or be a multiple of {multiple}"
-
-
-def _compiler_params(semantics: tuple[str, ...]) -> pltpu.CompilerParams:
-    return pltpu.CompilerParams(dimension_semantics=semantics)
+    return tiling.row_block_problem(rows, config.block_rows, dtype)
 
 
 def _forward_kernel(x_ref, w_ref, y_ref, rstd_ref, *, eps: float, form: Form):
@@ -125,7 +109,7 @@ def _forward(x, weight, eps, config: BlockConfig, form: Form, interpret: bool):
             pl.BlockSpec((block, hidden), lambda i: (i, 0)),
             pl.BlockSpec((block, 1), lambda i: (i, 0)),
         ),
-        compiler_params=_compiler_params(("parallel",)),
+        compiler_params=tiling.compiler_params("parallel"),
         cost_estimate=cost,
         interpret=interpret,
         name="rms_norm_forward",
@@ -162,7 +146,7 @@ def _backward(x, weight, rstd, grad, config: BlockConfig, form: Form, interpret:
             pl.BlockSpec((block, hidden), lambda i: (i, 0)),
             pl.BlockSpec((None, 1, hidden), lambda i: (i, 0, 0)),
         ),
-        compiler_params=_compiler_params(("parallel",)),
+        compiler_params=tiling.compiler_params("parallel"),
         cost_estimate=cost,
         interpret=interpret,
         name="rms_norm_backward",

@@ -32,5 +32,8 @@ def mesh_cases() -> list[MeshCase]:
             ("data", "model"),
             differentiable=(0, 1),
             backward_collectives={"all-reduce": 1},
+            # The conventions split rows over data only: x's model split is gathered.
+            auto_forward_collectives={"all-gather": 1},
+            auto_backward_collectives={"all-gather": 1, "all-reduce": 1},
         )
     ]

@@ -13,6 +13,8 @@ import torch
 
 from kernel_hub import get_kernel
 from kernel_hub.errors import KernelInputError, NoImplementationError
+from kernel_hub.kernel_api import tiling
+from kernel_hub.models.tiny import tiny_model
 from kernel_hub.testing import max_errors
 
 k = get_kernel("rmsnorm")
@@ -88,11 +90,8 @@ def test_default_block_fits_budget_and_tiling():
     ]:
         config = from_kernel.default_config(rows, hidden, dtype)
         assert from_kernel.config_problem(rows, dtype, config) is None
-        per_row = from_kernel._vmem_bytes_per_row(hidden, jnp.dtype(dtype).itemsize)
-        assert (
-            config.block_rows == rows
-            or config.block_rows * per_row <= from_kernel.VMEM_BUDGET_BYTES
-        )
+        per_row = from_kernel.vmem_bytes_per_row(hidden, jnp.dtype(dtype).itemsize)
+        assert config.block_rows == rows or config.block_rows * per_row <= tiling.VMEM_BUDGET_BYTES
 
 
 @pytest.mark.parametrize("implementation", ["xla", "pallas"])
@@ -141,17 +140,9 @@ def test_non_contiguous_and_offset_inputs_are_accepted():
 
 
 def test_llama_with_kernel_rmsnorm_matches_stock():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    model = LlamaForCausalLM(config).eval()
+    model = tiny_model(LlamaForCausalLM)
     ids = torch.randint(0, 128, (2, 12))
     with torch.no_grad():
         stock = model(ids).logits

@@ -1,0 +1,247 @@
+"""``kernel-hub doctor``: what this machine gives kernel-hub, and what to do about each gap.
+
+Looks without side effects: runtimes are found by their distributions, never imported (torchax
+renames torch's PrivateUse1 device on import; torch_tpu needs libtpu to import), and JAX is asked
+for devices only where a TPU chip is on the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+
+from kernel_hub.platform import accelerator_present
+
+from .output import print_json, print_table
+
+OK, MISSING, INFO = "ok", "missing", "info"
+
+
+@dataclass(frozen=True)
+class Check:
+    area: str
+    status: str
+    found: str
+    todo: str = ""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "doctor",
+        help="report runtimes, libtpu and TPU, extras, cache, registry, keys and hub access",
+    )
+    parser.add_argument("--registry", help="registry file (default: the built-in registry)")
+    parser.add_argument(
+        "--timeout", type=float, default=3.0, help="seconds to wait for the hub (default 3)"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(func=run_doctor)
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _required(extra: str, distribution: str) -> SpecifierSet | None:
+    """The version range kernel-hub's ``extra`` asks of ``distribution`` (installed wheels)."""
+    try:
+        requirements = importlib.metadata.requires("kernel-hub") or []
+    except importlib.metadata.PackageNotFoundError:  # running from a checkout
+        return None
+    for text in requirements:
+        requirement = Requirement(text)
+        same = canonicalize_name(requirement.name) == canonicalize_name(distribution)
+        if (
+            same
+            and requirement.marker is not None
+            and requirement.marker.evaluate({"extra": extra})
+        ):
+            return requirement.specifier
+    return None
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def runtime_checks() -> list[Check]:
+    """Which torch TPU runtime would carry kernel-hub ops, and libtpu with the TPU generation."""
+    runtimes = {
+        "TorchTPU (device 'tpu')": ("torch_tpu", "torch-tpu", "torch-tpu"),
+        "torchax (device 'jax')": ("torchax", "torchax", "torchax"),
+        "PyTorch/XLA (device 'xla')": ("torch_xla", "torch-xla", None),
+    }
+    checks = []
+    for name, (module, distribution, extra) in runtimes.items():
+        version = _version(distribution)
+        wanted = _required(extra, distribution) if extra else None
+        if _installed(module) and wanted is not None and not wanted.contains(version, True):
+            checks.append(
+                Check(
+                    f"runtime: {name}",
+                    MISSING,
+                    f"{distribution} {version}, but kernel-hub[{extra}] needs {wanted}",
+                    f"pip install -c constraints.txt 'kernel-hub[{extra}]'",
+                )
+            )
+        elif _installed(module):
+            checks.append(Check(f"runtime: {name}", OK, f"{distribution} {version}"))
+        else:
+            how = f"pip install 'kernel-hub[{extra}]'" if extra else "docs/running-on-tpu.md"
+            checks.append(Check(f"runtime: {name}", MISSING, "not installed", f"for TPUs: {how}"))
+    checks.append(Check("runtime: CPU (DLPack)", OK, "always: torch CPU tensors run via JAX CPU"))
+    libtpu = _version("libtpu")
+    checks.append(
+        Check("libtpu", OK, libtpu)
+        if libtpu
+        else Check(
+            "libtpu",
+            MISSING,
+            "not installed",
+            "pip install 'kernel-hub[tpu]' (JAX on TPU, deviceless compile-check)",
+        )
+    )
+    checks.append(_tpu_check(libtpu is not None))
+    return checks
+
+
+def _tpu_check(have_libtpu: bool) -> Check:
+    if not accelerator_present():
+        return Check(
+            "TPU",
+            INFO,
+            "no TPU chip on this host (/dev/accel*, /dev/vfio)",
+            "kernels run their CPU implementations; kernel-hub compile-check compiles for TPUs "
+            "without one" + ("" if have_libtpu else " (needs libtpu)"),
+        )
+    import jax
+
+    from kernel_hub.platform import tpu_generation
+
+    devices = jax.devices()
+    if devices[0].platform != "tpu":
+        return Check(
+            "TPU",
+            MISSING,
+            f"an accelerator is present but JAX sees {devices[0].platform}",
+            "check JAX_PLATFORMS and that libtpu matches jax (pip install 'kernel-hub[tpu]')",
+        )
+    return Check("TPU", OK, f"{tpu_generation(devices[0])} x {len(devices)}")
+
+
+def extras_checks() -> list[Check]:
+    """Each extra with the modules it installs; the CLI's map of import names to extras."""
+    from . import EXTRA_OF_MODULE
+
+    by_extra: dict[str, list[str]] = {}
+    for module, extra in EXTRA_OF_MODULE.items():
+        by_extra.setdefault(extra, []).append(module)
+    checks = []
+    for extra, modules in by_extra.items():
+        absent = [m for m in modules if not _installed(m)]
+        found = ", ".join(m for m in modules if m not in absent) or "-"
+        if absent:
+            todo = f"pip install 'kernel-hub[{extra}]' (lacks {', '.join(absent)})"
+            checks.append(Check(f"extra [{extra}]", MISSING, found, todo))
+        else:
+            checks.append(Check(f"extra [{extra}]", OK, found))
+    return checks
+
+
+def registry_checks(registry: str | None) -> list[Check]:
+    """The registry in use and the publisher keys it pins (no key: every hub load is refused)."""
+    from kernel_hub.registry.registry import load_registry
+
+    loaded = load_registry(registry)
+    from kernel_hub.bridge.compile_cache import compilation_cache_dir
+
+    compile_cache = compilation_cache_dir()
+    checks = [
+        Check("registry", OK, f"{loaded.path} ({len(loaded.ops)} ops)"),
+        Check("compilation cache", INFO, str(compile_cache) if compile_cache else "off"),
+    ]
+    if loaded.publishers:
+        pinned = "; ".join(
+            f"{p.publisher}: {len(p.keys)} key(s)" for p in loaded.publishers.values()
+        )
+        checks.append(Check("pinned keys", OK, pinned))
+    else:
+        checks.append(
+            Check(
+                "pinned keys",
+                MISSING,
+                "none: hub builds (get_kernel(version=...), source='hub', verify, mirror) are "
+                "refused; in-tree kernels load",
+                "pin a publisher's key under publishers: in your registry "
+                "(docs/hub-walkthrough.md, docs/trust.md)",
+            )
+        )
+    return checks
+
+
+def hub_checks(timeout: float) -> list[Check]:
+    """The Hugging Face cache in use and whether the hub endpoint answers."""
+    if not _installed("huggingface_hub"):
+        return [
+            Check("hub", MISSING, "huggingface_hub not installed", "pip install 'kernel-hub[hub]'")
+        ]
+    from kernel_hub.hub import settings
+
+    endpoint = settings.endpoint()
+    checks = [
+        Check("hub cache", INFO, str(settings.cache_dir())),
+        Check("trusted publishers", INFO, ", ".join(settings.trusted_publishers()) or "(none)"),
+    ]
+    if settings.offline():
+        checks.append(
+            Check("hub", INFO, f"offline (HF_HUB_OFFLINE): cached builds only ({endpoint})")
+        )
+        return checks
+    try:
+        with urllib.request.urlopen(endpoint, timeout=timeout):
+            pass
+        checks.append(Check("hub", OK, f"{endpoint} answers"))
+    except urllib.error.HTTPError as exc:  # an HTTP answer, whatever its status: reachable
+        checks.append(Check("hub", OK, f"{endpoint} answers (HTTP {exc.code} at /)"))
+    except OSError as exc:
+        reason = getattr(exc, "reason", exc)
+        checks.append(
+            Check(
+                "hub",
+                MISSING,
+                f"{endpoint} unreachable: {reason}",
+                "set HF_ENDPOINT to a mirror (kernel-hub serve), or HF_HUB_OFFLINE=1 for the cache",
+            )
+        )
+    return checks
+
+
+def doctor(registry: str | None = None, timeout: float = 3.0) -> list[Check]:
+    return [
+        *runtime_checks(),
+        *extras_checks(),
+        *registry_checks(registry),
+        *hub_checks(timeout),
+    ]
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    checks = doctor(args.registry, args.timeout)
+    if args.json:
+        print_json([asdict(c) for c in checks])
+        return 0
+    rows: list[list[Any]] = [[c.area, c.status, c.found, c.todo or "-"] for c in checks]
+    print_table(["check", "status", "found", "what to do"], rows)
+    return 0

@@ -1,0 +1,76 @@
+"""Hugging Face ``kernels`` layer mappings that load kernel-hub builds.
+
+``kernels`` (0.17) swaps the forward of layers Transformers marks with
+``use_kernel_forward_from_hub(NAME)`` for a layer of a hub build, chosen per device type by a
+mapping ``{NAME: {device: LayerRepository(...)}}``. kernel-hub's hub builds carry the layout it
+reads (``build/torch-cpu``, ``build/torch-tpu`` with ``backend: tpu``, branches ``vN``), so the
+mapping below lets ``kernels.kernelize(model, device="tpu" | "cpu")`` (or Transformers'
+``use_kernels=True`` with ``kernel_config``) load them:
+
+    with kernels.use_kernel_mapping(hub_layer_mapping()):
+        kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cpu")
+
+What a user gives up against ``kernel_hub.kernelize``: ``kernels`` checks neither kernel-hub's
+signatures nor the pinned publisher keys (0.17 verifies no file digest on load either; a lock
+file pins commits only). What it checks instead is whether the Hub marks the repo's organisation
+as a trusted kernel publisher, else ``trust_remote_code``; so the build is trusted as the hub
+serves it, and a mirror or a compromised hub goes unnoticed. It also swaps by layer name
+alone, without kernel-hub's bit-exact probe of each class's form (an ``RMSNorm``-named class that
+rounds after the weight, as GPT-OSS/OLMo2 do, gets the Llama form: equal in f32, a rounding
+apart in bf16). Importing this module imports ``kernels``; nothing else in kernel-hub does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kernel_hub.errors import KernelHubError
+from kernel_hub.registry.registry import load_registry
+
+DEVICES = ("tpu", "cpu")
+"""Device types ``kernels`` selects kernel-hub's variants for: torch-tpu (TorchTPU), torch-cpu."""
+
+
+def _major(specifier: Any) -> int:
+    """The major version a ``>=X.Y,<Z`` range starts at: ``kernels`` fetches branch ``vX``."""
+    lower = [s.version for s in specifier if s.operator in (">=", "==", "~=")]
+    if not lower:
+        raise KernelHubError(f"version range {specifier} has no lower bound to take a major from")
+    return int(lower[0].split(".")[0])
+
+
+def hub_layer_mapping(
+    registry: str | Path | None = None,
+    devices: tuple[str, ...] = DEVICES,
+    trust_remote_code: bool | list[str] = False,
+) -> dict[str, dict[str, Any]]:
+    """``{layer name: {device: LayerRepository}}`` for every layer of every registry op with a hub
+    repo, at the major version its range starts at (``kernels`` resolves it to branch ``vN``).
+
+    ``trust_remote_code`` goes to each ``LayerRepository``: ``kernels`` imports code only from
+    organisations the Hub marks as trusted kernel publishers (it asks the Hub, which a mirror or a
+    ``kernel-hub serve`` store cannot answer), or from the repos listed here."""
+    from kernels import LayerRepository
+
+    unknown = set(devices) - set(DEVICES)
+    if unknown:
+        raise KernelHubError(
+            f"devices {sorted(unknown)}: kernel-hub builds serve {', '.join(DEVICES)}"
+        )
+    mapping: dict[str, dict[str, Any]] = {}
+    for entry in load_registry(registry):
+        if entry.repo is None:
+            continue
+        version = _major(entry.version)
+        for layer in entry.layers:
+            mapping[layer] = {
+                device: LayerRepository(
+                    repo_id=entry.repo,
+                    layer_name=layer,
+                    version=version,
+                    trust_remote_code=trust_remote_code,
+                )
+                for device in devices
+            }
+    return mapping

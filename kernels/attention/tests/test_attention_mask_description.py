@@ -1,0 +1,197 @@
+"""kernel-hub's AttentionMaskInterface entry describes every mask Transformers composes from its
+own factories exactly: the description, evaluated the way the kernel evaluates it
+(``masking.dense_mask`` on the arrays the op receives) and the way the dense paths do
+(``MaskDescription.dense``), equals Transformers' ``sdpa_mask`` entry for entry."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import LlamaConfig  # noqa: E402
+from transformers import masking_utils as mu  # noqa: E402
+from transformers.cache_utils import StaticCache  # noqa: E402
+
+BATCH, LENGTH = 2, 20
+
+
+@pytest.fixture(scope="module")
+def name(attention):
+    return attention.KERNEL.integration("transformers").register()
+
+
+def _config(implementation: str, **extra) -> LlamaConfig:
+    config = LlamaConfig(
+        vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, **extra
+    )
+    config._attn_implementation = implementation
+    return config
+
+
+def _padding(left: int = 3, right: int = 2) -> torch.Tensor:
+    mask = torch.ones(BATCH, LENGTH, dtype=torch.long)
+    mask[0, :left] = 0
+    mask[1, LENGTH - right :] = 0
+    return mask
+
+
+def _image_blocks() -> torch.Tensor:
+    ids = torch.full((BATCH, LENGTH), -1)
+    ids[0, 4:9] = 0
+    ids[0, 12:15] = 1
+    ids[1, 0:6] = 0
+    return ids
+
+
+def _packed_positions() -> torch.Tensor:
+    return torch.cat([torch.arange(7), torch.arange(9), torch.arange(4)])[None].repeat(BATCH, 1)
+
+
+def _kernel_mask(attention, description) -> np.ndarray:
+    """What the kernel computes: ``masking.dense_mask`` of the op's per-token arrays."""
+    api, masking = attention.jax, attention.jax.masking
+
+    def j(x):
+        return None if x is None else jnp.asarray(x.numpy())
+
+    spec = api.make_spec(
+        8, description.causal, description.sliding_window, None, None,
+        description.window_bounds_groups,
+    )  # fmt: skip
+    query = jnp.zeros((description.shape[0], 1, description.q_len, 8))
+    key = jnp.zeros((description.shape[0], 1, description.kv_len, 8))
+    tokens = api._prepare(
+        query,
+        key,
+        j(description.kv_valid),
+        j(description.q_segment_ids),
+        j(description.kv_segment_ids),
+        j(description.q_positions),
+        j(description.kv_positions),
+        j(description.q_groups),
+        j(description.kv_groups),
+    )
+    mask = masking.dense_mask(description.q_len, description.kv_len, spec, tokens)
+    return np.broadcast_to(np.asarray(mask), (description.shape[0], 1, *mask.shape[2:]))
+
+
+CASES = {
+    "causal-left-right-padding": (mu.create_causal_mask, {}, {"attention_mask": _padding()}),
+    "sliding-window-padding": (
+        mu.create_sliding_window_causal_mask,
+        {"sliding_window": 5},
+        {"attention_mask": _padding()},
+    ),
+    "chunked-left-padding": (
+        mu.create_chunked_causal_mask,
+        {"attention_chunk_size": 6},
+        {"attention_mask": _padding(left=4, right=0)},
+    ),
+    "packed-position-ids": (
+        mu.create_causal_mask,
+        {},
+        {"attention_mask": None, "position_ids": _packed_positions()},
+    ),
+    "packed-chunked": (
+        mu.create_chunked_causal_mask,
+        {"attention_chunk_size": 4},
+        {"attention_mask": None, "position_ids": _packed_positions()},
+    ),
+    "image-blocks-padding": (
+        mu.create_causal_mask,
+        {},
+        {"attention_mask": _padding(), "block_sequence_ids": _image_blocks()},
+    ),
+    "image-blocks-sliding": (
+        mu.create_sliding_window_causal_mask,
+        {"sliding_window": 4},
+        {"attention_mask": _padding(), "block_sequence_ids": _image_blocks()},
+    ),
+    "gemma3-window-after-blocks": (
+        mu.create_causal_mask,
+        {},
+        {
+            "attention_mask": _padding(),
+            "or_mask_function": mu.blockwise_overlay(_image_blocks()),
+            "and_mask_function": mu.sliding_window_overlay(3),
+        },
+    ),
+    "bidirectional-padding": (mu.create_bidirectional_mask, {}, {"attention_mask": _padding()}),
+    "modernbert-two-way-window": (
+        mu.create_bidirectional_sliding_window_mask,
+        {"sliding_window": 3},
+        {"attention_mask": _padding()},
+    ),
+    "cross-attention-encoder-padding": (
+        mu.create_bidirectional_mask,
+        {},
+        {"attention_mask": _padding()[:, :13], "encoder_hidden_states": torch.zeros(BATCH, 13, 16)},
+    ),
+}
+
+
+def _build(factory, config, kwargs, length=LENGTH, cache=None):
+    inputs = torch.zeros(BATCH, length, 16)
+    arguments = {"config": config, "inputs_embeds": inputs, **kwargs}
+    if factory is not mu.create_bidirectional_mask:
+        arguments["cache"] = cache
+    return factory(**arguments)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_description_equals_sdpa_mask(attention, name, case):
+    factory, extra, kwargs = CASES[case]
+    description = _build(factory, _config(name, **extra), kwargs)
+    assert isinstance(description, attention.KERNEL.integration("transformers").MaskDescription), (
+        description
+    )
+    stock = _build(factory, _config("sdpa", **extra), kwargs)
+    if stock is None:  # SDPA left it out: plain causal or bidirectional over every key
+        pytest.fail(f"{case}: Transformers built no mask; the case tests nothing")
+    stock = stock.expand(BATCH, 1, -1, -1).numpy()
+    assert np.array_equal(description.dense().numpy(), stock), case
+    assert np.array_equal(_kernel_mask(attention, description), stock), case
+
+
+def test_static_cache_prefill_and_decode_offsets(attention, name):
+    """A static cache holds 32 slots: a padded 20-token prompt, then one decode step at
+    position 20; the description needs explicit positions (queries are not end-aligned)."""
+    padding = _padding(left=5, right=0)
+    for step, (length, mask) in enumerate(
+        [(LENGTH, padding), (1, torch.cat([padding, torch.ones(BATCH, 1, dtype=torch.long)], 1))]
+    ):
+        masks = {}
+        for implementation in (name, "sdpa"):
+            config = _config(implementation, max_position_embeddings=64)
+            cache = StaticCache(config=config, max_cache_len=32)
+            if step:
+                _fill(cache, config)
+            kwargs = {"attention_mask": mask, "allow_is_causal_skip": False}
+            masks[implementation] = _build(
+                mu.create_causal_mask, config, kwargs, length=length, cache=cache
+            )
+        description, stock = masks[name], masks["sdpa"].expand(BATCH, 1, -1, -1).numpy()
+        assert description.q_positions is not None
+        assert np.array_equal(description.dense().numpy(), stock), step
+        assert np.array_equal(_kernel_mask(attention, description), stock), step
+
+
+def _fill(cache, config) -> None:
+    """What a prefill of LENGTH tokens leaves in the cache."""
+    keys = torch.zeros(BATCH, config.num_key_value_heads, LENGTH, 8)
+    for index in range(len(cache.layers)):
+        cache.update(keys, keys, index)
+
+
+def test_unknown_mask_function_falls_back_to_dense_with_reason(attention, name, caplog):
+    description = _build(
+        mu.create_causal_mask,
+        _config(name),
+        {"attention_mask": _padding(), "or_mask_function": lambda b, h, q, k: q == k + 7},
+    )
+    assert isinstance(description, torch.Tensor) and description.shape == (BATCH, 1, 20, 20)
+    assert "not one of masking_utils' factories" in caplog.text

@@ -1,0 +1,306 @@
+"""Public JAX API: ``fused_experts`` (experts of a routed batch) and ``fused_moe`` (router
+logits -> top-k -> experts), with one implementation table: "pallas" (the fused kernel) and
+"xla" (sorted copies + ``ragged_dot``).
+
+The fused kernel serves decode steps (up to ``MAX_TOKENS`` tokens, held whole in VMEM); longer
+calls (prefill) take the XLA path, which is compute-bound there anyway. Forward only: training
+keeps Transformers' experts on the moe-gemm kernel (``gmm``/``tgmm`` with
+their VJP), where the backward's weight gradients need the per-expert row groups anyway; the
+fused kernel exists to read each weight once per decode step.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernel_hub.kernel_api import (
+    Implementation,
+    ImplementationTable,
+    Platform,
+    check_dtype,
+    check_rank,
+    dtype_name,
+    jax_default_device,
+    jax_platform,
+    require,
+    tpu_generation,
+)
+
+from . import pallas_tpu, quant, reference, sharding
+from .activations import KINDS, Activation
+from .blocks import MAX_TOKENS, Blocks, blocks_problem, default_blocks, vmem_capacity
+from .config import ExpertsConfig
+from .routing import Router, route
+
+FLOAT_DTYPES = ("float32", "bfloat16", "float64")
+INT_DTYPES = ("int32", "int64")
+QUANTIZED_DTYPES = {"int8": "int8", "fp8": "float8_e4m3fn"}
+
+
+def make_config(
+    activation: str,
+    alpha: float,
+    limit: float,
+    transposed: bool,
+    interleaved: bool,
+    quantization: str | None,
+) -> ExpertsConfig:
+    op = "fused_experts"
+    require(activation in KINDS, f"{op}: activation must be one of {KINDS}, got {activation!r}")
+    require(
+        quantization is None or quantization in quant.KINDS,
+        f"{op}: quantization must be None or one of {quant.KINDS}, got {quantization!r}",
+    )
+    require(
+        quantization is None or not transposed,
+        f"{op}: quantized weights use Transformers' [E, out, in] layout; transposed=True is not "
+        "supported with quantization",
+    )
+    return ExpertsConfig(
+        Activation(activation, alpha, limit), transposed, interleaved, quantization
+    )
+
+
+def check_inputs(
+    x, top_k_index, top_k_weights, w_gate_up, w_down, gate_up_bias, down_bias, gate_up_scale,
+    down_scale, config: ExpertsConfig,
+) -> None:  # fmt: skip
+    """Shape and dtype rules, shared by the JAX functions and the torch op."""
+    op = "fused_experts"
+    check_rank(op, "hidden_states", x, 2)
+    check_dtype(op, "hidden_states", x, FLOAT_DTYPES)
+    check_rank(op, "top_k_index", top_k_index, 2)
+    check_dtype(op, "top_k_index", top_k_index, INT_DTYPES)
+    check_rank(op, "top_k_weights", top_k_weights, 2)
+    check_dtype(op, "top_k_weights", top_k_weights, FLOAT_DTYPES)
+    tokens, hidden = x.shape
+    require(
+        tuple(top_k_index.shape) == tuple(top_k_weights.shape) and top_k_index.shape[0] == tokens,
+        f"{op}: top_k_index {tuple(top_k_index.shape)} and top_k_weights "
+        f"{tuple(top_k_weights.shape)} must both be [{tokens}, k] (tokens of hidden_states)",
+    )
+    check_rank(op, "w_gate_up", w_gate_up, 3)
+    check_rank(op, "w_down", w_down, 3)
+    weight_dtype = QUANTIZED_DTYPES.get(config.quantization)
+    for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        if weight_dtype is None:
+            check_dtype(op, name, w, (dtype_name(x.dtype),))
+        else:
+            check_dtype(op, name, w, (weight_dtype,))
+    experts = w_gate_up.shape[0]
+    inter = config.intermediate(w_gate_up.shape)
+    layout = "[E, H, 2I]" if config.transposed else "[E, 2I, H]"
+    require(
+        config.hidden(w_gate_up.shape) == hidden
+        and w_gate_up.shape[2 if config.transposed else 1] == 2 * inter,
+        f"{op}: w_gate_up {tuple(w_gate_up.shape)} read as {layout} must have H={hidden} "
+        "(hidden_states) and an even gate/up dimension",
+    )
+    down = (experts, inter, hidden) if config.transposed else (experts, hidden, inter)
+    require(
+        tuple(w_down.shape) == down,
+        f"{op}: w_down {tuple(w_down.shape)} must be {down} for w_gate_up "
+        f"{tuple(w_gate_up.shape)} (transposed={config.transposed})",
+    )
+    for name, bias, shape in (
+        ("gate_up_bias", gate_up_bias, (experts, 2 * inter)),
+        ("down_bias", down_bias, (experts, hidden)),
+    ):
+        if bias is not None:
+            require(
+                tuple(bias.shape) == shape,
+                f"{op}: {name} {tuple(bias.shape)} must be {shape}",
+            )
+    scales = (("gate_up_scale", gate_up_scale, w_gate_up), ("down_scale", down_scale, w_down))
+    if config.quantization is None:
+        given = [name for name, scale, _ in scales if scale is not None]
+        require(not given, f"{op}: {given} given without quantization")
+        return
+    for name, scale, w in scales:
+        shape = quant.scale_shape(config.quantization, tuple(w.shape))
+        require(
+            scale is not None and tuple(scale.shape) == shape,
+            f"{op}: quantization={config.quantization!r} needs {name} of shape {shape} for "
+            f"weight {tuple(w.shape)}, got {None if scale is None else tuple(scale.shape)}",
+        )
+        check_dtype(op, name, scale, ("float32",))
+    if config.quantization == "fp8":
+        require(
+            hidden % quant.FP8_BLOCK == 0 and inter % quant.FP8_BLOCK == 0,
+            f"{op}: fp8 weights need H ({hidden}) and I ({inter}) to be multiples of "
+            f"{quant.FP8_BLOCK} (whole scale blocks)",
+        )
+
+
+def _interpret() -> bool:
+    return jax_platform() == "cpu"
+
+
+def _vmem_capacity() -> int:
+    generation = None if _interpret() else tpu_generation(jax_default_device())
+    return vmem_capacity(generation)
+
+
+def _default_blocks(x, idx, w1, config: ExpertsConfig) -> Blocks | None:
+    """Blocks for one kernel call within 85% of the chip's VMEM."""
+    return default_blocks(
+        idx.shape[0],
+        idx.shape[1],
+        w1.shape[0],
+        config.intermediate(w1.shape),
+        x.shape[1],
+        x.dtype,
+        config,
+        jnp.dtype(w1.dtype).itemsize,
+        int(0.85 * _vmem_capacity()),
+    )
+
+
+def _pallas(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
+    blocks = blocks or _default_blocks(x, idx, w1, config)
+    if config.quantization is not None:
+        s1 = quant.kernel_scale(s1, config.quantization, w1.shape[1])
+        s2 = quant.kernel_scale(s2, config.quantization, w2.shape[1])
+
+    return pallas_tpu.fused_experts(
+        x, idx, w, w1, w2, b1, b2, s1, s2,
+        config=config, out_dtype=out_dtype, blocks=blocks, interpret=_interpret(),
+        vmem_capacity=_vmem_capacity(),
+    )  # fmt: skip
+
+
+def _xla(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
+    return reference.fused_experts(
+        x, idx, w, w1, w2, b1, b2, s1, s2, config=config, out_dtype=out_dtype
+    )
+
+
+def _pallas_problem(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
+    if jnp.dtype(x.dtype).name == "float64" and not _interpret():
+        return "float64 runs only in interpret mode (CPU)"
+    if idx.shape[0] > MAX_TOKENS:
+        return (
+            f"{idx.shape[0]} tokens: the fused kernel holds at most {MAX_TOKENS} (a decode "
+            "step) in VMEM; prefill runs the sorted ragged_dot path"
+        )
+    inter = config.intermediate(w1.shape)
+    if blocks is not None:
+        return blocks_problem(blocks, inter, x.dtype, config)
+    if _default_blocks(x, idx, w1, config) is None:
+        return f"no intermediate block size fits the TPU block rules for I={inter}"
+    return None
+
+
+EVERYWHERE: tuple[Platform, ...] = ("tpu", "gpu", "cpu")
+TABLE = ImplementationTable(
+    "fused_experts",
+    [
+        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
+        Implementation("xla", _xla, EVERYWHERE),
+    ],
+    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
+)
+
+
+@sharding.experts_boundary
+def fused_experts(
+    hidden_states: jax.Array,
+    top_k_index: jax.Array,
+    top_k_weights: jax.Array,
+    w_gate_up: jax.Array,
+    w_down: jax.Array,
+    gate_up_bias: jax.Array | None = None,
+    down_bias: jax.Array | None = None,
+    gate_up_scale: jax.Array | None = None,
+    down_scale: jax.Array | None = None,
+    *,
+    activation: str = "silu",
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    transposed: bool = False,
+    interleaved: bool = False,
+    quantization: str | None = None,
+    implementation: str | None = None,
+    blocks: Blocks | None = None,
+) -> jax.Array:
+    """Mixture-of-experts experts for a routed batch -> [T, H] in the dtype of hidden_states.
+
+    ``hidden_states`` [T, H]; ``top_k_index`` / ``top_k_weights`` [T, k] (ids outside [0, E)
+    contribute nothing; a token's ids must be distinct); ``w_gate_up`` [E, 2I, H] and ``w_down``
+    [E, H, I] (``transposed``: [E, H, 2I] / [E, I, H]), gate and up ``interleaved`` or stacked
+    [gate; up]; optional biases [E, 2I] / [E, H]; ``quantization`` "int8" / "fp8" with scales in
+    ``quant``'s layouts. ``activation``: silu, gelu, gelu_tanh or gpt_oss (``alpha``, ``limit``).
+    Forward only (see the module docstring).
+    """
+    config = make_config(activation, alpha, limit, transposed, interleaved, quantization)
+    args = (hidden_states, top_k_index, top_k_weights, w_gate_up, w_down, gate_up_bias,
+            down_bias, gate_up_scale, down_scale)  # fmt: skip
+    check_inputs(*args, config)
+    tokens, hidden = hidden_states.shape
+    if tokens == 0 or top_k_index.shape[1] == 0:
+        return jnp.zeros((tokens, hidden), hidden_states.dtype)
+    return TABLE(
+        *args,
+        config=config,
+        out_dtype=hidden_states.dtype,
+        blocks=blocks,
+        implementation=implementation,
+    )
+
+
+@sharding.moe_boundary
+def fused_moe(
+    hidden_states: jax.Array,
+    router_logits: jax.Array,
+    w_gate_up: jax.Array,
+    w_down: jax.Array,
+    gate_up_bias: jax.Array | None = None,
+    down_bias: jax.Array | None = None,
+    gate_up_scale: jax.Array | None = None,
+    down_scale: jax.Array | None = None,
+    routing_bias: jax.Array | None = None,
+    *,
+    top_k: int,
+    scoring: str = "softmax",
+    renormalize: bool = True,
+    groups: int | None = None,
+    top_groups: int | None = None,
+    routed_scale: float = 1.0,
+    activation: str = "silu",
+    alpha: float = 1.702,
+    limit: float = 7.0,
+    transposed: bool = False,
+    interleaved: bool = False,
+    quantization: str | None = None,
+    implementation: str | None = None,
+    blocks: Blocks | None = None,
+) -> jax.Array:
+    """The routed experts of an MoE layer from ``router_logits`` [T, E]: top-k routing
+    (``routing.Router``: softmax or sigmoid, ``renormalize``, grouped top-k, ``routing_bias``
+    [E] that only chooses, ``routed_scale``), then ``fused_experts``. Shared experts are the
+    caller's."""
+    check_rank("fused_moe", "router_logits", router_logits, 2)
+    check_dtype("fused_moe", "router_logits", router_logits, FLOAT_DTYPES)
+    experts = w_gate_up.shape[0]
+    require(
+        tuple(router_logits.shape) == (hidden_states.shape[0], experts),
+        f"fused_moe: router_logits {tuple(router_logits.shape)} must be "
+        f"[{hidden_states.shape[0]}, {experts}] (tokens, experts)",
+    )
+    require(
+        routing_bias is None or tuple(routing_bias.shape) == (experts,),
+        f"fused_moe: routing_bias must be [{experts}], got "
+        f"{None if routing_bias is None else tuple(routing_bias.shape)}",
+    )
+    router = Router(top_k, scoring, renormalize, groups, top_groups, routed_scale)
+    problem = router.problem(experts)
+    require(problem is None, f"fused_moe: {problem}")
+    weights, ids = route(router_logits, router, routing_bias)
+    return fused_experts.__wrapped__(
+        hidden_states, ids, weights, w_gate_up, w_down, gate_up_bias, down_bias,
+        gate_up_scale, down_scale,
+        activation=activation, alpha=alpha, limit=limit, transposed=transposed,
+        interleaved=interleaved, quantization=quantization, implementation=implementation,
+        blocks=blocks,
+    )  # fmt: skip

@@ -1,0 +1,154 @@
+"""Representative fused-experts calls with FLOPs and bytes per call (bench and TPU compile
+checks), the MoE layer sizes of the issue's models, and the torch path ``kernel-hub bench`` times.
+
+Bytes count what a decode step must read: the weights (and scales) of the experts that receive
+rows, at most ``min(E, T * k)`` of them, plus the activations in and out.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernel_hub.kernel_api import CPU_TAG, KernelCase
+
+from . import quant
+from .api import fused_experts
+from .torch_ops import fused_experts as fused_experts_op
+
+
+class MoEShape(NamedTuple):
+    name: str
+    experts: int
+    hidden: int
+    intermediate: int
+    top_k: int
+    activation: str = "silu"
+    transposed: bool = False
+    interleaved: bool = False
+    bias: bool = False
+
+
+MIXTRAL = MoEShape("mixtral-8x7b", 8, 4096, 14336, 2)
+QWEN3_MOE = MoEShape("qwen3-30b-a3b", 128, 2048, 768, 8)
+GPT_OSS = MoEShape("gpt-oss-120b", 128, 2880, 2880, 4, "gpt_oss", True, True, True)
+DEEPSEEK_V3 = MoEShape("deepseek-v3", 256, 7168, 2048, 8)
+MODELS = (MIXTRAL, QWEN3_MOE, GPT_OSS, DEEPSEEK_V3)
+SMALL = MoEShape("small-e8", 8, 256, 512, 2)
+
+
+def weight_shapes(model: MoEShape) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    e, h, i = model.experts, model.hidden, model.intermediate
+    if model.transposed:
+        return (e, h, 2 * i), (e, i, h)
+    return (e, 2 * i, h), (e, h, i)
+
+
+def routed_ids(rng: np.random.Generator, tokens: int, model: MoEShape) -> np.ndarray:
+    """Each token picks ``top_k`` distinct experts uniformly at random."""
+    return np.argsort(rng.random((tokens, model.experts)), axis=1)[:, : model.top_k].astype(
+        np.int32
+    )
+
+
+def weight_bytes(model: MoEShape, tokens: int, quantization: str | None, dtype) -> int:
+    """Hand count: bytes of the weights (and scales) of the experts a step can touch."""
+    experts = min(model.experts, tokens * model.top_k)
+    per_expert = 3 * model.intermediate * model.hidden
+    if quantization is None:
+        return experts * per_expert * jnp.dtype(dtype).itemsize
+    scales = sum(
+        int(np.prod(quant.scale_shape(quantization, (1, *s[1:])))) for s in weight_shapes(model)
+    )
+    return experts * (per_expert + 4 * scales)
+
+
+def case(
+    model: MoEShape,
+    tokens: int,
+    quantization: str | None = None,
+    dtype=jnp.bfloat16,
+    tags: tuple[str, ...] = (),
+) -> KernelCase:
+    """One fused-experts call of ``model`` for ``tokens`` tokens."""
+    w1_shape, w2_shape = weight_shapes(model)
+    w_dtype = quant.WEIGHT_DTYPES[quantization] if quantization else dtype
+    e, h, i = model.experts, model.hidden, model.intermediate
+    args = [
+        jax.ShapeDtypeStruct((tokens, h), dtype),
+        jax.ShapeDtypeStruct((tokens, model.top_k), jnp.int32),
+        jax.ShapeDtypeStruct((tokens, model.top_k), dtype),
+        jax.ShapeDtypeStruct(w1_shape, w_dtype),
+        jax.ShapeDtypeStruct(w2_shape, w_dtype),
+        jax.ShapeDtypeStruct((e, 2 * i), dtype) if model.bias else None,
+        jax.ShapeDtypeStruct((e, h), dtype) if model.bias else None,
+    ]
+    if quantization:
+        args += [
+            jax.ShapeDtypeStruct(quant.scale_shape(quantization, s), jnp.float32)
+            for s in (w1_shape, w2_shape)
+        ]
+
+    def make_args(rng: np.random.Generator):
+        x = rng.standard_normal((tokens, h), dtype=np.float32).astype(dtype)
+        weights = rng.random((tokens, model.top_k), dtype=np.float32).astype(dtype)
+        out = [x, routed_ids(rng, tokens, model), weights]
+        for shape in (w1_shape, w2_shape):
+            w = rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])
+            out.append(w)
+        if model.bias:
+            out += [rng.standard_normal((e, 2 * i), dtype=np.float32).astype(dtype),
+                    rng.standard_normal((e, h), dtype=np.float32).astype(dtype)]  # fmt: skip
+        else:
+            out += [None, None]
+        if quantization:
+            q1, s1 = quant.quantize(jnp.asarray(out[3]), quantization)
+            q2, s2 = quant.quantize(jnp.asarray(out[4]), quantization)
+            out[3], out[4] = np.asarray(q1), np.asarray(q2)
+            out += [np.asarray(s1), np.asarray(s2)]
+        else:
+            out[3], out[4] = out[3].astype(dtype), out[4].astype(dtype)
+        return tuple(out)
+
+    rows = tokens * model.top_k
+    itemsize = jnp.dtype(dtype).itemsize
+    suffix = f"-{quantization}" if quantization else ""
+    return KernelCase(
+        name=f"{model.name}-decode{tokens}{suffix}",
+        fn=fused_experts,
+        args=tuple(args),
+        kwargs={
+            "activation": model.activation,
+            "transposed": model.transposed,
+            "interleaved": model.interleaved,
+            "quantization": quantization,
+        },
+        flops=2 * rows * 3 * i * h,
+        bytes_accessed=weight_bytes(model, tokens, quantization, dtype) + 2 * tokens * h * itemsize,
+        tags=("decode", model.name, *tags),
+        make_args=make_args,
+    )
+
+
+# The registry's compile matrix (every generation, in CI): one decode batch per weight format
+# and layout, small enough to compile in seconds; the model-size grid is in
+# benchmarks/moe_decode.py and tests/test_fused_moe_tpu_compile.py.
+CASES = [
+    case(QWEN3_MOE, 64),
+    case(GPT_OSS, 16),
+    case(MIXTRAL, 16, "int8"),
+    case(SMALL._replace(hidden=512), 32, "fp8"),
+    case(SMALL, 16, dtype=jnp.float32, tags=(CPU_TAG,)),
+    case(SMALL, 64, tags=(CPU_TAG,)),
+]
+
+
+def kernel_hub_fused_experts(*args, **kwargs):
+    """kernel-hub's fused_experts torch op (DLPack bridge to JAX, the default implementation)."""
+    return fused_experts_op(*args, **kwargs)
+
+
+TORCH_IMPLEMENTATIONS = {"torch-op": kernel_hub_fused_experts}

@@ -1,0 +1,28 @@
+"""The static description of an experts layer: weight layout, activation, quantization."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .activations import Activation
+
+
+@dataclass(frozen=True)
+class ExpertsConfig:
+    """How the expert weights are laid out and what the experts compute.
+
+    ``transposed``: weights are [E, in, out] (GPT-OSS) instead of Transformers' [E, out, in].
+    ``interleaved``: gate and up columns alternate (gate0, up0, gate1, ...) instead of [gate; up].
+    ``quantization``: None, "int8" or "fp8" (see ``quant``).
+    """
+
+    activation: Activation = field(default_factory=Activation)
+    transposed: bool = False
+    interleaved: bool = False
+    quantization: str | None = None
+
+    def intermediate(self, w_gate_up_shape: tuple[int, ...]) -> int:
+        return w_gate_up_shape[2 if self.transposed else 1] // 2
+
+    def hidden(self, w_gate_up_shape: tuple[int, ...]) -> int:
+        return w_gate_up_shape[1 if self.transposed else 2]

@@ -1,0 +1,347 @@
+"""The fused MoE experts kernel for TPU: dispatch, gate/up + activation, down + weighted combine
+in one ``pallas_call``.
+
+Grid ``(E, I / ti)``, both sequential. Step (e, j) reads block j of expert e's gate, up and down
+weights (each weight block once per call; an expert without rows stays on blocks already in VMEM,
+so its weights are never read). For each ``tm``-row chunk of the expert's rows (``dispatch``):
+
+* j == 0: gather the chunk's token rows from ``hidden_states`` (held whole in VMEM) with a 0/1
+  selection matmul into a per-expert scratch: no ``[T * k, H]`` copy ever goes to HBM;
+* every j: ``act(x W_gate_j^T, x W_up_j^T) W_down_j^T`` accumulated in f32 over j;
+* last j: add the down bias, multiply by the router weights and scatter-add into the f32 ``[T, H]``
+  output accumulator with the transposed selection matmul. The output is written once, at the end.
+
+Quantized weights (int8 per channel, fp8 128x128 blocks) are converted to the activation dtype in
+VMEM: int8 scales multiply the f32 product per output column; fp8 scales multiply each 128-wide
+slice of the contraction. Selection matmuls and f32 operands use full precision, so gathers and
+scatters are exact.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from .blocks import Blocks, vmem_bytes
+from .config import ExpertsConfig
+from .dispatch import Dispatch, cdiv, dispatch
+from .quant import FP8_BLOCK
+
+
+def _precision(dtype):
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype).itemsize >= 4 else None
+
+
+def _acc(dtype):
+    """f32, or f64 for f64 operands (interpret mode)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _dot(a, b, *, transpose_b: bool, precision):
+    dims = (((1,), (1 if transpose_b else 0,)), ((), ()))
+    acc = _acc(jnp.promote_types(a.dtype, b.dtype))
+    return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=acc)
+
+
+def _project(x, w, scale, *, transpose_w: bool, quantization, precision):
+    """``x @ W^T`` (or ``x @ W``) of one weight block in f32; quantized blocks dequantized."""
+    if quantization is None:
+        return _dot(x, w, transpose_b=transpose_w, precision=precision)
+    w = w.astype(x.dtype)
+    if quantization == "int8":
+        return _dot(x, w, transpose_b=transpose_w, precision=precision) * scale
+    # fp8: one scale per 128-wide slice of the contraction, laid out [in / 128, out]
+    out = None
+    for kb in range(x.shape[1] // FP8_BLOCK):
+        cols = slice(kb * FP8_BLOCK, (kb + 1) * FP8_BLOCK)
+        part = _dot(x[:, cols], w[:, cols], transpose_b=True, precision=precision)
+        part = part * scale[kb : kb + 1, :]
+        out = part if out is None else out + part
+    return out
+
+
+def _deinterleave(h):
+    """(even columns, odd columns) of f32 ``h`` by exact 0/1 selection matmuls (Mosaic has no
+    lane-strided slices)."""
+    wide, half = h.shape[1], h.shape[1] // 2
+    source = jax.lax.broadcasted_iota(jnp.int32, (wide, half), 0)
+    target = 2 * jax.lax.broadcasted_iota(jnp.int32, (wide, half), 1)
+    pick = lambda parity: (source == target + parity).astype(h.dtype)
+    full = jax.lax.Precision.HIGHEST
+    return (
+        _dot(h, pick(0), transpose_b=False, precision=full),
+        _dot(h, pick(1), transpose_b=False, precision=full),
+    )
+
+
+def _kernel(
+    chunks_ref,
+    offsets_ref,
+    weight_expert_ref,
+    weight_block_ref,
+    tokens_ref,
+    row_weights_ref,
+    x_ref,
+    *refs,
+    config: ExpertsConfig,
+    tm: int,
+    has_gate_up_bias: bool,
+    has_down_bias: bool,
+):
+    refs = list(refs)
+    take = lambda n: [refs.pop(0) for _ in range(n)]
+    gate_up_refs = take(1 if config.interleaved else 2)
+    gate_up_bias_refs = take(len(gate_up_refs)) if has_gate_up_bias else [None] * len(gate_up_refs)
+    quantized = config.quantization is not None
+    gate_up_scale_refs = take(len(gate_up_refs)) if quantized else [None] * len(gate_up_refs)
+    (down_ref,) = take(1)
+    down_bias_ref = take(1)[0] if has_down_bias else None
+    down_scale_ref = take(1)[0] if quantized else None
+    out_ref, xs_ref, hacc_ref, oacc_ref = refs
+
+    e, j = pl.program_id(0), pl.program_id(1)
+    last_e, last_j = pl.num_programs(0) - 1, pl.num_programs(1) - 1
+    n, base = chunks_ref[e], offsets_ref[e]
+    tokens = x_ref.shape[0]
+    cdt = x_ref.dtype
+    precision = _precision(cdt)
+
+    @pl.when((e == 0) & (j == 0))
+    def _():
+        oacc_ref[...] = jnp.zeros_like(oacc_ref)
+
+    def rows(c):
+        return pl.ds(pl.multiple_of(c * tm, tm), tm)
+
+    def selection(c, dtype):
+        """[tm, T] 0/1: row r of chunk c is token ``tokens_ref[...]`` (none for padding)."""
+        ids = tokens_ref[pl.ds(pl.multiple_of(base + c * tm, tm), tm), :]
+        return (ids == jax.lax.broadcasted_iota(jnp.int32, (tm, tokens), 1)).astype(dtype)
+
+    @pl.when(j == 0)
+    def _():
+        def gather(c, carry):
+            picked = _dot(selection(c, cdt), x_ref[...], transpose_b=False, precision=precision)
+            xs_ref[rows(c), :] = picked.astype(cdt)
+            return carry
+
+        jax.lax.fori_loop(0, n, gather, 0)
+
+    def read(ref):
+        return None if ref is None else ref[...]
+
+    def expert_chunk(c, carry):
+        x = xs_ref[rows(c), :]
+        projected = []
+        for w_ref, b_ref, s_ref in zip(
+            gate_up_refs, gate_up_bias_refs, gate_up_scale_refs, strict=True
+        ):
+            h = _project(
+                x,
+                w_ref[...],
+                read(s_ref),
+                transpose_w=not config.transposed,
+                quantization=config.quantization,
+                precision=precision,
+            )
+            if b_ref is not None:
+                h = h + b_ref[...].astype(h.dtype)
+            projected.append(h)
+        if config.interleaved:
+            gate, up = _deinterleave(projected[0])
+        else:
+            gate, up = projected
+        act = config.activation(gate, up).astype(cdt)
+        partial = _project(
+            act,
+            down_ref[...],
+            read(down_scale_ref),
+            transpose_w=not config.transposed,
+            quantization=config.quantization,
+            precision=precision,
+        )
+        previous = jnp.where(j == 0, 0.0, hacc_ref[rows(c), :])
+        hacc_ref[rows(c), :] = previous + partial
+        return carry
+
+    jax.lax.fori_loop(0, n, expert_chunk, 0)
+
+    @pl.when(j == last_j)
+    def _():
+        def scatter(c, carry):
+            y = hacc_ref[rows(c), :]
+            if down_bias_ref is not None:
+                y = y + down_bias_ref[...].astype(y.dtype)
+            weights = row_weights_ref[pl.ds(pl.multiple_of(base + c * tm, tm), tm), :]
+            y = (y * weights).astype(out_ref.dtype)
+            sel = selection(c, y.dtype)
+            oacc_ref[...] += jax.lax.dot_general(
+                sel,
+                y,
+                (((0,), (0,)), ((), ())),
+                precision=_precision(y.dtype),
+                preferred_element_type=oacc_ref.dtype,
+            )
+            return carry
+
+        jax.lax.fori_loop(0, n, scatter, 0)
+
+    @pl.when((e == last_e) & (j == last_j))
+    def _():
+        out_ref[...] = oacc_ref[...].astype(out_ref.dtype)
+
+
+def _specs(config: ExpertsConfig, w_gate_up, w_down, blocks: Blocks, steps: int, **present):
+    """BlockSpecs of the weight-side operands, in the kernel's order."""
+    ti = blocks.ti
+    hidden = config.hidden(w_gate_up.shape)
+
+    def block_index(e, j, wb_ref):
+        return jnp.where(wb_ref[e] < 0, j, wb_ref[e])
+
+    def along(offset: int, transposed_axis: bool):
+        """Index map of a block ``offset`` steps further along the gate/up output axis."""
+
+        def index(e, j, chunks, offsets, we, wb):
+            jb = block_index(e, j, wb) + offset
+            return (we[e], 0, jb) if transposed_axis else (we[e], jb, 0)
+
+        return index
+
+    halves = (0,) if config.interleaved else (0, steps)
+    width = 2 * ti if config.interleaved else ti
+    w_block = (None, hidden, width) if config.transposed else (None, width, hidden)
+    specs = [pl.BlockSpec(w_block, along(o, config.transposed)) for o in halves]
+    if present["gate_up_bias"]:
+        specs += [pl.BlockSpec((None, 1, width), along(o, True)) for o in halves]
+    if config.quantization == "int8":
+        specs += [pl.BlockSpec((None, 1, width), along(o, True)) for o in halves]
+    elif config.quantization == "fp8":
+        rows = hidden // FP8_BLOCK
+        specs += [pl.BlockSpec((None, rows, width), along(o, True)) for o in halves]
+
+    def down_index(e, j, chunks, offsets, we, wb):
+        jb = block_index(e, j, wb)
+        return (we[e], jb, 0) if config.transposed else (we[e], 0, jb)
+
+    def whole_expert(e, j, chunks, offsets, we, wb):
+        return (we[e], 0, 0)
+
+    def down_scale_index(e, j, chunks, offsets, we, wb):
+        return (we[e], block_index(e, j, wb), 0)
+
+    down_block = (None, ti, hidden) if config.transposed else (None, hidden, ti)
+    specs.append(pl.BlockSpec(down_block, down_index))
+    if present["down_bias"]:
+        specs.append(pl.BlockSpec((None, 1, hidden), whole_expert))
+    if config.quantization == "int8":
+        specs.append(pl.BlockSpec((None, 1, hidden), whole_expert))
+    elif config.quantization == "fp8":
+        specs.append(pl.BlockSpec((None, ti // FP8_BLOCK, hidden), down_scale_index))
+    return specs
+
+
+def fused_experts(
+    x,
+    top_k_index,
+    top_k_weights,
+    w_gate_up,
+    w_down,
+    gate_up_bias,
+    down_bias,
+    gate_up_scale,
+    down_scale,
+    *,
+    config: ExpertsConfig,
+    out_dtype,
+    blocks: Blocks,
+    interpret: bool,
+    vmem_capacity: int,
+):
+    """The fused experts for up to ``MAX_TOKENS`` tokens (see the module docstring). Biases are
+    [E, 2I] / [E, H]; scales in ``quant.kernel_scale`` layout; ``vmem_capacity``: the chip's
+    VMEM, the most the kernel may ask for."""
+    tokens, hidden = x.shape
+    top_k = top_k_index.shape[1]
+    num_experts = w_gate_up.shape[0]
+    intermediate = config.intermediate(w_gate_up.shape)
+    steps = intermediate // blocks.ti
+    tm = blocks.tm
+    plan: Dispatch = dispatch(
+        top_k_index, top_k_weights.astype(_acc(x.dtype)), num_experts, tm, steps
+    )
+    padded = plan.row_tokens.shape[0]
+
+    operands = [plan.row_tokens, plan.row_weights, x]
+    in_specs = [
+        pl.BlockSpec((padded, 1), lambda e, j, *_: (0, 0)),
+        pl.BlockSpec((padded, 1), lambda e, j, *_: (0, 0)),
+        pl.BlockSpec((tokens, hidden), lambda e, j, *_: (0, 0)),
+    ]
+    halves = 1 if config.interleaved else 2
+    operands += [w_gate_up] * halves
+    if gate_up_bias is not None:
+        operands += [gate_up_bias[:, None, :]] * halves
+    if gate_up_scale is not None:
+        operands += [gate_up_scale] * halves
+    operands.append(w_down)
+    if down_bias is not None:
+        operands.append(down_bias[:, None, :])
+    if down_scale is not None:
+        operands.append(down_scale)
+    in_specs += _specs(
+        config,
+        w_gate_up,
+        w_down,
+        blocks,
+        steps,
+        gate_up_bias=gate_up_bias is not None,
+        down_bias=down_bias is not None,
+    )
+
+    cap = cdiv(tokens, tm) * tm
+    w_itemsize = jnp.dtype(w_gate_up.dtype).itemsize
+    experts_read = min(num_experts, tokens * top_k)
+    weight_bytes = experts_read * 3 * intermediate * hidden * w_itemsize
+    if gate_up_scale is not None:
+        weight_bytes += experts_read * (gate_up_scale[0].size + down_scale[0].size) * 4
+    itemsize = jnp.dtype(x.dtype).itemsize
+    cost = pl.CostEstimate(
+        flops=2 * padded * hidden * 3 * intermediate + 4 * padded * tokens * hidden,
+        transcendentals=padded * intermediate,
+        bytes_accessed=weight_bytes + tokens * hidden * (itemsize + jnp.dtype(out_dtype).itemsize),
+    )
+    vmem = vmem_bytes(tokens, hidden, blocks, x.dtype, w_itemsize, gate_up_scale is not None)
+    kernel = functools.partial(
+        _kernel,
+        config=config,
+        tm=tm,
+        has_gate_up_bias=gate_up_bias is not None,
+        has_down_bias=down_bias is not None,
+    )
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((tokens, hidden), out_dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=4,
+            grid=(num_experts, steps),
+            in_specs=in_specs,
+            out_specs=pl.BlockSpec((tokens, hidden), lambda e, j, *_: (0, 0)),
+            scratch_shapes=[
+                pltpu.VMEM((cap, hidden), x.dtype),
+                pltpu.VMEM((cap, hidden), _acc(x.dtype)),
+                pltpu.VMEM((tokens, hidden), _acc(x.dtype)),
+            ],
+        ),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("arbitrary", "arbitrary"),
+            vmem_limit_bytes=min(vmem_capacity, int(vmem * 1.25) + (8 << 20)),
+        ),
+        cost_estimate=cost,
+        interpret=interpret,
+        name="fused_moe_experts",
+    )(plan.chunks, plan.offsets, plan.weight_expert, plan.weight_block, *operands)

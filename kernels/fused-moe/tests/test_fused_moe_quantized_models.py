@@ -1,0 +1,142 @@
+"""Quantized experts in tiny models: fp8 experts in Transformers' FineGrainedFP8 layout
+(``FP8Experts``, 128x128 block scales) and kernel-hub's opt-in ``quantize_experts``. Kernelized
+logits equal Transformers' dequantize-then-matmul path, and the quantized tensors stay
+quantized on the modules."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from moe_models import build, experts_modules  # noqa: E402
+from transformers.integrations.finegrained_fp8 import (  # noqa: E402
+    ALL_FP8_EXPERTS_FUNCTIONS,
+    FP8Experts,
+    _dequantize_fp8_weight,
+)
+from transformers.integrations.moe import use_experts_implementation  # noqa: E402
+
+import kernel_hub as kh  # noqa: E402
+from kernel_hub import get_kernel  # noqa: E402
+
+fused = get_kernel("fused-moe")
+quantized = fused.KERNEL.integration("transformers").quantized
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+
+
+def _qwen3_128(dtype):
+    """Tiny Qwen3-MoE with whole 128x128 blocks (hidden and expert width 128)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(vocab_size=128, hidden_size=128, intermediate_size=128,
+                            moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=32, pad_token_id=0)  # fmt: skip
+    return Qwen3MoeForCausalLM(config).eval().to(dtype)
+
+
+def _to_fp8_experts(model) -> None:
+    """Replace each experts module by Transformers' FP8Experts holding the same weights
+    quantized (what loading a FineGrainedFP8 checkpoint builds)."""
+    cls = use_experts_implementation(experts_class=FP8Experts,
+                                     experts_interface=ALL_FP8_EXPERTS_FUNCTIONS)  # fmt: skip
+    for name, module in list(model.named_modules()):
+        if not name.endswith(".experts"):
+            continue
+        fp8 = cls(model.config, block_size=(128, 128))
+        for projection in ("gate_up_proj", "down_proj"):
+            q, scale = quantized.quantize_weight(getattr(module, projection), "fp8")
+            getattr(fp8, projection).data = q
+            getattr(fp8, f"{projection}_scale_inv").data = scale
+        model.set_submodule(name, fp8)
+    model.set_experts_implementation("eager")
+
+
+def _dequantized_reference(model, dtype):
+    """The stock model with every FP8Experts replaced by float experts holding Transformers'
+    own dequantization of its weights."""
+    reference = _qwen3_128(dtype)
+    reference.load_state_dict(
+        {k: v for k, v in model.state_dict().items() if "experts" not in k}, strict=False
+    )
+    for name, module in model.named_modules():
+        if isinstance(module, FP8Experts):
+            target = reference.get_submodule(name)
+            for projection in ("gate_up_proj", "down_proj"):
+                w = _dequantize_fp8_weight(getattr(module, projection),
+                                           getattr(module, f"{projection}_scale_inv"),
+                                           [128, 128], dtype)  # fmt: skip
+                getattr(target, projection).data = w
+    return reference
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_checkpoint_layout_matches_transformers_dequantized_path(dtype):
+    model = _qwen3_128(dtype)
+    _to_fp8_experts(model)
+    reference = _dequantized_reference(model, dtype)
+    ids = torch.randint(2, 128, (2, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = reference(ids).logits.float()
+    experts = [m for m in model.modules() if isinstance(m, FP8Experts)]
+    held = [(m.gate_up_proj.data_ptr(), m.down_proj.data_ptr()) for m in experts]
+    report = kh.kernelize(model, mode="inference")
+    swapped = [e for e in report.entries if e.kind == "experts"]
+    assert swapped and all(e.swapped for e in swapped), report
+    with torch.no_grad():
+        got = model(ids).logits.float()
+    diff = (got - expected).abs().max().item()
+    assert diff <= TOLERANCE[dtype] * max(1.0, expected.abs().max().item()), diff
+    for m, pointers in zip(experts, held, strict=True):  # bytes held: fp8, the same storage
+        assert m.gate_up_proj.dtype == m.down_proj.dtype == torch.float8_e4m3fn
+        assert (m.gate_up_proj.data_ptr(), m.down_proj.data_ptr()) == pointers
+    kh.unkernelize(model)
+
+
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_quantize_experts_reports_its_error_and_runs_exactly(quantization):
+    model = _qwen3_128(torch.float32)
+    original = copy.deepcopy(model)
+    ids = torch.randint(2, 128, (2, 7), generator=torch.Generator().manual_seed(3))
+    report = kh.quantize_experts(model, quantization)
+    assert len(report.errors) == 2 * len(experts_modules(model))
+    for error in report.errors:  # reported, never zero, 8-bit sized
+        assert 0 < error.relative_rms < 0.05, error
+        assert error.bytes_after < error.bytes_before / 3
+    for m in experts_modules(model):
+        assert m.gate_up_proj.element_size() == 1 and not m.gate_up_proj.requires_grad
+    # Exact against the same math on the dequantized weights (stock experts)
+    dequantized = copy.deepcopy(original)
+    for name, m in model.named_modules():
+        if m in experts_modules(model):
+            target = dequantized.get_submodule(name)
+            for projection in ("gate_up_proj", "down_proj"):
+                scale_name = projection + ("_scale_inv" if quantization == "fp8" else "_scale")
+                w = quantized.dequantize_weight(getattr(m, projection), getattr(m, scale_name),
+                                                quantization)  # fmt: skip
+                getattr(target, projection).data = w
+    with torch.no_grad():
+        got = model(ids).logits
+        exact = dequantized(ids).logits
+        unquantized = original(ids).logits
+    assert (got - exact).abs().max().item() <= 1e-4
+    error = (got - unquantized).abs().max().item()
+    print(f"{quantization}: max |logit error| vs the unquantized model {error:.3g}")
+    assert error > 0
+
+
+def test_quantize_experts_leaves_gpt_oss_alone_with_the_reason():
+    model = build("gpt_oss")
+    report = kh.quantize_experts(model, "int8")
+    assert not report.errors
+    assert report.left_alone and all("[E, in, out]" in why for _, why in report.left_alone)
+
+
+def test_unknown_quantization_is_refused():
+    with pytest.raises(Exception, match="'int8' or 'fp8'"):
+        kh.quantize_experts(build("mixtral"), "int4")

@@ -1,0 +1,39 @@
+"""Model-size fused-experts calls compile for real TPU generations without a TPU, and their
+compiled memory stays within the chip.
+
+libtpu's deviceless topologies run the Mosaic compiler as on a TPU host, so block-shape and VMEM
+mistakes fail here. Prints compile time and ``memory_analysis()`` figures (argument and
+temporary HBM bytes); records them as test properties (``--junitxml``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kernel_hub import get_kernel
+from kernel_hub.bench.compile_check import compile_case
+from kernel_hub.topologies import DEFAULT_GENERATIONS
+
+fused = get_kernel("fused-moe")
+bench = fused.benchmark
+
+pytestmark = [pytest.mark.tpu_compile, pytest.mark.slow]
+
+# One model-size cell per generation: decode buckets up to the largest (512 tokens), the four
+# model layouts, both quantized formats. (Prefill declines the fused kernel: the XLA path.)
+CELLS = {
+    "v4": (bench.QWEN3_MOE, 256, "int8"),
+    "v5e": (bench.MIXTRAL, 512, "int8"),
+    "v5p": (bench.GPT_OSS, 512, None),
+    "v6e": (bench.DEEPSEEK_V3, 512, "fp8"),
+}
+
+
+@pytest.mark.parametrize("generation", DEFAULT_GENERATIONS)
+def test_model_size_cell_compiles(generation, record_property):
+    model, tokens, quantization = CELLS[generation]
+    case = bench.case(model, tokens, quantization)
+    result = compile_case("fused-moe", case, generation, "forward", implementation="pallas")
+    assert result.ok, f"{generation} {case.name}: {result.error}"
+    record_property("compile_seconds", round(result.seconds, 2))
+    print(f"{generation} {case.name}: {result.seconds:.2f} s, memory {result.memory}")

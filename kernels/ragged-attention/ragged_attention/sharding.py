@@ -1,0 +1,79 @@
+"""Sharding rules of the serving attention functions: query heads split with their kv heads (each
+shard keeps whole GQA groups and its slice of the sinks); packed tokens, keys and their offsets
+stay whole (a sequence's rows must sit with its offsets), and so do pages (the block table holds
+global page ids). Paged decode may also split its sequences: each shard reads its sequences'
+pages from the whole cache."""
+
+from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
+
+_DIMS = ("head_dim", "value_dim")
+RAGGED = ShardingRule.parse(
+    "ragged_attention",
+    "tokens heads head_dim, keys kv_heads head_dim, keys kv_heads value_dim, offsets, offsets, "
+    "heads -> tokens heads value_dim",
+    whole=("tokens", "keys", "offsets", *_DIMS),
+    together=(("heads", "kv_heads"),),
+    handled_by={
+        "tokens": "data parallelism over whole sequences (one ragged batch per shard)",
+        "keys": "data parallelism over whole sequences (one ragged batch per shard)",
+    },
+)
+PAGED = ShardingRule.parse(
+    "paged_attention",
+    "seqs heads head_dim, pages page kv_heads head_dim, pages page kv_heads value_dim, "
+    "seqs max_pages, seqs, heads -> seqs heads value_dim",
+    whole=("pages", "page", "max_pages", *_DIMS),
+    together=(("heads", "kv_heads"),),
+    handled_by={"pages": "a cache per shard with shard-local page ids (not implemented)"},
+)
+
+# Decorators of the public JAX functions in ``api``.
+ragged_boundary = sharded(RAGGED)
+paged_boundary = sharded(PAGED)
+
+
+def mesh_cases() -> list[MeshCase]:
+    """GQA 32/8 heads over model, ragged prefill and paged decode (no collectives needed)."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    from . import api
+
+    tokens, keys, seqs, pages, page = 1024, 1024, 8, 64, 16
+    heads = ("model",)
+    return [
+        MeshCase(
+            "ragged GQA 32/8 heads over model bf16",
+            functools.partial(api.ragged_attention, causal=True),
+            (
+                jax.ShapeDtypeStruct((tokens, 32, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((keys, 8, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((keys, 8, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((seqs + 1,), jnp.int32),
+                jax.ShapeDtypeStruct((seqs + 1,), jnp.int32),
+            ),
+            ((None, *heads, None), (None, *heads, None), (None, *heads, None), (None,), (None,)),
+            heads,
+        ),
+        MeshCase(
+            "paged decode GQA 32/8 heads over model bf16",
+            api.paged_attention,
+            (
+                jax.ShapeDtypeStruct((seqs, 32, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((pages, page, 8, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((pages, page, 8, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((seqs, pages // seqs), jnp.int32),
+                jax.ShapeDtypeStruct((seqs,), jnp.int32),
+            ),
+            (
+                (None, *heads, None),
+                (None, None, *heads, None),
+                (None, None, *heads, None),
+                (None, None),
+                (None,),
+            ),
+            heads,
+        ),
+    ]

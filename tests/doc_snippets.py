@@ -1,0 +1,138 @@
+"""The runnable snippets of README.md and docs/*.md, and what a test needs to run each one.
+
+A fenced ``python`` or ``bash`` block runs as written. Comments on the lines just above a block
+(visible in the Markdown source, not in the rendered page) adjust that one block:
+
+    <!-- doc-test setup: NAME -->         run SETUPS[NAME] first (defines what the text assumes)
+    <!-- doc-test small: OLD => NEW -->   the small-size switch: replace OLD (must occur) by NEW
+    <!-- doc-test env: NAME=VALUE -->     an environment variable for the run
+    <!-- doc-test skip: REASON -->        not run here; REASON says what runs it instead
+
+Other languages (yaml, text) are shown, not run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC_FILES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+RUNNABLE = ("python", "bash")
+_FENCE = re.compile(r"^```(\S*)")
+_MARK = re.compile(r"^<!-- doc-test (setup|small|env|skip): (.+?) -->$")
+
+
+@dataclass
+class Snippet:
+    path: Path
+    line: int
+    language: str
+    code: str
+    setup: str | None = None
+    small: list[tuple[str, str]] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    skip: str | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+    def runnable_code(self) -> str:
+        """The code with each small-size switch applied; a switch whose text is gone fails."""
+        code = self.code
+        for old, new in self.small:
+            if old not in code:
+                raise AssertionError(f"{self.id}: small-size switch {old!r} not in the snippet")
+            code = code.replace(old, new)
+        return code
+
+
+def _marks(lines: list[str], fence: int) -> list[tuple[str, str]]:
+    marks = []
+    index = fence - 1
+    while index >= 0 and (found := _MARK.match(lines[index].strip())):
+        marks.append((found.group(1), found.group(2)))
+        index -= 1
+    return marks[::-1]
+
+
+def snippets(path: Path) -> list[Snippet]:
+    """Every fenced block of ``path`` in a runnable language, with its doc-test marks."""
+    lines = path.read_text().splitlines()
+    found: list[Snippet] = []
+    index = 0
+    while index < len(lines):
+        fence = _FENCE.match(lines[index])
+        if not fence:
+            index += 1
+            continue
+        end = next(i for i in range(index + 1, len(lines)) if lines[i].startswith("```"))
+        language = fence.group(1)
+        if language in RUNNABLE:
+            snippet = Snippet(path, index + 1, language, "\n".join(lines[index + 1 : end]) + "\n")
+            for key, value in _marks(lines, index):
+                if key == "setup":
+                    snippet.setup = value
+                elif key == "small":
+                    old, new = value.split(" => ")
+                    snippet.small.append((old, new))
+                elif key == "env":
+                    name, _, env_value = value.partition("=")
+                    snippet.env[name] = env_value
+                else:
+                    snippet.skip = value
+            found.append(snippet)
+        index = end + 1
+    return found
+
+
+def all_snippets() -> list[Snippet]:
+    return [s for path in DOC_FILES for s in snippets(path)]
+
+
+_TINY_LLAMA = """
+from kernel_hub.models.tiny import build_tiny_model
+model = build_tiny_model("llama")
+"""
+
+SETUPS: dict[str, str] = {
+    # a checkpoint directory where the docs name a model on the Hub
+    "tiny-llama-checkpoint": _TINY_LLAMA + "path = 'tiny-llama'\nmodel.save_pretrained(path)\n",
+    "tiny-llama": _TINY_LLAMA,
+    "tiny-flux-checkpoint": """
+from diffusers import FluxTransformer2DModel
+FluxTransformer2DModel(
+    patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+    num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+    axes_dims_rope=(4, 4, 8),
+).save_pretrained("tiny-flux/transformer")
+path = "tiny-flux"
+""",
+    # Trainer's inputs: a tiny Llama and a few random token sequences
+    "tiny-llama-and-data": _TINY_LLAMA
+    + """
+import torch
+model.train()
+ids = torch.randint(2, 128, (8, 16), generator=torch.Generator().manual_seed(0))
+data = [{"input_ids": row, "labels": row} for row in ids]
+""",
+    "tiny-llama-and-prompts": _TINY_LLAMA + "prompts = [[1, 5, 9, 13], [1, 7, 3]]\n",
+}
+
+SHELL_SETUPS: dict[str, str] = {
+    # A `kernel-hub serve` store on 127.0.0.1 as the hub, a token for it, and kernels/ as in a
+    # checkout. The server stops when the snippet's shell exits.
+    "local-hub": """
+mkdir -p hub-store kernels
+builtin=$(python -c 'from kernel_hub.paths import kernels_dir; print(kernels_dir())')
+cp -r "$builtin/rmsnorm" kernels/
+kernel-hub serve hub-store --port 0 > serve.log 2>&1 &
+server=$!
+trap 'kill $server' EXIT
+until grep -q '^serving' serve.log; do sleep 0.2; kill -0 $server; done
+export HF_ENDPOINT=$(sed -n 's/.* at \\(http[^ ]*\\) .*/\\1/p' serve.log) HF_TOKEN=local
+export HF_HUB_DISABLE_TELEMETRY=1
+""",
+}

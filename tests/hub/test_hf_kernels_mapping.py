@@ -1,0 +1,75 @@
+"""Hugging Face ``kernels`` loads kernel-hub builds from a local ``kernel-hub serve`` through
+``hub_layer_mapping``, and a tiny Llama it kernelizes matches stock."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_hub.errors import KernelHubError
+from kernel_hub.layers.integrations.hf_kernels import DEVICES, hub_layer_mapping
+from kernel_hub.models.tiny import build_tiny_model
+from kernel_hub.registry.registry import load_registry
+
+kernels = pytest.importorskip("kernels")
+
+
+def test_mapping_has_tpu_and_cpu_entries_for_every_served_layer() -> None:
+    mapping = hub_layer_mapping()
+    registry = load_registry()
+    layers = {layer: entry for entry in registry if entry.repo for layer in entry.layers}
+    assert set(mapping) == set(layers) and {"RMSNorm", "LayerNorm", "MoEExperts"} <= set(mapping)
+    for layer, by_device in mapping.items():
+        assert tuple(by_device) == DEVICES
+        for repository in by_device.values():
+            assert repository.layer_name == layer
+            assert repository._repo_id == layers[layer].repo  # kernels keeps no public getter
+            assert repository._version == 1  # the registry's ">=1.0,<2": branch v1
+    with pytest.raises(KernelHubError, match="kernel-hub builds serve tpu, cpu"):
+        hub_layer_mapping(devices=("cuda",))
+
+
+@pytest.fixture
+def extensible_llama_norm():
+    """Transformers 5.24's RMSNorm decorators need kernels >= 0.18.2 and are inert with 0.17:
+    mark Llama's RMSNorm for ``kernels`` as the decorator would, and undo it after."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    before = dict(vars(LlamaRMSNorm))
+    kernels.replace_kernel_forward_from_hub(LlamaRMSNorm, "RMSNorm")
+    yield
+    for name in set(vars(LlamaRMSNorm)) - set(before):
+        delattr(LlamaRMSNorm, name)
+    for name, value in before.items():
+        if vars(LlamaRMSNorm).get(name) is not value:
+            setattr(LlamaRMSNorm, name, value)
+
+
+def test_kernels_kernelize_loads_kernel_hub_builds_from_a_local_serve(
+    publish, hub_env, extensible_llama_norm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    # kernels 0.17.2 with telemetry off sends a User-Agent ending in "; ", which huggingface_hub
+    # 2.4's HTTP client refuses ("Illegal header value"); hub_env turned it off, so turn it on:
+    # every request still goes to the local server (hub_env points constants.ENDPOINT there)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
+    published = publish("1.0.0")  # signed rmsnorm build, tag v1.0.0, branch v1, on 127.0.0.1
+    model = build_tiny_model("llama")
+    ids = torch.randint(2, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        stock = model(input_ids=ids).logits
+    # kernels asks the Hub whether kernel-hub is a trusted kernel publisher; the local store
+    # cannot say, so the repo is trusted explicitly (kernel-hub's signature goes unchecked here)
+    mapping = {"RMSNorm": hub_layer_mapping(trust_remote_code=[published.repo])["RMSNorm"]}
+    with kernels.use_kernel_mapping(mapping, inherit_mapping=False):
+        kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cpu", use_fallback=False)
+    norms = [m for m in model.modules() if type(m).__name__ == "LlamaRMSNorm"]
+    assert len(norms) == 5
+    for norm in norms:  # each forward is now the kernel-hub build's layer, from the hub cache
+        assert norm.forward.__func__.__module__.endswith(".layers"), norm.forward
+    with torch.no_grad():
+        kernelized = model(input_ids=ids).logits
+    torch.testing.assert_close(kernelized, stock, rtol=1e-5, atol=1e-5)
+    fetched = [path for method, path in hub_env.requests if method == "GET"]
+    assert any(published.commit in path or "rmsnorm" in path for path in fetched), fetched

@@ -1,0 +1,183 @@
+"""What a new user meets in the first hour: each rough edge as a command (or call) and the message
+it must give."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import torch
+from doc_snippets import ROOT
+
+import kernel_hub
+from kernel_hub import get_kernel, kernelize
+from kernel_hub.cli import EXTRA_OF_MODULE, main
+from kernel_hub.errors import KernelHubError, KernelInputError, RequirementError
+from kernel_hub.models.tiny import build_tiny_model
+from kernel_hub.platform import accelerator_present
+
+EXTRAS = set(
+    tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+)
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"kernel-hub {kernel_hub.__version__}\n"
+
+
+@pytest.mark.skipif(
+    accelerator_present(), reason="only a host without TPU/GPU gets the CPU default"
+)
+def test_commands_print_no_libtpu_start_up() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "kernel_hub.cli", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert "rmsnorm" in done.stdout
+
+
+def test_extras_named_for_missing_modules_exist() -> None:
+    assert set(EXTRA_OF_MODULE.values()) <= EXTRAS
+
+
+def test_missing_extra_names_the_pip_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    monkeypatch.delitem(sys.modules, "kernel_hub.bench.plot", raising=False)
+    argv = ["bench", "rmsnorm", "--shapes", "decode-b8-h4096-f32", "--impl", "xla"]
+    argv += ["--budget", "0.01", "--no-progress", "--plot", str(tmp_path / "p.png")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "bench needs the 'matplotlib" in err
+    assert "pip install 'kernel-hub[bench]'" in err
+
+
+def test_missing_libtpu_names_the_tpu_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernel_hub import topologies
+
+    real = topologies.importlib.util.find_spec
+    monkeypatch.setattr(
+        topologies.importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "libtpu" else real(name, *a),
+    )
+    with pytest.raises(RequirementError, match=r"pip install 'kernel-hub\[tpu\]'"):
+        topologies.tpu_devices.__wrapped__("v5e")
+
+
+def test_bench_says_how_torch_and_jax_threads_differ(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bench", "rmsnorm", "--shapes", "decode-b8-h4096-f32", "--impl", "xla,torch"]
+    assert main([*argv, "--budget", "0.01", "--no-progress", "--torch-threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "torch and torch-op ran with torch.set_num_threads(1) (--torch-threads)" in out
+    assert "KERNEL_HUB_THREADS=" in out
+
+
+def test_unknown_names_are_plural_in_english(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "--family", "nope"]) == 2
+    assert "Valid families:" in capsys.readouterr().err
+    with pytest.raises(KernelHubError, match="Valid implementations of rms_norm:"):
+        get_kernel("rmsnorm").rms_norm(torch.ones(2, 8), torch.ones(8), 1e-6, "nope")
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: get_kernel(None), r"name must be an op name \(str\), got NoneType None; ops: "),
+        (lambda: get_kernel("rmsnorm", variant="torch-cuda"), "valid variants: torch-tpu"),
+        (
+            lambda: get_kernel("rmsnorm").rms_norm(torch.ones(2, 8), None, 1e-6),
+            "rms_norm: weight must be a tensor, got NoneType None",
+        ),
+        (
+            lambda: get_kernel("rmsnorm").rms_norm(torch.ones(2, 8), torch.ones(8), "1e-6"),
+            "rms_norm: eps must be a float, got str '1e-6'",
+        ),
+        (
+            lambda: get_kernel("layernorm").layer_norm(
+                torch.ones(2, 8), torch.ones(8), torch.zeros(8), "1e-5"
+            ),
+            "layer_norm: eps must be a float, got str",
+        ),
+    ],
+    ids=["get_kernel-None", "variant", "weight-None", "eps-str", "layernorm-eps-str"],
+)
+def test_bad_arguments_say_what_is_valid(call, message: str) -> None:
+    with pytest.raises(KernelInputError, match=message):
+        call()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")
+def test_kernelize_refuses_a_device_the_host_lacks() -> None:
+    model = build_tiny_model("llama")
+    with pytest.raises(KernelHubError, match=r"this host has no 'cuda' device"):
+        kernelize(model, device="cuda")
+    with pytest.raises(KernelHubError, match="was never kernelized"):
+        kernel_hub.kernelize_report(model)  # refused before anything was swapped
+
+
+def test_serve_refuses_a_missing_directory(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", str(tmp_path / "nosuchdir"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "nosuchdir is not a directory; make a store with 'kernel-hub mirror --to" in err
+    assert not (tmp_path / "nosuchdir").exists()
+
+
+def test_keygen_refuses_a_missing_directory(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "nonexistent" / "dir" / "k"
+    assert main(["keygen", "--out", str(out)]) == 2
+    assert f"directory {out.parent} does not exist; create it first" in capsys.readouterr().err
+    assert not out.parent.exists()
+
+
+def test_versions_offline_says_nothing_is_cached(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    assert main(["versions", "rmsnorm"]) == 0
+    assert "kernel-hub/rmsnorm (cache): nothing cached (HF_HUB_OFFLINE is set)" in (
+        capsys.readouterr().out
+    )
+
+
+def test_build_takes_an_op_name_and_builds_here(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["build", "rmsnorm", "--variant", "torch-cpu"]) == 0
+    assert (tmp_path / "build" / "rmsnorm" / "torch-cpu" / "metadata.json").is_file()
+    assert "build/rmsnorm/torch-cpu" in capsys.readouterr().out
+
+
+def test_cli_errors_name_flags_not_keyword_arguments(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    from kernel_hub.paths import registry_path
+
+    data = yaml.safe_load(registry_path().read_text())
+    data["ops"] = {"rmsnorm": {**data["ops"]["rmsnorm"], "repo": "stranger/rmsnorm"}}
+    registry = tmp_path / "registry.yaml"
+    registry.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["verify", "rmsnorm", "--registry", str(registry), "--version", ">=1"]) == 2
+    err = capsys.readouterr().err
+    assert "not a trusted publisher" in err and "Pass --trust-remote-code" in err, err
+    assert "trust_remote_code" not in err

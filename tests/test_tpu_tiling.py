@@ -1,0 +1,58 @@
+"""The block-size rules Pallas TPU kernels share (``kernel_api.tiling``)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import pytest
+
+from kernel_hub.kernel_api import tiling
+
+
+@pytest.mark.parametrize(
+    ("dtype", "multiple"),
+    [(jnp.float32, 8), (jnp.int32, 8), (jnp.bfloat16, 16), (jnp.float16, 16), (jnp.int8, 32)],
+)
+def test_sublane_multiple(dtype, multiple):
+    assert tiling.sublane_multiple(dtype) == multiple
+
+
+def test_vmem_bytes_per_row_counts_buffers_and_f32_temporaries():
+    assert tiling.vmem_bytes_per_row(128, 2, streamed=3, f32_temporaries=5) == 128 * (12 + 20)
+    assert tiling.vmem_bytes_per_row(128, 4, streamed=1, f32_temporaries=0, buffers=3) == 1536
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("rows", [1, 7, 100, 5000, 100_000])
+@pytest.mark.parametrize("bytes_per_row", [1, 4096, 3 * 2**20, 2**30])
+def test_row_block_is_legal_and_within_budget_when_it_can_be(dtype, rows, bytes_per_row):
+    block = tiling.row_block(rows, bytes_per_row, dtype)
+    multiple = tiling.sublane_multiple(dtype)
+    assert tiling.row_block_problem(rows, block, dtype) is None
+    assert 1 <= block <= max(rows, multiple) and block <= tiling.MAX_BLOCK_ROWS
+    if block > multiple:  # one tile is the floor, even over budget
+        assert block * bytes_per_row <= tiling.VMEM_BUDGET_BYTES
+    if block < rows and block + multiple <= tiling.MAX_BLOCK_ROWS:
+        assert (block + multiple) * bytes_per_row > tiling.VMEM_BUDGET_BYTES, "not the largest"
+
+
+def test_row_block_respects_a_given_budget():
+    assert tiling.row_block(4096, 1024, jnp.float32, budget=64 * 1024) == 64
+
+
+@pytest.mark.parametrize(
+    ("rows", "block", "dtype", "problem"),
+    [
+        (100, 100, jnp.bfloat16, None),
+        (100, 32, jnp.bfloat16, None),
+        (100, 8, jnp.bfloat16, "block_rows=8 must equal rows (100) or be a multiple of 16"),
+        (100, 0, jnp.float32, "block_rows=0 must equal rows (100) or be a multiple of 8"),
+    ],
+)
+def test_row_block_problem(rows, block, dtype, problem):
+    assert tiling.row_block_problem(rows, block, dtype) == problem
+
+
+def test_compiler_params_carry_the_semantics():
+    params = tiling.compiler_params("parallel", "arbitrary", vmem_limit_bytes=2**24)
+    assert tuple(params.dimension_semantics) == ("parallel", "arbitrary")
+    assert params.vmem_limit_bytes == 2**24
