@@ -416,6 +416,7 @@ class _Adapter:
         self._adapter = adapter
         self.has_backward = getattr(adapter, "has_backward", True)
         self.can_torch_compile = getattr(adapter, "can_torch_compile", False)
+        self.module_problem = getattr(adapter, "module_problem", None)
 
     def register(self) -> str:
         name = self._adapter.register()
