@@ -152,16 +152,27 @@ def _unrecognised(name: str, module: torch.nn.Module) -> ReportEntry | None:
     """A report entry for a known kind of layer that no kernel layer computes exactly."""
     hf = _transformers_integration()
     cls = type(module)
-    if hf is None or not hf.is_transformers_norm(cls):
+    if hf is not None and hf.is_gated_mlp_candidate(cls):
+        target, reason = "GatedMLP", hf.recognise_gated_mlp(cls).reason
+    elif hf is not None and hf.is_transformers_norm(cls):
+        target, reason = "RMSNorm", hf.recognise_norm(cls).reason
+    else:
         return None
-    reason = hf.recognise_norm(cls).reason
     return ReportEntry(
         module=name,
         cls=cls.__name__,
         kind="layer",
-        target="RMSNorm",
+        target=target,
         found_by="recognised",
         reason=reason,
+    )
+
+
+def _registry_bound(layer_name: str | None, module: torch.nn.Module) -> bool:
+    """A gated MLP (recognised or a near miss): a candidate only if the registry has the op."""
+    hf = _transformers_integration()
+    return hf is not None and (
+        layer_name in ("GatedMLP", "FusedGatedMLP") or hf.is_gated_mlp_candidate(type(module))
     )
 
 
@@ -537,11 +548,15 @@ def kernelize(
     entries = []
     for name, module in model.named_modules():
         mark = find_mark(module)
+        if _registry_bound(mark and mark[0], module) and source.owner("GatedMLP") is None:
+            continue  # gated MLPs are candidates only with a registry that serves them
         entry = _swap_layer(source, name, module, mark) if mark else _unrecognised(name, module)
         if entry is not None:
             entries.append(entry)
     for integration in _integrations():
         for interface in integration.MODEL_INTERFACES:
+            if getattr(interface, "training_only", False) and Mode.TRAINING not in mode:
+                continue  # e.g. the causal-LM loss: nothing to swap outside training
             entries += _switch_interface(source, model, interface)
     swaps.record_report(
         model, KernelizeReport(type(model).__name__, mode.label, device_type, tuple(entries))

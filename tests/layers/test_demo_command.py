@@ -22,7 +22,8 @@ from .kernelize_helpers import TOLERANCE, TmpHub
 def expected_swaps(model: str) -> dict[str, int]:
     """What the in-tree registry's kernels swap in the tiny demo models (2 layers each)."""
     registry = load_registry()
-    swaps = {"RMSNorm": 5}
+    swaps = {"GatedMLP": 2} if model == "llama" and "gated-mlp" in registry else {}
+    swaps["RMSNorm"] = 5
     if "attention" in registry:
         swaps["AttentionInterface"] = 2
     if model == "mixtral" and "moe-gemm" in registry:
@@ -59,8 +60,8 @@ def test_demo_json(capsys: pytest.CaptureFixture) -> None:
     assert 0 <= row["max_logit_diff"] <= TOLERANCE
     assert row["greedy_identical"] and row["unkernelize_restores"]
     assert row["stock_ms"] > 0 and row["kernelized_ms"] > 0
-    # norms + attention modules, each for AttentionInterface and ContinuousBatching
-    assert len(row["report"]["entries"]) == 5 + 2 + 2
+    # norms + attention modules, each for AttentionInterface and ContinuousBatching + MLPs
+    assert len(row["report"]["entries"]) == 5 + 2 + 2 + row["swapped"].get("GatedMLP", 0)
 
 
 def test_demo_picks_up_attention_and_moe_kernels(tmp_hub: TmpHub) -> None:

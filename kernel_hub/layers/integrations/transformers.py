@@ -39,7 +39,9 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from kernel_hub.errors import KernelHubError
 
+from .causal_lm_loss import CausalLMLossInterface
 from .continuous_batching import ContinuousBatchingInterface
+from .mlp_forms import MLPRecognition, is_gated_mlp_candidate, recognise_mlp
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,14 @@ def _same(out: Any, expected: torch.Tensor) -> bool:
 
 def recognised_layer(cls: type) -> str | None:
     """The layer name a known Transformers class can be replaced by, or None."""
+    if is_gated_mlp_candidate(cls):
+        return recognise_gated_mlp(cls).layer
     return recognise_norm(cls).layer if is_transformers_norm(cls) else None
+
+
+def recognise_gated_mlp(cls: type) -> MLPRecognition:
+    """Which gated-MLP layer serves a Transformers ``*MLP`` class (``mlp_forms``), or why none."""
+    return recognise_mlp(cls, _Probe)
 
 
 def hf_kernels_problem(model: torch.nn.Module) -> str | None:
@@ -392,4 +401,5 @@ MODEL_INTERFACES = (
         registered=_experts_problem,
     ),
     ContinuousBatchingInterface(attention=ATTENTION_INTERFACE),
+    CausalLMLossInterface(),
 )

@@ -1,0 +1,424 @@
+"""Transformers causal LMs: the training loss from the hidden states, the logits never built.
+
+A ``*ForCausalLM`` forward computes ``logits = lm_head(hidden)`` (``[tokens, vocab]``, gigabytes
+at a 128k vocabulary) and hands them to ``ForCausalLMLoss``; a loss slot that receives logits is
+too late to save that memory. So ``kernelize`` gives the model instance a forward that, in
+training with ``labels`` (and the default ``logits_to_keep=0``),
+
+1. runs the stock forward with ``labels=None`` and ``logits_to_keep`` an empty index, so the head
+   projects no position, while a forward hook on the decoder keeps its ``last_hidden_state``;
+2. computes the loss with the ``linear-cross-entropy`` kernel's ``causal_lm_loss`` from those
+   hidden states and the head (label shift, ``shift_labels``, ``ignore_index`` and
+   ``num_items_in_batch`` as ``ForCausalLMLoss``);
+3. returns the stock output with that loss and **``logits=None``** (the logits are skipped:
+   that is the point). Evaluation (``model.eval()``), calls without labels and calls with another
+   ``logits_to_keep`` run the stock forward unchanged and return logits.
+
+Exact or says no: before installing, the class's forward runs on a probe copy of the model whose
+children are recorders, and must (a) call one child once and feed its ``last_hidden_state``
+unchanged to the head, (b) post-process the logits only in a way the kernel implements (nothing,
+Gemma 2/3's ``final_logit_softcapping``, Cohere's ``logit_scale``), checked on values, (c) pass
+those logits, the labels, the vocabulary size and the loss keywords to ``self.loss_function``
+and return its result as ``loss``, and (d) project no position for an empty ``logits_to_keep``.
+The model's ``loss_function`` must be Transformers' ``ForCausalLMLoss`` and its head a plain
+``nn.Linear``. Anything else leaves the model alone with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import types
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernel_hub.errors import KernelHubError
+
+_STATE = "_kernel_hub_causal_lm_loss"
+"""Instance attribute of a switched model: its ``_Installed``."""
+_LOSS_KEYWORDS = ("num_items_in_batch", "ignore_index", "shift_labels")
+"""The keywords of ``ForCausalLMLoss`` that change its result (its ``**kwargs`` are ignored)."""
+
+
+class Refused(KernelHubError):
+    """Why a causal LM keeps its stock loss."""
+
+
+@dataclass(frozen=True)
+class LogitForm:
+    """Post-processing of the head's output: ``softcap * tanh(scale * logits / softcap)``."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def describe(self) -> str:
+        parts = [f"logit_scale={self.scale:g}"] if self.scale != 1.0 else []
+        parts += [f"softcap={self.softcap:g}"] if self.softcap is not None else []
+        return ", ".join(parts) or "plain logits"
+
+
+def candidate_forms(config: Any) -> list[LogitForm]:
+    """Forms the kernel implements that this config could ask for (the probe picks one)."""
+    softcap = getattr(config, "final_logit_softcapping", None)
+    scales = [1.0]
+    if isinstance(getattr(config, "logit_scale", None), (int, float)):
+        scales.append(float(config.logit_scale))
+    if isinstance(getattr(config, "logits_scaling", None), (int, float)) and config.logits_scaling:
+        scales.append(1.0 / float(config.logits_scaling))
+    caps: list[float | None] = [None]
+    if isinstance(softcap, (int, float)) and softcap > 0:
+        caps.append(float(softcap))
+    return [LogitForm(s, c) for s in scales for c in caps]
+
+
+def is_causal_lm(module: torch.nn.Module) -> bool:
+    """A Transformers ``*ForCausalLM`` model (the candidates of this interface)."""
+    from transformers import PreTrainedModel
+
+    return isinstance(module, PreTrainedModel) and type(module).__name__.endswith("ForCausalLM")
+
+
+# ------------------------------------------------------------------------------------------
+# The probe.
+
+
+class _Decoder(torch.nn.Module):
+    """Stands in for a child of the probed model: records calls, returns fixed hidden states."""
+
+    def __init__(self, hidden: torch.Tensor):
+        super().__init__()
+        self.hidden = hidden
+        self.calls = 0
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        from transformers.modeling_outputs import BaseModelOutputWithPast
+
+        self.calls += 1
+        return BaseModelOutputWithPast(last_hidden_state=self.hidden)
+
+
+class _Head(torch.nn.Linear):
+    """The probe's LM head: a small Linear that keeps what it was given."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.inputs.append(x)
+        return super().forward(x)
+
+
+class _LossRecorder:
+    def __init__(self):
+        self.calls: list[inspect.BoundArguments] = []
+        self.result = torch.tensor(1.25)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        from transformers.loss.loss_utils import ForCausalLMLoss
+
+        bound = inspect.signature(ForCausalLMLoss).bind(*args, **kwargs)
+        bound.apply_defaults()
+        self.calls.append(bound)
+        return self.result
+
+
+def head_of(model: torch.nn.Module) -> tuple[str, torch.nn.Linear]:
+    """(child name, module) of the model's LM head, or ``Refused``."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        raise Refused(f"{type(model).__name__} has no output embeddings (LM head)")
+    name = next((n for n, m in model.named_children() if m is head), None)
+    if name is None:
+        raise Refused("its LM head is not a direct child of the model")
+    if type(head) is not torch.nn.Linear:
+        raise Refused(f"its LM head is {type(head).__name__}, not a plain torch.nn.Linear")
+    if "forward" in head.__dict__:
+        raise Refused("its LM head's forward is replaced on the instance")
+    return name, head
+
+
+def probe(model: torch.nn.Module) -> tuple[str, LogitForm]:
+    """(decoder child name, logit form) of a causal LM whose forward the interface can serve,
+    or ``Refused`` with the reason (see the module docstring)."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    cls = type(model)
+    if hasattr(model.config, "output_router_logits"):
+        raise Refused(
+            f"{cls.__name__} adds the router's auxiliary loss to the loss (output_router_logits), "
+            "which the fused loss does not compute yet"
+        )
+    loss_function = model.loss_function
+    if loss_function is not ForCausalLMLoss:
+        name = getattr(loss_function, "__qualname__", type(loss_function).__name__)
+        raise Refused(
+            f"its loss_function is {name}, not Transformers' ForCausalLMLoss (custom class "
+            "weights, losses or reductions are not implemented by the kernel)"
+        )
+    head_name, head = head_of(model)
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 3, 4, generator=generator)
+    labels = torch.randint(0, 8, (2, 3), generator=generator)
+    loss_keywords = {"num_items_in_batch": torch.tensor(5), "ignore_index": -7}
+
+    def run(**kwargs: Any) -> tuple[Any, dict[str, _Decoder], _Head, _LossRecorder]:
+        copy = object.__new__(cls)
+        copy.__dict__.update(model.__dict__)
+        children = {n: _Decoder(hidden) for n, _ in model.named_children() if n != head_name}
+        with torch.random.fork_rng(devices=[]):  # kernelize leaves the global RNG alone
+            probe_head = _Head(4, 8, bias=head.bias is not None)
+        with torch.no_grad():
+            probe_head.weight.copy_(torch.randn(8, 4, generator=generator))
+            if probe_head.bias is not None:
+                probe_head.bias.copy_(torch.randn(8, generator=generator))
+        probe_head.inputs = []
+        copy.__dict__["_modules"] = OrderedDict({**children, head_name: probe_head})
+        for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks"):
+            copy.__dict__[hooks] = OrderedDict()
+        copy.__dict__.pop("forward", None)
+        recorder = _LossRecorder()
+        copy.__dict__["_loss_function"] = recorder
+        copy.__dict__["training"] = True
+        try:
+            with torch.no_grad():
+                out = cls.forward(copy, input_ids=labels, return_dict=True, **kwargs)
+        except Exception as exc:  # the forward needs more than the probe offers
+            raise Refused(
+                f"{cls.__name__}.forward does not run on the probe: {type(exc).__name__}: {exc}"
+            ) from None
+        return out, children, probe_head, recorder
+
+    out, children, probe_head, recorder = run(labels=labels, **loss_keywords)
+    called = [n for n, child in children.items() if child.calls]
+    if len(called) != 1 or children[called[0]].calls != 1:
+        raise Refused(f"its forward calls children {called}, not one decoder once")
+    if len(probe_head.inputs) != 1 or not torch.equal(probe_head.inputs[0], hidden):
+        raise Refused("its LM head does not get the decoder's last_hidden_state unchanged")
+    raw = torch.nn.functional.linear(hidden, probe_head.weight, probe_head.bias)
+    logits = getattr(out, "logits", None)
+    form = next(
+        (
+            f
+            for f in candidate_forms(model.config)
+            if isinstance(logits, torch.Tensor)
+            and logits.shape == raw.shape
+            and torch.allclose(logits, f.apply(raw), rtol=1e-6, atol=1e-6)
+        ),
+        None,
+    )
+    if form is None:
+        forms = "; ".join(f.describe() for f in candidate_forms(model.config))
+        raise Refused(
+            f"its logits are post-processed in a way the kernel does not implement (it "
+            f"implements, for this config: {forms})"
+        )
+    if len(recorder.calls) != 1:
+        raise Refused(f"its forward calls loss_function {len(recorder.calls)} times, not once")
+    call = recorder.calls[0].arguments
+    extra = dict(call.get("kwargs", {}))
+    if not (
+        call["logits"] is logits
+        and call["labels"] is labels
+        and call["vocab_size"] == model.config.vocab_size
+        and call["num_items_in_batch"] is loss_keywords["num_items_in_batch"]
+        and call["ignore_index"] == loss_keywords["ignore_index"]
+        and call["shift_labels"] is None
+        and not extra
+        and getattr(out, "loss", None) is recorder.result
+    ):
+        raise Refused(
+            "its forward does not pass (logits, labels, vocab_size, loss keywords) to "
+            "loss_function unchanged and return its result as the loss"
+        )
+    decoder = called[0]
+    _, _, probe_head, recorder = run(labels=None, logits_to_keep=_no_positions(hidden.device))
+    if len(probe_head.inputs) != 1 or probe_head.inputs[0].numel() != 0 or recorder.calls:
+        raise Refused("its forward still projects positions with an empty logits_to_keep")
+    return decoder, form
+
+
+def _no_positions(device: torch.device) -> torch.Tensor:
+    """A ``logits_to_keep`` selecting no position: the head then projects nothing."""
+    return torch.empty(0, dtype=torch.long, device=device)
+
+
+# ------------------------------------------------------------------------------------------
+# The installed forward.
+
+
+class _Capture:
+    """Holds the decoder's last hidden states between the hook and the loss."""
+
+    def __init__(self):
+        self.active = False
+        self.hidden: torch.Tensor | None = None
+
+    def hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.active:
+            self.hidden = output.last_hidden_state
+
+
+@dataclass
+class _Installed:
+    label: str
+    """What ``current`` reports: the registered name and the logit form."""
+    loss: Any
+    """The kernel's ``causal_lm_loss``."""
+    form: LogitForm
+    head: str
+    capture: _Capture
+    hook: Any
+    labels_index: int
+    keep_index: int
+
+
+def _argument(args: tuple, kwargs: dict, index: int, name: str, default: Any) -> Any:
+    return args[index] if index < len(args) else kwargs.get(name, default)
+
+
+def _with(args: tuple, kwargs: dict, index: int, name: str, value: Any) -> tuple[tuple, dict]:
+    if index < len(args):
+        return (*args[:index], value, *args[index + 1 :]), kwargs
+    return args, {**kwargs, name: value}
+
+
+def fused_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The switched model's forward (see the module docstring)."""
+    state: _Installed = self.__dict__[_STATE]
+    stock = type(self).forward
+    labels = _argument(args, kwargs, state.labels_index, "labels", None)
+    keep = _argument(args, kwargs, state.keep_index, "logits_to_keep", 0)
+    if labels is None or not self.training or not (isinstance(keep, int) and keep == 0):
+        return stock(self, *args, **kwargs)
+    args, kwargs = _with(args, kwargs, state.labels_index, "labels", None)
+    args, kwargs = _with(
+        args, kwargs, state.keep_index, "logits_to_keep", _no_positions(labels.device)
+    )
+    return_dict = kwargs.pop("return_dict", None)
+    if return_dict is None:
+        return_dict = getattr(self.config, "return_dict", True)
+    state.capture.active = True
+    try:
+        out = stock(self, *args, return_dict=True, **kwargs)
+        hidden = state.capture.hidden
+    finally:
+        state.capture.active = False
+        state.capture.hidden = None
+    loss = state.loss(
+        hidden,
+        getattr(self, state.head),
+        labels,
+        logit_scale=state.form.scale,
+        softcap=state.form.softcap,
+        **{k: kwargs[k] for k in _LOSS_KEYWORDS if k in kwargs},
+    )
+    fields = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
+    out = type(out)(**{**fields, "loss": loss, "logits": None})
+    return out if return_dict else out.to_tuple()
+
+
+def _with_stock_signature(cls: type) -> Any:
+    """``fused_forward`` showing the stock forward's signature: the Trainer drops dataset
+    columns the forward's signature does not name."""
+
+    @functools.wraps(cls.forward)
+    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return fused_forward(self, *args, **kwargs)
+
+    return forward
+
+
+def _parameter_index(cls: type, name: str) -> int:
+    """Position of ``name`` among ``cls.forward``'s arguments after self (or ``Refused``)."""
+    params = list(inspect.signature(cls.forward).parameters)[1:]
+    if name not in params:
+        raise Refused(f"{cls.__name__}.forward has no {name!r} parameter")
+    return params.index(name)
+
+
+@dataclass(frozen=True)
+class CausalLMLossInterface:
+    """kernelize's switch of a causal LM's loss, shaped like its ``ModelInterface``s: the op's
+    ``integrations`` provides ``register() -> name`` and ``causal_lm_loss``; ``switch`` probes
+    and installs ``fused_forward`` on the instance, ``restore`` removes it."""
+
+    name: str = "ForCausalLMLoss"
+    kind: str = "causal LM loss"
+    op: str = "linear-cross-entropy"
+    training_only: bool = True
+    """kernelize skips this interface outside training mode (the forward acts only there)."""
+
+    def dispatches(self, module: torch.nn.Module) -> bool:
+        return is_causal_lm(module)
+
+    def unreached(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
+        return []
+
+    def integration(self, kernel: types.ModuleType) -> Any:
+        adapter = kernel.KERNEL.integration("transformers")
+        return _Adapter(adapter) if adapter is not None else None
+
+    def model_problem(self, model: torch.nn.Module, modules: list) -> str | None:
+        if [n for n, _ in modules] != [""]:
+            return "the causal LM is a submodule; kernelize the causal LM itself"
+        return None
+
+    def current(self, model: torch.nn.Module) -> dict[str, Any]:
+        state = model.__dict__.get(_STATE)
+        return {"": state.label if state is not None and "forward" in model.__dict__ else None}
+
+    def switch(self, model: torch.nn.Module, name: Any) -> str:
+        loss = _LOSSES.get(name)
+        if loss is None:
+            raise KernelHubError(f"integrations.register() returned {name!r}, not a loss name")
+        if "forward" in model.__dict__:
+            raise Refused("its forward is already replaced on the instance")
+        decoder, form = probe(model)
+        head, _ = head_of(model)
+        capture = _Capture()
+        state = _Installed(
+            label=f"{name} ({form.describe()}; logits skipped in training with labels)",
+            loss=loss,
+            form=form,
+            head=head,
+            capture=capture,
+            hook=getattr(model, decoder).register_forward_hook(capture.hook),
+            labels_index=_parameter_index(type(model), "labels"),
+            keep_index=_parameter_index(type(model), "logits_to_keep"),
+        )
+        model.__dict__[_STATE] = state
+        model.__dict__["forward"] = types.MethodType(_with_stock_signature(type(model)), model)
+        return state.label
+
+    def restore(self, model: torch.nn.Module, previous: dict[str, Any]) -> None:
+        state = model.__dict__.pop(_STATE, None)
+        if state is not None:
+            state.hook.remove()
+            model.__dict__.pop("forward", None)
+
+
+_LOSSES: dict[str, Any] = {}
+"""Registered name -> the kernel's ``causal_lm_loss``."""
+
+
+class _Adapter:
+    """The kernel's Transformers adapter, its ``register()`` also recording its loss function."""
+
+    def __init__(self, adapter: Any):
+        self._adapter = adapter
+        self.has_backward = getattr(adapter, "has_backward", True)
+        self.can_torch_compile = getattr(adapter, "can_torch_compile", False)
+        self.module_problem = getattr(adapter, "module_problem", None)
+
+    def register(self) -> str:
+        name = self._adapter.register()
+        _LOSSES[name] = self._adapter.causal_lm_loss
+        return name

@@ -1,0 +1,21 @@
+"""gated-mlp kernel: ``gated_activation`` torch op, ``jax.gated_activation``,
+``layers.GatedMLP`` and ``layers.FusedGatedMLP``."""
+
+from kernel_hub.kernel_api import KernelDeclaration
+
+from . import api as jax
+from . import benchmark, layers, sharding
+from .torch_ops import gated_activation
+
+KERNEL = KernelDeclaration(
+    ops={"gated_activation": gated_activation},
+    jax=jax,
+    implementation_tables=(jax.TABLE,),
+    layers={"GatedMLP": layers.GatedMLP, "FusedGatedMLP": layers.FusedGatedMLP},
+    module_checks=layers.MODULE_CHECKS,
+    mesh_cases=sharding.mesh_cases,
+    benchmark_cases=benchmark.CASES,
+    torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
+)
+
+__all__ = ["KERNEL", "benchmark", "gated_activation", "jax", "layers"]

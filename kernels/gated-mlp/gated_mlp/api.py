@@ -1,0 +1,121 @@
+"""Public JAX API: ``gated_activation`` with an implementation table (pallas, xla) and checks."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+
+from kernel_hub.kernel_api import (
+    FLOATS_AND_F64,
+    Implementation,
+    ImplementationTable,
+    check_dtype,
+    check_rank,
+    check_same_dtype,
+    jax_platform,
+    require,
+)
+
+from . import pallas_tpu, reference, sharding
+from .reference import ACTIVATIONS
+
+OP = "gated_activation"
+
+
+def check_inputs(x, up=None, activation: str = "silu") -> None:
+    """Shape, dtype and option rules shared by the JAX function and the torch op."""
+    require(
+        activation in ACTIVATIONS,
+        f"{OP}: activation={activation!r}; valid: {', '.join(ACTIVATIONS)}",
+    )
+    check_rank(OP, "x", x, (1, 8))
+    check_dtype(OP, "x", x, FLOATS_AND_F64)
+    if up is None:
+        require(
+            x.shape[-1] % 2 == 0,
+            f"{OP}: fused gate_up x has an odd last dimension ({x.shape[-1]}); it must be "
+            "[..., 2 * intermediate] with the gate half first",
+        )
+        return
+    check_same_dtype(OP, "x", x, "up", up)
+    require(
+        tuple(up.shape) == tuple(x.shape),
+        f"{OP}: gate has shape {tuple(x.shape)} but up has {tuple(up.shape)}; they must match",
+    )
+
+
+def _rows_columns(x, up):
+    columns = x.shape[-1] if up is not None else x.shape[-1] // 2
+    return math.prod(x.shape[:-1]), columns
+
+
+def _config(x, up, block_rows, block_cols):
+    rows, columns = _rows_columns(x, up)
+    default = pallas_tpu.default_config(rows, columns)
+    if default is None:
+        default = pallas_tpu.BlockConfig(min(256, rows), columns)
+    return pallas_tpu.BlockConfig(
+        block_rows or default.block_rows, block_cols or default.block_cols
+    )
+
+
+def _pallas(x, up, *, activation, block_rows, block_cols):
+    rows, columns = _rows_columns(x, up)
+    config = _config(x, up, block_rows, block_cols)
+    interpret = jax_platform() == "cpu"
+    x2 = x.reshape(rows, x.shape[-1])
+    up2 = None if up is None else up.reshape(rows, columns)
+    y = pallas_tpu.gated_activation_2d(x2, up2, activation, config, interpret)
+    return y.reshape(*x.shape[:-1], columns)
+
+
+def _pallas_problem(x, up, *, activation, block_rows, block_cols):
+    if x.dtype.name == "float64" and jax_platform() != "cpu":
+        return "float64 runs only in interpret mode"
+    rows, columns = _rows_columns(x, up)
+    config = _config(x, up, block_rows, block_cols)
+    return pallas_tpu.config_problem(rows, columns, x.dtype, config, fused=up is None)
+
+
+def _xla(x, up, *, activation, block_rows, block_cols):
+    if up is None:
+        x, up = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return reference.gated_activation(x, up, activation)
+
+
+TABLE = ImplementationTable(
+    OP,
+    [
+        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
+        Implementation("xla", _xla, ("tpu", "gpu", "cpu")),
+    ],
+    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
+)
+
+
+@sharding.boundary
+def gated_activation(
+    x: jax.Array,
+    up: jax.Array | None = None,
+    activation: str = "silu",
+    *,
+    implementation: str | None = None,
+    block_rows: int | None = None,
+    block_cols: int | None = None,
+) -> jax.Array:
+    """``act(gate) * up`` with ``gate = x`` ([..., I], any leading shape), or, with ``up=None``,
+    ``gate, up = x[..., :I], x[..., I:]`` (the fused ``gate_up_proj`` layout, [..., 2I]).
+
+    The math runs in f32 (f64 for f64), rounded once to the inputs' dtype; the backward
+    recomputes the activation. ``activation``: ``reference.ACTIVATIONS``.
+    """
+    check_inputs(x, up, activation)
+    return TABLE(
+        x,
+        up,
+        activation=activation,
+        block_rows=block_rows,
+        block_cols=block_cols,
+        implementation=implementation,
+    )

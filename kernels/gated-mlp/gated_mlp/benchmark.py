@@ -1,0 +1,64 @@
+"""Representative shapes with FLOPs and bytes per call (bench and TPU compile checks), and the
+torch paths ``kernel-hub bench`` times beside the JAX implementations."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from kernel_hub.kernel_api import CPU_TAG, KernelCase
+
+from .api import gated_activation
+from .torch_ops import gated_activation as gated_activation_op
+
+# (name, tokens, intermediate, activation, fused): Llama-3-8B's and Gemma-2-9B's MLPs on a 4k
+# prefill, Phi-3-mini's fused gate_up.
+SHAPES = (
+    ("llama3-8b-swiglu-4k", 4096, 14336, "silu", False),
+    ("gemma2-9b-geglu-4k", 4096, 14336, "gelu_tanh", False),
+    ("phi3-mini-fused-4k", 4096, 8192, "silu", True),
+)
+CPU_SHAPES = (
+    ("tiny-256-i1024-silu-f32", 256, 1024, "silu", False, jnp.float32),
+    ("tiny-256-i1024-gelu-fused", 256, 1024, "gelu", True, jnp.bfloat16),
+)
+
+
+def case(name, tokens, intermediate, activation, fused, dtype=jnp.bfloat16, tags=()):
+    itemsize = jnp.dtype(dtype).itemsize
+    if fused:
+        args = (jax.ShapeDtypeStruct((tokens, 2 * intermediate), dtype),)
+    else:
+        arg = jax.ShapeDtypeStruct((tokens, intermediate), dtype)
+        args = (arg, arg)
+    return KernelCase(
+        name=name,
+        fn=lambda *a, implementation=None: gated_activation(
+            *a, *((None,) if fused else ()), activation, implementation=implementation
+        ),
+        args=args,
+        # activation (~6 flops) and product per element
+        flops=8 * tokens * intermediate,
+        bytes_accessed=3 * tokens * intermediate * itemsize,
+        differentiable=tuple(range(len(args))),
+        tags=tuple(tags),
+        op="gated_activation",
+    )
+
+
+CASES = [case(*shape) for shape in SHAPES] + [
+    case(*shape[:5], dtype=shape[5], tags=(CPU_TAG,)) for shape in CPU_SHAPES
+]
+
+
+def torch_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """What Llama's MLP runs between its projections."""
+    return torch.nn.functional.silu(gate) * up
+
+
+def kernel_hub_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return gated_activation_op(gate, up, "silu")
+
+
+TORCH_IMPLEMENTATIONS = {"torch": torch_swiglu, "torch-op": kernel_hub_swiglu}

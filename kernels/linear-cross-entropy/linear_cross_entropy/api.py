@@ -1,0 +1,243 @@
+"""Public JAX API: ``linear_cross_entropy`` (the loss) and ``token_statistics`` (its logits part,
+dispatched through an implementation table: pallas, xla), with input checks."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernel_hub.kernel_api import (
+    FLOATS_AND_F64,
+    Implementation,
+    ImplementationTable,
+    check_dtype,
+    check_rank,
+    dtype_name,
+    jax_default_device,
+    jax_platform,
+    require,
+    tpu_generation,
+)
+
+from . import pallas_tpu, reference, sharding, xla_chunked
+from .reference import REDUCTIONS, LogitForm
+
+OP = "linear_cross_entropy"
+PLAIN = LogitForm()
+_INTEGERS = ("int32", "int64", "uint32", "int16", "int8", "uint8")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_inputs(
+    hidden,
+    weight,
+    labels,
+    bias=None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
+    z_loss: float = 0.0,
+) -> None:
+    """Shape, dtype and option rules shared by the JAX function and the torch op."""
+    require(
+        reduction in REDUCTIONS,
+        f"{OP}: reduction={reduction!r}; valid: {', '.join(REDUCTIONS)}",
+    )
+    require(
+        isinstance(ignore_index, int) and not isinstance(ignore_index, bool),
+        f"{OP}: ignore_index={ignore_index!r}; it must be an int (Transformers uses -100)",
+    )
+    require(
+        _number(label_smoothing) and 0.0 <= label_smoothing <= 1.0,
+        f"{OP}: label_smoothing={label_smoothing!r}; it must be a number in [0, 1]",
+    )
+    require(
+        _number(logit_scale) and logit_scale > 0,
+        f"{OP}: logit_scale={logit_scale!r}; it must be a positive number",
+    )
+    require(
+        softcap is None or (_number(softcap) and softcap > 0),
+        f"{OP}: softcap={softcap!r}; it must be None or a positive number",
+    )
+    require(
+        _number(z_loss) and z_loss >= 0,
+        f"{OP}: z_loss={z_loss!r}; it must be a number >= 0",
+    )
+    check_rank(OP, "hidden", hidden, 2)
+    check_rank(OP, "weight", weight, 2)
+    check_rank(OP, "labels", labels, 1)
+    check_dtype(OP, "hidden", hidden, FLOATS_AND_F64)
+    check_dtype(OP, "weight", weight, FLOATS_AND_F64)
+    check_dtype(OP, "labels", labels, _INTEGERS)
+    require(
+        hidden.dtype == weight.dtype,
+        f"{OP}: hidden is {dtype_name(hidden.dtype)} but weight is {dtype_name(weight.dtype)}; "
+        "they must match "
+        "(cast hidden to the head's dtype, as nn.Linear requires)",
+    )
+    require(
+        weight.shape[1] == hidden.shape[1],
+        f"{OP}: weight has shape {tuple(weight.shape)} but hidden's size is {hidden.shape[1]}; "
+        f"weight must be [vocab, {hidden.shape[1]}]",
+    )
+    require(
+        labels.shape[0] == hidden.shape[0],
+        f"{OP}: labels has {labels.shape[0]} entries for {hidden.shape[0]} tokens; one label per "
+        "token (shift the labels before calling)",
+    )
+    if bias is not None:
+        check_rank(OP, "bias", bias, 1)
+        check_dtype(OP, "bias", bias, FLOATS_AND_F64)
+        require(
+            bias.shape[0] == weight.shape[0],
+            f"{OP}: bias has shape {tuple(bias.shape)}; it must be ({weight.shape[0]},)",
+        )
+
+
+def _generation() -> str | None:
+    return tpu_generation(jax_default_device()) if jax_platform() == "tpu" else None
+
+
+def _config(hidden, weight, block_tokens, block_vocab) -> pallas_tpu.BlockConfig:
+    default = pallas_tpu.default_config(
+        hidden.shape[0], weight.shape[0], hidden.shape[1], hidden.dtype, _generation()
+    )
+    return pallas_tpu.BlockConfig(
+        block_tokens or default.block_tokens, block_vocab or default.block_vocab
+    )
+
+
+def _pallas(hidden, weight, bias, targets, *, form, block_tokens, block_vocab):
+    config = _config(hidden, weight, block_tokens, block_vocab)
+    interpret = jax_platform() == "cpu"
+    return pallas_tpu.token_statistics(hidden, weight, bias, targets, form, config, interpret)
+
+
+def _pallas_problem(hidden, weight, bias, targets, *, form, block_tokens, block_vocab):
+    if hidden.dtype.name == "float64" and jax_platform() != "cpu":
+        return "float64 runs only in interpret mode"
+    config = _config(hidden, weight, block_tokens, block_vocab)
+    problem = pallas_tpu.config_problem(hidden.shape[0], weight.shape[0], hidden.dtype, config)
+    generation = _generation()
+    need = pallas_tpu.vmem_bytes(config, hidden.shape[1], hidden.dtype.itemsize)
+    if problem is None and generation is not None and need > pallas_tpu.budget(generation):
+        problem = (
+            f"blocks {config.block_tokens} x {config.block_vocab} with the whole hidden size "
+            f"({hidden.shape[1]}) need {need >> 20} MiB of VMEM, over {generation}'s "
+            f"{pallas_tpu.budget(generation) >> 20} MiB budget"
+        )
+    return problem
+
+
+def _xla(hidden, weight, bias, targets, *, form, block_tokens, block_vocab):
+    return xla_chunked.token_statistics(
+        hidden, weight, bias, targets, form, block_vocab or xla_chunked.CHUNK
+    )
+
+
+TABLE = ImplementationTable(
+    "token_statistics",
+    [
+        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
+        Implementation("xla", _xla, ("tpu", "gpu", "cpu")),
+    ],
+    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
+)
+
+
+@sharding.boundary
+def token_statistics(
+    hidden: jax.Array,
+    weight: jax.Array,
+    bias: jax.Array | None,
+    targets: jax.Array,
+    *,
+    form: LogitForm = PLAIN,
+    implementation: str | None = None,
+    block_tokens: int | None = None,
+    block_vocab: int | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per token: (log-sum-exp, target logit, sum of logits) of ``form(hidden @ weight.T + bias)``.
+
+    ``targets`` [tokens] int32; -1 picks nothing. Differentiable in hidden, weight and bias.
+    """
+    return TABLE(
+        hidden,
+        weight,
+        bias,
+        targets,
+        form=form,
+        block_tokens=block_tokens,
+        block_vocab=block_vocab,
+        implementation=implementation,
+    )
+
+
+def linear_cross_entropy(
+    hidden: jax.Array,
+    weight: jax.Array,
+    labels: jax.Array,
+    bias: jax.Array | None = None,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
+    z_loss: float = 0.0,
+    implementation: str | None = None,
+    block_tokens: int | None = None,
+    block_vocab: int | None = None,
+) -> jax.Array:
+    """Cross-entropy of ``softcap * tanh(logit_scale * (hidden @ weight.T + bias) / softcap)``
+    against ``labels`` without materialising the logits; hidden [N, H], weight [V, H], labels [N].
+
+    Semantics of ``torch.nn.functional.cross_entropy(logits.float(), labels, ignore_index=,
+    reduction=, label_smoothing=)``, plus ``z_loss * logsumexp**2`` per counted token. The
+    result (a scalar, or [N] for ``reduction="none"``) is f32 (f64 for f64 inputs); logits are
+    accumulated in f32 for bf16 inputs. ``implementation`` forces "pallas" or "xla" (a scan over
+    vocabulary chunks, ``xla_chunked``); ``block_tokens`` / ``block_vocab`` override the Pallas
+    blocks (``block_vocab``: the XLA chunk too).
+    """
+    check_inputs(
+        hidden,
+        weight,
+        labels,
+        bias,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        label_smoothing=label_smoothing,
+        logit_scale=logit_scale,
+        softcap=softcap,
+        z_loss=z_loss,
+    )
+    labels = labels.astype(jnp.int32)
+    targets = jnp.where(labels == ignore_index, reference.NO_TARGET, labels)
+    form = LogitForm(float(logit_scale), None if softcap is None else float(softcap))
+    lse, target, total = token_statistics(
+        hidden,
+        weight,
+        bias,
+        targets,
+        form=form,
+        implementation=implementation,
+        block_tokens=block_tokens,
+        block_vocab=block_vocab,
+    )
+    return reference.loss_from_statistics(
+        lse,
+        target,
+        total,
+        labels,
+        weight.shape[0],
+        ignore_index=ignore_index,
+        reduction=reduction,
+        label_smoothing=float(label_smoothing),
+        z_loss=float(z_loss),
+    )

@@ -1,0 +1,414 @@
+"""Pallas fused linear + cross-entropy for TPU: the logits exist one [tokens, vocab] tile at a
+time.
+
+Forward, grid (token blocks, vocab blocks), vocab innermost: each step multiplies a token block of
+the hidden states by a vocabulary block of the head weight (whole hidden dimension in VMEM, f32
+accumulation), applies the logit form and folds the tile into an online log-sum-exp, the target's
+logit and the sum of logits. Only those three per-token statistics reach HBM.
+
+Backward, from the statistics' cotangents (``dz = g_lse * softmax + g_target * onehot + g_sum``):
+two kernels recompute the tile. One keeps the token block and runs over the vocabulary,
+accumulating ``dh = dz @ W`` in VMEM; the other keeps the vocabulary block and runs over the
+tokens, accumulating ``dW = dz^T @ h`` (and the bias gradient). HBM temporaries stay O(tokens).
+
+Ragged edges (tokens or vocabulary not a multiple of the block) are masked in the kernels, so
+the weight is never padded (a copy of a 152k x 4096 head would be 1.2 GiB).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from .reference import LogitForm, accumulation_dtype, transform
+
+VMEM_BUDGET_BYTES = {"v4": 12 << 20}
+"""What the default blocks may use per TPU generation (v4 has 16 MiB of VMEM, later ones 64-128
+MiB); the compiler limit is set a little above the estimate."""
+DEFAULT_BUDGET_BYTES = 40 << 20
+_BLOCKS = ((512, 512), (256, 512), (256, 256), (128, 256), (128, 128))
+"""Default (tokens, vocab) blocks, largest first: a bigger token block re-reads W less often."""
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Tokens and vocabulary rows per grid step: multiples of the tile (8/16 tokens, 128
+    vocabulary rows), or the whole axis."""
+
+    block_tokens: int
+    block_vocab: int
+
+
+def sublane_multiple(dtype) -> int:
+    return 8 * max(1, 4 // jnp.dtype(dtype).itemsize)
+
+
+def vmem_bytes(config: BlockConfig, hidden: int, itemsize: int, acc_itemsize: int = 4) -> int:
+    """Largest VMEM footprint of the three kernels (double-buffered blocks + accumulators)."""
+    bn, bv = config.block_tokens, config.block_vocab
+    tile = 4 * bn * bv * acc_itemsize  # logits, probabilities, dz and a cast copy
+    inputs = 2 * (bn + bv) * hidden * itemsize
+    dh = inputs + bn * hidden * (acc_itemsize + 2 * itemsize)
+    dw = inputs + bv * hidden * (acc_itemsize + 2 * itemsize)
+    return max(dh, dw) + tile
+
+
+def budget(generation: str | None) -> int:
+    return VMEM_BUDGET_BYTES.get(generation, DEFAULT_BUDGET_BYTES)
+
+
+def default_config(
+    tokens: int, vocab: int, hidden: int, dtype, generation: str | None = None
+) -> BlockConfig:
+    """The largest default block pair that fits the generation's VMEM budget (whole axes when
+    smaller)."""
+    itemsize = jnp.dtype(dtype).itemsize
+    acc = accumulation_dtype(dtype).itemsize
+    for bn, bv in _BLOCKS:
+        config = BlockConfig(min(bn, tokens), min(bv, vocab))
+        if vmem_bytes(config, hidden, itemsize, acc) <= budget(generation):
+            return config
+    return BlockConfig(min(_BLOCKS[-1][0], tokens), min(_BLOCKS[-1][1], vocab))
+
+
+def config_problem(tokens: int, vocab: int, dtype, config: BlockConfig) -> str | None:
+    """Why a block config is illegal for TPU tiling, or None."""
+    multiple = sublane_multiple(dtype)
+    problems = []
+    bn, bv = config.block_tokens, config.block_vocab
+    if not (bn == tokens or (bn > 0 and bn % multiple == 0)):
+        problems.append(
+            f"block_tokens={bn} must equal tokens ({tokens}) or be a multiple of {multiple}"
+        )
+    if not (bv == vocab or (bv > 0 and bv % 128 == 0)):
+        problems.append(f"block_vocab={bv} must equal vocab ({vocab}) or be a multiple of 128")
+    return "; ".join(problems) or None
+
+
+def _precision(dtype):
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype).itemsize >= 4 else None
+
+
+def _dot(a, b, contract_a: int, contract_b: int, acc):
+    return jax.lax.dot_general(
+        a,
+        b,
+        (((contract_a,), (contract_b,)), ((), ())),
+        preferred_element_type=acc,
+        precision=_precision(a.dtype),
+    )
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Static facts every kernel body needs."""
+
+    tokens: int
+    vocab: int
+    block_tokens: int
+    block_vocab: int
+    form: LogitForm
+    has_bias: bool
+
+    @property
+    def ragged_tokens(self) -> bool:
+        return self.tokens % self.block_tokens != 0
+
+    @property
+    def ragged_vocab(self) -> bool:
+        return self.vocab % self.block_vocab != 0
+
+
+def _rows_inside(ti, shape: _Shape):
+    row = ti * shape.block_tokens + jax.lax.broadcasted_iota(jnp.int32, (shape.block_tokens, 1), 0)
+    return row < shape.tokens
+
+
+def _columns(vi, shape: _Shape):
+    return vi * shape.block_vocab + jax.lax.broadcasted_iota(jnp.int32, (1, shape.block_vocab), 1)
+
+
+def _masked(block, inside):
+    """Zero the rows of a block past the end of its array (they hold garbage, maybe NaN)."""
+    return jnp.where(inside, block, jnp.zeros_like(block))
+
+
+def _tile(h, w, b_ref, ti, vi, shape: _Shape, acc):
+    """(z, columns, column inside vocab) of one tile; z is the transformed logits in ``acc``."""
+    logits = _dot(h, w, 1, 1, acc)
+    if shape.has_bias:
+        logits = logits + b_ref[...].astype(acc)
+    columns = _columns(vi, shape)
+    return transform(logits, shape.form), columns, columns < shape.vocab
+
+
+def _weight_block(w_ref, vi, shape: _Shape):
+    w = w_ref[...]
+    if shape.ragged_vocab:
+        row = vi * shape.block_vocab + jax.lax.broadcasted_iota(
+            jnp.int32, (shape.block_vocab, 1), 0
+        )
+        w = _masked(w, row < shape.vocab)
+    return w
+
+
+def _hidden_block(h_ref, ti, shape: _Shape):
+    h = h_ref[...]
+    return _masked(h, _rows_inside(ti, shape)) if shape.ragged_tokens else h
+
+
+def _forward_kernel(*refs, shape: _Shape):
+    if shape.has_bias:
+        h_ref, w_ref, b_ref, t_ref, lse_ref, zt_ref, zs_ref, m_sc, l_sc, t_sc, s_sc = refs
+    else:
+        h_ref, w_ref, t_ref, lse_ref, zt_ref, zs_ref, m_sc, l_sc, t_sc, s_sc = refs
+        b_ref = None
+    ti, vi = pl.program_id(0), pl.program_id(1)
+    acc = m_sc.dtype
+
+    @pl.when(vi == 0)
+    def _init():
+        m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, acc)
+        l_sc[...] = jnp.zeros(l_sc.shape, acc)
+        t_sc[...] = jnp.zeros(t_sc.shape, acc)
+        s_sc[...] = jnp.zeros(s_sc.shape, acc)
+
+    z, columns, inside = _tile(h_ref[...], w_ref[...], b_ref, ti, vi, shape, acc)
+    z_in = jnp.where(inside, z, -jnp.inf)
+    m_prev = m_sc[...]
+    m_new = jnp.maximum(m_prev, jnp.max(z_in, axis=1, keepdims=True))
+    l_sc[...] = l_sc[...] * jnp.exp(m_prev - m_new) + jnp.sum(
+        jnp.exp(z_in - m_new), axis=1, keepdims=True
+    )
+    m_sc[...] = m_new
+    t_sc[...] += jnp.sum(jnp.where(columns == t_ref[...], z, 0.0), axis=1, keepdims=True)
+    s_sc[...] += jnp.sum(jnp.where(inside, z, 0.0), axis=1, keepdims=True)
+
+    @pl.when(vi == pl.num_programs(1) - 1)
+    def _finish():
+        lse_ref[...] = m_sc[...] + jnp.log(l_sc[...])
+        zt_ref[...] = t_sc[...]
+        zs_ref[...] = s_sc[...]
+
+
+def _dz(h, w, b_ref, t_ref, lse_ref, g_ref, ti, vi, shape: _Shape, acc):
+    """Gradient of the loss with respect to the raw logits of one tile (zero outside)."""
+    z, columns, inside = _tile(h, w, b_ref, ti, vi, shape, acc)
+    g = g_ref[...]  # [bn, 3]: cotangents of lse, target logit, sum of logits
+    p = jnp.exp(z - lse_ref[...])
+    dz = g[:, 0:1] * p + jnp.where(columns == t_ref[...], g[:, 1:2], 0.0) + g[:, 2:3]
+    form = shape.form
+    if form.softcap is not None:
+        capped = z / form.softcap
+        dz = dz * (1.0 - capped * capped)
+    if form.scale != 1.0:
+        dz = dz * form.scale
+    # Masked last: columns past the vocabulary and rows past the tokens hold garbage (maybe NaN).
+    if shape.ragged_tokens:
+        inside = inside & _rows_inside(ti, shape)
+    return jnp.where(inside, dz, 0.0)
+
+
+def _dh_kernel(*refs, shape: _Shape):
+    if shape.has_bias:
+        h_ref, w_ref, b_ref, t_ref, lse_ref, g_ref, dh_ref, acc_sc = refs
+    else:
+        h_ref, w_ref, t_ref, lse_ref, g_ref, dh_ref, acc_sc = refs
+        b_ref = None
+    ti, vi = pl.program_id(0), pl.program_id(1)
+
+    @pl.when(vi == 0)
+    def _init():
+        acc_sc[...] = jnp.zeros(acc_sc.shape, acc_sc.dtype)
+
+    w = _weight_block(w_ref, vi, shape)
+    dz = _dz(h_ref[...], w, b_ref, t_ref, lse_ref, g_ref, ti, vi, shape, acc_sc.dtype)
+    acc_sc[...] += _dot(dz.astype(w.dtype), w, 1, 0, acc_sc.dtype)
+
+    @pl.when(vi == pl.num_programs(1) - 1)
+    def _finish():
+        dh_ref[...] = acc_sc[...].astype(dh_ref.dtype)
+
+
+def _dw_kernel(*refs, shape: _Shape):
+    if shape.has_bias:
+        h_ref, w_ref, b_ref, t_ref, lse_ref, g_ref, dw_ref, db_ref, acc_sc, bias_sc = refs
+    else:
+        h_ref, w_ref, t_ref, lse_ref, g_ref, dw_ref, acc_sc = refs
+        b_ref = db_ref = bias_sc = None
+    vi, ti = pl.program_id(0), pl.program_id(1)
+
+    @pl.when(ti == 0)
+    def _init():
+        acc_sc[...] = jnp.zeros(acc_sc.shape, acc_sc.dtype)
+        if shape.has_bias:
+            bias_sc[...] = jnp.zeros(bias_sc.shape, bias_sc.dtype)
+
+    h = _hidden_block(h_ref, ti, shape)
+    dz = _dz(h, w_ref[...], b_ref, t_ref, lse_ref, g_ref, ti, vi, shape, acc_sc.dtype)
+    acc_sc[...] += _dot(dz.astype(h.dtype), h, 0, 0, acc_sc.dtype)
+    if shape.has_bias:
+        bias_sc[...] += jnp.sum(dz, axis=0, keepdims=True)
+
+    @pl.when(ti == pl.num_programs(1) - 1)
+    def _finish():
+        dw_ref[...] = acc_sc[...].astype(dw_ref.dtype)
+        if shape.has_bias:
+            db_ref[...] = bias_sc[...].astype(db_ref.dtype)
+
+
+def _params(semantics, config: BlockConfig, hidden: int, dtype) -> pltpu.CompilerParams:
+    need = vmem_bytes(config, hidden, jnp.dtype(dtype).itemsize, accumulation_dtype(dtype).itemsize)
+    return pltpu.CompilerParams(
+        dimension_semantics=semantics, vmem_limit_bytes=max(16 << 20, need * 5 // 4)
+    )
+
+
+def _shape(hidden, weight, bias, config: BlockConfig, form: LogitForm) -> _Shape:
+    return _Shape(
+        hidden.shape[0],
+        weight.shape[0],
+        config.block_tokens,
+        config.block_vocab,
+        form,
+        bias is not None,
+    )
+
+
+def _cost(tokens, vocab, hidden_dim, itemsize, matmuls: int, token_blocks: int, vocab_blocks: int):
+    """``matmuls`` [tokens, vocab, hidden] products; W read once per token block (forward, dh) or
+    h once per vocabulary block (dW)."""
+    return pl.CostEstimate(
+        flops=2 * matmuls * tokens * vocab * hidden_dim + 8 * tokens * vocab,
+        transcendentals=tokens * vocab,
+        bytes_accessed=(token_blocks * vocab + vocab_blocks * tokens) * hidden_dim * itemsize,
+    )
+
+
+def _operand_specs(shape: _Shape, hidden_dim: int, token_axis: int, vocab_axis: int):
+    """BlockSpecs of h, W, bias, targets and per-token arrays for a grid whose token and vocab
+    indices are at positions ``token_axis`` / ``vocab_axis``."""
+
+    def tok(*ids):
+        return ids[token_axis]
+
+    def voc(*ids):
+        return ids[vocab_axis]
+
+    bn, bv = shape.block_tokens, shape.block_vocab
+    h = pl.BlockSpec((bn, hidden_dim), lambda *ids: (tok(*ids), 0))
+    w = pl.BlockSpec((bv, hidden_dim), lambda *ids: (voc(*ids), 0))
+    b = pl.BlockSpec((1, bv), lambda *ids: (0, voc(*ids)))
+
+    def per_token(width: int = 1):
+        return pl.BlockSpec((bn, width), lambda *ids: (tok(*ids), 0))
+
+    return h, w, b, per_token
+
+
+def forward(hidden, weight, bias, targets, form: LogitForm, config: BlockConfig, interpret: bool):
+    """(lse, target logit, sum of logits), each [tokens] in the accumulation dtype."""
+    tokens, hidden_dim = hidden.shape
+    vocab = weight.shape[0]
+    shape = _shape(hidden, weight, bias, config, form)
+    acc = accumulation_dtype(hidden.dtype)
+    grid = (pl.cdiv(tokens, shape.block_tokens), pl.cdiv(vocab, shape.block_vocab))
+    h, w, b, per_token = _operand_specs(shape, hidden_dim, 0, 1)
+    operands = (hidden, weight, *(() if bias is None else (bias.reshape(1, vocab),)))
+    stats = jax.ShapeDtypeStruct((tokens, 1), acc)
+    lse, target, total = pl.pallas_call(
+        functools.partial(_forward_kernel, shape=shape),
+        grid=grid,
+        in_specs=[h, w, *([b] if bias is not None else []), per_token()],
+        out_specs=[per_token(), per_token(), per_token()],
+        out_shape=[stats, stats, stats],
+        scratch_shapes=[pltpu.VMEM((shape.block_tokens, 1), acc) for _ in range(4)],
+        compiler_params=_params(("parallel", "arbitrary"), config, hidden_dim, hidden.dtype),
+        cost_estimate=_cost(tokens, vocab, hidden_dim, hidden.dtype.itemsize, 1, grid[0], 0),
+        interpret=interpret,
+        name="linear_cross_entropy_forward",
+    )(*operands, targets.reshape(tokens, 1))
+    return lse[:, 0], target[:, 0], total[:, 0]
+
+
+def backward(
+    hidden, weight, bias, targets, lse, cotangents, form, config: BlockConfig, interpret: bool
+):
+    """(dh, dW, db or None) from the cotangents [tokens, 3] of (lse, target logit, sum)."""
+    tokens, hidden_dim = hidden.shape
+    vocab = weight.shape[0]
+    shape = _shape(hidden, weight, bias, config, form)
+    acc = accumulation_dtype(hidden.dtype)
+    token_blocks = pl.cdiv(tokens, shape.block_tokens)
+    vocab_blocks = pl.cdiv(vocab, shape.block_vocab)
+    itemsize = hidden.dtype.itemsize
+    operands = (
+        hidden,
+        weight,
+        *(() if bias is None else (bias.reshape(1, vocab),)),
+        targets.reshape(tokens, 1),
+        lse.reshape(tokens, 1).astype(acc),
+        cotangents.astype(acc),
+    )
+    with_bias = bias is not None
+
+    h, w, b, per_token = _operand_specs(shape, hidden_dim, 0, 1)
+    dh = pl.pallas_call(
+        functools.partial(_dh_kernel, shape=shape),
+        grid=(token_blocks, vocab_blocks),
+        in_specs=[h, w, *([b] if with_bias else []), per_token(), per_token(), per_token(3)],
+        out_specs=h,
+        out_shape=jax.ShapeDtypeStruct(hidden.shape, hidden.dtype),
+        scratch_shapes=[pltpu.VMEM((shape.block_tokens, hidden_dim), acc)],
+        compiler_params=_params(("parallel", "arbitrary"), config, hidden_dim, hidden.dtype),
+        cost_estimate=_cost(tokens, vocab, hidden_dim, itemsize, 2, token_blocks, 0),
+        interpret=interpret,
+        name="linear_cross_entropy_backward_dh",
+    )(*operands)
+
+    h, w, b, per_token = _operand_specs(shape, hidden_dim, 1, 0)
+    out_shape = [jax.ShapeDtypeStruct(weight.shape, weight.dtype)]
+    scratch = [pltpu.VMEM((shape.block_vocab, hidden_dim), acc)]
+    if with_bias:
+        out_shape.append(jax.ShapeDtypeStruct((1, vocab), bias.dtype))
+        scratch.append(pltpu.VMEM((1, shape.block_vocab), acc))
+    grads = pl.pallas_call(
+        functools.partial(_dw_kernel, shape=shape),
+        grid=(vocab_blocks, token_blocks),
+        in_specs=[h, w, *([b] if with_bias else []), per_token(), per_token(), per_token(3)],
+        out_specs=[w, b][: len(out_shape)],
+        out_shape=out_shape,
+        scratch_shapes=scratch,
+        compiler_params=_params(("parallel", "arbitrary"), config, hidden_dim, hidden.dtype),
+        cost_estimate=_cost(tokens, vocab, hidden_dim, itemsize, 2, 0, vocab_blocks),
+        interpret=interpret,
+        name="linear_cross_entropy_backward_dw",
+    )(*operands)
+    dbias = grads[1].reshape(vocab) if with_bias else None
+    return dh, grads[0], dbias
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def token_statistics(hidden, weight, bias, targets, form: LogitForm, config, interpret: bool):
+    """``reference.token_statistics`` blockwise, with a backward that recomputes the tiles."""
+    return forward(hidden, weight, bias, targets, form, config, interpret)
+
+
+def _statistics_fwd(hidden, weight, bias, targets, form, config, interpret):
+    stats = forward(hidden, weight, bias, targets, form, config, interpret)
+    return stats, (hidden, weight, bias, targets, stats[0])
+
+
+def _statistics_bwd(form, config, interpret, residuals, cotangents):
+    hidden, weight, bias, targets, lse = residuals
+    g = jnp.stack([c.astype(lse.dtype) for c in cotangents], axis=1)
+    dh, dw, db = backward(hidden, weight, bias, targets, lse, g, form, config, interpret)
+    return dh, dw, db, None
+
+
+token_statistics.defvjp(_statistics_fwd, _statistics_bwd)
