@@ -23,7 +23,7 @@ reads) but the time would not: grid-step overheads, DMA efficiency and the one-h
 matmuls of the fused kernel are not in it.
 
     python benchmarks/moe_decode.py [--tpu v5e,v6e] [--models ...] [--tokens 1,16,64,256,512,8192]
-        [--paths ...] --json benchmarks/results/moe-decode-tpu-compile.json
+        [--paths ...] --json benchmarks/moe_decode.json
 """
 
 from __future__ import annotations
