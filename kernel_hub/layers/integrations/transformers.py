@@ -241,8 +241,15 @@ def recognise_gated_norm(cls: type) -> Recognition:
     return Recognition(candidates[0].layer)
 
 
+MIXERS = {"Qwen3NextGatedDeltaNet": "GatedDeltaNet"}
+"""Hybrid models' linear-attention mixers (by class name) and the kernel layer that replaces their
+forward; the layer's module check verifies the instance."""
+
+
 def recognised_layer(cls: type) -> str | None:
     """The layer name a known Transformers class can be replaced by, or None."""
+    if cls.__module__.startswith("transformers.") and cls.__name__ in MIXERS:
+        return MIXERS[cls.__name__]
     if is_transformers_gated_norm(cls):
         return recognise_gated_norm(cls).layer
     return recognise_norm(cls).layer if is_transformers_norm(cls) else None

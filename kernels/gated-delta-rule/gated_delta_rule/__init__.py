@@ -4,7 +4,7 @@ ops and JAX functions (``jax``)."""
 from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
-from . import benchmark, sharding
+from . import benchmark, layers, sharding
 from .torch_ops import chunk_gated_delta_rule, recurrent_gated_delta_rule
 
 KERNEL = KernelDeclaration(
@@ -14,9 +14,18 @@ KERNEL = KernelDeclaration(
     },
     jax=jax,
     implementation_tables=(jax.CHUNK_TABLE, jax.DECODE_TABLE),
+    layers={"GatedDeltaNet": layers.GatedDeltaNet},
+    module_checks=layers.MODULE_CHECKS,
     mesh_cases=sharding.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )
 
-__all__ = ["KERNEL", "benchmark", "chunk_gated_delta_rule", "jax", "recurrent_gated_delta_rule"]
+__all__ = [
+    "KERNEL",
+    "benchmark",
+    "chunk_gated_delta_rule",
+    "jax",
+    "layers",
+    "recurrent_gated_delta_rule",
+]
