@@ -143,7 +143,28 @@ def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> 
         layers = _layer_count(config)
         if layers is not None and len(config.layer_types) != layers:
             config.layer_types = config.layer_types[:layers]
+        if layers is not None and HYBRID_LAYER_KINDS & set(config.layer_types):
+            config.layer_types = _hybrid_layer_types(config_class, config.layer_types, layers)
     return config
+
+
+HYBRID_LAYER_KINDS = frozenset({"linear_attention", "mamba", "mamba2"})
+"""Layer kinds of hybrid models; a tiny hybrid keeps one attention layer too."""
+
+
+def _hybrid_layer_types(config_class: type, layer_types: list, layers: int) -> list:
+    """A hybrid's shrunk layer types with every kind of its default stack kept (Qwen3-Next's
+    first two layers are both linear attention: its cache then has no attention layer and
+    ``generate``/``forward`` fail), the last layers taking the kinds the cut dropped."""
+    try:
+        full = list(getattr(config_class(), "layer_types", None) or layer_types)
+    except Exception:  # a config class without usable defaults: keep what the cut gave
+        full = list(layer_types)
+    kept = list(layer_types)
+    missing = [kind for kind in dict.fromkeys(full) if kind not in kept]
+    if missing and len(missing) < layers:
+        kept[layers - len(missing) :] = missing
+    return kept
 
 
 def _layer_count(config: Any) -> int | None:
