@@ -241,7 +241,9 @@ def recognise_gated_norm(cls: type) -> Recognition:
     return Recognition(candidates[0].layer)
 
 
-MIXERS = {"Qwen3NextGatedDeltaNet": "GatedDeltaNet"}
+MIXERS = dict.fromkeys(
+    ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet"), "GatedDeltaNet"
+)
 """Hybrid models' linear-attention mixers (by class name) and the kernel layer that replaces their
 forward; the layer's module check verifies the instance."""
 

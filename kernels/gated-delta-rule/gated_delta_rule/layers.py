@@ -1,6 +1,8 @@
-"""``GatedDeltaNet``: replaces the ``forward`` of Qwen3-Next's linear-attention mixer
-(``Qwen3NextGatedDeltaNet``) with the same computation, the delta rule running through this
-kernel's ops (chunked for prefill and training, recurrent for one-token cached decode).
+"""``GatedDeltaNet``: replaces the ``forward`` of the Qwen3-Next and Qwen3.5 linear-attention
+mixers (``Qwen3NextGatedDeltaNet``: one fused q/k/v/z projection; ``Qwen3_5GatedDeltaNet``,
+``Qwen3_5MoeGatedDeltaNet``: separate projections) with the same computation, the delta rule
+running through this kernel's ops (chunked for prefill and training, recurrent for one-token
+cached decode).
 
 Projections, the short convolution (the model module's own ``causal_conv1d_fn`` /
 ``causal_conv1d_update``, which kernel-hub's function slots may fill) and the gated norm (a module:
@@ -20,20 +22,29 @@ from .torch_ops import chunk_gated_delta_rule, recurrent_gated_delta_rule
 
 PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 MODULE_FUNCTIONS = ("apply_mask_to_padding_states", "causal_conv1d_fn", "causal_conv1d_update")
-MODULE_STATE = (
-    "in_proj_qkvz",
-    "in_proj_ba",
-    "conv1d",
-    "dt_bias",
-    "A_log",
-    "norm",
-    "out_proj",
-    "fix_query_key_value_ordering",
+MODULE_STATE = ("conv1d", "dt_bias", "A_log", "norm", "out_proj", "key_dim", "value_dim")
+PROJECTIONS = (
+    ("in_proj_qkvz", "in_proj_ba", "fix_query_key_value_ordering"),  # Qwen3-Next
+    ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),  # Qwen3.5
 )
 
 
+def _project(module, hidden_states):
+    """(mixed q/k/v [B, channels, T], z [B, T, HV, V], b, a) as the host's forward computes them."""
+    if hasattr(module, "in_proj_qkvz"):
+        query, key, value, z, b, a = module.fix_query_key_value_ordering(
+            module.in_proj_qkvz(hidden_states), module.in_proj_ba(hidden_states)
+        )
+        query, key, value = (x.reshape(x.shape[0], x.shape[1], -1) for x in (query, key, value))
+        return torch.cat((query, key, value), dim=-1).transpose(1, 2), z, b, a
+    batch, seq_len = hidden_states.shape[:2]
+    z = module.in_proj_z(hidden_states).reshape(batch, seq_len, -1, module.head_v_dim)
+    mixed = module.in_proj_qkv(hidden_states).transpose(1, 2)
+    return mixed, z, module.in_proj_b(hidden_states), module.in_proj_a(hidden_states)
+
+
 class GatedDeltaNet(torch.nn.Module):
-    """Qwen3-Next's gated-delta-net mixer with the delta rule on kernel-hub's ops."""
+    """Qwen3-Next's and Qwen3.5's gated-delta-net mixer with the delta rule on kernel-hub's ops."""
 
     can_torch_compile = False  # the cache's state bookkeeping is Python
     has_backward = True
@@ -60,11 +71,7 @@ class GatedDeltaNet(torch.nn.Module):
         else:
             conv_state, recurrent_state = None, None
 
-        query, key, value, z, b, a = self.fix_query_key_value_ordering(
-            self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states)
-        )
-        query, key, value = (x.reshape(x.shape[0], x.shape[1], -1) for x in (query, key, value))
-        mixed_qkv = torch.cat((query, key, value), dim=-1).transpose(1, 2)
+        mixed_qkv, z, b, a = _project(self, hidden_states)
         weight = self.conv1d.weight.squeeze(1)
         if conv_state is not None and seq_len == 1 and not cache.is_recording_past(self.layer_idx):
             mixed_qkv = stock.causal_conv1d_update(
@@ -117,6 +124,9 @@ def _mixer_problem(module: torch.nn.Module) -> str | None:
     missing = [n for n in MODULE_STATE if not hasattr(module, n)]
     if missing:
         return f"it has no {', '.join(missing)}"
+    if not any(all(hasattr(module, n) for n in names) for names in PROJECTIONS):
+        known = " or ".join("/".join(names) for names in PROJECTIONS)
+        return f"its projections are none of the known layouts ({known})"
     if module.num_v_heads % module.num_k_heads:
         return f"{module.num_v_heads} value heads are not a multiple of {module.num_k_heads}"
     if getattr(module, "activation", None) not in ("silu", "swish"):

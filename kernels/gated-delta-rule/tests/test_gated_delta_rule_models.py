@@ -1,6 +1,6 @@
-"""A tiny Qwen3-Next kernelized: the gated-delta-net mixers and gated norms are swapped, logits and
-training gradients equal stock on a padded batch, greedy generation (prefill, then cached one-token
-decode through the recurrent op) equals stock token for token."""
+"""A tiny Qwen3-Next (and Qwen3.5) kernelized: the gated-delta-net mixers and gated norms are
+swapped, logits and training gradients equal stock on a padded batch, greedy generation (prefill,
+then cached one-token decode through the recurrent op) equals stock token for token."""
 
 from __future__ import annotations
 
@@ -97,3 +97,20 @@ def test_packed_sequences_are_refused_and_other_mixers_left_alone():
         gdr.layers.GatedDeltaNet.forward(mixer, hidden, cu_seq_lens_q=torch.tensor([0, 2, 6]))
     mixer.activation = "gelu"
     assert "activation is 'gelu'" in gdr.KERNEL.module_checks["GatedDeltaNet"](mixer)
+
+
+def test_qwen3_5_mixer_is_swapped_and_exact():
+    """Qwen3.5's mixer (separate q/k/v, z, b, a projections) through the same layer."""
+    from kernel_hub.models import architectures
+
+    arch = next(a for a in architectures.architectures() if a.model_type == "qwen3_5_text")
+    stock = architectures.build(arch)
+    model = copy.deepcopy(stock)
+    report = kernelize(model, mode="inference")
+    assert swapped_to(report, "layers.GatedDeltaNet")
+    batch = demo_batch(length=70, padding=5)
+    with torch.no_grad():
+        want, got = stock(**batch).logits, model(**batch).logits
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-4)
+    assert torch.equal(greedy(model, demo_batch(), 12), greedy(stock, demo_batch(), 12))
