@@ -128,3 +128,30 @@ def test_bad_inputs_are_refused():
         k.gated_rms_norm(x, x, weight, 1e-6, False, 48)
     with pytest.raises(NoImplementationError, match="normalises whole rows"):
         k.gated_rms_norm(x, x, weight, 1e-6, False, 32, "pallas")
+
+
+@pytest.mark.tpu_compile
+@pytest.mark.parametrize("generation", ["v4", "v5e", "v6e"])
+def test_pallas_compiles_at_qwen3_next_size(generation):
+    """The gated norm of Qwen3-Next-80B-A3B's mixer (8k tokens x 32 value heads, rows of 128),
+    forward and backward, for TPU generations without a TPU (v4 has the smallest VMEM)."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernel_hub.bench.cases import KernelCase
+    from kernel_hub.bench.compile_check import compile_case
+
+    rows, hidden = 8192 * 32, 128
+    rows_struct = jax.ShapeDtypeStruct((rows, hidden), jnp.bfloat16)
+    case = KernelCase(
+        name="qwen3-next-gated-norm-prefill-8k",
+        fn=k.jax.gated_rms_norm,
+        args=(rows_struct, rows_struct, jax.ShapeDtypeStruct((hidden,), jnp.float32)),
+        kwargs={"eps": 1e-6},
+        flops=10 * rows * hidden,
+        bytes_accessed=3 * rows * hidden * 2,
+        differentiable=(0, 1, 2),
+    )
+    for direction in ("forward", "backward"):
+        result = compile_case("rmsnorm", case, generation, direction, implementation="pallas")
+        assert result.ok, f"{generation} {direction}: {result.error}"
