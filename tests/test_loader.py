@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,8 @@ def copy_with_version(tmp_path, version: str):
         kernels_dir() / "rmsnorm", target, ignore=shutil.ignore_patterns("tests", "__pycache__")
     )
     manifest = target / "kernel.yaml"
-    manifest.write_text(manifest.read_text().replace("version: 1.0.0", f"version: {version}"))
+    text = re.sub(r"(?m)^version: .*$", f"version: {version}", manifest.read_text())
+    manifest.write_text(text)
     return target
 
 
@@ -66,7 +68,7 @@ def test_missing_export_is_reported_at_the_manifest_line(tmp_path):
     target = copy_with_version(tmp_path, "1.0.3")
     manifest = target / "kernel.yaml"
     manifest.write_text(
-        manifest.read_text().replace("ops: [rms_norm]", "ops: [rms_norm, fused_add]")
+        manifest.read_text().replace("ops: [rms_norm, ", "ops: [rms_norm, fused_add, ")
     )
     with pytest.raises(SourceError) as info:
         load_kernel_dir(target)
@@ -196,7 +198,7 @@ def test_unmet_requirement_is_reported(tmp_path):
     ("edit", "message"),
     [
         (
-            ("version: 1.0.0", "version: 1.0"),
+            ("version: 1.1.0", "version: 1.0"),
             "kernel.yaml:2: manifest: field 'version': expected a semantic version",
         ),
         (("package: rmsnorm", "package: rms-norm"), "kernel.yaml:3: manifest: field 'package'"),

@@ -79,6 +79,10 @@ _SIZES: dict[str, Any] = {
     **dict.fromkeys(("bos_token_id",), 1),
     **dict.fromkeys(("eos_token_id", "sep_token_id", "cls_token_id"), 2),
     **dict.fromkeys(("sliding_window",), 8),
+    # hybrids (Bamba, Jamba): one attention layer of the two, so the cache has one
+    "attn_layer_indices": [1],
+    "attn_layer_period": 2,
+    "attn_layer_offset": 1,
     **dict.fromkeys(
         ("router_jitter_noise", "layerdrop", "encoder_layerdrop", "decoder_layerdrop"), 0.0
     ),
@@ -119,7 +123,8 @@ def _init_parameters(config_class: type) -> dict[str, inspect.Parameter]:
 
 def _tiny_value(sizes: dict[str, Any], name: str, default: Any) -> Any:
     if name in sizes:
-        return sizes[name]
+        value = sizes[name]
+        return list(value) if isinstance(value, list) else value  # configs keep their own list
     if "drop" in name and isinstance(default, float):  # dropout, pdrop, drop_path, layerdrop
         return 0.0
     return inspect.Parameter.empty
@@ -143,7 +148,30 @@ def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> 
         layers = _layer_count(config)
         if layers is not None and len(config.layer_types) != layers:
             config.layer_types = config.layer_types[:layers]
+        if layers is not None and HYBRID_LAYER_KINDS & set(config.layer_types):
+            config.layer_types = _hybrid_layer_types(config_class, config.layer_types, layers)
     return config
+
+
+HYBRID_LAYER_KINDS = frozenset({"linear_attention", "mamba", "mamba2"})
+"""Layer kinds of hybrid models; a tiny hybrid keeps one attention layer too."""
+
+
+def _hybrid_layer_types(config_class: type, layer_types: list, layers: int) -> list:
+    """A hybrid's shrunk layer types with every kind of its default stack kept (Qwen3-Next's
+    first two layers are both linear attention: its cache then has no attention layer and
+    ``generate``/``forward`` fail), the last layers taking the kinds the cut dropped."""
+    try:
+        full = list(getattr(config_class(), "layer_types", None) or layer_types)
+    except Exception:  # a config class without usable defaults: keep what the cut gave
+        full = list(layer_types)
+    if not set(full) - HYBRID_LAYER_KINDS:  # all linear by default (Granite-4 hybrid)
+        full.append("full_attention")  # Transformers' name for an attention layer's type
+    kept = list(layer_types)
+    missing = [kind for kind in dict.fromkeys(full) if kind not in kept]
+    if missing and len(missing) < layers:
+        kept[layers - len(missing) :] = missing
+    return kept
 
 
 def _layer_count(config: Any) -> int | None:

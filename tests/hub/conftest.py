@@ -13,6 +13,7 @@ template at the local server and turns telemetry off, so no test can reach the i
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -83,9 +84,9 @@ def kernel_copy(tmp_path: Path):
         dest = Path(tempfile.mkdtemp(prefix=f"{version}-", dir=tmp_path / "src")) / "rmsnorm"
         shutil.copytree(RMSNORM, dest, ignore=shutil.ignore_patterns("__pycache__", "build"))
         manifest = dest / "kernel.yaml"
-        text = manifest.read_text()
-        assert "version: 1.0.0" in text
-        manifest.write_text(text.replace("version: 1.0.0", f"version: {version}"))
+        text, count = re.subn(r"(?m)^version: .*$", f"version: {version}", manifest.read_text())
+        assert count == 1, "rmsnorm's kernel.yaml has one version line"
+        manifest.write_text(text)
         return dest
 
     return make

@@ -173,10 +173,91 @@ def _same(out: Any, expected: torch.Tensor) -> bool:
     )
 
 
+def _silu32(gate: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate.to(torch.float32))
+
+
+def _grouped_normalized(h: torch.Tensor, group: int, eps: float) -> torch.Tensor:
+    grouped = h.view(*h.shape[:-1], h.shape[-1] // group, group)
+    grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)
+    return grouped.view(h.shape)
+
+
+_PROBE_GROUP = 8
+"""Half the probe's hidden size: a grouped norm that normalised whole rows would show."""
+
+GATED_NORM_FORMS = (
+    NormForm(
+        "RMSNormGated",
+        "((weight * x̂.to(x.dtype)) * silu(gate.float())).to(x.dtype)",
+        lambda x, gate, weight, eps: (
+            (weight * _normalized(x, eps).to(x.dtype)) * _silu32(gate)
+        ).to(x.dtype),
+    ),
+    NormForm(
+        "RMSNormGatedGrouped",
+        "weight * group_norm(x.float() * silu(gate.float())).to(x.dtype)",
+        lambda x, gate, weight, eps: (
+            weight
+            * _grouped_normalized(x.to(torch.float32) * _silu32(gate), _PROBE_GROUP, eps).to(
+                x.dtype
+            )
+        ),
+    ),
+)
+"""Forms ``recognise_gated_norm`` tells apart (rmsnorm kernel layers of those names)."""
+
+
+def is_transformers_gated_norm(cls: type) -> bool:
+    """A Transformers ``*RMSNormGated`` class (the hybrid models' gated norms)."""
+    return cls.__module__.startswith("transformers.") and cls.__name__.endswith("RMSNormGated")
+
+
+@functools.cache
+def recognise_gated_norm(cls: type) -> Recognition:
+    """Which of ``GATED_NORM_FORMS`` ``cls.forward(x, gate)`` computes, bit for bit and dtype for
+    dtype, on a probe holding ``weight``, ``variance_epsilon``, ``activation="silu"`` and
+    ``group_size`` (half the hidden size), for f32 and bf16 inputs and weights."""
+    generator = torch.Generator().manual_seed(0)
+    x = 0.5 * torch.randn(2, 3, 2 * _PROBE_GROUP, generator=generator)
+    gate = torch.randn(2, 3, 2 * _PROBE_GROUP, generator=generator)
+    weight = torch.randn(2 * _PROBE_GROUP, generator=generator)
+    state = {"variance_epsilon": _PROBE_EPS, "activation": "silu", "group_size": _PROBE_GROUP}
+    candidates = list(GATED_NORM_FORMS)
+    for x_dtype, w_dtype in _PROBE_DTYPES:
+        xi, gi, wi = x.to(x_dtype), gate.to(x_dtype), weight.to(w_dtype)
+        probe = _Probe(cls, {"weight": wi, **state})
+        try:
+            with torch.no_grad():
+                out = cls.forward(probe, xi, gi)
+        except Exception as exc:  # other state or arguments: not a form served here
+            return Recognition(None, f"on a gated-norm probe: {type(exc).__name__}: {exc}")
+        candidates = [f for f in candidates if _same(out, f.reference(xi, gi, wi, _PROBE_EPS))]
+        if not candidates:
+            forms = "; ".join(f"{f.layer}: {f.formula}" for f in GATED_NORM_FORMS)
+            return Recognition(
+                None,
+                f"x {x_dtype}, weight {w_dtype}: its forward is none of the gated forms "
+                f"kernel-hub serves ({forms})",
+            )
+    return Recognition(candidates[0].layer)
+
+
+MIXERS = dict.fromkeys(
+    ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet"), "GatedDeltaNet"
+)
+"""Hybrid models' linear-attention mixers (by class name) and the kernel layer that replaces their
+forward; the layer's module check verifies the instance."""
+
+
 def recognised_layer(cls: type) -> str | None:
     """The layer name a known Transformers class can be replaced by, or None."""
     if is_gated_mlp_candidate(cls):
         return recognise_gated_mlp(cls).layer
+    if cls.__module__.startswith("transformers.") and cls.__name__ in MIXERS:
+        return MIXERS[cls.__name__]
+    if is_transformers_gated_norm(cls):
+        return recognise_gated_norm(cls).layer
     return recognise_norm(cls).layer if is_transformers_norm(cls) else None
 
 

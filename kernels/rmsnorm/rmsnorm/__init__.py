@@ -1,21 +1,24 @@
-"""rmsnorm kernel: ``rms_norm`` torch op, ``jax.rms_norm``, ``layers.RMSNorm``."""
+"""rmsnorm kernel: ``rms_norm`` and ``gated_rms_norm`` torch ops, their JAX functions (``jax``),
+the norm layers (``layers``)."""
 
 from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
 from . import benchmark, layers, sharding
-from .torch_ops import rms_norm
+from .torch_ops import gated_rms_norm, rms_norm
 
 KERNEL = KernelDeclaration(
-    ops={"rms_norm": rms_norm},
+    ops={"rms_norm": rms_norm, "gated_rms_norm": gated_rms_norm},
     jax=jax,
-    implementation_tables=(jax.TABLE,),
+    implementation_tables=(jax.TABLE, jax.GATED_TABLE),
     layers={
         "RMSNorm": layers.RMSNorm,
         "RMSNormF32Scale": layers.RMSNormF32Scale,
         "RMSNormZeroCentered": layers.RMSNormZeroCentered,
         "TorchRMSNorm": layers.TorchRMSNorm,
         "DiffusersRMSNorm": layers.DiffusersRMSNorm,
+        "RMSNormGated": layers.RMSNormGated,
+        "RMSNormGatedGrouped": layers.RMSNormGatedGrouped,
     },
     module_checks=layers.MODULE_CHECKS,
     mesh_cases=sharding.mesh_cases,
@@ -23,4 +26,4 @@ KERNEL = KernelDeclaration(
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )
 
-__all__ = ["KERNEL", "benchmark", "jax", "layers", "rms_norm"]
+__all__ = ["KERNEL", "benchmark", "gated_rms_norm", "jax", "layers", "rms_norm"]

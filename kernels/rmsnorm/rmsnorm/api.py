@@ -17,8 +17,11 @@ from kernel_hub.kernel_api import (
 )
 
 from . import pallas_tpu, reference, sharding
+from .gated import TABLE as GATED_TABLE
+from .gated import gated_rms_norm
 
 OP = "rms_norm"
+__all__ = ["GATED_TABLE", "TABLE", "gated_rms_norm", "rms_norm"]
 
 
 def check_inputs(x, weight, weight_offset: float = 0.0, rounding: str = "promoted") -> None:

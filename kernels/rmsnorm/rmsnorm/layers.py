@@ -18,7 +18,7 @@ import torch
 
 from kernel_hub.kernel_api import FLOATS_AND_F64, dtype_name
 
-from .torch_ops import rms_norm
+from .torch_ops import gated_rms_norm, rms_norm
 
 
 def _epsilon(module: torch.nn.Module) -> float:
@@ -187,3 +187,53 @@ MODULE_CHECKS |= {
     "TorchRMSNorm": _torch_rmsnorm_problem,
     "DiffusersRMSNorm": _diffusers_rmsnorm_problem,
 }
+
+
+# Gated norms of the hybrid models (Transformers' ``*RMSNormGated``): norm then ``* silu(gate)``
+# (Qwen3-Next, Qwen3.5, Kimi-Linear, ...), or gate then a grouped norm (Bamba, Mamba-2, ...).
+
+
+class RMSNormGated(torch.nn.Module):
+    """Qwen3-Next's ``((weight * x̂.to(x.dtype)) * silu(gate.float())).to(x.dtype)``."""
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return gated_rms_norm(hidden_states, gate, self.weight, _epsilon(self), True, None)
+
+
+class RMSNormGatedGrouped(torch.nn.Module):
+    """Bamba's and Mamba-2's ``weight * norm(x.float() * silu(gate.float())).to(x.dtype)``, the
+    norm taken per group of ``group_size`` channels; without a gate a grouped RMSNorm."""
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(
+        self, hidden_states: torch.Tensor, gate: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return gated_rms_norm(
+            hidden_states, gate, self.weight, _epsilon(self), False, int(self.group_size)
+        )
+
+
+def _gated_problem(module: torch.nn.Module) -> str | None:
+    activation = getattr(module, "activation", "silu")
+    if activation not in ("silu", "swish"):
+        return f"activation is {activation!r}; the kernel gates with silu"
+    return _rmsnorm_module_problem(module)
+
+
+def _grouped_problem(module: torch.nn.Module) -> str | None:
+    problem = _gated_problem(module)
+    if problem is not None:
+        return problem
+    group = getattr(module, "group_size", None)
+    hidden = module.weight.shape[0]
+    if isinstance(group, bool) or not isinstance(group, int) or group <= 0 or hidden % group:
+        return f"group_size is {group!r}; it must be an int dividing the hidden size {hidden}"
+    return None
+
+
+MODULE_CHECKS |= {"RMSNormGated": _gated_problem, "RMSNormGatedGrouped": _grouped_problem}

@@ -48,3 +48,26 @@ def rms_norm(
     x_hat = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     out_dtype = output_dtype(x.dtype, weight.dtype, rounding)
     return scale_and_round(x_hat, weight, x.dtype, out_dtype, weight_offset, rounding)
+
+
+def _silu(x):
+    return x * jax.nn.sigmoid(x)
+
+
+def gated_rms_norm(x, gate, weight, eps: float, norm_before_gate: bool, group_size: int | None):
+    """Gated RMSNorm in the two forms of ``gated``'s docstring; the XLA implementation and the
+    backward of the Pallas kernel."""
+    acc = statistics_dtype(x.dtype)
+    hidden = x.shape[-1]
+    group = hidden if group_size is None else group_size
+    h = x.astype(acc)
+    if gate is not None and not norm_before_gate:
+        h = h * _silu(gate.astype(acc))
+    grouped = h if group == hidden else h.reshape(*h.shape[:-1], hidden // group, group)
+    grouped = grouped * jax.lax.rsqrt(jnp.mean(grouped * grouped, axis=-1, keepdims=True) + eps)
+    normalized = grouped.reshape(h.shape).astype(x.dtype)
+    promoted = jnp.promote_types(x.dtype, weight.dtype)
+    y = weight.astype(promoted) * normalized.astype(promoted)
+    if gate is None or not norm_before_gate:
+        return y
+    return (y.astype(acc) * _silu(gate.astype(acc))).astype(x.dtype)

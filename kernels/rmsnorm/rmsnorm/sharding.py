@@ -37,3 +37,14 @@ def mesh_cases() -> list[MeshCase]:
             auto_backward_collectives={"all-gather": 1, "all-reduce": 1},
         )
     ]
+
+
+GATED_RMS_NORM = ShardingRule.parse(
+    "gated_rms_norm",
+    "... hidden, ... hidden, hidden -> ... hidden",
+    whole=("hidden",),
+    handled_by={"hidden": "an all-gather of x and the gate before the norm"},
+)
+
+gated_boundary = sharded(GATED_RMS_NORM)
+"""Decorator of ``gated.gated_rms_norm``."""

@@ -6,7 +6,7 @@ import torch
 
 from kernel_hub.kernel_api import RowBuckets, jax_op, op_namespace
 
-from . import api
+from . import api, gated
 
 
 # Rows are independent, so leading dims are flattened and padded to power-of-two buckets: a
@@ -28,3 +28,17 @@ def rms_norm(
     """RMSNorm over the last dimension of ``x``, scaled by ``weight + weight_offset``, rounded
     as ``rounding`` says; see ``api.rms_norm``."""
     api.check_inputs(x, weight, weight_offset, rounding)
+
+
+@jax_op(op_namespace(__name__), gated.gated_rms_norm, differentiable=("x", "gate", "weight"))
+def gated_rms_norm(
+    x: torch.Tensor,
+    gate: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    norm_before_gate: bool = True,
+    group_size: int | None = None,
+    implementation: str | None = None,
+) -> torch.Tensor:
+    """Gated RMSNorm (``RMSNormGated``) over the last dimension; see ``gated``."""
+    gated.check_inputs(x, gate, weight, norm_before_gate, group_size)

@@ -1,0 +1,19 @@
+"""causal-conv1d kernel: ``causal_conv1d`` and ``causal_conv1d_update`` torch ops and JAX
+functions (``jax``)."""
+
+from kernel_hub.kernel_api import KernelDeclaration
+
+from . import api as jax
+from . import benchmark, sharding
+from .torch_ops import causal_conv1d, causal_conv1d_update
+
+KERNEL = KernelDeclaration(
+    ops={"causal_conv1d": causal_conv1d, "causal_conv1d_update": causal_conv1d_update},
+    jax=jax,
+    implementation_tables=(jax.TABLE, jax.UPDATE_TABLE),
+    mesh_cases=sharding.mesh_cases,
+    benchmark_cases=benchmark.CASES,
+    torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
+)
+
+__all__ = ["KERNEL", "benchmark", "causal_conv1d", "causal_conv1d_update", "jax"]

@@ -1,0 +1,202 @@
+"""Public JAX API: ``causal_conv1d`` (whole sequences, training) and ``causal_conv1d_update``
+(decode on a conv state), each with an implementation table (pallas, xla) and input checks."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernel_hub.kernel_api import (
+    FLOATS_AND_F64,
+    Implementation,
+    ImplementationTable,
+    check_dtype,
+    check_rank,
+    jax_platform,
+    require,
+)
+
+from . import pallas_tpu, reference, sharding
+
+OP = "causal_conv1d"
+UPDATE_OP = "causal_conv1d_update"
+
+
+def _check_common(op, x, weight, bias, activation) -> None:
+    require(
+        activation in reference.ACTIVATIONS,
+        f"{op}: activation={activation!r}; valid: {', '.join(map(repr, reference.ACTIVATIONS))}",
+    )
+    check_rank(op, "x", x, 3)
+    check_rank(op, "weight", weight, 2)
+    for name, value in (("x", x), ("weight", weight), ("bias", bias)):
+        if value is not None:
+            check_dtype(op, name, value, FLOATS_AND_F64)
+    require(
+        weight.shape[0] == x.shape[2],
+        f"{op}: weight has shape {tuple(weight.shape)}; it must be [channels, width] with "
+        f"channels = x's last dimension ({x.shape[2]})",
+    )
+    if bias is not None:
+        require(
+            tuple(bias.shape) == (x.shape[2],),
+            f"{op}: bias has shape {tuple(bias.shape)}; it must be ({x.shape[2]},)",
+        )
+
+
+def check_inputs(x, weight, bias=None, initial_state=None, cu_seqlens=None, activation=None):
+    """Rules of ``causal_conv1d`` shared by the JAX function and the torch op."""
+    _check_common(OP, x, weight, bias, activation)
+    batch, _, channels = x.shape
+    if initial_state is not None:
+        check_dtype(OP, "initial_state", initial_state, FLOATS_AND_F64)
+        wanted = (batch, weight.shape[1] - 1, channels)
+        require(
+            tuple(initial_state.shape) == wanted,
+            f"{OP}: initial_state has shape {tuple(initial_state.shape)}; it must be "
+            f"[B, width - 1, channels] = {list(wanted)}",
+        )
+    if cu_seqlens is not None:
+        check_rank(OP, "cu_seqlens", cu_seqlens, 1)
+        check_dtype(OP, "cu_seqlens", cu_seqlens, ("int32", "int64"))
+        require(
+            batch == 1 and cu_seqlens.shape[0] >= 2,
+            f"{OP}: cu_seqlens packs sequences into a batch of one; got batch {batch} and "
+            f"{cu_seqlens.shape[0]} offsets (need >= 2)",
+        )
+        require(
+            initial_state is None,
+            f"{OP}: initial_state with cu_seqlens is not supported; packed sequences start "
+            "from zeros",
+        )
+
+
+def check_update_inputs(x, conv_state, weight, bias=None, activation=None) -> None:
+    """Rules of ``causal_conv1d_update``."""
+    _check_common(UPDATE_OP, x, weight, bias, activation)
+    check_dtype(UPDATE_OP, "conv_state", conv_state, FLOATS_AND_F64)
+    batch, _, channels = x.shape
+    require(
+        len(conv_state.shape) == 3
+        and (conv_state.shape[0], conv_state.shape[2]) == (batch, channels)
+        and conv_state.shape[1] >= weight.shape[1] - 1,
+        f"{UPDATE_OP}: conv_state has shape {tuple(conv_state.shape)}; it must be "
+        f"[{batch}, S, {channels}] with S >= width - 1 = {weight.shape[1] - 1}",
+    )
+
+
+def _pallas(x, weight, bias, initial_state, cu_seqlens, *, activation, config):
+    positions = (
+        None
+        if cu_seqlens is None
+        else reference.positions_in_sequence(x.shape[0], x.shape[1], cu_seqlens)
+    )
+    config = pallas_tpu.config_for(max(16, x.shape[1]), x.shape[2], config)
+    return pallas_tpu.causal_conv1d(
+        x, weight, bias, initial_state, positions, activation, config, jax_platform() == "cpu"
+    )
+
+
+def _xla(x, weight, bias, initial_state, cu_seqlens, *, activation, config):
+    return reference.causal_conv1d(
+        x, weight, bias, initial_state, cu_seqlens, activation=activation
+    )
+
+
+def _f64_problem(x) -> str | None:
+    if x.dtype == jnp.float64 and jax_platform() != "cpu":
+        return "float64 runs only in interpret mode"
+    return None
+
+
+def _pallas_problem(x, weight, *args, config, **kwargs):
+    return _f64_problem(x) or pallas_tpu.config_problem(weight.shape[1], x.shape[2], config)
+
+
+TABLE = ImplementationTable(
+    OP,
+    [
+        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
+        Implementation("xla", _xla, ("tpu", "gpu", "cpu")),
+    ],
+    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
+)
+
+
+@sharding.conv_boundary
+def causal_conv1d(
+    x: jax.Array,
+    weight: jax.Array,
+    bias: jax.Array | None = None,
+    initial_state: jax.Array | None = None,
+    cu_seqlens: jax.Array | None = None,
+    *,
+    activation: str | None = None,
+    implementation: str | None = None,
+    config: pallas_tpu.BlockConfig | None = None,
+) -> jax.Array:
+    """Depthwise causal convolution of x ``[B, T, D]`` with weight ``[D, W]`` (``weight[:, W-1]``
+    multiplies the current token), plus bias ``[D]``, then SiLU when ``activation`` is "silu".
+    ``initial_state`` ``[B, W - 1, D]`` holds the inputs before x (zeros when None);
+    ``cu_seqlens`` ``[N + 1]`` packs sequences into a batch of one, each starting from zeros.
+    Returns y in x's dtype (summed in f32). ``config`` overrides the Pallas blocks."""
+    check_inputs(x, weight, bias, initial_state, cu_seqlens, activation)
+    return TABLE(
+        x,
+        weight,
+        bias,
+        initial_state,
+        cu_seqlens,
+        activation=activation,
+        config=config,
+        implementation=implementation,
+    )
+
+
+def _update_pallas(x, conv_state, weight, bias, *, activation):
+    config = pallas_tpu.config_for(16, x.shape[2], None)
+    return pallas_tpu.causal_conv1d_update(
+        x, conv_state, weight, bias, activation, config, jax_platform() == "cpu"
+    )
+
+
+def _update_xla(x, conv_state, weight, bias, *, activation):
+    return reference.causal_conv1d_update(x, conv_state, weight, bias, activation=activation)
+
+
+def _update_pallas_problem(x, conv_state, weight, *args, **kwargs):
+    if x.shape[1] > pallas_tpu.MAX_DECODE_TOKENS:
+        return (
+            f"{x.shape[1]} tokens; the update kernel unrolls at most "
+            f"{pallas_tpu.MAX_DECODE_TOKENS} (use causal_conv1d with an initial state)"
+        )
+    return _f64_problem(x)
+
+
+UPDATE_TABLE = ImplementationTable(
+    UPDATE_OP,
+    [
+        Implementation("pallas", _update_pallas, ("tpu", "cpu"), _update_pallas_problem),
+        Implementation("xla", _update_xla, ("tpu", "gpu", "cpu")),
+    ],
+    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
+)
+
+
+@sharding.update_boundary
+def causal_conv1d_update(
+    x: jax.Array,
+    conv_state: jax.Array,
+    weight: jax.Array,
+    bias: jax.Array | None = None,
+    *,
+    activation: str | None = None,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Decode step: (y ``[B, T, D]``, new conv state ``[B, S, D]``) for a few tokens x after the
+    S inputs in ``conv_state`` (Transformers keeps S = W); the new state is the last S inputs of
+    state + x, in the state's dtype. The Pallas kernel aliases it to ``conv_state``."""
+    check_update_inputs(x, conv_state, weight, bias, activation)
+    return UPDATE_TABLE(
+        x, conv_state, weight, bias, activation=activation, implementation=implementation
+    )

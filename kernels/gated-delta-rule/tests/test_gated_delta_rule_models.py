@@ -1,0 +1,116 @@
+"""A tiny Qwen3-Next (and Qwen3.5) kernelized: the gated-delta-net mixers and gated norms are
+swapped, logits and training gradients equal stock on a padded batch, greedy generation (prefill,
+then cached one-token decode through the recurrent op) equals stock token for token."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from kernel_hub import kernelize
+from kernel_hub.models.demo import demo_batch, greedy
+
+pytestmark = pytest.mark.slow
+
+
+def tiny_qwen3_next() -> torch.nn.Module:
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3NextConfig(
+        vocab_size=128,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,  # grouped: two value heads per q/k head
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "full_attention"] * 2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=None,
+    )
+    model = Qwen3NextForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 1:  # norm weights, A_log, dt_bias: away from their init
+                param.normal_(1.0, 0.2)
+    return model
+
+
+def swapped_to(report, suffix):
+    return sorted(e.module for e in report.swapped if e.swapped_to.endswith(suffix))
+
+
+def test_inference_logits_and_greedy_generation_equal_stock():
+    stock = tiny_qwen3_next()
+    model = copy.deepcopy(stock)
+    report = kernelize(model, mode="inference")
+    assert swapped_to(report, "layers.GatedDeltaNet") == [
+        "model.layers.0.linear_attn",
+        "model.layers.2.linear_attn",
+    ]
+    assert len(swapped_to(report, "layers.RMSNormGated")) == 2
+    batch = demo_batch(length=70, padding=5)  # crosses the 64-token chunk; one row left-padded
+    with torch.no_grad():
+        want, got = stock(**batch).logits, model(**batch).logits
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-4)
+    assert torch.equal(greedy(model, demo_batch(), 12), greedy(stock, demo_batch(), 12))
+
+
+def test_training_gradients_equal_stock():
+    stock = tiny_qwen3_next().train()
+    model = copy.deepcopy(stock)
+    report = kernelize(model, mode="training")
+    assert len(swapped_to(report, "layers.GatedDeltaNet")) == 2
+    batch = demo_batch(length=70, padding=5)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    stock(**batch, labels=labels).loss.backward()
+    model(**batch, labels=labels).loss.backward()
+    for (name, want), got in zip(stock.named_parameters(), model.parameters(), strict=True):
+        if want.grad is not None:
+            torch.testing.assert_close(got.grad, want.grad, rtol=0, atol=1e-4, msg=name)
+
+
+def test_packed_sequences_are_refused_and_other_mixers_left_alone():
+    from kernel_hub import get_kernel
+
+    gdr = get_kernel("gated-delta-rule")
+    model = tiny_qwen3_next()
+    mixer = model.model.layers[0].linear_attn
+    assert gdr.KERNEL.module_checks["GatedDeltaNet"](mixer) is None
+    hidden = torch.randn(1, 6, 64)
+    with pytest.raises(NotImplementedError, match="packed sequences"):
+        gdr.layers.GatedDeltaNet.forward(mixer, hidden, cu_seq_lens_q=torch.tensor([0, 2, 6]))
+    mixer.activation = "gelu"
+    assert "activation is 'gelu'" in gdr.KERNEL.module_checks["GatedDeltaNet"](mixer)
+
+
+def test_qwen3_5_mixer_is_swapped_and_exact():
+    """Qwen3.5's mixer (separate q/k/v, z, b, a projections) through the same layer."""
+    from kernel_hub.models import architectures
+
+    arch = next(a for a in architectures.architectures() if a.model_type == "qwen3_5_text")
+    stock = architectures.build(arch)
+    model = copy.deepcopy(stock)
+    report = kernelize(model, mode="inference")
+    assert swapped_to(report, "layers.GatedDeltaNet")
+    batch = demo_batch(length=70, padding=5)
+    with torch.no_grad():
+        want, got = stock(**batch).logits, model(**batch).logits
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-4)
+    assert torch.equal(greedy(model, demo_batch(), 12), greedy(stock, demo_batch(), 12))
