@@ -34,10 +34,9 @@ def case(name, tokens, intermediate, activation, fused, dtype=jnp.bfloat16, tags
         args = (arg, arg)
     return KernelCase(
         name=name,
-        fn=lambda *a, implementation=None: gated_activation(
-            *a, *((None,) if fused else ()), activation, implementation=implementation
-        ),
+        fn=gated_activation,
         args=args,
+        kwargs={"activation": activation},
         # activation (~6 flops) and product per element
         flops=8 * tokens * intermediate,
         bytes_accessed=3 * tokens * intermediate * itemsize,
@@ -52,13 +51,26 @@ CASES = [case(*shape) for shape in SHAPES] + [
 ]
 
 
-def torch_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """What Llama's MLP runs between its projections."""
-    return torch.nn.functional.silu(gate) * up
+_TORCH_ACTIVATIONS = {
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+}
 
 
-def kernel_hub_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return gated_activation_op(gate, up, "silu")
+def torch_gated(
+    x: torch.Tensor, up: torch.Tensor | None = None, activation: str = "silu"
+) -> torch.Tensor:
+    """What a Transformers gated MLP runs between its projections (Llama's ``act(gate) * up``;
+    Phi-3's fused ``gate_up`` split in halves)."""
+    gate, up = (x, up) if up is not None else x.chunk(2, dim=-1)
+    return _TORCH_ACTIVATIONS[activation](gate) * up
 
 
-TORCH_IMPLEMENTATIONS = {"torch": torch_swiglu, "torch-op": kernel_hub_swiglu}
+def kernel_hub_gated(
+    x: torch.Tensor, up: torch.Tensor | None = None, activation: str = "silu"
+) -> torch.Tensor:
+    return gated_activation_op(x, up, activation)
+
+
+TORCH_IMPLEMENTATIONS = {"torch": torch_gated, "torch-op": kernel_hub_gated}

@@ -11,20 +11,22 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from .pallas_tpu import VMEM_BUDGET_BYTES, BlockConfig, sublane_multiple
+from kernel_hub.kernel_api import tiling
+
+from .pallas_tpu import BlockConfig
 from .reference import gated_rms_norm as reference
 
 MAX_BLOCK_ROWS = 512
 
 
 def default_config(rows: int, hidden: int, dtype, *, interpret: bool = False) -> BlockConfig:
-    """Largest row block within the VMEM budget (x, gate, y double-buffered, f32 temporaries)."""
+    """Largest row block within the VMEM budget: x, gate and y streamed, 4 f32 temporaries."""
     if interpret:
         return BlockConfig(block_rows=rows)
-    multiple = sublane_multiple(dtype)
-    per_row = hidden * (3 * 2 * jnp.dtype(dtype).itemsize + 4 * 4)
-    block = max(multiple, min(MAX_BLOCK_ROWS, VMEM_BUDGET_BYTES // per_row) // multiple * multiple)
-    return BlockConfig(block_rows=rows if rows <= block else block)
+    per_row = tiling.vmem_bytes_per_row(
+        hidden, jnp.dtype(dtype).itemsize, streamed=3, f32_temporaries=4
+    )
+    return BlockConfig(block_rows=tiling.row_block(rows, per_row, dtype, max_rows=MAX_BLOCK_ROWS))
 
 
 def _kernel(*refs, eps: float, norm_before_gate: bool, has_gate: bool):
