@@ -71,10 +71,14 @@ def torch_dtype(dtype: Any) -> torch.dtype:
     return getattr(torch, jax.numpy.dtype(dtype).name)
 
 
-def inputs_on(device: torch.device | str, op_case: OpCase) -> list[torch.Tensor]:
-    """Zero tensors shaped like the case's arguments; differentiable ones require grad."""
+def inputs_on(device: torch.device | str, op_case: OpCase) -> list[torch.Tensor | None]:
+    """Zero tensors shaped like the case's arguments (an absent optional one stays None);
+    differentiable ones require grad."""
     tensors = []
     for position, struct in enumerate(op_case.case.args):
+        if struct is None:
+            tensors.append(None)
+            continue
         tensor = torch.zeros(struct.shape, dtype=torch_dtype(struct.dtype), device=device)
         tensors.append(tensor.requires_grad_(position in op_case.case.differentiable))
     return tensors
