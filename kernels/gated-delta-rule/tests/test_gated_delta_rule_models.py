@@ -71,11 +71,15 @@ def test_inference_logits_and_greedy_generation_equal_stock():
     assert torch.equal(greedy(model, demo_batch(), 12), greedy(stock, demo_batch(), 12))
 
 
-def test_training_gradients_equal_stock():
+def test_training_leaves_the_mixers_alone_until_the_backward_hang_is_fixed():
+    """GatedDeltaNet declares has_backward = False (see layers.py): in training the mixers keep
+    their stock forward, with the reason, and the rest of the model still matches stock."""
     stock = tiny_qwen3_next().train()
     model = copy.deepcopy(stock)
     report = kernelize(model, mode="training")
-    assert len(swapped_to(report, "layers.GatedDeltaNet")) == 2
+    assert swapped_to(report, "layers.GatedDeltaNet") == []
+    reasons = [e.reason for e in report.entries if e.target == "GatedDeltaNet"]
+    assert reasons and all("has no backward" in r for r in reasons)
     batch = demo_batch(length=70, padding=5)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     stock(**batch, labels=labels).loss.backward()
