@@ -20,6 +20,7 @@ LEFT_ALONE_AT_KERNELIZE = {
     # then wrong: a [B, 1, 1, S] mask refused at call time; a parameter mask without gradient)
     ("layoutlm", "inference"): "builds its own broadcastable [B, 1, 1, S] attention mask",
     ("layoutlm", "training"): "builds its own broadcastable [B, 1, 1, S] attention mask",
+    ("doge", "inference"): "computes its attention mask from parameters (prepare_dynamic_mask)",
     ("doge", "training"): "computes its attention mask from parameters (prepare_dynamic_mask)",
 }
 

@@ -430,24 +430,30 @@ def _legacy_mask_problem(model: torch.nn.Module) -> str | None:
     return None
 
 
-def _attention_model_problem(
-    model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
-) -> str | None:
-    return _sdpa_convention_problem(model, modules) or _legacy_mask_problem(model)
-
-
 def _parameter_mask_problem(
     model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
 ) -> str | None:
-    """Training: an attention layer that computes its mask from parameters (Doge's dynamic mask
-    attention, ``prepare_dynamic_mask`` over ``A`` and ``dt_proj``) needs the mask's gradient,
-    which the attention kernel does not return."""
+    """An attention layer that computes its mask from parameters and the mask tensor (Doge's
+    dynamic mask attention, ``prepare_dynamic_mask`` over ``A`` and ``dt_proj``) needs a mask
+    tensor to post-process, where kernel-hub hands its attention a compact mask description, and
+    in training the mask's gradient, which the attention kernel does not return."""
     name = next((n for n, m in modules if _forward_reads(type(m), "prepare_dynamic_mask")), None)
     if name is None:
         return None
     return (
-        f"{name} computes its attention mask from parameters (prepare_dynamic_mask); the "
-        "attention kernel gives the mask no gradient, so training would not update them"
+        f"{name} computes its attention mask from parameters (prepare_dynamic_mask): it needs a "
+        "mask tensor to post-process (kernel-hub passes a compact mask description) and, in "
+        "training, the mask's gradient, which the attention kernel does not give"
+    )
+
+
+def _attention_model_problem(
+    model: torch.nn.Module, modules: list[tuple[str, torch.nn.Module]]
+) -> str | None:
+    return (
+        _sdpa_convention_problem(model, modules)
+        or _legacy_mask_problem(model)
+        or _parameter_mask_problem(model, modules)
     )
 
 
@@ -466,7 +472,6 @@ ATTENTION_INTERFACE = ModelInterface(
     setter="set_attn_implementation",
     registered=_attention_problem,
     model_problem=_attention_model_problem,
-    training_problem=_parameter_mask_problem,
 )
 
 MODEL_INTERFACES = (
