@@ -34,13 +34,15 @@ def test_build_layout_metadata_and_digests(build):
         assert "metadata.json" in files and "kernel.yaml" in files
         assert not [f for f in files if "__pycache__" in f or f.endswith(".pyc")]
         metadata = read_metadata(variant_dir)
-        assert (metadata.name, str(metadata.version), metadata.variant) == (
+        source = load_manifest(RMSNORM)  # what the build must state: the in-tree manifest
+        assert (metadata.name, metadata.version, metadata.variant) == (
             "rmsnorm",
-            "1.0.0",
+            source.version,
             name,
         )
-        assert metadata.ops == ("rms_norm",)
-        assert metadata.layers == (
+        assert metadata.ops == source.ops == ("rms_norm", "gated_rms_norm")
+        assert metadata.layers == source.layers
+        assert metadata.layers[:5] == (
             "RMSNorm",
             "RMSNormF32Scale",
             "RMSNormZeroCentered",
