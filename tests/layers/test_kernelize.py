@@ -122,8 +122,8 @@ def test_unknown_layer_name_is_reported() -> None:
     assert "no op in registry.yaml provides layer 'NoSuchLayer'" in entry.reason
     # the rmsnorm-only registry
     assert (
-        "layers provided: DiffusersRMSNorm, RMSNorm, RMSNormF32Scale, RMSNormZeroCentered, "
-        "TorchRMSNorm" in entry.reason
+        "layers provided: DiffusersRMSNorm, RMSNorm, RMSNormF32Scale, RMSNormGated, "
+        "RMSNormGatedGrouped, RMSNormZeroCentered, TorchRMSNorm" in entry.reason
     )
 
 
