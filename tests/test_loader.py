@@ -111,7 +111,7 @@ REGISTRY_EDITS = [
             "      cpu: [palas, xla]\n    layers: [RMSNorm,",
         ),
         "implementations.cpu",
-        "op 'rmsnorm': kernel rmsnorm 1.0.0 has no implementation 'palas'; "
+        "op 'rmsnorm': kernel rmsnorm 1.1.0 has no implementation 'palas'; "
         "valid on cpu: pallas, xla",
     ),
     (
@@ -125,7 +125,7 @@ REGISTRY_EDITS = [
     (
         ("layers: [RMSNorm, RMSNormF32Scale", "layers: [RMSNorm, RMSNormF32", 1),
         "layers",
-        "op 'rmsnorm': kernel rmsnorm 1.0.0 has no layer 'RMSNormF32'; its layers: RMSNorm, ",
+        "op 'rmsnorm': kernel rmsnorm 1.1.0 has no layer 'RMSNormF32'; its layers: RMSNorm, ",
     ),
 ]
 
