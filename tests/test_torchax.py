@@ -42,7 +42,7 @@ NORMS = 5  # 2 layers x 2 norms + the final norm
 EXPECTED = {
     "llama": Expected(
         swapped_by_hand={"RMSNorm": NORMS},
-        kernelize_swapped={"RMSNorm": NORMS},
+        kernelize_swapped={"RMSNorm": NORMS, "GatedMLP": 2},  # 2 layers' MLPs (gated-mlp)
         params_by_kind={"norm": NORMS, "router": 0, "experts": 0},
         kernels_in_training_step=("rms_norm_backward", "rms_norm_forward"),
         min_forward_calls={"rms_norm": NORMS},
