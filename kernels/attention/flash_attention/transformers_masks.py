@@ -367,19 +367,22 @@ def mask_interface(
                 f"needed; pass the 2-D padding mask instead"
             )
         return attention_mask
-    try:
-        return describe(
-            batch_size,
-            q_length,
-            kv_length,
-            q_offset,
-            kv_offset,
-            mask_function,
-            attention_mask,
-            device,
-        )
-    except Unsupported as exc:
-        _log_dense(str(exc))
+    # Under torch.compile the description's closure walk does not trace (dynamo stops at its
+    # attribute probes); compiled models get Transformers' dense mask on the dense-mask op.
+    if not torch.compiler.is_compiling():
+        try:
+            return describe(
+                batch_size,
+                q_length,
+                kv_length,
+                q_offset,
+                kv_offset,
+                mask_function,
+                attention_mask,
+                device,
+            )
+        except Unsupported as exc:
+            _log_dense(str(exc))
     return mu.sdpa_mask(
         batch_size=batch_size,
         q_length=q_length,
