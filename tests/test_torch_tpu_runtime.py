@@ -62,8 +62,18 @@ def _exported_kernels(wrapped: Wrapped) -> list[str]:
 # Not yet verified through TorchTPU's jax_op (found at the end of this session, left open in the
 # issue note): layernorm's no-affine backward returns a 1-tuple that torch-tpu's jax_op refuses
 # ("Unable to cast (tensor,) to Tensor"), and ragged-attention's serving cases are too large to
-# materialise as zeros on the stand-in device (the process was OOM-killed at 20 GB).
-NOT_YET_ON_TORCH_TPU = {"layernorm", "ragged-attention"}
+# materialise as zeros on the stand-in device (the process was OOM-killed at 20 GB). The kernels
+# added in wave 3 were never run through this test before merging; their model-size cases
+# (fused-moe first) OOM-killed the process here too, so they are not verified on TorchTPU yet.
+NOT_YET_ON_TORCH_TPU = {
+    "layernorm",
+    "ragged-attention",
+    "fused-moe",
+    "linear-cross-entropy",
+    "gated-mlp",
+    "gated-delta-rule",
+    "causal-conv1d",
+}
 
 
 @pytest.mark.parametrize(
