@@ -16,6 +16,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernel_hub.kernel_api import tiling
+
 from .reference import activation, activation_and_derivative, compute_dtype
 
 _ROWS = 256
@@ -31,10 +33,6 @@ class BlockConfig:
     block_cols: int
 
 
-def sublane_multiple(dtype) -> int:
-    return 8 * max(1, 4 // jnp.dtype(dtype).itemsize)
-
-
 def default_config(rows: int, columns: int) -> BlockConfig | None:
     """Blocks for ``columns`` intermediate features; None when no lane-aligned block divides
     them (the fused layout then needs its halves split first)."""
@@ -47,7 +45,7 @@ def default_config(rows: int, columns: int) -> BlockConfig | None:
 def config_problem(rows: int, columns: int, dtype, config: BlockConfig, fused: bool):
     """Why a block config is illegal for TPU tiling or the layout, or None."""
     problems = []
-    multiple = sublane_multiple(dtype)
+    multiple = tiling.sublane_multiple(dtype)
     if not (
         config.block_rows == rows or (config.block_rows > 0 and config.block_rows % multiple == 0)
     ):

@@ -25,6 +25,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernel_hub.kernel_api import tiling
+
 from .reference import LogitForm, accumulation_dtype, transform
 
 VMEM_BUDGET_BYTES = {"v4": 12 << 20}
@@ -42,10 +44,6 @@ class BlockConfig:
 
     block_tokens: int
     block_vocab: int
-
-
-def sublane_multiple(dtype) -> int:
-    return 8 * max(1, 4 // jnp.dtype(dtype).itemsize)
 
 
 def vmem_bytes(config: BlockConfig, hidden: int, itemsize: int, acc_itemsize: int = 4) -> int:
@@ -78,7 +76,7 @@ def default_config(
 
 def config_problem(tokens: int, vocab: int, dtype, config: BlockConfig) -> str | None:
     """Why a block config is illegal for TPU tiling, or None."""
-    multiple = sublane_multiple(dtype)
+    multiple = tiling.sublane_multiple(dtype)
     problems = []
     bn, bv = config.block_tokens, config.block_vocab
     if not (bn == tokens or (bn > 0 and bn % multiple == 0)):
