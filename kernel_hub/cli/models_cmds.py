@@ -98,8 +98,11 @@ def _print_markdown(results: Sequence[Any], argv: Sequence[str], summary: str) -
     print(
         "Each architecture is a tiny random-weight model built from Transformers' auto mappings "
         "(`kernel_hub/models/architectures.py`), run stock and kernelized on a padded batch. "
-        "`exact`: swapped and within 1e-4 (outputs; gradients relative, parameters with an exact "
-        "zero gradient ignored); `unchanged`: nothing swapped; `MISMATCH`/`BROKEN`: defects.\n"
+        "`exact`: swapped and within 1e-4 (outputs; gradients relative to the stock model's f64 "
+        "gradients, or within twice the f32 error of stock runs where that is larger: the plain "
+        "run and, for a gradient failing that, runs with the parameters moved by one rounding; "
+        "parameters with an exact zero gradient ignored); `unchanged`: nothing swapped; "
+        "`MISMATCH`/`BROKEN`: defects.\n"
     )
     print(f"**Summary** ({summary})\n")
     print("| " + " | ".join(_HEADERS) + " |")

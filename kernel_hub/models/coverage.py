@@ -36,10 +36,17 @@ TOLERANCE = 1e-4
 """Largest |output difference| (f32) and relative gradient difference called a match."""
 
 STOCK_ERROR_FACTOR = 2.0
-"""A kernelized gradient may be off from the f64 truth by twice the stock f32 model's own error
+"""A kernelized gradient may be off from the f64 truth by twice the f32 error the problem allows
 where that exceeds ``TOLERANCE``: two f32 computations that sum in different orders differ by
 about the conditioning of the problem (xlm-roberta-xl's key weight: stock f32 5.6e-4, the kernel
 7.9e-4), while a real defect (a dropped mask, a missing gradient) is off by orders of magnitude."""
+
+ROUNDING_SAMPLES = 3
+"""Stock f32 runs with parameters moved by one rounding each, for a gradient that fails against
+stock's own error: stock's error is one sample of rounding luck (Persimmon's q-LayerNorm bias:
+stock 8.2e-5 off f64, a plain torch LayerNorm re-implementation 1.6e-4), while a backward-stable
+f32 computation is exact for inputs perturbed by about a rounding, so the largest error of those
+runs is the error any f32 implementation may have."""
 
 ZERO_GRADIENT = 1e-6
 """Gradients below this fraction of the model's largest are float noise around an exact zero."""
@@ -141,35 +148,68 @@ class _GradientCheck:
     stock_worst: float
     """The same for the stock model's own f32 gradients (its float error)."""
     compared: int
-    failing: str | None
-    """A parameter whose kernelized gradient is off by more than the tolerance allows."""
+    failing: tuple[str, ...]
+    """Parameters whose kernelized gradient is off by more than the tolerance allows."""
 
 
 def _check_gradients(
     exact: dict[str, torch.Tensor | None],
     stock: dict[str, torch.Tensor | None],
     kernelized: dict[str, torch.Tensor | None],
+    rounding: dict[str, float] | None = None,
 ) -> _GradientCheck:
     """Kernelized f32 gradients against exact (f64) ones, parameter by parameter.
 
-    One passes within ``TOLERANCE`` relative, or within ``STOCK_ERROR_FACTOR`` times the stock f32
-    model's own error where that is larger (near-uniform softmaxes in random tiny models make
-    q/k gradients a difference of near-equal numbers). A parameter whose exact gradient is zero
-    (a key bias under softmax) gets float noise from stock and kernel alike: below
-    ``ZERO_GRADIENT`` of the model's largest exact gradient there is nothing to agree on.
+    One passes within ``TOLERANCE`` relative, or within ``STOCK_ERROR_FACTOR`` times the f32 error
+    the problem allows where that is larger (near-uniform softmaxes in random tiny models make
+    q/k gradients a difference of near-equal numbers): the stock f32 model's own error, or the
+    largest error of stock runs perturbed by a rounding where ``rounding`` measured it. A
+    parameter whose exact gradient is zero (a key bias under softmax) gets float noise from stock
+    and kernel alike: below ``ZERO_GRADIENT`` of the model's largest exact gradient there is
+    nothing to agree on.
     """
+    rounding = rounding or {}
     floor = ZERO_GRADIENT * max((_largest(g) for g in exact.values()), default=0.0)
     worst = stock_worst = 0.0
-    compared, failing = 0, None
+    compared, failing = 0, []
     for name, truth in exact.items():
         if truth is None or _largest(truth) <= floor:
             continue
         compared += 1
         error, stock_error = _relative(kernelized.get(name), truth), _relative(stock[name], truth)
         worst, stock_worst = max(worst, error), max(stock_worst, stock_error)
-        if error > max(TOLERANCE, STOCK_ERROR_FACTOR * stock_error) and failing is None:
-            failing = name
-    return _GradientCheck(worst, stock_worst, compared, failing)
+        allowed = STOCK_ERROR_FACTOR * max(stock_error, rounding.get(name, 0.0))
+        if error > max(TOLERANCE, allowed):
+            failing.append(name)
+    return _GradientCheck(worst, stock_worst, compared, tuple(failing))
+
+
+def _rounding_errors(
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    exact: dict[str, torch.Tensor | None],
+    names: Sequence[str],
+) -> dict[str, float]:
+    """The largest relative error of ``names``' stock f32 gradients over ``ROUNDING_SAMPLES``
+    runs with every parameter moved by one f32 epsilon (random sign), parameters restored after."""
+    generator = torch.Generator().manual_seed(7)
+    kept = [(p, p.detach().clone()) for p in model.parameters() if p.is_floating_point()]
+    errors = dict.fromkeys(names, 0.0)
+    try:
+        for _ in range(ROUNDING_SAMPLES):
+            with torch.no_grad():
+                for p, value in kept:
+                    sign = torch.randint(0, 2, value.shape, generator=generator) * 2 - 1
+                    eps = torch.finfo(value.dtype).eps
+                    p.copy_((value.double() * (1 + eps * sign)).to(value.dtype))
+            grads = _run(model, inputs, training=True).grads
+            for name in names:
+                errors[name] = max(errors[name], _relative(grads[name], exact[name]))
+    finally:
+        with torch.no_grad():
+            for p, value in kept:
+                p.copy_(value)
+    return errors
 
 
 def _exact_gradients(
@@ -229,7 +269,10 @@ def check_architecture(
         return Result(**base, **found, status=BROKEN, detail=archs.one_line(exc))
     diff = _max_diff(inputs, stock.output, kernelized.output)
     grads = _check_gradients(exact, stock.grads, kernelized.grads)
-    agrees = diff <= TOLERANCE and grads.failing is None
+    if grads.failing:  # one stock run's rounding luck is no measure of the problem's: ask more
+        rounding = _rounding_errors(model, inputs, exact, grads.failing)
+        grads = _check_gradients(exact, stock.grads, kernelized.grads, rounding)
+    agrees = diff <= TOLERANCE and not grads.failing
     status = (EXACT if report.swapped else UNCHANGED) if agrees else MISMATCH
     return Result(
         **base,
@@ -239,7 +282,9 @@ def check_architecture(
         grad_rel_diff=grads.worst if training else None,
         stock_grad_rel_diff=grads.stock_worst if training else None,
         grads_compared=grads.compared,
-        detail=grads.failing and f"gradient of {grads.failing} differs beyond tolerance",
+        detail=f"gradient of {grads.failing[0]} differs beyond tolerance"
+        if grads.failing
+        else None,
     )
 
 
