@@ -73,14 +73,27 @@ def _check_publishable(manifest: Manifest, kernel_dir: Path) -> None:
             f"{kernel_dir / MANIFEST_NAME}: kernel name {manifest.name!r} cannot be published; "
             "names are lowercase letters, digits and '-', starting with a letter"
         )
-    python_name = manifest.name.replace("-", "_")
-    if manifest.package != python_name:
-        raise KernelHubError(
-            f"{kernel_dir / MANIFEST_NAME}: package {manifest.package!r} must be named "
-            f"{python_name!r} (the kernel name with '-' as '_'): Hugging Face kernels looks there"
-        )
     if not (kernel_dir / manifest.package / "__init__.py").is_file():
         raise KernelHubError(f"{kernel_dir}: package folder {manifest.package}/ has no __init__.py")
+
+
+HF_KERNELS_ENTRY = '''"""Hugging Face `kernels` imports this file (a variant's top-level
+__init__.py, else <kernel name as a Python name>/__init__.py); the kernel's package is
+{package}/, which it exposes. kernel-hub itself imports {package}/ directly."""
+
+import importlib as _importlib
+
+_package = _importlib.import_module(".{package}", __name__)
+globals().update({{k: v for k, v in vars(_package).items() if not k.startswith("__")}})
+'''
+
+
+def _write_hf_kernels_entry(manifest: Manifest, dest: Path) -> None:
+    """A top-level ``__init__.py`` exposing the package, where its name is not the kernel name's
+    Python form (the attention kernel's ``flash_attention``): ``kernels`` looks only there."""
+    if manifest.package != manifest.name.replace("-", "_"):
+        entry = HF_KERNELS_ENTRY.format(package=manifest.package)
+        (dest / "__init__.py").write_text(entry, encoding="utf-8")
 
 
 def variant_requires(manifest: Manifest, variant: Variant) -> dict[str, str]:
@@ -96,6 +109,7 @@ def _build_variant(kernel_dir: Path, manifest: Manifest, variant: Variant, dest:
         symlinks=True,  # kept as links, so check_tree_shape refuses them: a link could pull in
         ignore=shutil.ignore_patterns(BYTECODE_DIR, "*.pyc"),  # files from outside the kernel
     )
+    _write_hf_kernels_entry(manifest, dest)
     check_tree_shape(dest, label=str(kernel_dir))
     requires = variant_requires(manifest, variant)
     source = yaml.safe_load((kernel_dir / MANIFEST_NAME).read_text(encoding="utf-8"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,22 +37,6 @@ def point_at(monkeypatch, url: str, cache: Path) -> None:
     monkeypatch.setattr(
         constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}"
     )
-
-
-def publishable_copy(kernel_dir: Path, into: Path) -> Path:
-    """``kernel_dir`` copied; the in-tree attention kernel's package (``flash_attention``) does
-    not follow the kernel name as Hugging Face ``kernels`` needs, so its copy is named
-    ``flash-attention`` (its repo stays ``kernel-hub/attention``)."""
-    dest = into / kernel_dir.name
-    shutil.copytree(kernel_dir, dest, ignore=shutil.ignore_patterns("__pycache__", "build"))
-    manifest = dest / "kernel.yaml"
-    package = yaml.safe_load(manifest.read_text())["package"]
-    if package.replace("_", "-") != kernel_dir.name:
-        text = manifest.read_text().replace(
-            f"name: {kernel_dir.name}\n", f"name: {package.replace('_', '-')}\n", 1
-        )
-        manifest.write_text(text)
-    return dest
 
 
 def mirror_json(capsys, *argv: str) -> dict:
@@ -95,7 +78,7 @@ def test_every_registry_op_and_the_demo_load_verified_from_the_mirror(
     published = {}
     for entry in load_registry():
         published[entry.name] = publish_kernel(
-            publishable_copy(kernels_dir() / entry.kernel, tmp_path / "src"),
+            kernels_dir() / entry.kernel,
             entry.repo,
             sign_key=keys["publisher"].private_path,
             build_dir=tmp_path / "builds" / entry.name,
