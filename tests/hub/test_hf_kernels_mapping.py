@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,6 +12,8 @@ from kernel_hub.errors import KernelHubError
 from kernel_hub.layers.integrations.hf_kernels import DEVICES, hub_layer_mapping
 from kernel_hub.models.tiny import build_tiny_model
 from kernel_hub.registry.registry import load_registry
+
+from .hub_helpers import cache_dir
 
 kernels = pytest.importorskip("kernels")
 
@@ -46,7 +50,7 @@ def extensible_llama_norm():
 
 
 def test_kernels_kernelize_loads_kernel_hub_builds_from_a_local_serve(
-    publish, hub_env, extensible_llama_norm, monkeypatch: pytest.MonkeyPatch
+    publish, hub_env, extensible_llama_norm, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from huggingface_hub import constants
 
@@ -54,6 +58,9 @@ def test_kernels_kernelize_loads_kernel_hub_builds_from_a_local_serve(
     # 2.4's HTTP client refuses ("Illegal header value"); hub_env turned it off, so turn it on:
     # every request still goes to the local server (hub_env points constants.ENDPOINT there)
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
+    # kernels downloads into KERNELS_CACHE as read at its import, else huggingface_hub's default
+    # cache (~/.cache): point it at this test's cache instead
+    monkeypatch.setattr(kernels.resolver, "CACHE_DIR", str(cache_dir(tmp_path)))
     published = publish("1.0.0")  # signed rmsnorm build, tag v1.0.0, branch v1, on 127.0.0.1
     model = build_tiny_model("llama")
     ids = torch.randint(2, 128, (2, 12), generator=torch.Generator().manual_seed(0))
