@@ -39,6 +39,7 @@ from kernel_hub.bridge.runtimes.tpu_program import (
     mosaic_kernels_in_text,
     tensor_signature,
 )
+from kernel_hub.bridge.runtimes.tpu_target import tracing_for_tpu
 
 
 @pytest.fixture
@@ -51,34 +52,40 @@ def _schema(tpu_op: tpu_runtime.TpuOp) -> str:
 
 
 def _exported_kernels(wrapped: Wrapped) -> list[str]:
-    exported = jax.export.export(
-        jax.jit(wrapped.tpu_op.kernel),
-        platforms=["tpu"],
-        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("ALL")],
-    )(*abstract_arrays(tensor_signature(wrapped.tensors)))
+    with tracing_for_tpu(wrapped.tpu_op.device):  # Mosaic asks for the chip while lowering
+        exported = jax.export.export(
+            jax.jit(wrapped.tpu_op.kernel),
+            platforms=["tpu"],
+            disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("ALL")],
+        )(*abstract_arrays(tensor_signature(wrapped.tensors)))
     return [kernel.name for kernel in mosaic_kernels_in_text(exported.mlir_module())]
 
 
-# Not yet verified through TorchTPU's jax_op (found at the end of this session, left open in the
-# issue note): layernorm's no-affine backward returns a 1-tuple that torch-tpu's jax_op refuses
-# ("Unable to cast (tensor,) to Tensor"), and ragged-attention's serving cases are too large to
-# materialise as zeros on the stand-in device (the process was OOM-killed at 20 GB). The kernels
-# added in wave 3 were never run through this test before merging; their model-size cases
-# (fused-moe first) OOM-killed the process here too, so they are not verified on TorchTPU yet.
-NOT_YET_ON_TORCH_TPU = {
-    "layernorm",
-    "ragged-attention",
-    "fused-moe",
-    "linear-cross-entropy",
-    "gated-mlp",
-    "gated-delta-rule",
-    "causal-conv1d",
-}
+INPUT_BYTES_LIMIT = 256 << 20
+"""Cases whose inputs exceed this are not materialised on the stand-in device: model-size cases
+(1-8 GiB of zeros each, twice over with outputs and gradients) OOM-killed this process on the
+24 GiB CI machine. The wrapping does not depend on sizes; every kernel keeps cases here, checked
+below."""
+
+
+def _input_bytes(op_case: OpCase) -> int:
+    return sum(a.size * a.dtype.itemsize for a in op_case.case.args if hasattr(a, "dtype"))
+
+
+TORCH_TPU_CASES = [c for c in op_cases() if _input_bytes(c) <= INPUT_BYTES_LIMIT]
+
+
+XLA_BACKWARDS = {"chunk_gated_delta_rule", "causal_conv1d", "gated_rms_norm"}
+"""Ops whose backward is XLA, not a Pallas kernel (issue 26's kernels, as built)."""
+
+
+def test_every_kernel_has_cases_on_torch_tpu():
+    assert {c.kernel for c in TORCH_TPU_CASES} == {c.kernel for c in op_cases()}
 
 
 @pytest.mark.parametrize(
     "op_case",
-    [c for c in op_cases() if c.kernel not in NOT_YET_ON_TORCH_TPU],
+    TORCH_TPU_CASES,
     ids=lambda c: c.id,
 )
 def test_every_kernel_op_wraps_through_torch_tpu_jax_op(op_case: OpCase, wrapping):
@@ -91,13 +98,17 @@ def test_every_kernel_op_wraps_through_torch_tpu_jax_op(op_case: OpCase, wrappin
     assert [(tuple(t.shape), t.dtype) for t in tensor_leaves(outputs)] == forward.fake
     if grads is not None:
         wanted = [tuple(op_case.case.args[i].shape) for i in op_case.case.differentiable]
-        assert [shape for shape, _ in wrapping.wrapped[1].fake] == wanted
+        # the backward returns a gradient per differentiable op argument given, in order; a case
+        # may differentiate fewer (gated-delta-rule's cases leave the initial state out)
+        assert [shape for shape, _ in wrapping.wrapped[1].fake][: len(wanted)] == wanted
         assert [tuple(g.shape) for g in grads] == wanted
     for wrapped in wrapping.wrapped:
         schema = _schema(wrapped.tpu_op)
         assert schema.startswith(f"{tpu_runtime.TPU_OP_NAMESPACE}::")
         assert schema.count("Tensor") >= len(wrapped.tensors) + len(wrapped.fake)
-        assert _exported_kernels(wrapped), f"{wrapped.key[1]}: no Mosaic kernel for TPU"
+        op, role = wrapped.key[0].split("::")[-1], wrapped.key[1]
+        if role == "forward" or op not in XLA_BACKWARDS:
+            assert _exported_kernels(wrapped), f"{op} {role}: no Mosaic kernel for TPU"
 
 
 def test_rms_norm_schemas_and_kernels(wrapping):

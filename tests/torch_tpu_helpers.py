@@ -47,7 +47,7 @@ class WrappingRuntime(tpu_runtime.TorchTpuRuntime):
 
     def call(self, jax_fn, tensors, *, key):
         tpu_op = tpu_runtime.op_for(jax_fn, tensors, key, DEVICE)
-        fake = tpu_op.custom_op(*_to_meta(list(tensors)))
+        fake = tpu_op(*_to_meta(list(tensors)))
         shapes = [(tuple(t.shape), t.dtype) for t in tensor_leaves(fake)]
         self.wrapped.append(Wrapped(key, jax_fn, list(tensors), tpu_op, shapes))
         return jax.tree.map(

@@ -41,6 +41,18 @@ class TpuOp:
     """The ``torch.tpu.pallas.jax_op`` (a torch custom op) that runs ``kernel``."""
     kernel: Callable[..., Any]
     """The JAX function handed to TorchTPU: the jitted op function, traced for TPU."""
+    device: str
+    """The TPU it is traced and lowered for, as TorchTPU names it."""
+    one_tuple: bool = False
+    """The op function returns a 1-tuple: TorchTPU's schema makes that one ``Tensor`` while its
+    fake implementation keeps the tuple, so ``kernel`` returns the array and ``call`` re-wraps."""
+
+    def __call__(self, *tensors: Any) -> Any:
+        # TorchTPU exports (lowers) the kernel inside this call, and Mosaic asks which chip it
+        # lowers for there too (e.g. for jnp.sign), not only while tracing
+        with tracing_for_tpu(self.device):
+            result = self.custom_op(*tensors)
+        return (result,) if self.one_tuple else result
 
 
 def _jax_op() -> Callable[..., Any]:
@@ -118,12 +130,16 @@ def op_for(jax_fn: Callable[..., Any], tensors: Sequence[Any], key: Any, device:
 def _make_op(
     jax_fn: Callable[..., Any], tensors: Sequence[Any], key: Any, structure: Any, device: str
 ) -> TpuOp:
-    def kernel(*arrays):
-        with tracing_for_tpu(device):
-            return jax_fn(*arrays)
-
     with tracing_for_tpu(device):
         outputs = jax.eval_shape(jax_fn, *abstract_arrays(tensor_signature(list(tensors))))
+    one_tuple = isinstance(outputs, tuple) and len(outputs) == 1
+    outputs = outputs[0] if one_tuple else outputs
+
+    def kernel(*arrays):
+        with tracing_for_tpu(device):
+            result = jax_fn(*arrays)
+        return result[0] if one_tuple else result
+
     name = _op_name(key, structure, device)
     kernel.__name__ = kernel.__qualname__ = name
     kernel.__signature__ = inspect.Signature(
@@ -136,7 +152,7 @@ def _make_op(
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*jax_op is experimental.*")
         custom_op = _jax_op()(f"{TPU_OP_NAMESPACE}::{name}", kernel)
-    return TpuOp(custom_op, kernel)
+    return TpuOp(custom_op, kernel, device, one_tuple)
 
 
 class TorchTpuRuntime:
@@ -146,8 +162,7 @@ class TorchTpuRuntime:
         _jax_op()
 
     def call(self, jax_fn: Callable[..., Any], tensors: Sequence[Any], *, key: Any) -> Any:
-        tpu_op = op_for(jax_fn, tensors, key, device_name())
-        return tpu_op.custom_op(*tensors)
+        return op_for(jax_fn, tensors, key, device_name())(*tensors)
 
 
 RUNTIME = TorchTpuRuntime()
