@@ -742,22 +742,32 @@ def ring_causal_gqa_4():
     )
 
 
-def zigzag_case(shards, *, softcap=None, segments=False, kind=AxisType.Explicit):
-    """A zig-zag causal ring vs unsharded attention. Both take the sequence in zig-zag order
-    (sharded over cp for the ring); the reference undoes the order, attends, and redoes it."""
+def zigzag_case(
+    shards,
+    *,
+    softcap=None,
+    segments=False,
+    kind=AxisType.Explicit,
+    layout="zigzag",
+    causal=True,
+    window=None,
+):
+    """A ring (zig-zag causal unless told) vs unsharded attention. Both take the sequence in the
+    layout's order (sharded over cp for the ring); the reference undoes the order, attends, and
+    redoes it."""
     ring = get_kernel("dot_product_attention").ring
     api = get_kernel("dot_product_attention").jax
     seq = 32 * shards
-    order = ring.zigzag_order(seq, shards)
+    order = ring.zigzag_order(seq, shards) if layout == "zigzag" else np.arange(seq)
     undo = np.argsort(order)
     q, k, v = qkv(1, 4, 2, seq=seq)
     ids = (jnp.arange(seq) >= seq // 3).astype(jnp.int32)[None] + (jnp.arange(seq) >= seq // 2)
-    options = dict(causal=True, softcap=softcap)
+    options = dict(causal=causal, softcap=softcap, sliding_window=window)
 
     def sharded(q, k, v, ids):
         seg = (ids, ids) if segments else ()
         return ring.ring_attention_with_lse(
-            q, k, v, *seg, layout="zigzag", implementation="pallas", **options
+            q, k, v, *seg, layout=layout, implementation="pallas", **options
         )
 
     def reference(q, k, v, ids):
@@ -769,8 +779,9 @@ def zigzag_case(shards, *, softcap=None, segments=False, kind=AxisType.Explicit)
         return out[:, :, order], lse[:, :, order]
 
     m = jax.sharding.Mesh(np.array(jax.devices()[:shards]), ("cp",), axis_types=(kind,))
-    label = f"zig-zag ring, {shards} shards, causal{', softcap' if softcap else ''}"
-    label += ", segments" if segments else ""
+    label = f"{layout} ring, {shards} shards, {'causal' if causal else 'bidirectional'}"
+    label += (", softcap" if softcap else "") + (", segments" if segments else "")
+    label += f", window {window}" if window else ""
     spec = P(None, None, "cp")
     args = [q[:, :, order], k[:, :, order], v[:, :, order], ids[:, order]]
     expect = [spec, spec] if kind == AxisType.Explicit else [(), ()]
@@ -793,6 +804,22 @@ def ring_zigzag_4_and_8():
         zigzag_case(8, softcap=20.0, segments=True, kind=AxisType.Auto),
     ]
     return {"name": "zig-zag ring attention", "ok": all(c["ok"] for c in checks), "checks": checks}
+
+
+@check
+def ring_sliding_window_4_and_8():
+    """Windows across chunks (token positions into the kernel), steps outside them skipped."""
+    checks = [
+        zigzag_case(4, layout="contiguous", window=40),
+        zigzag_case(4, window=24, segments=True),
+        zigzag_case(8, window=50, softcap=20.0, kind=AxisType.Auto),
+        zigzag_case(4, layout="contiguous", causal=False, window=30),
+    ]
+    return {
+        "name": "ring attention, sliding window",
+        "ok": all(c["ok"] for c in checks),
+        "checks": checks,
+    }
 
 
 @check
