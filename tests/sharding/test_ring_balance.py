@@ -6,6 +6,7 @@ contiguous chunks do not; a sliding window runs only the steps it reaches."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -156,13 +157,16 @@ def _ring_case(name: str, **options):
 
 @pytest.mark.slow
 @pytest.mark.tpu_compile
-def test_compiled_zigzag_ring_gives_every_chip_equal_work() -> None:
-    zigzag = _branch_work(compiled_hlo(_ring_case("zig-zag", layout="zigzag"), "v5e", "forward"))
-    assert len(zigzag) == 3, zigzag  # steps 1..3 of 4 chips (step 0: the same causal call)
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_compiled_zigzag_ring_gives_every_chip_equal_work(direction: str) -> None:
+    case = dataclasses.replace(_ring_case("zig-zag", layout="zigzag"), differentiable=(0, 1, 2))
+    zigzag = _branch_work(compiled_hlo(case, "v5e", direction))
+    # steps 1..3 of 4 chips (step 0: the same causal call on all), the backward's twice
+    assert len(zigzag) == {"forward": 3, "backward": 6}[direction], zigzag
     assert all(len(set(w)) == 1 and w[0] > 0 for w in zigzag), zigzag
-    # the check can fail: a contiguous causal ring's chips skip, run or mask a step
-    contiguous = _branch_work(compiled_hlo(_ring_case("contiguous"), "v5e", "forward"))
-    assert contiguous and all(min(w) == 0 < max(w) for w in contiguous), contiguous
+    if direction == "forward":  # the check can fail: a contiguous causal ring's chips skip a step
+        contiguous = _branch_work(compiled_hlo(_ring_case("contiguous"), "v5e", "forward"))
+        assert contiguous and all(min(w) == 0 < max(w) for w in contiguous), contiguous
 
 
 @pytest.mark.slow
