@@ -123,6 +123,29 @@ def _problems(case: MeshCase, direction: str, kind: str, counts: dict[str, int])
     return problems
 
 
+def _compiled_text(case: MeshCase, direction: str, mesh: Any) -> str:
+    import jax
+
+    fn, args = _staged(case, direction, mesh)
+    # A fresh function each cell: jit's trace cache ignores the bypass.
+    return jax.jit(lambda *a: fn(*a)).trace(*args).lower().compile().as_text()
+
+
+def compiled_hlo(case: MeshCase, generation: str, direction: str, kind: str = "auto") -> str:
+    """The compiled program of one cell (no control), for checks beyond collective counts."""
+    import jax
+
+    mesh = tpu_mesh(generation, case.axes, explicit=kind == "explicit")
+    with filtered_libtpu_stderr(), no_persistent_cache(), jax.default_device(mesh.devices.flat[0]):
+        return _compiled_text(case, direction, mesh)
+
+
+def collective_shapes(hlo: str) -> list[tuple[str, str]]:
+    """(collective, result shape text) of every collective in compiled HLO text."""
+    pattern = re.compile(r"= (\(?[^=]*?\)?) (" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+    return [(m.group(2), m.group(1)) for m in pattern.finditer(hlo)]
+
+
 def compile_mesh_case(
     kernel: str, case: MeshCase, generation: str, direction: str, kind: str = "explicit"
 ):
@@ -151,9 +174,7 @@ def compile_mesh_case(
             jax.default_device(mesh.devices.flat[0]),
             bypassed() if control else contextlib.nullcontext(),
         ):
-            fn, args = _staged(case, direction, mesh)
-            # A fresh function each cell: jit's trace cache ignores the bypass.
-            hlo = jax.jit(lambda *a: fn(*a)).trace(*args).lower().compile().as_text()
+            hlo = _compiled_text(case, direction, mesh)
     except Exception as exc:  # the compiler's message is the result
         message = f"{type(exc).__name__}: {exc}".strip()[:1500]
         refused = "cannot be automatically partitioned" in message

@@ -21,11 +21,13 @@ one), in the kernel's ``sharding.py``, importing only ``kernel_hub.kernel_api``:
    ``len(operands)`` parameters; an optional one may be None), then every result, einsum style.
    ``...`` (first, once) stands for any number of leading dimensions.
 2. A factor is free (split wherever an input is split; an operand holding it unsplit is sliced to
-   match), ``whole`` (never split: the normalised axis, a scanned sequence; ``handled_by`` names
-   the layer that does shard it, quoted in the error), ``reduced`` (in no result: split, each shard
-   returns a partial result and they are summed), or split ``together`` with another (query and kv
-   heads). A result lacking a split factor that other results keep is summed over its axes (a
-   weight's gradient). ``factor?`` marks a dimension that may have size 1 and broadcast.
+   match), ``whole`` (never split: the normalised axis, a scanned sequence; ``handled_by`` names the
+   layer that does shard it, quoted in the error), ``reduced`` (in no result: split, each shard
+   returns a partial result and they are summed), ``combined`` (split; the function is called with
+   ``split_axes`` and combines the shards itself, e.g. a log-sum-exp over vocabulary shards), or
+   split ``together`` with another (query and kv heads). A result lacking a split factor that other
+   results keep is summed over its axes (a weight's gradient). ``factor?`` marks a dimension that
+   may have size 1 and broadcast.
 3. A rule that depends on an option (a layout flag) is a function of the keyword options
    returning one: ``sharded(lambda transpose_rhs=False, **_: ...)``.
 4. Decorate the backward entry point too when the torch op has a ``jax_backward``; ops whose JAX

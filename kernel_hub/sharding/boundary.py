@@ -249,10 +249,12 @@ def _shard_mapped(rule, fn, mesh, arrays, solution: Solution, options, explicit)
     def summed(result, axes):
         return result if result is None or not axes else jax.lax.psum(result, axes)
 
+    combined = {"split_axes": solution.combined_axes(rule)} if rule.combined else {}
+
     def body(*local):
         supplied = iter(local)
         full = [None if a is None else next(supplied) for a in arrays]
-        out = fn(*full, **options)
+        out = fn(*full, **options, **combined)
         if single:
             return summed(out, reductions[0])
         return tuple(summed(r, axes) for r, axes in zip(out, reductions, strict=True))
@@ -266,7 +268,8 @@ def sharded(rule: RuleSource) -> Callable[[Callable[..., Any]], Callable[..., An
     """Decorator: run a kernel's JAX function through ``run_sharded`` with ``rule``.
 
     The function's first ``len(rule.operands)`` parameters are its array operands (optional ones
-    may be None); the rest are options, passed unchanged. ``rule_of`` gives the decorated
+    may be None); the rest are options, passed unchanged (plus ``split_axes`` when the rule has
+    ``combined`` factors). ``rule_of`` gives the decorated
     function's rule, ``__wrapped__`` the plain function.
     """
 

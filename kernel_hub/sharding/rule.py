@@ -11,6 +11,10 @@ dimensions (the same count wherever it appears), each one a free factor. Each fa
   shards' results are summed (``psum``). Einsum-style, the same holds per result: a result that
   lacks a split factor other results keep (the sinks' gradient, summed over batch) is summed
   over that factor's axes;
+* ``combined``: it may be split, and the op's function combines its shards' partial results
+  itself (a log-sum-exp over vocabulary shards is no sum): under a split the boundary calls it
+  with ``split_axes={factor: mesh axes}`` for its collectives. DTensor strategies never split it
+  (each rank would need those collectives); such an operand is replicated there;
 * grouped with another (``together``): both split over the same mesh axes, e.g. query heads and
   kv heads under grouped-query attention, so each shard keeps whole head groups.
 
@@ -67,6 +71,7 @@ class ShardingRule:
     results: tuple[tuple[str, ...], ...]
     whole: frozenset[str] = frozenset()
     reduced: frozenset[str] = frozenset()
+    combined: frozenset[str] = frozenset()
     together: tuple[tuple[str, str], ...] = ()
     handled_by: Mapping[str, str] = field(default_factory=dict)
     broadcast_operands: frozenset[Dim] = frozenset()
@@ -80,6 +85,7 @@ class ShardingRule:
         *,
         whole: Sequence[str] = (),
         reduced: Sequence[str] = (),
+        combined: Sequence[str] = (),
         together: Sequence[tuple[str, str]] = (),
         handled_by: Mapping[str, str] | None = None,
     ) -> ShardingRule:
@@ -97,6 +103,7 @@ class ShardingRule:
             results,
             frozenset(whole),
             frozenset(reduced),
+            frozenset(combined),
             tuple(tuple(pair) for pair in together),
             dict(handled_by or {}),
             broadcast_operands,
@@ -112,18 +119,22 @@ class ShardingRule:
     def _validate(self) -> None:
         known = self.factors
         in_results = {f for dims in self.results for f in dims}
-        declared = set(self.whole) | set(self.reduced) | {f for p in self.together for f in p}
+        declared = set(self.whole) | set(self.reduced) | set(self.combined)
+        declared |= {f for pair in self.together for f in pair}
         unknown = (declared | (in_results - {ELLIPSIS})) - known
         if unknown:
             raise ShardingError(f"{self.op}: factors {sorted(unknown)} are in no operand")
         grouped = {f for pair in self.together if set(pair) & in_results for f in pair}
-        for factor in known - in_results - set(self.whole) - set(self.reduced) - grouped:
+        declared_absent = set(self.whole) | set(self.reduced) | set(self.combined)
+        for factor in known - in_results - declared_absent - grouped:
             raise ShardingError(
-                f"{self.op}: factor {factor!r} is in no result; declare it whole or reduced"
+                f"{self.op}: factor {factor!r} is in no result; declare it whole, reduced or "
+                "combined"
             )
-        clash = set(self.reduced) & in_results
-        if clash:
-            raise ShardingError(f"{self.op}: reduced factors {sorted(clash)} appear in results")
+        for kind, factors in (("reduced", self.reduced), ("combined", self.combined)):
+            clash = set(factors) & in_results
+            if clash:
+                raise ShardingError(f"{self.op}: {kind} factors {sorted(clash)} appear in results")
 
     def partner(self, factor: str) -> str | None:
         """The factor split together with ``factor``, if any."""

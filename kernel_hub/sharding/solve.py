@@ -30,14 +30,18 @@ class Operand:
 @dataclass(frozen=True)
 class Solution:
     """Per-dimension mesh axes of every present operand and of every result, and per result the
-    axes it is summed over: those of every split factor the result does not hold (``reduced``
-    factors, and einsum-style a factor other results keep, e.g. the sinks' gradient summed over a
-    split batch)."""
+    axes it is summed over: those of every split factor the result does not hold, except
+    ``combined`` ones (``reduced`` factors, and einsum-style a factor other results keep, e.g.
+    the sinks' gradient summed over a split batch)."""
 
     operands: tuple[tuple[Axes, ...], ...]
     results: tuple[tuple[Axes, ...], ...]
     result_reductions: tuple[Axes, ...]
     factor_axes: Mapping[str, Axes]
+
+    def combined_axes(self, rule: ShardingRule) -> dict[str, Axes]:
+        """The rule's ``combined`` factors that are split, with their mesh axes."""
+        return {f: a for f, a in self.factor_axes.items() if f in rule.combined}
 
 
 def expand(rule: ShardingRule, dims: tuple[str, ...], rank: int, name: str) -> tuple[str, ...]:
@@ -170,7 +174,6 @@ def solve(
         }
         results.append(tuple(() if f in summed else factor_axes.get(f, ()) for f in names))
         held = ({rule.partner(f) for f in names} | set(names)) - summed
-        reductions.append(
-            tuple(a for f in sorted(factor_axes) if f not in held for a in factor_axes[f])
-        )
+        summed_factors = [f for f in sorted(factor_axes) if f not in held | rule.combined]
+        reductions.append(tuple(a for f in summed_factors for a in factor_axes[f]))
     return Solution(tuple(operand_axes), tuple(results), tuple(reductions), factor_axes)

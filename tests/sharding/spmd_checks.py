@@ -11,6 +11,7 @@ import os
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
+import functools
 import importlib
 import json
 import sys
@@ -741,22 +742,32 @@ def ring_causal_gqa_4():
     )
 
 
-def zigzag_case(shards, *, softcap=None, segments=False, kind=AxisType.Explicit):
-    """A zig-zag causal ring vs unsharded attention. Both take the sequence in zig-zag order
-    (sharded over cp for the ring); the reference undoes the order, attends, and redoes it."""
+def zigzag_case(
+    shards,
+    *,
+    softcap=None,
+    segments=False,
+    kind=AxisType.Explicit,
+    layout="zigzag",
+    causal=True,
+    window=None,
+):
+    """A ring (zig-zag causal unless told) vs unsharded attention. Both take the sequence in the
+    layout's order (sharded over cp for the ring); the reference undoes the order, attends, and
+    redoes it."""
     ring = get_kernel("dot_product_attention").ring
     api = get_kernel("dot_product_attention").jax
     seq = 32 * shards
-    order = ring.zigzag_order(seq, shards)
+    order = ring.zigzag_order(seq, shards) if layout == "zigzag" else np.arange(seq)
     undo = np.argsort(order)
     q, k, v = qkv(1, 4, 2, seq=seq)
     ids = (jnp.arange(seq) >= seq // 3).astype(jnp.int32)[None] + (jnp.arange(seq) >= seq // 2)
-    options = dict(causal=True, softcap=softcap)
+    options = dict(causal=causal, softcap=softcap, sliding_window=window)
 
     def sharded(q, k, v, ids):
         seg = (ids, ids) if segments else ()
         return ring.ring_attention_with_lse(
-            q, k, v, *seg, layout="zigzag", implementation="pallas", **options
+            q, k, v, *seg, layout=layout, implementation="pallas", **options
         )
 
     def reference(q, k, v, ids):
@@ -768,8 +779,9 @@ def zigzag_case(shards, *, softcap=None, segments=False, kind=AxisType.Explicit)
         return out[:, :, order], lse[:, :, order]
 
     m = jax.sharding.Mesh(np.array(jax.devices()[:shards]), ("cp",), axis_types=(kind,))
-    label = f"zig-zag ring, {shards} shards, causal{', softcap' if softcap else ''}"
-    label += ", segments" if segments else ""
+    label = f"{layout} ring, {shards} shards, {'causal' if causal else 'bidirectional'}"
+    label += (", softcap" if softcap else "") + (", segments" if segments else "")
+    label += f", window {window}" if window else ""
     spec = P(None, None, "cp")
     args = [q[:, :, order], k[:, :, order], v[:, :, order], ids[:, order]]
     expect = [spec, spec] if kind == AxisType.Explicit else [(), ()]
@@ -795,6 +807,22 @@ def ring_zigzag_4_and_8():
 
 
 @check
+def ring_sliding_window_4_and_8():
+    """Windows across chunks (token positions into the kernel), steps outside them skipped."""
+    checks = [
+        zigzag_case(4, layout="contiguous", window=40),
+        zigzag_case(4, window=24, segments=True),
+        zigzag_case(8, window=50, softcap=20.0, kind=AxisType.Auto),
+        zigzag_case(4, layout="contiguous", causal=False, window=30),
+    ]
+    return {
+        "name": "ring attention, sliding window",
+        "ok": all(c["ok"] for c in checks),
+        "checks": checks,
+    }
+
+
+@check
 def ring_bidirectional_batch_2x4():
     m = mesh((2, 4), ("data", "cp"))
     spec = P("data", None, "cp")
@@ -807,6 +835,91 @@ def ring_bidirectional_batch_2x4():
         m,
         (0, 1, 2),
         [spec, spec],
+    )
+
+
+# --- linear cross-entropy, vocabulary-parallel ------------------------------------------------
+
+
+def lce_inputs(tokens=64, hidden=32, vocab=256):
+    """Labels with ignored tokens, a bias; the vocabulary divisible 8 ways."""
+    labels = jax.random.randint(jax.random.key(33), (tokens,), 0, vocab).at[::7].set(-100)
+    return [rand(30, (tokens, hidden)), 0.3 * rand(31, (vocab, hidden)), rand(32, (vocab,)), labels]
+
+
+def lce_compare(name, options, specs, kind=AxisType.Explicit, implementations=("pallas",)):
+    """The loss with the head's vocabulary split (on an Explicit mesh its weight gradient stays
+    split), vs one device (XLA in chunks smaller than a shard's block)."""
+    lce = get_kernel("linear_cross_entropy").jax
+    m = mesh((2, 4), ("data", "model"), kind)
+    out_spec = [P("data")] if options.get("reduction") == "none" else [P()]
+    results = []
+    for implementation in implementations:
+        fn = functools.partial(
+            lce_call,
+            lce.linear_cross_entropy,
+            implementation=implementation,
+            block_vocab=32 if implementation == "xla" else None,
+            **options,
+        )
+        expect = out_spec if kind == AxisType.Explicit else None
+        result = compare(name, fn, lce_inputs(), specs, m, (0, 1, 2), expect)
+        h, w, b, labels = [put(m, a, s) for a, s in zip(lce_inputs(), specs, strict=True)]
+        grad_w = jax.jit(jax.grad(lambda w, f=fn, h=h, b=b, y=labels: jnp.sum(f(h, w, b, y))))(w)
+        results.append({**result, "weight_grad_spec": str(grad_w.sharding.spec)})
+    ok = all(r["ok"] for r in results)
+    if kind == AxisType.Explicit:
+        ok = ok and all(r["weight_grad_spec"] == str(specs[1]) for r in results)
+    return {"name": name, "ok": ok, "by_implementation": results}
+
+
+def lce_call(loss, h, w, b, labels, **options):
+    return loss(h, w, labels, b, **options)
+
+
+VOCAB_SPECS = [P("data", None), P("model", None), P("model"), P("data")]
+
+
+@check
+def lce_vocab_parallel_options():
+    options = {
+        "reduction": "sum",
+        "z_loss": 1e-3,
+        "label_smoothing": 0.1,
+        "softcap": 3.0,
+        "logit_scale": 0.5,
+    }
+    return lce_compare(
+        "linear CE: vocab over model, z-loss, smoothing, soft-cap",
+        options,
+        VOCAB_SPECS,
+        implementations=("pallas", "xla"),
+    )
+
+
+@check
+def lce_vocab_parallel_none():
+    return lce_compare(
+        "linear CE: vocab over model, reduction none",
+        {"reduction": "none"},
+        VOCAB_SPECS,
+        implementations=("xla",),
+    )
+
+
+@check
+def lce_vocab_over_both_axes():
+    specs = [P(), P(("data", "model"), None), P(("data", "model")), P()]
+    return lce_compare("linear CE: vocab 8-way over (data, model)", {"z_loss": 1e-4}, specs)
+
+
+@check
+def lce_vocab_parallel_auto():
+    return lce_compare(
+        "Auto mesh: linear CE, vocab over model and tokens over data by convention, mean",
+        {"label_smoothing": 0.2},
+        VOCAB_SPECS,
+        kind=AxisType.Auto,
     )
 
 

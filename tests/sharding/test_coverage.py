@@ -17,10 +17,7 @@ from kernel_hub.sharding.boundary import rule_of
 KERNELS = sorted({entry.kernel: name for name, entry in load_registry().ops.items()}.items())
 LAYERS = {"moe_ep_swiglu": "expert parallelism: a layer that is its own shard_map over 'ep'"}
 """Ops that are whole sharded layers (they choose their own collectives), not per-shard kernels."""
-NO_RULE_YET: dict[str, str] = {
-    "linear_cross_entropy": "its JAX function calls the sharded token_statistics (tokens split) "
-    "and reduces the per-token losses in plain JAX; no vocabulary-parallel rule yet",
-}
+NO_RULE_YET: dict[str, str] = {}
 """Ops known to lack a rule of their own, with the reason; a rule added for one fails the test
 until it is dropped from here."""
 

@@ -9,12 +9,17 @@ Auto meshes of all four generations, every other case on v5e; ``kernel-hub compi
 
 from __future__ import annotations
 
+import math
+import re
+
 import pytest
 
 from kernel_hub.bench.mesh_compile import (
     CONTROL,
     MESH_KINDS,
+    collective_shapes,
     compile_mesh_case,
+    compiled_hlo,
     count_collectives,
     kernel_mesh_cases,
 )
@@ -73,3 +78,44 @@ def test_mesh_cell(kernel, case, generation, direction, kind) -> None:
     assert result.ok, result.to_json()
     if direction == CONTROL:
         assert "cannot be automatically partitioned" in result.error
+
+
+def _elements(shape_text: str) -> int:
+    """Elements of a collective's result (a tuple's largest member)."""
+    dims = re.findall(r"\w+\[([\d,]*)\]", shape_text)
+    return max(math.prod(int(d) for d in ds.split(",") if d) for ds in dims)
+
+
+def test_collective_shapes_reads_results_and_tuples() -> None:
+    hlo = (
+        "%a = f32[1024]{0} all-reduce(%x), channel_id=1\n"
+        "%b = (f32[1024]{0}, f32[]{:T(128)}) all-reduce-start(%y, %z)\n"
+        "%c = bf16[8,512]{1,0} all-gather(%w)"
+    )
+    shapes = collective_shapes(hlo)
+    assert [c for c, _ in shapes] == ["all-reduce", "all-reduce", "all-gather"]
+    assert [_elements(s) for _, s in shapes] == [1024, 1024, 8 * 512]
+
+
+@pytest.mark.slow
+@pytest.mark.tpu_compile
+@pytest.mark.parametrize(
+    ("generation", "kind"),
+    [*((g, "auto") for g in DEFAULT_GENERATIONS), ("v5e", "explicit")],
+)
+def test_vocab_parallel_loss_moves_token_vectors_not_the_head(generation: str, kind: str) -> None:
+    """Plain jit (Auto mesh: the vocabulary over ``model`` by convention): the forward's only
+    collectives are all-reduces of per-token vectors (the log-sum-exp's max and sums); the
+    backward adds hidden's gradient summed over the vocabulary shards and the head's over the
+    token shards; the weight is never gathered. (The cell-matrix CLI, ``compile-check --mesh``,
+    compiles the loss's other case and its control.)"""
+    _, cases = kernel_mesh_cases("linear-cross-entropy")
+    case = next(c for c in cases if c.name.startswith("vocab-parallel"))
+    (tokens, hidden), (vocab, _) = case.args[0].shape, case.args[1].shape
+    forward = collective_shapes(compiled_hlo(case, generation, "forward", kind))
+    assert forward, "no collective: the vocabulary was not split"
+    assert {c for c, _ in forward} == {"all-reduce"}, forward
+    assert all(_elements(s) <= tokens for _, s in forward), forward
+    backward = collective_shapes(compiled_hlo(case, generation, "backward", kind))
+    assert {c for c, _ in backward} == {"all-reduce"}, backward
+    assert max(_elements(s) for _, s in backward) < vocab * hidden, backward

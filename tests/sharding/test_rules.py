@@ -71,6 +71,30 @@ def test_result_without_a_split_factor_is_summed_over_its_axes() -> None:
     assert solution.result_reductions == ((), ("data",))
 
 
+LOSS = ShardingRule.parse(
+    "loss", "t d, v d, t -> t, t", whole=("d",), combined=("v",)
+)  # hidden, head, labels -> per-token statistics
+
+
+def test_combined_factor_is_split_but_never_summed() -> None:
+    """The function combines a ``combined`` factor's shards itself (``split_axes``): its results
+    are not summed by the boundary, and DTensor never splits it."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    h = Operand("h", (8, 16), (("data",), ()))
+    w = Operand("w", (32, 16), (("model",), ()))
+    labels = Operand("labels", (8,), ((),))
+    solution = solve(LOSS, [h, w, labels], SIZES)
+    assert solution.operands[2] == (("data",),)
+    assert solution.results == ((("data",),), (("data",),))
+    assert solution.result_reductions == ((), ())
+    assert solution.combined_axes(LOSS) == {"v": ("model",)}
+    assert solve(MATMUL, [h, Operand("b", (16, 4), ((), ()))], SIZES).combined_axes(MATMUL) == {}
+    strategies = forward_strategies(LOSS, [2, 2, 1])
+    assert ([Shard(0), Shard(0)], [Shard(0), Replicate(), Shard(0)]) in strategies
+    assert all(inputs[1] == Replicate() for _, inputs in strategies)
+
+
 def test_optional_operand_and_rank_errors() -> None:
     rule = ShardingRule.parse("f", "b s, b s -> b s")
     x = Operand("x", (4, 2), (("data",), ()))
@@ -85,6 +109,7 @@ def test_optional_operand_and_rank_errors() -> None:
         ("a b -> a", {}, "factor 'b' is in no result"),
         ("a -> a", {"whole": ("z",)}, r"factors \['z'\] are in no operand"),
         ("a b -> a b", {"reduced": ("b",)}, "appear in results"),
+        ("a b -> a b", {"combined": ("b",)}, r"combined factors \['b'\] appear in results"),
         ("a ... -> a", {}, "'...' may appear once, first"),
         ("a, a", {}, "'operands -> results'"),
     ],

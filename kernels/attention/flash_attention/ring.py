@@ -19,11 +19,18 @@ Layouts of the sequence over the ``n`` shards:
   or the second query chunk against both key chunks (it is later). ``block_counts`` derives each
   shard's kernel block computations from the same schedule and the kernel's causal block skipping.
 
-Sliding windows are refused: a window across chunks needs the key positions offset, which the
-kernel does not take.
+A ``sliding_window`` runs every step as one kernel call with the chunks' global token positions
+(``q_positions`` / ``kv_positions``: the kernel applies the causal and window rule to them and
+skips the block pairs they rule out); a step whose chunk pair is wholly outside the window (or
+in the causal future) is skipped (``lax.cond``) without a kernel call, and steps skipped on
+every shard are not run at all: the key/value blocks hop past them in one ``ppermute``
+(``window_steps``; a contiguous causal ring with a window under one chunk runs 2 steps).
+``block_counts`` counts those steps and blocks the same way.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -84,6 +91,94 @@ def _calls(kind: int, length: int):
         _PAST: [(whole, slice(0, half), False)],
         _FUTURE: [(slice(half, length), whole, False)],
     }[kind]
+
+
+def chunk_spans(shard, length: int, shards: int, layout: str) -> list[tuple]:
+    """(first, last) global positions of each contiguous chunk shard ``shard`` (int or traced)
+    holds, ``length`` tokens per shard."""
+    if layout == "zigzag":
+        half = length // 2
+        firsts = (shard * half, (2 * shards - 1 - shard) * half)
+        return [(first, first + half - 1) for first in firsts]
+    return [(shard * length, shard * length + length - 1)]
+
+
+def chunk_positions(shard, length: int, shards: int, layout: str) -> jax.Array:
+    """The global positions [length] of the tokens shard ``shard`` holds, in its order."""
+    spans = chunk_spans(shard, length, shards, layout)
+    size = length // len(spans)
+    return jnp.concatenate([first + jnp.arange(size, dtype=jnp.int32) for first, _ in spans])
+
+
+def window_meets(q_span, k_span, *, causal: bool, window: int):
+    """Whether some query in ``q_span`` sees some key in ``k_span`` (ints or traced ints) under
+    the rule ``0 <= q - k < window`` (causal) or ``|q - k| < window``."""
+    lowest, highest = q_span[0] - k_span[1], q_span[1] - k_span[0]  # of q - k
+    floor = 0 if causal else 1 - window
+    return (lowest <= window - 1) & (highest >= floor)
+
+
+def _spans_meet(q_spans, k_spans, *, causal: bool, window: int):
+    meets = [window_meets(a, b, causal=causal, window=window) for a in q_spans for b in k_spans]
+    return functools.reduce(lambda x, y: x | y, meets)
+
+
+def _windowed_ring(q, k, v, q_ids, kv_ids, *, axis, causal, layout, window, options):
+    """The per-shard body under a sliding window: each step one kernel call on global
+    positions, skipped when its chunk pair is wholly outside the window."""
+    shards, me = jax.lax.axis_size(axis), jax.lax.axis_index(axis)
+    batch, heads, length, _ = q.shape
+    out = jnp.zeros((*q.shape[:3], v.shape[-1]), jnp.float32)
+    lse = jnp.full((batch, heads, length), -jnp.inf, jnp.float32)
+    per_batch = lambda positions: jnp.broadcast_to(positions[None], (batch, length))
+    q_positions = per_batch(chunk_positions(me, length, shards, layout))
+    rule = dict(causal=causal, sliding_window=window, **options)
+
+    def attend(q, k, v, q_ids, kv_ids, kv_positions):
+        return api.dot_product_attention_with_lse(
+            q, k, v, None, q_ids, kv_ids, None, q_positions, kv_positions, **rule
+        )
+
+    def skip(*_):
+        return jnp.zeros(out.shape, q.dtype), jnp.full(lse.shape, -jnp.inf, jnp.float32)
+
+    q_spans = chunk_spans(me, length, shards, layout)
+    moved = 0  # ring steps the key/value blocks have travelled
+    for step in window_steps(length, shards, layout, causal=causal, window=window):
+        if step > moved:  # the steps in between meet on no shard: one hop over all of them
+            hop = [(i, (i + step - moved) % shards) for i in range(shards)]
+            k, v, kv_ids = jax.lax.ppermute((k, v, kv_ids), axis, hop)
+            moved = step
+        source = (me - step) % shards
+        kv_positions = per_batch(chunk_positions(source, length, shards, layout))
+        operands = (q, k, v, q_ids, kv_ids, kv_positions)
+        if step == 0:  # the shard's own chunks: the diagonal always meets
+            block_out, block_lse = attend(*operands)
+        else:
+            k_spans = chunk_spans(source, length, shards, layout)
+            meets = _spans_meet(q_spans, k_spans, causal=causal, window=window)
+            block_out, block_lse = jax.lax.cond(meets, attend, skip, *operands)
+        out, lse = _merge(out, lse, block_out, block_lse)
+    return out.astype(q.dtype), lse
+
+
+def window_steps(length: int, shards: int, layout: str, *, causal: bool, window: int) -> list:
+    """The ring steps (0 = the shard's own block) at which some shard's chunks meet the block it
+    holds under the window; the others are never run (nor sent: the blocks hop past them)."""
+    return [
+        step
+        for step in range(shards)
+        if step == 0
+        or any(
+            _spans_meet(
+                chunk_spans(me, length, shards, layout),
+                chunk_spans((me - step) % shards, length, shards, layout),
+                causal=causal,
+                window=window,
+            )
+            for me in range(shards)
+        )
+    ]
 
 
 def _ring(q, k, v, q_ids, kv_ids, *, axis, causal, layout, options):
@@ -162,11 +257,15 @@ def block_counts(
     layout: str,
     block_q: int,
     block_k: int,
+    sliding_window: int | None = None,
 ) -> list[int]:
     """Kernel block computations (q block x kv block pairs the kernel does not skip) per shard
-    over the whole ring, from the ring's schedule (``step_kind``) and the kernel's block skipping
-    (``masking.key_range``, what ``pallas_tpu`` visits)."""
+    over the whole ring, from the ring's schedule (``step_kind``; ``window_steps`` and the
+    per-shard skip under a window) and the kernel's block skipping (``masking.key_range``; on
+    positions, their blocks' ranges: what ``pallas_tpu`` visits)."""
     local = length // shards
+    if sliding_window is not None:
+        return _window_block_counts(local, shards, layout, causal, sliding_window, block_q, block_k)
     counts = []
     for me in range(shards):
         total = 0
@@ -185,6 +284,28 @@ def block_counts(
     return counts
 
 
+def _window_block_counts(local, shards, layout, causal, window, block_q, block_k):
+    def spans(shard, block):
+        positions = np.asarray(chunk_positions(shard, local, shards, layout))
+        return [
+            (int(positions[i : i + block].min()), int(positions[i : i + block].max()))
+            for i in range(0, local, block)
+        ]
+
+    meets = functools.partial(window_meets, causal=causal, window=window)
+    counts = []
+    for me in range(shards):
+        q_blocks, total = spans(me, block_q), 0
+        for step in window_steps(local, shards, layout, causal=causal, window=window):
+            source = (me - step) % shards
+            mine, held = (chunk_spans(s, local, shards, layout) for s in (me, source))
+            if step and not _spans_meet(mine, held, causal=causal, window=window):
+                continue
+            total += sum(meets(q, k) for q in q_blocks for k in spans(source, block_k))
+        counts.append(int(total))
+    return counts
+
+
 def ring_attention_with_lse(
     query: jax.Array,
     key: jax.Array,
@@ -193,6 +314,7 @@ def ring_attention_with_lse(
     kv_segment_ids: jax.Array | None = None,
     *,
     causal: bool = False,
+    sliding_window: int | None = None,
     softcap: float | None = None,
     scale: float | None = None,
     layout: str = "contiguous",
@@ -204,10 +326,19 @@ def ring_attention_with_lse(
     q [B, Hq, S, D], k/v [B, Hkv, S, D] (same S: self-attention over the whole sequence), optional
     segment ids [B, S] (packed sequences), in ``layout`` order (see the module docstring); S must
     divide by the axis size (``zigzag``: twice it). Batch and heads may also be split (over other
-    axes, as q has them on an Explicit mesh).
+    axes, as q has them on an Explicit mesh). ``sliding_window`` as in ``dot_product_attention``
+    (positions are the tokens' places in the whole sequence).
     """
     api.check_inputs(
-        query, key, value, None, q_segment_ids, kv_segment_ids, softcap=softcap, scale=scale
+        query,
+        key,
+        value,
+        None,
+        q_segment_ids,
+        kv_segment_ids,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        scale=scale,
     )
     require(layout in LAYOUTS, f"{OP}: layout {layout!r}; valid: {LAYOUTS}")
     require(
@@ -241,9 +372,10 @@ def ring_attention_with_lse(
 
     def body(q, k, v, *ids):
         q_ids, kv_ids = ids if ids else (None, None)
-        return _ring(
-            q, k, v, q_ids, kv_ids, axis=axis, causal=causal, layout=layout, options=options
-        )
+        where = dict(axis=axis, causal=causal, layout=layout, options=options)
+        if sliding_window is None:
+            return _ring(q, k, v, q_ids, kv_ids, **where)
+        return _windowed_ring(q, k, v, q_ids, kv_ids, window=sliding_window, **where)
 
     arrays = (query, key, value)
     in_axes = [q_axes, kv_axes, kv_axes]

@@ -60,7 +60,8 @@ dense_mask_backward_boundary = sharded(ATTENTION_DENSE_MASK_BACKWARD)
 
 def mesh_cases() -> list[MeshCase]:
     """Causal GQA 32/8 with batch over data and heads over model (no collectives needed), and
-    causal rings over cp, contiguous and zig-zag (K/V passed on with collective-permute)."""
+    causal rings over cp, contiguous, zig-zag and with a sliding window (K/V passed on with
+    collective-permute)."""
     import jax
     import jax.numpy as jnp
 
@@ -102,6 +103,18 @@ def mesh_cases() -> list[MeshCase]:
             # 4 shards: the local causal block, then 3 steps of 2 equal-work branches.
             forward_collectives={"collective-permute": 3, "mosaic": 7},
             backward_collectives={"collective-permute": 3},
+            control=False,
+        ),
+        MeshCase(
+            "sliding-window ring attention causal GQA 32/8 S4096 window 512 over cp bf16",
+            lambda q, k, v: ring.ring_attention(q, k, v, causal=True, sliding_window=512),
+            (long_q, long_kv, long_kv),
+            (cp, cp, cp),
+            ("cp",),
+            differentiable=(0, 1, 2),
+            # 4 shards of 1024: k and v hop once (steps 2, 3 never meet the window).
+            forward_collectives={"collective-permute": 2, "mosaic": 2},
+            backward_collectives={"collective-permute": 2},
             control=False,
         ),
     ]

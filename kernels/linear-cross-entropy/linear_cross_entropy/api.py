@@ -151,7 +151,7 @@ TABLE = ImplementationTable(
 )
 
 
-@sharding.boundary
+@sharding.statistics_boundary
 def token_statistics(
     hidden: jax.Array,
     weight: jax.Array,
@@ -162,12 +162,18 @@ def token_statistics(
     implementation: str | None = None,
     block_tokens: int | None = None,
     block_vocab: int | None = None,
+    split_axes: dict[str, tuple[str, ...]] | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Per token: (log-sum-exp, target logit, sum of logits) of ``form(hidden @ weight.T + bias)``.
 
     ``targets`` [tokens] int32; -1 picks nothing. Differentiable in hidden, weight and bias.
+    ``split_axes`` (set by the sharding boundary, see ``sharding``): inside a shard_map, weight
+    and bias are this shard's block of a vocabulary split over ``split_axes["vocab"]``.
     """
-    return TABLE(
+    axes = sharding.vocab_axes(split_axes)
+    if axes:
+        targets = sharding.local_targets(targets, weight.shape[0], axes)
+    stats = TABLE(
         hidden,
         weight,
         bias,
@@ -177,8 +183,10 @@ def token_statistics(
         block_vocab=block_vocab,
         implementation=implementation,
     )
+    return sharding.combine_vocab_shards(*stats, axes) if axes else stats
 
 
+@sharding.loss_boundary
 def linear_cross_entropy(
     hidden: jax.Array,
     weight: jax.Array,
@@ -194,6 +202,7 @@ def linear_cross_entropy(
     implementation: str | None = None,
     block_tokens: int | None = None,
     block_vocab: int | None = None,
+    split_axes: dict[str, tuple[str, ...]] | None = None,
 ) -> jax.Array:
     """Cross-entropy of ``softcap * tanh(logit_scale * (hidden @ weight.T + bias) / softcap)``
     against ``labels`` without materialising the logits; hidden [N, H], weight [V, H], labels [N].
@@ -203,7 +212,8 @@ def linear_cross_entropy(
     result (a scalar, or [N] for ``reduction="none"``) is f32 (f64 for f64 inputs); logits are
     accumulated in f32 for bf16 inputs. ``implementation`` forces "pallas" or "xla" (a scan over
     vocabulary chunks, ``xla_chunked``); ``block_tokens`` / ``block_vocab`` override the Pallas
-    blocks (``block_vocab``: the XLA chunk too).
+    blocks (``block_vocab``: the XLA chunk too). Sharded inputs run vocabulary- and
+    token-parallel (``sharding``; ``split_axes`` is the boundary's).
     """
     check_inputs(
         hidden,
@@ -229,15 +239,19 @@ def linear_cross_entropy(
         implementation=implementation,
         block_tokens=block_tokens,
         block_vocab=block_vocab,
+        split_axes=split_axes,
     )
+    vocab_axes = sharding.vocab_axes(split_axes)
+    vocab_shards = jax.lax.axis_size(vocab_axes) if vocab_axes else 1
     return reference.loss_from_statistics(
         lse,
         target,
         total,
         labels,
-        weight.shape[0],
+        weight.shape[0] * vocab_shards,
         ignore_index=ignore_index,
         reduction=reduction,
         label_smoothing=float(label_smoothing),
         z_loss=float(z_loss),
+        token_axes=sharding.token_axes(split_axes),
     )

@@ -73,13 +73,15 @@ def loss_from_statistics(
     reduction: str,
     label_smoothing: float,
     z_loss: float,
+    token_axes: tuple[str, ...] = (),
 ):
     """torch's ``cross_entropy(z, labels, ignore_index, reduction, label_smoothing)`` from the
     statistics, plus ``z_loss * lse**2`` per counted token.
 
     ``mean`` divides by the number of tokens not ignored (NaN when every token is ignored, as
     torch). A label outside ``[0, vocab)`` that is not ``ignore_index`` makes its token's loss
-    NaN (torch raises; a traced value cannot)."""
+    NaN (torch raises; a traced value cannot). ``token_axes``: inside a shard_map whose tokens
+    are split over these mesh axes, the sum and the count are summed over them."""
     counted = labels != ignore_index
     in_vocab = (labels >= 0) & (labels < vocab)
     per_token = lse - (1.0 - label_smoothing) * target
@@ -91,7 +93,7 @@ def loss_from_statistics(
     per_token = jnp.where(counted, per_token, 0.0)
     if reduction == "none":
         return per_token
-    summed = jnp.sum(per_token)
-    if reduction == "sum":
-        return summed
-    return summed / jnp.sum(counted).astype(summed.dtype)
+    summed, count = jnp.sum(per_token), jnp.sum(counted).astype(per_token.dtype)
+    if token_axes:
+        summed, count = jax.lax.psum((summed, count), token_axes)
+    return summed if reduction == "sum" else summed / count
