@@ -25,6 +25,8 @@ kernel does not take.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,6 +40,7 @@ from kernel_hub.kernel_api import (
 )
 
 from . import api, masking
+from .options import AttentionSpec
 
 OP = "ring_attention"
 LAYOUTS = ("contiguous", "zigzag")
@@ -107,8 +110,7 @@ def _ring(q, k, v, q_ids, kv_ids, *, axis, causal, layout, options):
                     v[:, :, cols],
                     None,
                     *ids,
-                    causal=diagonal,
-                    **options,
+                    **dataclasses.asdict(dataclasses.replace(options, causal=diagonal)),
                 )
                 block_out = block_out.at[:, :, rows].set(part_out)
                 block_lse = block_lse.at[:, :, rows].set(part_lse)
@@ -206,9 +208,8 @@ def ring_attention_with_lse(
     divide by the axis size (``zigzag``: twice it). Batch and heads may also be split (over other
     axes, as q has them on an Explicit mesh).
     """
-    api.check_inputs(
-        query, key, value, None, q_segment_ids, kv_segment_ids, softcap=softcap, scale=scale
-    )
+    api.check_inputs(query, key, value, None, q_segment_ids, kv_segment_ids)
+    options = AttentionSpec(softcap=softcap, scale=scale, implementation=implementation)
     require(layout in LAYOUTS, f"{OP}: layout {layout!r}; valid: {LAYOUTS}")
     require(
         query.shape[2] == key.shape[2],
@@ -237,7 +238,6 @@ def ring_attention_with_lse(
     q_axes = _split_axes(query, axis, explicit)
     kv_axes = (q_axes[0], q_axes[1], (axis,), ())
     ids_axes = (q_axes[0], (axis,))
-    options = dict(softcap=softcap, scale=scale, implementation=implementation)
 
     def body(q, k, v, *ids):
         q_ids, kv_ids = ids if ids else (None, None)
