@@ -48,9 +48,10 @@ see kernels/rmsnorm/rmsnorm/pallas_tpu.py.
 
 Version 1.3 also offers option dataclasses (``kernel_hub.options``): a kernel declares its static
 options once, as a frozen dataclass, and derives its JAX functions' keyword parameters
-(``takes_options``) and its torch op schemas (``option_stub``) from it; and ``SavedBackward``, a
-``jax_op`` backward taking the tensors, outputs and cotangents positionally, which ``jax_op``
-checks by name against the stub as it checks the forward.
+(``takes_options``) and its torch op schemas (``option_stub``) from it, and passes an instance
+on as keywords (``option_values``); and ``SavedBackward``, a ``jax_op`` backward taking the
+tensors, outputs and cotangents positionally, which ``jax_op`` checks by name against the stub
+as it checks the forward.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ from .checks import (
 from .declaration import FrameworkAdapter, KernelDeclaration, submodule_loader
 from .dispatch import Implementation, ImplementationTable
 from .errors import KernelHubError, KernelInputError, NoImplementationError, UnsupportedDeviceError
-from .options import option_stub, takes_options
+from .options import option_stub, option_values, takes_options
 from .platform import Platform, jax_default_device, jax_platform, tpu_generation
 from .sharding import (
     MeshCase,
@@ -121,6 +122,7 @@ __all__ = [
     "jax_platform",
     "op_namespace",
     "option_stub",
+    "option_values",
     "partition_spec",
     "require",
     "shard_map_all",

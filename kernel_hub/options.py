@@ -26,7 +26,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["option_fields", "option_stub", "takes_options"]
+__all__ = ["option_fields", "option_stub", "option_values", "takes_options"]
 
 _OPTIONS = "options"
 
@@ -39,6 +39,12 @@ def option_fields(options: type, exclude: Sequence[str] = ()) -> tuple[str, ...]
     if unknown:
         raise TypeError(f"{options.__name__} has no fields {sorted(unknown)}; fields: {names}")
     return tuple(n for n in names if n not in exclude)
+
+
+def option_values(options: Any, exclude: Sequence[str] = ()) -> dict[str, Any]:
+    """The fields of the options instance ``options`` (less ``exclude``) as keywords, to pass on
+    to a function derived with ``takes_options`` or to a torch op."""
+    return {n: getattr(options, n) for n in option_fields(type(options), exclude)}
 
 
 def _parameters(options: type, names: Sequence[str], kind: Any) -> list[inspect.Parameter]:

@@ -25,7 +25,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from kernel_hub.kernel_api import check_dtype, check_rank, require, takes_options
+from kernel_hub.kernel_api import check_dtype, check_rank, option_values, require, takes_options
 
 from . import api, masking, reference, sharding
 from .options import AttentionSpec
@@ -202,7 +202,7 @@ def attention_with_dense_mask(
     if bias is not None:
         jax.debug.callback(functools.partial(_warn_once, _BIAS_REASON))
         return _reference(query, key, value, sinks, allowed, _combined_bias(mask_bias, bias), spec)
-    keywords = dataclasses.asdict(options)
+    keywords = option_values(options)
 
     def structured(ids):
         return lambda q, k, v, s: api.dot_product_attention_with_lse(
@@ -243,7 +243,7 @@ def attention_with_dense_mask_backward(
 
         _, pullback = jax.vjp(biased, query, key, value, sinks, bias)
         return pullback((d_out, d_lse))
-    keywords = dataclasses.asdict(options)
+    keywords = option_values(options)
 
     def structured(ids):
         return lambda q, k, v, s: api.attention_backward(

@@ -34,6 +34,7 @@ import numpy as np
 from kernel_hub.kernel_api import (
     KernelInputError,
     find_mesh,
+    option_values,
     partition_spec,
     require,
     shard_map_all,
@@ -110,7 +111,7 @@ def _ring(q, k, v, q_ids, kv_ids, *, axis, causal, layout, options):
                     v[:, :, cols],
                     None,
                     *ids,
-                    **dataclasses.asdict(dataclasses.replace(options, causal=diagonal)),
+                    **option_values(dataclasses.replace(options, causal=diagonal)),
                 )
                 block_out = block_out.at[:, :, rows].set(part_out)
                 block_lse = block_lse.at[:, :, rows].set(part_lse)
