@@ -258,8 +258,7 @@ def dot_product_attention(
 ) -> jax.Array:
     """softmax(scale * q k^T [soft-capped, masked]) v for q [B, Hq, Sq, D], k [B, Hkv, Sk, D],
     v [B, Hkv, Sk, Dv] (Dv may differ from D, as in MLA); the keyword options are the fields of
-    ``AttentionSpec`` (causal, sliding_window, softcap, scale, implementation, block_q, block_k,
-    window_bounds_groups).
+    ``AttentionSpec`` (see there).
 
     ``Hkv`` must divide ``Hq`` (grouped/multi-query attention; kv is not repeated). Queries align
     to the end of the keys (KV-cache decode). ``kv_mask`` [B, Sk] marks keys to attend;

@@ -283,8 +283,7 @@ def ragged_attention(
 ) -> jax.Array:
     """Attention over packed sequences: q [T, Hq, D], k/v [N, Hkv, D], offsets
     ``cu_seq_lens_q/k`` [S+1] -> [T, Hq, D]; see ``masking`` for which pairs attend. The keyword
-    options are ``RaggedSpec``'s fields (causal, sliding_window, softcap, scale, implementation,
-    block_q, block_k).
+    options are ``RaggedSpec``'s fields (see there) less ``pages_per_block``.
 
     ``sinks`` [Hq] adds exp(sink) to each query's softmax denominator (attention sinks).
     """
@@ -320,8 +319,8 @@ def paged_attention(
     [P, page, Hkv, D] (one layer's page views of Transformers' cache);
     ``block_table`` [S, max_pages] page ids (-1 after the pages in use); ``kv_lens`` [S] keys
     per sequence, the new token included (0: a padding sequence, zero output) -> [S, Hq, D].
-    The keyword options are ``RaggedSpec``'s fields (sliding_window, softcap, scale,
-    implementation, pages_per_block; always causal).
+    The keyword options are ``RaggedSpec``'s fields (see there) less ``causal`` (decode is
+    causal), ``block_q`` and ``block_k``.
     """
     check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks)
     spec = options.resolved(query.shape[-1])
