@@ -79,6 +79,32 @@ def test_opcheck(attention):
     )
 
 
+def test_schemas_keep_earlier_positions(attention):
+    """The schemas derived from ``AttentionSpec`` keep 1.0's positions (its options right after
+    its tensors), with what 1.1 and 1.2 added after them: a 1.0 positional call keeps its
+    meaning, and the derived layout cannot drift unnoticed."""
+    names = {
+        op: [a.name for a in getattr(attention, op).op._schema.arguments]
+        for op in ("attention_with_lse", "attention_with_dense_mask")
+    }
+    v1_0 = ["causal", "sliding_window", "softcap", "scale", "implementation"]
+    assert names["attention_with_lse"] == [
+        "query", "key", "value", "kv_mask", "q_segment_ids", "kv_segment_ids", *v1_0, "block_q",
+        "block_k", "sinks", "q_positions", "kv_positions", "q_groups", "kv_groups",
+        "window_bounds_groups",
+    ]  # fmt: skip
+    assert names["attention_with_dense_mask"] == [
+        "query", "key", "value", "attention_mask", *v1_0, "sinks", "bias",
+    ]  # fmt: skip
+    q, k, v = _qkv()
+    kv_mask = torch.rand(1, 10) > 0.2
+    positional = attention.attention_with_lse(q, k, v, kv_mask, None, None, True, 4, 30.0, 0.5)
+    keywords = attention.attention_with_lse(
+        q, k, v, kv_mask, causal=True, sliding_window=4, softcap=30.0, scale=0.5
+    )
+    torch.testing.assert_close(positional, keywords, rtol=0, atol=0)
+
+
 def test_backward_reuses_saved_outputs(attention, monkeypatch):
     """The Pallas backward must not run the forward kernel again."""
     q, k, v = _qkv(q_len=9, kv_len=9, requires_grad=True)
