@@ -53,11 +53,11 @@ def _parameters(options: type, names: Sequence[str], kind: Any) -> list[inspect.
     return [inspect.Parameter(n, kind, default=defaults[n], annotation=hints[n]) for n in names]
 
 
-def _split(fn: Callable[..., Any]) -> list[inspect.Parameter]:
-    """``fn``'s parameters less its last one, which must be ``options``."""
-    params = list(inspect.signature(fn, eval_str=True).parameters.values())
+def _split(signature: inspect.Signature, name: str) -> list[inspect.Parameter]:
+    """The parameters less the last one, which must be ``options``."""
+    params = list(signature.parameters.values())
     if not params or params[-1].name != _OPTIONS:
-        raise TypeError(f"{fn.__name__}: its last parameter must be {_OPTIONS!r}")
+        raise TypeError(f"{name}: its last parameter must be {_OPTIONS!r}")
     return params[:-1]
 
 
@@ -69,8 +69,9 @@ def takes_options(
     names = option_fields(options, exclude)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        params = _split(fn)
-        signature = inspect.signature(fn).replace(
+        signature = inspect.signature(fn)
+        params = _split(signature, fn.__name__)
+        signature = signature.replace(
             parameters=[*params, *_parameters(options, names, inspect.Parameter.KEYWORD_ONLY)]
         )
 
@@ -98,22 +99,26 @@ def option_stub(
     ``after`` (positions an earlier schema fixed); every other field follows the last argument,
     in declaration order."""
     names = option_fields(options, exclude)
-    option_fields(options, leading)  # raises if ``leading`` names a non-field
+    option_fields(options, exclude=leading)  # a leading name that is no field raises here
     leading = [n for n in leading if n in names]
     trailing = [n for n in names if n not in leading]
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
 
     def decorate(stub: Callable[..., Any]) -> Callable[..., Any]:
-        tensors = _split(stub)
-        cut = len(tensors) if after is None else [p.name for p in tensors].index(after) + 1
+        # evaluated annotations: the bridge reads the schema's types from this signature
+        signature = inspect.signature(stub, eval_str=True)
+        own = _split(signature, stub.__name__)
+        own_names = [p.name for p in own]
+        if after is not None and after not in own_names:
+            raise TypeError(f"{stub.__name__}: after={after!r} names none of {own_names}")
+        cut = len(own) if after is None else own_names.index(after) + 1
         params = [
-            *tensors[:cut],
+            *own[:cut],
             *_parameters(options, leading, kind),
-            *tensors[cut:],
+            *own[cut:],
             *_parameters(options, trailing, kind),
         ]
-        signature = inspect.signature(stub, eval_str=True).replace(parameters=params)
-        tensor_names = [p.name for p in tensors]
+        signature = signature.replace(parameters=params)
 
         @functools.wraps(stub)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -121,7 +126,7 @@ def option_stub(
             bound.apply_defaults()
             values = bound.arguments
             chosen = options(**{n: values[n] for n in names})
-            return stub(**{n: values[n] for n in tensor_names}, options=chosen)
+            return stub(**{n: values[n] for n in own_names}, options=chosen)
 
         wrapper.__signature__ = signature  # type: ignore[attr-defined]
         return wrapper

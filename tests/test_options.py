@@ -82,6 +82,8 @@ def test_bad_declarations_are_refused():
         takes_options(Options, exclude=("bogus",))
     with pytest.raises(TypeError, match=r"has no fields \['bogus'\]"):
         option_stub(Options, leading=("bogus",))
+    with pytest.raises(TypeError, match="after='y' names none of"):
+        option_stub(Options, after="y")(lambda x, *, options: x)
     with pytest.raises(TypeError, match="last parameter must be 'options'"):
         takes_options(Options)(lambda x, y: x)
 
