@@ -40,7 +40,7 @@ class KernelDeclaration:
         layer cannot serve exactly is left alone with that reason.
     ``integrations``: framework slot -> a zero-argument loader returning the adapter (imported on
         first use: adapters import transformers/diffusers), an object with the attributes of
-        ``FrameworkAdapter``. kernel-hub reads the ``"transformers"`` slot.
+        ``FrameworkAdapter``. kernel-hub reads the ``"transformers"`` and ``"diffusers"`` slots.
     ``mesh_cases``: zero-argument callable giving the sharded compile cases (``MeshCase``).
     ``benchmark_cases``: the kernel's ``KernelCase`` list (``kernel-hub bench``, compile matrix).
     ``torch_implementations``: name -> torch callable timed beside the kernel in benchmarks.

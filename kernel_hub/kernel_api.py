@@ -45,6 +45,13 @@ bytes_per_row, dtype)`` (the largest legal row block within ``tiling.VMEM_BUDGET
 ``tiling.compiler_params("parallel", "arbitrary", ...)`` (Mosaic's compiler parameters).
 A row-wise kernel states only its own numbers (its streamed blocks and live f32 temporaries);
 see kernels/rmsnorm/rmsnorm/pallas_tpu.py.
+
+Version 1.3 also offers option dataclasses (``kernel_hub.options``): a kernel declares its static
+options once, as a frozen dataclass, and derives its JAX functions' keyword parameters
+(``takes_options``) and its torch op schemas (``option_stub``) from it, and passes an instance
+on as keywords (``option_values``); and ``SavedBackward``, a ``jax_op`` backward taking the
+tensors, outputs and cotangents positionally, which ``jax_op`` checks by name against the stub
+as it checks the forward.
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ import kernel_hub.tpu_tiling as tiling
 
 from .bench.cases import CPU_TAG, KernelCase
 from .bridge.buckets import RowBuckets
-from .bridge.torch_op import jax_op, op_namespace
+from .bridge.torch_op import SavedBackward, jax_op, op_namespace
 from .checks import (
     FLOATS,
     FLOATS_AND_F64,
@@ -66,6 +73,7 @@ from .checks import (
 from .declaration import FrameworkAdapter, KernelDeclaration, submodule_loader
 from .dispatch import Implementation, ImplementationTable
 from .errors import KernelHubError, KernelInputError, NoImplementationError, UnsupportedDeviceError
+from .options import option_stub, option_values, takes_options
 from .platform import Platform, jax_default_device, jax_platform, tpu_generation
 from .sharding import (
     MeshCase,
@@ -98,6 +106,7 @@ __all__ = [
     "NoImplementationError",
     "Platform",
     "RowBuckets",
+    "SavedBackward",
     "ShardingError",
     "ShardingRule",
     "Transport",
@@ -112,11 +121,14 @@ __all__ = [
     "jax_op",
     "jax_platform",
     "op_namespace",
+    "option_stub",
+    "option_values",
     "partition_spec",
     "require",
     "shard_map_all",
     "sharded",
     "submodule_loader",
+    "takes_options",
     "tiling",
     "tpu_generation",
 ]

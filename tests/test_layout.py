@@ -26,6 +26,7 @@ RANKS = {
     "progress": 1,
     "checks": 1,
     "tpu_tiling": 1,
+    "options": 1,
     "dispatch": 2,
     "declaration": 3,
     "topologies": 2,

@@ -20,6 +20,22 @@ from kernel_hub.dispatch import order_generation
 from .buckets import RowBuckets
 
 JaxBackward = Callable[..., Sequence[Any]]
+
+
+@dataclass(frozen=True)
+class SavedBackward:
+    """A JAX backward written as a plain function: ``fn(*tensors, *saved, **static)`` takes the
+    op's tensor arguments, then the forward's outputs and their cotangents (``saved`` names them,
+    in that order) positionally, and the op's other arguments as keywords. Unlike a bare
+    ``JaxBackward`` it can be checked by name (``jax_op`` does, as it checks the forward)."""
+
+    fn: Callable[..., Sequence[Any]]
+    saved: tuple[str, ...]
+
+    def __call__(self, inputs: dict, outputs: tuple, cotangents: tuple, **static: Any):
+        return self.fn(*inputs.values(), *outputs, *cotangents, **static)
+
+
 Static = tuple[Any, ...]  # the op's non-tensor arguments, in parameter order, made hashable
 
 

@@ -33,13 +33,21 @@ from . import autocast as _autocast
 from .buckets import RowBuckets, power_of_two
 from .eager import DirectCalls
 from .executor import OpExecutor, check_devices
-from .op_spec import JaxBackward, OpSpec, check_argument_types, hashable, present_differentiable
+from .op_spec import (
+    JaxBackward,
+    OpSpec,
+    SavedBackward,
+    check_argument_types,
+    hashable,
+    present_differentiable,
+)
 from .runtimes import op_defined
 from .tensors import map_tensors, needs_x64, tensor_leaves, torch_to_jax_dtype, x64_scope
 
 __all__ = [
     "JaxOp",
     "RowBuckets",
+    "SavedBackward",
     "jax_op",
     "op_namespace",
     "power_of_two",
@@ -177,8 +185,10 @@ def jax_op(
     its other arguments as keywords. ``differentiable`` names the tensor arguments that get
     gradients. ``jax_backward(inputs_by_name, outputs, cotangents, **static)`` may replace the
     default backward (``jax.vjp`` of ``jax_fn``), e.g. to reuse saved outputs; it returns one
-    gradient per differentiable argument. ``buckets`` declares a row axis that may be padded (see
-    ``RowBuckets``; then ``jax_fn`` receives the bucketed inputs as ``[rows, *features]``).
+    gradient per differentiable argument. A ``SavedBackward`` (a backward taking the tensors, the
+    outputs and the cotangents positionally) is checked by name against the stub like ``jax_fn``.
+    ``buckets`` declares a row axis that may be padded (see ``RowBuckets``; then ``jax_fn``
+    receives the bucketed inputs as ``[rows, *features]``).
     ``autocast`` names the floating tensor arguments cast to the autocast dtype inside a
     ``torch.autocast`` region (see ``autocast.py``). A differentiable argument may be optional
     (``Tensor | None``); it gets a gradient when given (``jax_backward`` returns None for it when
@@ -210,10 +220,14 @@ def jax_op(
         if not_cast:
             raise TypeError(f"autocast names non-tensor arguments: {sorted(not_cast)}")
         static_params = tuple(p for p in signature.parameters if p not in tensor_params)
-        problems = contract_problems(jax_fn, tensor_params, static_params)
-        if problems:
-            raise TypeError(
-                f"{stub.__name__}: the stub and its JAX function disagree: " + "; ".join(problems)
+        _check_contract(stub.__name__, "JAX function", jax_fn, tensor_params, static_params)
+        if isinstance(jax_backward, SavedBackward):
+            _check_contract(
+                stub.__name__,
+                "JAX backward",
+                jax_backward.fn,
+                (*tensor_params, *jax_backward.saved),
+                static_params,
             )
         spec = OpSpec(
             qualname=f"{namespace}::{name or stub.__name__}",
@@ -245,6 +259,18 @@ def jax_op(
 
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _check_contract(
+    stub: str,
+    what: str,
+    fn: Callable[..., Any],
+    tensor_params: Sequence[str],
+    static_params: Sequence[str],
+) -> None:
+    problems = contract_problems(fn, tensor_params, static_params)
+    if problems:
+        raise TypeError(f"{stub}: the stub and its {what} disagree: " + "; ".join(problems))
 
 
 def contract_problems(

@@ -88,12 +88,12 @@ def run(model, inputs):
 @pytest.fixture
 def attention_calls(monkeypatch):
     """Counts the attention kernel's torch op calls made by the Diffusers backend."""
-    kernel = get_kernel("attention")
+    ops = get_kernel("attention").torch_ops
     calls = []
     for name in ("attention_with_lse", "attention_with_dense_mask"):
-        op = getattr(kernel, name)
+        op = getattr(ops, name)
         monkeypatch.setattr(
-            kernel, name, lambda *a, _op=op, _n=name, **kw: calls.append(_n) or _op(*a, **kw)
+            ops, name, lambda *a, _op=op, _n=name, **kw: calls.append(_n) or _op(*a, **kw)
         )
     return calls
 

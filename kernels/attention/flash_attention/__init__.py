@@ -3,8 +3,8 @@
 Exports the torch ops (``dot_product_attention``, ``attention_with_lse``,
 ``attention_with_dense_mask``), ``jax`` (the JAX API), ``ring`` (context-parallel ring attention)
 and, through ``KERNEL``, the Transformers AttentionInterface adapter (``integrations``, with the
-AttentionMaskInterface entry of ``transformers_masks``; imported on first use because they import
-transformers).
+AttentionMaskInterface entry of ``transformers_masks``) and the Diffusers attention backend
+(``diffusers_backend``), imported on first use because they import transformers / diffusers.
 """
 
 from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
@@ -20,7 +20,10 @@ KERNEL = KernelDeclaration(
     },
     jax=jax,
     implementation_tables=(jax.TABLE,),
-    integrations={"transformers": submodule_loader(__name__, "integrations")},
+    integrations={
+        "transformers": submodule_loader(__name__, "integrations"),
+        "diffusers": submodule_loader(__name__, "diffusers_backend"),
+    },
     mesh_cases=sharding.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,

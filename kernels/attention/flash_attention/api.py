@@ -7,8 +7,6 @@ in ``masking``.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
@@ -21,12 +19,14 @@ from kernel_hub.kernel_api import (
     jax_default_device,
     jax_platform,
     require,
+    takes_options,
     tpu_generation,
 )
 
 from . import masking, pallas_tpu, reference, sharding
 from . import tokamax as tokamax_impl
-from .masking import AttentionSpec, TokenMask
+from .masking import TokenMask
+from .options import AttentionSpec
 
 OP = "dot_product_attention"
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -52,12 +52,9 @@ def check_inputs(
     kv_positions=None,
     q_groups=None,
     kv_groups=None,
-    *,
-    sliding_window=None,
-    softcap=None,
-    scale=None,
 ) -> None:
-    """Shape, dtype and option rules shared by the JAX functions and the torch ops."""
+    """Shape and dtype rules shared by the JAX functions and the torch ops (the options check
+    themselves, see ``AttentionSpec``)."""
     for name, array in (("query", query), ("key", key), ("value", value)):
         check_rank(OP, name, array, 4)
         check_dtype(OP, name, array, FLOAT_DTYPES)
@@ -113,77 +110,51 @@ def check_inputs(
     if sinks is not None:
         _check_shape("sinks", sinks, (q_heads,), "one logit per query head")
         check_dtype(OP, "sinks", sinks, FLOAT_DTYPES)
-    if sliding_window is not None:
-        require(
-            isinstance(sliding_window, int) and sliding_window >= 1,
-            f"{OP}: sliding_window={sliding_window!r}; it must be an integer >= 1 (keys with "
-            f"0 <= query position - key position < sliding_window are kept) or None",
-        )
-    if softcap is not None:
-        require(
-            math.isfinite(softcap) and softcap > 0,
-            f"{OP}: softcap={softcap!r}; it must be a finite number > 0 or None",
-        )
-    if scale is not None:
-        require(math.isfinite(scale), f"{OP}: scale={scale!r}; it must be finite or None")
-
-
-def make_spec(
-    head_dim: int, causal: bool, sliding_window, softcap, scale, window_bounds_groups=False
-) -> AttentionSpec:
-    """Static options with the default scale 1/sqrt(head_dim) filled in."""
-    return AttentionSpec(
-        causal=bool(causal),
-        sliding_window=sliding_window,
-        softcap=None if softcap is None else float(softcap),
-        scale=float(head_dim**-0.5 if scale is None else scale),
-        window_bounds_groups=bool(window_bounds_groups),
-    )
 
 
 # --------------------------------------------------------------------------------------------
-# Implementations:
-# fn(q, k, v, tokens: TokenMask | None, sinks, *, spec, block_q, block_k, with_lse)
+# Implementations: fn(q, k, v, tokens: TokenMask | None, sinks, *, spec, with_lse), ``spec``
+# resolved (``AttentionSpec.resolved``).
 
 
 def _interpret() -> bool:
     return jax_platform() == "cpu"
 
 
-def _kernel_blocks(q, k, v, block_q, block_k) -> pallas_tpu.KernelBlocks:
+def _kernel_blocks(q, k, v, spec: AttentionSpec) -> pallas_tpu.KernelBlocks:
     defaults = pallas_tpu.default_blocks(
         q.shape, k.shape, q.dtype, interpret=_interpret(), value_dim=v.shape[-1]
     )
-    if block_q is None and block_k is None:
+    if spec.block_q is None and spec.block_k is None:
         return defaults
 
     def override(blocks: pallas_tpu.BlockSizes) -> pallas_tpu.BlockSizes:
-        return pallas_tpu.BlockSizes(block_q or blocks.q, block_k or blocks.k)
+        return pallas_tpu.BlockSizes(spec.block_q or blocks.q, spec.block_k or blocks.k)
 
     return pallas_tpu.KernelBlocks(override(defaults.forward), override(defaults.backward))
 
 
-def _pallas(q, k, v, tokens, sinks, *, spec, block_q, block_k, with_lse):
-    blocks = _kernel_blocks(q, k, v, block_q, block_k)
+def _pallas(q, k, v, tokens, sinks, *, spec, with_lse):
+    blocks = _kernel_blocks(q, k, v, spec)
     out, lse = pallas_tpu.attention(q, k, v, tokens, sinks, spec, blocks, _interpret())
     return (out, lse) if with_lse else out
 
 
-def _pallas_problem(q, k, v, tokens, sinks, *, spec, block_q, block_k, with_lse):
+def _pallas_problem(q, k, v, tokens, sinks, *, spec, with_lse):
     if q.dtype == jnp.float64 and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
-    if block_q is None and block_k is None:
+    if spec.block_q is None and spec.block_k is None:
         return None
-    blocks = _kernel_blocks(q, k, v, block_q, block_k).forward
+    blocks = _kernel_blocks(q, k, v, spec).forward
     return pallas_tpu.blocks_problem(q.shape, k.shape, q.dtype, blocks, interpret=_interpret())
 
 
-def _tokamax(q, k, v, tokens, sinks, *, spec, block_q, block_k, with_lse):
+def _tokamax(q, k, v, tokens, sinks, *, spec, with_lse):
     ids = (None, None) if tokens is None else (tokens.q_segment_ids, tokens.kv_segment_ids)
     return tokamax_impl.attention(q, k, v, *ids, spec)
 
 
-def _tokamax_problem(q, k, v, tokens, sinks, *, spec, block_q, block_k, with_lse):
+def _tokamax_problem(q, k, v, tokens, sinks, *, spec, with_lse):
     if tokens is not None and (tokens.has_positions or tokens.has_groups):
         return "Tokamax's public dot_product_attention takes no per-token positions or groups"
     if with_lse:
@@ -211,7 +182,7 @@ def _tokamax_problem(q, k, v, tokens, sinks, *, spec, block_q, block_k, with_lse
     return None
 
 
-def _xla(q, k, v, tokens, sinks, *, spec, block_q, block_k, with_lse):
+def _xla(q, k, v, tokens, sinks, *, spec, with_lse):
     out, lse = reference.attention(q, k, v, tokens, spec, sinks=sinks)
     return (out, lse) if with_lse else out
 
@@ -250,40 +221,11 @@ def _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids, *token_arrays):
     return None if tokens.empty else tokens
 
 
-def _call(
-    query,
-    key,
-    value,
-    kv_mask,
-    q_segment_ids,
-    kv_segment_ids,
-    sinks,
-    token_arrays,
-    *,
-    causal,
-    sliding_window,
-    softcap,
-    scale,
-    window_bounds_groups,
-    implementation,
-    block_q,
-    block_k,
-    with_lse,
-):
-    check_inputs(
-        query,
-        key,
-        value,
-        kv_mask,
-        q_segment_ids,
-        kv_segment_ids,
-        sinks,
-        *token_arrays,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        scale=scale,
-    )
-    spec = make_spec(query.shape[-1], causal, sliding_window, softcap, scale, window_bounds_groups)
+def _attention(*arrays, options: AttentionSpec, with_lse: bool):
+    """The forward of ``arrays`` (the public functions' array arguments, in order)."""
+    check_inputs(*arrays)
+    query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, *token_arrays = arrays
+    spec = options.resolved(query.shape[-1])
     tokens = _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids, *token_arrays)
     return TABLE(
         query,
@@ -292,14 +234,13 @@ def _call(
         tokens,
         sinks,
         spec=spec,
-        block_q=block_q,
-        block_k=block_k,
         with_lse=with_lse,
-        implementation=implementation,
+        implementation=spec.implementation,
     )
 
 
 @sharding.attention_boundary
+@takes_options(AttentionSpec)
 def dot_product_attention(
     query: jax.Array,
     key: jax.Array,
@@ -313,17 +254,11 @@ def dot_product_attention(
     q_groups: jax.Array | None = None,
     kv_groups: jax.Array | None = None,
     *,
-    causal: bool = False,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    scale: float | None = None,
-    window_bounds_groups: bool = False,
-    implementation: str | None = None,
-    block_q: int | None = None,
-    block_k: int | None = None,
+    options: AttentionSpec,
 ) -> jax.Array:
     """softmax(scale * q k^T [soft-capped, masked]) v for q [B, Hq, Sq, D], k [B, Hkv, Sk, D],
-    v [B, Hkv, Sk, Dv] (Dv may differ from D, as in MLA).
+    v [B, Hkv, Sk, Dv] (Dv may differ from D, as in MLA); the keyword options are the fields of
+    ``AttentionSpec`` (see there).
 
     ``Hkv`` must divide ``Hq`` (grouped/multi-query attention; kv is not repeated). Queries align
     to the end of the keys (KV-cache decode). ``kv_mask`` [B, Sk] marks keys to attend;
@@ -333,34 +268,16 @@ def dot_product_attention(
     ``kv_positions`` [B, Sk] replace the end-aligned indices in the causal/window rule (a cache
     prefilled at an offset); ``q_groups`` / ``kv_groups`` let tokens of one group >= 0 see each
     other whatever the rule (bidirectional image tokens; ``window_bounds_groups`` keeps the
-    window on them too); see ``masking``. ``sliding_window`` w keeps keys
-    with 0 <= position - key < w (|..| < w when not causal); ``softcap`` c maps scores s to
-    c * tanh(s / c); ``scale`` defaults to 1/sqrt(D). Rows with no visible key give zeros.
-    ``implementation`` forces "pallas", "tokamax" or "xla"; ``block_q``/``block_k`` override the
-    Pallas blocks (powers of two).
+    window on them too); see ``masking``. Rows with no visible key give zeros.
     """
-    return _call(
-        query,
-        key,
-        value,
-        kv_mask,
-        q_segment_ids,
-        kv_segment_ids,
-        sinks,
-        (q_positions, kv_positions, q_groups, kv_groups),
-        causal=causal,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        scale=scale,
-        window_bounds_groups=window_bounds_groups,
-        implementation=implementation,
-        block_q=block_q,
-        block_k=block_k,
-        with_lse=False,
-    )
+    return _attention(
+        query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, q_positions,
+        kv_positions, q_groups, kv_groups, options=options, with_lse=False,
+    )  # fmt: skip
 
 
 @sharding.with_lse_boundary
+@takes_options(AttentionSpec)
 def dot_product_attention_with_lse(
     query: jax.Array,
     key: jax.Array,
@@ -374,39 +291,18 @@ def dot_product_attention_with_lse(
     q_groups: jax.Array | None = None,
     kv_groups: jax.Array | None = None,
     *,
-    causal: bool = False,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    scale: float | None = None,
-    window_bounds_groups: bool = False,
-    implementation: str | None = None,
-    block_q: int | None = None,
-    block_k: int | None = None,
+    options: AttentionSpec,
 ) -> tuple[jax.Array, jax.Array]:
     """``dot_product_attention`` plus the f32 logsumexp of each query's scores [B, Hq, Sq]
     (-inf for a row with no visible key). Differentiable in both outputs."""
-    return _call(
-        query,
-        key,
-        value,
-        kv_mask,
-        q_segment_ids,
-        kv_segment_ids,
-        sinks,
-        (q_positions, kv_positions, q_groups, kv_groups),
-        causal=causal,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        scale=scale,
-        window_bounds_groups=window_bounds_groups,
-        implementation=implementation,
-        block_q=block_q,
-        block_k=block_k,
-        with_lse=True,
-    )
+    return _attention(
+        query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, q_positions,
+        kv_positions, q_groups, kv_groups, options=options, with_lse=True,
+    )  # fmt: skip
 
 
 @sharding.backward_boundary
+@takes_options(AttentionSpec)
 def attention_backward(
     query,
     key,
@@ -424,14 +320,7 @@ def attention_backward(
     d_out,
     d_lse,
     *,
-    causal: bool = False,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    scale: float | None = None,
-    window_bounds_groups: bool = False,
-    implementation: str | None = None,
-    block_q: int | None = None,
-    block_k: int | None = None,
+    options: AttentionSpec,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
     """(dq, dk, dv, d_sinks) of ``dot_product_attention_with_lse`` from its saved outputs
     (d_sinks is None without sinks).
@@ -439,7 +328,7 @@ def attention_backward(
     The Pallas implementation reuses ``out`` and ``lse`` (no forward recompute); the others
     differentiate their forward.
     """
-    spec = make_spec(query.shape[-1], causal, sliding_window, softcap, scale, window_bounds_groups)
+    spec = options.resolved(query.shape[-1])
     tokens = _prepare(
         query,
         key,
@@ -451,12 +340,18 @@ def attention_backward(
         q_groups,
         kv_groups,
     )
-    options = dict(spec=spec, block_q=block_q, block_k=block_k, with_lse=True)
     chosen = TABLE.select(
-        query, key, value, tokens, sinks, implementation=implementation, **options
+        query,
+        key,
+        value,
+        tokens,
+        sinks,
+        spec=spec,
+        with_lse=True,
+        implementation=spec.implementation,
     )
     if chosen.name == "pallas":
-        blocks = _kernel_blocks(query, key, value, block_q, block_k)
+        blocks = _kernel_blocks(query, key, value, spec)
         return pallas_tpu.attention_backward(
             query,
             key,
@@ -473,7 +368,7 @@ def attention_backward(
         )
 
     def forward(q, k, v, s):
-        return chosen.fn(q, k, v, tokens, s, **options)
+        return chosen.fn(q, k, v, tokens, s, spec=spec, with_lse=True)
 
     _, pullback = jax.vjp(forward, query, key, value, sinks)
     return pullback((d_out, d_lse))

@@ -16,7 +16,8 @@ import torch
 from kernel_hub.kernel_api import CPU_TAG, KernelCase, NoImplementationError
 
 from . import masking
-from .api import dot_product_attention_with_lse, make_spec
+from .api import dot_product_attention_with_lse
+from .options import AttentionSpec
 from .torch_ops import dot_product_attention as dot_product_attention_op
 
 # (name, batch, q_heads, kv_heads, q_len, kv_len, head_dim, options, extra inputs, dtype, tags)
@@ -114,13 +115,7 @@ def _drawer(args):
 
 def case(name, batch, q_heads, kv_heads, q_len, kv_len, head_dim, options, extra, dtype, tags):
     dtype = jnp.dtype(dtype)
-    spec = make_spec(
-        head_dim,
-        options.get("causal", False),
-        options.get("sliding_window"),
-        options.get("softcap"),
-        None,
-    )
+    spec = AttentionSpec(**options)
     pairs = batch * q_heads * masking.allowed_pairs(q_len, kv_len, spec)
     q_elems = batch * q_heads * q_len * head_dim
     kv_elems = batch * kv_heads * kv_len * head_dim
@@ -155,7 +150,7 @@ def production_case(name, q_heads, kv_heads, seq, head_dim, value_dim, options, 
         None,  # kv_segment_ids
         struct((q_heads,), dtype) if sinks else None,
     )
-    spec = make_spec(head_dim, True, options.get("sliding_window"), None, None)
+    spec = AttentionSpec(causal=True, **options)
     pairs = q_heads * masking.allowed_pairs(seq, seq, spec)
 
     def draw(rng: np.random.Generator):

@@ -18,16 +18,17 @@ torch caller keeps a single graph under ``torch.compile``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 
 import jax
 import jax.numpy as jnp
 
-from kernel_hub.kernel_api import check_dtype, check_rank, require
+from kernel_hub.kernel_api import check_dtype, check_rank, option_values, require, takes_options
 
 from . import api, masking, reference, sharding
-from .masking import AttentionSpec
+from .options import AttentionSpec
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ OP = "attention_with_dense_mask"
 STRUCTURES = ("padding", "packed")
 _REFERENCE_QUERY_BLOCK = 128
 _BIAS_REASON = "it adds a dense bias (position_bias), which the Pallas kernel does not take"
+UNUSED_OPTIONS = ("block_q", "block_k", "window_bounds_groups")
+"""``AttentionSpec`` fields the dense-mask functions do not take (a dense mask has no groups)."""
 
 
 def check_mask(query, key, mask) -> None:
@@ -133,7 +136,7 @@ def _reference(q, k, v, sinks, allowed, bias, spec: AttentionSpec):
 
     # Each block is a plain attention over all keys; positions shift by the block's offset, which
     # the dense mask already encodes, so the position rules are off here.
-    free = AttentionSpec(softcap=spec.softcap, scale=spec.scale)
+    free = dataclasses.replace(spec, causal=False, sliding_window=None)
 
     @jax.checkpoint
     def one_block(args):
@@ -148,9 +151,9 @@ def _reference(q, k, v, sinks, allowed, bias, spec: AttentionSpec):
     return out, lse
 
 
-def _analyse(query, key, mask, causal, sliding_window, softcap, scale):
+def _analyse(query, key, mask, options: AttentionSpec):
     check_mask(query, key, mask)
-    spec = api.make_spec(query.shape[-1], causal, sliding_window, softcap, scale)
+    spec = options.resolved(query.shape[-1])
     q_len, kv_len = query.shape[2], key.shape[2]
     allowed, bias, binary = _allowed_and_bias(mask)
     structures = _structures(allowed, q_len, kv_len, spec)
@@ -174,6 +177,7 @@ def _combined_bias(mask_bias, bias):
 
 
 @sharding.dense_mask_boundary
+@takes_options(AttentionSpec, exclude=UNUSED_OPTIONS)
 def attention_with_dense_mask(
     query,
     key,
@@ -182,39 +186,27 @@ def attention_with_dense_mask(
     sinks=None,
     bias=None,
     *,
-    causal: bool = False,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    scale: float | None = None,
-    implementation: str | None = None,
+    options: AttentionSpec,
 ):
     """(out, logsumexp) of attention where ``attention_mask`` (bool, True = attend; or additive)
     decides visibility. ``causal``/``sliding_window`` describe the rule the mask is expected to
     follow (end-aligned, see ``masking``); a mask that does not still gives exact results.
     ``sinks`` [Hq] as in ``api.dot_product_attention``; ``bias`` [B|1, H|1, Sq, Sk] is added to
     the scores (see the module docstring)."""
-    api.check_inputs(
-        query, key, value, sinks=sinks, sliding_window=sliding_window, softcap=softcap, scale=scale
-    )
+    api.check_inputs(query, key, value, sinks=sinks)
     if bias is not None:
         check_bias(query, key, bias)
     spec, allowed, mask_bias, binary, structures, choice = _analyse(
-        query, key, attention_mask, causal, sliding_window, softcap, scale
+        query, key, attention_mask, options
     )
     if bias is not None:
         jax.debug.callback(functools.partial(_warn_once, _BIAS_REASON))
         return _reference(query, key, value, sinks, allowed, _combined_bias(mask_bias, bias), spec)
-    options = dict(
-        causal=causal,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        scale=scale,
-        implementation=implementation,
-    )
+    keywords = option_values(options)
 
     def structured(ids):
         return lambda q, k, v, s: api.dot_product_attention_with_lse(
-            q, k, v, None, *ids, s, **options
+            q, k, v, None, *ids, s, **keywords
         )
 
     def fallback(q, k, v, s):
@@ -226,6 +218,7 @@ def attention_with_dense_mask(
 
 
 @sharding.dense_mask_backward_boundary
+@takes_options(AttentionSpec, exclude=UNUSED_OPTIONS)
 def attention_with_dense_mask_backward(
     query,
     key,
@@ -238,17 +231,11 @@ def attention_with_dense_mask_backward(
     d_out,
     d_lse,
     *,
-    causal: bool = False,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    scale: float | None = None,
-    implementation: str | None = None,
+    options: AttentionSpec,
 ):
     """(dq, dk, dv, d_sinks, d_bias) from the saved outputs (None for absent sinks or bias); the
     same structure is chosen as in the forward."""
-    spec, allowed, mask_bias, _, structures, choice = _analyse(
-        query, key, attention_mask, causal, sliding_window, softcap, scale
-    )
+    spec, allowed, mask_bias, _, structures, choice = _analyse(query, key, attention_mask, options)
     if bias is not None:
 
         def biased(q, k, v, s, b):
@@ -256,17 +243,11 @@ def attention_with_dense_mask_backward(
 
         _, pullback = jax.vjp(biased, query, key, value, sinks, bias)
         return pullback((d_out, d_lse))
-    options = dict(
-        causal=causal,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        scale=scale,
-        implementation=implementation,
-    )
+    keywords = option_values(options)
 
     def structured(ids):
         return lambda q, k, v, s: api.attention_backward(
-            q, k, v, None, *ids, s, None, None, None, None, out, lse, d_out, d_lse, **options
+            q, k, v, None, *ids, s, None, None, None, None, out, lse, d_out, d_lse, **keywords
         )
 
     def fallback(q, k, v, s):

@@ -23,21 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .options import AttentionSpec
+
 KV_PADDING_SEGMENT = int(np.iinfo(np.int32).min)
 """Segment id given to padded keys; reserved (a query with this id would see padded keys)."""
-
-
-@dataclass(frozen=True)
-class AttentionSpec:
-    """Static attention options, resolved (``scale`` is a number, never None)."""
-
-    causal: bool = False
-    sliding_window: int | None = None
-    softcap: float | None = None
-    scale: float = 1.0
-    window_bounds_groups: bool = False
-    """Group pairs must also be inside the window: ``(causal | group) & window`` (Gemma 3's
-    sliding layers) rather than ``(causal & window) | group``."""
 
 
 @jax.tree_util.register_dataclass

@@ -30,6 +30,7 @@ every shard are not run at all: the key/value blocks hop past them in one ``pper
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -39,12 +40,14 @@ import numpy as np
 from kernel_hub.kernel_api import (
     KernelInputError,
     find_mesh,
+    option_values,
     partition_spec,
     require,
     shard_map_all,
 )
 
 from . import api, masking
+from .options import AttentionSpec
 
 OP = "ring_attention"
 LAYOUTS = ("contiguous", "zigzag")
@@ -132,7 +135,7 @@ def _windowed_ring(q, k, v, q_ids, kv_ids, *, axis, causal, layout, window, opti
     lse = jnp.full((batch, heads, length), -jnp.inf, jnp.float32)
     per_batch = lambda positions: jnp.broadcast_to(positions[None], (batch, length))
     q_positions = per_batch(chunk_positions(me, length, shards, layout))
-    rule = dict(causal=causal, sliding_window=window, **options)
+    rule = option_values(dataclasses.replace(options, causal=causal, sliding_window=window))
 
     def attend(q, k, v, q_ids, kv_ids, kv_positions):
         return api.dot_product_attention_with_lse(
@@ -202,8 +205,7 @@ def _ring(q, k, v, q_ids, kv_ids, *, axis, causal, layout, options):
                     v[:, :, cols],
                     None,
                     *ids,
-                    causal=diagonal,
-                    **options,
+                    **option_values(dataclasses.replace(options, causal=diagonal)),
                 )
                 block_out = block_out.at[:, :, rows].set(part_out)
                 block_lse = block_lse.at[:, :, rows].set(part_lse)
@@ -329,16 +331,9 @@ def ring_attention_with_lse(
     axes, as q has them on an Explicit mesh). ``sliding_window`` as in ``dot_product_attention``
     (positions are the tokens' places in the whole sequence).
     """
-    api.check_inputs(
-        query,
-        key,
-        value,
-        None,
-        q_segment_ids,
-        kv_segment_ids,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        scale=scale,
+    api.check_inputs(query, key, value, None, q_segment_ids, kv_segment_ids)
+    options = AttentionSpec(
+        sliding_window=sliding_window, softcap=softcap, scale=scale, implementation=implementation
     )
     require(layout in LAYOUTS, f"{OP}: layout {layout!r}; valid: {LAYOUTS}")
     require(
@@ -368,7 +363,6 @@ def ring_attention_with_lse(
     q_axes = _split_axes(query, axis, explicit)
     kv_axes = (q_axes[0], q_axes[1], (axis,), ())
     ids_axes = (q_axes[0], (axis,))
-    options = dict(softcap=softcap, scale=scale, implementation=implementation)
 
     def body(q, k, v, *ids):
         q_ids, kv_ids = ids if ids else (None, None)

@@ -170,9 +170,7 @@ def test_tokamax_refuses_logsumexp(attention):
             *Case().arrays().values(),
             None,  # per-token mask arrays (masking.TokenMask)
             None,  # sinks
-            spec=attention.jax.make_spec(16, True, None, None, None),
-            block_q=None,
-            block_k=None,
+            spec=attention.jax.AttentionSpec(causal=True).resolved(16),
             with_lse=True,
             implementation="tokamax",
         )

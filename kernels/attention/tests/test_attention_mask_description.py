@@ -58,10 +58,11 @@ def _kernel_mask(attention, description) -> np.ndarray:
     def j(x):
         return None if x is None else jnp.asarray(x.numpy())
 
-    spec = api.make_spec(
-        8, description.causal, description.sliding_window, None, None,
-        description.window_bounds_groups,
-    )  # fmt: skip
+    spec = masking.AttentionSpec(
+        causal=description.causal,
+        sliding_window=description.sliding_window,
+        window_bounds_groups=description.window_bounds_groups,
+    ).resolved(8)
     query = jnp.zeros((description.shape[0], 1, description.q_len, 8))
     key = jnp.zeros((description.shape[0], 1, description.kv_len, 8))
     tokens = api._prepare(

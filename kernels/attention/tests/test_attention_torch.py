@@ -79,6 +79,32 @@ def test_opcheck(attention):
     )
 
 
+def test_schemas_keep_earlier_positions(attention):
+    """The schemas derived from ``AttentionSpec`` keep 1.0's positions (its options right after
+    its tensors), with what 1.1 and 1.2 added after them: a 1.0 positional call keeps its
+    meaning, and the derived layout cannot drift unnoticed."""
+    names = {
+        op: [a.name for a in getattr(attention, op).op._schema.arguments]
+        for op in ("attention_with_lse", "attention_with_dense_mask")
+    }
+    v1_0 = ["causal", "sliding_window", "softcap", "scale", "implementation"]
+    assert names["attention_with_lse"] == [
+        "query", "key", "value", "kv_mask", "q_segment_ids", "kv_segment_ids", *v1_0, "block_q",
+        "block_k", "sinks", "q_positions", "kv_positions", "q_groups", "kv_groups",
+        "window_bounds_groups",
+    ]  # fmt: skip
+    assert names["attention_with_dense_mask"] == [
+        "query", "key", "value", "attention_mask", *v1_0, "sinks", "bias",
+    ]  # fmt: skip
+    q, k, v = _qkv()
+    kv_mask = torch.rand(1, 10) > 0.2
+    positional = attention.attention_with_lse(q, k, v, kv_mask, None, None, True, 4, 30.0, 0.5)
+    keywords = attention.attention_with_lse(
+        q, k, v, kv_mask, causal=True, sliding_window=4, softcap=30.0, scale=0.5
+    )
+    torch.testing.assert_close(positional, keywords, rtol=0, atol=0)
+
+
 def test_backward_reuses_saved_outputs(attention, monkeypatch):
     """The Pallas backward must not run the forward kernel again."""
     q, k, v = _qkv(q_len=9, kv_len=9, requires_grad=True)
@@ -173,23 +199,29 @@ def test_order_change_takes_effect_for_shapes_that_already_ran(attention, monkey
 
 
 def test_positional_contract_is_checked_by_name_at_definition(attention):
-    """The bridge passes the stub's tensors to the JAX functions by position and the sharding
-    rules describe them by position: a reordered or missing tensor fails when the op is defined."""
-    from kernel_hub.kernel_api import ShardingRule
+    """The bridge passes the stub's tensors to the JAX forward and backward by position (the
+    backward also the saved outputs and cotangents), and the sharding rules describe them by
+    position: a reordered or missing tensor fails when the op is defined (``jax_op``)."""
+    from kernel_hub.kernel_api import SavedBackward, jax_op, option_stub
 
-    ops, api = attention.torch_ops, attention.jax
-    contract = ops._contract(api.dot_product_attention_with_lse, api.attention_backward)
+    api = attention.jax
+    saved = ("out", "lse", "d_out", "d_lse")
 
-    def swapped(query: torch.Tensor, value: torch.Tensor, key: torch.Tensor) -> torch.Tensor: ...
-
-    with pytest.raises(TypeError, match="takes \\('query', 'key', 'value'\\)"):
-        contract(swapped)
-
-    two = ShardingRule.parse("two", "batch, batch -> batch")
-    with pytest.raises(TypeError, match="2 operands"):
-        ops._contract(api.dot_product_attention_with_lse, api.attention_backward, (two,))(
-            _stub_like_attention_with_lse
+    def define(stub, backward=saved):
+        backward = SavedBackward(api.attention_backward, backward)
+        jax_op("kh_test_contract", api.dot_product_attention_with_lse, jax_backward=backward)(
+            option_stub(api.AttentionSpec)(stub)
         )
+
+    def swapped(query: torch.Tensor, value: torch.Tensor, key: torch.Tensor, *, options): ...
+
+    with pytest.raises(TypeError, match=r"JAX function disagree: .*\(query, key, value\), the"):
+        define(swapped)
+    with pytest.raises(TypeError, match=r"JAX backward disagree: .*\(.*, lse, out, d_out"):
+        define(_stub_like_attention_with_lse, ("lse", "out", "d_out", "d_lse"))
+    with pytest.raises(TypeError, match=r"attention_backward.* has 15 operands, the stub 14"):
+        define(_stub_like_attention_with_lse, saved[:3])
+    define(_stub_like_attention_with_lse)  # agrees
 
 
 def _stub_like_attention_with_lse(
@@ -204,4 +236,6 @@ def _stub_like_attention_with_lse(
     kv_positions: torch.Tensor | None = None,
     q_groups: torch.Tensor | None = None,
     kv_groups: torch.Tensor | None = None,
-) -> torch.Tensor: ...
+    *,
+    options,
+) -> tuple[torch.Tensor, torch.Tensor]: ...

@@ -7,8 +7,6 @@ through them raises); the torch ops register no autograd.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,12 +20,13 @@ from kernel_hub.kernel_api import (
     jax_default_device,
     jax_platform,
     require,
+    takes_options,
     tpu_generation,
 )
 
 from . import blocks as block_sizes
 from . import pallas_paged, pallas_ragged, reference, sharding
-from .masking import RaggedSpec
+from .options import PAGED_UNUSED, RAGGED_UNUSED, RaggedSpec
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float64")
 INT_DTYPES = ("int32", "int64")
@@ -40,21 +39,6 @@ def _heads(op: str, q_heads: int, kv_heads: int) -> None:
         f"attention); valid kv head counts: "
         f"{', '.join(str(d) for d in range(1, q_heads + 1) if q_heads % d == 0)}",
     )
-
-
-def _options(op: str, sliding_window, softcap, scale) -> None:
-    if sliding_window is not None:
-        require(
-            isinstance(sliding_window, int) and sliding_window >= 1,
-            f"{op}: sliding_window={sliding_window!r}; it must be an integer >= 1 or None",
-        )
-    if softcap is not None:
-        require(
-            math.isfinite(softcap) and softcap > 0,
-            f"{op}: softcap={softcap!r}; it must be a finite number > 0 or None",
-        )
-    if scale is not None:
-        require(math.isfinite(scale), f"{op}: scale={scale!r}; it must be finite or None")
 
 
 def _sinks(op: str, sinks, q_heads: int) -> None:
@@ -74,12 +58,9 @@ def check_ragged_inputs(
     cu_seq_lens_q,
     cu_seq_lens_k,
     sinks=None,
-    *,
-    sliding_window=None,
-    softcap=None,
-    scale=None,
 ) -> None:
-    """Shape, dtype and option rules of ``ragged_attention`` (torch tensors or JAX arrays)."""
+    """Shape and dtype rules of ``ragged_attention`` (torch tensors or JAX arrays; the options
+    check themselves, see ``RaggedSpec``)."""
     op = "ragged_attention"
     check_rank(op, "query", query, 3)
     check_rank(op, "key", key, 3)
@@ -108,7 +89,6 @@ def check_ragged_inputs(
         f"{tuple(cu_seq_lens_k.shape)} must both hold num_sequences + 1 >= 1 offsets",
     )
     _sinks(op, sinks, q_heads)
-    _options(op, sliding_window, softcap, scale)
 
 
 def check_ragged_values(cu_q, cu_k, num_tokens: int, num_keys: int, causal: bool) -> None:
@@ -141,12 +121,8 @@ def check_paged_inputs(
     block_table,
     kv_lens,
     sinks=None,
-    *,
-    sliding_window=None,
-    softcap=None,
-    scale=None,
 ) -> None:
-    """Shape, dtype and option rules of ``paged_attention``."""
+    """Shape and dtype rules of ``paged_attention``."""
     op = "paged_attention"
     check_rank(op, "query", query, 3)
     check_rank(op, "k_pages", k_pages, 4)
@@ -182,7 +158,6 @@ def check_paged_inputs(
         f"{tuple(kv_lens.shape)} [{seqs}]",
     )
     _sinks(op, sinks, q_heads)
-    _options(op, sliding_window, softcap, scale)
 
 
 def check_paged_values(block_table, kv_lens, num_pages: int, page_size: int) -> None:
@@ -210,15 +185,6 @@ def check_paged_values(block_table, kv_lens, num_pages: int, page_size: int) -> 
         require(False, raise_msg)
 
 
-def make_spec(head_dim: int, causal: bool, sliding_window, softcap, scale) -> RaggedSpec:
-    return RaggedSpec(
-        causal=bool(causal),
-        sliding_window=sliding_window,
-        softcap=None if softcap is None else float(softcap),
-        scale=float(head_dim**-0.5 if scale is None else scale),
-    )
-
-
 def _interpret() -> bool:
     return jax_platform() == "cpu"
 
@@ -229,27 +195,27 @@ def _generation() -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
-# ragged_attention implementations: fn(q, k, v, cu_q, cu_k, sinks, *, spec, blocks)
+# ragged_attention implementations: fn(q, k, v, cu_q, cu_k, sinks, *, spec), ``spec`` resolved
 
 
-def _ragged_blocks(q, block_q, block_k) -> pallas_ragged.RaggedBlocks:
+def _ragged_blocks(q, spec: RaggedSpec) -> pallas_ragged.RaggedBlocks:
     default = block_sizes.ragged_blocks(_generation(), q.dtype.name, interpret=_interpret())
-    return pallas_ragged.RaggedBlocks(block_q or default.q, block_k or default.k)
+    return pallas_ragged.RaggedBlocks(spec.block_q or default.q, spec.block_k or default.k)
 
 
-def _ragged_pallas(q, k, v, cu_q, cu_k, sinks, *, spec, block_q, block_k):
-    blocks = _ragged_blocks(q, block_q, block_k)
+def _ragged_pallas(q, k, v, cu_q, cu_k, sinks, *, spec):
+    blocks = _ragged_blocks(q, spec)
     return pallas_ragged.ragged_attention(q, k, v, cu_q, cu_k, sinks, spec, blocks, _interpret())
 
 
-def _ragged_pallas_problem(q, k, v, cu_q, cu_k, sinks, *, spec, block_q, block_k):
+def _ragged_pallas_problem(q, k, v, cu_q, cu_k, sinks, *, spec):
     if q.dtype == jnp.float64 and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
-    blocks = _ragged_blocks(q, block_q, block_k)
+    blocks = _ragged_blocks(q, spec)
     return pallas_ragged.blocks_problem(q.shape, k.shape, q.dtype, blocks, interpret=_interpret())
 
 
-def _ragged_xla(q, k, v, cu_q, cu_k, sinks, *, spec, block_q, block_k):
+def _ragged_xla(q, k, v, cu_q, cu_k, sinks, *, spec):
     return reference.ragged_attention(q, k, v, cu_q, cu_k, sinks, spec)
 
 
@@ -264,32 +230,32 @@ RAGGED_TABLE = ImplementationTable(
 
 
 # --------------------------------------------------------------------------------------------
-# paged_attention implementations: fn(q, k_pages, v_pages, table, lens, sinks, *, spec, ppb)
+# paged_attention implementations: fn(q, k_pages, v_pages, table, lens, sinks, *, spec)
 
 
-def _paged_blocks(k_pages, block_table, pages_per_block) -> pallas_paged.PagedBlocks:
-    if pages_per_block is not None:
-        return pallas_paged.PagedBlocks(pages_per_block)
+def _paged_blocks(k_pages, block_table, spec: RaggedSpec) -> pallas_paged.PagedBlocks:
+    if spec.pages_per_block is not None:
+        return pallas_paged.PagedBlocks(spec.pages_per_block)
     return block_sizes.paged_blocks(k_pages.shape[1], block_table.shape[1], interpret=_interpret())
 
 
-def _paged_pallas(q, k_pages, v_pages, table, lens, sinks, *, spec, pages_per_block):
-    blocks = _paged_blocks(k_pages, table, pages_per_block)
+def _paged_pallas(q, k_pages, v_pages, table, lens, sinks, *, spec):
+    blocks = _paged_blocks(k_pages, table, spec)
     return pallas_paged.paged_attention(
         q, k_pages, v_pages, table, lens, sinks, spec, blocks, _interpret()
     )
 
 
-def _paged_pallas_problem(q, k_pages, v_pages, table, lens, sinks, *, spec, pages_per_block):
+def _paged_pallas_problem(q, k_pages, v_pages, table, lens, sinks, *, spec):
     if q.dtype == jnp.float64 and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
-    blocks = _paged_blocks(k_pages, table, pages_per_block)
+    blocks = _paged_blocks(k_pages, table, spec)
     return pallas_paged.blocks_problem(
         q.shape, k_pages.shape, q.dtype, blocks, interpret=_interpret()
     )
 
 
-def _paged_xla(q, k_pages, v_pages, table, lens, sinks, *, spec, pages_per_block):
+def _paged_xla(q, k_pages, v_pages, table, lens, sinks, *, spec):
     return reference.paged_attention(q, k_pages, v_pages, table, lens, sinks, spec)
 
 
@@ -304,6 +270,7 @@ PAGED_TABLE = ImplementationTable(
 
 
 @sharding.ragged_boundary
+@takes_options(RaggedSpec, exclude=RAGGED_UNUSED)
 def ragged_attention(
     query: jax.Array,
     key: jax.Array,
@@ -312,32 +279,16 @@ def ragged_attention(
     cu_seq_lens_k: jax.Array,
     sinks: jax.Array | None = None,
     *,
-    causal: bool = True,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    scale: float | None = None,
-    implementation: str | None = None,
-    block_q: int | None = None,
-    block_k: int | None = None,
+    options: RaggedSpec,
 ) -> jax.Array:
     """Attention over packed sequences: q [T, Hq, D], k/v [N, Hkv, D], offsets
-    ``cu_seq_lens_q/k`` [S+1] -> [T, Hq, D]; see ``masking`` for which pairs attend.
+    ``cu_seq_lens_q/k`` [S+1] -> [T, Hq, D]; see ``masking`` for which pairs attend. The keyword
+    options are ``RaggedSpec``'s fields (see there) less ``pages_per_block``.
 
     ``sinks`` [Hq] adds exp(sink) to each query's softmax denominator (attention sinks).
-    ``block_q`` (packed query rows) / ``block_k`` override the Pallas blocks.
     """
-    check_ragged_inputs(
-        query,
-        key,
-        value,
-        cu_seq_lens_q,
-        cu_seq_lens_k,
-        sinks,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        scale=scale,
-    )
-    spec = make_spec(query.shape[-1], causal, sliding_window, softcap, scale)
+    check_ragged_inputs(query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks)
+    spec = options.resolved(query.shape[-1])
     cu_q = jnp.asarray(cu_seq_lens_q, jnp.int32)
     cu_k = jnp.asarray(cu_seq_lens_k, jnp.int32)
     return RAGGED_TABLE(
@@ -348,13 +299,12 @@ def ragged_attention(
         cu_k,
         sinks,
         spec=spec,
-        block_q=block_q,
-        block_k=block_k,
-        implementation=implementation,
+        implementation=spec.implementation,
     )
 
 
 @sharding.paged_boundary
+@takes_options(RaggedSpec, exclude=PAGED_UNUSED)
 def paged_attention(
     query: jax.Array,
     k_pages: jax.Array,
@@ -363,29 +313,17 @@ def paged_attention(
     kv_lens: jax.Array,
     sinks: jax.Array | None = None,
     *,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    scale: float | None = None,
-    implementation: str | None = None,
-    pages_per_block: int | None = None,
+    options: RaggedSpec,
 ) -> jax.Array:
     """Decode attention over a paged cache: one query per sequence, q [S, Hq, D]; pages
     [P, page, Hkv, D] (one layer's page views of Transformers' cache);
     ``block_table`` [S, max_pages] page ids (-1 after the pages in use); ``kv_lens`` [S] keys
     per sequence, the new token included (0: a padding sequence, zero output) -> [S, Hq, D].
+    The keyword options are ``RaggedSpec``'s fields (see there) less ``causal`` (decode is
+    causal), ``block_q`` and ``block_k``.
     """
-    check_paged_inputs(
-        query,
-        k_pages,
-        v_pages,
-        block_table,
-        kv_lens,
-        sinks,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        scale=scale,
-    )
-    spec = make_spec(query.shape[-1], True, sliding_window, softcap, scale)
+    check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks)
+    spec = options.resolved(query.shape[-1])
     table = jnp.asarray(block_table, jnp.int32)
     lens = jnp.asarray(kv_lens, jnp.int32)
     return PAGED_TABLE(
@@ -396,6 +334,5 @@ def paged_attention(
         lens,
         sinks,
         spec=spec,
-        pages_per_block=pages_per_block,
-        implementation=implementation,
+        implementation=spec.implementation,
     )

@@ -17,20 +17,12 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from .options import RaggedSpec
+
 PAD_QUERY = -1
 """Sequence id of padded query tokens."""
 PAD_KEY = -2
 """Sequence id of padded keys: equal to no query's id, padded queries' included."""
-
-
-@dataclass(frozen=True)
-class RaggedSpec:
-    """Static options, resolved (``scale`` is a number)."""
-
-    causal: bool = True
-    sliding_window: int | None = None
-    softcap: float | None = None
-    scale: float = 1.0
 
 
 def token_sequences(cu_seq_lens, num_tokens: int, pad_id: int):

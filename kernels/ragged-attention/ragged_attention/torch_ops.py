@@ -7,6 +7,9 @@ keys past the last offset, zero-length sequences, -1 table entries), so a servin
 at most a few times per bucket. Offsets and block tables are data: on CPU tensors they are
 checked before any kernel runs (cheap there); on an accelerator they are not read back, which
 would stall every layer.
+
+The options (ops' schemas and entry points' keywords) are ``RaggedSpec``'s fields, derived with
+``option_stub`` / ``takes_options``.
 """
 
 from __future__ import annotations
@@ -14,14 +17,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernel_hub.kernel_api import jax_op, op_namespace
+from kernel_hub.kernel_api import jax_op, op_namespace, option_stub, option_values, takes_options
 
 from . import api
+from .options import PAGED_UNUSED, RAGGED_UNUSED, RaggedSpec
 
 _NAMESPACE = op_namespace(__name__)
 
 
 @jax_op(_NAMESPACE, api.ragged_attention)
+@option_stub(RaggedSpec, exclude=RAGGED_UNUSED)
 def ragged_attention_op(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -29,29 +34,15 @@ def ragged_attention_op(
     cu_seq_lens_q: torch.Tensor,
     cu_seq_lens_k: torch.Tensor,
     sinks: torch.Tensor | None = None,
-    causal: bool = True,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    scale: float | None = None,
-    implementation: str | None = None,
-    block_q: int | None = None,
-    block_k: int | None = None,
+    *,
+    options: RaggedSpec,
 ) -> torch.Tensor:
     """[T, Hq, D]; see ``api.ragged_attention`` (no bucketing, no value checks)."""
-    api.check_ragged_inputs(
-        query,
-        key,
-        value,
-        cu_seq_lens_q,
-        cu_seq_lens_k,
-        sinks,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        scale=scale,
-    )
+    api.check_ragged_inputs(query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks)
 
 
 @jax_op(_NAMESPACE, api.paged_attention)
+@option_stub(RaggedSpec, exclude=PAGED_UNUSED)
 def paged_attention_op(
     query: torch.Tensor,
     k_pages: torch.Tensor,
@@ -59,24 +50,11 @@ def paged_attention_op(
     block_table: torch.Tensor,
     kv_lens: torch.Tensor,
     sinks: torch.Tensor | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    scale: float | None = None,
-    implementation: str | None = None,
-    pages_per_block: int | None = None,
+    *,
+    options: RaggedSpec,
 ) -> torch.Tensor:
     """[S, Hq, D]; see ``api.paged_attention`` (no bucketing, no value checks)."""
-    api.check_paged_inputs(
-        query,
-        k_pages,
-        v_pages,
-        block_table,
-        kv_lens,
-        sinks,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        scale=scale,
-    )
+    api.check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks)
 
 
 # Smallest buckets: below them padding costs less than another compilation (a TPU computes in
@@ -100,6 +78,7 @@ def _pad_offsets(cu: torch.Tensor, sequences: int) -> torch.Tensor:
     return torch.cat([cu, cu[-1:].expand(extra)]) if extra else cu
 
 
+@takes_options(RaggedSpec, exclude=RAGGED_UNUSED)
 def ragged_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -108,30 +87,14 @@ def ragged_attention(
     cu_seq_lens_k: torch.Tensor,
     sinks: torch.Tensor | None = None,
     *,
-    causal: bool = True,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    scale: float | None = None,
-    implementation: str | None = None,
-    block_q: int | None = None,
-    block_k: int | None = None,
+    options: RaggedSpec,
 ) -> torch.Tensor:
     """q [T, Hq, D], k/v [N, Hkv, D], offsets [S+1] -> [T, Hq, D], with T, N and S bucketed."""
-    api.check_ragged_inputs(
-        query,
-        key,
-        value,
-        cu_seq_lens_q,
-        cu_seq_lens_k,
-        sinks,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        scale=scale,
-    )
+    api.check_ragged_inputs(query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks)
     tokens, keys = query.shape[0], key.shape[0]
     cu_q, cu_k = cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32)
     if _readable(cu_q, cu_k):
-        api.check_ragged_values(cu_q.numpy(), cu_k.numpy(), tokens, keys, causal)
+        api.check_ragged_values(cu_q.numpy(), cu_k.numpy(), tokens, keys, options.causal)
     sequences = _bucket(cu_q.shape[0] - 1, MIN_SEQUENCES)
     padded_tokens, padded_keys = _bucket(tokens, MIN_TOKENS), _bucket(keys, MIN_KEYS)
     out = ragged_attention_op(
@@ -141,13 +104,7 @@ def ragged_attention(
         _pad_offsets(cu_q, sequences),
         _pad_offsets(cu_k, sequences),
         sinks,
-        causal,
-        sliding_window,
-        softcap,
-        scale,
-        implementation,
-        block_q,
-        block_k,
+        **option_values(options, RAGGED_UNUSED),
     )
     return out[:tokens]
 
@@ -160,6 +117,7 @@ def check_paged_values(block_table: torch.Tensor, kv_lens: torch.Tensor, k_pages
         )
 
 
+@takes_options(RaggedSpec, exclude=PAGED_UNUSED)
 def paged_attention(
     query: torch.Tensor,
     k_pages: torch.Tensor,
@@ -168,25 +126,11 @@ def paged_attention(
     kv_lens: torch.Tensor,
     sinks: torch.Tensor | None = None,
     *,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    scale: float | None = None,
-    implementation: str | None = None,
-    pages_per_block: int | None = None,
+    options: RaggedSpec,
 ) -> torch.Tensor:
     """q [S, Hq, D], pages [P, page, Hkv, D], block_table [S, max_pages], kv_lens [S]
     -> [S, Hq, D], with S and max_pages bucketed."""
-    api.check_paged_inputs(
-        query,
-        k_pages,
-        v_pages,
-        block_table,
-        kv_lens,
-        sinks,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        scale=scale,
-    )
+    api.check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks)
     table, lens = block_table.to(torch.int32), kv_lens.to(torch.int32)
     check_paged_values(table, lens, k_pages)
     seqs, max_pages = table.shape
@@ -199,10 +143,6 @@ def paged_attention(
         table,
         F.pad(lens, (0, extra_seqs)),
         sinks,
-        sliding_window,
-        softcap,
-        scale,
-        implementation,
-        pages_per_block,
+        **option_values(options, PAGED_UNUSED),
     )
     return out[:seqs]

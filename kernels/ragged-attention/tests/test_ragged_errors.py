@@ -87,3 +87,22 @@ def test_page_size_the_tpu_kernel_cannot_tile(ragged):
         interpret=False,
     )
     assert problem and "page_size=12 cannot be tiled" in problem and "multiple of 16" in problem
+
+
+def test_schemas_keep_their_positions(ragged):
+    """The op schemas derived from ``RaggedSpec`` are those of 1.0 (positional calls keep their
+    meaning): the tensors, then each op's options in the dataclass's order."""
+    ops = ragged.torch_ops
+    names = {
+        op: [a.name for a in getattr(ops, op).op._schema.arguments]
+        for op in ("ragged_attention_op", "paged_attention_op")
+    }
+    common = ["sliding_window", "softcap", "scale", "implementation"]
+    assert names["ragged_attention_op"] == [
+        "query", "key", "value", "cu_seq_lens_q", "cu_seq_lens_k", "sinks", "causal", *common,
+        "block_q", "block_k",
+    ]  # fmt: skip
+    assert names["paged_attention_op"] == [
+        "query", "k_pages", "v_pages", "block_table", "kv_lens", "sinks", *common,
+        "pages_per_block",
+    ]  # fmt: skip

@@ -1,0 +1,70 @@
+"""The attention options: one frozen dataclass every attention function takes.
+
+The public JAX functions' keyword parameters (``api``, ``dense_mask``) and the torch ops' schemas
+(``torch_ops``) are derived from ``AttentionSpec`` (``kernel_api.takes_options`` /
+``option_stub``), and the kernels receive it resolved (``AttentionSpec.resolved``): an option is
+declared here, last, and used where the math needs it; nothing else lists it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from kernel_hub.kernel_api import require
+
+OP = "dot_product_attention"
+
+TORCH_1_0 = ("causal", "sliding_window", "softcap", "scale", "implementation", "block_q", "block_k")
+"""The options of the 1.0 torch schemas, which sit right after the 1.0 tensor arguments; every
+option added since follows the last tensor argument (so 1.0 positional calls keep their meaning)."""
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Which pairs attend and how scores are formed (see ``masking``), and how it is computed.
+
+    ``sliding_window`` w keeps keys with 0 <= position - key < w (|..| < w when not causal);
+    ``softcap`` c maps scores s to c * tanh(s / c); ``scale`` defaults to 1/sqrt(head_dim)
+    (``resolved`` fills it in); ``implementation`` forces "pallas", "tokamax" or "xla";
+    ``block_q``/``block_k`` override the Pallas blocks (powers of two).
+    """
+
+    causal: bool = False
+    sliding_window: int | None = None
+    softcap: float | None = None
+    scale: float | None = None
+    implementation: str | None = None
+    block_q: int | None = None
+    block_k: int | None = None
+    window_bounds_groups: bool = False
+    """Group pairs must also be inside the window: ``(causal | group) & window`` (Gemma 3's
+    sliding layers) rather than ``(causal & window) | group``."""
+
+    def __post_init__(self) -> None:
+        if self.sliding_window is not None:
+            require(
+                isinstance(self.sliding_window, int) and self.sliding_window >= 1,
+                f"{OP}: sliding_window={self.sliding_window!r}; it must be an integer >= 1 "
+                f"(keys with 0 <= query position - key position < sliding_window are kept) or "
+                f"None",
+            )
+        if self.softcap is not None:
+            require(
+                math.isfinite(self.softcap) and self.softcap > 0,
+                f"{OP}: softcap={self.softcap!r}; it must be a finite number > 0 or None",
+            )
+        if self.scale is not None:
+            require(
+                math.isfinite(self.scale), f"{OP}: scale={self.scale!r}; it must be finite or None"
+            )
+
+    def resolved(self, head_dim: int) -> AttentionSpec:
+        """These options with the default scale 1/sqrt(head_dim) filled in (numbers as floats)."""
+        return replace(
+            self,
+            causal=bool(self.causal),
+            softcap=None if self.softcap is None else float(self.softcap),
+            scale=float(head_dim**-0.5 if self.scale is None else self.scale),
+            window_bounds_groups=bool(self.window_bounds_groups),
+        )

@@ -1,0 +1,117 @@
+"""Option dataclasses (``kernel_hub.options``): parameter lists derived from one declaration, and
+``SavedBackward``'s by-name check in ``jax_op``."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import pytest
+import torch
+
+from kernel_hub.kernel_api import (
+    SavedBackward,
+    jax_op,
+    option_stub,
+    option_values,
+    takes_options,
+)
+
+NS = "kernel_hub_options_test"
+
+
+@dataclass(frozen=True)
+class Options:
+    causal: bool = False
+    scale: float | None = None
+    block: int | None = None
+
+
+@dataclass(frozen=True)
+class Grown(Options):
+    """``Options`` with a field added later (declared last)."""
+
+    offset: float = 0.0
+
+
+def test_takes_options_derives_keyword_parameters_and_passes_one_instance():
+    seen = []
+
+    @takes_options(Options, exclude=("block",))
+    def fn(x, y=None, *, options: Options):
+        seen.append(options)
+        return x
+
+    params = inspect.signature(fn).parameters
+    assert list(params) == ["x", "y", "causal", "scale"]
+    assert params["scale"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["scale"].annotation == float | None and params["causal"].default is False
+    assert fn(1, causal=True) == 1 and seen[-1] == Options(causal=True)
+    with pytest.raises(TypeError, match="block"):
+        fn(1, block=8)  # excluded: not a keyword of fn
+
+
+def test_option_stub_places_earlier_options_after_their_argument_and_new_ones_last():
+    def stub(x: torch.Tensor, mask: torch.Tensor | None = None, *, options): ...
+
+    for options, expected in (
+        (Options, ["x", "causal", "scale", "mask", "block"]),
+        (Grown, ["x", "causal", "scale", "mask", "block", "offset"]),
+    ):
+        derived = option_stub(options, leading=("causal", "scale"), after="x")(stub)
+        assert list(inspect.signature(derived).parameters) == expected
+    plain = option_stub(Grown, exclude=("causal",))(stub)
+    assert list(inspect.signature(plain).parameters) == ["x", "mask", "scale", "block", "offset"]
+
+
+def test_option_stub_passes_the_tensors_and_one_instance():
+    calls = []
+
+    @option_stub(Options, leading=("causal",), after="x")
+    def stub(x: torch.Tensor, mask: torch.Tensor | None = None, *, options: Options):
+        calls.append((x, mask, options))
+
+    stub(1, True, 2, scale=0.5)
+    assert calls == [(1, 2, Options(causal=True, scale=0.5))]
+    assert option_values(calls[0][2], exclude=("block",)) == {"causal": True, "scale": 0.5}
+
+
+def test_bad_declarations_are_refused():
+    with pytest.raises(TypeError, match=r"has no fields \['bogus'\]"):
+        takes_options(Options, exclude=("bogus",))
+    with pytest.raises(TypeError, match=r"has no fields \['bogus'\]"):
+        option_stub(Options, leading=("bogus",))
+    with pytest.raises(TypeError, match="after='y' names none of"):
+        option_stub(Options, after="y")(lambda x, *, options: x)
+    with pytest.raises(TypeError, match="last parameter must be 'options'"):
+        takes_options(Options)(lambda x, y: x)
+
+
+def _forward(x, w, *, scale):
+    return x * w * scale
+
+
+def _backward(x, w, out, d_out, *, scale):
+    return d_out * w * scale, jnp.sum(d_out * x * scale, axis=0)
+
+
+def test_saved_backward_is_used_and_checked_by_name():
+    @jax_op(
+        NS,
+        _forward,
+        differentiable=("x", "w"),
+        jax_backward=SavedBackward(_backward, ("out", "d_out")),
+    )
+    def scaled(x: torch.Tensor, w: torch.Tensor, scale: float = 1.0) -> torch.Tensor: ...
+
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(4, requires_grad=True)
+    scaled(x, w, 2.0).sum().backward()
+    torch.testing.assert_close(x.grad, (w * 2.0).expand(3, 4).detach())
+    torch.testing.assert_close(w.grad, x.detach().sum(0) * 2.0)
+
+    with pytest.raises(TypeError, match=r"JAX backward disagree: .*\(x, w, out, d_out\)"):
+
+        @jax_op(NS, _forward, jax_backward=SavedBackward(_backward, ("d_out", "out")))
+        def misnamed(x: torch.Tensor, w: torch.Tensor, scale: float = 1.0) -> torch.Tensor: ...
