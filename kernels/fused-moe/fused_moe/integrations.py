@@ -223,17 +223,18 @@ class QuantizationReport:
 
 def quantize_experts(model: torch.nn.Module, quantization: str) -> QuantizationReport:
     """Quantize the expert weights of every Transformers experts module of ``model`` in place
-    ("int8": per output channel; "fp8": e4m3, 128x128 blocks) and switch its experts to the
-    fused kernel, the only path that runs them. Returns (and logs) each weight's error."""
-    if quantization not in ("int8", "fp8"):
+    ("int8": per output channel; "fp8": e4m3, 128x128 blocks; "mxfp4": e2m1 with an e8m0 scale
+    per 32, GPT-OSS's checkpoint format) and switch its experts to the fused kernel, the only
+    path that runs them. Returns (and logs) each weight's error."""
+    if quantization not in quantized.KINDS:
         raise KernelInputError(
-            f"quantize_experts: quantization must be 'int8' or 'fp8', got {quantization!r}"
+            f"quantize_experts: quantization must be one of {quantized.KINDS}, got {quantization!r}"
         )
     errors, left_alone = [], []
     for name, module in model.named_modules():
         if not hasattr(module, "has_gate") or getattr(module, "gate_up_proj", None) is None:
             continue
-        why = quantized.quantize_problem(module) or module_problem(module)
+        why = quantized.quantize_problem(module, quantization) or module_problem(module)
         if why:
             left_alone.append((name, why))
             continue
