@@ -140,7 +140,8 @@ def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, quantization: str) -
     if quantization == "mxfp4":
         grid = torch.tensor(FP4_VALUES + tuple(-v for v in FP4_VALUES))
         values = torch.stack([grid[(q & 15).long()], grid[(q >> 4).long()]], dim=-1).flatten(2)
-        factor = torch.ldexp(torch.ones(()), scale.long() - 127).repeat_interleave(MX_GROUP, 2)
+        factor = torch.ldexp(torch.ones(scale.shape), scale.long() - 127)
+        factor = factor.repeat_interleave(MX_GROUP, 2)
         return values * factor
     w = q.to(torch.float32)
     if quantization == "int8":

@@ -22,36 +22,6 @@ PROMPTS = [[(7 * i + 3 * j) % 120 + 2 for j in range(n)] for i, n in enumerate([
 GREEDY = GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=0)
 
 
-@pytest.fixture(params=["xla", "pallas"])
-def implementation(request):
-    """The fused op's implementation on CPU for the test (Pallas runs in interpret mode);
-    records which implementation each trace selected."""
-    import jax
-
-    table = fused.KERNEL.implementation_tables[0]
-    saved = table.order("cpu")
-    chosen = []
-    original = table.select
-
-    def recording(*args, **kwargs):
-        selected = original(*args, **kwargs)
-        chosen.append(selected.name)
-        return selected
-
-    def use():
-        """Put the implementation first: after kernelize, which applies the registry's order."""
-        table.set_order("cpu", (request.param,))
-        jax.clear_caches()
-
-    table.select = recording
-    try:
-        yield request.param, chosen, use
-    finally:
-        del table.select
-        table.set_order("cpu", saved)
-        jax.clear_caches()
-
-
 def padded_batch():
     ids = torch.randint(2, 128, (2, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
