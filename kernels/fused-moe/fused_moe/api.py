@@ -34,6 +34,8 @@ from .config import ExpertsConfig
 from .routing import Router, route
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float64")
+NO_INT8_MATMUL = ("v4",)
+"""Generations whose Mosaic rejects int8 x int8 matmuls (checked by deviceless compiles)."""
 INT_DTYPES = ("int32", "int64")
 
 
@@ -134,6 +136,12 @@ def check_inputs(
             f"{op}: mxfp4 weights need H ({hidden}) and I ({inter}) to be multiples of "
             f"{quant.MX_GROUP} (whole scale groups)",
         )
+    if config.quantization == "w8a8":
+        require(
+            hidden % quant.ACT_GROUP == 0 and inter % quant.ACT_GROUP == 0,
+            f"{op}: w8a8 quantizes activations per {quant.ACT_GROUP} columns: H ({hidden}) and "
+            f"I ({inter}) must be multiples of {quant.ACT_GROUP}",
+        )
     if config.quantization == "fp8":
         require(
             hidden % quant.FP8_BLOCK == 0 and inter % quant.FP8_BLOCK == 0,
@@ -188,6 +196,10 @@ def _xla(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
 def _pallas_problem(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
     if jnp.dtype(x.dtype).name == "float64" and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
+    if config.quantization == "w8a8" and not _interpret():
+        generation = tpu_generation(jax_default_device())
+        if generation in NO_INT8_MATMUL:
+            return f"TPU {generation}'s MXU has no int8 matmul (w8a8); the XLA path runs it"
     if idx.shape[0] > MAX_TOKENS:
         return (
             f"{idx.shape[0]} tokens: the fused kernel holds at most {MAX_TOKENS} (a decode "
@@ -238,8 +250,8 @@ def fused_experts(
     ``hidden_states`` [T, H]; ``top_k_index`` / ``top_k_weights`` [T, k] (ids outside [0, E)
     contribute nothing; a token's ids must be distinct); ``w_gate_up`` [E, 2I, H] and ``w_down``
     [E, H, I] (``transposed``: [E, H, 2I] / [E, I, H]), gate and up ``interleaved`` or stacked
-    [gate; up]; optional biases [E, 2I] / [E, H]; ``quantization`` "int8" / "fp8" / "mxfp4"
-    with weights and scales in ``quant``'s layouts. ``activation``: silu, gelu, gelu_tanh or
+    [gate; up]; optional biases [E, 2I] / [E, H]; ``quantization`` "int8" / "fp8" / "mxfp4" /
+    "w8a8" with weights and scales in ``quant``'s layouts. ``activation``: silu, gelu, gelu_tanh or
     gpt_oss (``alpha``, ``limit``). Forward only (see the module docstring).
     """
     config = make_config(activation, alpha, limit, transposed, interleaved, quantization)

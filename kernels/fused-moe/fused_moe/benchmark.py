@@ -159,6 +159,7 @@ CASES = [
     case(MIXTRAL, 16, "int8"),
     case(SMALL._replace(hidden=512), 32, "fp8"),
     case(GPT_OSS_MXFP4, 16, "mxfp4"),
+    case(QWEN3_MOE, 32, "w8a8"),
     case(SMALL, 16, dtype=jnp.float32, tags=(CPU_TAG,)),
     case(SMALL, 64, tags=(CPU_TAG,)),
 ]

@@ -13,7 +13,7 @@ class ExpertsConfig:
 
     ``transposed``: weights are [E, in, out] (GPT-OSS) instead of Transformers' [E, out, in].
     ``interleaved``: gate and up columns alternate (gate0, up0, gate1, ...) instead of [gate; up].
-    ``quantization``: None, "int8", "fp8" or "mxfp4" (see ``quant``). mxfp4 weights hold two
+    ``quantization``: None, "int8", "fp8", "mxfp4" or "w8a8" (see ``quant``). mxfp4 weights hold two
     values per byte along the contraction axis, so their last axis is half the logical one.
     """
 
@@ -24,6 +24,11 @@ class ExpertsConfig:
 
     def intermediate(self, w_gate_up_shape: tuple[int, ...]) -> int:
         return w_gate_up_shape[2 if self.transposed else 1] // 2
+
+    @property
+    def weight_format(self) -> str | None:
+        """How the weights are stored: w8a8 stores int8's."""
+        return "int8" if self.quantization == "w8a8" else self.quantization
 
     @property
     def packing(self) -> int:

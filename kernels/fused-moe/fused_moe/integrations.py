@@ -217,6 +217,11 @@ class QuantizationReport:
                 f"  {e.module}.{e.projection}: {e.bytes_before} -> {e.bytes_after} bytes, "
                 f"relative RMS error {e.relative_rms:.3g}, max |error| {e.max_abs:.3g}"
             )
+        if self.quantization == "w8a8":
+            lines.append(
+                "  activations: int8 per token and 128 columns at run time (their error is not "
+                "in the weight figures above; compare the model's outputs)"
+            )
         lines += [f"  {name}: left alone ({why})" for name, why in self.left_alone]
         return "\n".join(lines)
 
@@ -224,7 +229,8 @@ class QuantizationReport:
 def quantize_experts(model: torch.nn.Module, quantization: str) -> QuantizationReport:
     """Quantize the expert weights of every Transformers experts module of ``model`` in place
     ("int8": per output channel; "fp8": e4m3, 128x128 blocks; "mxfp4": e2m1 with an e8m0 scale
-    per 32, GPT-OSS's checkpoint format) and switch its experts to the fused kernel, the only
+    per 32, GPT-OSS's checkpoint format; "w8a8": int8's weights, and activations quantized to int8
+    per token and 128 columns in the kernel) and switch its experts to the fused kernel, the only
     path that runs them. Returns (and logs) each weight's error."""
     if quantization not in quantized.KINDS:
         raise KernelInputError(

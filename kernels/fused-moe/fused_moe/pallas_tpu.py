@@ -13,11 +13,13 @@ so its weights are never read). For each ``tm``-row chunk of the expert's rows (
 
 Quantized weights (int8 per channel, fp8 128x128 blocks, mxfp4) are converted to the activation
 dtype in VMEM: int8 scales multiply the f32 product per output column; fp8 scales multiply each
-128-wide slice of the contraction. mxfp4 bytes hold the values at even and odd contraction
-positions: the kernel decodes both nibbles, multiplies by their group's power of two (expanded
-along lanes by an exact 0/1 matmul) and contracts them with the even and odd columns of the
-activations (``hidden_states`` split outside the kernel; the gated activation split in VMEM).
-Selection matmuls and f32 operands use full precision, so gathers and scatters are exact.
+128-wide slice of the contraction. w8a8 quantizes the rows to int8 per token and 128 columns;
+each group's int8 x int8 product accumulates in int32, then both scales multiply. mxfp4 bytes
+hold the values at even and odd contraction positions: the kernel decodes both nibbles,
+multiplies by their group's power of two (expanded along lanes by an exact 0/1 matmul) and
+contracts them with the even and odd columns of the activations (``hidden_states`` split
+outside the kernel; the gated activation split in VMEM). Selection matmuls and f32 operands use
+full precision, so gathers and scatters are exact.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from jax.experimental.pallas import tpu as pltpu
 from .blocks import Blocks, vmem_bytes
 from .config import ExpertsConfig
 from .dispatch import Dispatch, cdiv, dispatch
-from .quant import FP8_BLOCK, MX_GROUP, e8m0_values, unpack_fp4
+from .quant import ACT_GROUP, FP8_BLOCK, MX_GROUP, e8m0_values, quantize_rows, unpack_fp4
 
 
 def _precision(dtype):
@@ -54,6 +56,17 @@ def _project(x, w, scale, *, transpose_w: bool, quantization, precision):
     """``x @ W^T`` (or ``x @ W``) of one weight block in f32; quantized blocks dequantized."""
     if quantization is None:
         return _dot(x, w, transpose_b=transpose_w, precision=precision)
+    if quantization == "w8a8":  # int8 x int8 -> int32 per 128-column group, then both scales
+        xq, x_scale = quantize_rows(x)
+        dims = (((1,), (1 if transpose_w else 0,)), ((), ()))
+        out = None
+        for g in range(x.shape[1] // ACT_GROUP):
+            cols = slice(g * ACT_GROUP, (g + 1) * ACT_GROUP)
+            w_part = w[:, cols] if transpose_w else w[cols, :]
+            acc = jax.lax.dot_general(xq[:, cols], w_part, dims, preferred_element_type=jnp.int32)
+            part = acc.astype(jnp.float32) * x_scale[:, g : g + 1]
+            out = part if out is None else out + part
+        return out * scale
     w = w.astype(x.dtype)
     if quantization == "int8":
         return _dot(x, w, transpose_b=transpose_w, precision=precision) * scale
@@ -199,8 +212,8 @@ def _kernel(
                 even, odd, down_ref[...], down_scale_ref[...], first_byte, precision
             )
         else:
-            partial = _project(
-                act.astype(cdt),
+            partial = _project(  # w8a8 quantizes the f32 activation itself
+                act if config.quantization == "w8a8" else act.astype(cdt),
                 down_ref[...],
                 read(down_scale_ref),
                 transpose_w=not config.transposed,
@@ -262,7 +275,7 @@ def _specs(config: ExpertsConfig, w_gate_up, w_down, blocks: Blocks, steps: int,
     specs = [pl.BlockSpec(w_block, along(o, config.transposed)) for o in halves]
     if present["gate_up_bias"]:
         specs += [pl.BlockSpec((None, 1, width), along(o, True)) for o in halves]
-    if config.quantization == "int8":
+    if config.weight_format == "int8":
         specs += [pl.BlockSpec((None, 1, width), along(o, True)) for o in halves]
     elif config.quantization == "fp8":
         rows = hidden // FP8_BLOCK
@@ -285,7 +298,7 @@ def _specs(config: ExpertsConfig, w_gate_up, w_down, blocks: Blocks, steps: int,
     specs.append(pl.BlockSpec(down_block, down_index))
     if present["down_bias"]:
         specs.append(pl.BlockSpec((None, 1, hidden), whole_expert))
-    if config.quantization == "int8":
+    if config.weight_format == "int8":
         specs.append(pl.BlockSpec((None, 1, hidden), whole_expert))
     elif config.quantization == "fp8":
         specs.append(pl.BlockSpec((None, ti // FP8_BLOCK, hidden), down_scale_index))

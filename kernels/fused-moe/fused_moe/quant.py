@@ -3,6 +3,12 @@
 ``int8``: symmetric per output channel. ``weight`` int8 [E, out, in], ``scale`` f32 [E, out];
 ``w = weight * scale``.
 
+``w8a8``: int8's weights, and activations quantized at run time per token and 128-column group
+of the contraction, symmetric (``quantize_rows``; DeepSeek-V3's 1 x 128 activation tiles): a
+blocked kernel never holds a whole row of the intermediate activation. int8 x int8 products
+accumulate in int32 per group, then the group's activation scale and the weight's channel scale
+multiply. Needs H and I to be multiples of 128.
+
 ``fp8``: e4m3 with one f32 scale per 128 x 128 block, Transformers' ``FineGrainedFP8`` layout
 (DeepSeek-V3 / Qwen3 FP8 checkpoints). ``weight`` float8_e4m3fn [E, out, in], ``scale`` f32
 [E, ceil(out / 128), ceil(in / 128)] (Transformers names it ``*_scale_inv``; it multiplies);
@@ -22,18 +28,42 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-KINDS = ("int8", "fp8", "mxfp4")
+KINDS = ("int8", "fp8", "mxfp4", "w8a8")
 FP8_BLOCK = 128
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT8_MAX = 127.0
-WEIGHT_DTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn, "mxfp4": jnp.uint8}
-SCALE_DTYPES = {"int8": jnp.float32, "fp8": jnp.float32, "mxfp4": jnp.uint8}
+WEIGHT_DTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn, "mxfp4": jnp.uint8, "w8a8": jnp.int8}
+SCALE_DTYPES = {"int8": jnp.float32, "fp8": jnp.float32, "mxfp4": jnp.uint8, "w8a8": jnp.float32}
 MX_GROUP = 32
 """mxfp4 values per scale."""
 E8M0_BIAS = 127
 
 
+def weight_format(kind: str) -> str:
+    """The weight format of a quantization kind (w8a8 stores int8's)."""
+    return "int8" if kind == "w8a8" else kind
+
+
+ACT_GROUP = 128
+"""w8a8: activation columns per scale."""
+
+
+def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(int8 [rows, n], f32 scale [rows, n / 128]) of ``x``: symmetric per row and 128-column
+    group, round to nearest; an all-zero group gets scale 1. Runs in a Mosaic kernel too."""
+    x = x.astype(jnp.float32)
+    parts, scales = [], []
+    for g in range(x.shape[1] // ACT_GROUP):
+        part = x[:, g * ACT_GROUP : (g + 1) * ACT_GROUP]
+        amax = jnp.max(jnp.abs(part), axis=1, keepdims=True)
+        scale = jnp.where(amax > 0, amax / INT8_MAX, 1.0)
+        parts.append(jnp.clip(jnp.round(part / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8))
+        scales.append(scale)
+    return jnp.concatenate(parts, axis=1), jnp.concatenate(scales, axis=1)
+
+
 def scale_shape(kind: str, weight_shape: tuple[int, ...]) -> tuple[int, ...]:
+    kind = weight_format(kind)
     experts, out, inner = weight_shape
     if kind == "int8":
         return (experts, out)
@@ -85,6 +115,7 @@ def _dequantize_mxfp4(weight: jax.Array, scale: jax.Array) -> jax.Array:
 def dequantize(weight: jax.Array, scale: jax.Array, kind: str, dtype) -> jax.Array:
     """``weight * scale`` in f32, rounded once to ``dtype`` (Transformers' dequantize order;
     mxfp4 values times powers of two are exact in every float dtype)."""
+    kind = weight_format(kind)
     if kind == "mxfp4":
         return _dequantize_mxfp4(weight, scale).astype(dtype)
     full = _expand(scale.astype(jnp.float32), kind, weight.shape)
@@ -94,6 +125,7 @@ def dequantize(weight: jax.Array, scale: jax.Array, kind: str, dtype) -> jax.Arr
 def quantize(weight: jax.Array, kind: str) -> tuple[jax.Array, jax.Array]:
     """(quantized weight, scale) of an [E, out, in] float weight; round to nearest (int8, fp8:
     mxfp4 weights come from checkpoints or ``quantize_experts``)."""
+    kind = weight_format(kind)
     w = weight.astype(jnp.float32)
     if kind == "int8":
         amax = jnp.max(jnp.abs(w), axis=2)
@@ -115,6 +147,7 @@ def kernel_scale(scale: jax.Array, kind: str, out: int) -> jax.Array:
     block's scale repeated over its 128 output rows, laid along lanes: 1/32 of the fp8 weight's
     bytes), so a 128-wide slice of the contraction scales whole output rows at once; mxfp4
     [E, out, in / 32] as stored."""
+    kind = weight_format(kind)
     if kind == "mxfp4":  # read as stored; the kernel expands the exponents in VMEM
         return scale
     scale = scale.astype(jnp.float32)

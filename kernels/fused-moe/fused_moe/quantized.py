@@ -27,17 +27,24 @@ FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 """Magnitudes of the e2m1 codes 0..7 (codes 8..15: the same, negative)."""
 _PROJECTIONS = ("gate_up_proj", "down_proj")
 _DTYPES = {torch.float8_e4m3fn: "fp8", torch.int8: "int8", torch.uint8: "mxfp4"}
-KINDS = tuple(_DTYPES.values())
+KINDS = (*_DTYPES.values(), "w8a8")
+W8A8_FLAG = "kernel_hub_w8a8"
+"""Set on modules ``quantize_experts(model, "w8a8")`` made: int8 weights, int8 activations."""
 
 
 def kind(module: torch.nn.Module) -> str | None:
-    """ "fp8", "int8", "mxfp4" or None (float weights)."""
-    return _DTYPES.get(module.gate_up_proj.dtype)
+    """ "fp8", "int8", "mxfp4", "w8a8" or None (float weights)."""
+    found = _DTYPES.get(module.gate_up_proj.dtype)
+    return "w8a8" if found == "int8" and getattr(module, W8A8_FLAG, False) else found
+
+
+def _weight_format(quantization: str) -> str:
+    return "int8" if quantization == "w8a8" else quantization
 
 
 def _scale_name(quantization: str, projection: str) -> str:
-    suffix = {"fp8": "_scale_inv", "int8": "_scale", "mxfp4": "_scales"}[quantization]
-    return projection + suffix
+    suffix = {"fp8": "_scale_inv", "int8": "_scale", "mxfp4": "_scales"}
+    return projection + suffix[_weight_format(quantization)]
 
 
 def problem(module: torch.nn.Module) -> str | None:
@@ -58,7 +65,11 @@ def problem(module: torch.nn.Module) -> str | None:
             if tuple(scale.shape) != (*weight.shape[:2], 2 * weight.shape[2] // MX_GROUP):
                 return f"{projection}_scales {tuple(scale.shape)} do not match {projection}"
         return None
-    if quantization == "int8" and not hasattr(module, "gate_up_proj_scale"):
+    if quantization == "w8a8" and any(
+        d % 128 for d in (*module.gate_up_proj.shape[1:], module.down_proj.shape[2])
+    ):
+        return "w8a8 quantizes activations per 128 columns; H and I must be multiples of 128"
+    if quantization in ("int8", "w8a8") and not hasattr(module, "gate_up_proj_scale"):
         return (
             "its int8 expert weights carry no per-channel *_scale (FP4-packed or another "
             "format); fused-moe reads int8 made by kernel_hub.quantize_experts"
@@ -118,6 +129,7 @@ def quantize_weight(weight: torch.Tensor, quantization: str) -> tuple[torch.Tens
     """(quantized [E, out, in] (mxfp4: [E, out, in / 2] bytes), scale) of a float weight;
     round to nearest."""
     w = weight.detach().to(torch.float32)
+    quantization = _weight_format(quantization)
     if quantization == "mxfp4":
         return _quantize_mxfp4(w)
     if quantization == "int8":
@@ -137,6 +149,7 @@ def quantize_weight(weight: torch.Tensor, quantization: str) -> tuple[torch.Tens
 
 def dequantize_weight(q: torch.Tensor, scale: torch.Tensor, quantization: str) -> torch.Tensor:
     """The f32 weight a quantized one stands for."""
+    quantization = _weight_format(quantization)
     if quantization == "mxfp4":
         grid = torch.tensor(FP4_VALUES + tuple(-v for v in FP4_VALUES))
         values = torch.stack([grid[(q & 15).long()], grid[(q >> 4).long()]], dim=-1).flatten(2)
@@ -193,6 +206,7 @@ def quantize_module(name: str, module: torch.nn.Module, quantization: str) -> li
     if quantization == "fp8":
         module.block_size = (FP8_BLOCK, FP8_BLOCK)
     module.is_transposed = False
+    setattr(module, W8A8_FLAG, quantization == "w8a8")
     return errors
 
 

@@ -17,10 +17,14 @@ def _rule(op: str, text: str) -> ShardingRule:
 
 def _weights(transposed: bool, quantization: str | None) -> str:
     w = "experts h gu, experts i h" if transposed else "experts gu h, experts h i"
+    if quantization == "mxfp4":  # two values per byte along the contraction
+        w = "experts gu h_p, experts h i_p"
     bias = "experts gu, experts h"
     scales = {
         "int8": "experts gu, experts h",
+        "w8a8": "experts gu, experts h",
         "fp8": "experts gu_s h_s, experts h_s i_s",
+        "mxfp4": "experts gu h_g, experts h i_g",
     }.get(quantization, "experts o, experts p")  # None: absent operands (checked by the op)
     return f"{w}, {bias}, {scales}"
 

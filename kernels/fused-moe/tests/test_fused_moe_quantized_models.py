@@ -130,6 +130,26 @@ def test_quantize_experts_reports_its_error_and_runs_exactly(quantization):
     assert error > 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_reports_its_error_against_unquantized_and_int8_weights_only(dtype):
+    """W8A8: the logit error against the unquantized model is measured and printed beside
+    W8A16's (int8 weights only), so the activation quantization's share is visible (in bf16 both
+    sit at bf16's rounding of these logits)."""
+    ids = torch.randint(2, 128, (2, 7), generator=torch.Generator().manual_seed(5))
+    errors = {}
+    with torch.no_grad():
+        reference = _qwen3_128(dtype)(ids).logits.float()
+        for quantization in ("int8", "w8a8"):
+            model = _qwen3_128(dtype)
+            report = kh.quantize_experts(model, quantization)
+            assert ("activations: int8" in str(report)) == (quantization == "w8a8")
+            assert all(quantized.kind(m) == quantization for m in experts_modules(model))
+            errors[quantization] = (model(ids).logits.float() - reference).abs().max().item()
+    scale = reference.abs().max().item()
+    print(f"{dtype}: max |logit error| vs unquantized (logits up to {scale:.3g}): {errors}")
+    assert errors["int8"] > 0 and 0 < errors["w8a8"] < 0.1 * scale, errors
+
+
 def test_quantize_experts_leaves_gpt_oss_alone_with_the_reason():
     model = build("gpt_oss")
     report = kh.quantize_experts(model, "int8")
