@@ -6,7 +6,22 @@ halves split alike, which the stacked [gate; up] layout does not allow."""
 from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
 
 _EP = "expert parallelism: the moe-gemm kernel's moe_ep over an 'ep' mesh axis"
-_WEIGHTS = ("k", "experts", "gu", "h", "i", "gu_s", "h_s", "i_s", "o", "p")
+_WEIGHTS = (
+    "k",
+    "experts",
+    "gu",
+    "h",
+    "i",
+    "gu_s",
+    "h_s",
+    "i_s",
+    "h_p",
+    "i_p",
+    "h_g",
+    "i_g",
+    "o",
+    "p",
+)
 
 
 def _rule(op: str, text: str) -> ShardingRule:
