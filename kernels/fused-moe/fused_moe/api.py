@@ -177,8 +177,8 @@ def _default_blocks(x, idx, w1, config: ExpertsConfig) -> Blocks | None:
 def _pallas(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
     blocks = blocks or _default_blocks(x, idx, w1, config)
     if config.quantization is not None:
-        s1 = quant.kernel_scale(s1, config.quantization, w1.shape[1])
-        s2 = quant.kernel_scale(s2, config.quantization, w2.shape[1])
+        s1 = quant.kernel_scale(s1, config.quantization)
+        s2 = quant.kernel_scale(s2, config.quantization)
 
     return pallas_tpu.fused_experts(
         x, idx, w, w1, w2, b1, b2, s1, s2,

@@ -87,11 +87,8 @@ def ti_problem(ti: int, intermediate: int, config: ExpertsConfig) -> str | None:
         return f"ti={ti} must be a multiple of {2 * LANES} or the whole intermediate size (mxfp4)"
     if config.quantization == "w8a8" and ti % LANES:
         return f"ti={ti} must be a multiple of {LANES} (w8a8 quantizes 128-column groups)"
-    if config.quantization == "fp8":
-        if ti % FP8_BLOCK:
-            return f"ti={ti} must be a multiple of {FP8_BLOCK} (fp8 scale blocks)"
-        if not (whole or (ti // FP8_BLOCK) % 8 == 0):
-            return f"ti={ti} must be a multiple of {8 * FP8_BLOCK} or the whole intermediate size"
+    if config.quantization == "fp8" and ti % FP8_BLOCK:
+        return f"ti={ti} must be a multiple of {FP8_BLOCK} (fp8 scale blocks)"
     return None
 
 

@@ -80,6 +80,33 @@ def _project(x, w, scale, *, transpose_w: bool, quantization, precision):
     return out
 
 
+def _fp8_scales(scale, out_first, out_blocks, in_first, in_blocks):
+    """[in_blocks, 128 * out_blocks] f32: the 128x128 block scales of a weight block whose output
+    rows start at block ``out_first`` and contraction at block ``in_first``, each repeated over
+    its 128 output rows (what ``_project`` multiplies per contraction slice), picked and expanded
+    from an expert's raw ``scale`` [out / 128, in / 128] by exact 0/1 matmuls in VMEM."""
+    rows, cols = scale.shape
+    iota = jax.lax.broadcasted_iota
+    full = jax.lax.Precision.HIGHEST
+    pick_out = (iota(jnp.int32, (out_blocks, rows), 1) == out_first + iota(
+        jnp.int32, (out_blocks, rows), 0)).astype(jnp.float32)  # fmt: skip
+    pick_in = (iota(jnp.int32, (cols, in_blocks), 0) == in_first + iota(
+        jnp.int32, (cols, in_blocks), 1)).astype(jnp.float32)  # fmt: skip
+    picked = _dot(
+        _dot(pick_out, scale, transpose_b=False, precision=full),
+        pick_in,
+        transpose_b=False,
+        precision=full,
+    )  # [out_blocks, in_blocks]
+    width = out_blocks * FP8_BLOCK
+    expand = (iota(jnp.int32, (out_blocks, width), 1) // FP8_BLOCK
+              == iota(jnp.int32, (out_blocks, width), 0)).astype(jnp.float32)  # fmt: skip
+    return jax.lax.dot_general(
+        picked, expand, (((0,), (0,)), ((), ())), precision=full,
+        preferred_element_type=jnp.float32,
+    )  # fmt: skip
+
+
 def _mxfp4_weights(w, scale, first_byte, dtype):
     """(even, odd) dequantized halves [rows, bytes] of an mxfp4 block: packed ``w`` [rows, bytes]
     and the int8-viewed exponents ``scale`` [rows, groups] of every group from the one holding
@@ -180,19 +207,31 @@ def _kernel(
     def read(ref):
         return None if ref is None else ref[...]
 
+    gate_up_scales = [read(ref) for ref in gate_up_scale_refs]
+    down_scale = read(down_scale_ref)
+    if config.quantization == "fp8":  # this step's blocks of the expert's raw block scales
+        hidden_blocks = x_refs[0].shape[1] // FP8_BLOCK
+        for h, w_ref in enumerate(gate_up_refs):
+            per_half = gate_up_scales[h].shape[0] // len(gate_up_refs)
+            out_blocks = w_ref.shape[0] // FP8_BLOCK
+            first = h * per_half + j * out_blocks
+            gate_up_scales[h] = _fp8_scales(gate_up_scales[h], first, out_blocks, 0, hidden_blocks)
+        in_blocks = down_ref.shape[1] // FP8_BLOCK
+        down_scale = _fp8_scales(down_scale, 0, hidden_blocks, j * in_blocks, in_blocks)
+
     def expert_chunk(c, carry):
         xs = [xs_ref[rows(c), :] for xs_ref in xs_refs]
         projected = []
-        for w_ref, b_ref, s_ref in zip(
-            gate_up_refs, gate_up_bias_refs, gate_up_scale_refs, strict=True
+        for w_ref, b_ref, scale in zip(
+            gate_up_refs, gate_up_bias_refs, gate_up_scales, strict=True
         ):
             if mxfp4:
-                h = _project_mxfp4(*xs, w_ref[...], s_ref[...], 0, precision)
+                h = _project_mxfp4(*xs, w_ref[...], scale, 0, precision)
             else:
                 h = _project(
                     xs[0],
                     w_ref[...],
-                    read(s_ref),
+                    scale,
                     transpose_w=not config.transposed,
                     quantization=config.quantization,
                     precision=precision,
@@ -208,14 +247,12 @@ def _kernel(
         if mxfp4:
             even, odd = (a.astype(cdt) for a in _deinterleave(act))
             first_byte = j * down_ref.shape[1]
-            partial = _project_mxfp4(
-                even, odd, down_ref[...], down_scale_ref[...], first_byte, precision
-            )
+            partial = _project_mxfp4(even, odd, down_ref[...], down_scale, first_byte, precision)
         else:
             partial = _project(  # w8a8 quantizes the f32 activation itself
                 act if config.quantization == "w8a8" else act.astype(cdt),
                 down_ref[...],
-                read(down_scale_ref),
+                down_scale,
                 transpose_w=not config.transposed,
                 quantization=config.quantization,
                 precision=precision,
@@ -257,6 +294,9 @@ def _specs(config: ExpertsConfig, w_gate_up, w_down, blocks: Blocks, steps: int,
     hidden = config.hidden(w_gate_up.shape)
     packed = hidden // config.packing
 
+    def whole_expert(e, j, chunks, offsets, we, wb):
+        return (we[e], 0, 0)
+
     def block_index(e, j, wb_ref):
         return jnp.where(wb_ref[e] < 0, j, wb_ref[e])
 
@@ -277,9 +317,9 @@ def _specs(config: ExpertsConfig, w_gate_up, w_down, blocks: Blocks, steps: int,
         specs += [pl.BlockSpec((None, 1, width), along(o, True)) for o in halves]
     if config.weight_format == "int8":
         specs += [pl.BlockSpec((None, 1, width), along(o, True)) for o in halves]
-    elif config.quantization == "fp8":
-        rows = hidden // FP8_BLOCK
-        specs += [pl.BlockSpec((None, rows, width), along(o, True)) for o in halves]
+    elif config.quantization == "fp8":  # the whole expert's raw block scales (1/4096 of bytes)
+        shape = (None, 2 * steps * ti // FP8_BLOCK, hidden // FP8_BLOCK)
+        specs += [pl.BlockSpec(shape, whole_expert) for _ in halves]
     elif config.quantization == "mxfp4":
         groups = hidden // MX_GROUP
         specs += [pl.BlockSpec((None, width, groups), along(o, False)) for o in halves]
@@ -288,12 +328,6 @@ def _specs(config: ExpertsConfig, w_gate_up, w_down, blocks: Blocks, steps: int,
         jb = block_index(e, j, wb)
         return (we[e], jb, 0) if config.transposed else (we[e], 0, jb)
 
-    def whole_expert(e, j, chunks, offsets, we, wb):
-        return (we[e], 0, 0)
-
-    def down_scale_index(e, j, chunks, offsets, we, wb):
-        return (we[e], block_index(e, j, wb), 0)
-
     down_block = (None, ti, hidden) if config.transposed else (None, hidden, ti // config.packing)
     specs.append(pl.BlockSpec(down_block, down_index))
     if present["down_bias"]:
@@ -301,7 +335,8 @@ def _specs(config: ExpertsConfig, w_gate_up, w_down, blocks: Blocks, steps: int,
     if config.weight_format == "int8":
         specs.append(pl.BlockSpec((None, 1, hidden), whole_expert))
     elif config.quantization == "fp8":
-        specs.append(pl.BlockSpec((None, ti // FP8_BLOCK, hidden), down_scale_index))
+        shape = (None, hidden // FP8_BLOCK, steps * ti // FP8_BLOCK)
+        specs.append(pl.BlockSpec(shape, whole_expert))
     elif config.quantization == "mxfp4":  # the whole expert's [H, I / 32]: 1/16 of its bytes
         groups = config.intermediate(w_gate_up.shape) // MX_GROUP
         specs.append(pl.BlockSpec((None, hidden, groups), whole_expert))

@@ -142,15 +142,10 @@ def quantize(weight: jax.Array, kind: str) -> tuple[jax.Array, jax.Array]:
     return q, scale
 
 
-def kernel_scale(scale: jax.Array, kind: str, out: int) -> jax.Array:
-    """The scale as the kernel reads it: int8 [E, 1, out]; fp8 [E, ceil(in / 128), out] (each
-    block's scale repeated over its 128 output rows, laid along lanes: 1/32 of the fp8 weight's
-    bytes), so a 128-wide slice of the contraction scales whole output rows at once; mxfp4
-    [E, out, in / 32] as stored."""
+def kernel_scale(scale: jax.Array, kind: str) -> jax.Array:
+    """The scale as the kernel reads it: int8 [E, 1, out]; fp8 and mxfp4 as stored (the kernel
+    picks and expands each step's blocks in VMEM, so no per-call expansion over all experts)."""
     kind = weight_format(kind)
-    if kind == "mxfp4":  # read as stored; the kernel expands the exponents in VMEM
-        return scale
-    scale = scale.astype(jnp.float32)
     if kind == "int8":
-        return scale[:, None, :]
-    return jnp.repeat(scale, FP8_BLOCK, axis=1)[:, :out, :].transpose(0, 2, 1)
+        return scale.astype(jnp.float32)[:, None, :]
+    return scale
