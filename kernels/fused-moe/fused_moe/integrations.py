@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_NAME = "kernel_hub_fused_moe"
 MIN_TOKENS = 8
-can_torch_compile = False
+can_torch_compile = True
+"""Checked: fullgraph aot_eager compiles of kernelized Mixtral and MXFP4 GPT-OSS, no graph break."""
 has_backward = True
 """The backward differentiates the XLA path (see ``torch_ops``); kernelize in training mode still
 picks moe-gemm, whose gmm/tgmm backward kernels are the training path."""
@@ -120,12 +121,16 @@ def module_problem(module: torch.nn.Module) -> str | None:
     if problem:
         return problem
     kind, why = activation_of(module)
-    return None if kind else why
+    if kind is None:
+        return why
+    # checked here (kernelize runs this eagerly), so a compiled forward never runs the probe
+    _ACTIVATIONS[_activation_key(module)] = kind
+    _CHECKED.add(module)
+    return None
 
 
-def _activation(module: torch.nn.Module) -> str:
-    """The module's activation kind, probed once per class and gate parameters."""
-    key = (
+def _activation_key(module: torch.nn.Module) -> tuple:
+    return (
         type(module),
         getattr(module, "alpha", None),
         getattr(module, "limit", None),
@@ -133,6 +138,11 @@ def _activation(module: torch.nn.Module) -> str:
         getattr(module, "swiglu_limit", None),
         getattr(getattr(module, "config", None), "hidden_act", None),
     )
+
+
+def _activation(module: torch.nn.Module) -> str:
+    """The module's activation kind, probed once per class and gate parameters."""
+    key = _activation_key(module)
     cached = _ACTIVATIONS.get(key)
     if cached is None:
         kind, why = activation_of(module)
@@ -162,7 +172,6 @@ def experts_forward(
     problem = module_problem(experts) if experts not in _CHECKED else None
     if problem:
         raise NotImplementedError(f"{type(experts).__name__}: fused-moe cannot run it: {problem}")
-    _CHECKED.add(experts)
     tensors = quantized.expert_tensors(experts)
     tokens = hidden_states.shape[0]
     padded = _bucket(tokens) if tokens else 0
