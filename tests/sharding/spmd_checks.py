@@ -1014,6 +1014,72 @@ def torchax_mixtral_experts_over_ep():
     }
 
 
+# --- fused-moe expert parallelism (decode: tokens whole, experts over ep, psum) ------------------
+
+
+def _fused_ep_case(m, quantization=None, implementation="pallas"):
+    """fused_experts_ep on mesh ``m`` vs the unsharded fused_experts (XLA path), f32, with an
+    empty expert and every routing slot of one token on one shard."""
+    fused = get_kernel("fused-moe")
+    tokens, hidden, inter, experts, top_k = 24, 128, 256, 16, 2
+    rng = np.random.default_rng(40)
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    ids = np.stack([rng.choice([e for e in range(experts) if e != 5], top_k, replace=False)
+                    for _ in range(tokens)]).astype(np.int32)  # fmt: skip
+    ids[0] = [0, 1]
+    weights = rng.random((tokens, top_k)).astype(np.float32)
+    w1 = (rng.standard_normal((experts, 2 * inter, hidden)) / 11).astype(np.float32)
+    w2 = (rng.standard_normal((experts, hidden, inter)) / 16).astype(np.float32)
+    scales = [None, None]
+    if quantization:
+        (w1, s1), (w2, s2) = (fused.quant.quantize(jnp.asarray(w), quantization) for w in (w1, w2))
+        w1, w2, scales = np.asarray(w1), np.asarray(w2), [np.asarray(s1), np.asarray(s2)]
+    args = [x, ids, weights, w1, w2, None, None, *scales]
+    expected = fused.jax.fused_experts(*args, quantization=quantization, implementation="xla")
+    ep = P("ep")
+    placed = [None if a is None else put(m, a, P() if i < 3 else ep) for i, a in enumerate(args)]
+    run = jax.jit(
+        lambda *a: fused.expert_parallel.fused_experts_ep(
+            *a, quantization=quantization, implementation=implementation,
+            blocks=fused.jax.Blocks(8, 128) if implementation == "pallas" else None,
+        )
+    )  # fmt: skip
+    got = run(*placed)
+    err = max_err(got, expected) / max(1.0, float(jnp.max(jnp.abs(expected))))
+    return {"ok": err <= 1e-5 and tuple(got.sharding.spec) in ((), (None,), (None, None)),
+            "forward_err": err, "out_spec": str(got.sharding.spec)}  # fmt: skip
+
+
+@check
+def fused_experts_ep_16_experts_over_8():
+    return {"name": "fused-moe EP E=16 over (8,) ep, Pallas", **_fused_ep_case(mesh((8,), ("ep",)))}
+
+
+@check
+def fused_experts_ep_int8_data_x_ep_2x4():
+    m = mesh((2, 4), ("data", "ep"))
+    return {
+        "name": "fused-moe EP int8, ep of a (2,4) mesh, XLA",
+        **_fused_ep_case(m, "int8", "xla"),
+    }
+
+
+@check
+def fused_experts_ep_refuses_uneven_experts():
+    fused = get_kernel("fused-moe")
+    m = mesh((8,), ("ep",))
+    x = put(m, np.zeros((8, 128), np.float32), P())
+    ids = put(m, np.zeros((8, 1), np.int32), P())
+    w = put(m, np.ones((8, 1), np.float32), P())
+    w1 = put(m, np.zeros((12, 256, 128), np.float32), P())
+    w2 = put(m, np.zeros((12, 128, 128), np.float32), P())
+    return expect_error(
+        "fused-moe EP refuses 12 experts over 8 shards",
+        lambda: fused.expert_parallel.fused_experts_ep(x, ids, w, w1, w2),
+        ["12 experts", "8 shards"],
+    )
+
+
 def main() -> int:
     only = set(sys.argv[1:])
     for fn in CHECKS:

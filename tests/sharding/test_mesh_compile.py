@@ -31,7 +31,7 @@ ALL_GENERATIONS = ("rmsnorm", "layernorm", "attention", "ragged-attention")
 
 def _cells():
     cells = []
-    for op in ("rmsnorm", "layernorm", "attention", "ragged-attention", "moe-gemm"):
+    for op in ("rmsnorm", "layernorm", "attention", "ragged-attention", "moe-gemm", "fused-moe"):
         kernel, cases = kernel_mesh_cases(op)
         for case in cases:
             layer = not case.control  # ring / EP layers: 4-30 s a cell, forward on v5e here

@@ -2,14 +2,14 @@
 
 Torch ops ``fused_experts`` / ``fused_moe``, their JAX functions in ``jax``, top-k routing in
 ``routing``, quantized weight formats in ``quant`` (JAX) and ``quantized`` (torch modules), the
-Transformers experts integration in ``integrations`` (with ``quantize_experts``) and
-``layers.FusedMoEExperts``.
+Transformers experts integration in ``integrations`` (with ``quantize_experts``),
+``layers.FusedMoEExperts``, and expert parallelism for decode in ``expert_parallel``.
 """
 
 from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
-from . import benchmark, layers, quant, routing, sharding
+from . import benchmark, expert_parallel, layers, quant, routing, sharding
 from .torch_ops import fused_experts, fused_moe
 
 KERNEL = KernelDeclaration(
@@ -26,6 +26,7 @@ KERNEL = KernelDeclaration(
 __all__ = [
     "KERNEL",
     "benchmark",
+    "expert_parallel",
     "fused_experts",
     "fused_moe",
     "jax",

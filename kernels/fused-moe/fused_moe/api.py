@@ -34,8 +34,9 @@ from .config import ExpertsConfig
 from .routing import Router, route
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float64")
+NO_INT8_MATMUL = ("v4",)
+"""Generations whose Mosaic rejects int8 x int8 matmuls (checked by deviceless compiles)."""
 INT_DTYPES = ("int32", "int64")
-QUANTIZED_DTYPES = {"int8": "int8", "fp8": "float8_e4m3fn"}
 
 
 def make_config(
@@ -82,12 +83,11 @@ def check_inputs(
     )
     check_rank(op, "w_gate_up", w_gate_up, 3)
     check_rank(op, "w_down", w_down, 3)
-    weight_dtype = QUANTIZED_DTYPES.get(config.quantization)
+    weight_dtype = dtype_name(x.dtype)
+    if config.quantization is not None:
+        weight_dtype = jnp.dtype(quant.WEIGHT_DTYPES[config.quantization]).name
     for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
-        if weight_dtype is None:
-            check_dtype(op, name, w, (dtype_name(x.dtype),))
-        else:
-            check_dtype(op, name, w, (weight_dtype,))
+        check_dtype(op, name, w, (weight_dtype,))
     experts = w_gate_up.shape[0]
     inter = config.intermediate(w_gate_up.shape)
     layout = "[E, H, 2I]" if config.transposed else "[E, 2I, H]"
@@ -95,9 +95,14 @@ def check_inputs(
         config.hidden(w_gate_up.shape) == hidden
         and w_gate_up.shape[2 if config.transposed else 1] == 2 * inter,
         f"{op}: w_gate_up {tuple(w_gate_up.shape)} read as {layout} must have H={hidden} "
-        "(hidden_states) and an even gate/up dimension",
+        "(hidden_states) and an even gate/up dimension"
+        + (" (mxfp4: H / 2 bytes per row)" if config.packing > 1 else ""),
     )
-    down = (experts, inter, hidden) if config.transposed else (experts, hidden, inter)
+    down = (
+        (experts, inter, hidden)
+        if config.transposed
+        else (experts, hidden, inter // config.packing)
+    )
     require(
         tuple(w_down.shape) == down,
         f"{op}: w_down {tuple(w_down.shape)} must be {down} for w_gate_up "
@@ -124,7 +129,19 @@ def check_inputs(
             f"{op}: quantization={config.quantization!r} needs {name} of shape {shape} for "
             f"weight {tuple(w.shape)}, got {None if scale is None else tuple(scale.shape)}",
         )
-        check_dtype(op, name, scale, ("float32",))
+        check_dtype(op, name, scale, (jnp.dtype(quant.SCALE_DTYPES[config.quantization]).name,))
+    if config.quantization == "mxfp4":
+        require(
+            hidden % quant.MX_GROUP == 0 and inter % quant.MX_GROUP == 0,
+            f"{op}: mxfp4 weights need H ({hidden}) and I ({inter}) to be multiples of "
+            f"{quant.MX_GROUP} (whole scale groups)",
+        )
+    if config.quantization == "w8a8":
+        require(
+            hidden % quant.ACT_GROUP == 0 and inter % quant.ACT_GROUP == 0,
+            f"{op}: w8a8 quantizes activations per {quant.ACT_GROUP} columns: H ({hidden}) and "
+            f"I ({inter}) must be multiples of {quant.ACT_GROUP}",
+        )
     if config.quantization == "fp8":
         require(
             hidden % quant.FP8_BLOCK == 0 and inter % quant.FP8_BLOCK == 0,
@@ -160,8 +177,8 @@ def _default_blocks(x, idx, w1, config: ExpertsConfig) -> Blocks | None:
 def _pallas(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
     blocks = blocks or _default_blocks(x, idx, w1, config)
     if config.quantization is not None:
-        s1 = quant.kernel_scale(s1, config.quantization, w1.shape[1])
-        s2 = quant.kernel_scale(s2, config.quantization, w2.shape[1])
+        s1 = quant.kernel_scale(s1, config.quantization)
+        s2 = quant.kernel_scale(s2, config.quantization)
 
     return pallas_tpu.fused_experts(
         x, idx, w, w1, w2, b1, b2, s1, s2,
@@ -179,6 +196,10 @@ def _xla(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
 def _pallas_problem(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blocks):
     if jnp.dtype(x.dtype).name == "float64" and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
+    if config.quantization == "w8a8" and not _interpret():
+        generation = tpu_generation(jax_default_device())
+        if generation in NO_INT8_MATMUL:
+            return f"TPU {generation}'s MXU has no int8 matmul (w8a8); the XLA path runs it"
     if idx.shape[0] > MAX_TOKENS:
         return (
             f"{idx.shape[0]} tokens: the fused kernel holds at most {MAX_TOKENS} (a decode "
@@ -229,9 +250,9 @@ def fused_experts(
     ``hidden_states`` [T, H]; ``top_k_index`` / ``top_k_weights`` [T, k] (ids outside [0, E)
     contribute nothing; a token's ids must be distinct); ``w_gate_up`` [E, 2I, H] and ``w_down``
     [E, H, I] (``transposed``: [E, H, 2I] / [E, I, H]), gate and up ``interleaved`` or stacked
-    [gate; up]; optional biases [E, 2I] / [E, H]; ``quantization`` "int8" / "fp8" with scales in
-    ``quant``'s layouts. ``activation``: silu, gelu, gelu_tanh or gpt_oss (``alpha``, ``limit``).
-    Forward only (see the module docstring).
+    [gate; up]; optional biases [E, 2I] / [E, H]; ``quantization`` "int8" / "fp8" / "mxfp4" /
+    "w8a8" with weights and scales in ``quant``'s layouts. ``activation``: silu, gelu, gelu_tanh or
+    gpt_oss (``alpha``, ``limit``). Forward only (see the module docstring).
     """
     config = make_config(activation, alpha, limit, transposed, interleaved, quantization)
     args = (hidden_states, top_k_index, top_k_weights, w_gate_up, w_down, gate_up_bias,

@@ -38,13 +38,21 @@ GPT_OSS = MoEShape("gpt-oss-120b", 128, 2880, 2880, 4, "gpt_oss", True, True, Tr
 DEEPSEEK_V3 = MoEShape("deepseek-v3", 256, 7168, 2048, 8)
 MODELS = (MIXTRAL, QWEN3_MOE, GPT_OSS, DEEPSEEK_V3)
 SMALL = MoEShape("small-e8", 8, 256, 512, 2)
+GPT_OSS_MXFP4 = MoEShape("gpt-oss-mxfp4-1024", 16, 1024, 1024, 4, "gpt_oss", False, True, True)
+"""GPT-OSS's experts in its MXFP4 checkpoint layout ([E, out, in / 2]) at H = I = 1024 (compile
+cells): at GPT-OSS's own 2880 the down block must span the whole I (no 256-multiple divides
+2880) and the decoded block does not fit VMEM, so those calls take the XLA path."""
 
 
-def weight_shapes(model: MoEShape) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def weight_shapes(
+    model: MoEShape, quantization: str | None = None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Stored shapes (mxfp4: two values per byte along the contraction axis)."""
     e, h, i = model.experts, model.hidden, model.intermediate
     if model.transposed:
         return (e, h, 2 * i), (e, i, h)
-    return (e, 2 * i, h), (e, h, i)
+    packing = 2 if quantization == "mxfp4" else 1
+    return (e, 2 * i, h // packing), (e, h, i // packing)
 
 
 def routed_ids(rng: np.random.Generator, tokens: int, model: MoEShape) -> np.ndarray:
@@ -61,9 +69,12 @@ def weight_bytes(model: MoEShape, tokens: int, quantization: str | None, dtype) 
     if quantization is None:
         return experts * per_expert * jnp.dtype(dtype).itemsize
     scales = sum(
-        int(np.prod(quant.scale_shape(quantization, (1, *s[1:])))) for s in weight_shapes(model)
+        int(np.prod(quant.scale_shape(quantization, (1, *s[1:]))))
+        for s in weight_shapes(model, quantization)
     )
-    return experts * (per_expert + 4 * scales)
+    packing = 2 if quantization == "mxfp4" else 1
+    scale_itemsize = jnp.dtype(quant.SCALE_DTYPES[quantization]).itemsize
+    return experts * (per_expert // packing + scale_itemsize * scales)
 
 
 def case(
@@ -74,7 +85,7 @@ def case(
     tags: tuple[str, ...] = (),
 ) -> KernelCase:
     """One fused-experts call of ``model`` for ``tokens`` tokens."""
-    w1_shape, w2_shape = weight_shapes(model)
+    w1_shape, w2_shape = weight_shapes(model, quantization)
     w_dtype = quant.WEIGHT_DTYPES[quantization] if quantization else dtype
     e, h, i = model.experts, model.hidden, model.intermediate
     args = [
@@ -88,7 +99,9 @@ def case(
     ]
     if quantization:
         args += [
-            jax.ShapeDtypeStruct(quant.scale_shape(quantization, s), jnp.float32)
+            jax.ShapeDtypeStruct(
+                quant.scale_shape(quantization, s), quant.SCALE_DTYPES[quantization]
+            )
             for s in (w1_shape, w2_shape)
         ]
 
@@ -104,7 +117,11 @@ def case(
                     rng.standard_normal((e, h), dtype=np.float32).astype(dtype)]  # fmt: skip
         else:
             out += [None, None]
-        if quantization:
+        if quantization == "mxfp4":  # any byte is two fp4 values; exponents near 2 ** -6
+            out[3], out[4] = (rng.integers(0, 256, s, dtype=np.uint8) for s in (w1_shape, w2_shape))
+            out += [rng.integers(118, 124, quant.scale_shape(quantization, s), dtype=np.uint8)
+                    for s in (w1_shape, w2_shape)]  # fmt: skip
+        elif quantization:
             q1, s1 = quant.quantize(jnp.asarray(out[3]), quantization)
             q2, s2 = quant.quantize(jnp.asarray(out[4]), quantization)
             out[3], out[4] = np.asarray(q1), np.asarray(q2)
@@ -141,6 +158,8 @@ CASES = [
     case(GPT_OSS, 16),
     case(MIXTRAL, 16, "int8"),
     case(SMALL._replace(hidden=512), 32, "fp8"),
+    case(GPT_OSS_MXFP4, 16, "mxfp4"),
+    case(SMALL, 32, "w8a8"),
     case(SMALL, 16, dtype=jnp.float32, tags=(CPU_TAG,)),
     case(SMALL, 64, tags=(CPU_TAG,)),
 ]

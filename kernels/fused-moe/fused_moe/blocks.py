@@ -34,7 +34,7 @@ def vmem_capacity(generation: str | None) -> int:
 
 
 def vmem_bytes(
-    tokens: int, hidden: int, blocks: Blocks, dtype, w_itemsize: int, quantized: bool
+    tokens: int, hidden: int, blocks: Blocks, dtype, w_itemsize: int, quantization: str | None
 ) -> int:
     """Estimated VMEM: x and the f32 output whole, per-expert scratch, double-buffered weight
     blocks, dequantized weight blocks, and per-chunk temporaries."""
@@ -42,8 +42,11 @@ def vmem_bytes(
     cap = -(-tokens // blocks.tm) * blocks.tm
     resident = tokens * hidden * (2 * itemsize + 4 + 2 * itemsize)  # x (x2), out acc, out (x2)
     scratch = cap * hidden * (itemsize + 4)
-    weights = 2 * 3 * blocks.ti * hidden * w_itemsize
-    dequantized = 2 * blocks.ti * hidden * itemsize if quantized else 0
+    packing = 2 if quantization == "mxfp4" else 1
+    weights = 2 * 3 * blocks.ti * hidden * w_itemsize // packing
+    dequantized = 2 * blocks.ti * hidden * itemsize if quantization else 0
+    if quantization == "mxfp4":  # f32 decoded nibbles and expanded scales of the gate/up block
+        dequantized += 2 * blocks.ti * hidden * 4
     temporaries = blocks.tm * (tokens * 4 + 4 * blocks.ti * 4 + 2 * hidden * 4)
     return resident + scratch + weights + dequantized + temporaries
 
@@ -80,11 +83,12 @@ def ti_problem(ti: int, intermediate: int, config: ExpertsConfig) -> str | None:
         return f"ti={ti} must be a multiple of {LANES} or the whole intermediate size ([E, H, I])"
     if config.transposed and not (whole or ti % 8 == 0):
         return f"ti={ti} must be a multiple of 8 or the whole intermediate size ([E, I, H])"
-    if config.quantization == "fp8":
-        if ti % FP8_BLOCK:
-            return f"ti={ti} must be a multiple of {FP8_BLOCK} (fp8 scale blocks)"
-        if not (whole or (ti // FP8_BLOCK) % 8 == 0):
-            return f"ti={ti} must be a multiple of {8 * FP8_BLOCK} or the whole intermediate size"
+    if config.quantization == "mxfp4" and not (whole or (ti // 2) % LANES == 0):
+        return f"ti={ti} must be a multiple of {2 * LANES} or the whole intermediate size (mxfp4)"
+    if config.quantization == "w8a8" and ti % LANES:
+        return f"ti={ti} must be a multiple of {LANES} (w8a8 quantizes 128-column groups)"
+    if config.quantization == "fp8" and ti % FP8_BLOCK:
+        return f"ti={ti} must be a multiple of {FP8_BLOCK} (fp8 scale blocks)"
     return None
 
 
@@ -107,7 +111,7 @@ def default_blocks(
 ) -> Blocks | None:
     """Chunks sized to the expected rows per expert; the largest legal ``ti`` <= ``TARGET_TI``
     whose VMEM estimate fits ``vmem_budget`` (else the smallest legal one, and the compiler
-    decides). None when no ``ti`` is legal."""
+    decides; for mxfp4, whose decoded blocks are large, none). None when no ``ti`` is legal."""
     sub = sublanes(dtype)
     expected = -(-tokens * top_k // num_experts)
     tm = sub
@@ -117,11 +121,13 @@ def default_blocks(
     legal = [t for t in divisors if ti_problem(t, intermediate, config) is None]
     if not legal:
         return None
-    quantized = config.quantization is not None
-    fitting = [
+    q = config.quantization
+    fits = [
         t
         for t in legal
-        if t <= TARGET_TI
-        and vmem_bytes(tokens, hidden, Blocks(tm, t), dtype, w_itemsize, quantized) <= vmem_budget
+        if vmem_bytes(tokens, hidden, Blocks(tm, t), dtype, w_itemsize, q) <= vmem_budget
     ]
+    fitting = [t for t in fits if t <= TARGET_TI]
+    if q == "mxfp4":
+        return Blocks(tm, (fitting or fits)[0]) if fits else None
     return Blocks(tm, fitting[0] if fitting else legal[-1])

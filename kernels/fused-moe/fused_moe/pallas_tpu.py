@@ -11,10 +11,15 @@ so its weights are never read). For each ``tm``-row chunk of the expert's rows (
 * last j: add the down bias, multiply by the router weights and scatter-add into the f32 ``[T, H]``
   output accumulator with the transposed selection matmul. The output is written once, at the end.
 
-Quantized weights (int8 per channel, fp8 128x128 blocks) are converted to the activation dtype in
-VMEM: int8 scales multiply the f32 product per output column; fp8 scales multiply each 128-wide
-slice of the contraction. Selection matmuls and f32 operands use full precision, so gathers and
-scatters are exact.
+Quantized weights (int8 per channel, fp8 128x128 blocks, mxfp4) are converted to the activation
+dtype in VMEM: int8 scales multiply the f32 product per output column; fp8 scales multiply each
+128-wide slice of the contraction. w8a8 quantizes the rows to int8 per token and 128 columns;
+each group's int8 x int8 product accumulates in int32, then both scales multiply. mxfp4 bytes
+hold the values at even and odd contraction positions: the kernel decodes both nibbles,
+multiplies by their group's power of two (expanded along lanes by an exact 0/1 matmul) and
+contracts them with the even and odd columns of the activations (``hidden_states`` split
+outside the kernel; the gated activation split in VMEM). Selection matmuls and f32 operands use
+full precision, so gathers and scatters are exact.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from jax.experimental.pallas import tpu as pltpu
 from .blocks import Blocks, vmem_bytes
 from .config import ExpertsConfig
 from .dispatch import Dispatch, cdiv, dispatch
-from .quant import FP8_BLOCK
+from .quant import ACT_GROUP, FP8_BLOCK, MX_GROUP, e8m0_values, quantize_rows, unpack_fp4
 
 
 def _precision(dtype):
@@ -51,6 +56,17 @@ def _project(x, w, scale, *, transpose_w: bool, quantization, precision):
     """``x @ W^T`` (or ``x @ W``) of one weight block in f32; quantized blocks dequantized."""
     if quantization is None:
         return _dot(x, w, transpose_b=transpose_w, precision=precision)
+    if quantization == "w8a8":  # int8 x int8 -> int32 per 128-column group, then both scales
+        xq, x_scale = quantize_rows(x)
+        dims = (((1,), (1 if transpose_w else 0,)), ((), ()))
+        out = None
+        for g in range(x.shape[1] // ACT_GROUP):
+            cols = slice(g * ACT_GROUP, (g + 1) * ACT_GROUP)
+            w_part = w[:, cols] if transpose_w else w[cols, :]
+            acc = jax.lax.dot_general(xq[:, cols], w_part, dims, preferred_element_type=jnp.int32)
+            part = acc.astype(jnp.float32) * x_scale[:, g : g + 1]
+            out = part if out is None else out + part
+        return out * scale
     w = w.astype(x.dtype)
     if quantization == "int8":
         return _dot(x, w, transpose_b=transpose_w, precision=precision) * scale
@@ -62,6 +78,60 @@ def _project(x, w, scale, *, transpose_w: bool, quantization, precision):
         part = part * scale[kb : kb + 1, :]
         out = part if out is None else out + part
     return out
+
+
+def _fp8_scales(scale, out_first, out_blocks, in_first, in_blocks):
+    """[in_blocks, 128 * out_blocks] f32: the 128x128 block scales of a weight block whose output
+    rows start at block ``out_first`` and contraction at block ``in_first``, each repeated over
+    its 128 output rows (what ``_project`` multiplies per contraction slice), picked and expanded
+    from an expert's raw ``scale`` [out / 128, in / 128] by exact 0/1 matmuls in VMEM."""
+    rows, cols = scale.shape
+    iota = jax.lax.broadcasted_iota
+    full = jax.lax.Precision.HIGHEST
+    pick_out = (iota(jnp.int32, (out_blocks, rows), 1) == out_first + iota(
+        jnp.int32, (out_blocks, rows), 0)).astype(jnp.float32)  # fmt: skip
+    pick_in = (iota(jnp.int32, (cols, in_blocks), 0) == in_first + iota(
+        jnp.int32, (cols, in_blocks), 1)).astype(jnp.float32)  # fmt: skip
+    picked = _dot(
+        _dot(pick_out, scale, transpose_b=False, precision=full),
+        pick_in,
+        transpose_b=False,
+        precision=full,
+    )  # [out_blocks, in_blocks]
+    width = out_blocks * FP8_BLOCK
+    expand = (iota(jnp.int32, (out_blocks, width), 1) // FP8_BLOCK
+              == iota(jnp.int32, (out_blocks, width), 0)).astype(jnp.float32)  # fmt: skip
+    return jax.lax.dot_general(
+        picked, expand, (((0,), (0,)), ((), ())), precision=full,
+        preferred_element_type=jnp.float32,
+    )  # fmt: skip
+
+
+def _mxfp4_weights(w, scale, first_byte, dtype):
+    """(even, odd) dequantized halves [rows, bytes] of an mxfp4 block: packed ``w`` [rows, bytes]
+    and the int8-viewed exponents ``scale`` [rows, groups] of every group from the one holding
+    byte 0 of the axis (``first_byte``: the block's offset along the packed axis)."""
+    groups, width = scale.shape[1], w.shape[1]
+    group = jax.lax.broadcasted_iota(jnp.int32, (groups, width), 0)
+    byte = first_byte + jax.lax.broadcasted_iota(jnp.int32, (groups, width), 1)
+    expand = (group == byte // (MX_GROUP // 2)).astype(jnp.bfloat16)
+    # powers of two and 0/1 are exact in bf16, and each output sums one product: exact
+    factor = jax.lax.dot_general(
+        e8m0_values(scale.astype(jnp.int32) & 0xFF).astype(jnp.bfloat16),
+        expand,
+        (((1,), (0,)), ((), ())),
+        preferred_element_type=jnp.float32,
+    )
+    even, odd = unpack_fp4(w)
+    return (even * factor).astype(dtype), (odd * factor).astype(dtype)
+
+
+def _project_mxfp4(x_even, x_odd, w, scale, first_byte, precision):
+    """``x @ W^T`` of one mxfp4 block in f32 from the even / odd contraction columns of x."""
+    w_even, w_odd = _mxfp4_weights(w, scale, first_byte, x_even.dtype)
+    return _dot(x_even, w_even, transpose_b=True, precision=precision) + _dot(
+        x_odd, w_odd, transpose_b=True, precision=precision
+    )
 
 
 def _deinterleave(h):
@@ -85,7 +155,6 @@ def _kernel(
     weight_block_ref,
     tokens_ref,
     row_weights_ref,
-    x_ref,
     *refs,
     config: ExpertsConfig,
     tm: int,
@@ -94,6 +163,7 @@ def _kernel(
 ):
     refs = list(refs)
     take = lambda n: [refs.pop(0) for _ in range(n)]
+    x_refs = take(config.packing)  # mxfp4: even and odd columns
     gate_up_refs = take(1 if config.interleaved else 2)
     gate_up_bias_refs = take(len(gate_up_refs)) if has_gate_up_bias else [None] * len(gate_up_refs)
     quantized = config.quantization is not None
@@ -101,13 +171,14 @@ def _kernel(
     (down_ref,) = take(1)
     down_bias_ref = take(1)[0] if has_down_bias else None
     down_scale_ref = take(1)[0] if quantized else None
-    out_ref, xs_ref, hacc_ref, oacc_ref = refs
+    out_ref, *xs_refs, hacc_ref, oacc_ref = refs
+    mxfp4 = config.quantization == "mxfp4"
 
     e, j = pl.program_id(0), pl.program_id(1)
     last_e, last_j = pl.num_programs(0) - 1, pl.num_programs(1) - 1
     n, base = chunks_ref[e], offsets_ref[e]
-    tokens = x_ref.shape[0]
-    cdt = x_ref.dtype
+    tokens = x_refs[0].shape[0]
+    cdt = x_refs[0].dtype
     precision = _precision(cdt)
 
     @pl.when((e == 0) & (j == 0))
@@ -125,8 +196,10 @@ def _kernel(
     @pl.when(j == 0)
     def _():
         def gather(c, carry):
-            picked = _dot(selection(c, cdt), x_ref[...], transpose_b=False, precision=precision)
-            xs_ref[rows(c), :] = picked.astype(cdt)
+            sel = selection(c, cdt)
+            for x_ref, xs_ref in zip(x_refs, xs_refs, strict=True):
+                picked = _dot(sel, x_ref[...], transpose_b=False, precision=precision)
+                xs_ref[rows(c), :] = picked.astype(cdt)
             return carry
 
         jax.lax.fori_loop(0, n, gather, 0)
@@ -134,20 +207,35 @@ def _kernel(
     def read(ref):
         return None if ref is None else ref[...]
 
+    gate_up_scales = [read(ref) for ref in gate_up_scale_refs]
+    down_scale = read(down_scale_ref)
+    if config.quantization == "fp8":  # this step's blocks of the expert's raw block scales
+        hidden_blocks = x_refs[0].shape[1] // FP8_BLOCK
+        for h, w_ref in enumerate(gate_up_refs):
+            per_half = gate_up_scales[h].shape[0] // len(gate_up_refs)
+            out_blocks = w_ref.shape[0] // FP8_BLOCK
+            first = h * per_half + j * out_blocks
+            gate_up_scales[h] = _fp8_scales(gate_up_scales[h], first, out_blocks, 0, hidden_blocks)
+        in_blocks = down_ref.shape[1] // FP8_BLOCK
+        down_scale = _fp8_scales(down_scale, 0, hidden_blocks, j * in_blocks, in_blocks)
+
     def expert_chunk(c, carry):
-        x = xs_ref[rows(c), :]
+        xs = [xs_ref[rows(c), :] for xs_ref in xs_refs]
         projected = []
-        for w_ref, b_ref, s_ref in zip(
-            gate_up_refs, gate_up_bias_refs, gate_up_scale_refs, strict=True
+        for w_ref, b_ref, scale in zip(
+            gate_up_refs, gate_up_bias_refs, gate_up_scales, strict=True
         ):
-            h = _project(
-                x,
-                w_ref[...],
-                read(s_ref),
-                transpose_w=not config.transposed,
-                quantization=config.quantization,
-                precision=precision,
-            )
+            if mxfp4:
+                h = _project_mxfp4(*xs, w_ref[...], scale, 0, precision)
+            else:
+                h = _project(
+                    xs[0],
+                    w_ref[...],
+                    scale,
+                    transpose_w=not config.transposed,
+                    quantization=config.quantization,
+                    precision=precision,
+                )
             if b_ref is not None:
                 h = h + b_ref[...].astype(h.dtype)
             projected.append(h)
@@ -155,15 +243,20 @@ def _kernel(
             gate, up = _deinterleave(projected[0])
         else:
             gate, up = projected
-        act = config.activation(gate, up).astype(cdt)
-        partial = _project(
-            act,
-            down_ref[...],
-            read(down_scale_ref),
-            transpose_w=not config.transposed,
-            quantization=config.quantization,
-            precision=precision,
-        )
+        act = config.activation(gate, up)
+        if mxfp4:
+            even, odd = (a.astype(cdt) for a in _deinterleave(act))
+            first_byte = j * down_ref.shape[1]
+            partial = _project_mxfp4(even, odd, down_ref[...], down_scale, first_byte, precision)
+        else:
+            partial = _project(  # w8a8 quantizes the f32 activation itself
+                act if config.quantization == "w8a8" else act.astype(cdt),
+                down_ref[...],
+                down_scale,
+                transpose_w=not config.transposed,
+                quantization=config.quantization,
+                precision=precision,
+            )
         previous = jnp.where(j == 0, 0.0, hacc_ref[rows(c), :])
         hacc_ref[rows(c), :] = previous + partial
         return carry
@@ -199,6 +292,10 @@ def _specs(config: ExpertsConfig, w_gate_up, w_down, blocks: Blocks, steps: int,
     """BlockSpecs of the weight-side operands, in the kernel's order."""
     ti = blocks.ti
     hidden = config.hidden(w_gate_up.shape)
+    packed = hidden // config.packing
+
+    def whole_expert(e, j, chunks, offsets, we, wb):
+        return (we[e], 0, 0)
 
     def block_index(e, j, wb_ref):
         return jnp.where(wb_ref[e] < 0, j, wb_ref[e])
@@ -214,34 +311,35 @@ def _specs(config: ExpertsConfig, w_gate_up, w_down, blocks: Blocks, steps: int,
 
     halves = (0,) if config.interleaved else (0, steps)
     width = 2 * ti if config.interleaved else ti
-    w_block = (None, hidden, width) if config.transposed else (None, width, hidden)
+    w_block = (None, hidden, width) if config.transposed else (None, width, packed)
     specs = [pl.BlockSpec(w_block, along(o, config.transposed)) for o in halves]
     if present["gate_up_bias"]:
         specs += [pl.BlockSpec((None, 1, width), along(o, True)) for o in halves]
-    if config.quantization == "int8":
+    if config.weight_format == "int8":
         specs += [pl.BlockSpec((None, 1, width), along(o, True)) for o in halves]
-    elif config.quantization == "fp8":
-        rows = hidden // FP8_BLOCK
-        specs += [pl.BlockSpec((None, rows, width), along(o, True)) for o in halves]
+    elif config.quantization == "fp8":  # the whole expert's raw block scales (1/4096 of bytes)
+        shape = (None, 2 * steps * ti // FP8_BLOCK, hidden // FP8_BLOCK)
+        specs += [pl.BlockSpec(shape, whole_expert) for _ in halves]
+    elif config.quantization == "mxfp4":
+        groups = hidden // MX_GROUP
+        specs += [pl.BlockSpec((None, width, groups), along(o, False)) for o in halves]
 
     def down_index(e, j, chunks, offsets, we, wb):
         jb = block_index(e, j, wb)
         return (we[e], jb, 0) if config.transposed else (we[e], 0, jb)
 
-    def whole_expert(e, j, chunks, offsets, we, wb):
-        return (we[e], 0, 0)
-
-    def down_scale_index(e, j, chunks, offsets, we, wb):
-        return (we[e], block_index(e, j, wb), 0)
-
-    down_block = (None, ti, hidden) if config.transposed else (None, hidden, ti)
+    down_block = (None, ti, hidden) if config.transposed else (None, hidden, ti // config.packing)
     specs.append(pl.BlockSpec(down_block, down_index))
     if present["down_bias"]:
         specs.append(pl.BlockSpec((None, 1, hidden), whole_expert))
-    if config.quantization == "int8":
+    if config.weight_format == "int8":
         specs.append(pl.BlockSpec((None, 1, hidden), whole_expert))
     elif config.quantization == "fp8":
-        specs.append(pl.BlockSpec((None, ti // FP8_BLOCK, hidden), down_scale_index))
+        shape = (None, hidden // FP8_BLOCK, steps * ti // FP8_BLOCK)
+        specs.append(pl.BlockSpec(shape, whole_expert))
+    elif config.quantization == "mxfp4":  # the whole expert's [H, I / 32]: 1/16 of its bytes
+        groups = config.intermediate(w_gate_up.shape) // MX_GROUP
+        specs.append(pl.BlockSpec((None, hidden, groups), whole_expert))
     return specs
 
 
@@ -276,12 +374,13 @@ def fused_experts(
     )
     padded = plan.row_tokens.shape[0]
 
-    operands = [plan.row_tokens, plan.row_weights, x]
+    # mxfp4 contracts even and odd columns separately (two values per byte)
+    x_parts = [x[:, 0::2], x[:, 1::2]] if config.packing == 2 else [x]
+    operands = [plan.row_tokens, plan.row_weights, *x_parts]
     in_specs = [
         pl.BlockSpec((padded, 1), lambda e, j, *_: (0, 0)),
         pl.BlockSpec((padded, 1), lambda e, j, *_: (0, 0)),
-        pl.BlockSpec((tokens, hidden), lambda e, j, *_: (0, 0)),
-    ]
+    ] + [pl.BlockSpec(part.shape, lambda e, j, *_: (0, 0)) for part in x_parts]
     halves = 1 if config.interleaved else 2
     operands += [w_gate_up] * halves
     if gate_up_bias is not None:
@@ -306,16 +405,17 @@ def fused_experts(
     cap = cdiv(tokens, tm) * tm
     w_itemsize = jnp.dtype(w_gate_up.dtype).itemsize
     experts_read = min(num_experts, tokens * top_k)
-    weight_bytes = experts_read * 3 * intermediate * hidden * w_itemsize
+    weight_bytes = experts_read * 3 * intermediate * hidden * w_itemsize // config.packing
     if gate_up_scale is not None:
-        weight_bytes += experts_read * (gate_up_scale[0].size + down_scale[0].size) * 4
+        scale_bytes = gate_up_scale[0].size + down_scale[0].size
+        weight_bytes += experts_read * scale_bytes * jnp.dtype(gate_up_scale.dtype).itemsize
     itemsize = jnp.dtype(x.dtype).itemsize
     cost = pl.CostEstimate(
         flops=2 * padded * hidden * 3 * intermediate + 4 * padded * tokens * hidden,
         transcendentals=padded * intermediate,
         bytes_accessed=weight_bytes + tokens * hidden * (itemsize + jnp.dtype(out_dtype).itemsize),
     )
-    vmem = vmem_bytes(tokens, hidden, blocks, x.dtype, w_itemsize, gate_up_scale is not None)
+    vmem = vmem_bytes(tokens, hidden, blocks, x.dtype, w_itemsize, config.quantization)
     kernel = functools.partial(
         _kernel,
         config=config,
@@ -332,7 +432,7 @@ def fused_experts(
             in_specs=in_specs,
             out_specs=pl.BlockSpec((tokens, hidden), lambda e, j, *_: (0, 0)),
             scratch_shapes=[
-                pltpu.VMEM((cap, hidden), x.dtype),
+                *(pltpu.VMEM((cap, part.shape[1]), x.dtype) for part in x_parts),
                 pltpu.VMEM((cap, hidden), _acc(x.dtype)),
                 pltpu.VMEM((tokens, hidden), _acc(x.dtype)),
             ],

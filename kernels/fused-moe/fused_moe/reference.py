@@ -27,10 +27,31 @@ def _dims(transposed: bool) -> jax.lax.RaggedDotDimensionNumbers:
 
 
 def weights(w, scale, config: ExpertsConfig, dtype):
-    """The weight in the compute dtype (quantized weights dequantized)."""
+    """The weight in the compute dtype (quantized weights dequantized; w8a8's int8 values as
+    f32, their scale applied after the product)."""
     if config.quantization is None:
         return w
+    if config.quantization == "w8a8":
+        return w.astype(jnp.float32)
     return quant.dequantize(w, scale, config.quantization, dtype)
+
+
+def _ragged(rows, w, scale, sizes, sorted_expert, config: ExpertsConfig, precision, acc):
+    """Each row times its expert's weight, in ``acc``; w8a8 quantizes the rows per token and 128
+    columns, multiplies the integer weights by the dequantized rows (each group's sum is its
+    int32 product times its scale, up to f32 rounding) and applies the weight scale."""
+    dims = _dims(config.transposed)
+    if config.quantization != "w8a8":
+        return jax.lax.ragged_dot_general(
+            rows, w, sizes, dims, precision=precision, preferred_element_type=acc
+        )
+    q, row_scale = quant.quantize_rows(rows)
+    rows = q.astype(jnp.float32) * jnp.repeat(row_scale, quant.ACT_GROUP, axis=1)
+    product = jax.lax.ragged_dot_general(
+        rows, w, sizes, dims, precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=jnp.float32,
+    )  # fmt: skip
+    return (product * scale[sorted_expert]).astype(acc)
 
 
 def split_gate_up(h: jax.Array, interleaved: bool) -> tuple[jax.Array, jax.Array]:
@@ -72,16 +93,14 @@ def fused_experts(
     sizes = jnp.bincount(expert, length=num_experts + 1)[:num_experts].astype(jnp.int32)
     rows = x[order // top_k]
 
-    h = jax.lax.ragged_dot_general(
-        rows, w1, sizes, _dims(config.transposed), precision=precision, preferred_element_type=acc
-    )
+    h = _ragged(rows, w1, gate_up_scale, sizes, sorted_expert, config, precision, acc)
     if gate_up_bias is not None:
         h = h + gate_up_bias[sorted_expert].astype(acc)
     gate, up = split_gate_up(h, config.interleaved)
-    act = config.activation(gate, up).astype(x.dtype)
-    y = jax.lax.ragged_dot_general(
-        act, w2, sizes, _dims(config.transposed), precision=precision, preferred_element_type=acc
-    )
+    act = config.activation(gate, up)
+    if config.quantization != "w8a8":  # w8a8 quantizes the f32 activation itself
+        act = act.astype(x.dtype)
+    y = _ragged(act, w2, down_scale, sizes, sorted_expert, config, precision, acc)
     if down_bias is not None:
         y = y + down_bias[sorted_expert].astype(acc)
     weight = jnp.where(sorted_valid, top_k_weights.reshape(-1)[order].astype(acc), 0)

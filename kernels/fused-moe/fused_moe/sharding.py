@@ -1,12 +1,28 @@
 """Sharding rules of fused_experts and fused_moe: tokens split freely (each token's experts are
-its own), expert weights stay whole. Splitting experts over devices is expert parallelism (the
-moe-gemm kernel's ``moe_ep``); splitting the intermediate dimension would need the gate and up
-halves split alike, which the stacked [gate; up] layout does not allow."""
+its own), expert weights stay whole. Splitting experts over devices is expert parallelism
+(``expert_parallel.fused_experts_ep`` for decode, the moe-gemm kernel's ``moe_ep``); splitting
+the intermediate dimension would need the gate and up halves split alike, which the stacked
+[gate; up] layout does not allow."""
 
 from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
 
 _EP = "expert parallelism: the moe-gemm kernel's moe_ep over an 'ep' mesh axis"
-_WEIGHTS = ("k", "experts", "gu", "h", "i", "gu_s", "h_s", "i_s", "o", "p")
+_WEIGHTS = (
+    "k",
+    "experts",
+    "gu",
+    "h",
+    "i",
+    "gu_s",
+    "h_s",
+    "i_s",
+    "h_p",
+    "i_p",
+    "h_g",
+    "i_g",
+    "o",
+    "p",
+)
 
 
 def _rule(op: str, text: str) -> ShardingRule:
@@ -17,10 +33,14 @@ def _rule(op: str, text: str) -> ShardingRule:
 
 def _weights(transposed: bool, quantization: str | None) -> str:
     w = "experts h gu, experts i h" if transposed else "experts gu h, experts h i"
+    if quantization == "mxfp4":  # two values per byte along the contraction
+        w = "experts gu h_p, experts h i_p"
     bias = "experts gu, experts h"
     scales = {
         "int8": "experts gu, experts h",
+        "w8a8": "experts gu, experts h",
         "fp8": "experts gu_s h_s, experts h_s i_s",
+        "mxfp4": "experts gu h_g, experts h i_g",
     }.get(quantization, "experts o, experts p")  # None: absent operands (checked by the op)
     return f"{w}, {bias}, {scales}"
 
@@ -40,11 +60,12 @@ moe_boundary = sharded(moe_rule)
 
 
 def mesh_cases() -> list[MeshCase]:
-    """Tokens over a data axis: each shard runs the kernel on its tokens, no collective."""
+    """Tokens over a data axis: each shard runs the kernel on its tokens, no collective; and
+    experts over an ep axis (``fused_experts_ep``): one all-reduce of the f32 partial sums."""
     import jax
     import jax.numpy as jnp
 
-    from . import api
+    from . import api, expert_parallel
 
     return [
         MeshCase(
@@ -59,5 +80,20 @@ def mesh_cases() -> list[MeshCase]:
             ),
             (("data", None), ("data", None), ("data", None), (None,) * 3, (None,) * 3),
             ("data",),
-        )
+        ),
+        MeshCase(
+            "experts over ep (fused_experts_ep), E16 top-2 bf16",
+            expert_parallel.fused_experts_ep,
+            (
+                jax.ShapeDtypeStruct((64, 256), jnp.bfloat16),
+                jax.ShapeDtypeStruct((64, 2), jnp.int32),
+                jax.ShapeDtypeStruct((64, 2), jnp.bfloat16),
+                jax.ShapeDtypeStruct((16, 512, 256), jnp.bfloat16),
+                jax.ShapeDtypeStruct((16, 256, 256), jnp.bfloat16),
+            ),
+            ((None, None), (None, None), (None, None), ("ep", None, None), ("ep", None, None)),
+            ("ep",),
+            forward_collectives={"all-reduce": 1},
+            control=False,
+        ),
     ]

@@ -130,6 +130,26 @@ def test_quantize_experts_reports_its_error_and_runs_exactly(quantization):
     assert error > 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_reports_its_error_against_unquantized_and_int8_weights_only(dtype):
+    """W8A8: the logit error against the unquantized model is measured and printed beside
+    W8A16's (int8 weights only), so the activation quantization's share is visible (in bf16 both
+    sit at bf16's rounding of these logits)."""
+    ids = torch.randint(2, 128, (2, 7), generator=torch.Generator().manual_seed(5))
+    errors = {}
+    with torch.no_grad():
+        reference = _qwen3_128(dtype)(ids).logits.float()
+        for quantization in ("int8", "w8a8"):
+            model = _qwen3_128(dtype)
+            report = kh.quantize_experts(model, quantization)
+            assert ("activations: int8" in str(report)) == (quantization == "w8a8")
+            assert all(quantized.kind(m) == quantization for m in experts_modules(model))
+            errors[quantization] = (model(ids).logits.float() - reference).abs().max().item()
+    scale = reference.abs().max().item()
+    print(f"{dtype}: max |logit error| vs unquantized (logits up to {scale:.3g}): {errors}")
+    assert errors["int8"] > 0 and 0 < errors["w8a8"] < 0.1 * scale, errors
+
+
 def test_quantize_experts_leaves_gpt_oss_alone_with_the_reason():
     model = build("gpt_oss")
     report = kh.quantize_experts(model, "int8")
@@ -137,6 +157,52 @@ def test_quantize_experts_leaves_gpt_oss_alone_with_the_reason():
     assert report.left_alone and all("[E, in, out]" in why for _, why in report.left_alone)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpt_oss_mxfp4_matches_transformers_dequantized_path(dtype, implementation):
+    """GPT-OSS's experts in MXFP4 (its checkpoint layout: packed ``*_blocks`` bytes and e8m0
+    ``*_scales``) run by the fused kernel equal the stock model holding Transformers' own
+    ``convert_moe_packed_tensors`` dequantization of the same bytes; the bytes stay held.
+
+    bf16: each experts call is within one bf16 ulp of the XLA path, but over two layers and the
+    other kernelized layers (attention, norms) rounding compounds: measured 0.010 (XLA) and 0.041
+    (Pallas) against stock bf16 logits of max 0.62, hence 5e-2 here."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    model = build("gpt_oss", dtype)
+    report = kh.quantize_experts(model, "mxfp4")
+    experts = experts_modules(model)
+    assert len(report.errors) == 2 * len(experts) and not report.left_alone
+    for error in report.errors:  # 4-bit sized, and its error reported
+        assert 0 < error.relative_rms < 0.2, error
+        assert error.bytes_after < error.bytes_before / 3.5
+    reference = build("gpt_oss", dtype)
+    for name, m in model.named_modules():
+        if m in experts:
+            for projection in ("gate_up_proj", "down_proj"):
+                scales = getattr(m, f"{projection}_scales")
+                blocks = getattr(m, projection).view(*scales.shape, 16)
+                w = convert_moe_packed_tensors(blocks, scales, dtype=dtype)  # [E, in, out]
+                getattr(reference.get_submodule(name), projection).data = w
+    held = [(m.gate_up_proj.data_ptr(), m.down_proj.data_ptr()) for m in experts]
+    report = kh.kernelize(model, mode="inference")
+    swapped = [e for e in report.entries if e.kind == "experts"]
+    assert swapped and all(e.swapped for e in swapped), report
+    impl, chosen, use = implementation
+    use()
+    ids = torch.randint(2, 128, (2, 7), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = reference(ids).logits.float()
+        got = model(ids).logits.float()
+    diff = (got - expected).abs().max().item()
+    tolerance = 5e-2 if dtype == torch.bfloat16 else TOLERANCE[dtype]
+    assert diff <= tolerance * max(1.0, expected.abs().max().item()), diff
+    assert set(chosen) == {impl}, chosen
+    for m, pointers in zip(experts, held, strict=True):
+        assert m.gate_up_proj.dtype == m.down_proj.dtype == torch.uint8
+        assert (m.gate_up_proj.data_ptr(), m.down_proj.data_ptr()) == pointers
+    kh.unkernelize(model)
+
+
 def test_unknown_quantization_is_refused():
-    with pytest.raises(Exception, match="'int8' or 'fp8'"):
+    with pytest.raises(Exception, match="must be one of"):
         kh.quantize_experts(build("mixtral"), "int4")

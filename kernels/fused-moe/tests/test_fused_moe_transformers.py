@@ -22,36 +22,6 @@ PROMPTS = [[(7 * i + 3 * j) % 120 + 2 for j in range(n)] for i, n in enumerate([
 GREEDY = GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=0)
 
 
-@pytest.fixture(params=["xla", "pallas"])
-def implementation(request):
-    """The fused op's implementation on CPU for the test (Pallas runs in interpret mode);
-    records which implementation each trace selected."""
-    import jax
-
-    table = fused.KERNEL.implementation_tables[0]
-    saved = table.order("cpu")
-    chosen = []
-    original = table.select
-
-    def recording(*args, **kwargs):
-        selected = original(*args, **kwargs)
-        chosen.append(selected.name)
-        return selected
-
-    def use():
-        """Put the implementation first: after kernelize, which applies the registry's order."""
-        table.set_order("cpu", (request.param,))
-        jax.clear_caches()
-
-    table.select = recording
-    try:
-        yield request.param, chosen, use
-    finally:
-        del table.select
-        table.set_order("cpu", saved)
-        jax.clear_caches()
-
-
 def padded_batch():
     ids = torch.randint(2, 128, (2, 9), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(ids)
@@ -172,3 +142,29 @@ def test_modules_have_the_form_they_were_read_as():
     mixtral.act_fn = torch.nn.Tanh()
     kind, why = integ.activation_of(mixtral)
     assert kind is None and "matches none" in why
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,quantization", [("mixtral", None), ("gpt_oss", "mxfp4")])
+def test_torch_compile_fullgraph_matches_eager(name, quantization):
+    """kernelize(mode=inference | torch_compile) picks the fused experts (can_torch_compile), the
+    model compiles with no graph break (fullgraph, aot_eager), and its logits equal eager's."""
+    from kernel_hub.layers.modes import Mode
+
+    model = build(name)
+    if quantization:
+        kh.quantize_experts(model, quantization)
+    report = kh.kernelize(model, mode=Mode.INFERENCE | Mode.TORCH_COMPILE)
+    entries = _experts_entries(report)
+    assert entries and all("fused-moe" in e.swapped_to for e in entries), report
+    ids = torch.randint(2, 128, (2, 7), generator=torch.Generator().manual_seed(6))
+    explanation = torch._dynamo.explain(model)(ids, use_cache=False)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        expected = model(ids, use_cache=False).logits
+        got = compiled(ids, use_cache=False).logits
+    torch._dynamo.reset()
+    kh.unkernelize(model)
+    assert (got - expected).abs().max().item() <= 1e-6
