@@ -25,6 +25,8 @@ BATCH, SEQ_LEN, PADDING = 2, 12, 3
 DECODER_LEN = 8
 IMAGE_SIZE = 32
 AUDIO_SAMPLES = 1600
+IMAGE_TOKEN_ID, IMAGE_TOKENS = 5, 4
+"""A composite's image placeholder token (inside the tiny vocabulary) and tokens per image."""
 MAX_PARAMETERS = 3_000_000
 """Architectures whose shrunk config still has more parameters are skipped as not tiny."""
 
@@ -121,6 +123,13 @@ _QWEN4_INDEXER = dict(
     indexer_compress_ratio=4,
 )
 
+_GEMMA3_IMAGES = dict(
+    mm_tokens_per_image=IMAGE_TOKENS,
+    image_token_index=IMAGE_TOKEN_ID,
+    boi_token_index=6,
+    eoi_token_index=7,
+)
+
 ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     # its per-layer attention kinds ([[kinds, repeats]]) must cover exactly num_layers
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
@@ -141,6 +150,11 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     "qwen4_exp_text": _QWEN4_INDEXER,
     # the unified Gemma 4's multimodal embedder (3840 wide, 1120 positions by default)
     "gemma4_unified": {"mm_embed_dim": 64, "mm_posemb_size": 16, "output_proj_dims": 64},
+    # Gemma 3 (and ShieldGemma 2, its classifier): one 32x32 image pooled to IMAGE_TOKENS
+    # tokens, placeholders in the tiny vocabulary
+    "gemma3": _GEMMA3_IMAGES,
+    # (its classifier reads the yes/no token ids from the config, with defaults past 128)
+    "shieldgemma2": {**_GEMMA3_IMAGES, "yes_token_index": 8, "no_token_index": 9},
     # its LM head asserts a decoder; axial position embeddings split the hidden size
     "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32], "axial_pos_shape": [4, 8]},
     # per-layer-type RoPE with no default: checkpoints carry it
@@ -393,6 +407,9 @@ def build(
         config_class = _config_class(model_class, CONFIG_MAPPING[arch.model_type])
         fields = {**ARCHITECTURE_FIELDS.get(arch.model_type, {}), **(overrides or {})}
         config = _complete(tiny_config(config_class, fields))
+        for name, value in fields.items():  # read by the model, not taken by the config class
+            if not hasattr(config, name):
+                setattr(config, name, value)
         with torch.device("meta"):
             size = sum(p.numel() for p in model_class(config).parameters())
     except Exception as exc:  # a config or model that cannot be made small: say so, go on
@@ -418,7 +435,8 @@ def batch(arch: Architecture, model: torch.nn.Module) -> dict[str, torch.Tensor]
     """Inputs for ``model``: token batches have a padded row (left for decoders, right else)."""
     generator = torch.Generator().manual_seed(1234)
     config = model.config
-    if arch.family == "vision":
+    images_in_text = getattr(config, "mm_tokens_per_image", None)
+    if arch.family == "vision" and not images_in_text:
         channels = getattr(config, "num_channels", 3)
         shape = (BATCH, channels, IMAGE_SIZE, IMAGE_SIZE)
         return {"pixel_values": torch.randn(shape, generator=generator)}
@@ -433,7 +451,9 @@ def batch(arch: Architecture, model: torch.nn.Module) -> dict[str, torch.Tensor]
         }
     # speech LMs listed as sequence-to-sequence (Qwen2-Audio, Voxtral) are decoders
     seq2seq = arch.family == "encoder-decoder" and getattr(config, "is_encoder_decoder", True)
-    decoder = arch.family == "decoder" or (arch.family == "encoder-decoder" and not seq2seq)
+    decoder = arch.family in ("decoder", "vision") or (
+        arch.family == "encoder-decoder" and not seq2seq
+    )
     input_ids = _tokens(generator, SEQ_LEN)
     attention_mask = torch.ones(BATCH, SEQ_LEN, dtype=torch.long)
     pad = slice(None, PADDING) if decoder else slice(SEQ_LEN - PADDING, None)
@@ -442,7 +462,25 @@ def batch(arch: Architecture, model: torch.nn.Module) -> dict[str, torch.Tensor]
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
     if seq2seq:
         inputs["decoder_input_ids"] = _tokens(generator, DECODER_LEN)
+    if images_in_text and hasattr(config, "vision_config"):
+        inputs.update(_images(config, input_ids, generator))
     return inputs
+
+
+def _images(config: Any, input_ids: torch.Tensor, generator: torch.Generator) -> dict:
+    """One image per row (Gemma 3's layout): ``mm_tokens_per_image`` placeholder tokens after
+    the padding, pixel values, and ``token_type_ids`` marking the image tokens (they attend to
+    each other bidirectionally)."""
+    token, count = config.image_token_index, config.mm_tokens_per_image
+    input_ids[input_ids == token] = token + 3  # no stray placeholders in the text
+    start = PADDING + 1
+    input_ids[:, start : start + count] = token
+    vision = config.vision_config
+    shape = (BATCH, getattr(vision, "num_channels", 3), vision.image_size, vision.image_size)
+    return {
+        "pixel_values": torch.randn(shape, generator=generator),
+        "token_type_ids": (input_ids == token).long(),
+    }
 
 
 def _tokens(generator: torch.Generator, length: int) -> torch.Tensor:
