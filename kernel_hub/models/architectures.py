@@ -393,7 +393,8 @@ def build(
     """A tiny model of ``arch`` with seeded random weights, f32, eval mode; or ``NotBuilt``.
 
     1-D parameters (norm weights and biases, initialised to ones or zeros) are drawn around 1,
-    so a kernel that ignores or misapplies them changes the outputs.
+    so a kernel that ignores or misapplies them changes the outputs; so are matrices initialised
+    to zero, so an input through them (an image) reaches the outputs.
     """
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -425,6 +426,8 @@ def build(
         for param in model.parameters():
             if param.dim() == 1:
                 param.normal_(1.0, 0.2)
+            elif not param.any():  # a zero-initialised matrix (Gemma 3's image projection)
+                param.normal_(0.0, 0.02)
     languages = getattr(config, "languages", None)
     if languages and hasattr(model, "set_default_language"):  # X-MOD's per-language adapters
         model.set_default_language(languages[0])
