@@ -13,7 +13,9 @@ Masks ``attention_forward`` takes:
 * ``None``: plain causal (or bidirectional) attention over all keys, exactly as SDPA reads it:
   for a prefill into a larger static cache the keys past ``q_len`` are empty slots and are cut.
 * a 4-D boolean (or additive float) mask (a model's own, or a mask function the description
-  cannot express): ``dense_mask`` turns it into key padding + the layer's causal/window rule, or
+  cannot express): one whose visible-key sets are nested across queries (Mllama's
+  cross-attention mask) runs the flash kernel with positions (``describe_nested``); else
+  ``dense_mask`` turns it into key padding + the layer's causal/window rule, or
   packed segments, checked on device to reproduce the mask exactly; a mask it cannot express
   runs on the reference implementation and a warning says why.
 
@@ -33,7 +35,7 @@ from kernel_hub.kernel_api import KernelInputError
 
 from . import keywords
 from .torch_ops import attention_with_dense_mask, attention_with_lse
-from .transformers_masks import MaskDescription, mask_interface
+from .transformers_masks import MaskDescription, describe_nested, mask_interface
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +179,10 @@ def attention_forward(
         )
     elif attention_mask is None:
         out, _ = attention_with_lse(query, key, value, sinks=s_aux, **options)
+    elif attention_mask.shape[-2:] == (q_len, kv_len) and (
+        nested := describe_nested(attention_mask)
+    ):
+        return _described_attention(query, key, value, nested, 0.0, scaling, softcap, s_aux, None)
     else:
         out, _ = attention_with_dense_mask(
             query, key, value, attention_mask, sinks=s_aux, **options
