@@ -156,7 +156,7 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     # (its classifier reads the yes/no token ids from the config, with defaults past 128)
     "shieldgemma2": {**_GEMMA3_IMAGES, "yes_token_index": 8, "no_token_index": 9},
     # its LM head asserts a decoder; axial position embeddings split the hidden size
-    "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32], "axial_pos_shape": [4, 8]},
+    "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32], "axial_pos_shape": [3, 4]},
     # per-layer-type RoPE with no default: checkpoints carry it
     "cohere_compass_text": {
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
