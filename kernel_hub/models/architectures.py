@@ -204,6 +204,10 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
 """Fields a model type needs on top of the shared sizes (each a validation rule of its config or
 an assumption of its model), applied where its config classes take them."""
 
+STREAMED_AUDIO_FRAMES = {"voxtral_realtime": 8}
+"""Speech LMs whose audio streams alongside the text: mel frames per text token (the encoder
+downsamples by that much and adds each frame to its token)."""
+
 EXCLUDED: dict[str, str] = {
     "gemma4_assistant": "a draft model for Gemma 4's speculative decoding: its forward needs "
     "the target model's shared key/value states, so it has no stand-alone text path",
@@ -465,6 +469,10 @@ def batch(arch: Architecture, model: torch.nn.Module) -> dict[str, torch.Tensor]
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
     if seq2seq:
         inputs["decoder_input_ids"] = _tokens(generator, DECODER_LEN)
+    if arch.model_type in STREAMED_AUDIO_FRAMES:
+        frames = SEQ_LEN * STREAMED_AUDIO_FRAMES[arch.model_type]
+        mels = config.audio_config.num_mel_bins
+        inputs["input_features"] = torch.randn(BATCH, mels, frames, generator=generator)
     if images_in_text and hasattr(config, "vision_config"):
         inputs.update(_images(config, input_ids, generator))
     return inputs
