@@ -271,8 +271,8 @@ def tiny_config(
         value = _tiny_value(sizes, name, param.default)
         if value is not inspect.Parameter.empty:
             kwargs[name] = value
-    for key, (sub_class, defaults) in _sub_configs(config_class, params).items():
-        kwargs[key] = tiny_config(sub_class, overrides, defaults)
+    for key, (sub_class, sub_defaults) in _sub_configs(config_class, params).items():
+        kwargs[key] = tiny_config(sub_class, overrides, sub_defaults)
     layer_types = params.get("layer_types")
     try:
         config = config_class(**kwargs)
