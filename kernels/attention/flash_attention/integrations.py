@@ -248,7 +248,10 @@ def _described_attention(
             window_bounds_groups=mask.window_bounds_groups,
             **options,
         )
-        if _STOCK_IMPLEMENTATION.get(module) == "eager" and not torch.compiler.is_compiling():
+        # only key padding or explicit positions can leave a query row without a key
+        may_be_empty = mask.kv_valid is not None or mask.q_positions is not None
+        eager = _STOCK_IMPLEMENTATION.get(module) == "eager"
+        if eager and may_be_empty and not torch.compiler.is_compiling():
             out = _eager_empty_rows(query, key, value, out, lse, scaling, softcap)
     return out.transpose(1, 2).contiguous(), None
 
