@@ -192,7 +192,9 @@ def attention_forward(
     elif attention_mask.shape[-2:] == (q_len, kv_len) and (
         nested := describe_nested(attention_mask)
     ):
-        return _described_attention(query, key, value, nested, 0.0, scaling, softcap, s_aux, None)
+        return _described_attention(
+            query, key, value, nested, 0.0, scaling, softcap, s_aux, None, module
+        )
     else:
         out, _ = attention_with_dense_mask(
             query, key, value, attention_mask, sinks=s_aux, **options
@@ -210,7 +212,7 @@ def _described_attention(
     softcap,
     sinks,
     position_bias,
-    module: torch.nn.Module | None = None,
+    module: torch.nn.Module,
 ):
     """Attention under a ``MaskDescription``: its rule replaces the module's (as a mask replaces
     ``is_causal`` and ``sliding_window`` under SDPA). Dropout and an additive bias have no
