@@ -25,6 +25,8 @@ BATCH, SEQ_LEN, PADDING = 2, 12, 3
 DECODER_LEN = 8
 IMAGE_SIZE = 32
 AUDIO_SAMPLES = 1600
+IMAGE_TOKEN_ID, IMAGE_TOKENS = 5, 4
+"""A composite's image placeholder token (inside the tiny vocabulary) and tokens per image."""
 MAX_PARAMETERS = 3_000_000
 """Architectures whose shrunk config still has more parameters are skipped as not tiny."""
 
@@ -79,6 +81,30 @@ _SIZES: dict[str, Any] = {
     **dict.fromkeys(("bos_token_id",), 1),
     **dict.fromkeys(("eos_token_id", "sep_token_id", "cls_token_id"), 2),
     **dict.fromkeys(("sliding_window",), 8),
+    # other names for the sizes above (Gemma 4's per-layer embeddings, Inkling's sliding-window
+    # heads, XLM's embedding, CPM-Ant's and Funnel's MLPs, RoCBert's and LUKE's extra
+    # vocabularies, FSMT's two vocabularies, DBRX's/LongCat's/Dots' experts, BLT's hash table)
+    **dict.fromkeys(
+        (
+            "vocab_size_per_layer_input",
+            "unpadded_vocab_size",
+            "src_vocab_size",
+            "tgt_vocab_size",
+            "shape_vocab_size",
+            "pronunciation_vocab_size",
+            "entity_vocab_size",
+            "encoder_hash_byte_group_vocab",
+        ),
+        VOCAB_SIZE,
+    ),
+    **dict.fromkeys(("emb_dim", "hidden_size_global"), 64),
+    **dict.fromkeys(("swa_num_attention_heads",), 4),
+    **dict.fromkeys(("swa_num_key_value_heads",), 2),
+    **dict.fromkeys(("swa_head_dim", "dim_head"), 16),
+    **dict.fromkeys(("shape_embed_dim", "pronunciation_embed_dim", "entity_emb_size"), 16),
+    **dict.fromkeys(("dim_ff", "d_inner", "ffn_hidden_size"), 96),
+    **dict.fromkeys(("expert_ffn_hidden_size",), 32),
+    **dict.fromkeys(("zero_expert_num", "n_shared_experts"), 1),
     # hybrids (Bamba, Jamba): one attention layer of the two, so the cache has one
     "attn_layer_indices": [1],
     "attn_layer_period": 2,
@@ -88,6 +114,107 @@ _SIZES: dict[str, Any] = {
     ),
 }
 """Config field -> tiny value, applied where the config class has that field."""
+
+_QWEN4_INDEXER = dict(
+    indexer_n_heads=2,
+    indexer_kv_heads=1,
+    indexer_head_dim=16,
+    indexer_budget=8,
+    indexer_compress_ratio=4,
+)
+
+_GEMMA3_IMAGES = dict(
+    mm_tokens_per_image=IMAGE_TOKENS,
+    image_token_index=IMAGE_TOKEN_ID,
+    boi_token_index=6,
+    eoi_token_index=7,
+)
+
+ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
+    # its per-layer attention kinds ([[kinds, repeats]]) must cover exactly num_layers
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    # Mamba-2: heads x head_dim must equal expand (2) x hidden_size
+    "mamba2": {"num_heads": 8},
+    # ZAYA routes each token to one expert only
+    "zaya": {"num_experts_per_tok": 1},
+    # the assistant (drafter) of Gemma 4 has no per-layer input embeddings
+    # zamba ties its shared attention block across hybrid layers: it needs two of them
+    "zamba": {
+        "num_hidden_layers": 3,
+        "layers_block_type": ["linear_attention", "hybrid", "hybrid"],
+    },
+    # DBRX clamps q/k/v with clip_qkv and has no path without it
+    "dbrx": {"clip_qkv": 8.0},
+    # Qwen4-Exp's sparse (indexed) attention layers
+    "qwen4_exp": _QWEN4_INDEXER,
+    "qwen4_exp_text": _QWEN4_INDEXER,
+    # the unified Gemma 4's multimodal embedder (3840 wide, 1120 positions by default)
+    "gemma4_unified": {"mm_embed_dim": 64, "mm_posemb_size": 16, "output_proj_dims": 64},
+    # Gemma 3 (and ShieldGemma 2, its classifier): one 32x32 image pooled to IMAGE_TOKENS
+    # tokens, placeholders in the tiny vocabulary
+    "gemma3": _GEMMA3_IMAGES,
+    # (its classifier reads the yes/no token ids from the config, with defaults past 128)
+    "shieldgemma2": {**_GEMMA3_IMAGES, "yes_token_index": 8, "no_token_index": 9},
+    # its LM head asserts a decoder; axial position embeddings split the hidden size
+    "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32], "axial_pos_shape": [3, 4]},
+    # per-layer-type RoPE with no default: checkpoints carry it
+    "cohere_compass_text": {
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    },
+    # hybrids whose default stack, cut to two layers, has no attention layer
+    "lfm3": {"layer_types": ["conv", "full_attention"]},
+    "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
+    # rotary dims default to 64, more than the tiny head
+    "codegen": {"rotary_dim": 8},
+    "gptj": {"rotary_dim": 8},
+    # LongCat's rotary embedding is sized by head_dim, applied to the qk_rope part
+    "longcat_flash": {"head_dim": 8},
+    # one audio codebook, so a [batch, seq] token batch is the decoder's input
+    "musicgen": {"num_codebooks": 1},
+    "musicgen_melody": {"num_codebooks": 1},
+    # audio / latent towers whose widths have names of their own
+    "nemo_speechlm": {
+        "audio_hidden_size": 64,
+        "blank_token_id": VOCAB_SIZE - 1,
+        # its Nemotron-H decoder's 52-layer stack, one layer of each kind
+        "layers_block_type": ["linear_attention", "moe", "full_attention"],
+    },
+    "granite_speech": {"hidden_dim": 64},
+    "granite_speech_plus": {"hidden_dim": 64},
+    "omniasr": {"conv_dim": [32] * 7},
+    "qwen3_asr": {"downsample_hidden_size": 32, "output_dim": 64},
+    "phi4_multimodal": {
+        "nemo_conv_channels": 64,
+        "ext_pw_out_channel": 64,
+        "depthwise_separable_out_channel": 64,
+        "num_blocks": 2,
+    },
+    "vibevoice_asr": {"num_filters": 2, "depths": [1] * 7},
+    # its last layers share the key/value cache of earlier ones: none shared in two layers
+    "gemma3n_text": {"num_kv_shared_layers": 0},
+    "gemma3n": {"num_kv_shared_layers": 0},
+    "perceiver": {"d_latents": 64, "num_latents": 16, "num_self_attends_per_block": 2},
+    # its default layer list is empty (checkpoints carry it): one conv layer, one attention
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    # SqueezeBERT has no projection between embedding and hidden size
+    "squeezebert": {"embedding_size": 64},
+    # MobileBERT's bottleneck is narrower than its hidden size
+    "mobilebert": {"embedding_size": 32, "intra_bottleneck_size": 32},
+}
+"""Fields a model type needs on top of the shared sizes (each a validation rule of its config or
+an assumption of its model), applied where its config classes take them."""
+
+STREAMED_AUDIO_FRAMES = {"voxtral_realtime": 8}
+"""Speech LMs whose audio streams alongside the text: mel frames per text token (the encoder
+downsamples by that much and adds each frame to its token)."""
+
+EXCLUDED: dict[str, str] = {
+    "gemma4_assistant": "a draft model for Gemma 4's speculative decoding: its forward needs "
+    "the target model's shared key/value states, so it has no stand-alone text path",
+    "gemma4_unified_assistant": "a draft model for Gemma 4 (unified) speculative decoding: its "
+    "forward needs the target model's shared key/value states",
+}
+"""Architectures not built, with the reason (reported as ``not built``)."""
 
 CONFIG_VARIANTS: tuple[dict[str, Any], ...] = ({}, {"num_key_value_heads": 4})
 """Overrides tried in turn until the stock model runs: some attention layouts (DeepSeek's MLA,
@@ -130,20 +257,33 @@ def _tiny_value(sizes: dict[str, Any], name: str, default: Any) -> Any:
     return inspect.Parameter.empty
 
 
-def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> Any:
-    """The config class's defaults with every size field it has shrunk (sub-configs too)."""
+def tiny_config(
+    config_class: type,
+    overrides: dict[str, Any] | None = None,
+    defaults: dict[str, Any] | None = None,
+) -> Any:
+    """The config class's defaults (``defaults`` on top: a composite's choices for one of its
+    sub-configs) with every size field it has shrunk, sub-configs too."""
     params = _init_parameters(config_class)
     sizes = {**_SIZES, **(overrides or {})}
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(defaults or {})
     for name, param in params.items():
         value = _tiny_value(sizes, name, param.default)
         if value is not inspect.Parameter.empty:
             kwargs[name] = value
-    for key, sub_class in (getattr(config_class, "sub_configs", None) or {}).items():
-        if key in params and isinstance(sub_class, type):
-            kwargs[key] = tiny_config(sub_class, overrides)
+    for key, (sub_class, sub_defaults) in _sub_configs(config_class, params).items():
+        kwargs[key] = tiny_config(sub_class, overrides, sub_defaults)
     layer_types = params.get("layer_types")
-    config = config_class(**kwargs)
+    try:
+        config = config_class(**kwargs)
+    except Exception:
+        # strict configs check layer_types against the layer count as they are built (Zamba):
+        # build again with the default stack's layer kinds cut to the tiny layer count
+        name = next((n for n in ("layer_types", "layers_block_type") if n in params), None)
+        kinds = _tiny_layer_types(config_class, kwargs) if name is not None else None
+        if kinds is None:
+            raise
+        config = config_class(**kwargs, **{name: kinds})
     if layer_types is not None and isinstance(getattr(config, "layer_types", None), list):
         layers = _layer_count(config)
         if layers is not None and len(config.layer_types) != layers:
@@ -151,6 +291,47 @@ def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> 
         if layers is not None and HYBRID_LAYER_KINDS & set(config.layer_types):
             config.layer_types = _hybrid_layer_types(config_class, config.layer_types, layers)
     return config
+
+
+def _sub_configs(config_class: type, params: dict[str, inspect.Parameter]) -> dict:
+    """Each nested config (``text_config``, ``vision_config``, ...) the class takes, as its
+    config class and the composite's default fields for it.
+
+    A sub-config declared as ``AutoConfig`` is resolved like Transformers does: through the
+    composite's ``sub_configs_defaults`` model type, else the class of the composite's default.
+    """
+    from transformers import AutoConfig, PreTrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    specs = getattr(config_class, "sub_configs_defaults", None) or {}
+    found: dict[str, tuple[type, dict[str, Any]]] = {}
+    for key, sub_class in (getattr(config_class, "sub_configs", None) or {}).items():
+        if key not in params or not isinstance(sub_class, type):
+            continue
+        spec = specs.get(key)
+        defaults = dict(getattr(spec, "init_kwargs", None) or {})
+        if issubclass(sub_class, AutoConfig):
+            model_type = defaults.pop("model_type", None) or getattr(spec, "model_type", None)
+            if model_type in CONFIG_MAPPING:
+                sub_class = CONFIG_MAPPING[model_type]
+            else:
+                sub_class = type(getattr(config_class(), key, None))
+                if not issubclass(sub_class, PreTrainedConfig):
+                    continue  # no default (an encoder-decoder of any two models)
+        found[key] = (sub_class, defaults)
+    return found
+
+
+def _tiny_layer_types(config_class: type, kwargs: dict[str, Any]) -> list | None:
+    """The class's default layer kinds cut to the tiny layer count (every kind kept)."""
+    layers = next((kwargs[n] for n in _LAYER_COUNTS if isinstance(kwargs.get(n), int)), None)
+    try:
+        full = list(getattr(config_class(), "layer_types", None) or [])
+    except Exception:  # no usable defaults: nothing to cut
+        return None
+    if layers is None or not full or {"layer_types", "layers_block_type"} & set(kwargs):
+        return None
+    return _hybrid_layer_types(config_class, full[:layers], layers)
 
 
 HYBRID_LAYER_KINDS = frozenset({"linear_attention", "mamba", "mamba2"})
@@ -174,12 +355,36 @@ def _hybrid_layer_types(config_class: type, layer_types: list, layers: int) -> l
     return kept
 
 
+_LAYER_COUNTS = ("num_hidden_layers", "num_layers", "n_layer")
+
+
 def _layer_count(config: Any) -> int | None:
-    for name in ("num_hidden_layers", "num_layers", "n_layer"):
+    for name in _LAYER_COUNTS:
         value = getattr(config, name, None)
         if isinstance(value, int):
             return value
     return None
+
+
+def _config_class(model_class: type, mapped: type) -> type:
+    """The config class ``model_class`` is built from: a composite's text-only head (Llama 4's,
+    Qwen 3.5's ``ForCausalLM``) takes the text sub-config, not the model type's composite."""
+    own = getattr(model_class, "config_class", None)
+    return (
+        own
+        if isinstance(own, type) and own is not mapped and own.__name__ != "PretrainedConfig"
+        else mapped
+    )
+
+
+def _complete(config: Any) -> Any:
+    """Fill what a model reads but its config class does not define (DBRX's attention reads
+    ``attn_config.rope_theta``, which ``DbrxAttentionConfig`` lost to ``rope_parameters``)."""
+    attn_config = getattr(config, "attn_config", None)
+    rope = getattr(config, "rope_parameters", None)
+    if attn_config is not None and not hasattr(attn_config, "rope_theta") and rope:
+        attn_config.rope_theta = rope["rope_theta"]
+    return config
 
 
 class NotBuilt(Exception):
@@ -192,16 +397,24 @@ def build(
     """A tiny model of ``arch`` with seeded random weights, f32, eval mode; or ``NotBuilt``.
 
     1-D parameters (norm weights and biases, initialised to ones or zeros) are drawn around 1,
-    so a kernel that ignores or misapplies them changes the outputs.
+    so a kernel that ignores or misapplies them changes the outputs; so are matrices initialised
+    to zero, so an input through them (an image) reaches the outputs.
     """
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    if arch.model_type in EXCLUDED:
+        raise NotBuilt(EXCLUDED[arch.model_type])
     model_class = getattr(transformers, arch.class_name, None)
     if model_class is None:
         raise NotBuilt(f"transformers has no class {arch.class_name}")
     try:
-        config = tiny_config(CONFIG_MAPPING[arch.model_type], overrides)
+        config_class = _config_class(model_class, CONFIG_MAPPING[arch.model_type])
+        fields = {**ARCHITECTURE_FIELDS.get(arch.model_type, {}), **(overrides or {})}
+        config = _complete(tiny_config(config_class, fields))
+        for name, value in fields.items():  # read by the model, not taken by the config class
+            if not hasattr(config, name):
+                setattr(config, name, value)
         with torch.device("meta"):
             size = sum(p.numel() for p in model_class(config).parameters())
     except Exception as exc:  # a config or model that cannot be made small: say so, go on
@@ -217,6 +430,11 @@ def build(
         for param in model.parameters():
             if param.dim() == 1:
                 param.normal_(1.0, 0.2)
+            elif not param.any():  # a zero-initialised matrix (Gemma 3's image projection)
+                param.normal_(0.0, 0.02)
+    languages = getattr(config, "languages", None)
+    if languages and hasattr(model, "set_default_language"):  # X-MOD's per-language adapters
+        model.set_default_language(languages[0])
     return model
 
 
@@ -224,7 +442,8 @@ def batch(arch: Architecture, model: torch.nn.Module) -> dict[str, torch.Tensor]
     """Inputs for ``model``: token batches have a padded row (left for decoders, right else)."""
     generator = torch.Generator().manual_seed(1234)
     config = model.config
-    if arch.family == "vision":
+    images_in_text = getattr(config, "mm_tokens_per_image", None)
+    if arch.family == "vision" and not images_in_text:
         channels = getattr(config, "num_channels", 3)
         shape = (BATCH, channels, IMAGE_SIZE, IMAGE_SIZE)
         return {"pixel_values": torch.randn(shape, generator=generator)}
@@ -237,15 +456,42 @@ def batch(arch: Architecture, model: torch.nn.Module) -> dict[str, torch.Tensor]
             "input_features": torch.randn(BATCH, mels, frames, generator=generator),
             "decoder_input_ids": _tokens(generator, DECODER_LEN),
         }
+    # speech LMs listed as sequence-to-sequence (Qwen2-Audio, Voxtral) are decoders
+    seq2seq = arch.family == "encoder-decoder" and getattr(config, "is_encoder_decoder", True)
+    decoder = arch.family in ("decoder", "vision") or (
+        arch.family == "encoder-decoder" and not seq2seq
+    )
     input_ids = _tokens(generator, SEQ_LEN)
     attention_mask = torch.ones(BATCH, SEQ_LEN, dtype=torch.long)
-    pad = slice(None, PADDING) if arch.family == "decoder" else slice(SEQ_LEN - PADDING, None)
+    pad = slice(None, PADDING) if decoder else slice(SEQ_LEN - PADDING, None)
     input_ids[-1, pad] = PAD_TOKEN_ID
     attention_mask[-1, pad] = 0
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-    if arch.family == "encoder-decoder":
+    if seq2seq:
         inputs["decoder_input_ids"] = _tokens(generator, DECODER_LEN)
+    if arch.model_type in STREAMED_AUDIO_FRAMES:
+        frames = SEQ_LEN * STREAMED_AUDIO_FRAMES[arch.model_type]
+        mels = config.audio_config.num_mel_bins
+        inputs["input_features"] = torch.randn(BATCH, mels, frames, generator=generator)
+    if images_in_text and hasattr(config, "vision_config"):
+        inputs.update(_images(config, input_ids, generator))
     return inputs
+
+
+def _images(config: Any, input_ids: torch.Tensor, generator: torch.Generator) -> dict:
+    """One image per row (Gemma 3's layout): ``mm_tokens_per_image`` placeholder tokens after
+    the padding, pixel values, and ``token_type_ids`` marking the image tokens (they attend to
+    each other bidirectionally)."""
+    token, count = config.image_token_index, config.mm_tokens_per_image
+    input_ids[input_ids == token] = token + 3  # no stray placeholders in the text
+    start = PADDING + 1
+    input_ids[:, start : start + count] = token
+    vision = config.vision_config
+    shape = (BATCH, getattr(vision, "num_channels", 3), vision.image_size, vision.image_size)
+    return {
+        "pixel_values": torch.randn(shape, generator=generator),
+        "token_type_ids": (input_ids == token).long(),
+    }
 
 
 def _tokens(generator: torch.Generator, length: int) -> torch.Tensor:

@@ -241,12 +241,13 @@ def check_architecture(
         "mode": mode.label,
     }
     training = Mode.TRAINING in mode
-    failure = None
+    failure = not_built = None
     for variant in archs.CONFIG_VARIANTS:
         try:
             model = archs.build(arch, variant)
-        except archs.NotBuilt as exc:
-            return Result(**base, status=NOT_BUILT, detail=str(exc))
+        except archs.NotBuilt as exc:  # a config rule the next variant may satisfy (Dots 3)
+            not_built = not_built or str(exc)
+            continue
         model.train(training)
         try:
             inputs = archs.batch(arch, model)
@@ -255,6 +256,8 @@ def check_architecture(
         except Exception as exc:  # the architecture does not run on this tiny config
             failure = failure or archs.one_line(exc)
     else:
+        if failure is None:
+            return Result(**base, status=NOT_BUILT, detail=not_built)
         return Result(**base, status=STOCK_FAILS, detail=failure)
     exact = _exact_gradients(model, inputs, stock) if training else {}
     try:

@@ -227,7 +227,7 @@ def probe(model: torch.nn.Module) -> tuple[str, LogitForm]:
     if not (
         call["logits"] is logits
         and call["labels"] is labels
-        and call["vocab_size"] == model.config.vocab_size
+        and call["vocab_size"] == getattr(model.config.get_text_config(), "vocab_size", None)
         and call["num_items_in_batch"] is loss_keywords["num_items_in_batch"]
         and call["ignore_index"] == loss_keywords["ignore_index"]
         and call["shift_labels"] is None

@@ -13,7 +13,9 @@ Masks ``attention_forward`` takes:
 * ``None``: plain causal (or bidirectional) attention over all keys, exactly as SDPA reads it:
   for a prefill into a larger static cache the keys past ``q_len`` are empty slots and are cut.
 * a 4-D boolean (or additive float) mask (a model's own, or a mask function the description
-  cannot express): ``dense_mask`` turns it into key padding + the layer's causal/window rule, or
+  cannot express): one whose visible-key sets are nested across queries (Mllama's
+  cross-attention mask) runs the flash kernel with positions (``describe_nested``); else
+  ``dense_mask`` turns it into key padding + the layer's causal/window rule, or
   packed segments, checked on device to reproduce the mask exactly; a mask it cannot express
   runs on the reference implementation and a warning says why.
 
@@ -26,6 +28,7 @@ modules pass a feature the kernel does not implement, before any call.
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 
@@ -33,7 +36,7 @@ from kernel_hub.kernel_api import KernelInputError
 
 from . import keywords
 from .torch_ops import attention_with_dense_mask, attention_with_lse
-from .transformers_masks import MaskDescription, mask_interface
+from .transformers_masks import MaskDescription, describe_nested, mask_interface
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +143,16 @@ def attention_forward(
         log.warning("attention: output_attentions=True is not supported; returning None weights")
     if isinstance(attention_mask, MaskDescription):
         return _described_attention(
-            query, key, value, attention_mask, dropout, scaling, softcap, s_aux, position_bias
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout,
+            scaling,
+            softcap,
+            s_aux,
+            position_bias,
+            module,
         )
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
         raise KernelInputError(
@@ -177,6 +189,12 @@ def attention_forward(
         )
     elif attention_mask is None:
         out, _ = attention_with_lse(query, key, value, sinks=s_aux, **options)
+    elif attention_mask.shape[-2:] == (q_len, kv_len) and (
+        nested := describe_nested(attention_mask)
+    ):
+        return _described_attention(
+            query, key, value, nested, 0.0, scaling, softcap, s_aux, None, module
+        )
     else:
         out, _ = attention_with_dense_mask(
             query, key, value, attention_mask, sinks=s_aux, **options
@@ -185,7 +203,16 @@ def attention_forward(
 
 
 def _described_attention(
-    query, key, value, mask: MaskDescription, dropout, scaling, softcap, sinks, position_bias
+    query,
+    key,
+    value,
+    mask: MaskDescription,
+    dropout,
+    scaling,
+    softcap,
+    sinks,
+    position_bias,
+    module: torch.nn.Module,
 ):
     """Attention under a ``MaskDescription``: its rule replaces the module's (as a mask replaces
     ``is_causal`` and ``sliding_window`` under SDPA). Dropout and an additive bias have no
@@ -208,7 +235,7 @@ def _described_attention(
             query, key, value, mask.dense(), sinks=sinks, bias=position_bias, **options
         )
     else:
-        out, _ = attention_with_lse(
+        out, lse = attention_with_lse(
             query,
             key,
             value,
@@ -223,11 +250,45 @@ def _described_attention(
             window_bounds_groups=mask.window_bounds_groups,
             **options,
         )
+        # only key padding or explicit positions can leave a query row without a key
+        may_be_empty = mask.kv_valid is not None or mask.q_positions is not None
+        eager = _STOCK_IMPLEMENTATION.get(module) == "eager"
+        if eager and may_be_empty and not torch.compiler.is_compiling():
+            out = _eager_empty_rows(query, key, value, out, lse, scaling, softcap)
     return out.transpose(1, 2).contiguous(), None
 
 
-module_problem = keywords.module_problem
-"""Hook for ``kernelize``: why a module's attention cannot run on this kernel, or None."""
+_STOCK_IMPLEMENTATION: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Attention module -> the implementation it ran before kernelize (read by ``module_problem``)."""
+
+
+def _eager_empty_rows(query, key, value, out, lse, scaling, softcap):
+    """Transformers' eager attention on query rows that see no key (left padding under a causal
+    mask): every score plus the dtype's minimum rounds to the minimum, so the softmax is uniform
+    over all keys and the row averages every value; its backward is the softmax's at that
+    uniform point (``softmax(s - s.detach())`` has both). The kernel gives zeros there (SDPA's
+    convention). Computed on those rows only, O(rows x Sk); a host read finds them."""
+    empty = torch.isneginf(lse)
+    if not bool(empty.any()):
+        return out
+    b, h, q = empty.nonzero(as_tuple=True)
+    kv_head = h // (query.shape[1] // key.shape[1])
+    rows = query[b, h, q].unsqueeze(1)  # [R, 1, D]
+    keys, values = key[b, kv_head], value[b, kv_head]  # [R, Sk, D], [R, Sk, Dv]
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = (rows @ keys.transpose(1, 2)).float() * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    weights = torch.softmax(scores - scores.detach(), dim=-1).to(values.dtype)
+    return out.index_put((b, h, q), (weights @ values).squeeze(1).to(out.dtype))
+
+
+def module_problem(module: torch.nn.Module, training: bool = True) -> str | None:
+    """Hook for ``kernelize``: why a module's attention cannot run on this kernel, or None. It
+    also notes the implementation the module ran (fully masked rows follow its convention)."""
+    config = getattr(module, "config", None)
+    _STOCK_IMPLEMENTATION[module] = getattr(config, "_attn_implementation", None)
+    return keywords.module_problem(module, training=training)
 
 
 def register(name: str = DEFAULT_NAME) -> str:

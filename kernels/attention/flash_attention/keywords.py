@@ -11,6 +11,8 @@ leave a model alone before its first call.
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -137,13 +139,44 @@ def _dropout_problem(module: torch.nn.Module, names: set[str]) -> str | None:
     )
 
 
+_MASK_AS_TENSOR = re.compile(r"\battention_mask\s*(\.(?!__)\w+|\[)")
+
+
+def _mask_tensor_problem(module: torch.nn.Module) -> str | None:
+    """The integration hands attention a mask description, not a tensor: a module whose forward
+    reads the mask as a tensor (Qwen4-Exp re-masks its selected keys by the mask's dtype) or takes
+    a mask its model concatenated from two (T5Gemma 2's merged self + cross attention) fails."""
+    forward = getattr(type(module), "forward", None)
+    try:
+        source = inspect.getsource(forward)
+    except (OSError, TypeError):
+        return None
+    if "merged_attention_mask" in inspect.signature(forward).parameters:
+        return (
+            f"{type(module).__name__}.forward takes merged_attention_mask: its model "
+            "concatenates the self- and cross-attention masks as tensors, and kernel-hub's mask "
+            "function returns a mask description"
+        )
+    used = _MASK_AS_TENSOR.search(source)
+    if used is None or "isinstance(attention_mask" in source:
+        return None
+    return (
+        f"{type(module).__name__}.forward reads the attention mask as a tensor "
+        f"({used.group(0)}...), and kernel-hub's mask function returns a mask description"
+    )
+
+
 def module_problem(module: torch.nn.Module, training: bool = True) -> str | None:
     """Why ``module``'s attention cannot run on this kernel, or None: its forward passes a
-    refused keyword by name, or (``training``) it needs dropout with a feature the dropout path
-    lacks. An inference kernelize followed by ``model.train()`` is refused at the call."""
+    refused keyword by name, reads the mask as a tensor, or (``training``) needs dropout with a
+    feature the dropout path lacks. An inference kernelize followed by ``model.train()`` is
+    refused at the call."""
     names = _keyword_names(getattr(type(module), "forward", None))
     passed = names & REFUSED.keys()
     if passed:
         features = "; ".join(f"{name!r}: {REFUSED[name]}" for name in sorted(passed))
         return f"{type(module).__name__}.forward passes {features}, not implemented by the kernel"
-    return _dropout_problem(module, names) if training else None
+    problem = _mask_tensor_problem(module)
+    if problem is None and training:
+        problem = _dropout_problem(module, names)
+    return problem

@@ -394,3 +394,34 @@ def mask_interface(
         device=device,
         **kwargs,
     )
+
+
+def describe_nested(mask: torch.Tensor) -> MaskDescription | None:
+    """A model's own [B, 1, Sq, Sk] mask whose visible-key sets are nested across queries, as
+    positions, or None. Mllama's cross-attention mask is one: a text token sees every tile of
+    the images up to its own, and a token before any image sees all keys (Mllama unmasks such
+    rows). A query's position is how many keys it sees, a key's the fewest any query that sees
+    it sees: then ``key position <= query position`` is the mask if the sets are nested, which
+    is checked, in O(Sq x Sk) on the mask the model built (no O(S^2) op in attention).
+
+    Additive masks must hold only 0 and the dtype's minimum; every query must see a key (a fully
+    masked row's convention differs between eager and SDPA). Not while compiling: the check
+    reads its result on the host."""
+    if mask.dim() != 4 or mask.shape[1] != 1 or torch.compiler.is_compiling():
+        return None
+    if mask.dtype == torch.bool:
+        visible = mask[:, 0]
+    else:
+        visible = mask[:, 0] == 0
+        if not (visible | (mask[:, 0] == torch.finfo(mask.dtype).min)).all():
+            return None
+    seen = visible.sum(-1, dtype=torch.int32)  # [B, Sq]
+    if not (seen > 0).all():
+        return None
+    q_len, kv_len = visible.shape[1:]
+    levels = torch.where(visible, seen[:, :, None], kv_len + 1).amin(1)  # [B, Sk]
+    if not torch.equal(levels[:, None, :] <= seen[:, :, None], visible):
+        return None
+    return MaskDescription(
+        q_len, kv_len, causal=True, q_positions=seen, kv_positions=levels.to(torch.int32)
+    )

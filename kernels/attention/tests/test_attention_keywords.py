@@ -99,3 +99,38 @@ def test_kernelize_leaves_attention_passing_a_refused_feature_alone(attention):
         attention.KERNEL.integration("transformers").module_problem(model.model.layers[1].self_attn)
         is None
     )
+
+
+class _ReadsMaskDtype(torch.nn.Module):
+    def forward(self, hidden_states, attention_mask=None):
+        if attention_mask.dtype == torch.bool:  # re-masks by the mask tensor's dtype
+            return hidden_states
+        return -hidden_states
+
+
+class _GuardsMaskType(torch.nn.Module):
+    def forward(self, hidden_states, attention_mask=None):
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.shape[-1] > 1:
+            return -hidden_states
+        return hidden_states
+
+
+class _TakesMergedMask(torch.nn.Module):
+    def forward(self, hidden_states, merged_attention_mask=None):
+        return hidden_states
+
+
+@pytest.mark.parametrize(
+    ("module", "reason"),
+    [
+        (_ReadsMaskDtype(), "reads the attention mask as a tensor (attention_mask.dtype"),
+        (_TakesMergedMask(), "takes merged_attention_mask"),
+        (_GuardsMaskType(), None),
+    ],
+)
+def test_modules_using_the_mask_as_a_tensor_are_left_alone(attention, module, reason):
+    """The mask function returns a description, not a tensor: a forward that reads the mask's
+    attributes or takes a concatenated mask (Qwen4-Exp, T5Gemma 2) is refused at kernelize time;
+    one that checks the type first is not."""
+    problem = attention.KERNEL.integration("transformers").module_problem(module)
+    assert (problem is None) if reason is None else (reason in problem), problem

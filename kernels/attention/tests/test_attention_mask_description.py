@@ -196,3 +196,43 @@ def test_unknown_mask_function_falls_back_to_dense_with_reason(attention, name, 
     )
     assert isinstance(description, torch.Tensor) and description.shape == (BATCH, 1, 20, 20)
     assert "not one of masking_utils' factories" in caplog.text
+
+
+def _mllama_cross_mask(dtype=torch.float32) -> torch.Tensor:
+    """Mllama's own cross-attention mask (``_prepare_cross_attention_mask``): two images of two
+    tiles, 3 vision tokens per tile; row 0 sees image 0 from token 4 and both from token 9, row
+    1 only image 1's first tile from token 2; tokens before any image see every key."""
+    from transformers.models.mllama.modeling_mllama import _prepare_cross_attention_mask
+
+    cross = torch.zeros(BATCH, LENGTH, 2, 2, dtype=torch.long)
+    cross[0, 4:, 0, :] = 1
+    cross[0, 9:, 1, :] = 1
+    cross[1, 2:, 1, :1] = 1
+    return _prepare_cross_attention_mask(cross, 3, dtype)[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool])
+def test_nested_model_masks_become_positions(attention, dtype):
+    """Mllama's cross-attention mask (additive, or as booleans) is read exactly as positions."""
+    additive = _mllama_cross_mask(torch.float32 if dtype == torch.bool else dtype)
+    mask = additive == 0 if dtype == torch.bool else additive
+    description = attention.KERNEL.integration("transformers").describe_nested(mask)
+    assert description is not None and description.causal
+    want = (additive == 0).numpy()
+    assert np.array_equal(_kernel_mask(attention, description), want)
+    assert torch.equal(description.dense(), additive == 0)
+
+
+def test_masks_that_are_not_nested_stay_dense(attention):
+    describe = attention.KERNEL.integration("transformers").describe_nested
+    mask = _mllama_cross_mask() == 0
+    crossed = mask.clone()
+    crossed[0, 0, 5] = ~crossed[0, 0, 5]  # one query sees a set no other contains
+    crossed[0, 0, 5, :3] = False
+    crossed[0, 0, 5, 6:9] = True
+    assert describe(crossed) is None
+    empty = mask.clone()
+    empty[1, 0, 3] = False  # a query that sees no key: its convention differs by implementation
+    assert describe(empty) is None
+    biased = torch.where(mask, 0.5, torch.finfo(torch.float32).min)  # not just 0 / minimum
+    assert describe(biased) is None

@@ -1,7 +1,8 @@
 """Tiny models with the masks real batches need, on the Pallas kernel (interpret mode) against
 stock SDPA in f32: padded batches (left and right), sliding windows (Mistral, Gemma 3), chunked
 attention (Llama 4), image tokens attending bidirectionally (Gemma 3), an encoder-decoder with
-cross-attention (Whisper), a two-way local window (ModernBERT). Training mode, forward and
+cross-attention (Whisper), a two-way local window (ModernBERT), Mllama's own cross-attention mask
+over image tiles (read as nested key sets, ``describe_nested``). Training mode, forward and
 backward: logits within 1e-4, every gradient within 1e-4 x max(1, its largest entry); the flash op
 ran with a ``MaskDescription`` and the dense-mask op never did. Greedy generation from a
 left-padded prompt with a static cache equals stock."""
@@ -56,6 +57,63 @@ def _whisper_inputs():
     return inputs, mask.bool()
 
 
+MLLAMA_IMAGE_TOKEN = 5
+
+
+def _mllama(seed: int = 0) -> torch.nn.Module:
+    """Mllama: a self-attention layer and a cross-attention layer over a 2-tile 16x16 image
+    tower (1-D parameters, the tanh gates among them, drawn around 1 so the cross-attention
+    output reaches the logits)."""
+    text = dict(
+        tiny.TINY_SIZES,
+        intermediate_size=96,
+        cross_attention_layers=[1],
+        pad_token_id=tiny.PAD_TOKEN_ID,
+        max_position_embeddings=128,
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_global_layers=1,
+        attention_heads=2,
+        image_size=16,
+        patch_size=8,
+        max_num_tiles=2,
+        intermediate_layers_indices=[0],
+        vision_output_dim=64,
+        supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]],
+    )
+    config = transformers.MllamaConfig(
+        text_config=text, vision_config=vision, image_token_index=MLLAMA_IMAGE_TOKEN
+    )
+    torch.manual_seed(seed)
+    model = transformers.MllamaForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 1:
+                parameter.normal_(1.0, 0.2)
+    return model
+
+
+def _mllama_inputs():
+    """One image per row: row 0 (3 left-padding tokens) with both tiles, row 1 with one tile
+    and a padded one. Tokens before the image see no tile (Mllama then unmasks the row)."""
+    inputs, rows = _token_inputs()
+    ids = inputs["input_ids"]
+    ids[0, 4] = ids[1, 1] = MLLAMA_IMAGE_TOKEN
+    cross = torch.zeros(2, LENGTH, 1, 2, dtype=torch.long)
+    cross[0, 4:, 0, :] = 1
+    cross[1, 1:, 0, :1] = 1
+    images = {
+        "pixel_values": torch.randn(2, 1, 2, 3, 16, 16, generator=torch.Generator().manual_seed(2)),
+        "aspect_ratio_ids": torch.tensor([[2], [1]]),
+        "aspect_ratio_mask": torch.tensor([[[1, 1]], [[1, 0]]]),
+        "cross_attention_mask": cross,
+    }
+    return {**inputs, **images}, rows
+
+
 MODELS = {
     "llama": _token_inputs,
     "mistral": _token_inputs,
@@ -63,7 +121,10 @@ MODELS = {
     "gemma3": _gemma3_inputs,
     "whisper": _whisper_inputs,
     "modernbert": _token_inputs,
+    "mllama": _mllama_inputs,
 }
+BUILDERS = {"mllama": _mllama}
+"""Models built here rather than by ``tiny.build_tiny_model``."""
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +174,7 @@ def _step(model, implementation: str, inputs: dict, rows: torch.Tensor):
 def test_padded_training_step_matches_sdpa(
     attention, pallas_first, kernel_name, op_calls, caplog, name
 ):
-    model = tiny.build_tiny_model(name).train()
+    model = (BUILDERS[name]() if name in BUILDERS else tiny.build_tiny_model(name)).train()
     inputs, rows = MODELS[name]()
     with caplog.at_level(logging.WARNING):
         got_logits, got_grads = _step(model, kernel_name, inputs, rows)

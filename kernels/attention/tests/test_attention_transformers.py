@@ -159,6 +159,46 @@ def test_gemma2_softcap_and_window_match_eager(attention, pallas_first, kernel_n
     assert error <= 1e-4, f"logits max abs error {error:.3g} vs eager"
 
 
+def test_fully_masked_rows_follow_eager_in_an_eager_model(attention, pallas_first, kernel_name):
+    """Gemma 2 runs eager attention: a left-padding query row that sees no key averages every
+    value there (SDPA, and the kernel, give zeros). Switched as kernelize switches it (each
+    attention module's ``module_problem`` first, which notes the implementation it ran), a
+    training step whose loss also covers the padding (labels not -100) gives eager's loss and
+    gradients on the kernel."""
+    integration = attention.KERNEL.integration("transformers")
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        intermediate_size=96,
+        head_dim=16,
+        sliding_window=4,
+        attn_logit_softcapping=3.0,
+        pad_token_id=0,
+        **SMALL,
+    )
+    model = Gemma2ForCausalLM(config).train()
+    assert model.config._attn_implementation == "eager"
+    ids, mask = _inputs()
+    ids = ids * mask
+
+    def step():
+        model.zero_grad()
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return loss.detach(), grads
+
+    want_loss, want_grads = step()
+    for layer in model.model.layers:
+        assert integration.module_problem(layer.self_attn) is None
+    model.set_attn_implementation(kernel_name)
+    got_loss, got_grads = step()
+    assert pallas_first, "the Pallas kernel did not run"
+    assert abs(got_loss - want_loss).item() <= 1e-5, (got_loss, want_loss)
+    for name, want in want_grads.items():
+        error = ((got_grads[name] - want).abs().max() / want.abs().max().clamp_min(1.0)).item()
+        assert error <= 1e-4, f"{name}: gradient error {error:.3g}"
+
+
 def test_packed_sequences_run_on_the_kernel(attention, pallas_first, kernel_name, caplog):
     model = _llama()
     ids, _ = _inputs(batch=1)

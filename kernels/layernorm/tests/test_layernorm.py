@@ -195,6 +195,25 @@ def test_layer_matches_torch_layernorm(make, dtype):
     assert abs_err <= TOL[dtype] * 4, abs_err
 
 
+def test_layer_output_may_be_modified_in_place_in_training():
+    """XLM scales its LayerNorm output by the padding mask in place (``tensor *= mask``): the
+    swapped layer's output must allow that and give stock's gradients."""
+    torch.manual_seed(0)
+    stock = torch.nn.LayerNorm(48)
+    swapped = types.MethodType(k.layers.LayerNorm.forward, stock)
+    x = torch.randn(2, 5, 48)
+    mask = (torch.arange(5) < 3).float()[None, :, None]
+    grads = []
+    for forward in (swapped, stock):
+        stock.zero_grad()
+        y = forward(x)
+        y *= mask
+        y.square().sum().backward()
+        grads.append(stock.weight.grad.clone())
+    abs_err, _ = max_errors(grads[0], grads[1])
+    assert abs_err <= 1e-4, abs_err
+
+
 def test_module_check_says_why():
     check = k.layers.MODULE_CHECKS["LayerNorm"]
     odd = torch.nn.LayerNorm(8)

@@ -1,0 +1,70 @@
+"""``kernel_hub.models.architectures``: composites shrink each sub-config, text heads take their
+own config class, strict config rules are met, exclusions carry a reason, and each family gets
+the inputs it needs (left-padded speech LMs, Gemma 3's image-token layout)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernel_hub.models import architectures as archs
+
+
+def _arch(model_type: str) -> archs.Architecture:
+    return next(a for a in archs.architectures() if a.model_type == model_type)
+
+
+def _parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_a_composite_shrinks_its_auto_config_sub_config():
+    """Gemma 3 declares its vision tower as AutoConfig: the SigLIP default is shrunk too."""
+    model = archs.build(_arch("gemma3"))
+    config = model.config
+    assert config.vision_config.hidden_size == 64 and config.vision_config.image_size == 32
+    assert config.text_config.hidden_size == 64 and config.text_config.vocab_size == 128
+    assert _parameters(model) <= archs.MAX_PARAMETERS
+
+
+def test_a_text_head_is_built_from_its_own_config_class():
+    """Llama 4's causal LM takes the text sub-config, not the multimodal composite."""
+    model = archs.build(_arch("llama4"))
+    assert type(model.config).__name__ == "Llama4TextConfig"
+    assert _parameters(model) <= archs.MAX_PARAMETERS
+
+
+def test_strict_layer_type_rules_get_a_cut_layer_list_with_every_kind():
+    """Zamba 2 validates len(layer_types) == num_hidden_layers as it is built; the default
+    stack cut to two layers must keep its hybrid (attention) kind."""
+    config = archs.build(_arch("zamba2")).config
+    assert len(config.layer_types) == config.num_hidden_layers == 2
+    assert set(config.layer_types) == {"linear_attention", "hybrid"}
+
+
+def test_excluded_architectures_say_why():
+    with pytest.raises(archs.NotBuilt, match="shared key/value states"):
+        archs.build(_arch("gemma4_assistant"))
+
+
+def test_speech_language_models_are_fed_as_left_padded_decoders():
+    """Qwen2-Audio is listed as sequence-to-sequence but is a decoder: no decoder_input_ids."""
+    arch = _arch("qwen2_audio")
+    inputs = archs.batch(arch, archs.build(arch))
+    assert "decoder_input_ids" not in inputs
+    assert inputs["attention_mask"][-1, : archs.PADDING].eq(0).all()
+
+
+def test_gemma3_gets_one_image_per_row_after_the_padding():
+    arch = _arch("gemma3")
+    model = archs.build(arch)
+    inputs = archs.batch(arch, model)
+    images = inputs["input_ids"] == archs.IMAGE_TOKEN_ID
+    assert images.sum(1).tolist() == [archs.IMAGE_TOKENS] * archs.BATCH
+    assert not (images & inputs["attention_mask"].eq(0)).any(), "an image token in the padding"
+    assert torch.equal(inputs["token_type_ids"], images.long())
+    with torch.no_grad():
+        with_image = model(**inputs).logits
+        inputs["pixel_values"] = torch.randn(inputs["pixel_values"].shape)
+        other_image = model(**inputs).logits
+    assert not torch.allclose(with_image, other_image), "the pixel values were not used"
