@@ -7,7 +7,10 @@ named; ``docs/coverage.md`` has the full run.
 
 from __future__ import annotations
 
+import math
+
 import pytest
+import torch
 
 from kernel_hub.cli import main
 from kernel_hub.models import architectures as archs
@@ -107,3 +110,18 @@ def test_rounding_allowance_passes_conditioning_and_still_catches_defects() -> N
 
     (result,) = run_coverage("training", model_types=["persimmon"])
     assert result.status == EXACT, result
+
+
+def test_not_finite_gradients_fail_and_a_nan_f64_reference_is_not_used() -> None:
+    """A NaN compares false with any tolerance: it must fail, not pass. Gemma 2's eager f64 run
+    gives NaN gradients (fully masked padding rows add two f64 minima to -inf): stock f32 is the
+    reference there, against which its kernels are within tolerance."""
+    truth = {"w": torch.ones(3)}
+    assert coverage._check_gradients(truth, truth, {"w": torch.full((3,), math.nan)}).failing
+    arch = next(a for a in archs.architectures() if a.model_type == "gemma2")
+    model = archs.build(arch, archs.CONFIG_VARIANTS[0]).train()
+    inputs = archs.batch(arch, model)
+    stock = coverage._run(model, inputs, training=True)
+    assert coverage._exact_gradients(model, inputs, stock) is stock.grads
+    (result,) = run_coverage("training", model_types=["gemma2"])
+    assert result.status == EXACT and result.grad_rel_diff > 0, result
