@@ -46,12 +46,8 @@ def _project(module, hidden_states):
 class GatedDeltaNet(torch.nn.Module):
     """Qwen3-Next's and Qwen3.5's gated-delta-net mixer with the delta rule on kernel-hub's ops."""
 
+    has_backward = True
     can_torch_compile = False  # the cache's state bookkeeping is Python
-    # Training is refused for now: chunk_gated_delta_rule's backward at Qwen3-Next's head sizes
-    # (k 128, v 128, 32-token sequences) hangs inside the XLA CPU executable (a futex wait, no CPU
-    # use) when run from a model's backward; the op-level gradient tests pass. Until that is found,
-    # kernelize leaves the mixers alone in training mode with this flag's reason.
-    has_backward = False
 
     def forward(
         self,
