@@ -122,3 +122,22 @@ def test_qwen3_5_mixer_is_swapped_and_exact():
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-4)
     assert torch.equal(greedy(model, demo_batch(), 12), greedy(stock, demo_batch(), 12))
+
+
+def test_continuous_batching_is_left_alone_with_the_reason():
+    """Transformers' batching cache keeps no recurrent or conv state per request: stock
+    generate_batch refuses linear-attention layers, so kernelize does not switch it on."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    model = tiny_qwen3_next()
+    config = GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    batching = ContinuousBatchingConfig(num_blocks=8, max_batch_tokens=16, page_size=16)
+    with pytest.raises(ValueError, match="Invalid layer type: linear_attention"):
+        model.generate_batch(
+            [[3, 4, 5]], generation_config=config, continuous_batching_config=batching
+        )
+    report = kernelize(model, mode="inference")
+    entries = [e for e in report.entries if e.kind == "continuous batching"]
+    assert entries and not any(e.swapped for e in entries)
+    assert all("holds no linear_attention layers" in e.reason for e in entries)
+    assert "init_continuous_batching" not in model.__dict__
