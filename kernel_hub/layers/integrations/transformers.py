@@ -41,6 +41,7 @@ from kernel_hub.errors import KernelHubError
 
 from .causal_lm_loss import CausalLMLossInterface
 from .continuous_batching import ContinuousBatchingInterface
+from .function_slots import CONVOLUTION_SLOTS
 from .mlp_forms import MLPRecognition, is_gated_mlp_candidate, recognise_mlp
 
 
@@ -488,4 +489,5 @@ MODEL_INTERFACES = (
     ),
     ContinuousBatchingInterface(attention=ATTENTION_INTERFACE),
     CausalLMLossInterface(),
+    CONVOLUTION_SLOTS,
 )

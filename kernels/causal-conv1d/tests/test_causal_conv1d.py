@@ -140,6 +140,28 @@ def test_equals_transformers_fallbacks(dtype, implementation):
         torch.testing.assert_close(new_state, stock_state.transpose(1, 2), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_transformers_slot_functions_equal_the_fallbacks(dtype):
+    """The functions kernelize puts in the mixers' slots: Transformers' signatures and layouts
+    (channels first), the conv state overwritten in place, unknown arguments refused."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as stock
+
+    slots = conv.KERNEL.integration("transformers").register()
+    assert set(slots) == {"causal_conv1d_fn", "causal_conv1d_update"}
+    x = torch.randn(2, 256, 45).to(dtype)
+    weight, bias = torch.randn(256, 4).to(dtype), torch.randn(256).to(dtype)
+    want = stock.causal_conv1d_fn(x, weight, bias, activation="silu")
+    check_close("causal_conv1d_fn", slots["causal_conv1d_fn"](x, weight, bias, "silu"), want, dtype)
+    step, state = torch.randn(2, 256, 1).to(dtype), torch.randn(2, 256, 4).to(dtype)
+    stock_state = state.clone()
+    want = stock.causal_conv1d_update(step, stock_state, weight, bias, "silu")
+    got = slots["causal_conv1d_update"](step, state, weight, bias, "silu")
+    check_close("causal_conv1d_update", got, want, dtype)
+    torch.testing.assert_close(state, stock_state, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="seq_idx"):
+        slots["causal_conv1d_fn"](x, weight, bias, "silu", seq_idx=torch.zeros(2, 45))
+
+
 def test_float64_gradcheck():
     leaves = (
         torch.randn(1, 20, 8, dtype=torch.float64, requires_grad=True),
