@@ -84,6 +84,50 @@ def test_packed_sequences_start_from_zeros(width, implementation):
     check_close("y", y, oracle(x, weight, cu_seqlens=cu, silu=False), torch.float32)
 
 
+def packed_oracle(x, weight, bias, states, cu_seqlens):
+    """Each packed sequence through the oracle on its own, from its own initial state."""
+    pieces = [
+        oracle(x[:, s:e], weight, bias, states[n : n + 1])
+        for n, (s, e) in enumerate(itertools.pairwise(cu_seqlens.tolist()))
+        if e > s
+    ]
+    return torch.cat(pieces, 1)
+
+
+@pytest.mark.parametrize(
+    ("width", "dtype", "implementation"),
+    [
+        (4, torch.float32, "xla"),
+        (4, torch.float32, "pallas"),
+        (4, torch.bfloat16, "pallas"),
+        (1, torch.float32, "xla"),
+    ],
+    ids=str,
+)
+def test_packed_sequences_start_from_their_own_states(width, dtype, implementation):
+    """Values and gradients (x, weight, bias, states); sequences shorter than the width, an
+    empty one, and one crossing the 256-token block."""
+    cu = torch.tensor([0, 2, 2, 255, 300, 520], dtype=torch.int32)
+    inputs = [
+        torch.randn(1, 520, CHANNELS).to(dtype),
+        torch.randn(CHANNELS, width).to(dtype),
+        torch.randn(CHANNELS).to(dtype),
+        torch.randn(5, width - 1, CHANNELS).to(dtype),
+    ]
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    x, weight, bias, states = leaves
+    y = conv.causal_conv1d(x, weight, bias, states, cu, "silu", implementation)
+    ref = [t.double().requires_grad_() for t in inputs]
+    want = packed_oracle(*ref, cu)
+    check_close("y", y, want, dtype)
+    grad = torch.randn(y.shape).to(dtype)
+    y.backward(grad)
+    want.backward(grad.double())
+    for name, got, expected in zip(("x", "weight", "bias", "state"), leaves, ref, strict=True):
+        if expected.numel():  # width 1: the states are empty
+            check_close(f"d{name}", got.grad, expected.grad, dtype)
+
+
 @pytest.mark.parametrize(
     ("dtype", "implementation"),
     [(torch.float32, "xla"), (torch.float32, "pallas"), (torch.bfloat16, "pallas")],
@@ -211,9 +255,9 @@ def test_bad_inputs_are_refused_with_the_reason(kwargs, message):
 
 def test_refusals_name_the_limit():
     x = torch.randn(1, 10, 128)
-    with pytest.raises(KernelInputError, match="initial_state with cu_seqlens is not supported"):
+    with pytest.raises(KernelInputError, match=r"it must be \[sequences .* = \[2, 3, 128\]"):
         conv.causal_conv1d(
-            x, torch.randn(128, 4), None, torch.randn(1, 3, 128), torch.tensor([0, 10])
+            x, torch.randn(128, 4), None, torch.randn(1, 3, 128), torch.tensor([0, 4, 10])
         )
     with pytest.raises(NoImplementationError, match="at most 9 taps"):
         conv.causal_conv1d(x, torch.randn(128, 12), implementation="pallas")
