@@ -13,6 +13,7 @@ each ``kernelize``) removes the functions again.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,16 +24,6 @@ from kernel_hub.layers.swaps import SWAP_ATTRIBUTE
 
 SLOTS_ATTRIBUTE = "function_slots"
 """Attribute of a kernel layer's forward: the slot names it looks up on its module."""
-
-
-def _calls_global(module: torch.nn.Module, name: str) -> bool:
-    fn = getattr(type(module), "forward", None)
-    while fn is not None:
-        code = getattr(fn, "__code__", None)
-        if code is not None and name in code.co_names:
-            return True
-        fn = getattr(fn, "__wrapped__", None)
-    return False
 
 
 def _label(functions: dict[str, Any]) -> str:
@@ -46,6 +37,8 @@ class FunctionSlotInterface:
     slots: tuple[str, ...]
     op: str
     name: str
+    calls_global: Callable[[type, str], bool]
+    """Whether a class's own forward calls the module-level function of that name."""
     kind: str = "function slots"
 
     def _reads_slots(self, module: torch.nn.Module) -> bool:
@@ -68,7 +61,7 @@ class FunctionSlotInterface:
             )
             for name, module in model.named_modules()
             if not self._reads_slots(module)
-            and all(_calls_global(module, slot) for slot in self.slots)
+            and all(self.calls_global(type(module), slot) for slot in self.slots)
         ]
 
     def integration(self, kernel: types.ModuleType) -> Any:
@@ -102,10 +95,3 @@ class FunctionSlotInterface:
         for module in self._filled(model):
             for slot in self.slots:
                 module.__dict__.pop(slot, None)
-
-
-CONVOLUTION_SLOTS = FunctionSlotInterface(
-    slots=("causal_conv1d_fn", "causal_conv1d_update"),
-    op="causal-conv1d",
-    name="CausalConv1dSlots",
-)
