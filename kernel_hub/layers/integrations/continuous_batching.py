@@ -13,6 +13,12 @@ it. ``kernelize`` therefore also installs, on the model instance, an ``init_cont
    serves it on any device, so the value asked for is put back (unless a layer type, such as
    sliding-window attention, cannot use block tables).
 
+A model with a layer type Transformers' batching cache has no allocator for (Llama 4's chunked
+attention; Qwen3-Next's and Qwen3.5's ``linear_attention`` and Mamba layers, which would need a
+recurrent and a conv state per request next to the paged KV cache: Transformers 5.24 keeps none)
+is left alone with that reason: stock ``generate_batch`` refuses it ("Invalid layer type"), and
+so would the switched one.
+
 ``unkernelize`` removes the instance attribute. Transformers swallows an exception raised in
 the batching thread into each result's ``error`` field; ``generate_batch`` here raises it.
 Written against Transformers 5.24's continuous batching (it reads the manager's
@@ -52,6 +58,19 @@ def block_tables_supported(config: Any) -> bool:
         ATTN_TYPE_TO_ALLOCATOR[kind].supports_block_table
         for kind in group_layers_by_attn_type(config)
     )
+
+
+def _allocated_layer_types() -> set[str]:
+    from transformers.generation.continuous_batching.cache import ATTN_TYPE_TO_ALLOCATOR
+
+    return set(ATTN_TYPE_TO_ALLOCATOR)
+
+
+def unbatchable_layer_types(config: Any) -> list[str]:
+    """The model's layer types that Transformers' continuous-batching cache cannot hold."""
+    configs = (config, config.get_text_config()) if hasattr(config, "get_text_config") else ()
+    kinds = {kind for c in configs for kind in getattr(c, "layer_types", None) or ()}
+    return sorted(kinds - _allocated_layer_types())
 
 
 def start_manager(
@@ -122,6 +141,14 @@ class ContinuousBatchingInterface:
             return (
                 f"{type(model).__name__} has no {_ENTRY}(); continuous batching needs a "
                 "Transformers generation model"
+            )
+        unbatchable = unbatchable_layer_types(getattr(model, "config", None))
+        if unbatchable:
+            return (
+                f"Transformers' continuous-batching cache holds no {', '.join(unbatchable)} "
+                f"layers (only {', '.join(sorted(_allocated_layer_types()))}; linear-attention "
+                "and Mamba layers would need a recurrent and a conv state per request next to "
+                "the paged KV cache); generate_batch refuses the model"
             )
         return None
 

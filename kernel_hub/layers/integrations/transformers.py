@@ -41,6 +41,7 @@ from kernel_hub.errors import KernelHubError
 
 from .causal_lm_loss import CausalLMLossInterface
 from .continuous_batching import ContinuousBatchingInterface
+from .function_slots import FunctionSlotInterface
 from .mlp_forms import MLPRecognition, is_gated_mlp_candidate, recognise_mlp
 
 
@@ -488,4 +489,10 @@ MODEL_INTERFACES = (
     ),
     ContinuousBatchingInterface(attention=ATTENTION_INTERFACE),
     CausalLMLossInterface(),
+    FunctionSlotInterface(
+        slots=("causal_conv1d_fn", "causal_conv1d_update"),
+        op="causal-conv1d",
+        name="CausalConv1dSlots",
+        calls_global=_forward_reads,
+    ),
 )

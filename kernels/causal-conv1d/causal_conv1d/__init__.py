@@ -1,7 +1,7 @@
 """causal-conv1d kernel: ``causal_conv1d`` and ``causal_conv1d_update`` torch ops and JAX
 functions (``jax``)."""
 
-from kernel_hub.kernel_api import KernelDeclaration
+from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
 from . import benchmark, sharding
@@ -14,6 +14,7 @@ KERNEL = KernelDeclaration(
     mesh_cases=sharding.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
+    integrations={"transformers": submodule_loader(__name__, "integrations")},
 )
 
 __all__ = ["KERNEL", "benchmark", "causal_conv1d", "causal_conv1d_update", "jax"]

@@ -48,14 +48,6 @@ def check_inputs(x, weight, bias=None, initial_state=None, cu_seqlens=None, acti
     """Rules of ``causal_conv1d`` shared by the JAX function and the torch op."""
     _check_common(OP, x, weight, bias, activation)
     batch, _, channels = x.shape
-    if initial_state is not None:
-        check_dtype(OP, "initial_state", initial_state, FLOATS_AND_F64)
-        wanted = (batch, weight.shape[1] - 1, channels)
-        require(
-            tuple(initial_state.shape) == wanted,
-            f"{OP}: initial_state has shape {tuple(initial_state.shape)}; it must be "
-            f"[B, width - 1, channels] = {list(wanted)}",
-        )
     if cu_seqlens is not None:
         check_rank(OP, "cu_seqlens", cu_seqlens, 1)
         check_dtype(OP, "cu_seqlens", cu_seqlens, ("int32", "int64"))
@@ -64,10 +56,14 @@ def check_inputs(x, weight, bias=None, initial_state=None, cu_seqlens=None, acti
             f"{OP}: cu_seqlens packs sequences into a batch of one; got batch {batch} and "
             f"{cu_seqlens.shape[0]} offsets (need >= 2)",
         )
+    if initial_state is not None:
+        check_dtype(OP, "initial_state", initial_state, FLOATS_AND_F64)
+        sequences = batch if cu_seqlens is None else cu_seqlens.shape[0] - 1
+        wanted = (sequences, weight.shape[1] - 1, channels)
         require(
-            initial_state is None,
-            f"{OP}: initial_state with cu_seqlens is not supported; packed sequences start "
-            "from zeros",
+            tuple(initial_state.shape) == wanted,
+            f"{OP}: initial_state has shape {tuple(initial_state.shape)}; it must be "
+            f"[sequences (B, or N with cu_seqlens), width - 1, channels] = {list(wanted)}",
         )
 
 
@@ -137,10 +133,14 @@ def causal_conv1d(
 ) -> jax.Array:
     """Depthwise causal convolution of x ``[B, T, D]`` with weight ``[D, W]`` (``weight[:, W-1]``
     multiplies the current token), plus bias ``[D]``, then SiLU when ``activation`` is "silu".
-    ``initial_state`` ``[B, W - 1, D]`` holds the inputs before x (zeros when None);
-    ``cu_seqlens`` ``[N + 1]`` packs sequences into a batch of one, each starting from zeros.
-    Returns y in x's dtype (summed in f32). ``config`` overrides the Pallas blocks."""
+    ``cu_seqlens`` ``[N + 1]`` packs N sequences into a batch of one. ``initial_state``
+    ``[B, W - 1, D]`` (``[N, W - 1, D]`` when packed) holds the inputs before each sequence (zeros
+    when None). Returns y in x's dtype (summed in f32). ``config`` overrides the Pallas blocks."""
     check_inputs(x, weight, bias, initial_state, cu_seqlens, activation)
+    if cu_seqlens is not None and initial_state is not None:
+        return _packed_with_states(
+            x, weight, bias, initial_state, cu_seqlens, activation, config, implementation
+        )
     return TABLE(
         x,
         weight,
@@ -151,6 +151,39 @@ def causal_conv1d(
         config=config,
         implementation=implementation,
     )
+
+
+def _packed_with_states(x, weight, bias, initial_state, cu_seqlens, activation, config, impl):
+    """Packed sequences with initial states, through either implementation: each sequence's state
+    goes in front of it as W - 1 tokens of its own, the longer packed batch is convolved from
+    zeros, and only the real tokens' outputs are kept."""
+    history = weight.shape[1] - 1
+    if history == 0:  # width 1 reads no history: the states are empty
+        initial_state = None
+    sequences = cu_seqlens.shape[0] - 1
+    cu = cu_seqlens.astype(jnp.int32)
+    grown = cu + history * jnp.arange(sequences + 1, dtype=jnp.int32)
+    position = jnp.arange(x.shape[1] + sequences * history, dtype=jnp.int32)
+    owner = jnp.clip(jnp.searchsorted(grown[1:], position, side="right"), 0, sequences - 1)
+    offset = position - grown[owner]
+    stream = x[0, jnp.clip(cu[owner] + offset - history, 0, x.shape[1] - 1)]
+    if initial_state is not None:
+        dtype = jnp.promote_types(x.dtype, initial_state.dtype)
+        state = initial_state[owner, jnp.clip(offset, 0, history - 1)].astype(dtype)
+        stream = jnp.where((offset < history)[:, None], state, stream.astype(dtype))
+    y = TABLE(
+        stream[None],
+        weight,
+        bias,
+        None,
+        grown,
+        activation=activation,
+        config=config,
+        implementation=impl,
+    )
+    token = jnp.arange(x.shape[1], dtype=jnp.int32)
+    token_owner = jnp.clip(jnp.searchsorted(cu[1:], token, side="right"), 0, sequences - 1)
+    return y[:, token + history * (token_owner + 1)].astype(x.dtype)
 
 
 def _update_pallas(x, conv_state, weight, bias, *, activation):

@@ -84,6 +84,47 @@ def test_packed_sequences_start_from_zeros(width, implementation):
     check_close("y", y, oracle(x, weight, cu_seqlens=cu, silu=False), torch.float32)
 
 
+def packed_oracle(x, weight, bias, states, cu_seqlens):
+    """Each packed sequence through the oracle on its own, from its own initial state."""
+    pieces = [
+        oracle(x[:, s:e], weight, bias, states[n : n + 1])
+        for n, (s, e) in enumerate(itertools.pairwise(cu_seqlens.tolist()))
+        if e > s
+    ]
+    return torch.cat(pieces, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("width", "dtype", "implementation"),
+    [(4, torch.float32, "xla"), (4, torch.bfloat16, "pallas"), (1, torch.float32, "xla")],
+    ids=str,
+)
+def test_packed_sequences_start_from_their_own_states(width, dtype, implementation):
+    """Values and gradients (x, weight, bias, states); sequences shorter than the width, an
+    empty one, and one crossing the 256-token block."""
+    cu = torch.tensor([0, 2, 2, 255, 300, 520], dtype=torch.int32)
+    channels = 128  # one channel block: the token blocks are what the states shift
+    inputs = [
+        torch.randn(1, 520, channels).to(dtype),
+        torch.randn(channels, width).to(dtype),
+        torch.randn(channels).to(dtype),
+        torch.randn(5, width - 1, channels).to(dtype),
+    ]
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    x, weight, bias, states = leaves
+    y = conv.causal_conv1d(x, weight, bias, states, cu, "silu", implementation)
+    ref = [t.double().requires_grad_() for t in inputs]
+    want = packed_oracle(*ref, cu)
+    check_close("y", y, want, dtype)
+    grad = torch.randn(y.shape).to(dtype)
+    y.backward(grad)
+    want.backward(grad.double())
+    for name, got, expected in zip(("x", "weight", "bias", "state"), leaves, ref, strict=True):
+        if expected.numel():  # width 1: the states are empty
+            check_close(f"d{name}", got.grad, expected.grad, dtype)
+
+
 @pytest.mark.parametrize(
     ("dtype", "implementation"),
     [(torch.float32, "xla"), (torch.float32, "pallas"), (torch.bfloat16, "pallas")],
@@ -140,6 +181,28 @@ def test_equals_transformers_fallbacks(dtype, implementation):
         torch.testing.assert_close(new_state, stock_state.transpose(1, 2), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_transformers_slot_functions_equal_the_fallbacks(dtype):
+    """The functions kernelize puts in the mixers' slots: Transformers' signatures and layouts
+    (channels first), the conv state overwritten in place, unknown arguments refused."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as stock
+
+    slots = conv.KERNEL.integration("transformers").register()
+    assert set(slots) == {"causal_conv1d_fn", "causal_conv1d_update"}
+    x = torch.randn(2, 256, 45).to(dtype)
+    weight, bias = torch.randn(256, 4).to(dtype), torch.randn(256).to(dtype)
+    want = stock.causal_conv1d_fn(x, weight, bias, activation="silu")
+    check_close("causal_conv1d_fn", slots["causal_conv1d_fn"](x, weight, bias, "silu"), want, dtype)
+    step, state = torch.randn(2, 256, 1).to(dtype), torch.randn(2, 256, 4).to(dtype)
+    stock_state = state.clone()
+    want = stock.causal_conv1d_update(step, stock_state, weight, bias, "silu")
+    got = slots["causal_conv1d_update"](step, state, weight, bias, "silu")
+    check_close("causal_conv1d_update", got, want, dtype)
+    torch.testing.assert_close(state, stock_state, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="seq_idx"):
+        slots["causal_conv1d_fn"](x, weight, bias, "silu", seq_idx=torch.zeros(2, 45))
+
+
 def test_float64_gradcheck():
     leaves = (
         torch.randn(1, 20, 8, dtype=torch.float64, requires_grad=True),
@@ -189,9 +252,9 @@ def test_bad_inputs_are_refused_with_the_reason(kwargs, message):
 
 def test_refusals_name_the_limit():
     x = torch.randn(1, 10, 128)
-    with pytest.raises(KernelInputError, match="initial_state with cu_seqlens is not supported"):
+    with pytest.raises(KernelInputError, match=r"it must be \[sequences .* = \[2, 3, 128\]"):
         conv.causal_conv1d(
-            x, torch.randn(128, 4), None, torch.randn(1, 3, 128), torch.tensor([0, 10])
+            x, torch.randn(128, 4), None, torch.randn(1, 3, 128), torch.tensor([0, 4, 10])
         )
     with pytest.raises(NoImplementationError, match="at most 9 taps"):
         conv.causal_conv1d(x, torch.randn(128, 12), implementation="pallas")

@@ -4,9 +4,10 @@ mixers (``Qwen3NextGatedDeltaNet``: one fused q/k/v/z projection; ``Qwen3_5Gated
 running through this kernel's ops (chunked for prefill and training, recurrent for one-token
 cached decode).
 
-Projections, the short convolution (the model module's own ``causal_conv1d_fn`` /
-``causal_conv1d_update``, which kernel-hub's function slots may fill) and the gated norm (a module:
-kernelize swaps it separately) are the host module's. Packed sequences (``cu_seq_lens_q``) are
+Projections and the gated norm (a module: kernelize swaps it separately) are the host module's.
+The short convolution is ``causal_conv1d_fn`` / ``causal_conv1d_update`` looked up on the module
+first (``function_slots``: kernelize fills them there from the causal-conv1d kernel), else the
+model module's own functions. Packed sequences (``cu_seq_lens_q``) are
 refused: the stock mixer hands them to a fallback that ignores them, so its convolution mixes the
 sequences. Other keyword arguments the stock mixer ignores are ignored here too.
 """
@@ -21,7 +22,8 @@ import torch.nn.functional as F
 from .torch_ops import chunk_gated_delta_rule, recurrent_gated_delta_rule
 
 PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
-MODULE_FUNCTIONS = ("apply_mask_to_padding_states", "causal_conv1d_fn", "causal_conv1d_update")
+CONV_SLOTS = ("causal_conv1d_fn", "causal_conv1d_update")
+MODULE_FUNCTIONS = ("apply_mask_to_padding_states", *CONV_SLOTS)
 MODULE_STATE = ("conv1d", "dt_bias", "A_log", "norm", "out_proj", "key_dim", "value_dim")
 PROJECTIONS = (
     ("in_proj_qkvz", "in_proj_ba", "fix_query_key_value_ordering"),  # Qwen3-Next
@@ -46,12 +48,8 @@ def _project(module, hidden_states):
 class GatedDeltaNet(torch.nn.Module):
     """Qwen3-Next's and Qwen3.5's gated-delta-net mixer with the delta rule on kernel-hub's ops."""
 
+    has_backward = True
     can_torch_compile = False  # the cache's state bookkeeping is Python
-    # Training is refused for now: chunk_gated_delta_rule's backward at Qwen3-Next's head sizes
-    # (k 128, v 128, 32-token sequences) hangs inside the XLA CPU executable (a futex wait, no CPU
-    # use) when run from a model's backward; the op-level gradient tests pass. Until that is found,
-    # kernelize leaves the mixers alone in training mode with this flag's reason.
-    has_backward = False
 
     def forward(
         self,
@@ -75,10 +73,11 @@ class GatedDeltaNet(torch.nn.Module):
         else:
             conv_state, recurrent_state = None, None
 
+        conv_fn, conv_update = (self.__dict__.get(n) or getattr(stock, n) for n in CONV_SLOTS)
         mixed_qkv, z, b, a = _project(self, hidden_states)
         weight = self.conv1d.weight.squeeze(1)
         if conv_state is not None and seq_len == 1 and not cache.is_recording_past(self.layer_idx):
-            mixed_qkv = stock.causal_conv1d_update(
+            mixed_qkv = conv_update(
                 mixed_qkv, conv_state, weight, self.conv1d.bias, self.activation
             )
         else:
@@ -86,9 +85,7 @@ class GatedDeltaNet(torch.nn.Module):
                 mixed_qkv = cache.update_conv_state(
                     mixed_qkv, self.layer_idx, conv_kernel_size=self.conv_kernel_size
                 )
-            mixed_qkv = stock.causal_conv1d_fn(
-                mixed_qkv, weight, self.conv1d.bias, activation=self.activation
-            )
+            mixed_qkv = conv_fn(mixed_qkv, weight, self.conv1d.bias, activation=self.activation)
             if cache is not None:
                 mixed_qkv = mixed_qkv[:, :, -seq_len:]
         mixed_qkv = mixed_qkv.transpose(1, 2)
@@ -117,6 +114,8 @@ class GatedDeltaNet(torch.nn.Module):
         core = self.norm(core.reshape(-1, core.shape[-1]), z.reshape(-1, z.shape[-1]))
         core = core.reshape(z_shape).reshape(batch, seq_len, -1)
         return self.out_proj(core)
+
+    forward.function_slots = CONV_SLOTS  # read by kernelize: it fills these on the module
 
 
 def _mixer_problem(module: torch.nn.Module) -> str | None:

@@ -285,3 +285,20 @@ def test_pallas_refuses_an_untileable_chunk_and_long_decode():
         gdr.chunk_gated_delta_rule(q, k, v, g, beta, s, None, 24, implementation="pallas")
     with pytest.raises(NoImplementationError, match="unrolls at most 16"):
         gdr.recurrent_gated_delta_rule(q, k, v, g, beta, s, implementation="pallas")
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_chunked_backward_on_cpu_runs_no_custom_call(implementation):
+    """The chunked form's gradient is plain XLA on CPU: LAPACK's triangular solve (a custom call
+    that waits on XLA's intra-op pool from inside it) deadlocked a model's backward on two cores."""
+    q, k, v, g, beta, s = (_jax(x) for x in make_inputs(1, CHUNK + 5, 2, 4, 16, torch.float32))
+
+    def loss(q, k, v, g, beta, s):
+        out, final = gdr.jax.chunk_gated_delta_rule(
+            q, k, v, g, beta, s, chunk_size=CHUNK, implementation=implementation
+        )
+        return out.sum() + final.sum()
+
+    grad = jax.jit(jax.grad(loss, argnums=tuple(range(6))))
+    hlo = grad.lower(q, k, v, g, beta, s).compile().as_text()
+    assert "custom-call" not in hlo

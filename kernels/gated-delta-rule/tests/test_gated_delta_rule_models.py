@@ -15,7 +15,7 @@ from kernel_hub.models.demo import demo_batch, greedy
 pytestmark = pytest.mark.slow
 
 
-def tiny_qwen3_next() -> torch.nn.Module:
+def tiny_qwen3_next(linear_head_dim: int = 16) -> torch.nn.Module:
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     torch.manual_seed(0)
@@ -33,8 +33,8 @@ def tiny_qwen3_next() -> torch.nn.Module:
         num_experts_per_tok=2,
         linear_num_key_heads=2,
         linear_num_value_heads=4,  # grouped: two value heads per q/k head
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
+        linear_key_head_dim=linear_head_dim,
+        linear_value_head_dim=linear_head_dim,
         linear_conv_kernel_dim=4,
         layer_types=["linear_attention", "full_attention"] * 2,
         max_position_embeddings=128,
@@ -63,30 +63,71 @@ def test_inference_logits_and_greedy_generation_equal_stock():
         "model.layers.2.linear_attn",
     ]
     assert len(swapped_to(report, "layers.RMSNormGated")) == 2
+    slots = [e.module for e in report.entries if e.kind == "function slots" and e.swapped]
+    assert slots == ["model.layers.0.linear_attn", "model.layers.2.linear_attn"]
+    calls = count_slot_calls(model)
     batch = demo_batch(length=70, padding=5)  # crosses the 64-token chunk; one row left-padded
     with torch.no_grad():
         want, got = stock(**batch).logits, model(**batch).logits
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-4)
     assert torch.equal(greedy(model, demo_batch(), 12), greedy(stock, demo_batch(), 12))
+    assert calls["causal_conv1d_fn"] and calls["causal_conv1d_update"], calls
 
 
-def test_training_leaves_the_mixers_alone_until_the_backward_hang_is_fixed():
-    """GatedDeltaNet declares has_backward = False (see layers.py): in training the mixers keep
-    their stock forward, with the reason, and the rest of the model still matches stock."""
-    stock = tiny_qwen3_next().train()
+def count_slot_calls(model) -> dict[str, int]:
+    """Wrap the convolution functions kernelize put in the mixers' slots with call counters."""
+    calls = {"causal_conv1d_fn": 0, "causal_conv1d_update": 0}
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    for module in model.modules():
+        for name in calls:
+            if name in module.__dict__:
+                module.__dict__[name] = counted(name, module.__dict__[name])
+    return calls
+
+
+def test_stock_mixers_keep_their_convolution_with_the_reason():
+    """A mixer GatedDeltaNet refuses keeps its stock forward, which calls the module-level
+    convolution functions: the slots are not filled there, and the report says why."""
+    model = tiny_qwen3_next()
+    model.model.layers[0].linear_attn.activation = "gelu"
+    report = kernelize(model, mode="inference")
+    entries = {e.module: e for e in report.entries if e.kind == "function slots"}
+    assert entries["model.layers.2.linear_attn"].swapped
+    assert "calls the module-level" in entries["model.layers.0.linear_attn"].reason
+    assert "causal_conv1d_fn" not in model.model.layers[0].linear_attn.__dict__
+
+
+def test_training_gradients_equal_stock():
+    """Loss gradients with the mixers swapped, at Qwen3-Next's linear head size (128): the
+    backward that once deadlocked XLA's CPU pool here (see ``chunked.py``)."""
+    stock = tiny_qwen3_next(linear_head_dim=128).train()
     model = copy.deepcopy(stock)
     report = kernelize(model, mode="training")
-    assert swapped_to(report, "layers.GatedDeltaNet") == []
-    reasons = [e.reason for e in report.entries if e.target == "GatedDeltaNet"]
-    assert reasons and all("has no backward" in r for r in reasons)
+    assert swapped_to(report, "layers.GatedDeltaNet") == [
+        "model.layers.0.linear_attn",
+        "model.layers.2.linear_attn",
+    ]
+    assert all(e.swapped for e in report.entries if e.kind == "function slots")
+    calls = count_slot_calls(model)
     batch = demo_batch(length=70, padding=5)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     stock(**batch, labels=labels).loss.backward()
     model(**batch, labels=labels).loss.backward()
+    mixer_grads = 0
     for (name, want), got in zip(stock.named_parameters(), model.parameters(), strict=True):
         if want.grad is not None:
             torch.testing.assert_close(got.grad, want.grad, rtol=0, atol=1e-4, msg=name)
+            mixer_grads += "linear_attn" in name and bool(want.grad.abs().max() > 0)
+    assert mixer_grads > 0
+    assert calls["causal_conv1d_fn"] == 2
 
 
 def test_packed_sequences_are_refused_and_other_mixers_left_alone():
@@ -118,3 +159,22 @@ def test_qwen3_5_mixer_is_swapped_and_exact():
     real = batch["attention_mask"].bool()
     torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-4)
     assert torch.equal(greedy(model, demo_batch(), 12), greedy(stock, demo_batch(), 12))
+
+
+def test_continuous_batching_is_left_alone_with_the_reason():
+    """Transformers' batching cache keeps no recurrent or conv state per request: stock
+    generate_batch refuses linear-attention layers, so kernelize does not switch it on."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    model = tiny_qwen3_next()
+    config = GenerationConfig(max_new_tokens=2, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    batching = ContinuousBatchingConfig(num_blocks=8, max_batch_tokens=16, page_size=16)
+    with pytest.raises(ValueError, match="Invalid layer type: linear_attention"):
+        model.generate_batch(
+            [[3, 4, 5]], generation_config=config, continuous_batching_config=batching
+        )
+    report = kernelize(model, mode="inference")
+    entries = [e for e in report.entries if e.kind == "continuous batching"]
+    assert entries and not any(e.swapped for e in entries)
+    assert all("holds no linear_attention layers" in e.reason for e in entries)
+    assert "init_continuous_batching" not in model.__dict__

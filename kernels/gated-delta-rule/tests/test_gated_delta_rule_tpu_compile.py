@@ -15,8 +15,8 @@ gdr = get_kernel("gated-delta-rule")
 
 pytestmark = [pytest.mark.tpu_compile, pytest.mark.slow]
 
-# The backward (XLA, through the chunked form) takes 1.5-5 minutes to compile a generation on a
-# loaded 2-core host: one generation here; docs/hybrid-models.md has all four.
+# The backward (XLA, through the chunked form) takes 15-50 s to compile a generation on a loaded
+# 2-core host: one generation here; docs/hybrid-models.md has all four.
 CELLS = [
     *((g, "qwen3-next-prefill-8k", "forward") for g in DEFAULT_GENERATIONS),
     *((g, "qwen3-next-decode-b64", "forward") for g in DEFAULT_GENERATIONS),
