@@ -1,11 +1,11 @@
 """mamba2-scan kernel: the Mamba-2 scan as ``mamba_chunk_scan_combined`` (prefill, training) and
 ``selective_state_update`` (decode) torch ops and JAX functions (``jax``), and the
-``Mamba2Mixer`` layer that fills Transformers' Mamba-2 function slots with them."""
+``Mamba2ScanMixer`` layer that fills Transformers' Mamba-2 function slots with them."""
 
 from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
-from . import benchmark, sharding
+from . import benchmark, layers, sharding
 from .torch_ops import mamba_chunk_scan_combined, selective_state_update
 
 KERNEL = KernelDeclaration(
@@ -15,6 +15,8 @@ KERNEL = KernelDeclaration(
     },
     jax=jax,
     implementation_tables=(jax.CHUNK_TABLE, jax.DECODE_TABLE),
+    layers={"Mamba2ScanMixer": layers.Mamba2ScanMixer},
+    module_checks=layers.MODULE_CHECKS,
     mesh_cases=sharding.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
@@ -24,6 +26,7 @@ __all__ = [
     "KERNEL",
     "benchmark",
     "jax",
+    "layers",
     "mamba_chunk_scan_combined",
     "selective_state_update",
 ]
