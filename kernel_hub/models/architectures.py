@@ -89,6 +89,27 @@ _SIZES: dict[str, Any] = {
 }
 """Config field -> tiny value, applied where the config class has that field."""
 
+MODEL_TYPE_SIZES: dict[str, dict[str, Any]] = {
+    # Mamba-2 checks hidden_size * expand (2) == num_heads * head_dim (16)
+    "mamba2": {"num_heads": 8},
+    # Zamba's layer list does not follow num_hidden_layers: a Mamba layer and hybrid layers (Zamba
+    # ties the shared attention of its hybrid layers to the first one's: it needs two)
+    "zamba": {
+        "num_hidden_layers": 3,
+        "layers_block_type": ["linear_attention", "hybrid", "hybrid"],
+    },
+    "zamba2": {"layers_block_type": ["linear_attention", "hybrid"]},
+    # Qwen4-Exp's attention layers always build the QSA indexer, whose sizes default to None
+    "qwen4_exp_text": {
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 8,
+        "indexer_compress_ratio": 4,
+    },
+}
+"""Per model type: sizes a config checks against each other, where the shared ones disagree."""
+
 CONFIG_VARIANTS: tuple[dict[str, Any], ...] = ({}, {"num_key_value_heads": 4})
 """Overrides tried in turn until the stock model runs: some attention layouts (DeepSeek's MLA,
 ...) need as many key/value heads as query heads."""
@@ -133,7 +154,8 @@ def _tiny_value(sizes: dict[str, Any], name: str, default: Any) -> Any:
 def tiny_config(config_class: type, overrides: dict[str, Any] | None = None) -> Any:
     """The config class's defaults with every size field it has shrunk (sub-configs too)."""
     params = _init_parameters(config_class)
-    sizes = {**_SIZES, **(overrides or {})}
+    own = MODEL_TYPE_SIZES.get(getattr(config_class, "model_type", ""), {})
+    sizes = {**_SIZES, **own, **(overrides or {})}
     kwargs: dict[str, Any] = {}
     for name, param in params.items():
         value = _tiny_value(sizes, name, param.default)
