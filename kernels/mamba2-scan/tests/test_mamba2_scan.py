@@ -18,7 +18,7 @@ from kernel_hub.testing import max_errors
 
 m2 = get_kernel("mamba2-scan")
 CHUNK = 16  # the chunk in these tests: lengths below cross it
-HEADS, GROUPS, HEAD_DIM, STATE = 4, 2, 64, 128  # head dim and state at model size
+HEADS, GROUPS, HEAD_DIM, STATE = 4, 2, 16, 32  # model sizes: the interpret-mode test below
 TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 IMPLEMENTATIONS = ["xla", "pallas"]
 
@@ -279,7 +279,7 @@ def test_opcheck():
         ({"A": torch.zeros(3)}, r"A has shape \(3,\); it must be \[H\] \[4\]"),
         ({"B": torch.zeros(1, 20, 3, STATE)}, r"the 4 heads a multiple of G"),
         ({"D": torch.zeros(4, 3)}, r"D has shape \(4, 3\); it must be \[H\] \[4\] or \[H, P\]"),
-        ({"initial_states": torch.zeros(1, 4, 64, 64)}, r"initial_states .* \[B, H, P, N\]"),
+        ({"initial_states": torch.zeros(1, 4, 16, 16)}, r"initial_states .* \[B, H, P, N\]"),
     ],
 )
 def test_bad_inputs_are_refused_with_the_reason(change, message):
