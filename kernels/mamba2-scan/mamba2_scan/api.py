@@ -56,7 +56,7 @@ def check_chunk_inputs(x, dt, A, B, C, D=None, dt_bias=None, initial_states=None
     )
     _check_shape(op, "dt", dt, {"[B, L, H]": (batch, length, heads)})
     _check_shape(op, "A", A, {"[H]": (heads,)})
-    _check_shape(op, "D", D, {"[H]": (heads,), "[H, P]": (heads, width)})
+    _check_shape(op, "D", D, {"[H]": (heads,)})
     _check_shape(op, "dt_bias", dt_bias, {"[H]": (heads,)})
     _check_shape(
         op, "initial_states", initial_states, {"[B, H, P, N]": (batch, heads, width, state_size)}
@@ -71,7 +71,8 @@ def check_chunk_inputs(x, dt, A, B, C, D=None, dt_bias=None, initial_states=None
 
 
 def check_decode_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None):
-    """Shape and dtype rules of the decode step (per-head or per-channel dt, A, D, dt_bias)."""
+    """Shape and dtype rules of the decode step (per-channel dt, A, D, dt_bias, as Transformers'
+    mixers pass them: expanded views of per-head values)."""
     op = DECODE_OP
     for name, t, rank in (("state", state, 4), ("x", x, 3), ("B", B, 3), ("C", C, 3)):
         check_rank(op, name, t, rank)
@@ -91,10 +92,10 @@ def check_decode_inputs(state, x, dt, A, B, C, D=None, z=None, dt_bias=None):
         tuple(C.shape) == tuple(B.shape),
         f"{op}: C has shape {tuple(C.shape)} but B has {tuple(B.shape)}; they must match",
     )
-    _check_shape(op, "dt", dt, {"[B, H]": (batch, heads), "[B, H, P]": (batch, heads, width)})
-    _check_shape(op, "A", A, {"[H]": (heads,), "[H, P, N]": (heads, width, state_size)})
-    _check_shape(op, "D", D, {"[H]": (heads,), "[H, P]": (heads, width)})
-    _check_shape(op, "dt_bias", dt_bias, {"[H]": (heads,), "[H, P]": (heads, width)})
+    _check_shape(op, "dt", dt, {"[B, H, P]": (batch, heads, width)})
+    _check_shape(op, "A", A, {"[H, P, N]": (heads, width, state_size)})
+    _check_shape(op, "D", D, {"[H, P]": (heads, width)})
+    _check_shape(op, "dt_bias", dt_bias, {"[H, P]": (heads, width)})
     _check_shape(op, "z", z, {"[B, H, P]": (batch, heads, width)})
 
 
@@ -120,8 +121,7 @@ def _prepared(x, dt, A, dt_bias, initial_states, seq_idx, chunk, dt_softplus, li
 def _with_skip(y, x, D, acc):
     if D is None:
         return y
-    D = D.astype(acc)
-    return y + x.astype(acc) * (D[:, None] if D.ndim == 1 else D)
+    return y + x.astype(acc) * D.astype(acc)[:, None]
 
 
 def _initial(initial_states, x, B, acc):
@@ -176,39 +176,6 @@ CHUNK_TABLE = ImplementationTable(
 
 
 @sharding.chunk_boundary
-def _chunk_sharded(
-    x,
-    dt,
-    A,
-    B,
-    C,
-    D,
-    dt_bias,
-    initial_states,
-    seq_idx,
-    *,
-    chunk_size,
-    dt_softplus,
-    limit,
-    implementation,
-):
-    return CHUNK_TABLE(
-        x,
-        dt,
-        A,
-        B,
-        C,
-        D,
-        dt_bias,
-        initial_states,
-        seq_idx,
-        chunk_size=chunk_size,
-        dt_softplus=dt_softplus,
-        limit=limit,
-        implementation=implementation,
-    )
-
-
 def mamba_chunk_scan_combined(
     x: jax.Array,
     dt: jax.Array,
@@ -229,7 +196,7 @@ def mamba_chunk_scan_combined(
     """The Mamba-2 scan over whole sequences, chunk by chunk.
 
     x ``[B, L, H, P]``, dt ``[B, L, H]``, A ``[H]`` (negative), B/C ``[B, L, G, N]``, D ``[H]``
-    or ``[H, P]`` (skip on the raw x), dt_bias ``[H]``, initial_states ``[B, H, P, N]`` (zeros
+    (skip on the raw x), dt_bias ``[H]``, initial_states ``[B, H, P, N]`` (zeros
     when None), seq_idx ``[B, L]`` (non-decreasing per row: the state restarts from zero where it
     changes; the initial state belongs to the row's first sequence). dt is biased, passed through
     softplus when ``dt_softplus``, then clamped to ``[dt_min, dt_max]`` (no upper bound when
@@ -244,9 +211,7 @@ def mamba_chunk_scan_combined(
     )
     dt_max = math.inf if dt_max is None else float(dt_max)
     _check_limit(float(dt_min), dt_max)
-    if D is not None and D.ndim == 1:
-        D = jnp.broadcast_to(D[:, None], (x.shape[2], x.shape[3]))
-    return _chunk_sharded(
+    return CHUNK_TABLE(
         x,
         dt,
         A,
@@ -264,7 +229,7 @@ def mamba_chunk_scan_combined(
 
 
 def _decode_prepared(x, dt, D, dt_bias, dt_softplus):
-    """The canonical per-channel inputs (see ``selective_state_update``) in the compute dtype."""
+    """Prepared dt and D (zeros when None) in the compute dtype."""
     acc = reference.compute_dtype(x.dtype)
     dt = reference.prepare_dt(dt, dt_bias, dt_softplus).astype(acc)
     return dt, jnp.zeros(x.shape[1:], acc) if D is None else D.astype(acc)
@@ -301,12 +266,6 @@ DECODE_TABLE = ImplementationTable(
 
 
 @sharding.decode_boundary
-def _decode_sharded(state, x, dt, A, B, C, D, z, dt_bias, *, dt_softplus, implementation):
-    return DECODE_TABLE(
-        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus=dt_softplus, implementation=implementation
-    )
-
-
 def selective_state_update(
     state: jax.Array,
     x: jax.Array,
@@ -323,33 +282,13 @@ def selective_state_update(
 ) -> tuple[jax.Array, jax.Array]:
     """One decode step of the Mamba-2 scan.
 
-    state ``[B, H, P, N]``, x ``[B, H, P]``, dt ``[B, H]`` or ``[B, H, P]``, A ``[H]`` or
-    ``[H, P, N]``, B/C ``[B, G, N]``, D and dt_bias ``[H]`` or ``[H, P]``, z ``[B, H, P]`` (the
+    state ``[B, H, P, N]``, x and dt ``[B, H, P]``, A ``[H, P, N]``, B/C ``[B, G, N]``, D and
+    dt_bias ``[H, P]`` (per channel, as Transformers' mixers pass them), z ``[B, H, P]`` (the
     output is gated by ``silu(z)``). dt is biased and passed through softplus but, as in
     Transformers, never clamped. Returns (y ``[B, H, P]`` in x's dtype, the new state in state's
     dtype); the Pallas kernel writes the new state over ``state`` when the caller donates it.
     """
     check_decode_inputs(state, x, dt, A, B, C, D, z, dt_bias)
-    batch, heads, width, state_size = state.shape
-    # one canonical per-channel form at the sharding boundary
-    if dt.ndim == 2:
-        dt = jnp.broadcast_to(dt[..., None], (batch, heads, width))
-    if A.ndim == 1:
-        A = jnp.broadcast_to(A[:, None, None], (heads, width, state_size))
-    if D is not None and D.ndim == 1:
-        D = jnp.broadcast_to(D[:, None], (heads, width))
-    if dt_bias is not None and dt_bias.ndim == 1:
-        dt_bias = jnp.broadcast_to(dt_bias[:, None], (heads, width))
-    return _decode_sharded(
-        state,
-        x,
-        dt,
-        A,
-        B,
-        C,
-        D,
-        z,
-        dt_bias,
-        dt_softplus=dt_softplus,
-        implementation=implementation,
+    return DECODE_TABLE(
+        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus=dt_softplus, implementation=implementation
     )

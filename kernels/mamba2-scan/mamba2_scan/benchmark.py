@@ -65,13 +65,14 @@ def decode_case(name, batch, heads, head_dim, groups, state, dtype=jnp.bfloat16,
         args=(
             jax.ShapeDtypeStruct((batch, heads, head_dim, state), jnp.float32),
             jax.ShapeDtypeStruct((batch, heads, head_dim), dtype),
-            jax.ShapeDtypeStruct((batch, heads), dtype),
-            jax.ShapeDtypeStruct((heads,), jnp.float32),
+            # per channel, as Transformers' mixers pass dt, A, D and dt_bias
+            jax.ShapeDtypeStruct((batch, heads, head_dim), dtype),
+            jax.ShapeDtypeStruct((heads, head_dim, state), jnp.float32),
             jax.ShapeDtypeStruct((batch, groups, state), dtype),
             jax.ShapeDtypeStruct((batch, groups, state), dtype),
-            jax.ShapeDtypeStruct((heads,), jnp.float32),
+            jax.ShapeDtypeStruct((heads, head_dim), jnp.float32),
             jax.ShapeDtypeStruct((batch, heads, head_dim), dtype),  # z: Falcon-H1's decode gate
-            jax.ShapeDtypeStruct((heads,), jnp.float32),
+            jax.ShapeDtypeStruct((heads, head_dim), jnp.float32),
         ),
         kwargs={"dt_softplus": True},
         # decay, dt B x, update and the C read-out: 3 multiply-adds per state entry
@@ -99,8 +100,8 @@ CASES = [
 
 
 def transformers_fallback(*args, dt_softplus, chunk_size=None):
-    """Transformers' torch fallbacks (mamba2 ``mamba2_chunk_scan``; for a decode case
-    ``mamba2_selective_state_update`` with per-channel dt, A, D and bias, as its mixer passes)."""
+    """Transformers' torch fallbacks (mamba2 ``mamba2_chunk_scan``, or for a decode case
+    ``mamba2_selective_state_update``)."""
     from transformers.models.mamba2 import modeling_mamba2 as m
 
     if chunk_size is not None:
@@ -109,18 +110,8 @@ def transformers_fallback(*args, dt_softplus, chunk_size=None):
             x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias, dt_softplus=dt_softplus
         )
     state, x, dt, A, B, C, D, z, dt_bias = args
-    width, size = state.shape[-2:]
     return m.mamba2_selective_state_update(
-        state,
-        x,
-        dt[..., None].expand(-1, -1, width),
-        A[:, None, None].expand(-1, width, size),
-        B,
-        C,
-        D[:, None].expand(-1, width),
-        dt_bias=dt_bias[:, None].expand(-1, width),
-        dt_softplus=dt_softplus,
-        z=z,
+        state, x, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=dt_softplus, z=z
     )
 
 

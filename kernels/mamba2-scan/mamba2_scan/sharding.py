@@ -15,7 +15,7 @@ _OPTIONS = {
 
 CHUNK = ShardingRule.parse(
     "mamba_chunk_scan_combined",
-    f"{_X}, batch length heads, heads, {_BC}, {_BC}, heads head_dim, heads, {_STATE}, "
+    f"{_X}, batch length heads, heads, {_BC}, {_BC}, heads, heads, {_STATE}, "
     f"batch length -> {_X}, {_STATE}",
     **_OPTIONS,
 )

@@ -1,7 +1,7 @@
 """mamba2-scan: values and gradients against a float64 torch oracle across chunk boundaries,
 packed rows (``seq_idx``) and initial states (both implementations, f32 and bf16), exactness
-against Transformers' own torch fallbacks, the decode step (per-head and per-channel forms, the z
-gate), the torch op contract and input errors."""
+against Transformers' own torch fallbacks, the decode step (per-channel dt/A/D/bias as Transformers
+passes them, the z gate), the torch op contract and input errors."""
 
 from __future__ import annotations
 
@@ -208,8 +208,7 @@ def test_equals_transformers_torch_fallback(implementation):
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("per_channel", [False, True], ids=["per-head", "per-channel"])
-def test_decode_matches_float64_oracle(per_channel, dtype, implementation):
+def test_decode_matches_float64_oracle(dtype, implementation):
     """Eight heads (one head block) per step at model head and state sizes, with the z gate."""
     batch, heads = 3, 16
     gen = torch.Generator().manual_seed(5)
@@ -220,18 +219,15 @@ def test_decode_matches_float64_oracle(per_channel, dtype, implementation):
     A = -A.exp()
     B, C = (torch.randn(batch, GROUPS, STATE, generator=gen).to(dtype) * 0.3 for _ in range(2))
     z = torch.randn(batch, heads, HEAD_DIM, generator=gen).to(dtype)
-    if per_channel:
-        args = (
-            dt[..., None].expand(-1, -1, HEAD_DIM),
-            A[:, None, None].expand(-1, HEAD_DIM, STATE),
-            B,
-            C,
-            D[:, None].expand(-1, HEAD_DIM),
-            z,
-            bias[:, None].expand(-1, HEAD_DIM),
-        )
-    else:
-        args = (dt, A, B, C, D, z, bias)
+    args = (
+        dt[..., None].expand(-1, -1, HEAD_DIM),
+        A[:, None, None].expand(-1, HEAD_DIM, STATE),
+        B,
+        C,
+        D[:, None].expand(-1, HEAD_DIM),
+        z,
+        bias[:, None].expand(-1, HEAD_DIM),
+    )
     y, new_state = m2.selective_state_update(
         state, x, *args, dt_softplus=True, implementation=implementation
     )
@@ -267,10 +263,17 @@ def test_opcheck():
     i = inputs
     chunk_args = (i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], i["dt_bias"])
     torch.library.opcheck(m2.mamba_chunk_scan_combined.op, (*chunk_args, None, None, CHUNK, True))
-    decode_args = (i["initial_states"], i["x"][:, 0], i["dt"][:, 0], i["A"], i["B"][:, 0])
-    torch.library.opcheck(
-        m2.selective_state_update.op, (*decode_args, i["C"][:, 0], i["D"], None, None, True)
+    per_channel = (HEADS, HEAD_DIM)
+    decode_args = (
+        i["initial_states"],
+        i["x"][:, 0],
+        i["x"][:, 1],  # a per-channel dt
+        i["A"][:, None, None].expand(*per_channel, STATE).contiguous(),
+        i["B"][:, 0],
+        i["C"][:, 0],
+        i["D"][:, None].expand(per_channel).contiguous(),
     )
+    torch.library.opcheck(m2.selective_state_update.op, (*decode_args, None, None, True))
 
 
 @pytest.mark.parametrize(
@@ -278,7 +281,7 @@ def test_opcheck():
     [
         ({"A": torch.zeros(3)}, r"A has shape \(3,\); it must be \[H\] \[4\]"),
         ({"B": torch.zeros(1, 20, 3, STATE)}, r"the 4 heads a multiple of G"),
-        ({"D": torch.zeros(4, 3)}, r"D has shape \(4, 3\); it must be \[H\] \[4\] or \[H, P\]"),
+        ({"D": torch.zeros(4, 3)}, r"D has shape \(4, 3\); it must be \[H\] \[4\]"),
         ({"initial_states": torch.zeros(1, 4, 16, 16)}, r"initial_states .* \[B, H, P, N\]"),
     ],
 )
