@@ -34,7 +34,7 @@ decode_boundary = sharded(DECODE)
 
 def mesh_cases() -> list[MeshCase]:
     """Nemotron-H-like heads (64 heads of 64, 8 groups, state 128) with heads over model and batch
-    over data: no collectives, forward or backward."""
+    over data: no collectives in the forward."""
     import jax
     import jax.numpy as jnp
 
@@ -54,6 +54,8 @@ def mesh_cases() -> list[MeshCase]:
             (x, dt, a, bc, bc),
             (token, ("data", None, "model"), ("model",), token, token),
             ("data", "model"),
-            differentiable=(0, 1, 2, 3, 4),
+            # the backward is XLA's (no Mosaic kernel for compile-check --mesh to find); it
+            # compiles on this mesh with one all-reduce: A's gradient summed over the batch shards
+            differentiable=(),
         )
     ]
