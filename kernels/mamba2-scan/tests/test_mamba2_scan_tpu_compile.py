@@ -2,7 +2,7 @@
 of 64, one group, state 128, chunk 256): an 8k-token prefill forward and a batch-64 decode step.
 Memory figures (``memory_analysis()`` of a deviceless compile: a model, not a measurement) are
 printed and recorded. The 8k backward (XLA, through the chunked form) compiles too but takes
-about 90 s on a loaded 2-core host, so it is not a CI cell (kernels/mamba2-scan/README.md)."""
+about 90 s on a loaded 2-core host, so it is not a CI cell (docs/mamba2-scan.md)."""
 
 from __future__ import annotations
 
