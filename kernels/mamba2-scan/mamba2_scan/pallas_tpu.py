@@ -11,8 +11,8 @@ The backward of the chunked form is ``jax.vjp`` of the XLA chunked form (``chunk
 same prepared inputs: a Pallas backward is not written yet.
 
 Decode: grid (batch, head block); each step reads and writes the state once (aliased to the
-input state, so a donated cache buffer is updated in place). Per-channel vectors travel as
-``[..., P, 1]`` so broadcasting over the state axis N (the lanes) needs no relayout.
+input state, so a donated cache buffer is updated in place). Per-channel vectors (x, dt, z, D,
+y) travel lane-dense as ``[heads, P]`` and become ``[heads, P, 1]`` columns in VMEM.
 """
 
 from __future__ import annotations
@@ -211,17 +211,39 @@ def _chunk_bwd(config, interpret, saved, cotangents):
 chunk_scan.defvjp(_chunk_fwd, _chunk_bwd)
 
 
+def _columns(rows):
+    """[heads, P] lane-dense rows as [heads, P, 1] columns (select on the diagonal, sum along the
+    lanes): the per-channel vectors travel lane-dense, a [.., P, 1] array would pad its lanes."""
+    heads, width = rows.shape
+    shape = (heads, width, width)
+    eye = jax.lax.broadcasted_iota(jnp.int32, shape, 1) == jax.lax.broadcasted_iota(
+        jnp.int32, shape, 2
+    )
+    return jnp.sum(jnp.where(eye, rows[:, None, :], 0), axis=2, keepdims=True)
+
+
+def _rows(columns):
+    """[heads, P, 1] columns back to [heads, P] rows (the transpose of ``_columns``)."""
+    heads, width, _ = columns.shape
+    shape = (heads, width, width)
+    eye = jax.lax.broadcasted_iota(jnp.int32, shape, 1) == jax.lax.broadcasted_iota(
+        jnp.int32, shape, 2
+    )
+    return jnp.sum(jnp.where(eye, columns, 0), axis=1)
+
+
 def _decode_kernel(*refs, has_z: bool):
     if has_z:
         x_ref, dt_ref, a_ref, b_ref, c_ref, d_ref, z_ref, state_ref, y_ref, new_ref = refs
     else:
         x_ref, dt_ref, a_ref, b_ref, c_ref, d_ref, state_ref, y_ref, new_ref = refs
     acc = dt_ref.dtype  # the compute dtype (dt arrives prepared in it)
-    x, dt = x_ref[...].astype(acc), dt_ref[...]
+    x, dt = _columns(x_ref[...].astype(acc)), _columns(dt_ref[...])
     state = state_ref[...].astype(acc) * jnp.exp(dt * a_ref[...])
     state = state + (dt * b_ref[...].astype(acc)) * x
     new_ref[...] = state.astype(new_ref.dtype)
-    y = jnp.sum(state * c_ref[...].astype(acc), axis=-1, keepdims=True) + x * d_ref[...]
+    y = jnp.sum(state * c_ref[...].astype(acc), axis=-1, keepdims=True)
+    y = _rows(y) + x_ref[...].astype(acc) * d_ref[...]
     if has_z:
         z = z_ref[...].astype(acc)
         y = y * (z * jax.nn.sigmoid(z))
@@ -239,28 +261,21 @@ def state_update(state, x, dt, A, B, C, D, z, interpret: bool):
     in x's dtype, the new state, aliased to ``state``)."""
     batch, heads, width, state_size = state.shape
     block = head_block(heads)
-    column = pl.BlockSpec((None, block, width, 1), lambda b, h: (b, h, 0, 0))
+    channels = pl.BlockSpec((None, block, width), lambda b, h: (b, h, 0))
     row = pl.BlockSpec((None, block, 1, state_size), lambda b, h: (b, h, 0, 0))
     full = pl.BlockSpec((None, block, width, state_size), lambda b, h: (b, h, 0, 0))
-    inputs = [
-        x[..., None],
-        dt[..., None],
-        A,
-        B[:, :, None, :],
-        C[:, :, None, :],
-        D[..., None],
-    ]
+    inputs = [x, dt, A, B[:, :, None, :], C[:, :, None, :], D]
     in_specs = [
-        column,
-        column,
+        channels,
+        channels,
         pl.BlockSpec((block, width, state_size), lambda b, h: (h, 0, 0)),
         row,
         row,
-        pl.BlockSpec((block, width, 1), lambda b, h: (h, 0, 0)),
+        pl.BlockSpec((block, width), lambda b, h: (h, 0)),
     ]
     if z is not None:
-        inputs.append(z[..., None])
-        in_specs.append(column)
+        inputs.append(z)
+        in_specs.append(channels)
     inputs.append(state)
     in_specs.append(full)
     entries = batch * heads * width * state_size
@@ -273,9 +288,9 @@ def state_update(state, x, dt, A, B, C, D, z, interpret: bool):
         functools.partial(_decode_kernel, has_z=z is not None),
         grid=(batch, heads // block),
         in_specs=in_specs,
-        out_specs=[column, full],
+        out_specs=[channels, full],
         out_shape=(
-            jax.ShapeDtypeStruct((batch, heads, width, 1), x.dtype),
+            jax.ShapeDtypeStruct((batch, heads, width), x.dtype),
             jax.ShapeDtypeStruct(state.shape, state.dtype),
         ),
         input_output_aliases={len(inputs) - 1: 1},
@@ -284,4 +299,4 @@ def state_update(state, x, dt, A, B, C, D, z, interpret: bool):
         interpret=interpret,
         name="selective_state_update",
     )(*inputs)
-    return y[..., 0], new_state
+    return y, new_state
