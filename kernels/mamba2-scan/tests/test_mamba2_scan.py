@@ -209,7 +209,7 @@ def test_equals_transformers_torch_fallback(implementation):
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_matches_float64_oracle(dtype, implementation):
-    """Eight heads (one head block) per step at model head and state sizes, with the z gate."""
+    """Sixteen heads (two blocks of eight) and two groups, with the z gate."""
     batch, heads = 3, 16
     gen = torch.Generator().manual_seed(5)
     state = torch.randn(batch, heads, HEAD_DIM, STATE, generator=gen)
@@ -241,7 +241,8 @@ def test_decode_matches_float64_oracle(dtype, implementation):
 
 @pytest.mark.slow
 def test_pallas_interpret_at_tpu_block_sizes_equals_xla():
-    """TPU block sizes (chunk 128, head dim 64, state 128): two chunks, two heads."""
+    """TPU block sizes (chunk 128, head dim 64, state 128): two chunks and two heads for the
+    chunked scan; two 8-head blocks for the decode step."""
     key = jax.random.split(jax.random.key(0), 5)
     x = jax.random.normal(key[0], (1, 2 * 128, 2, 64), jnp.bfloat16)
     dt = jax.random.normal(key[1], (1, 2 * 128, 2), jnp.bfloat16)
@@ -256,6 +257,23 @@ def test_pallas_interpret_at_tpu_block_sizes_equals_xla():
     }
     for got, want in zip(out["pallas"], out["xla"], strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-4, atol=2e-4)
+
+    heads = 16
+    state = jax.random.normal(key[0], (2, heads, 64, 128))
+    x, dt, z = (jax.random.normal(k, (2, heads, 64), jnp.bfloat16) for k in key[1:4])
+    A = -jnp.exp(jax.random.normal(key[4], (heads, 64, 128)))
+    D, bias = jnp.ones((heads, 64)), jnp.zeros((heads, 64))
+    B, C = (0.3 * jax.random.normal(k, (2, 2, 128), jnp.bfloat16) for k in key[:2])
+    step = {
+        impl: m2.jax.selective_state_update(
+            state, x, dt, A, B, C, D, z, bias, dt_softplus=True, implementation=impl
+        )
+        for impl in IMPLEMENTATIONS
+    }
+    for got, want in zip(step["pallas"], step["xla"], strict=True):
+        np.testing.assert_allclose(
+            np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2
+        )
 
 
 def test_opcheck():
