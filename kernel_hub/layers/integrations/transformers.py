@@ -247,6 +247,19 @@ def recognise_gated_norm(cls: type) -> Recognition:
 MIXERS = dict.fromkeys(
     ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet"), "GatedDeltaNet"
 )
+MIXERS.update(
+    dict.fromkeys(
+        (
+            "Mamba2Mixer",
+            "BambaMixer",
+            "NemotronHMamba2Mixer",
+            "FalconH1Mixer",
+            "GraniteMoeHybridMambaLayer",
+            "Zamba2MambaMixer",
+        ),
+        "Mamba2ScanMixer",
+    )
+)
 """Hybrid models' linear-attention mixers (by class name) and the kernel layer that replaces their
 forward; the layer's module check verifies the instance."""
 
