@@ -75,7 +75,12 @@ def _input_bytes(op_case: OpCase) -> int:
 TORCH_TPU_CASES = [c for c in op_cases() if _input_bytes(c) <= INPUT_BYTES_LIMIT]
 
 
-XLA_BACKWARDS = {"chunk_gated_delta_rule", "causal_conv1d", "gated_rms_norm"}
+XLA_BACKWARDS = {
+    "chunk_gated_delta_rule",
+    "causal_conv1d",
+    "gated_rms_norm",
+    "mamba_chunk_scan_combined",
+}
 """Ops whose backward is XLA, not a Pallas kernel (issue 26's kernels, as built)."""
 
 
