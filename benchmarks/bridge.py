@@ -66,8 +66,11 @@ def _rmsnorm():
 
 
 def bench_per_call(calls: int, rounds: int) -> dict[str, dict]:
+    """torch's RMSNorm and kernel-hub's, as an op and as a layer swapped into Llama's norm (what
+    kernelize does), each per call under ``torch.no_grad``, with the ratios to torch's."""
     import torch
     import torch.nn.functional as F
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     kernel = _rmsnorm()
     x, w = torch.randn(*SHAPE), torch.randn(SHAPE[-1])
@@ -77,15 +80,34 @@ def bench_per_call(calls: int, rounds: int) -> dict[str, dict]:
 
     jx, jw = jax.numpy.asarray(x.numpy()), jax.numpy.asarray(w.numpy())
     jitted = jax.jit(lambda a, b: kernel.jax.rms_norm(a, b, EPS))
-    return compare(
-        {
-            "torch F.rms_norm": lambda: F.rms_norm(x, SHAPE[-1:], w, EPS),
-            "jax.jit on JAX arrays": lambda: jitted(jx, jw).block_until_ready(),
-            "kernel-hub bridged op": lambda: kernel.rms_norm(x, w, EPS),
-        },
-        calls,
-        rounds,
+    module = torch.nn.RMSNorm(SHAPE[-1], eps=EPS)
+    stock = LlamaRMSNorm(SHAPE[-1], eps=EPS)
+    layer = LlamaRMSNorm(SHAPE[-1], eps=EPS)
+    kernelize_rmsnorm([layer])
+    with torch.no_grad():
+        times = compare(
+            {
+                "torch F.rms_norm": lambda: F.rms_norm(x, SHAPE[-1:], w, EPS),
+                "torch nn.RMSNorm module": lambda: module(x),
+                "Transformers LlamaRMSNorm": lambda: stock(x),
+                "jax.jit on JAX arrays": lambda: jitted(jx, jw).block_until_ready(),
+                "kernel-hub bridged op": lambda: kernel.rms_norm(x, w, EPS),
+                "kernel-hub RMSNorm layer": lambda: layer(x),
+            },
+            calls,
+            rounds,
+        )
+    native = times["torch F.rms_norm"]
+    for name in ("kernel-hub bridged op", "kernel-hub RMSNorm layer"):
+        times[name]["ratio_median"] = times[name]["median_us"] / native["median_us"]
+    layer_times = times["kernel-hub RMSNorm layer"]
+    layer_times["ratio_to_nn_module_median"] = (
+        layer_times["median_us"] / times["torch nn.RMSNorm module"]["median_us"]
     )
+    layer_times["ratio_to_llama_median"] = (
+        layer_times["median_us"] / times["Transformers LlamaRMSNorm"]["median_us"]
+    )
+    return times
 
 
 def tiny_llama():
@@ -207,6 +229,12 @@ def first_call_child() -> None:
     )
 
 
+def per_call_table_child() -> None:
+    """Run in a fresh process: the per-call table (``bench_per_call``), print JSON. Used to
+    compare two checkouts in alternating processes (``PYTHONPATH`` picks the checkout)."""
+    print(json.dumps({"load_average": os.getloadavg()[0], **bench_per_call(250, 4)}))
+
+
 def per_call_child() -> None:
     """Run in a fresh process: per-call time of the bridged op, print JSON."""
     import torch
@@ -256,10 +284,16 @@ def _print_rows(title: str, rows: dict[str, dict[str, float]], unit: str, scale:
         print(f"\n{title}")
     for name, values in rows.items():
         cells = "  ".join(
-            f"{key.removesuffix('_us').removesuffix('_s')} {value * scale:8.1f}"
+            f"{key.removesuffix('_us').removesuffix('_s')} {value * scale:8.1f} {unit}"
             for key, value in values.items()
+            if not key.startswith("ratio")
         )
-        print(f"  {name:30s} {cells} {unit}")
+        ratios = "  ".join(
+            f"{key.removeprefix('ratio_').removesuffix('_median')} {value:.2f}x"
+            for key, value in values.items()
+            if key.startswith("ratio")
+        )
+        print(f"  {name:30s} {cells}  {ratios}".rstrip())
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -314,6 +348,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 _CHILDREN = {
     "--first-call": first_call_child,
     "--per-call": per_call_child,
+    "--per-call-table": per_call_table_child,
     "--generate": generate_child,
 }
 

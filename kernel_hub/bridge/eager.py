@@ -89,6 +89,8 @@ class DirectCalls:
             frozenset(p.name for p in params[n:] if p.default is inspect.Parameter.empty)
             for n in range(len(params) + 1)
         ]
+        # (number of positional arguments, keyword names) -> that call's tail: keywords that bind
+        self._bindings: dict[tuple, list[tuple[str, Any]]] = {}
         self.enabled = os.environ.get("KERNEL_HUB_DIRECT_CALLS", "1").strip() != "0"
         # the key: tensors first in the signature (the usual stub) need no per-position test
         self._leading = len(tensor_params)
@@ -102,14 +104,18 @@ class DirectCalls:
     def positional(self, args: tuple, kwargs: dict) -> tuple | None:
         """Every argument in parameter order (defaults filled in), or None when the keywords do
         not bind (unknown, given twice, a required one missing): the dispatcher then says why."""
-        n = len(args)
-        if (
-            n > self._count
-            or not kwargs.keys() <= self._tail_names[n]
-            or not self._tail_required[n] <= kwargs.keys()
-        ):
-            return None
-        return args + tuple([kwargs.get(name, default) for name, default in self._tails[n]])
+        shape = (len(args), *kwargs)
+        tail = self._bindings.get(shape)
+        if tail is None:
+            n = len(args)
+            if (
+                n > self._count
+                or not kwargs.keys() <= self._tail_names[n]
+                or not self._tail_required[n] <= kwargs.keys()
+            ):
+                return None
+            tail = self._bindings[shape] = self._tails[n]
+        return args + tuple([kwargs.get(name, default) for name, default in tail])
 
     def plain(self) -> bool:
         """Direct calls are on and nothing that observes or redirects dispatch is active (the
