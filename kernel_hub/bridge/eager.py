@@ -16,11 +16,12 @@ call. The caller checks first that torch.compile is not tracing. Anything else g
 dispatcher as usual. ``KERNEL_HUB_DIRECT_CALLS=0`` sends every call through the dispatcher.
 
 A direct call is cached per call signature (``lookup``/``remember``): the arguments' key holds the
-non-tensor arguments, each tensor's class, shape, dtype, device and ``requires_grad``, the grad
-mode and the types of int and bool arguments (so ``2.0`` for an int is never taken for ``2``).
-Its first call is checked in full (``allowed``, then the op validates and binds its executable);
-a repeat call checks the context (modes, profiler, tracing, autocast), builds the key and makes
-one dictionary lookup. Entries go when an implementation order changes.
+non-tensor arguments, each tensor's class, shape, dtype, device and (in grad mode)
+``requires_grad``, the grad mode, and the types of int and bool arguments (so ``2.0`` for an int
+is never taken for ``2``). Its first call is checked in full (``allowed``, then the op validates
+and binds its executable); a repeat call checks the context (modes, profiler, tracing, autocast:
+``plain``), builds the key and makes one dictionary lookup. Entries go when an implementation
+order changes.
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ class DirectCalls:
         try:
             if leading >= 0:
                 static = args[leading:]
-                parts = [hashable(static) if self._list_static else static, _grad_enabled()]
+                grad = _grad_enabled()
+                parts = [hashable(static) if self._list_static else static, grad]
                 for value in args[:leading]:
                     parts.append(
                         None
@@ -163,12 +165,13 @@ class DirectCalls:
                             value.shape,
                             value.dtype,
                             value.is_cpu or value.device,
-                            value.requires_grad,
+                            grad and value.requires_grad,
                         )
                     )
             else:
                 tensor_positions = self._tensor_positions
-                parts = [len(args), _grad_enabled()]
+                grad = _grad_enabled()
+                parts = [len(args), grad]
                 for position, value in enumerate(args):
                     if position not in tensor_positions or value is None:
                         parts.append(hashable(value) if self._list_static else value)
@@ -179,7 +182,7 @@ class DirectCalls:
                                 value.shape,
                                 value.dtype,
                                 value.is_cpu or value.device,
-                                value.requires_grad,
+                                grad and value.requires_grad,
                             )
                         )
             for position in self._exact_types:

@@ -334,7 +334,10 @@ def _register_dtensor_rule(spec: OpSpec, op: Any, backward_op: Any) -> None:
     )
 
 
-_is_compiling = torch.compiler.is_compiling
+# Dynamo reads this as True while it traces a call; torch.export's non-strict tracing (which
+# ``torch.compiler.is_compiling`` also reports, one frame dearer) runs on tensor subclasses under
+# dispatch modes, which ``DirectCalls`` already sends to the dispatcher.
+_is_compiling = torch.compiler.is_dynamo_compiling
 
 
 def _untraced(kernel: Callable[..., Any]) -> Callable[..., Any]:
