@@ -111,19 +111,11 @@ def bench_per_call(calls: int, rounds: int) -> dict[str, dict]:
 
 
 def tiny_llama():
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    return LlamaForCausalLM(config).eval()
+    from kernel_hub.models.tiny import tiny_model
+
+    return tiny_model(LlamaForCausalLM)
 
 
 def rmsnorm_layers(model) -> list:
