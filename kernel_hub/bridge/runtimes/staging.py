@@ -66,8 +66,6 @@ class InputStaging:
                 if shares_memory(array, buffer):
                     slot = (buffer, array)
             self._slots.append(slot)
-        # per position: the staging buffer and its JAX array, or (None, None)
-        self._staged = [(None, None) if slot is None else slot for slot in self._slots]
         self._pointers = {slot[0].data_ptr() for slot in self._slots if slot is not None}
         self.enabled = bool(self._pointers)
 
@@ -85,8 +83,11 @@ class InputStaging:
         buffers and the others imported; ``fallback(tensors)`` when staging is off or its buffers
         are in use (the fallback imports every tensor). ``tensors`` may run on past the staged
         call's tensors (an op's whole argument tuple): the rest is ignored."""
-        lock, staged, pointers = self._lock, self._staged, self._pointers
-        import_array = self._import_array
+        lock, pointers, import_array = self._lock, self._pointers, self._import_array
+        # the staged arrays in their places; the other places are filled per call
+        template = [None if slot is None else slot[1] for slot in self._slots]
+        copies = [(i, slot[0]) for i, slot in enumerate(self._slots) if slot is not None]
+        imports = [i for i, slot in enumerate(self._slots) if slot is None]
         checked = False  # whether outputs were checked for sharing a staged buffer
 
         def run(tensors: Sequence[Any]) -> Any:
@@ -94,13 +95,13 @@ class InputStaging:
             if not self.enabled or not lock.acquire(False):
                 return fallback(tensors)
             try:
-                arrays = []
-                for (buffer, array), tensor in zip(staged, tensors, strict=False):
-                    if buffer is None:
-                        arrays.append(import_array(tensor))
-                    else:
-                        buffer.copy_(tensor)
-                        arrays.append(array)
+                for i, buffer in copies:
+                    buffer.copy_(tensors[i])
+                arrays = template
+                if imports:
+                    arrays = template.copy()
+                    for i in imports:
+                        arrays[i] = import_array(tensors[i])
                 # export waits for the outputs with the GIL released (JAX workers may need it
                 # to finish a copying import), so the buffers are free again once it returns
                 outputs = export(executable(*arrays))
