@@ -118,8 +118,10 @@ class JaxOp:
     """A callable torch op backed by a JAX function (``.jax_fn``); ``.op`` is the torch
     ``OpOverload`` (what ``torch.library.opcheck`` and ``torch.compile`` see).
 
-    Plain eager calls (see ``eager.py``) call the implementation directly, as the dispatcher
-    would; everything else, torch.compile included, goes through ``.op``.
+    Plain eager calls (see ``eager.py``) skip the dispatcher, which would only route them to the
+    implementation: the first call with a signature validates and binds its executable, later
+    ones look that call up and make it. Everything else, torch.compile included, goes through
+    ``.op``.
     """
 
     def __init__(
