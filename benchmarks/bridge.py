@@ -1,6 +1,7 @@
 """Cost of the torch -> JAX -> torch bridge, in one run.
 
     python benchmarks/bridge.py [--quick] [--json out.json]
+    python benchmarks/bridge.py --compare OTHER_CHECKOUT [--rounds 4]
 
 Prints:
 * per-call time of a (8, 128) f32 RMSNorm: torch's ``F.rms_norm``, a jitted JAX call on JAX
@@ -67,7 +68,8 @@ def _rmsnorm():
 
 def bench_per_call(calls: int, rounds: int) -> dict[str, dict]:
     """torch's RMSNorm and kernel-hub's, as an op and as a layer swapped into Llama's norm (what
-    kernelize does), each per call under ``torch.no_grad``, with the ratios to torch's."""
+    kernelize does), each per call under ``torch.no_grad``, with the ratios of the medians to
+    torch's."""
     import torch
     import torch.nn.functional as F
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
@@ -99,12 +101,12 @@ def bench_per_call(calls: int, rounds: int) -> dict[str, dict]:
         )
     native = times["torch F.rms_norm"]
     for name in ("kernel-hub bridged op", "kernel-hub RMSNorm layer"):
-        times[name]["ratio_median"] = times[name]["median_us"] / native["median_us"]
+        times[name]["ratio_to_F_rms_norm"] = times[name]["median_us"] / native["median_us"]
     layer_times = times["kernel-hub RMSNorm layer"]
-    layer_times["ratio_to_nn_module_median"] = (
+    layer_times["ratio_to_nn_RMSNorm"] = (
         layer_times["median_us"] / times["torch nn.RMSNorm module"]["median_us"]
     )
-    layer_times["ratio_to_llama_median"] = (
+    layer_times["ratio_to_LlamaRMSNorm"] = (
         layer_times["median_us"] / times["Transformers LlamaRMSNorm"]["median_us"]
     )
     return times
@@ -249,6 +251,32 @@ def _child(mode: str, env: dict[str, str]) -> dict[str, Any]:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+def compare_checkouts(other: Path, rounds: int) -> dict[str, Any]:
+    """The per-call table of this checkout and of ``other`` (e.g. an export of main), in
+    alternating fresh processes (``rounds`` each, the order flipped every round); medians."""
+    trees = {"other": other.resolve(), "this": ROOT}
+    runs: dict[str, list[dict]] = {name: [] for name in trees}
+    for round_ in range(rounds):
+        order = list(trees.items()) if round_ % 2 == 0 else list(trees.items())[::-1]
+        for name, tree in order:
+            env = {"PYTHONPATH": str(tree), "JAX_PLATFORMS": "cpu"}
+            runs[name].append(_child("--per-call-table", env))
+    rows = [row for row in runs["this"][0] if row != "load_average"]
+    return {
+        name: {
+            "load_averages": [run["load_average"] for run in tree_runs],
+            **{
+                row: {
+                    key: statistics.median(run[row][key] for run in tree_runs)
+                    for key in tree_runs[0][row]
+                }
+                for row in rows
+            },
+        }
+        for name, tree_runs in runs.items()
+    }
+
+
 def _median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
@@ -281,7 +309,7 @@ def _print_rows(title: str, rows: dict[str, dict[str, float]], unit: str, scale:
             if not key.startswith("ratio")
         )
         ratios = "  ".join(
-            f"{key.removeprefix('ratio_').removesuffix('_median')} {value:.2f}x"
+            f"{key.removeprefix('ratio_')} {value:.2f}x"
             for key, value in values.items()
             if key.startswith("ratio")
         )
@@ -292,7 +320,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls and repeats (noisier)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        metavar="CHECKOUT",
+        help="only the per-call table, of this checkout and of CHECKOUT in alternating processes",
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="processes per checkout (--compare)")
     args = parser.parse_args(argv)
+    if args.compare is not None:
+        results = compare_checkouts(args.compare, args.rounds)
+        for name, rows in results.items():
+            loads = ", ".join(f"{load:.1f}" for load in rows.pop("load_averages"))
+            _print_rows(
+                f"{name} ({args.compare if name == 'other' else ROOT}), load {loads}", rows, "us", 1
+            )
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+        return results
     scale = 1 if args.quick else 4
 
     import torch
