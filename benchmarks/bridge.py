@@ -1,6 +1,7 @@
 """Cost of the torch -> JAX -> torch bridge, in one run.
 
     python benchmarks/bridge.py [--quick] [--json out.json]
+    python benchmarks/bridge.py --compare OTHER_CHECKOUT [--rounds 4]
 
 Prints:
 * per-call time of a (8, 128) f32 RMSNorm: torch's ``F.rms_norm``, a jitted JAX call on JAX
@@ -66,8 +67,12 @@ def _rmsnorm():
 
 
 def bench_per_call(calls: int, rounds: int) -> dict[str, dict]:
+    """torch's RMSNorm and kernel-hub's, as an op and as a layer swapped into Llama's norm (what
+    kernelize does), each per call under ``torch.no_grad``, with the ratios of the medians to
+    torch's."""
     import torch
     import torch.nn.functional as F
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     kernel = _rmsnorm()
     x, w = torch.randn(*SHAPE), torch.randn(SHAPE[-1])
@@ -77,31 +82,42 @@ def bench_per_call(calls: int, rounds: int) -> dict[str, dict]:
 
     jx, jw = jax.numpy.asarray(x.numpy()), jax.numpy.asarray(w.numpy())
     jitted = jax.jit(lambda a, b: kernel.jax.rms_norm(a, b, EPS))
-    return compare(
-        {
-            "torch F.rms_norm": lambda: F.rms_norm(x, SHAPE[-1:], w, EPS),
-            "jax.jit on JAX arrays": lambda: jitted(jx, jw).block_until_ready(),
-            "kernel-hub bridged op": lambda: kernel.rms_norm(x, w, EPS),
-        },
-        calls,
-        rounds,
+    module = torch.nn.RMSNorm(SHAPE[-1], eps=EPS)
+    stock = LlamaRMSNorm(SHAPE[-1], eps=EPS)
+    layer = LlamaRMSNorm(SHAPE[-1], eps=EPS)
+    kernelize_rmsnorm([layer])
+    with torch.no_grad():
+        times = compare(
+            {
+                "torch F.rms_norm": lambda: F.rms_norm(x, SHAPE[-1:], w, EPS),
+                "torch nn.RMSNorm module": lambda: module(x),
+                "Transformers LlamaRMSNorm": lambda: stock(x),
+                "jax.jit on JAX arrays": lambda: jitted(jx, jw).block_until_ready(),
+                "kernel-hub bridged op": lambda: kernel.rms_norm(x, w, EPS),
+                "kernel-hub RMSNorm layer": lambda: layer(x),
+            },
+            calls,
+            rounds,
+        )
+    native = times["torch F.rms_norm"]
+    for name in ("kernel-hub bridged op", "kernel-hub RMSNorm layer"):
+        times[name]["ratio_to_F_rms_norm"] = times[name]["median_us"] / native["median_us"]
+    layer_times = times["kernel-hub RMSNorm layer"]
+    layer_times["ratio_to_nn_RMSNorm"] = (
+        layer_times["median_us"] / times["torch nn.RMSNorm module"]["median_us"]
     )
+    layer_times["ratio_to_LlamaRMSNorm"] = (
+        layer_times["median_us"] / times["Transformers LlamaRMSNorm"]["median_us"]
+    )
+    return times
 
 
 def tiny_llama():
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    return LlamaForCausalLM(config).eval()
+    from kernel_hub.models.tiny import tiny_model
+
+    return tiny_model(LlamaForCausalLM)
 
 
 def rmsnorm_layers(model) -> list:
@@ -207,6 +223,12 @@ def first_call_child() -> None:
     )
 
 
+def per_call_table_child() -> None:
+    """Run in a fresh process: the per-call table (``bench_per_call``), print JSON. Used to
+    compare two checkouts in alternating processes (``PYTHONPATH`` picks the checkout)."""
+    print(json.dumps({"load_average": os.getloadavg()[0], **bench_per_call(250, 4)}))
+
+
 def per_call_child() -> None:
     """Run in a fresh process: per-call time of the bridged op, print JSON."""
     import torch
@@ -227,6 +249,32 @@ def _child(mode: str, env: dict[str, str]) -> dict[str, Any]:
     if completed.returncode != 0:
         raise RuntimeError(f"{mode} child failed:\n{completed.stderr[-3000:]}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def compare_checkouts(other: Path, rounds: int) -> dict[str, Any]:
+    """The per-call table of this checkout and of ``other`` (e.g. an export of main), in
+    alternating fresh processes (``rounds`` each, the order flipped every round); medians."""
+    trees = {"other": other.resolve(), "this": ROOT}
+    runs: dict[str, list[dict]] = {name: [] for name in trees}
+    for round_ in range(rounds):
+        order = list(trees.items()) if round_ % 2 == 0 else list(trees.items())[::-1]
+        for name, tree in order:
+            env = {"PYTHONPATH": str(tree), "JAX_PLATFORMS": "cpu"}
+            runs[name].append(_child("--per-call-table", env))
+    rows = [row for row in runs["this"][0] if row != "load_average"]
+    return {
+        name: {
+            "load_averages": [run["load_average"] for run in tree_runs],
+            **{
+                row: {
+                    key: statistics.median(run[row][key] for run in tree_runs)
+                    for key in tree_runs[0][row]
+                }
+                for row in rows
+            },
+        }
+        for name, tree_runs in runs.items()
+    }
 
 
 def _median_of(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -256,17 +304,40 @@ def _print_rows(title: str, rows: dict[str, dict[str, float]], unit: str, scale:
         print(f"\n{title}")
     for name, values in rows.items():
         cells = "  ".join(
-            f"{key.removesuffix('_us').removesuffix('_s')} {value * scale:8.1f}"
+            f"{key.removesuffix('_us').removesuffix('_s')} {value * scale:8.1f} {unit}"
             for key, value in values.items()
+            if not key.startswith("ratio")
         )
-        print(f"  {name:30s} {cells} {unit}")
+        ratios = "  ".join(
+            f"{key.removeprefix('ratio_')} {value:.2f}x"
+            for key, value in values.items()
+            if key.startswith("ratio")
+        )
+        print(f"  {name:30s} {cells}  {ratios}".rstrip())
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer calls and repeats (noisier)")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        metavar="CHECKOUT",
+        help="only the per-call table, of this checkout and of CHECKOUT in alternating processes",
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="processes per checkout (--compare)")
     args = parser.parse_args(argv)
+    if args.compare is not None:
+        results = compare_checkouts(args.compare, args.rounds)
+        for name, rows in results.items():
+            loads = ", ".join(f"{load:.1f}" for load in rows.pop("load_averages"))
+            _print_rows(
+                f"{name} ({args.compare if name == 'other' else ROOT}), load {loads}", rows, "us", 1
+            )
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+        return results
     scale = 1 if args.quick else 4
 
     import torch
@@ -314,6 +385,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 _CHILDREN = {
     "--first-call": first_call_child,
     "--per-call": per_call_child,
+    "--per-call-table": per_call_table_child,
     "--generate": generate_child,
 }
 

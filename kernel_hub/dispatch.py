@@ -5,6 +5,7 @@ per-platform order; one that cannot take the inputs says why, and the next one r
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,11 +18,18 @@ log = logging.getLogger(__name__)
 SupportCheck = Callable[..., "str | None"]
 
 _order_generation = 0
+_order_watchers: weakref.WeakSet = weakref.WeakSet()
 
 
 def order_generation() -> int:
     """Bumped whenever any table's order changes: traced and compiled kernels depend on it."""
     return _order_generation
+
+
+def watch_order(watcher: Any) -> None:
+    """Call ``watcher.order_changed()`` whenever any table's order changes, for as long as the
+    watcher lives (a cache that would otherwise check ``order_generation`` on every call)."""
+    _order_watchers.add(watcher)
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,8 @@ class ImplementationTable:
         if self._order.get(platform) != tuple(names):
             self._order[platform] = tuple(names)
             _order_generation += 1
+            for watcher in list(_order_watchers):
+                watcher.order_changed()
 
     def explain(
         self,

@@ -41,8 +41,10 @@ kernels share instead of copying: ``tiling.sublane_multiple(dtype)`` (8 rows for
 16-bit, 32 for 8-bit types), ``tiling.vmem_bytes_per_row(width, itemsize, streamed=...,
 f32_temporaries=...)`` (what one row of a row block costs in VMEM), ``tiling.row_block(rows,
 bytes_per_row, dtype)`` (the largest legal row block within ``tiling.VMEM_BUDGET_BYTES``),
-``tiling.row_block_problem(rows, block_rows, dtype)`` (why a user's block is illegal) and
-``tiling.compiler_params("parallel", "arbitrary", ...)`` (Mosaic's compiler parameters).
+``tiling.row_block_problem(rows, block_rows, dtype)`` (why a user's block is illegal),
+``tiling.vmem_budget(generation, reserve=...)`` (what any kernel's blocks may plan to use on a
+generation) and ``tiling.compiler_params("parallel", "arbitrary", ...)`` (Mosaic's compiler
+parameters).
 A row-wise kernel states only its own numbers (its streamed blocks and live f32 temporaries);
 see kernels/rmsnorm/rmsnorm/pallas_tpu.py.
 

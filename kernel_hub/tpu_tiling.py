@@ -3,7 +3,8 @@
 Row-blocked kernels (norms and other row-wise ops that hold whole rows in VMEM) pick a row block
 from a VMEM budget: ``vmem_bytes_per_row`` prices one row from what the kernel streams and keeps,
 ``row_block`` picks the largest legal block that fits, ``row_block_problem`` says why a
-user-given block is illegal. ``sublane_multiple`` is the TPU tiling rule behind all three (the
+user-given block is illegal. ``vmem_budget`` is what any kernel's blocks may plan to use on a
+generation. ``sublane_multiple`` is the TPU tiling rule behind all three (the
 second-to-last block dimension is a multiple of it, or the whole array dimension), and
 ``compiler_params`` builds Mosaic's parameters from the grid's dimension semantics.
 """
@@ -14,9 +15,22 @@ from typing import Any
 
 import jax.numpy as jnp
 
-VMEM_BUDGET_BYTES = 8 * 1024 * 1024
-"""Half of v4's 16 MiB default scoped VMEM: a block that fits it fits every generation, with room
-for Mosaic's own scratch."""
+SCOPED_VMEM_BYTES = {"v4": 16 << 20, "v5p": 64 << 20, "v5e": 128 << 20, "v6e": 128 << 20}
+"""Mosaic's default scoped VMEM limit per TPU generation."""
+
+
+def vmem_budget(generation: str | None = None, *, reserve: int, cap: int | None = None) -> int:
+    """VMEM a kernel's blocks may plan to use: the generation's default scoped VMEM less
+    ``reserve`` bytes left for Mosaic's own scratch, at most ``cap``. Without a known generation,
+    the smallest one's, so the blocks fit every generation."""
+    scoped = SCOPED_VMEM_BYTES.get(generation or "", min(SCOPED_VMEM_BYTES.values()))
+    budget = scoped - reserve
+    return budget if cap is None else min(cap, budget)
+
+
+VMEM_BUDGET_BYTES = vmem_budget(reserve=8 << 20)
+"""Half of v4's 16 MiB default scoped VMEM (the budget of row-blocked kernels): a block that fits
+it fits every generation, with room for Mosaic's own scratch."""
 MAX_BLOCK_ROWS = 1024
 """Beyond this many rows a bigger block no longer shortens a memory-bound kernel measurably."""
 F32_BYTES = 4
@@ -52,12 +66,16 @@ def row_block(
     return rows if rows <= block else block
 
 
-def row_block_problem(rows: int, block_rows: int, dtype: Any) -> str | None:
-    """Why ``block_rows`` is not a legal row block for ``rows`` rows of ``dtype``, or None."""
+def row_block_problem(
+    rows: int, block_rows: int, dtype: Any, *, name: str = "block_rows", axis: str = "rows"
+) -> str | None:
+    """Why ``block_rows`` is not a legal row block for ``rows`` rows of ``dtype``, or None;
+    ``name`` and ``axis`` are what the kernel calls the block and the rows (``block_tokens``,
+    ``tokens``)."""
     multiple = sublane_multiple(dtype)
     if block_rows == rows or (block_rows > 0 and block_rows % multiple == 0):
         return None
-    return f"block_rows={block_rows} must equal rows ({rows}) or be a multiple of {multiple}"
+    return f"{name}={block_rows} must equal {axis} ({rows}) or be a multiple of {multiple}"
 
 
 def compiler_params(*semantics: str, vmem_limit_bytes: int | None = None) -> Any:

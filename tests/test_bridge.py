@@ -23,6 +23,7 @@ from kernel_hub.bridge.runtimes import dlpack
 from kernel_hub.bridge.runtimes.aot import compilations
 from kernel_hub.bridge.runtimes.exchange import exchange_for
 from kernel_hub.bridge.torch_op import RowBuckets, jax_op, power_of_two
+from kernel_hub.dispatch import Implementation, ImplementationTable
 from kernel_hub.errors import KernelInputError, UnknownNameError, UnsupportedDeviceError
 from kernel_hub.sharding import ShardingRule, sharded
 
@@ -336,19 +337,76 @@ def test_keyword_calls_take_the_eager_fast_path(rmsnorm, monkeypatch):
     """Static arguments given by keyword are as direct as positional ones (no dispatcher)."""
     x, w = torch.randn(4, 32), torch.randn(32)
     want = rmsnorm.rms_norm(x, w, 1e-6, None, 1.0, "input")
-    direct = []
-    implementation = rmsnorm.rms_norm.implementation
-    monkeypatch.setattr(
-        rmsnorm.rms_norm, "implementation", lambda *a: direct.append(a) or implementation(*a)
-    )
-    got = rmsnorm.rms_norm(x, w, weight_offset=1.0, rounding="input")
-    assert len(direct) == 1 and len(direct[0]) == 6
-    torch.testing.assert_close(got, want)
-    rmsnorm.rms_norm(x, weight=w, eps=1e-6)  # a tensor by keyword: direct too, in its place
-    assert len(direct) == 2 and direct[1][1] is w
+    dispatched = []
+    op = rmsnorm.rms_norm.op
+    monkeypatch.setattr(rmsnorm.rms_norm, "op", lambda *a, **k: dispatched.append(a) or op(*a, **k))
+    for _ in range(2):  # the first call binds the direct call, the second reuses it
+        got = rmsnorm.rms_norm(x, w, weight_offset=1.0, rounding="input")
+        torch.testing.assert_close(got, want)
+        # a tensor by keyword: direct too, in its place
+        torch.testing.assert_close(rmsnorm.rms_norm(x, weight=w, eps=1e-6), rmsnorm.rms_norm(x, w))
+    assert dispatched == []
     with pytest.raises(RuntimeError, match="Unknown keyword argument 'bogus'"):
         rmsnorm.rms_norm(x, w, bogus=1.0)  # the dispatcher's error, as before
-    assert len(direct) == 2
+    assert len(dispatched) == 1
+
+
+_ORDER_TABLE = ImplementationTable(
+    "test_order_op",
+    [
+        Implementation("double", lambda x: x * 2, ("cpu",)),
+        Implementation("triple", lambda x: x * 3, ("cpu",)),
+    ],
+    default_order={"cpu": ("double", "triple")},
+)
+
+
+@jax_op(NS, lambda x: _ORDER_TABLE(x))
+def ordered(x: torch.Tensor) -> torch.Tensor: ...
+
+
+def test_cached_direct_calls_follow_implementation_order_changes():
+    """A plain eager call reuses its bound executable until an implementation order changes."""
+    x = torch.ones(2, 3)
+    with torch.no_grad():
+        assert torch.equal(ordered(x), x * 2) and torch.equal(ordered(x), x * 2)
+        try:
+            _ORDER_TABLE.set_order("cpu", ("triple", "double"))
+            assert torch.equal(ordered(x), x * 3) and torch.equal(ordered(x), x * 3)
+        finally:
+            _ORDER_TABLE.set_order("cpu", ("double", "triple"))
+        assert torch.equal(ordered(x), x * 2)
+
+
+def test_cached_direct_calls_keep_their_guards(rmsnorm):
+    """What a cached call was bound for: another dtype, a fake tensor, a gradient or a mode
+    after it misses the cache and gets its own checks."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, w = torch.randn(4, 16), torch.randn(16)
+    rms = rmsnorm.rms_norm
+    for _ in range(2):
+        assert_close_to(rms(x, w, 1e-6), rms_norm_reference(x, w, 1e-6), 2e-6)
+    with pytest.raises(KernelInputError, match="weight"):
+        rms(x, torch.randn(15), 1e-6)  # another shape: validated, not the cached call
+    assert rms(x.double(), w.double(), 1e-6).dtype == torch.float64
+    with FakeTensorMode() as mode:
+        assert type(rms(mode.from_tensor(x), mode.from_tensor(w), 1e-6)).__name__ == "FakeTensor"
+    wants_grad = w.clone().requires_grad_()
+    assert rms(x, wants_grad, 1e-6).requires_grad
+    with torch.no_grad():
+        assert not rms(x, wants_grad, 1e-6).requires_grad
+
+
+def test_fast_call_is_the_compiled_executables_cpp_dispatcher():
+    """The DLPack runtime calls executables through JAX's C++ dispatcher (see ``fast_call``);
+    on this JAX it exists and gives the executable's results."""
+    from kernel_hub.bridge.runtimes.aot import fast_call
+
+    compiled = jax.jit(lambda a: a * 2 + 1).lower(jax.numpy.ones(3)).compile()
+    call = fast_call(compiled)
+    assert call is not compiled
+    assert jax.numpy.array_equal(call(jax.numpy.arange(3.0)), compiled(jax.numpy.arange(3.0)))
 
 
 def test_validation_once_per_signature_and_errors_not_cached():

@@ -62,6 +62,14 @@ def test_refused_with_what_is_valid(args: tuple, kwargs: dict, message: str) -> 
         affine(*args, **kwargs)
 
 
+def test_checked_after_a_cached_call_with_an_equal_value() -> None:
+    """``2.0 == 2`` but an int parameter refuses it, also after a call with 2 was cached."""
+    for _ in range(2):
+        torch.testing.assert_close(affine(X, repeats=2), torch.full((2, 4), 2.0))
+    with pytest.raises(KernelInputError, match=r"repeats must be an int, got float 2\.0"):
+        affine(X, repeats=2.0)
+
+
 def test_checked_under_torch_compile_too() -> None:
     compiled = torch.compile(lambda x: affine(x, scale=3.0), fullgraph=True)
     torch.testing.assert_close(compiled(X), torch.full((2, 4), 3.0))

@@ -68,7 +68,8 @@ def test_busy_buffers_fall_back_to_importing(runtime, recorded):
     (made,) = recorded
     with made._lock:  # as another thread mid-call would hold them
         x = torch.randn(4, 16)
-        assert made.run(lambda *arrays: 1 / 0, lambda out: out, [x, w]) is None
+        busy = made.bind(lambda *arrays: 1 / 0, lambda out: out, lambda tensors: "fell back")
+        assert busy([x, w]) == "fell back"
         torch.testing.assert_close(run([x, w]), x * w)
 
 
@@ -102,14 +103,22 @@ def test_no_staging_while_jax_dispatches_asynchronously(runtime, recorded, monke
 
 def test_an_output_sharing_a_staged_buffer_turns_staging_off():
     exchange = exchange_for("cpu", jax.devices("cpu")[0])
-    buffers = staging.InputStaging([torch.randn(4, 16)], exchange.to_jax)
+
+    def fallback(tensors):
+        return "imported"
+
     x = torch.randn(4, 16)
-    fresh = buffers.run(lambda a: a + 1, exchange.to_torch, [x])
-    torch.testing.assert_close(fresh, x + 1)
+    buffers = staging.InputStaging([x], exchange.to_jax)
+    fresh = buffers.bind(lambda a: a + 1, exchange.to_torch, fallback)
+    for _ in range(2):
+        torch.testing.assert_close(fresh([x]), x + 1)
     assert buffers.enabled
     # an executable handing back its (staged) input: the caller must import instead
-    assert buffers.run(lambda a: a, exchange.to_torch, [x]) is None
+    buffers = staging.InputStaging([x], exchange.to_jax)
+    forwarding = buffers.bind(lambda a: a, exchange.to_torch, fallback)
+    assert forwarding([x]) == "imported"
     assert not buffers.enabled
+    assert forwarding([x]) == "imported"
 
 
 _MISALIGNED_INPUTS = """

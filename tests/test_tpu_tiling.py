@@ -52,6 +52,23 @@ def test_row_block_problem(rows, block, dtype, problem):
     assert tiling.row_block_problem(rows, block, dtype) == problem
 
 
+def test_row_block_problem_in_the_kernels_words():
+    problem = tiling.row_block_problem(100, 12, jnp.float32, name="block_tokens", axis="tokens")
+    assert problem == "block_tokens=12 must equal tokens (100) or be a multiple of 8"
+
+
+def test_vmem_budget_per_generation():
+    """The generation's default scoped VMEM less the reserve, at most the cap; without a known
+    generation the smallest one's (v4, 16 MiB), so blocks fit everywhere."""
+    mib = 1 << 20
+    assert tiling.vmem_budget("v4", reserve=4 * mib) == 12 * mib
+    assert tiling.vmem_budget("v5e", reserve=4 * mib, cap=40 * mib) == 40 * mib
+    assert tiling.vmem_budget("v5p", reserve=4 * mib) == 60 * mib
+    assert tiling.vmem_budget(reserve=6 * mib) == tiling.vmem_budget("TPU v9", reserve=6 * mib)
+    assert tiling.vmem_budget(reserve=6 * mib) == 10 * mib
+    assert tiling.VMEM_BUDGET_BYTES == tiling.vmem_budget(reserve=8 * mib) == 8 * mib
+
+
 def test_compiler_params_carry_the_semantics():
     params = tiling.compiler_params("parallel", "arbitrary", vmem_limit_bytes=2**24)
     assert tuple(params.dimension_semantics) == ("parallel", "arbitrary")

@@ -1,4 +1,4 @@
-"""When a bridged op may skip torch's dispatcher and call its implementation directly.
+"""When a bridged op may skip torch's dispatcher, and the cached direct call it then makes.
 
 Entering an op through torch's dispatcher into a Python kernel costs ~8 us per call in a tight
 loop and ~40 us inside a model (boxing the arguments, two Python kernels, cold caches); for small
@@ -12,18 +12,31 @@ subclass (fake, functional, ...), every tensor argument a CPU or CUDA tensor in 
 parameter's place and none needing a gradient, every other argument a non-tensor, and, for an op
 with an autocast policy, no autocast region. Arguments given by keyword are put in their places
 first (``positional``), so a caller may name its options: the fast path does not need a positional
-call. The caller checks first
-that torch.compile is not tracing. Anything else goes through the dispatcher as usual.
-``KERNEL_HUB_DIRECT_CALLS=0`` sends every call through the dispatcher.
+call. The caller checks first that torch.compile is not tracing. Anything else goes through the
+dispatcher as usual. ``KERNEL_HUB_DIRECT_CALLS=0`` sends every call through the dispatcher.
+
+A direct call is cached per call signature (``lookup``/``remember``): the arguments' key holds the
+non-tensor arguments, each tensor's class, shape, dtype, device and (in grad mode)
+``requires_grad``, the grad mode, and the types of int and bool arguments (so ``2.0`` for an int
+is never taken for ``2``). Its first call is checked in full (``allowed``, then the op validates
+and binds its executable); a repeat call checks the context (modes, profiler, tracing, autocast:
+``plain``), builds the key and makes one dictionary lookup. Entries go when an implementation
+order changes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
+
+from kernel_hub.dispatch import watch_order
+
+from .op_spec import hashable
 
 _C = torch._C
 _tls_includes = _C._dispatch_tls_local_include_set
@@ -41,11 +54,27 @@ _PLAIN_TLS_INCLUDES = (
 )
 
 
+DirectCall = Callable[[tuple], Any]
+"""A cached direct call: takes the call's arguments in parameter order, returns the op's result."""
+
+
+def _exact_type_params(params: Sequence[inspect.Parameter]) -> tuple[int, ...]:
+    """Positions of int and bool parameters (optional or not): their values compare equal to
+    values of types they refuse (``2.0 == 2``, ``1 == True``), so the key holds the type too."""
+    exact = (int, bool, int | None, bool | None)
+    return tuple(i for i, p in enumerate(params) if p.annotation in exact)
+
+
 class DirectCalls:
-    """Decides, per call of one op, whether it may call its implementation directly."""
+    """Decides, per call of one op, whether it may call its implementation directly, and keeps
+    the direct calls already made, one per call signature."""
 
     def __init__(
-        self, signature: inspect.Signature, tensor_params: Sequence[str], autocast: bool = False
+        self,
+        signature: inspect.Signature,
+        tensor_params: Sequence[str],
+        autocast: bool = False,
+        list_static: bool = False,
     ):
         params = list(signature.parameters.values())
         names = [p.name for p in params]
@@ -61,31 +90,49 @@ class DirectCalls:
             frozenset(p.name for p in params[n:] if p.default is inspect.Parameter.empty)
             for n in range(len(params) + 1)
         ]
+        # (number of positional arguments, keyword names) -> that call's tail: keywords that bind
+        self._bindings: dict[tuple, list[tuple[str, Any]]] = {}
         self.enabled = os.environ.get("KERNEL_HUB_DIRECT_CALLS", "1").strip() != "0"
+        # the key: tensors first in the signature (the usual stub) need no per-position test
+        self._leading = len(tensor_params)
+        if self._tensor_positions != frozenset(range(self._leading)):
+            self._leading = -1
+        self._exact_types = _exact_type_params(params)
+        self._list_static = list_static  # lists (int[] arguments) key as tuples
+        self._entries: dict[tuple, DirectCall] = {}
+        watch_order(self)
 
     def positional(self, args: tuple, kwargs: dict) -> tuple | None:
         """Every argument in parameter order (defaults filled in), or None when the keywords do
         not bind (unknown, given twice, a required one missing): the dispatcher then says why."""
-        n = len(args)
-        if (
-            n > self._count
-            or not kwargs.keys() <= self._tail_names[n]
-            or not self._tail_required[n] <= kwargs.keys()
-        ):
-            return None
-        return args + tuple([kwargs.get(name, default) for name, default in self._tails[n]])
+        shape = (len(args), *kwargs)
+        tail = self._bindings.get(shape)
+        if tail is None:
+            n = len(args)
+            if (
+                n > self._count
+                or not kwargs.keys() <= self._tail_names[n]
+                or not self._tail_required[n] <= kwargs.keys()
+            ):
+                return None
+            tail = self._bindings[shape] = self._tails[n]
+        return args + tuple([kwargs.get(name, default) for name, default in tail])
+
+    def plain(self) -> bool:
+        """Direct calls are on and nothing that observes or redirects dispatch is active (the
+        per-call part of ``allowed``)."""
+        return (
+            self.enabled
+            and _tls_includes() in _PLAIN_TLS_INCLUDES
+            and not _function_mode()
+            and not _profiling()
+            and _jit_tracing() is None
+            and not (self._autocast and _autocast_enabled())
+        )
 
     def allowed(self, args: tuple) -> bool:
         """Whether a call with these positional arguments (and no keywords) may go direct."""
-        if (
-            not self.enabled
-            or not self._required <= len(args) <= self._count
-            or _tls_includes() not in _PLAIN_TLS_INCLUDES
-            or _function_mode()
-            or _profiling()
-            or _jit_tracing() is not None
-            or (self._autocast and _autocast_enabled())
-        ):
+        if not self._required <= len(args) <= self._count or not self.plain():
             return False
         grad = _grad_enabled()
         for position, value in enumerate(args):
@@ -99,3 +146,66 @@ class DirectCalls:
             ):
                 return False
         return True
+
+    def key(self, args: tuple) -> tuple | None:
+        """What a cached direct call depends on (see the module docstring); None when the
+        arguments cannot key one (a non-tensor where a tensor goes, an unhashable value)."""
+        leading = self._leading
+        try:
+            if leading >= 0:
+                static = args[leading:]
+                grad = _grad_enabled()
+                parts = [hashable(static) if self._list_static else static, grad]
+                for value in args[:leading]:
+                    parts.append(
+                        None
+                        if value is None
+                        else (
+                            value.__class__,
+                            value.shape,
+                            value.dtype,
+                            value.is_cpu or value.device,
+                            grad and value.requires_grad,
+                        )
+                    )
+            else:
+                tensor_positions = self._tensor_positions
+                grad = _grad_enabled()
+                parts = [len(args), grad]
+                for position, value in enumerate(args):
+                    if position not in tensor_positions or value is None:
+                        parts.append(hashable(value) if self._list_static else value)
+                    else:
+                        parts.append(
+                            (
+                                value.__class__,
+                                value.shape,
+                                value.dtype,
+                                value.is_cpu or value.device,
+                                grad and value.requires_grad,
+                            )
+                        )
+            for position in self._exact_types:
+                parts.append(args[position].__class__ if position < len(args) else None)
+        except AttributeError:
+            return None
+        return tuple(parts)
+
+    def order_changed(self) -> None:
+        """An implementation order changed: calls bound under the old one are stale."""
+        self._entries.clear()
+
+    def lookup(self, args: tuple) -> DirectCall | None:
+        """The cached direct call for these arguments (the caller checked ``plain``)."""
+        key = self.key(args)
+        try:
+            return None if key is None else self._entries.get(key)
+        except TypeError:  # an unhashable argument: not cached
+            return None
+
+    def remember(self, args: tuple, call: DirectCall) -> None:
+        """Keep ``call`` for later calls with arguments like ``args`` (which ``allowed``)."""
+        key = self.key(args)
+        if key is not None:
+            with contextlib.suppress(TypeError):  # an unhashable argument: not cached
+                self._entries[key] = call

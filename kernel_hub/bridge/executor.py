@@ -3,8 +3,10 @@
 The first call with a new signature (static arguments; each tensor's shape, dtype and device)
 builds a plan: the stub validates the arguments, the runtime for the device type is looked up and
 row buckets are laid out. Later calls with that signature only look the plan up and run it, so
-per call there is no argument binding, no validation and no context manager. A stub's verdict may
-depend only on what the signature holds (it also runs on fake tensors, which have nothing else).
+per call there is no argument binding, no validation and no context manager (plain eager calls
+keep their plan in the op's cache of direct calls, ``eager.py``, and skip even this lookup). A
+stub's verdict may depend only on what the signature holds (it also runs on fake tensors, which
+have nothing else).
 """
 
 from __future__ import annotations
@@ -60,14 +62,19 @@ class OpExecutor:
             self._order_generation = order_generation()
 
     def forward(self, static: Static, tensors: list[Any]) -> Any:
+        return self.forward_plan(static, tensors)(tensors)
+
+    def forward_plan(self, static: Static, tensors: list[Any]) -> Plan:
+        """The plan for tensors like ``tensors`` (made and validated on first use); call it with
+        a sequence whose first items are the tensors (items after them are ignored, so an op
+        whose tensor parameters come first may pass its whole argument tuple)."""
         self._check_order()
-        # _signature(tensors), inlined: this runs on every call.
-        signature = [None if t is None else (t.shape, t.dtype, t.device) for t in tensors]
-        key = (static, tuple(signature))
+        # the static values' types too: 2.0 == 2, but only one of them may be an int argument
+        key = (static, tuple(map(type, static)), _signature(tensors))
         plan = self._forward_plans.get(key)
         if plan is None:
             plan = self._forward_plans[key] = self._plan_forward(static, tensors)
-        return plan(tensors)
+        return plan
 
     def backward(
         self, static: Static, inputs: list[Any], outputs: list[Any], cotangents: list[Any]
@@ -108,8 +115,8 @@ class OpExecutor:
         padded_outputs = spec.buckets.outputs
         run_padded = _bind(runtime, fn, _pad(tensors, padded_inputs, layout), key)
 
-        def run(tensors: list[Any]) -> Any:
-            tensors = tensors.copy()
+        def run(tensors: Sequence[Any]) -> Any:
+            tensors = list(tensors)
             for i in padded_inputs:
                 if tensors[i] is not None:
                     tensors[i] = layout.pad(tensors[i])
@@ -155,11 +162,13 @@ class OpExecutor:
 
 
 def _bind(runtime: Any, fn: Callable[..., Any], tensors: list[Any], key: tuple) -> Plan:
-    """The runtime's call specialised to this signature when it offers one (``bind``)."""
+    """The runtime's call specialised to this signature when it offers one (``bind``). Either
+    takes a sequence whose first ``len(tensors)`` items are the tensors, the rest ignored."""
     bind = getattr(runtime, "bind", None)
     if bind is not None:
         return bind(fn, tensors, key=key)
-    return lambda tensors: runtime.call(fn, tensors, key=key)
+    count = len(tensors)
+    return lambda tensors: runtime.call(fn, tensors[:count], key=key)
 
 
 def _pad(

@@ -90,8 +90,8 @@ class OpSpec:
         key = (role, static, generation)
         fn = self._jitted.get(key)
         if fn is None:
-            for stale in [k for k in self._jitted if k[2] != generation]:
-                del self._jitted[stale]
+            for stale in [k for k in list(self._jitted) if k[2] != generation]:
+                self._jitted.pop(stale, None)  # another thread's first call may drop it too
             import jax
 
             kwargs = dict(zip(self.static_params, static, strict=True))

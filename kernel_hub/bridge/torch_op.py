@@ -31,12 +31,13 @@ import torch
 
 from . import autocast as _autocast
 from .buckets import RowBuckets, power_of_two
-from .eager import DirectCalls
+from .eager import DirectCall, DirectCalls
 from .executor import OpExecutor, check_devices
 from .op_spec import (
     JaxBackward,
     OpSpec,
     SavedBackward,
+    Static,
     check_argument_types,
     hashable,
     present_differentiable,
@@ -119,8 +120,10 @@ class JaxOp:
     """A callable torch op backed by a JAX function (``.jax_fn``); ``.op`` is the torch
     ``OpOverload`` (what ``torch.library.opcheck`` and ``torch.compile`` see).
 
-    Plain eager calls (see ``eager.py``) call the implementation directly, as the dispatcher
-    would; everything else, torch.compile included, goes through ``.op``.
+    Plain eager calls (see ``eager.py``) skip the dispatcher, which would only route them to the
+    implementation: the first call with a signature validates and binds its executable, later
+    ones look that call up and make it. Everything else, torch.compile included, goes through
+    ``.op``.
     """
 
     def __init__(
@@ -130,6 +133,7 @@ class JaxOp:
         backward: tuple[Any, Callable[..., Any] | None],
         stub: Callable[..., Any],
         library: Any,
+        direct_call_for: Callable[[tuple], DirectCall],
     ):
         self._spec = spec
         self._library = library  # the registrations live as long as this object
@@ -137,20 +141,25 @@ class JaxOp:
         # classes handle ops themselves (torchax) run the implementation.
         self.op, self.implementation = forward
         self.backward_op, self.backward_implementation = backward
-        self._direct = DirectCalls(spec.signature, spec.tensor_params, bool(spec.autocast))
+        self._direct = DirectCalls(
+            spec.signature, spec.tensor_params, bool(spec.autocast), spec.list_static
+        )
+        self._direct_call_for = direct_call_for
         self.jax_fn = spec.jax_fn
         self.qualname = spec.qualname
         functools.update_wrapper(self, stub)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not torch.compiler.is_compiling():
-            if not kwargs:
-                if self._direct.allowed(args):
-                    return self.implementation(*args)
-            else:
-                flat = self._direct.positional(args, kwargs)
-                if flat is not None and self._direct.allowed(flat):
-                    return self.implementation(*flat)
+        direct = self._direct
+        flat = direct.positional(args, kwargs) if kwargs else args
+        if flat is not None and not _is_compiling() and direct.plain():
+            call = direct.lookup(flat)
+            if call is not None:
+                return call(flat)
+            if direct.allowed(flat):
+                call = self._direct_call_for(flat)  # validates the arguments first
+                direct.remember(flat, call)
+                return call(flat)
         try:
             return self.op(*args, **kwargs)
         except (RuntimeError, TypeError):
@@ -243,14 +252,16 @@ def jax_op(
         )
         executor = OpExecutor(spec)
         library = torch.library.Library(namespace, "FRAGMENT")
-        op, forward = _define_forward(library, spec, executor, stub)
+        op, forward, direct_call_for = _define_forward(library, spec, executor, stub)
         backward_op = backward = None
         if differentiable:
             backward_op, backward = _define_backward(library, spec, executor)
             _register_autograd(library, spec, op, backward_op, forward)
         if autocast:
             _autocast.register(library, op, [spec.param_names.index(n) for n in autocast])
-        defined = JaxOp(spec, (op, forward), (backward_op, backward), stub, library)
+        defined = JaxOp(
+            spec, (op, forward), (backward_op, backward), stub, library, direct_call_for
+        )
         _register_dtensor_rule(spec, op, backward_op)
         op_defined(defined)
         return defined
@@ -345,6 +356,12 @@ def _register_dtensor_rule(spec: OpSpec, op: Any, backward_op: Any) -> None:
     )
 
 
+# Dynamo reads this as True while it traces a call; torch.export's non-strict tracing (which
+# ``torch.compiler.is_compiling`` also reports, one frame dearer) runs on tensor subclasses under
+# dispatch modes, which ``DirectCalls`` already sends to the dispatcher.
+_is_compiling = torch.compiler.is_dynamo_compiling
+
+
 def _untraced(kernel: Callable[..., Any]) -> Callable[..., Any]:
     """``kernel`` (entered from the dispatcher) never traced by torch.compile, nor what it calls.
 
@@ -376,8 +393,9 @@ def _define(library: Any, qualname: str, schema: str, impl: Callable[..., Any]) 
 
 def _define_forward(
     library: Any, spec: OpSpec, executor: OpExecutor, stub: Callable
-) -> tuple[Any, Callable[..., Any]]:
-    """The forward op and its implementation (which the autograd kernel may call directly)."""
+) -> tuple[Any, Callable[..., Any], Callable[[tuple], DirectCall]]:
+    """The forward op, its implementation (which the autograd kernel may call directly) and the
+    maker of the op's cached direct calls (``eager.py``)."""
     names = spec.param_names
     tensor_positions = [names.index(n) for n in spec.tensor_params]
     static_positions = [names.index(n) for n in spec.static_params]
@@ -385,15 +403,26 @@ def _define_forward(
     required = sum(p.default is inspect.Parameter.empty for p in spec.signature.parameters.values())
     list_static = spec.list_static
 
+    def split(args: tuple) -> tuple[Static, list[Any]]:
+        """Positional arguments (trailing defaults may be left out) -> (static, tensors)."""
+        args += tails[len(args)]
+        static = tuple([args[i] for i in static_positions])
+        return hashable(static) if list_static else static, [args[i] for i in tensor_positions]
+
     def forward(*args: Any, **kwargs: Any) -> Any:
         if kwargs or not required <= len(args) <= len(names):
             args = _positional(spec.signature, args, kwargs)
-        else:
-            args += tails[len(args)]
-        static = tuple([args[i] for i in static_positions])
-        if list_static:
-            static = hashable(static)
-        return executor.forward(static, [args[i] for i in tensor_positions])
+        return executor.forward(*split(args))
+
+    def direct_call_for(args: tuple) -> DirectCall:
+        """The call for arguments like ``args`` (positional, as ``DirectCalls.allowed`` took
+        them): their plan, bound once, fed the tensor arguments."""
+        plan = executor.forward_plan(*split(args))
+        count = len(tensor_positions)
+        if tensor_positions == list(range(count)) and len(args) >= count:
+            return plan  # the tensors lead the arguments: the plan takes the whole tuple
+        tail = tails[len(args)]
+        return lambda args: plan([(args + tail)[i] for i in tensor_positions])
 
     def fake(*args: Any, **kwargs: Any) -> Any:
         arguments = dict(zip(names, _positional(spec.signature, args, kwargs), strict=True))
@@ -406,7 +435,7 @@ def _define_forward(
 
     op = _define(library, spec.qualname, torch.library.infer_schema(stub, mutates_args=()), forward)
     torch.library.register_fake(spec.qualname, fake, lib=library)
-    return op, forward
+    return op, forward, direct_call_for
 
 
 def _backward_schema(spec: OpSpec) -> str:

@@ -18,23 +18,22 @@ from transformers import (
 )
 
 from kernel_hub import kernel_mapping, kernelize, unkernelize
+from kernel_hub.models.tiny import tiny_config
 from kernel_hub.testing import max_errors
 
 from .kernelize_helpers import TOLERANCE
 
-SIZES = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 TOKENS = {"input_ids": lambda: torch.randint(5, 128, (2, 12))}
 MODELS = {
     "vit": (
         ViTModel,
-        ViTConfig(**SIZES, intermediate_size=128, image_size=16, patch_size=4),
+        tiny_config(ViTConfig, image_size=16, patch_size=4),
         {"pixel_values": lambda: torch.randn(2, 3, 16, 16)},
     ),
     "modernbert": (
         ModernBertModel,
-        ModernBertConfig(
-            **SIZES,
-            vocab_size=128,
+        tiny_config(
+            ModernBertConfig,
             intermediate_size=96,
             pad_token_id=0,
             bos_token_id=1,
@@ -47,10 +46,8 @@ MODELS = {
     ),
     "clip-text": (
         CLIPTextModel,
-        CLIPTextConfig(
-            **SIZES,
-            vocab_size=128,
-            intermediate_size=128,
+        tiny_config(
+            CLIPTextConfig,
             max_position_embeddings=32,
             bos_token_id=1,
             eos_token_id=2,
@@ -60,10 +57,8 @@ MODELS = {
     ),
     "roberta": (
         RobertaModel,
-        RobertaConfig(
-            **SIZES,
-            vocab_size=128,
-            intermediate_size=128,
+        tiny_config(
+            RobertaConfig,
             max_position_embeddings=40,
             pad_token_id=1,
             hidden_dropout_prob=0.0,

@@ -32,19 +32,17 @@ def check(fn):
 
 
 def _llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128,
+    from kernel_hub.models.tiny import tiny_model
+
+    return tiny_model(
+        LlamaForCausalLM,
         hidden_size=128,
-        intermediate_size=128,
-        num_hidden_layers=2,
         num_attention_heads=HEADS,
         num_key_value_heads=KV_HEADS,
         pad_token_id=0,
     )
-    return LlamaForCausalLM(config).eval()
 
 
 def _recorded_heads():
@@ -123,31 +121,21 @@ def expert_parallel_continuous_batching(mesh):
     """A tiny Mixtral with its experts split over the ranks (Transformers' expert-parallel plan,
     ``AllToAllEP``; attention replicated), kernelized, serves the prompts: every rank runs the
     same batches, its MoE layers the grouped matmuls on its local experts only."""
-    from transformers import (
-        ContinuousBatchingConfig,
-        GenerationConfig,
-        MixtralConfig,
-        MixtralForCausalLM,
-    )
+    from transformers import ContinuousBatchingConfig, GenerationConfig, MixtralForCausalLM
     from transformers.distributed import DistributedConfig
     from transformers.distributed.expert_parallel import apply_expert_parallelism
 
     from kernel_hub.layers.integrations.continuous_batching import generate_batch
+    from kernel_hub.models.tiny import tiny_model
 
     def mixtral():
-        torch.manual_seed(0)
-        config = MixtralConfig(
-            vocab_size=128,
-            hidden_size=64,
+        return tiny_model(
+            MixtralForCausalLM,
             intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
             num_local_experts=4,
             num_experts_per_tok=2,
             pad_token_id=0,
         )
-        return MixtralForCausalLM(config).eval()
 
     greedy = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=-1, pad_token_id=0)
     stock = mixtral()

@@ -969,20 +969,13 @@ def torchax_mixtral_experts_over_ep():
     import torch
     import torchax
     import torchax.tensor
-    from transformers import MixtralConfig, MixtralForCausalLM
+    from transformers import MixtralForCausalLM
 
-    config = MixtralConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=8,
-        num_experts_per_tok=2,
+    from kernel_hub.models.tiny import tiny_model
+
+    stock = tiny_model(
+        MixtralForCausalLM, intermediate_size=96, num_local_experts=8, num_experts_per_tok=2
     )
-    torch.manual_seed(0)
-    stock = MixtralForCausalLM(config).eval()
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = stock(ids).logits.numpy()

@@ -137,35 +137,21 @@ def dtensor_dense_mask_heads(mesh):
 
 
 def _llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).eval()
+    from kernel_hub.models.tiny import tiny_model
+
+    return tiny_model(LlamaForCausalLM)
 
 
 def _mixtral():
-    from transformers import MixtralConfig, MixtralForCausalLM
+    from transformers import MixtralForCausalLM
 
-    config = MixtralConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_local_experts=4,
-        num_experts_per_tok=2,
+    from kernel_hub.models.tiny import tiny_model
+
+    return tiny_model(
+        MixtralForCausalLM, intermediate_size=96, num_local_experts=4, num_experts_per_tok=2
     )
-    torch.manual_seed(0)
-    return MixtralForCausalLM(config).eval()
 
 
 def _compare_parallel(build, mesh, apply):

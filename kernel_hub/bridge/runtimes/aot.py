@@ -43,3 +43,15 @@ def compile_for(jax_fn: Callable[..., Any], tensors: Any, device: Any) -> Any:
             compiled = jax_fn.trace(*structs).lower().compile()
     _compiled += 1
     return compiled
+
+
+def fast_call(compiled: Any) -> Callable[..., Any]:
+    """What to call a ``jax.stages.Compiled`` through: the C++ dispatcher that
+    ``Compiled.__call__`` makes on its first call and then forwards every call to from Python
+    (~0.4 us a call), made here up front; the ``Compiled`` itself when JAX makes none (effects,
+    host callbacks) or its internals differ from those known here."""
+    try:
+        call = compiled._executable.create_cpp_call(compiled._params)
+    except (AttributeError, TypeError):
+        return compiled
+    return compiled if call is None or not callable(call) else call

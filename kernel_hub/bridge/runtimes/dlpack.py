@@ -16,7 +16,7 @@ from kernel_hub.bridge import threads
 from kernel_hub.bridge.tensors import needs_x64, tensor_leaves, x64_scope
 from kernel_hub.errors import UnsupportedDeviceError
 
-from .aot import compile_for
+from .aot import compile_for, fast_call
 from .exchange import Exchange, exchange_for
 from .staging import InputStaging, synchronous_cpu_dispatch
 
@@ -79,6 +79,16 @@ def _export(tree: Any, to_torch: Callable[[Any], Any]) -> Any:
     return to_torch(tree)
 
 
+def _one_array(compiled: Any) -> bool:
+    """Whether a ``jax.stages.Compiled`` returns one array (not a tuple or list of them)."""
+    import jax
+
+    try:
+        return isinstance(compiled.out_info, jax.ShapeDtypeStruct)
+    except AttributeError:  # another JAX version: the general export is used
+        return False
+
+
 def _first_tensor(tree: Any) -> Any:
     leaves = tensor_leaves(tree)
     if not leaves:
@@ -111,35 +121,38 @@ class DLPackRuntime:
         self, jax_fn: Callable[..., Any], tensors: Sequence[Any], *, key: Any = None
     ) -> Callable[[Sequence[Any]], Any]:
         """``call`` specialised to tensors like ``tensors`` (same nesting, shapes, dtypes and
-        device): the caller guarantees that, and the executable is looked up only once."""
+        device): the caller guarantees that, and the executable is looked up only once. The
+        returned call takes a sequence whose first ``len(tensors)`` items are the tensors; items
+        after them are ignored (an op may pass its whole argument tuple)."""
         exchange, device = self._route(_first_tensor(tensors).device)
         signature: list = []
         _import(tensors, lambda tensor: None, signature)
-        executable = self._executable(jax_fn, tensors, key, tuple(signature), device)
+        compiled = self._executable(jax_fn, tensors, key, tuple(signature), device)
+        executable = fast_call(compiled)
         to_jax, to_torch = exchange.to_jax, exchange.to_torch
+        count = len(tensors)
         if any(isinstance(t, (list, tuple)) for t in tensors):
-            return lambda tensors: _export(executable(*_import(tensors, to_jax, [])), to_torch)
+            return lambda tensors: _export(
+                executable(*_import(tensors[:count], to_jax, [])), to_torch
+            )
 
         def import_array(tensor: Any) -> Any:
             if tensor is None:
                 return None
             return to_jax(row_major(tensor))
 
-        staging = None
-        if exchange.name == "internal" and synchronous_cpu_dispatch():
-            staging = InputStaging(tensors, import_array)
-
         def export(out: Any) -> Any:
             return tuple(map(to_torch, out)) if isinstance(out, (tuple, list)) else to_torch(out)
 
-        def run(tensors: Sequence[Any]) -> Any:  # a flat list: the common forward case
-            if staging is not None:
-                out = staging.run(executable, export, tensors)
-                if out is not None:
-                    return out
-            return export(executable(*map(import_array, tensors)))
+        if _one_array(compiled):
+            export = to_torch
 
-        return run
+        def run(tensors: Sequence[Any]) -> Any:
+            return export(executable(*map(import_array, tensors[:count])))
+
+        if exchange.name != "internal" or not synchronous_cpu_dispatch():
+            return run
+        return InputStaging(tensors, import_array).bind(executable, export, run)
 
     def _route(self, torch_device: Any) -> tuple[Exchange, Any]:
         route = self._routes.get(torch_device)

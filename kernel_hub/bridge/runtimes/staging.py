@@ -12,7 +12,8 @@ Safety: the buffers belong to one bound call and are used under its lock, held u
 are torch tensors. Staging is used only while JAX runs CPU computations synchronously (kernel-hub's
 default thread policy), so the computation has finished reading the buffers when the lock is
 released. A call that finds the lock taken (another thread, re-entry) imports as usual. XLA
-outputs are fresh buffers; if an output ever aliased a staged input, staging turns itself off.
+outputs are fresh buffers; if the first staged call's output is a staged input (an executable
+that forwards its argument), staging turns itself off.
 """
 
 from __future__ import annotations
@@ -72,34 +73,48 @@ class InputStaging:
     def staged_positions(self) -> list[int]:
         return [i for i, slot in enumerate(self._slots) if slot is not None]
 
-    def run(
-        self, executable: Callable[..., Any], export: Callable[[Any], Any], tensors: Sequence[Any]
-    ) -> Any:
-        """``export(executable(*arrays))``, staged tensors copied into their buffers and the others
-        imported; None when staging is off or its buffers are in use (the caller imports all)."""
-        if not self.enabled or not self._lock.acquire(blocking=False):
-            return None
-        try:
-            import_array = self._import_array
-            arrays = []
-            for slot, tensor in zip(self._slots, tensors, strict=True):
-                if slot is None:
-                    arrays.append(import_array(tensor))
-                else:
-                    slot[0].copy_(tensor)
-                    arrays.append(slot[1])
-            # export waits for the outputs with the GIL released (JAX workers may need it to
-            # finish a copying import), so the buffers are free again once it returns
-            outputs = export(executable(*arrays))
-            return None if self.aliased(outputs) else outputs
-        finally:
-            self._lock.release()
+    def bind(
+        self,
+        executable: Callable[..., Any],
+        export: Callable[[Any], Any],
+        fallback: Callable[[Sequence[Any]], Any],
+    ) -> Callable[[Sequence[Any]], Any]:
+        """``run(tensors)``: ``export(executable(*arrays))``, staged tensors copied into their
+        buffers and the others imported; ``fallback(tensors)`` when staging is off or its buffers
+        are in use (the fallback imports every tensor). ``tensors`` may run on past the staged
+        call's tensors (an op's whole argument tuple): the rest is ignored."""
+        lock, pointers, import_array = self._lock, self._pointers, self._import_array
+        # the staged arrays in their places; the other places are filled per call
+        template = [None if slot is None else slot[1] for slot in self._slots]
+        copies = [(i, slot[0]) for i, slot in enumerate(self._slots) if slot is not None]
+        imports = [i for i, slot in enumerate(self._slots) if slot is None]
+        checked = False  # whether outputs were checked for sharing a staged buffer
 
-    def aliased(self, outputs: Any) -> bool:
-        """Whether an output (torch tensors, exported) shares a staged buffer; if so, staging is
-        turned off for good."""
-        leaves = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
-        if any(leaf.data_ptr() in self._pointers for leaf in leaves):
-            self.enabled = False
-            return True
-        return False
+        def run(tensors: Sequence[Any]) -> Any:
+            nonlocal checked
+            if not self.enabled or not lock.acquire(False):
+                return fallback(tensors)
+            try:
+                for i, buffer in copies:
+                    buffer.copy_(tensors[i])
+                arrays = template
+                if imports:
+                    arrays = template.copy()
+                    for i in imports:
+                        arrays[i] = import_array(tensors[i])
+                # export waits for the outputs with the GIL released (JAX workers may need it
+                # to finish a copying import), so the buffers are free again once it returns
+                outputs = export(executable(*arrays))
+            finally:
+                lock.release()
+            if not checked:
+                # An executable hands back an input buffer on every call or on none (the staged
+                # arrays are the same each call), so the first call tells.
+                checked = True
+                leaves = outputs if type(outputs) in (tuple, list) else (outputs,)
+                if any(leaf.data_ptr() in pointers for leaf in leaves):
+                    self.enabled = False  # import instead, from now on
+                    return fallback(tensors)
+            return outputs
+
+        return run

@@ -29,14 +29,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernel_hub.kernel_api import tiling
+
 from . import masking
 from .masking import AttentionSpec, TokenMask
 
 # Score given to masked entries while tracking the running row maximum: finite, so a row with no
 # visible key so far keeps exp(m_prev - m_new) = 1 instead of NaN.
 _MASK_VALUE = -1e30
-# v4's default scoped VMEM is 16 MiB; leave room for Mosaic's own scratch.
-VMEM_BUDGET_BYTES = 10 * 1024 * 1024
+# Fits v4's default scoped VMEM (16 MiB) with room for Mosaic's own scratch.
+VMEM_BUDGET_BYTES = tiling.vmem_budget(reserve=6 << 20)
 _LANES = 128
 _MAX_BLOCK_Q = 512
 _BLOCK_K_CHOICES = (2048, 1024, 512, 256, 128)
@@ -71,11 +73,6 @@ class KernelBlocks:
 
     forward: BlockSizes
     backward: BlockSizes
-
-
-def sublane_multiple(dtype) -> int:
-    """Rows in one TPU vreg tile: 8 for 32-bit, 16 for 16-bit types."""
-    return 8 * max(1, 4 // jnp.dtype(dtype).itemsize)
 
 
 def _next_power_of_two(n: int) -> int:
@@ -254,8 +251,8 @@ def blocks_problem(q_shape, kv_shape, dtype, blocks: BlockSizes, *, interpret: b
             return f"{name}={size} must be a power of two >= 8"
     if interpret:
         return None
-    if blocks.q < sublane_multiple(dtype):
-        minimum = sublane_multiple(dtype)
+    if blocks.q < tiling.sublane_multiple(dtype):
+        minimum = tiling.sublane_multiple(dtype)
         return f"block_q={blocks.q} must be at least {minimum} for {jnp.dtype(dtype).name}"
     kv_len = kv_shape[2]
     if blocks.k < kv_len and blocks.k % _LANES:

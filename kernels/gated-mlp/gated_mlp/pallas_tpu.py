@@ -45,14 +45,9 @@ def default_config(rows: int, columns: int) -> BlockConfig | None:
 def config_problem(rows: int, columns: int, dtype, config: BlockConfig, fused: bool):
     """Why a block config is illegal for TPU tiling or the layout, or None."""
     problems = []
-    multiple = tiling.sublane_multiple(dtype)
-    if not (
-        config.block_rows == rows or (config.block_rows > 0 and config.block_rows % multiple == 0)
-    ):
-        problems.append(
-            f"block_rows={config.block_rows} must equal rows ({rows}) or be a multiple of "
-            f"{multiple}"
-        )
+    rows_problem = tiling.row_block_problem(rows, config.block_rows, dtype)
+    if rows_problem is not None:
+        problems.append(rows_problem)
     bc = config.block_cols
     aligned = bc > 0 and bc % 128 == 0 and columns % bc == 0
     if not (aligned or (bc == columns and not fused)):

@@ -29,10 +29,9 @@ from kernel_hub.kernel_api import tiling
 
 from .reference import LogitForm, accumulation_dtype, transform
 
-VMEM_BUDGET_BYTES = {"v4": 12 << 20}
-"""What the default blocks may use per TPU generation (v4 has 16 MiB of VMEM, later ones 64-128
-MiB); the compiler limit is set a little above the estimate."""
 DEFAULT_BUDGET_BYTES = 40 << 20
+"""What the default blocks may use off TPU, and at most on one (12 MiB on v4, whose default
+scoped VMEM is 16 MiB); the compiler limit is set a little above the estimate."""
 _BLOCKS = ((512, 512), (256, 512), (256, 256), (128, 256), (128, 128))
 """Default (tokens, vocab) blocks, largest first: a bigger token block re-reads W less often."""
 
@@ -57,7 +56,9 @@ def vmem_bytes(config: BlockConfig, hidden: int, itemsize: int, acc_itemsize: in
 
 
 def budget(generation: str | None) -> int:
-    return VMEM_BUDGET_BYTES.get(generation, DEFAULT_BUDGET_BYTES)
+    if generation is None:  # not on a TPU (interpret mode): the blocks need only be legal
+        return DEFAULT_BUDGET_BYTES
+    return tiling.vmem_budget(generation, reserve=4 << 20, cap=DEFAULT_BUDGET_BYTES)
 
 
 def default_config(
@@ -76,13 +77,9 @@ def default_config(
 
 def config_problem(tokens: int, vocab: int, dtype, config: BlockConfig) -> str | None:
     """Why a block config is illegal for TPU tiling, or None."""
-    multiple = tiling.sublane_multiple(dtype)
-    problems = []
     bn, bv = config.block_tokens, config.block_vocab
-    if not (bn == tokens or (bn > 0 and bn % multiple == 0)):
-        problems.append(
-            f"block_tokens={bn} must equal tokens ({tokens}) or be a multiple of {multiple}"
-        )
+    tokens_problem = tiling.row_block_problem(tokens, bn, dtype, name="block_tokens", axis="tokens")
+    problems = [] if tokens_problem is None else [tokens_problem]
     if not (bv == vocab or (bv > 0 and bv % 128 == 0)):
         problems.append(f"block_vocab={bv} must equal vocab ({vocab}) or be a multiple of 128")
     return "; ".join(problems) or None
