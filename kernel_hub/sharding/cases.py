@@ -38,6 +38,9 @@ class MeshCase:
     (``sharding.context``) and the partitioner reshards inputs whose ``specs`` differ (all-gather,
     all-to-all); None: the same as on an Explicit mesh."""
     auto_backward_collectives: Mapping[str, int] | None = None
+    xla_backward: bool = False
+    """The backward is XLA's (a ``custom_vjp`` whose Pallas forward saves only its inputs, so the
+    gradient program holds no Mosaic kernel): the backward cell does not ask for one."""
     control: bool = True
     """Compile a negative control (Auto mesh, the boundary bypassed: Mosaic must refuse). False
     for layers that are their own shard_map (they refuse a mesh-less call themselves)."""

@@ -2,9 +2,10 @@
 plain ``jit`` on every chip with the collectives their rule implies, on Explicit meshes and on
 Auto meshes (no ``use_mesh``: the boundary places inputs by the mesh-axis conventions), and the
 negative control (the same function on an Auto mesh with the boundary bypassed) is refused by
-Mosaic. CI compiles the per-op kernels (norms, attention, paged decode) forward and backward on
-Auto meshes of all four generations, every other case on v5e; ``kernel-hub compile-check --mesh
---all`` runs the rest.
+Mosaic. CI compiles every registry kernel's mesh cases forward and (where differentiable)
+backward on both mesh kinds: the cheap per-op kernels (norms, attention, paged decode, gated
+MLP, conv1d, the loss) on all four generations' Auto meshes, every other case on v5e;
+``kernel-hub compile-check --mesh --all`` runs the rest.
 """
 
 from __future__ import annotations
@@ -23,15 +24,34 @@ from kernel_hub.bench.mesh_compile import (
     count_collectives,
     kernel_mesh_cases,
 )
+from kernel_hub.registry.registry import load_registry
 from kernel_hub.topologies import DEFAULT_GENERATIONS
 
-ALL_GENERATIONS = ("rmsnorm", "layernorm", "attention", "ragged-attention")
-"""Ops whose plain kernel cases compile on every generation (cheap, 0.3-2 s a cell)."""
+ALL_GENERATIONS = (
+    "rmsnorm",
+    "layernorm",
+    "attention",
+    "ragged-attention",
+    "gated-mlp",
+    "causal-conv1d",
+    "linear-cross-entropy",
+)
+"""Ops whose plain kernel cases compile on every generation (cheap, 0.1-2 s a cell); the scans'
+XLA backwards (3-12 s a cell) compile on v5e only."""
+
+
+KERNEL_OPS = sorted({entry.kernel: op for op, entry in load_registry().ops.items()}.values())
+"""One op name per registry kernel (a kernel's mesh cases cover all its ops)."""
+
+
+def test_every_registry_kernel_has_mesh_cases() -> None:
+    missing = [op for op in KERNEL_OPS if not kernel_mesh_cases(op)[1]]
+    assert not missing, f"kernels of {missing} declare no mesh_cases (see kernel_hub.sharding)"
 
 
 def _cells():
     cells = []
-    for op in ("rmsnorm", "layernorm", "attention", "ragged-attention", "moe-gemm", "fused-moe"):
+    for op in KERNEL_OPS:
         kernel, cases = kernel_mesh_cases(op)
         for case in cases:
             layer = not case.control  # ring / EP layers: 4-30 s a cell, forward on v5e here
