@@ -307,6 +307,170 @@ def auto_ragged_and_paged():
     }
 
 
+def all_of(name, checks):
+    return {"name": name, "ok": all(c["ok"] for c in checks), "checks": checks}
+
+
+@check
+def auto_gated_mlp():
+    act = get_kernel("gated-mlp").jax.gated_activation
+    g, u = rand(40, (8, 4, 256)), rand(41, (8, 4, 256))
+    rows = P("data", "model")
+    return all_of(
+        "Auto mesh: gated activation, separate and fused, rows over data x model",
+        [
+            auto_compare(
+                "Auto mesh: gated activation silu",
+                lambda g, u: act(g, u, "silu", implementation="pallas"),
+                [g, u],
+                [rows, rows],
+                (0, 1),
+            ),
+            auto_compare(
+                "Auto mesh: gated activation fused gelu_tanh",
+                lambda x: act(x, None, "gelu_tanh", implementation="pallas"),
+                [jnp.concatenate([g, u], -1)],
+                [rows],
+                (0,),
+            ),
+        ],
+    )
+
+
+@check
+def auto_gated_rms_norm():
+    norm = get_kernel("rmsnorm").gated.gated_rms_norm
+    x, z, w = rand(42, (8, 4, 128)), rand(43, (8, 4, 128)), 1 + 0.1 * rand(44, (128,))
+    rows = P("data", "model")
+    return all_of(
+        "Auto mesh: gated rms_norm, both orders, rows over data x model",
+        [
+            auto_compare(
+                f"Auto mesh: gated rms_norm norm_before_gate={before}",
+                lambda x, z, w, before=before: norm(
+                    x, z, w, norm_before_gate=before, implementation="pallas"
+                ),
+                [x, z, w],
+                [rows, rows, P()],
+                (0, 1, 2),
+            )
+            for before in (True, False)
+        ],
+    )
+
+
+def gdr_inputs(length, batch=2, key_heads=4, heads=8, dim=32):
+    """q, k [B, T, HK, K], v [B, T, HV, V], g (log decay <= 0), beta in (0, 1), a state."""
+    q, k = rand(45, (batch, length, key_heads, dim)), rand(46, (batch, length, key_heads, dim))
+    v = rand(47, (batch, length, heads, dim))
+    g = -0.1 * jax.random.uniform(jax.random.key(48), (batch, length, heads))
+    beta = jax.random.uniform(jax.random.key(49), (batch, length, heads))
+    return [q, k, v, g, beta, 0.1 * rand(50, (batch, heads, dim, dim))]
+
+
+# batch over data, heads (and their q/k heads) over model: 2 v heads and 1 q/k head a shard
+GDR_SPECS = [P("data", None, "model")] * 5 + [P("data", "model")]
+
+
+@check
+def auto_gated_delta_rule():
+    api = get_kernel("gated-delta-rule").jax
+    return all_of(
+        "Auto mesh: gated delta rule GVA 4/8, batch over data, heads over model",
+        [
+            auto_compare(
+                "Auto mesh: chunk_gated_delta_rule, initial state, 2 chunks",
+                lambda *a: api.chunk_gated_delta_rule(
+                    *a, chunk_size=16, use_qk_l2norm=True, implementation="pallas"
+                ),
+                gdr_inputs(32),
+                GDR_SPECS,
+                (0, 1, 2, 3, 4, 5),
+            ),
+            auto_compare(
+                "Auto mesh: recurrent_gated_delta_rule, 2 tokens",
+                lambda *a: api.recurrent_gated_delta_rule(
+                    *a, use_qk_l2norm=True, implementation="pallas"
+                ),
+                gdr_inputs(2),
+                GDR_SPECS,
+                (0, 1, 2, 3, 4, 5),
+            ),
+        ],
+    )
+
+
+@check
+def auto_causal_conv1d():
+    api = get_kernel("causal-conv1d").jax
+    x, w, b = rand(51, (2, 32, 256)), rand(52, (256, 4)), rand(53, (256,))
+    state = rand(54, (2, 3, 256))
+    channels = P("data", None, "model")
+    return all_of(
+        "Auto mesh: causal conv1d and its update, batch over data, channels over model",
+        [
+            auto_compare(
+                "Auto mesh: causal_conv1d silu, bias, initial state",
+                lambda x, w, b, s: api.causal_conv1d(
+                    x, w, b, s, activation="silu", implementation="pallas"
+                ),
+                [x, w, b, state],
+                [channels, P("model"), P("model"), channels],
+                (0, 1, 2, 3),
+            ),
+            auto_compare(  # forward only: the Pallas update aliases its state (no JVP)
+                "Auto mesh: causal_conv1d_update 2 tokens",
+                lambda x, s, w, b: api.causal_conv1d_update(
+                    x, s, w, b, activation="silu", implementation="pallas"
+                ),
+                [x[:, :2], rand(55, (2, 4, 256)), w, b],
+                [channels, channels, P("model"), P("model")],
+                (),
+            ),
+        ],
+    )
+
+
+@check
+def auto_mamba2_scan():
+    api = get_kernel("mamba2-scan").jax
+    batch, length, heads, dim, groups, state = 2, 32, 8, 16, 4, 16
+    x, dt = rand(56, (batch, length, heads, dim)), rand(57, (batch, length, heads))
+    a = -jnp.exp(0.3 * rand(58, (heads,)))
+    bc = [rand(59, (batch, length, groups, state)), rand(60, (batch, length, groups, state))]
+    d, bias = rand(61, (heads,)), rand(62, (heads,))
+    init = 0.1 * rand(63, (batch, heads, dim, state))
+    token, per_head = P("data", None, "model"), P("model")
+    chunk = auto_compare(
+        "Auto mesh: mamba_chunk_scan_combined, D, dt_bias, initial state, 2 chunks",
+        lambda x, dt, a, b, c, d, bias, init: api.mamba_chunk_scan_combined(
+            x, dt, a, b, c, d, bias, init, chunk_size=16, dt_softplus=True, implementation="pallas"
+        ),
+        [x, dt, a, *bc, d, bias, init],
+        [token, token, per_head, token, token, per_head, per_head, P("data", "model")],
+        (0, 1, 2, 3, 4, 5, 6, 7),
+    )
+    step = P("data", "model")
+    decode = auto_compare(  # forward only: the Pallas step aliases its state (no JVP)
+        "Auto mesh: selective_state_update, D, z, dt_bias",
+        lambda *a: api.selective_state_update(*a, dt_softplus=True, implementation="pallas"),
+        [
+            init,
+            x[:, 0],
+            dt[:, 0, :, None] + jnp.zeros((dim,)),
+            jnp.broadcast_to(a[:, None, None], (heads, dim, state)),
+            bc[0][:, 0],
+            bc[1][:, 0],
+            jnp.broadcast_to(d[:, None], (heads, dim)),
+            rand(64, (batch, heads, dim)),
+            jnp.broadcast_to(bias[:, None], (heads, dim)),
+        ],
+        [step, step, step, P("model"), step, step, P("model"), step, P("model")],
+        (),
+    )
+    return all_of("Auto mesh: Mamba-2 scan and decode step, batch x heads", [chunk, decode])
+
+
 # --- attention ----------------------------------------------------------------------------------
 
 
