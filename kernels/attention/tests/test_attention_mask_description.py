@@ -16,6 +16,8 @@ from transformers import LlamaConfig  # noqa: E402
 from transformers import masking_utils as mu  # noqa: E402
 from transformers.cache_utils import StaticCache  # noqa: E402
 
+from kernel_hub.models.tiny import tiny_config  # noqa: E402
+
 BATCH, LENGTH = 2, 20
 
 
@@ -25,9 +27,7 @@ def name(attention):
 
 
 def _config(implementation: str, **extra) -> LlamaConfig:
-    config = LlamaConfig(
-        vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, **extra
-    )
+    config = tiny_config(LlamaConfig, hidden_size=16, num_attention_heads=2, **extra)
     config._attn_implementation = implementation
     return config
 

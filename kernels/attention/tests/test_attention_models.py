@@ -13,22 +13,19 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from kernel_hub.layers.kernelize import kernelize  # noqa: E402
-
-SMALL = dict(
-    vocab_size=128,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=96,
-)
+from kernel_hub.models.tiny import tiny_config  # noqa: E402
 
 
 def _gpt_oss():
     """Sinks ~ N(0, 3), a realistic size; a sliding window on every other layer."""
     model = transformers.GptOssForCausalLM(
-        transformers.GptOssConfig(
-            **SMALL, num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=4
+        tiny_config(
+            transformers.GptOssConfig,
+            intermediate_size=96,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            head_dim=16,
+            sliding_window=4,
         )
     )
     with torch.no_grad():
@@ -38,21 +35,24 @@ def _gpt_oss():
 
 
 def _t5():
-    config = transformers.T5Config(
-        vocab_size=128, d_model=64, d_kv=16, d_ff=96, num_layers=2, num_heads=4, dropout_rate=0.0
+    config = tiny_config(
+        transformers.T5Config,
+        d_model=64,
+        d_kv=16,
+        d_ff=96,
+        num_layers=2,
+        num_heads=4,
+        dropout_rate=0.0,
     )
     return transformers.T5ForConditionalGeneration(config)
 
 
 def _deepseek_v3():
     """MLA: q/k head dim 16 + 8 (nope + rope), value head dim 12."""
-    config = transformers.DeepseekV3Config(
-        vocab_size=128,
-        hidden_size=64,
+    config = tiny_config(
+        transformers.DeepseekV3Config,
         intermediate_size=96,
         moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
         num_key_value_heads=4,
         n_routed_experts=4,
         num_experts_per_tok=2,
@@ -161,8 +161,12 @@ def test_kernelized_greedy_generation_matches_stock(attention, name):
 
 
 def _gemma2_dropout():
-    config = transformers.Gemma2Config(
-        **SMALL, head_dim=16, attn_logit_softcapping=50.0, attention_dropout=0.1
+    config = tiny_config(
+        transformers.Gemma2Config,
+        intermediate_size=96,
+        head_dim=16,
+        attn_logit_softcapping=50.0,
+        attention_dropout=0.1,
     )
     return transformers.Gemma2ForCausalLM(config)
 

@@ -64,8 +64,8 @@ def _mllama(seed: int = 0) -> torch.nn.Module:
     """Mllama: a self-attention layer and a cross-attention layer over a 2-tile 16x16 image
     tower (1-D parameters, the tanh gates among them, drawn around 1 so the cross-attention
     output reaches the logits)."""
-    text = dict(
-        tiny.TINY_SIZES,
+    text = tiny.tiny_config(
+        transformers.MllamaTextConfig,
         intermediate_size=96,
         cross_attention_layers=[1],
         pad_token_id=tiny.PAD_TOKEN_ID,

@@ -9,22 +9,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from transformers import (  # noqa: E402
-    Gemma2Config,
-    Gemma2ForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
+from transformers import Gemma2ForCausalLM, Qwen2ForCausalLM  # noqa: E402
 
-from kernel_hub.models.tiny import build_tiny_model  # noqa: E402
-
-SMALL = dict(
-    vocab_size=128,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-)
+from kernel_hub.models.tiny import build_tiny_model, tiny_model  # noqa: E402
 
 
 def _llama():
@@ -40,15 +27,9 @@ def _mixtral():
 
 def _qwen2():
     """Layer 0 full attention, layer 1 sliding window (Qwen2's max_window_layers)."""
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        intermediate_size=128,
-        use_sliding_window=True,
-        sliding_window=4,
-        max_window_layers=1,
-        **SMALL,
+    return tiny_model(
+        Qwen2ForCausalLM, use_sliding_window=True, sliding_window=4, max_window_layers=1
     )
-    return Qwen2ForCausalLM(config).eval()
 
 
 def _inputs(batch=2, length=12, left_padding=3):
@@ -141,16 +122,13 @@ def test_torch_compile_fullgraph_has_no_graph_breaks(attention, pallas_first, ke
 
 
 def test_gemma2_softcap_and_window_match_eager(attention, pallas_first, kernel_name):
-    torch.manual_seed(0)
-    config = Gemma2Config(
-        intermediate_size=128,
+    model = tiny_model(
+        Gemma2ForCausalLM,
         head_dim=16,
         sliding_window=4,
         attn_logit_softcapping=3.0,
         query_pre_attn_scalar=16,
-        **SMALL,
     )
-    model = Gemma2ForCausalLM(config).eval()
     ids, mask = _inputs()
     got = _logits(model, kernel_name, input_ids=ids, attention_mask=mask)
     assert pallas_first, "the Pallas kernel did not run"
@@ -166,16 +144,14 @@ def test_fully_masked_rows_follow_eager_in_an_eager_model(attention, pallas_firs
     training step whose loss also covers the padding (labels not -100) gives eager's loss and
     gradients on the kernel."""
     integration = attention.KERNEL.integration("transformers")
-    torch.manual_seed(0)
-    config = Gemma2Config(
+    model = tiny_model(
+        Gemma2ForCausalLM,
         intermediate_size=96,
         head_dim=16,
         sliding_window=4,
         attn_logit_softcapping=3.0,
         pad_token_id=0,
-        **SMALL,
-    )
-    model = Gemma2ForCausalLM(config).train()
+    ).train()
     assert model.config._attn_implementation == "eager"
     ids, mask = _inputs()
     ids = ids * mask

@@ -5,53 +5,48 @@ from __future__ import annotations
 
 import torch
 
-SHARED = dict(
-    vocab_size=128,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=None,
+from kernel_hub.models.tiny import PAD_TOKEN_ID, tiny_config
+
+TOKENS = dict(
+    max_position_embeddings=128, pad_token_id=PAD_TOKEN_ID, bos_token_id=1, eos_token_id=None
 )
 
 
 def mixtral():
     from transformers import MixtralConfig, MixtralForCausalLM
 
-    config = MixtralConfig(intermediate_size=96, num_local_experts=4, num_experts_per_tok=2,
-                           **SHARED)  # fmt: skip
+    config = tiny_config(MixtralConfig, intermediate_size=96, num_local_experts=4,
+                         num_experts_per_tok=2, **TOKENS)  # fmt: skip
     return MixtralForCausalLM(config)
 
 
 def qwen3_moe():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    config = Qwen3MoeConfig(intermediate_size=96, moe_intermediate_size=32, num_experts=8,
-                            num_experts_per_tok=3, norm_topk_prob=True, head_dim=16,
-                            **SHARED)  # fmt: skip
+    config = tiny_config(Qwen3MoeConfig, intermediate_size=96, moe_intermediate_size=32,
+                         num_experts=8, num_experts_per_tok=3, norm_topk_prob=True, head_dim=16,
+                         **TOKENS)  # fmt: skip
     return Qwen3MoeForCausalLM(config)
 
 
 def gpt_oss():
     from transformers import GptOssConfig, GptOssForCausalLM
 
-    config = GptOssConfig(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
-                          head_dim=16, sliding_window=8, **SHARED)  # fmt: skip
+    config = tiny_config(GptOssConfig, intermediate_size=64, num_local_experts=4,
+                         num_experts_per_tok=2, head_dim=16, sliding_window=8,
+                         **TOKENS)  # fmt: skip
     return GptOssForCausalLM(config)
 
 
 def deepseek_v3():
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    config = DeepseekV3Config(
-        intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+    config = tiny_config(
+        DeepseekV3Config, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
         num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
         first_k_dense_replace=1, routed_scaling_factor=2.5, kv_lora_rank=16, q_lora_rank=None,
         qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-        **{**SHARED, "num_key_value_heads": 4},
+        num_key_value_heads=4, **TOKENS,
     )  # fmt: skip
     return DeepseekV3ForCausalLM(config)
 

@@ -22,6 +22,7 @@ from transformers.integrations.moe import use_experts_implementation  # noqa: E4
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub import get_kernel  # noqa: E402
+from kernel_hub.models.tiny import tiny_model  # noqa: E402
 
 fused = get_kernel("fused-moe")
 quantized = fused.KERNEL.integration("transformers").quantized
@@ -30,14 +31,11 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
 
 def _qwen3_128(dtype):
     """Tiny Qwen3-MoE with whole 128x128 blocks (hidden and expert width 128)."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeForCausalLM
 
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(vocab_size=128, hidden_size=128, intermediate_size=128,
-                            moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2,
-                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                            head_dim=32, pad_token_id=0)  # fmt: skip
-    return Qwen3MoeForCausalLM(config).eval().to(dtype)
+    return tiny_model(Qwen3MoeForCausalLM, hidden_size=128, moe_intermediate_size=128,
+                      num_experts=8, num_experts_per_tok=2, head_dim=32,
+                      pad_token_id=0).to(dtype)  # fmt: skip
 
 
 def _to_fp8_experts(model) -> None:

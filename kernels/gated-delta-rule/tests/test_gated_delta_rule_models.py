@@ -11,20 +11,17 @@ import torch
 
 from kernel_hub import kernelize
 from kernel_hub.models.demo import demo_batch, greedy
+from kernel_hub.models.tiny import tiny_model
 
 pytestmark = pytest.mark.slow
 
 
 def tiny_qwen3_next(linear_head_dim: int = 16) -> torch.nn.Module:
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+    from transformers import Qwen3NextForCausalLM
 
-    torch.manual_seed(0)
-    config = Qwen3NextConfig(
-        vocab_size=128,
-        hidden_size=64,
+    model = tiny_model(
+        Qwen3NextForCausalLM,
         num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=16,
         intermediate_size=96,
         moe_intermediate_size=32,
@@ -42,7 +39,6 @@ def tiny_qwen3_next(linear_head_dim: int = 16) -> torch.nn.Module:
         bos_token_id=1,
         eos_token_id=None,
     )
-    model = Qwen3NextForCausalLM(config).eval()
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() == 1:  # norm weights, A_log, dt_bias: away from their init

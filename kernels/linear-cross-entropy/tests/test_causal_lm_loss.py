@@ -12,15 +12,10 @@ from transformers.loss.loss_utils import ForCausalLMLoss
 
 from kernel_hub.layers.integrations.causal_lm_loss import CausalLMLossInterface
 from kernel_hub.layers.kernelize import kernelize, unkernelize
+from kernel_hub.models.tiny import tiny_config
 
-TINY = {
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
+SIZES = {"vocab_size": 512, "intermediate_size": 96}
+"""Overrides of ``kernel_hub.models.tiny.TINY_SIZES``."""
 MODELS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
@@ -37,7 +32,7 @@ FORMS = {"gemma2": "softcap=3", "cohere": "logit_scale=0.25"}
 
 def tiny(name: str, dtype=torch.float32) -> torch.nn.Module:
     config_name, model_name, extra = MODELS[name]
-    config = getattr(transformers, config_name)(**TINY, **extra)
+    config = tiny_config(getattr(transformers, config_name), **SIZES, **extra)
     torch.manual_seed(0)
     return getattr(transformers, model_name)(config).to(dtype).train()
 
@@ -188,7 +183,7 @@ def test_logit_post_processing_the_kernel_lacks_is_refused():
                 loss = self.loss_function(logits, labels, self.config.vocab_size, **kwargs)
             return transformers.modeling_outputs.CausalLMOutputWithPast(loss=loss, logits=logits)
 
-    config = transformers.LlamaConfig(**TINY)
+    config = tiny_config(transformers.LlamaConfig, **SIZES)
     entry = _loss_entry(OffsetForCausalLM(config).train())
     assert not entry.swapped and "post-processed in a way the kernel does not implement" in (
         entry.reason

@@ -15,7 +15,6 @@ transformers = pytest.importorskip("transformers")
 from transformers import (  # noqa: E402
     ContinuousBatchingConfig,
     GenerationConfig,
-    MistralConfig,
     MistralForCausalLM,
 )
 
@@ -25,7 +24,7 @@ from kernel_hub.layers.integrations.continuous_batching import (  # noqa: E402
     ContinuousBatchingError,
     generate_batch,
 )
-from kernel_hub.models.tiny import build_tiny_model  # noqa: E402
+from kernel_hub.models.tiny import build_tiny_model, tiny_model  # noqa: E402
 
 PROMPTS = [[(7 * i + 3 * j) % 120 + 2 for j in range(n)] for i, n in enumerate([30, 3, 19, 5])]
 NEW_TOKENS = 5
@@ -36,18 +35,7 @@ GREEDY = GenerationConfig(
 
 def _mistral():
     """Mistral with an 8-token sliding window: prompts longer than it need the window."""
-    torch.manual_seed(0)
-    config = MistralConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        sliding_window=8,
-        pad_token_id=0,
-    )
-    return MistralForCausalLM(config).eval()
+    return tiny_model(MistralForCausalLM, sliding_window=8, pad_token_id=0)
 
 
 MODELS = {
