@@ -183,6 +183,7 @@ def test_conventional_placement_on_auto_meshes() -> None:
     context = conventional_context(mesh)
     assert context.axes_of("batch") == ("data",) and context.axes_of("...0") == ("data",)
     assert context.axes_of("heads") == context.axes_of("kv_heads") == ("model",)
+    assert context.axes_of("channels") == context.axes_of("vocab") == ("model",)
     assert context.axes_of("...1") == () and context.axes_of("q_len") == ()
     q = Operand("q", (2, 8, 64, 32), (("data",), ("model",), (), ()))
     narrow_k = Operand("k", (2, 2, 64, 32), (("data",), ("model",), (), ()))

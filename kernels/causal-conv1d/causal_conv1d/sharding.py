@@ -44,9 +44,6 @@ def mesh_cases() -> list[MeshCase]:
             ("data", "model"),
             differentiable=(0, 1),
             backward_collectives={"all-reduce": 1},
-            # "channels" is no conventional factor: on an Auto mesh x and w are gathered
-            auto_forward_collectives={"all-gather": 2},
-            auto_backward_collectives={"all-gather": 2, "all-reduce": 1},
             xla_backward=True,
         ),
         MeshCase(
@@ -59,6 +56,5 @@ def mesh_cases() -> list[MeshCase]:
             ),
             (channels, channels, ("model", None)),
             ("data", "model"),
-            auto_forward_collectives={"all-gather": 3},
         ),
     ]
