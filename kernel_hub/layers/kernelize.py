@@ -596,6 +596,8 @@ def unkernelize(model: torch.nn.Module) -> list[str]:
         if interface.current(model)[""] == switch.name:
             interface.restore(model, switch.previous)
             restored.append(interface.name)
+        elif hasattr(interface, "discard"):  # per-module switches other code partly undid
+            interface.discard(model)
     return restored
 
 

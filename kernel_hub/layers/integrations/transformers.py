@@ -42,6 +42,7 @@ from kernel_hub.errors import KernelHubError
 from .causal_lm_loss import CausalLMLossInterface
 from .continuous_batching import ContinuousBatchingInterface
 from .mlp_forms import MLPRecognition, is_gated_mlp_candidate, recognise_mlp
+from .rotary_slot import RotarySlotInterface
 
 
 @dataclass(frozen=True)
@@ -488,4 +489,5 @@ MODEL_INTERFACES = (
     ),
     ContinuousBatchingInterface(attention=ATTENTION_INTERFACE),
     CausalLMLossInterface(),
+    RotarySlotInterface(),
 )
