@@ -69,16 +69,19 @@ def test_other_transformers_functions_are_refused_with_the_reason(model, reason)
     assert recognition.form is None and reason in recognition.reason
 
 
+def other_half_rotary(q, k, cos, sin, unsqueeze_dim=1):
+    """A near miss: rotates by -90 degrees, (x2, -x1), where Llama's rotate_half is (-x2, x1)."""
+
+    def rotate(x):
+        half = x.shape[-1] // 2
+        return torch.cat((x[..., half:], -x[..., :half]), dim=-1)
+
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
+
+
 def test_a_rotary_that_rotates_the_other_half_is_refused():
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        def rotate(x):  # (x2, -x1): the rotation by -90 degrees, not Llama's (-x2, x1)
-            half = x.shape[-1] // 2
-            return torch.cat((x[..., half:], -x[..., :half]), dim=-1)
-
-        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
-
-    recognition = rotary_slot.recognise_rotary(apply_rotary_pos_emb)
+    recognition = rotary_slot.recognise_rotary(other_half_rotary)
     assert recognition.form is None
     assert "probe 0" in recognition.reason and "none of the rotary forms" in recognition.reason
 
@@ -168,17 +171,16 @@ def test_a_swap_undone_by_other_code_is_reported_and_left_alone():
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
-def test_a_model_with_an_unrecognised_function_is_left_alone_with_the_reason(monkeypatch):
-    def rotate_other_half(q, k, cos, sin, unsqueeze_dim=1):
-        return q, k  # not a rotary at all
-
+def test_a_model_whose_function_rotates_the_other_half_is_left_alone_with_the_reason(
+    monkeypatch,
+):
     model = tiny("llama")
     cls = type(model.model.layers[0].self_attn)
     stock = rotary_slot.stock_function(cls)
-    monkeypatch.setitem(stock.__globals__, "apply_rotary_pos_emb", rotate_other_half)
+    monkeypatch.setitem(stock.__globals__, "apply_rotary_pos_emb", other_half_rotary)
     entries = rotary_entries(kernelize(model, device="cpu"))
     assert entries and not any(e.swapped for e in entries)
-    assert "LlamaAttention's apply_rotary_pos_emb" in entries[0].reason
+    assert "LlamaAttention's apply_rotary_pos_emb: on probe 0" in entries[0].reason
     assert "forward" not in model.model.layers[0].self_attn.__dict__
 
 
