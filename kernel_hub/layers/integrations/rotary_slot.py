@@ -331,6 +331,8 @@ class RotarySlotInterface:
     name: str = "rotary_pos_emb"
     kind: str = "rotary"
     op: str = "rotary"
+    registry_bound: bool = True
+    """kernelize skips the slot with a registry that has no rotary op (as it does gated MLPs)."""
 
     def dispatches(self, module: torch.nn.Module) -> bool:
         cls = type(module)
