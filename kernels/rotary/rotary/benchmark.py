@@ -13,7 +13,7 @@ from .api import rotary_embedding
 from .torch_ops import rotary_embedding as rotary_embedding_op
 
 # (name, batch, q heads, kv heads, seq, head dim, rotary dim, options): Llama-3-8B's attention on
-# a 4k prefill, Phi-2's partial rotary (32 of 80 features... here 64 of 128), Cohere's pairs.
+# a 4k prefill, a partial rotary (64 of 128 features: partial_rotary_factor 0.5), Cohere's pairs.
 SHAPES = (
     ("llama3-8b-4k", 1, 32, 8, 4096, 128, 128, {}),
     ("partial-half-4k", 1, 32, 32, 4096, 128, 64, {}),
