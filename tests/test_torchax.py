@@ -42,14 +42,15 @@ NORMS = 5  # 2 layers x 2 norms + the final norm
 EXPECTED = {
     "llama": Expected(
         swapped_by_hand={"RMSNorm": NORMS},
-        kernelize_swapped={"RMSNorm": NORMS, "GatedMLP": 2},  # 2 layers' MLPs (gated-mlp)
+        # 2 layers' MLPs (gated-mlp) and rotary slots (rotary)
+        kernelize_swapped={"RMSNorm": NORMS, "GatedMLP": 2, "rotary_pos_emb": 2},
         params_by_kind={"norm": NORMS, "router": 0, "experts": 0},
         kernels_in_training_step=("rms_norm_backward", "rms_norm_forward"),
         min_forward_calls={"rms_norm": NORMS},
     ),
     "mixtral": Expected(
         swapped_by_hand={"RMSNorm": NORMS, "MoEExperts": 2},
-        kernelize_swapped={"RMSNorm": NORMS, "ExpertsInterface": 2},
+        kernelize_swapped={"RMSNorm": NORMS, "ExpertsInterface": 2, "rotary_pos_emb": 2},
         # per layer: the router, and the experts' gate_up_proj and down_proj
         params_by_kind={"norm": NORMS, "router": 2, "experts": 4},
         kernels_in_training_step=("moe_gmm", "moe_tgmm", "rms_norm_backward", "rms_norm_forward"),

@@ -557,6 +557,8 @@ def kernelize(
         for interface in integration.MODEL_INTERFACES:
             if getattr(interface, "training_only", False) and Mode.TRAINING not in mode:
                 continue  # e.g. the causal-LM loss: nothing to swap outside training
+            if getattr(interface, "registry_bound", False) and not source.canonical(interface.op):
+                continue  # e.g. the rotary slot: a candidate only with a registry serving it
             entries += _switch_interface(source, model, interface)
     swaps.record_report(
         model, KernelizeReport(type(model).__name__, mode.label, device_type, tuple(entries))
@@ -596,6 +598,8 @@ def unkernelize(model: torch.nn.Module) -> list[str]:
         if interface.current(model)[""] == switch.name:
             interface.restore(model, switch.previous)
             restored.append(interface.name)
+        elif hasattr(interface, "discard"):  # per-module switches other code partly undid
+            interface.discard(model)
     return restored
 
 

@@ -30,6 +30,8 @@ def expected_swaps(model: str) -> dict[str, int]:
         swaps["ExpertsInterface"] = 2
     if "ragged-attention" in registry:
         swaps["ContinuousBatching"] = 2
+    if "rotary" in registry:
+        swaps["rotary_pos_emb"] = 2
     return swaps
 
 
@@ -60,8 +62,10 @@ def test_demo_json(capsys: pytest.CaptureFixture) -> None:
     assert 0 <= row["max_logit_diff"] <= TOLERANCE
     assert row["greedy_identical"] and row["unkernelize_restores"]
     assert row["stock_ms"] > 0 and row["kernelized_ms"] > 0
-    # norms + attention modules, each for AttentionInterface and ContinuousBatching + MLPs
-    assert len(row["report"]["entries"]) == 5 + 2 + 2 + row["swapped"].get("GatedMLP", 0)
+    # norms + attention modules, each for AttentionInterface, ContinuousBatching and the rotary
+    # slot + MLPs
+    slots = row["swapped"].get("rotary_pos_emb", 0)
+    assert len(row["report"]["entries"]) == 5 + 2 + 2 + slots + row["swapped"].get("GatedMLP", 0)
 
 
 def test_demo_picks_up_attention_and_moe_kernels(tmp_hub: TmpHub) -> None:

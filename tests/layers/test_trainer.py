@@ -87,7 +87,7 @@ def train(model, tmp_path, *, kernelized: bool, **options):
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """Counts calls of the attention and norm kernels' torch ops made by the swapped modules."""
+    """Counts calls of the attention, norm and rotary kernels' torch ops made by the swaps."""
     calls: dict[str, int] = {}
 
     def count(module, name, key):
@@ -104,6 +104,7 @@ def kernel_calls(monkeypatch):
     count(integrations, "attention_with_dense_mask", "attention")
     count(get_kernel("layernorm").layers, "layer_norm_any", "layernorm")
     count(get_kernel("rmsnorm").layers, "rms_norm", "rmsnorm")
+    count(get_kernel("rotary").KERNEL.integration("transformers"), "rotary_embedding", "rotary")
     return calls
 
 
@@ -138,13 +139,15 @@ def test_bf16_trainer_run_matches_stock(name, options, tmp_path, kernel_calls):
     report = callback.report
     assert report.mode == training_mode_label(options), report
     swapped = [e for e in report.entries if e.swapped_to]
-    # a causal LM's loss too (linear-cross-entropy: the logits are skipped in training)
-    causal = {"causal LM loss"} if name == "llama" else set()
+    # a causal LM's loss too (linear-cross-entropy: the logits are skipped in training) and its
+    # rotary_pos_emb slot (the rotary kernel)
+    causal = {"causal LM loss", "rotary"} if name == "llama" else set()
     assert {e.kind for e in swapped} == {"layer", "attention"} | causal, report
     # continuous batching (serving) is left alone in training mode by design
     left_alone = [e for e in report.entries if not e.swapped_to]
     assert all(e.kind == "continuous batching" for e in left_alone), report
     assert kernel_calls.get("attention", 0) > 0 and kernel_calls.get(NORM[name], 0) > 0
+    assert (kernel_calls.get("rotary", 0) > 0) == (name == "llama")
 
     assert len(losses) == len(stock_losses) == STEPS
     torch.testing.assert_close(losses, stock_losses, rtol=BF16_RTOL, atol=0)

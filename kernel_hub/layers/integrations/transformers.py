@@ -43,6 +43,7 @@ from .causal_lm_loss import CausalLMLossInterface
 from .continuous_batching import ContinuousBatchingInterface
 from .function_slots import FunctionSlotInterface
 from .mlp_forms import MLPRecognition, is_gated_mlp_candidate, recognise_mlp
+from .rotary_slot import RotarySlotInterface
 
 
 @dataclass(frozen=True)
@@ -508,4 +509,5 @@ MODEL_INTERFACES = (
         name="CausalConv1dSlots",
         calls_global=_forward_reads,
     ),
+    RotarySlotInterface(),
 )

@@ -28,7 +28,6 @@ modules pass a feature the kernel does not implement, before any call.
 from __future__ import annotations
 
 import logging
-import weakref
 
 import torch
 
@@ -252,14 +251,16 @@ def _described_attention(
         )
         # only key padding or explicit positions can leave a query row without a key
         may_be_empty = mask.kv_valid is not None or mask.q_positions is not None
-        eager = _STOCK_IMPLEMENTATION.get(module) == "eager"
+        eager = getattr(module, STOCK_IMPLEMENTATION, None) == "eager"
         if eager and may_be_empty and not torch.compiler.is_compiling():
             out = _eager_empty_rows(query, key, value, out, lse, scaling, softcap)
     return out.transpose(1, 2).contiguous(), None
 
 
-_STOCK_IMPLEMENTATION: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""Attention module -> the implementation it ran before kernelize (read by ``module_problem``)."""
+STOCK_IMPLEMENTATION = "_kernel_hub_stock_attention"
+"""Attribute ``module_problem`` sets on an attention module: the implementation it ran before
+kernelize. On the module, not in a side table, so a copy of a kernelized model (``deepcopy``)
+keeps the convention; read only by this kernel's attention function."""
 
 
 def _eager_empty_rows(query, key, value, out, lse, scaling, softcap):
@@ -287,7 +288,7 @@ def module_problem(module: torch.nn.Module, training: bool = True) -> str | None
     """Hook for ``kernelize``: why a module's attention cannot run on this kernel, or None. It
     also notes the implementation the module ran (fully masked rows follow its convention)."""
     config = getattr(module, "config", None)
-    _STOCK_IMPLEMENTATION[module] = getattr(config, "_attn_implementation", None)
+    setattr(module, STOCK_IMPLEMENTATION, getattr(config, "_attn_implementation", None))
     return keywords.module_problem(module, training=training)
 
 

@@ -1,0 +1,416 @@
+"""Transformers' ``rotary_pos_emb`` function slot: the model's ``apply_rotary_pos_emb``, swapped
+per attention module for the rotary kernel's function where a probe shows it computes the same.
+
+The slot is a function, not a module: an attention forward calls the global
+``apply_rotary_pos_emb`` of its modeling module (Transformers' ``use_kernel_forward_from_hub``
+mark on it is inert without Hugging Face ``kernels``, and with it would swap the function for
+every model of the module at once). kernel-hub instead gives each attention module of the
+kernelized model an instance ``forward``: a copy of its class's forward (and of the decorators
+wrapping it) whose globals map ``apply_rotary_pos_emb`` to the kernel's function. Other models,
+the class and the modeling module are untouched, and ``unkernelize`` drops the instance forwards.
+The copy's globals are the modeling module's as of kernelize (a later assignment to that
+module's globals is not seen by kernelized modules until the next kernelize).
+
+Which form a model's function computes is decided by running it on probe inputs (random cos and
+sin, several heads, grouped k, both ``unsqueeze_dim`` layouts, f32, bf16 and mixed bf16/f32,
+partial rotary) and comparing it bit for bit, dtype included, with each ``ROTARY_FORMS`` formula:
+rotate-half or interleaved pairs, rounded in torch's promoted dtype or upcast to f32, results in
+the arithmetic dtype or cast back to the inputs'. Anything else (a different half rotated, GLM's
+re-interleaved cos, GPT-OSS's half-width cos, mRoPE's ``apply_multimodal_rotary_pos_emb``, other
+signatures) is refused with the reason.
+
+At run time the kernel's function serves the calls it takes (4-D q and k, 3-D cos and sin that
+need no gradient); any other call runs the model's own function (the same result).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import re
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernel_hub.errors import KernelHubError
+
+SLOT = "apply_rotary_pos_emb"
+"""The global an attention forward calls (the slot Transformers marks ``rotary_pos_emb``)."""
+_OTHER_ROTARY = re.compile(r"apply_\w*(rotary|rope)\w*")
+"""Other rotary functions an attention forward may call instead of the slot (vision, 2-D,
+DeepSeek's de-interleaving rotary, ...): reported, not swapped."""
+_SIGNATURE = "(q, k, cos, sin, unsqueeze_dim=1)"
+_STATE = "_kernel_hub_rotary"
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+@dataclass(frozen=True)
+class RotaryForm:
+    """A rotary formula the kernel computes exactly (``options`` are the kernel's)."""
+
+    interleaved: bool
+    upcast: bool
+    cast_back: bool
+
+    @property
+    def options(self) -> dict[str, bool]:
+        return {"interleaved": self.interleaved, "upcast": self.upcast, "cast_back": self.cast_back}
+
+    def describe(self) -> str:
+        rotate = "interleaved pairs" if self.interleaved else "rotate-half"
+        arithmetic = "in f32" if self.upcast else "in promote(q, cos)"
+        result = ", cast back to q's dtype" if self.cast_back else ""
+        return f"{rotate} {arithmetic}{result}"
+
+    def reference(self, q, k, cos, sin, unsqueeze_dim=1):
+        """The formula in torch, partial rotary included (features past cos's width pass)."""
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        rotate = _rotate_pairs if self.interleaved else _rotate_half
+        rot = cos.shape[-1]
+
+        def apply(x):
+            part = x[..., :rot].float() if self.upcast else x[..., :rot]
+            y = part * cos + rotate(part) * sin
+            if self.cast_back:
+                y = y.to(x.dtype)
+            return torch.cat((y, x[..., rot:].to(y.dtype)), dim=-1)
+
+        return apply(q), apply(k)
+
+
+ROTARY_FORMS = tuple(
+    RotaryForm(interleaved, upcast, cast_back)
+    for interleaved, (upcast, cast_back) in itertools.product(
+        (False, True), ((False, False), (False, True), (True, True))
+    )
+)
+
+
+@dataclass(frozen=True)
+class RotaryRecognition:
+    form: RotaryForm | None
+    reason: str | None = None
+
+
+def _probes() -> list[tuple[tuple[torch.Tensor, ...], int]]:
+    """(q, k, cos, sin), unsqueeze_dim: layouts, dtypes and a partial rotary dim."""
+    generator = torch.Generator().manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator)
+
+    q, k = randn(2, 3, 5, 8), randn(2, 1, 5, 8)
+    cos, sin = randn(2, 5, 8), randn(2, 5, 8)
+    bf16 = torch.bfloat16
+    probes = [
+        ((q, k, cos, sin), 1),
+        ((q.to(bf16), k.to(bf16), cos.to(bf16), sin.to(bf16)), 1),
+        ((q.to(bf16), k.to(bf16), cos, sin), 1),
+        ((q.transpose(1, 2), k.transpose(1, 2), cos, sin), 2),
+        ((q, k, cos[..., :4], sin[..., :4]), 1),
+    ]
+    return probes
+
+
+def _same(out: Any, expected: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    return (
+        isinstance(out, tuple)
+        and len(out) == 2
+        and all(
+            isinstance(o, torch.Tensor) and o.dtype == e.dtype and torch.equal(o, e)
+            for o, e in zip(out, expected, strict=True)
+        )
+    )
+
+
+def _plain_signature(fn: Callable[..., Any]) -> str:
+    params = [
+        p.replace(annotation=inspect.Parameter.empty)
+        for p in inspect.signature(fn).parameters.values()
+    ]
+    return str(inspect.Signature(params))
+
+
+@functools.cache
+def recognise_rotary(fn: Callable[..., Any]) -> RotaryRecognition:
+    """Which of ``ROTARY_FORMS`` ``fn`` computes on every probe, or why none (module docstring).
+
+    A form that raises on the partial probe is still served (the kernel's partial rotary is
+    only reached by calls the model's function could not take)."""
+    if not callable(fn):
+        return RotaryRecognition(None, f"{SLOT} is {type(fn).__name__}, not a function")
+    try:
+        signature = _plain_signature(fn)
+    except (TypeError, ValueError) as exc:
+        return RotaryRecognition(None, f"its signature cannot be read: {exc}")
+    if signature != _SIGNATURE:
+        return RotaryRecognition(
+            None, f"{SLOT}{signature} is not the slot's signature {SLOT}{_SIGNATURE}"
+        )
+    candidates = list(ROTARY_FORMS)
+    forms = "; ".join(f.describe() for f in ROTARY_FORMS)
+    for index, (args, unsqueeze_dim) in enumerate(_probes()):
+        partial = args[2].shape[-1] < args[0].shape[-1]
+        try:
+            with torch.no_grad():
+                out = fn(*args, unsqueeze_dim=unsqueeze_dim)
+        except Exception as exc:  # other layouts or state: not a form served here
+            if partial:
+                continue
+            return RotaryRecognition(
+                None, f"on probe {index} it raised {type(exc).__name__}: {exc}"
+            )
+        candidates = [f for f in candidates if _same(out, f.reference(*args, unsqueeze_dim))]
+        if not candidates:
+            dtypes = ", ".join(str(a.dtype).removeprefix("torch.") for a in args)
+            return RotaryRecognition(
+                None,
+                f"on probe {index} (q, k, cos, sin: {dtypes}; unsqueeze_dim={unsqueeze_dim}"
+                f"{'; partial rotary' if partial else ''}) its result is none of the rotary "
+                f"forms kernel-hub serves ({forms})",
+            )
+    return RotaryRecognition(candidates[0])
+
+
+def _served(q, k, cos, sin, unsqueeze_dim) -> bool:
+    """Whether the kernel takes this call (else the model's own function runs)."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin)):
+        return False
+    if unsqueeze_dim not in (1, 2) or q.dim() != 4 or k.dim() != 4 or cos.dim() != 3:
+        return False
+    if cos.shape != sin.shape or cos.dtype != sin.dtype:
+        return False
+    if cos.requires_grad or sin.requires_grad:
+        return False
+    seq_axis = 3 - unsqueeze_dim
+    batch, seq, width = q.shape[0], q.shape[seq_axis], q.shape[-1]
+    rot = cos.shape[-1]
+    return (
+        (k.shape[0], k.shape[seq_axis], k.shape[-1]) == (batch, seq, width)
+        and cos.shape[0] in (1, batch)
+        and cos.shape[1] == seq
+        and rot % 2 == 0
+        and 2 <= rot <= width
+        and all(t.is_floating_point() for t in (q, k, cos))
+    )
+
+
+@functools.cache
+def slot_function(stock: Callable[..., Any], kernel_apply: Callable[..., Any], form: RotaryForm):
+    """The function put in the slot: the kernel for calls it serves, ``stock`` for the rest."""
+    options = form.options
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if _served(q, k, cos, sin, unsqueeze_dim):
+            return kernel_apply(q, k, cos, sin, unsqueeze_dim, **options)
+        return stock(q, k, cos, sin, unsqueeze_dim)
+
+    apply_rotary_pos_emb.__wrapped__ = stock
+    return apply_rotary_pos_emb
+
+
+def _innermost_reading(fn: Any, name: str) -> Any | None:
+    """The function in ``fn``'s ``__wrapped__`` chain whose code reads global ``name``."""
+    while fn is not None:
+        code = getattr(fn, "__code__", None)
+        if code is not None and name in code.co_names:
+            return fn
+        fn = getattr(fn, "__wrapped__", None)
+    return None
+
+
+_SHADOWS: dict[tuple[str, Any], types.ModuleType] = {}
+"""(modeling module, slot value) -> its shadow module (see ``_shadow_globals``)."""
+
+
+def _shadow_globals(scope: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
+    """The globals of a modeling module with ``name`` set to ``value``: the namespace of a shadow
+    module registered in ``sys.modules`` (torch.compile resolves an inlined function's globals by
+    importing its ``__name__``), refreshed from the modeling module on every call."""
+    module_name = scope.get("__name__", "?")
+    shadow = _SHADOWS.get((module_name, value))
+    if shadow is None:
+        shadow_name = f"_kernel_hub_rotary_slot_{len(_SHADOWS)}_{module_name.replace('.', '_')}"
+        shadow = types.ModuleType(shadow_name)
+        _SHADOWS[(module_name, value)] = shadow
+        sys.modules[shadow_name] = shadow
+    shadow_name = shadow.__name__
+    shadow.__dict__.update(scope)
+    shadow.__dict__.update({"__name__": shadow_name, name: value})
+    return shadow.__dict__
+
+
+def _with_global(fn: types.FunctionType, name: str, value: Any) -> types.FunctionType:
+    """A copy of ``fn`` whose global ``name`` is ``value``; a decorator's wrapper is copied with
+    its closure pointing at the copy of the function it wraps (``__wrapped__``)."""
+    inner = getattr(fn, "__wrapped__", None)
+    closure = fn.__closure__
+    new_inner = None
+    reads = name in fn.__code__.co_names
+    if not reads and isinstance(inner, types.FunctionType) and closure:
+        new_inner = _with_global(inner, name, value)
+        closure = tuple(
+            types.CellType(new_inner) if cell.cell_contents is inner else cell for cell in closure
+        )
+    scope = _shadow_globals(fn.__globals__, name, value) if reads else fn.__globals__
+    copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, closure)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    copy.__dict__.update(fn.__dict__)
+    copy.__qualname__ = fn.__qualname__
+    copy.__module__ = fn.__module__
+    if new_inner is not None:
+        copy.__wrapped__ = new_inner
+    return copy
+
+
+def stock_function(cls: type) -> Any:
+    """The ``apply_rotary_pos_emb`` ``cls.forward`` calls, or None."""
+    reader = _innermost_reading(getattr(cls, "forward", None), SLOT)
+    return None if reader is None else reader.__globals__.get(SLOT)
+
+
+def _global_names(cls: type) -> set[str]:
+    names: set[str] = set()
+    fn = getattr(cls, "forward", None)
+    while fn is not None:
+        code = getattr(fn, "__code__", None)
+        names |= set(code.co_names) if code is not None else set()
+        fn = getattr(fn, "__wrapped__", None)
+    return names
+
+
+def unserved_rotary(cls: type) -> str | None:
+    """Why a Transformers class whose forward applies another rotary function than the slot's
+    (``_OTHER_ROTARY``) is not switched, or None."""
+    if not cls.__module__.startswith("transformers."):
+        return None
+    names = _global_names(cls)
+    others = sorted(n for n in names if n != SLOT and _OTHER_ROTARY.fullmatch(n))
+    if not others or SLOT in names:
+        return None
+    return (
+        f"its forward applies rotary through {', '.join(others)}, not the rotary_pos_emb slot "
+        f"({SLOT}); the rotary kernel serves only the slot"
+    )
+
+
+def _ours(module: torch.nn.Module) -> bool:
+    """Whether the module's instance forward is still the one ``switch`` installed."""
+    forward = module.__dict__.get("forward")
+    function = getattr(forward, "__func__", None)
+    return getattr(forward, "__self__", None) is module and _STATE in getattr(
+        function, "__dict__", {}
+    )
+
+
+@dataclass
+class _Installed:
+    label: str
+    modules: list[torch.nn.Module]
+
+
+class RotarySlotInterface:
+    """kernelize's switch of a model's ``rotary_pos_emb`` slot, shaped like its
+    ``ModelInterface``s: the rotary kernel's ``integrations`` provides ``register() -> name``
+    and ``apply_rotary``; ``switch`` probes each attention class's function and installs the
+    instance forwards; ``restore`` removes them."""
+
+    name: str = "rotary_pos_emb"
+    kind: str = "rotary"
+    op: str = "rotary"
+    registry_bound: bool = True
+    """kernelize skips the slot with a registry that has no rotary op (as it does gated MLPs)."""
+
+    def dispatches(self, module: torch.nn.Module) -> bool:
+        cls = type(module)
+        return cls.__module__.startswith("transformers.") and stock_function(cls) is not None
+
+    def unreached(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
+        found = []
+        for name, module in model.named_modules():
+            reason = unserved_rotary(type(module))
+            if reason is not None:
+                found.append((name, module, reason))
+        return found
+
+    def integration(self, kernel: types.ModuleType) -> Any:
+        adapter = kernel.KERNEL.integration("transformers")
+        return _Adapter(adapter) if adapter is not None else None
+
+    def model_problem(self, model: torch.nn.Module, modules: list) -> str | None:
+        problems = {}
+        for _, module in modules:
+            cls = type(module)
+            if "forward" in module.__dict__:
+                problems[cls.__name__] = f"{cls.__name__}'s forward is already replaced"
+                continue
+            recognition = recognise_rotary(stock_function(cls))
+            if recognition.form is None:
+                problems[cls.__name__] = f"{cls.__name__}'s {SLOT}: {recognition.reason}"
+        return "; ".join(problems.values()) or None
+
+    def current(self, model: torch.nn.Module) -> dict[str, Any]:
+        state = model.__dict__.get(_STATE)
+        in_place = state is not None and all(_ours(m) for m in state.modules)
+        return {"": state.label if in_place else None}
+
+    def switch(self, model: torch.nn.Module, name: Any) -> str:
+        kernel_apply = _FUNCTIONS.get(name)
+        if kernel_apply is None:
+            raise KernelHubError(f"integrations.register() returned {name!r}, not a rotary name")
+        modules = [m for _, m in model.named_modules() if self.dispatches(m)]
+        forms = set()
+        for module in modules:
+            cls = type(module)
+            stock = stock_function(cls)
+            form = recognise_rotary(stock).form
+            forms.add(form.describe())
+            forward = _with_global(cls.forward, SLOT, slot_function(stock, kernel_apply, form))
+            forward.__dict__[_STATE] = name
+            module.__dict__["forward"] = types.MethodType(forward, module)
+        label = f"{name} ({'; '.join(sorted(forms))})"
+        model.__dict__[_STATE] = _Installed(label, modules)
+        return label
+
+    def restore(self, model: torch.nn.Module, previous: dict[str, Any]) -> None:
+        self.discard(model)
+
+    def discard(self, model: torch.nn.Module) -> None:
+        """Drop the instance forwards still in place (other code may have replaced some: those
+        keep that code's forward)."""
+        state = model.__dict__.pop(_STATE, None)
+        for module in state.modules if state is not None else ():
+            if _ours(module):
+                del module.__dict__["forward"]
+
+
+_FUNCTIONS: dict[str, Any] = {}
+"""Registered name -> the kernel's ``apply_rotary``."""
+
+
+class _Adapter:
+    """The kernel's Transformers adapter, its ``register()`` also recording its function."""
+
+    def __init__(self, adapter: Any):
+        self._adapter = adapter
+        self.has_backward = getattr(adapter, "has_backward", True)
+        self.can_torch_compile = getattr(adapter, "can_torch_compile", False)
+        self.module_problem = getattr(adapter, "module_problem", None)
+
+    def register(self) -> str:
+        name = self._adapter.register()
+        _FUNCTIONS[name] = self._adapter.apply_rotary
+        return name

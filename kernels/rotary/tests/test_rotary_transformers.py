@@ -1,0 +1,223 @@
+"""The rotary_pos_emb slot: which Transformers functions the probe accepts (and the near misses it
+refuses, with the reason), tiny models in training with labels on a padded batch giving the stock
+loss and gradients with every training swap on, per-instance and reversible swaps, and a
+fullgraph compile."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+
+import pytest
+import torch
+import transformers
+
+from kernel_hub import get_kernel
+from kernel_hub.layers.integrations import rotary_slot
+from kernel_hub.layers.integrations.rotary_slot import RotaryForm, RotarySlotInterface
+from kernel_hub.layers.kernelize import kernelize, unkernelize
+from kernel_hub.loading.mappings import kernel_mapping
+
+TINY = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+MODELS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16}),
+    # Phi-3's function rotates cos.shape[-1] features and passes the rest: partial rotary
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0, "partial_rotary_factor": 0.5}),
+}
+HALF = RotaryForm(interleaved=False, upcast=False, cast_back=False)
+
+
+def _function(model: str):
+    module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+    return module.apply_rotary_pos_emb
+
+
+@pytest.mark.parametrize(
+    ("model", "form"),
+    [
+        ("llama", HALF),
+        ("phi3", HALF),  # partial rotary inside the function
+        ("gpt_neox", HALF),
+        ("olmo", RotaryForm(False, False, True)),
+        ("modernbert", RotaryForm(False, True, True)),
+        ("cohere", RotaryForm(True, True, True)),  # its rotate_half rotates pairs
+    ],
+)
+def test_transformers_functions_are_recognised_as_their_form(model, form):
+    assert rotary_slot.recognise_rotary(_function(model)).form == form
+
+
+@pytest.mark.parametrize(
+    ("model", "reason"),
+    [
+        ("gpt_oss", "on probe 0 it raised RuntimeError"),  # takes half-width cos
+        ("glm", "its result is none of the rotary forms"),  # cos re-interleaved
+        ("glmasr", "is not the slot's signature"),  # a position_ids parameter
+    ],
+)
+def test_other_transformers_functions_are_refused_with_the_reason(model, reason):
+    recognition = rotary_slot.recognise_rotary(_function(model))
+    assert recognition.form is None and reason in recognition.reason
+
+
+def other_half_rotary(q, k, cos, sin, unsqueeze_dim=1):
+    """A near miss: rotates by -90 degrees, (x2, -x1), where Llama's rotate_half is (-x2, x1)."""
+
+    def rotate(x):
+        half = x.shape[-1] // 2
+        return torch.cat((x[..., half:], -x[..., :half]), dim=-1)
+
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
+
+
+def test_a_rotary_that_rotates_the_other_half_is_refused():
+    recognition = rotary_slot.recognise_rotary(other_half_rotary)
+    assert recognition.form is None
+    assert "probe 0" in recognition.reason and "none of the rotary forms" in recognition.reason
+
+
+def tiny(name: str) -> torch.nn.Module:
+    config_name, model_name, extra = MODELS[name]
+    config = getattr(transformers, config_name)(**TINY, **extra)
+    torch.manual_seed(0)
+    return getattr(transformers, model_name)(config).train()
+
+
+def batch():
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 512, (2, 24), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, :6] = 0  # left padding
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def step(model, forward=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    loss = (forward or (lambda **kw: model(**kw).loss))(**batch())
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_matches(got, want, rtol: float = 1e-5) -> None:
+    torch.testing.assert_close(got[0], want[0], rtol=rtol, atol=0)
+    assert got[1].keys() == want[1].keys()
+    for name, grad in want[1].items():
+        err = float((got[1][name] - grad).abs().max() / grad.abs().max().clamp_min(1e-12))
+        assert err <= rtol, f"{name}: relative max error {err:.3g}"
+
+
+def rotary_entries(report):
+    return [e for e in report.entries if e.target == "rotary_pos_emb"]
+
+
+# Gemma 2 keeps stock attention: with left padding the attention kernel alone differs from
+# stock eager attention on this model (closing notes of #24), which would hide the rotary's share.
+STOCK_ATTENTION = {"gemma2": {"attention": "off"}}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_training_loss_and_every_gradient_match_stock_with_every_swap(name):
+    model = tiny(name)
+    stock = copy.deepcopy(model)
+    with kernel_mapping(STOCK_ATTENTION.get(name, {})):
+        report = kernelize(model, device="cpu")
+    entries = rotary_entries(report)
+    assert len(entries) == TINY["num_hidden_layers"] and all(e.swapped for e in entries)
+    assert "rotate-half in promote(q, cos)" in entries[0].swapped_to
+    swapped = {e.target for e in report.entries if e.swapped}
+    assert {"ForCausalLMLoss", "GatedMLP" if name != "phi3" else "FusedGatedMLP"} <= swapped
+    assert_matches(step(model), step(stock))
+
+
+def test_the_kernel_runs_per_instance_and_unkernelize_restores(monkeypatch):
+    adapter = get_kernel("rotary").KERNEL.integration("transformers")
+    calls = []
+    original = adapter.rotary_embedding
+    monkeypatch.setattr(adapter, "rotary_embedding", lambda *a: calls.append(a) or original(*a))
+    model = tiny("llama")
+    other = copy.deepcopy(model)  # the same class, not kernelized: stays stock
+    kernelize(model, device="cpu")
+    attention = model.model.layers[0].self_attn
+    assert "forward" in attention.__dict__
+    model(**batch())
+    assert len(calls) == TINY["num_hidden_layers"]
+    other(**batch())
+    assert len(calls) == TINY["num_hidden_layers"]
+    assert "rotary_pos_emb" in unkernelize(model)
+    assert "forward" not in attention.__dict__
+    model(**batch())
+    assert len(calls) == TINY["num_hidden_layers"]
+
+
+def test_a_swap_undone_by_other_code_is_reported_and_left_alone():
+    model = tiny("llama")
+    kernelize(model, device="cpu")
+    attention = model.model.layers[1].self_attn
+    del attention.__dict__["forward"]  # e.g. another library resetting forwards
+    from kernel_hub.layers.kernelize import kernelize_report
+
+    entries = rotary_entries(kernelize_report(model))
+    assert not any(e.swapped for e in entries) and "undone" in entries[0].reason
+    unkernelize(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_a_model_whose_function_rotates_the_other_half_is_left_alone_with_the_reason(
+    monkeypatch,
+):
+    model = tiny("llama")
+    cls = type(model.model.layers[0].self_attn)
+    stock = rotary_slot.stock_function(cls)
+    monkeypatch.setitem(stock.__globals__, "apply_rotary_pos_emb", other_half_rotary)
+    entries = rotary_entries(kernelize(model, device="cpu"))
+    assert entries and not any(e.swapped for e in entries)
+    assert "LlamaAttention's apply_rotary_pos_emb: on probe 0" in entries[0].reason
+    assert "forward" not in model.model.layers[0].self_attn.__dict__
+
+
+def test_attention_applying_another_rotary_is_reported_not_switched():
+    class VisionAttention(torch.nn.Module):
+        def forward(self, x, cos, sin):
+            return apply_rotary_pos_emb_vision(x, cos, sin)  # noqa: F821 (never run)
+
+    VisionAttention.__module__ = "transformers.models.fake.modeling_fake"
+    model = torch.nn.Sequential(VisionAttention())
+    [(name, _, reason)] = RotarySlotInterface().unreached(model)
+    assert name == "0" and "apply_rotary_pos_emb_vision" in reason
+
+
+def test_mrope_model_calls_the_plain_slot_and_matches_stock():
+    """Qwen2-VL builds its mRoPE sections into cos and sin; its slot function is Llama's."""
+    config = transformers.Qwen2VLTextConfig(
+        **TINY,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]},
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen2VLTextModel(config).eval()
+    stock = copy.deepcopy(model)
+    entries = rotary_entries(kernelize(model, device="cpu", mode="inference"))
+    assert entries and all(e.swapped for e in entries)
+    ids = batch()["input_ids"]
+    position_ids = torch.arange(24).expand(3, 2, 24)  # (temporal, height, width) positions
+    got = model(input_ids=ids, position_ids=position_ids).last_hidden_state
+    want = stock(input_ids=ids, position_ids=position_ids).last_hidden_state
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_fullgraph_compile_with_every_training_swap_matches_stock():
+    model = tiny("qwen3")
+    stock = copy.deepcopy(model)
+    report = kernelize(model, device="cpu", mode="training+torch_compile")
+    assert all(e.swapped for e in rotary_entries(report))
+    compiled = torch.compile(lambda **kw: model(**kw).loss, backend="aot_eager", fullgraph=True)
+    assert_matches(step(model, compiled), step(stock))
