@@ -116,15 +116,22 @@ def _placement(rule: ShardingRule, names: Sequence[str], arrays: Sequence[Any]):
 
 def _divisible(rule: ShardingRule, operands: list[Operand | None], mesh: Any):
     """Conventional placements a factor's sizes cannot take dropped (that factor unsplit, with
-    its grouped partner): they are a guess from the axis names, not the caller's request."""
+    its grouped partner): they are a guess from the axis names, not the caller's request. A
+    size-1 dimension the rule lets broadcast (``factor?``) is unsplit itself and drops nothing."""
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
     dropped: set[str] = set()
-    for operand, dims in zip(operands, rule.operands, strict=True):
+    broadcast: set[tuple[int, int]] = set()
+    for index, (operand, dims) in enumerate(zip(operands, rule.operands, strict=True)):
         if operand is None:
             continue
-        factors = expand(rule, dims, len(operand.shape), operand.name)
-        for factor, size, axes in zip(factors, operand.shape, operand.axes, strict=True):
-            if size % math.prod(sizes[a] for a in axes):
+        rank = len(operand.shape)
+        factors = expand(rule, dims, rank, operand.name)
+        for dim, (factor, size, axes) in enumerate(
+            zip(factors, operand.shape, operand.axes, strict=True)
+        ):
+            if size == 1 and rule.broadcasts(False, index, dim, rank):
+                broadcast.add((index, dim))
+            elif size % math.prod(sizes[a] for a in axes):
                 dropped |= {factor, rule.partner(factor)} - {None}
     return [
         o
@@ -133,11 +140,13 @@ def _divisible(rule: ShardingRule, operands: list[Operand | None], mesh: Any):
             o.name,
             o.shape,
             tuple(
-                () if f in dropped else a
-                for f, a in zip(expand(rule, d, len(o.shape), o.name), o.axes, strict=True)
+                () if f in dropped or (index, dim) in broadcast else a
+                for dim, (f, a) in enumerate(
+                    zip(expand(rule, d, len(o.shape), o.name), o.axes, strict=True)
+                )
             ),
         )
-        for o, d in zip(operands, rule.operands, strict=True)
+        for index, (o, d) in enumerate(zip(operands, rule.operands, strict=True))
     ]
 
 

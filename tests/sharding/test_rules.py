@@ -189,3 +189,11 @@ def test_conventional_placement_on_auto_meshes() -> None:
     narrow_k = Operand("k", (2, 2, 64, 32), (("data",), ("model",), (), ()))
     placed = _divisible(GQA, [q, narrow_k], mesh)
     assert [o.axes[:2] for o in placed] == [(("data",), ()), (("data",), ())]
+    # a size-1 broadcasting dimension (rotary's batch-shared tables) is unsplit itself and
+    # leaves the factor split elsewhere; one of another size that cannot divide still drops it
+    rope = ShardingRule.parse("rope", "batch heads s d, batch? s d -> batch heads s d")
+    table = Operand("cos", (1, 64, 32), (("data",), (), ()))
+    placed = _divisible(rope, [q, table], mesh)
+    assert [o.axes[0] for o in placed] == [("data",), ()]
+    odd = Operand("cos", (3, 64, 32), (("data",), (), ()))
+    assert [o.axes[0] for o in _divisible(rope, [q, odd], mesh)] == [(), ()]
