@@ -471,6 +471,40 @@ def auto_mamba2_scan():
     return all_of("Auto mesh: Mamba-2 scan and decode step, batch x heads", [chunk, decode])
 
 
+@check
+def auto_rotary():
+    rope = get_kernel("rotary").jax.rotary_embedding
+    q, k = rand(65, (2, 8, 16, 64)), rand(66, (2, 4, 16, 64))
+    angles = jnp.arange(16)[:, None] * 0.1 * jnp.arange(1, 33)
+    cos, sin = (jnp.tile(f(angles), (1, 2))[None] for f in (jnp.cos, jnp.sin))
+    heads = P("data", "model")
+    return all_of(
+        "Auto mesh: rotary GQA 8/4, batch over data, heads over model",
+        [
+            auto_compare(
+                "Auto mesh: rotary [B, H, S, D], tables shared by the batch",
+                lambda q, k, c, s: rope(q, k, c, s, implementation="pallas"),
+                [q, k, cos, sin],
+                [heads, heads, P(), P()],
+                (0, 1, 2, 3),
+            ),
+            auto_compare(
+                "Auto mesh: rotary [B, S, H, D] interleaved, per-row tables",
+                lambda q, k, c, s: rope(
+                    q, k, c, s, unsqueeze_dim=2, interleaved=True, implementation="pallas"
+                ),
+                [
+                    jnp.swapaxes(q, 1, 2),
+                    jnp.swapaxes(k, 1, 2),
+                    *(jnp.tile(t, (2, 1, 1)) for t in (cos, sin)),
+                ],
+                [P("data", None, "model"), P("data", None, "model"), P("data"), P("data")],
+                (0, 1, 2, 3),
+            ),
+        ],
+    )
+
+
 # --- attention ----------------------------------------------------------------------------------
 
 

@@ -4,7 +4,7 @@ Auto meshes (no ``use_mesh``: the boundary places inputs by the mesh-axis conven
 negative control (the same function on an Auto mesh with the boundary bypassed) is refused by
 Mosaic. CI compiles every registry kernel's mesh cases forward and (where differentiable)
 backward on both mesh kinds: the cheap per-op kernels (norms, attention, paged decode, gated
-MLP, conv1d, the loss) on all four generations' Auto meshes, every other case on v5e;
+MLP, conv1d, rotary, the loss) on all four generations' Auto meshes, every other case on v5e;
 ``kernel-hub compile-check --mesh --all`` runs the rest.
 """
 
@@ -35,6 +35,7 @@ ALL_GENERATIONS = (
     "gated-mlp",
     "causal-conv1d",
     "linear-cross-entropy",
+    "rotary",
 )
 """Ops whose plain kernel cases compile on every generation (cheap, 0.1-2 s a cell); the scans'
 XLA backwards (3-12 s a cell) compile on v5e only."""

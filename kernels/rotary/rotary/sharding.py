@@ -5,7 +5,12 @@ stay whole (a rotation pairs features across them). cos and sin may be shared by
 
 from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
 
-_LAYOUTS = {1: "b hq s d, b hk s d", 2: "b s hq d, b s hk d"}
+_LAYOUTS = {
+    1: "batch heads seq d, batch kv_heads seq d",
+    2: "batch seq heads d, batch seq kv_heads d",
+}
+"""Factor names as the other rules name them: Auto meshes split ``batch`` and ``heads`` by them
+(``sharding.context.CONVENTIONAL_AXES``)."""
 
 
 def rule(unsqueeze_dim: int = 1, **_options) -> ShardingRule:
@@ -13,9 +18,9 @@ def rule(unsqueeze_dim: int = 1, **_options) -> ShardingRule:
     tensors = _LAYOUTS.get(unsqueeze_dim, _LAYOUTS[1])  # a bad value is refused by the checks
     return ShardingRule.parse(
         "rotary_embedding",
-        f"{tensors}, b? s r, b? s r -> {tensors}",
+        f"{tensors}, batch? seq r, batch? seq r -> {tensors}",
         whole=("d", "r"),
-        together=(("hq", "hk"),),
+        together=(("heads", "kv_heads"),),
         handled_by={"d": "nothing: a rotation pairs head-dim features"},
     )
 
@@ -25,7 +30,9 @@ boundary = sharded(rule)
 
 
 def mesh_cases() -> list[MeshCase]:
-    """Batch over data and heads over model (grouped-query k), both layouts."""
+    """Batch over data and heads over model (grouped-query k), both layouts; tables shared by
+    the batch, their gradient summed over the data shards. On an Auto mesh the sequence split is
+    resharded to the conventions' batch split (all-to-all)."""
     import jax
     import jax.numpy as jnp
 
@@ -68,5 +75,21 @@ def mesh_cases() -> list[MeshCase]:
             ),
             ("data", "model"),
             differentiable=(0, 1),
+            auto_forward_collectives={"all-to-all": 2},
+            auto_backward_collectives={"all-to-all": 2},
+        ),
+        MeshCase(
+            "shared tables, batch over data, heads over model bf16",
+            lambda q, k, c, s: api.rotary_embedding(q, k, c, s),
+            (
+                jax.ShapeDtypeStruct((16, 32, 512, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((16, 8, 512, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((1, 512, 128), jnp.float32),
+                jax.ShapeDtypeStruct((1, 512, 128), jnp.float32),
+            ),
+            (("data", "model", None, None), ("data", "model", None, None), (), ()),
+            ("data", "model"),
+            differentiable=(0, 1, 2, 3),
+            backward_collectives={"all-reduce": 1},
         ),
     ]
