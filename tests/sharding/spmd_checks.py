@@ -368,6 +368,8 @@ def gdr_inputs(length, batch=2, key_heads=4, heads=8, dim=32):
     return [q, k, v, g, beta, 0.1 * rand(50, (batch, heads, dim, dim))]
 
 
+PACKED = jnp.array([0, 7, 23, 40], jnp.int32)
+"""Offsets of 3 packed sequences of 40 tokens (chunks of 16 straddle their bounds)."""
 # batch over data, heads (and their q/k heads) over model: 2 v heads and 1 q/k head a shard
 GDR_SPECS = [P("data", None, "model")] * 5 + [P("data", "model")]
 
@@ -396,6 +398,15 @@ def auto_gated_delta_rule():
                 GDR_SPECS,
                 (0, 1, 2, 3, 4, 5),
             ),
+            auto_compare(  # batch of one: only the heads split
+                "Auto mesh: chunk_gated_delta_rule, 3 sequences packed by cu_seqlens",
+                lambda *a: api.chunk_gated_delta_rule(
+                    *a, chunk_size=16, use_qk_l2norm=True, implementation="pallas"
+                ),
+                [*(x[:1] for x in gdr_inputs(40)[:5]), gdr_inputs(2, batch=3)[5], PACKED],
+                [*[P(None, None, "model")] * 5, P(None, "model"), P()],
+                (0, 1, 2, 3, 4, 5),
+            ),
         ],
     )
 
@@ -417,6 +428,15 @@ def auto_causal_conv1d():
                 [x, w, b, state],
                 [channels, P("model"), P("model"), channels],
                 (0, 1, 2, 3),
+            ),
+            auto_compare(
+                "Auto mesh: causal_conv1d, 3 sequences packed by cu_seqlens",
+                lambda x, w, b, cu: api.causal_conv1d(
+                    x, w, b, None, cu, activation="silu", implementation="pallas"
+                ),
+                [rand(56, (1, 40, 256)), w, b, PACKED],
+                [P(None, None, "model"), P("model"), P("model"), P()],
+                (0, 1, 2),
             ),
             auto_compare(  # forward only: the Pallas update aliases its state (no JVP)
                 "Auto mesh: causal_conv1d_update 2 tokens",
@@ -441,13 +461,25 @@ def auto_mamba2_scan():
     d, bias = rand(61, (heads,)), rand(62, (heads,))
     init = 0.1 * rand(63, (batch, heads, dim, state))
     token, per_head = P("data", None, "model"), P("model")
+    seq_idx = jnp.array([[0] * 10 + [1] * 22, [0] * 32], jnp.int32)  # row 0: 2 sequences
     chunk = auto_compare(
-        "Auto mesh: mamba_chunk_scan_combined, D, dt_bias, initial state, 2 chunks",
-        lambda x, dt, a, b, c, d, bias, init: api.mamba_chunk_scan_combined(
-            x, dt, a, b, c, d, bias, init, chunk_size=16, dt_softplus=True, implementation="pallas"
+        "Auto mesh: mamba_chunk_scan_combined, D, dt_bias, initial state, seq_idx, 2 chunks",
+        lambda x, dt, a, b, c, d, bias, init, seq: api.mamba_chunk_scan_combined(
+            x,
+            dt,
+            a,
+            b,
+            c,
+            d,
+            bias,
+            init,
+            seq,
+            chunk_size=16,
+            dt_softplus=True,
+            implementation="pallas",
         ),
-        [x, dt, a, *bc, d, bias, init],
-        [token, token, per_head, token, token, per_head, per_head, P("data", "model")],
+        [x, dt, a, *bc, d, bias, init, seq_idx],
+        [token, token, per_head, token, token, per_head, per_head, P("data", "model"), P("data")],
         (0, 1, 2, 3, 4, 5, 6, 7),
     )
     step = P("data", "model")
