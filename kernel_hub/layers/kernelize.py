@@ -385,14 +385,18 @@ def _check_modules(
     adapter: FrameworkAdapter, modules: list[tuple[str, torch.nn.Module]], label: str, mode: Mode
 ) -> None:
     """``_LeftAlone`` when a module needs a feature the adapter lacks: its ``module_problem(module[,
-    training=...]) -> reason | None`` (``training`` is passed when the hook takes it: some
-    features only a training forward uses). The interface is switched for the whole model, so one
-    such module keeps every module on its stock implementation."""
+    training=..., compiling=...]) -> reason | None`` (each passed when the hook takes it: some
+    features only a training forward, or only an eager one, can serve). The interface is
+    switched for the whole model, so one such module keeps every module on its stock
+    implementation."""
     check = adapter.module_problem
     if check is None:
         return
-    if "training" in inspect.signature(check).parameters:
+    parameters = inspect.signature(check).parameters
+    if "training" in parameters:
         check = functools.partial(check, training=bool(mode & Mode.TRAINING))
+    if "compiling" in parameters:
+        check = functools.partial(check, compiling=bool(mode & Mode.TORCH_COMPILE))
     problems = {type(m).__name__: p for _, m in modules if (p := check(m))}
     if problems:
         raise _LeftAlone(f"unsupported by {label}: " + "; ".join(problems.values()))

@@ -284,11 +284,21 @@ def _eager_empty_rows(query, key, value, out, lse, scaling, softcap):
     return out.index_put((b, h, q), (weights @ values).squeeze(1).to(out.dtype))
 
 
-def module_problem(module: torch.nn.Module, training: bool = True) -> str | None:
+def module_problem(
+    module: torch.nn.Module, training: bool = True, compiling: bool = False
+) -> str | None:
     """Hook for ``kernelize``: why a module's attention cannot run on this kernel, or None. It
     also notes the implementation the module ran (fully masked rows follow its convention)."""
     config = getattr(module, "config", None)
-    setattr(module, STOCK_IMPLEMENTATION, getattr(config, "_attn_implementation", None))
+    stock = getattr(config, "_attn_implementation", None)
+    setattr(module, STOCK_IMPLEMENTATION, stock)
+    if training and compiling and stock == "eager":
+        return (
+            f"{type(module).__name__} runs eager attention, whose fully masked query rows (left "
+            "padding) average every value, and a training loss can read them (the last padding "
+            "position predicts the first token); kernel-hub finds those rows with a host read "
+            "that torch.compile cannot trace, so under torch.compile it would give SDPA's zeros"
+        )
     return keywords.module_problem(module, training=training)
 
 

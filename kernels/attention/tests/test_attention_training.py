@@ -74,3 +74,24 @@ def test_autocast_bf16_training_matches_stock(attention, name):
     want = _train(stock, autocast, compiled=False)
     got = _train(model, autocast, compiled=False)
     _compare(name, want, got, loss_tolerance=2e-3, grad_tolerance=5e-2)
+
+
+def test_eager_models_keep_stock_attention_in_a_compiled_training_kernelize():
+    """Eager attention's fully masked rows (left padding) average every value and a training loss
+    reads them; kernel-hub follows that after a host read torch.compile cannot trace, so a
+    ``training+torch_compile`` kernelize leaves an eager model's attention alone, with the reason;
+    a plain training kernelize swaps it."""
+    from transformers import Gemma2ForCausalLM
+
+    from kernel_hub import unkernelize
+    from kernel_hub.models.tiny import tiny_model
+
+    model = tiny_model(Gemma2ForCausalLM)
+    assert model.config._attn_implementation == "eager"
+    for mode, swapped in (("training+torch_compile", False), ("training", True)):
+        report = kernelize(model, device="cpu", mode=mode)
+        entries = [e for e in report.entries if e.target == "AttentionInterface"]
+        assert len(entries) == 2 and all(bool(e.swapped) == swapped for e in entries), entries
+        if not swapped:
+            assert all("torch.compile cannot trace" in e.reason for e in entries), entries
+        unkernelize(model)
