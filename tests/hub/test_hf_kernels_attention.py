@@ -151,5 +151,24 @@ def test_hub_attention_matches_sdpa_on_left_padded_batch(
             atol=1e-5,
         )
     assert calls == [("flash_attn_func", *options) for options in OPTIONS[name]], calls
+
+    # greedy decoding from the left-padded batch: one query per sequence against its cache
+    # (varlen with fewer queries than keys, each aligned to the end of its keys)
+    calls.clear()
+    generated = [
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=3,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        for model in (stock, hub)
+    ]
+    assert torch.equal(generated[0].sequences, generated[1].sequences)
+    for expected_step, step in zip(generated[0].logits, generated[1].logits, strict=True):
+        torch.testing.assert_close(step, expected_step, rtol=1e-5, atol=1e-5)
+    assert len(calls) == 3 * len(OPTIONS[name]), calls
     fetched = [path for method, path in hub_env.requests if method == "GET"]
     assert any("attention" in path for path in fetched), fetched
