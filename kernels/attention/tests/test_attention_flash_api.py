@@ -99,7 +99,7 @@ def test_varlen_matches_reference_per_sequence(attention, name, dtype) -> None:
         _check(out, torch.cat(parts), (q, k, v), dtype)
 
 
-@pytest.mark.parametrize("name", sorted(OPTIONS))
+@pytest.mark.parametrize("name", ["plain", "causal-window", "softcap-scale"])
 def test_dense_call_matches_reference(attention, name) -> None:
     options = OPTIONS[name]
     q, k, v = (x.detach().view(2, -1, *x.shape[1:]).requires_grad_() for x in _inputs([6], [8]))

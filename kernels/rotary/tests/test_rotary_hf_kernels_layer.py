@@ -28,8 +28,9 @@ def _inputs(unsqueeze_dim: int, dtype: torch.dtype, width: int = 16):
     return q, k, cos, sin
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+@pytest.mark.parametrize(
+    ("unsqueeze_dim", "dtype"), [(1, torch.float32), (2, torch.bfloat16)], ids=["1-f32", "2-bf16"]
+)
 def test_layer_is_llamas_apply_rotary_pos_emb(layer, unsqueeze_dim, dtype) -> None:
     q, k, cos, sin = _inputs(unsqueeze_dim, dtype)
     got = layer(q, k, cos, sin, unsqueeze_dim)
