@@ -159,3 +159,13 @@ def test_bad_layouts_are_refused(attention) -> None:
         attention.flash_attn_varlen_func(q, k, v, cu, _cu([2, 2]), 4, 4)
     with pytest.raises(TypeError, match="unexpected keyword argument 'seqused_k'"):
         attention.flash_attn_varlen_func(q, k, v, cu, cu, 4, 4, seqused_k=torch.tensor([4]))
+
+
+def test_queries_without_keys_give_zeros_as_in_flash_attn(attention) -> None:
+    """More queries than keys under causal masking: bottom-right alignment leaves the first
+    queries no key; flash-attn returns zeros there (and no NaN reaches a gradient)."""
+    q, k, v = _inputs([5], [3], torch.float32)
+    out = attention.flash_attn_varlen_func(q, k, v, _cu([5]), _cu([3]), 5, 3, causal=True)
+    assert torch.equal(out[:2], torch.zeros_like(out[:2]))
+    expected = _reference(q[2:], k, v, causal=True, window=None, softcap=0, scale=None)
+    _check(out[2:], expected, (q, k, v), torch.float32)
