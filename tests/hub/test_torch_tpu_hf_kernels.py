@@ -3,7 +3,9 @@
 A signed rmsnorm build is published to a local ``kernel-hub serve``; ``kernels.kernelize(...,
 device="tpu")`` with ``hub_layer_mapping()`` fetches its ``torch-tpu`` variant (and nothing else),
 and every swapped layer, forward and backward, reaches TorchTPU's ``torch.tpu.pallas.jax_op`` on
-the stand-in device (torch's lazy device; tests/torch_tpu_helpers.py).
+the stand-in device (torch's lazy device; tests/torch_tpu_helpers.py). The attention build's
+``flash_attn_varlen_func`` (what Transformers' hub attention calls) does the same from its
+``torch-tpu`` variant.
 
 What stands in beyond the device: ``kernels`` 0.17.2 picks its ``tpu`` backend only when
 ``torch.backends.tpu`` exists (kernels/backends.py says torch_tpu sets it at import), and
@@ -125,3 +127,47 @@ def test_kernels_loads_the_torch_tpu_variant_and_its_layers_reach_jax_op(
         assert wrapped.tpu_op.kernel.__name__ in {name.split("::")[1] for name in ops}
         assert wrapped.key[0] == f"{build_id}::rms_norm"  # the op of the torch-tpu build
     assert [tuple(p.grad.shape) for p in model.parameters()] == [(HIDDEN,)] * LAYERS
+
+
+def test_hub_attention_flash_functions_reach_jax_op_from_the_torch_tpu_variant(
+    hub_env, keys, recorded_jax_ops, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What Transformers' hub attention calls (``flash_attn_varlen_func``, from the attention
+    build's ``torch-tpu`` variant) on the stand-in device: one TorchTPU op forward and one
+    backward, handed the packed sequences as segments and positions computed on the device."""
+    from huggingface_hub import constants
+
+    from kernel_hub.hub.publish import publish_kernel
+    from kernel_hub.paths import kernels_dir
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)  # as in the test above
+    monkeypatch.setattr(kernels.resolver, "CACHE_DIR", str(cache_dir(tmp_path)))
+    monkeypatch.setattr(torch.backends, "tpu", torch.tpu, raising=False)
+    repo = "kernel-hub/attention"
+    sign_key = keys["publisher"].private_path
+    publish_kernel(kernels_dir() / "attention", repo, sign_key=sign_key, build_dir=tmp_path / "b")
+    attention = kernels.get_kernel(repo, version=1, trust_remote_code=True)
+    assert Path(attention.__file__).parent.name == "torch-tpu"
+
+    wrapping = install_wrapping_runtime(monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(10, heads, 16, generator=g) for heads in (4, 2, 2))
+    leaves = [x.to(lazy_device()).requires_grad_() for x in (q, k, v)]
+    cu = torch.tensor([0, 3, 10], dtype=torch.int32, device=lazy_device())
+    out = attention.flash_attn_varlen_func(
+        *leaves, cu, cu, 7, 7, causal=True, window_size=(3, 3), softcap=20.0
+    )
+    out.sum().backward()
+    assert [w.key[1] for w in wrapping.wrapped] == ["forward", "backward"]
+    assert all(w.key[0].endswith("::attention_with_lse") for w in wrapping.wrapped)
+    assert len(recorded_jax_ops) == 2
+    forward = wrapping.wrapped[0].tensors  # q, k, v, kv_mask, segments, sinks, positions, groups
+    for given, x in zip(forward[:3], (q, k, v), strict=True):
+        torch.testing.assert_close(given.cpu(), x.transpose(0, 1)[None], rtol=0, atol=0)
+    segments = torch.tensor([[0] * 3 + [1] * 7], dtype=torch.int32)
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 5, 6]], dtype=torch.int32)
+    expected = [segments, segments, positions, positions]
+    for given, want in zip(forward[4:6] + forward[7:9], expected, strict=True):
+        assert torch.equal(given.cpu(), want), given.cpu()
+    assert forward[3] is None and forward[6] is None and forward[9:] == [None, None]
+    assert out.shape == (10, 4, 16) and [x.grad.shape for x in leaves] == [x.shape for x in leaves]

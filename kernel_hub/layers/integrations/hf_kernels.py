@@ -17,7 +17,9 @@ as a trusted kernel publisher, else ``trust_remote_code``; so the build is trust
 serves it, and a mirror or a compromised hub goes unnoticed. It also swaps by layer name
 alone, without kernel-hub's bit-exact probe of each class's form (an ``RMSNorm``-named class that
 rounds after the weight, as GPT-OSS/OLMo2 do, gets the Llama form: equal in f32, a rounding
-apart in bf16). Importing this module imports ``kernels``; nothing else in kernel-hub does.
+apart in bf16; a ``rotary_pos_emb`` function that casts back or upcasts, as OLMo, ModernBERT and
+Hunyuan-VL do, gets Llama's form likewise, and GPT-OSS's half-width form is refused at call
+time). Importing this module imports ``kernels``; nothing else in kernel-hub does.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ from kernel_hub.registry.registry import load_registry
 
 DEVICES = ("tpu", "cpu")
 """Device types ``kernels`` selects kernel-hub's variants for: torch-tpu (TorchTPU), torch-cpu."""
+
+FUNCTION_SLOTS = {"rotary_pos_emb": ("rotary", "ApplyRotaryPosEmb")}
+"""Transformers' function slots (``use_kernel_forward_from_hub`` on a function, e.g. Llama's
+``apply_rotary_pos_emb``) -> (registry op, the layer of its build that serves the slot). A
+function slot is a layer to ``kernels`` 0.17 (``FuncRepository`` is deprecated there); kernel-hub's
+own kernelize fills these slots without a layer, so the registry does not list them."""
 
 
 def _major(specifier: Any) -> int:
@@ -46,7 +54,8 @@ def hub_layer_mapping(
     trust_remote_code: bool | list[str] = False,
 ) -> dict[str, dict[str, Any]]:
     """``{layer name: {device: LayerRepository}}`` for every layer of every registry op with a hub
-    repo, at the major version its range starts at (``kernels`` resolves it to branch ``vN``).
+    repo, and for the function slots its ops serve (``FUNCTION_SLOTS``), at the major version its
+    range starts at (``kernels`` resolves it to branch ``vN``).
 
     ``trust_remote_code`` goes to each ``LayerRepository``: ``kernels`` imports code only from
     organisations the Hub marks as trusted kernel publishers (it asks the Hub, which a mirror or a
@@ -58,17 +67,19 @@ def hub_layer_mapping(
         raise KernelHubError(
             f"devices {sorted(unknown)}: kernel-hub builds serve {', '.join(DEVICES)}"
         )
+    slots_of = {op: (slot, layer) for slot, (op, layer) in FUNCTION_SLOTS.items()}
     mapping: dict[str, dict[str, Any]] = {}
     for entry in load_registry(registry):
         if entry.repo is None:
             continue
-        version = _major(entry.version)
-        for layer in entry.layers:
-            mapping[layer] = {
+        slots = [(layer, layer) for layer in entry.layers]
+        slots += [slots_of[entry.name]] if entry.name in slots_of else []
+        for slot, layer in slots:
+            mapping[slot] = {
                 device: LayerRepository(
                     repo_id=entry.repo,
                     layer_name=layer,
-                    version=version,
+                    version=_major(entry.version),
                     trust_remote_code=trust_remote_code,
                 )
                 for device in devices

@@ -5,12 +5,17 @@ Exports the torch ops (``dot_product_attention``, ``attention_with_lse``,
 and, through ``KERNEL``, the Transformers AttentionInterface adapter (``integrations``, with the
 AttentionMaskInterface entry of ``transformers_masks``) and the Diffusers attention backend
 (``diffusers_backend``), imported on first use because they import transformers / diffusers.
+``flash_attn_func`` / ``flash_attn_varlen_func`` (``flash_attn_api``) are flash-attn's entry
+points, which Transformers' hub attention (``attn_implementation="kernel-hub/attention"``) looks
+up on the build's top-level module (not declared in ``KERNEL``: its ``integrations`` slots are
+adapters kernel-hub registers, and Transformers reads these by attribute name).
 """
 
 from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
 from . import benchmark, ring, sharding
+from .flash_attn_api import flash_attn_func, flash_attn_varlen_func
 from .torch_ops import attention_with_dense_mask, attention_with_lse, dot_product_attention
 
 KERNEL = KernelDeclaration(
@@ -35,6 +40,8 @@ __all__ = [
     "attention_with_lse",
     "benchmark",
     "dot_product_attention",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
     "jax",
     "ring",
 ]

@@ -1,10 +1,12 @@
 """rotary kernel: ``rotary_embedding`` torch op (q and k in one call), ``jax.rotary_embedding``,
-and the Transformers ``rotary_pos_emb`` slot function (``integrations.apply_rotary``)."""
+the Transformers ``rotary_pos_emb`` slot function (``integrations.apply_rotary``) and, for
+Hugging Face ``kernels``, that slot as a layer (``layers.ApplyRotaryPosEmb``; not a kernel-hub
+layer, so not in ``KERNEL.layers``: ``kernels`` reads it as ``<build>.layers.<name>``)."""
 
 from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
-from . import benchmark, sharding
+from . import benchmark, layers, sharding
 from .torch_ops import rotary_embedding
 
 KERNEL = KernelDeclaration(
@@ -17,4 +19,4 @@ KERNEL = KernelDeclaration(
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )
 
-__all__ = ["KERNEL", "benchmark", "jax", "rotary_embedding"]
+__all__ = ["KERNEL", "benchmark", "jax", "layers", "rotary_embedding"]
