@@ -376,7 +376,8 @@ def test_a_build_for_kernel_api_1_2_leaves_processors_alone_with_the_reason(tmp_
     report says why and what to load instead."""
     monkeypatch.setenv("KERNEL_HUB_LOCAL_KERNELS", f"attention={_api_1_2_attention(tmp_path)}")
     legacy = get_kernel("attention")
-    assert str(legacy.manifest.version) == "1.1.0" and legacy.KERNEL.integration("diffusers") is None
+    assert str(legacy.manifest.version) == "1.1.0"
+    assert legacy.KERNEL.integration("diffusers") is None
     model, inputs = tiny_flux()
     with torch.no_grad():
         want = model(**inputs, return_dict=False)[0]
