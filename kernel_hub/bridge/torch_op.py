@@ -152,11 +152,11 @@ class JaxOp:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         direct = self._direct
         flat = direct.positional(args, kwargs) if kwargs else args
-        if flat is not None and not _is_compiling() and direct.plain():
-            call = direct.lookup(flat)
+        if flat is not None and not _is_compiling():
+            call = direct.find(flat)
             if call is not None:
                 return call(flat)
-            if direct.allowed(flat):
+            if direct.allowed(flat):  # checks the context again: ``find`` may have missed for it
                 call = self._direct_call_for(flat)  # validates the arguments first
                 direct.remember(flat, call)
                 return call(flat)
