@@ -643,6 +643,42 @@ def test_fresh_process_defaults(tmp_path):
     assert second["cache_hits"] == 1 and second["files_after_call"] == 1
 
 
+_DTENSOR_LATER = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import kernel_hub
+    rms = kernel_hub.get_kernel("rmsnorm").rms_norm
+    assert "torch.distributed.tensor" not in sys.modules, "loading a kernel imported DTensor"
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    x, w = torch.randn(4, 8, 32), torch.randn(32)
+    dw = distribute_tensor(w, mesh, [Replicate()])
+    out = rms(distribute_tensor(x, mesh, [Shard(1)]), dw, 1e-6)
+    assert isinstance(out, DTensor) and out.placements == (Shard(1),), out
+    torch.testing.assert_close(out.full_tensor(), rms(x, w, 1e-6))
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow
+def test_dtensor_strategies_registered_when_dtensor_is_imported_after_the_kernel():
+    """Loading a kernel does not import torch.distributed.tensor (and sympy with it); an op's
+    DTensor strategy is registered when someone imports it."""
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", _DTENSOR_LATER],
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_fresh_process_switches(tmp_path):
     custom = tmp_path / "custom"
