@@ -15,13 +15,13 @@ first (``positional``), so a caller may name its options: the fast path does not
 call. The caller checks first that torch.compile is not tracing. Anything else goes through the
 dispatcher as usual. ``KERNEL_HUB_DIRECT_CALLS=0`` sends every call through the dispatcher.
 
-A direct call is cached per call signature (``lookup``/``remember``): the arguments' key holds the
-non-tensor arguments, each tensor's class, shape, dtype, device and (in grad mode)
-``requires_grad``, the grad mode, and the types of int and bool arguments (so ``2.0`` for an int
-is never taken for ``2``). Its first call is checked in full (``allowed``, then the op validates
-and binds its executable); a repeat call checks the context (modes, profiler, tracing, autocast:
-``plain``), builds the key and makes one dictionary lookup. Entries go when an implementation
-order changes.
+A direct call is cached per call signature (``find``/``remember``): the arguments' key holds the
+number of arguments, the non-tensor arguments, each tensor's class, shape, dtype, device and (in
+grad mode) ``requires_grad``, the grad mode, and the types of int and bool arguments (so ``2.0``
+for an int is never taken for ``2``). Its first call is checked in full (``allowed``, then the op
+validates and binds its executable); a repeat call checks the context (modes, profiler, tracing,
+autocast: what ``plain`` checks), builds the key and makes one dictionary lookup, all in ``find``.
+Entries go when an implementation order changes.
 """
 
 from __future__ import annotations
