@@ -371,6 +371,7 @@ def _api_1_2_attention(directory):
     return target
 
 
+@pytest.mark.slow
 def test_a_build_for_kernel_api_1_2_leaves_processors_alone_with_the_reason(tmp_path, monkeypatch):
     """Such a build declares no Diffusers adapter: every processor keeps its backend, and the
     report says why and what to load instead."""
