@@ -215,6 +215,54 @@ def test_direct_calls_only_when_the_dispatcher_would_make_them(monkeypatch):
     assert not DirectCalls(inspect.signature(stub), ("x", "w")).allowed((x, frozen))
 
 
+def test_direct_call_keys_tell_apart_what_a_bound_call_depends_on():
+    """Two calls share a cached direct call only if every tensor's class, shape, dtype, device
+    and (in grad mode) requires_grad, the grad mode, every other argument and the type of int
+    arguments agree; arguments that cannot key one (a non-tensor or None where a tensor must
+    go, too many) give no key. Tensors need not lead the parameters."""
+    from kernel_hub.bridge.eager import DirectCalls
+
+    def stub(
+        k: int, x: torch.Tensor, bias: torch.Tensor | None = None, dims: list[int] = (0,)
+    ) -> None: ...
+
+    direct = DirectCalls(inspect.signature(stub, eval_str=True), ("x", "bias"), list_static=True)
+    x, b = torch.randn(4, 8), torch.randn(8)
+    key = direct.key
+    assert key((2, x)) == key((2, torch.randn(4, 8))) is not None
+    assert key((2, x, b, [0, 1])) == key((2, x, torch.randn(8), (0, 1)))  # lists key as tuples
+    different = [
+        (2, x, b),
+        (2, x, None, [0]),  # defaults given: another key (the dispatcher may leave them out)
+        (2.0, x),  # 2.0 == 2, but an int parameter refuses it
+        (True, x),
+        (3, x),
+        (2, x.double()),
+        (2, x[:2]),
+        (2, x.to("meta")),
+        (2, torch.nn.Parameter(x, requires_grad=False)),
+    ]
+    keys = [key((2, x)), *map(key, different)]
+    assert None not in keys and len(set(keys)) == len(keys)
+    wants_grad = x.clone().requires_grad_()
+    assert key((2, wants_grad)) != key((2, x))
+    with torch.no_grad():
+        assert key((2, wants_grad)) == key((2, x)) != keys[0]  # grad mode is keyed too
+    assert key((2, 3.0)) is None and key((2, None)) is None  # a tensor must go there
+    assert key((2, x, b, [0], "extra")) is None and key((2,)) is None
+
+
+def test_in_place_data_writes_to_a_plain_weight_are_seen(rmsnorm):
+    """A cached direct call copies a small plain tensor in on every call: writes through
+    ``.data`` (which bumps no version counter) reach the next call."""
+    x, w = torch.randn(4, 16), torch.randn(16)
+    with torch.no_grad():
+        for _ in range(2):
+            first = rmsnorm.rms_norm(x, w, 1e-6)
+        w.data.mul_(3.0)
+        assert_close_to(rmsnorm.rms_norm(x, w, 1e-6), first * 3.0, 1e-5)
+
+
 def test_modes_and_profilers_still_see_the_op(rmsnorm):
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -593,6 +641,42 @@ def test_fresh_process_defaults(tmp_path):
     assert first["files_after_user_jit"] == 1  # the user's compiles stay out of it
     second = run_child(tmp_path)
     assert second["cache_hits"] == 1 and second["files_after_call"] == 1
+
+
+_DTENSOR_LATER = textwrap.dedent(
+    """
+    import sys
+    import torch
+    import kernel_hub
+    rms = kernel_hub.get_kernel("rmsnorm").rms_norm
+    assert "torch.distributed.tensor" not in sys.modules, "loading a kernel imported DTensor"
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    x, w = torch.randn(4, 8, 32), torch.randn(32)
+    dw = distribute_tensor(w, mesh, [Replicate()])
+    out = rms(distribute_tensor(x, mesh, [Shard(1)]), dw, 1e-6)
+    assert isinstance(out, DTensor) and out.placements == (Shard(1),), out
+    torch.testing.assert_close(out.full_tensor(), rms(x, w, 1e-6))
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow
+def test_dtensor_strategies_registered_when_dtensor_is_imported_after_the_kernel():
+    """Loading a kernel does not import torch.distributed.tensor (and sympy with it); an op's
+    DTensor strategy is registered when someone imports it."""
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", _DTENSOR_LATER],
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.mark.slow

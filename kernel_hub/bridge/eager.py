@@ -15,13 +15,13 @@ first (``positional``), so a caller may name its options: the fast path does not
 call. The caller checks first that torch.compile is not tracing. Anything else goes through the
 dispatcher as usual. ``KERNEL_HUB_DIRECT_CALLS=0`` sends every call through the dispatcher.
 
-A direct call is cached per call signature (``lookup``/``remember``): the arguments' key holds the
-non-tensor arguments, each tensor's class, shape, dtype, device and (in grad mode)
-``requires_grad``, the grad mode, and the types of int and bool arguments (so ``2.0`` for an int
-is never taken for ``2``). Its first call is checked in full (``allowed``, then the op validates
-and binds its executable); a repeat call checks the context (modes, profiler, tracing, autocast:
-``plain``), builds the key and makes one dictionary lookup. Entries go when an implementation
-order changes.
+A direct call is cached per call signature (``find``/``remember``): the arguments' key holds the
+number of arguments, the non-tensor arguments, each tensor's class, shape, dtype, device and (in
+grad mode) ``requires_grad``, the grad mode, and the types of int and bool arguments (so ``2.0``
+for an int is never taken for ``2``). Its first call is checked in full (``allowed``, then the op
+validates and binds its executable); a repeat call checks the context (modes, profiler, tracing,
+autocast: what ``plain`` checks), builds the key and makes one dictionary lookup, all in ``find``.
+Entries go when an implementation order changes.
 """
 
 from __future__ import annotations
@@ -65,6 +65,47 @@ def _exact_type_params(params: Sequence[inspect.Parameter]) -> tuple[int, ...]:
     return tuple(i for i, p in enumerate(params) if p.annotation in exact)
 
 
+def _key_function(
+    count: int,
+    tensor_positions: frozenset[int],
+    required_tensors: frozenset[int],
+    exact_types: Sequence[int],
+    list_static: bool,
+) -> Callable[[tuple], tuple]:
+    """The key of a call with ``count`` positional arguments, as one flat tuple expression.
+
+    A repeat call's key is most of the Python a direct call adds, so it is compiled from source
+    for its argument count (as ``dataclasses`` does for ``__init__``): no loop, no per-position
+    test, no intermediate list. The source holds only positions and fixed names. A tensor that
+    must be given contributes its attributes in place (a None there fails with AttributeError:
+    not keyed); an optional one a nested tuple or None.
+    """
+    items = [str(count), "g"]
+    for i in range(count):
+        a = f"a{i}"
+        if i in tensor_positions:
+            fields = (
+                f"{a}.__class__, {a}.shape, {a}.dtype, {a}.is_cpu or {a}.device, "
+                f"g and {a}.requires_grad"
+            )
+            items.append(
+                fields if i in required_tensors else f"None if {a} is None else ({fields})"
+            )
+        else:
+            items.append(f"hashable({a})" if list_static else a)
+    items += [f"a{i}.__class__" for i in exact_types if i < count]
+    unpack = "".join(f"a{i}, " for i in range(count))
+    source = (
+        "def key(args):\n"
+        f"    {unpack or '()'} = args\n"
+        "    g = grad_enabled()\n"
+        f"    return ({', '.join(items)},)\n"
+    )
+    namespace = {"grad_enabled": _grad_enabled, "hashable": hashable}
+    exec(source, namespace)  # the source holds positions and fixed names only
+    return namespace["key"]
+
+
 class DirectCalls:
     """Decides, per call of one op, whether it may call its implementation directly, and keeps
     the direct calls already made, one per call signature."""
@@ -93,12 +134,21 @@ class DirectCalls:
         # (number of positional arguments, keyword names) -> that call's tail: keywords that bind
         self._bindings: dict[tuple, list[tuple[str, Any]]] = {}
         self.enabled = os.environ.get("KERNEL_HUB_DIRECT_CALLS", "1").strip() != "0"
-        # the key: tensors first in the signature (the usual stub) need no per-position test
-        self._leading = len(tensor_params)
-        if self._tensor_positions != frozenset(range(self._leading)):
-            self._leading = -1
-        self._exact_types = _exact_type_params(params)
-        self._list_static = list_static  # lists (int[] arguments) key as tuples
+        # per number of positional arguments: its key function (None below the required count)
+        required_tensors = frozenset(
+            names.index(n)
+            for n in tensor_params
+            if signature.parameters[n].annotation is torch.Tensor
+        )
+        exact_types = _exact_type_params(params)
+        self._keys = [
+            None
+            if n < self._required
+            else _key_function(
+                n, self._tensor_positions, required_tensors, exact_types, list_static
+            )
+            for n in range(len(params) + 1)
+        ]
         self._entries: dict[tuple, DirectCall] = {}
         watch_order(self)
 
@@ -149,58 +199,31 @@ class DirectCalls:
 
     def key(self, args: tuple) -> tuple | None:
         """What a cached direct call depends on (see the module docstring); None when the
-        arguments cannot key one (a non-tensor where a tensor goes, an unhashable value)."""
-        leading = self._leading
+        arguments cannot key one (too few or too many, a non-tensor where a tensor goes)."""
         try:
-            if leading >= 0:
-                static = args[leading:]
-                grad = _grad_enabled()
-                parts = [hashable(static) if self._list_static else static, grad]
-                for value in args[:leading]:
-                    parts.append(
-                        None
-                        if value is None
-                        else (
-                            value.__class__,
-                            value.shape,
-                            value.dtype,
-                            value.is_cpu or value.device,
-                            grad and value.requires_grad,
-                        )
-                    )
-            else:
-                tensor_positions = self._tensor_positions
-                grad = _grad_enabled()
-                parts = [len(args), grad]
-                for position, value in enumerate(args):
-                    if position not in tensor_positions or value is None:
-                        parts.append(hashable(value) if self._list_static else value)
-                    else:
-                        parts.append(
-                            (
-                                value.__class__,
-                                value.shape,
-                                value.dtype,
-                                value.is_cpu or value.device,
-                                grad and value.requires_grad,
-                            )
-                        )
-            for position in self._exact_types:
-                parts.append(args[position].__class__ if position < len(args) else None)
-        except AttributeError:
+            return self._keys[len(args)](args)
+        except (IndexError, TypeError, AttributeError):  # TypeError: no key function
             return None
-        return tuple(parts)
 
     def order_changed(self) -> None:
         """An implementation order changed: calls bound under the old one are stale."""
         self._entries.clear()
 
-    def lookup(self, args: tuple) -> DirectCall | None:
-        """The cached direct call for these arguments (the caller checked ``plain``)."""
-        key = self.key(args)
+    def find(self, args: tuple) -> DirectCall | None:
+        """The cached direct call for these positional arguments if the context is plain: a
+        repeat call's whole check, in one frame (``plain`` and ``key`` inlined)."""
+        if not (
+            self.enabled
+            and _tls_includes() in _PLAIN_TLS_INCLUDES
+            and not _function_mode()
+            and not _profiling()
+            and _jit_tracing() is None
+            and not (self._autocast and _autocast_enabled())
+        ):
+            return None
         try:
-            return None if key is None else self._entries.get(key)
-        except TypeError:  # an unhashable argument: not cached
+            return self._entries.get(self._keys[len(args)](args))
+        except (IndexError, TypeError, AttributeError):  # no key, or an unhashable argument
             return None
 
     def remember(self, args: tuple, call: DirectCall) -> None:

@@ -33,6 +33,7 @@ from . import autocast as _autocast
 from .buckets import RowBuckets, power_of_two
 from .eager import DirectCall, DirectCalls
 from .executor import OpExecutor, check_devices
+from .import_watch import when_imported
 from .op_spec import (
     JaxBackward,
     OpSpec,
@@ -152,11 +153,11 @@ class JaxOp:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         direct = self._direct
         flat = direct.positional(args, kwargs) if kwargs else args
-        if flat is not None and not _is_compiling() and direct.plain():
-            call = direct.lookup(flat)
+        if flat is not None and not _is_compiling():
+            call = direct.find(flat)
             if call is not None:
                 return call(flat)
-            if direct.allowed(flat):
+            if direct.allowed(flat):  # checks the context again: ``find`` may have missed for it
                 call = self._direct_call_for(flat)  # validates the arguments first
                 direct.remember(flat, call)
                 return call(flat)
@@ -351,9 +352,14 @@ def _register_dtensor_rule(spec: OpSpec, op: Any, backward_op: Any) -> None:
     def rule_for(static: dict[str, Any]) -> ShardingRule:
         return rule if isinstance(rule, ShardingRule) else rule(**static)
 
-    dtensor.register(
-        op, backward_op, rule_for, spec.param_names, spec.tensor_params, spec.differentiable
-    )
+    def register(_module: Any) -> None:
+        dtensor.register(
+            op, backward_op, rule_for, spec.param_names, spec.tensor_params, spec.differentiable
+        )
+
+    # No DTensor exists before torch.distributed.tensor is imported, and importing it (with
+    # sympy, through torch.fx's symbolic shapes) is most of loading a kernel: wait for it.
+    when_imported("torch.distributed.tensor", register)
 
 
 # Dynamo reads this as True while it traces a call; torch.export's non-strict tracing (which

@@ -344,3 +344,57 @@ def test_a_processor_on_an_explicit_backend_keeps_it():
     assert by_module["single_transformer_blocks.0.attn"].swapped_to, report
     unkernelize(model)
     assert chosen._attention_backend is AttentionBackendName.FLASH
+
+
+def _api_1_2_attention(directory):
+    """The in-tree attention kernel as a build for kernel API 1.2 ships it: the ops, ``jax`` and
+    ``implementation_tables`` as module attributes, no ``KERNEL`` (so no Diffusers adapter)."""
+    import shutil
+
+    from kernel_hub.paths import kernels_dir
+
+    target = directory / "attention"
+    shutil.copytree(kernels_dir() / "attention", target, ignore=shutil.ignore_patterns("tests"))
+    manifest = target / "kernel.yaml"
+    text = manifest.read_text()
+    version = next(line for line in text.splitlines() if line.startswith("version:"))
+    manifest.write_text(
+        text.replace(version, "version: 1.1.0").replace(
+            'kernel-hub: ">=1.3"', 'kernel-hub: ">=1.2"'
+        )
+    )
+    (target / "flash_attention" / "__init__.py").write_text(
+        "from . import api as jax\n"
+        "from .torch_ops import attention_with_dense_mask, attention_with_lse\n"
+        "implementation_tables = (jax.TABLE,)\n"
+    )
+    return target
+
+
+@pytest.mark.slow
+def test_a_build_for_kernel_api_1_2_leaves_processors_alone_with_the_reason(tmp_path, monkeypatch):
+    """Such a build declares no Diffusers adapter: every processor keeps its backend, and the
+    report says why and what to load instead."""
+    monkeypatch.setenv("KERNEL_HUB_LOCAL_KERNELS", f"attention={_api_1_2_attention(tmp_path)}")
+    legacy = get_kernel("attention")
+    assert str(legacy.manifest.version) == "1.1.0"
+    assert legacy.KERNEL.integration("diffusers") is None
+    model, inputs = tiny_flux()
+    with torch.no_grad():
+        want = model(**inputs, return_dict=False)[0]
+        report = kernelize(model, mode="inference")
+        got = model(**inputs, return_dict=False)[0]
+    attention = [e for e in report.entries if e.kind == "attention"]
+    assert attention and not any(e.swapped_to for e in attention), report
+    reason = (
+        "kernel attention 1.1.0 declares no Diffusers adapter (KERNEL.integrations['diffusers']); "
+        "builds made for kernel API <= 1.2 have none: use a build for kernel API >= 1.3"
+    )
+    assert all(reason in e.reason for e in attention), report
+    assert not any("_attention_backend" in m.processor.__dict__ for m in _attention_modules(model))
+    assert max_errors(got, want)[0] <= TOLERANCE  # its norms are swapped, exactly
+    unkernelize(model)
+
+
+def _attention_modules(model):
+    return [m for m in model.modules() if hasattr(m, "processor")]
