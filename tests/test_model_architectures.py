@@ -95,3 +95,17 @@ def test_vision_language_models_get_as_many_placeholders_as_image_features(model
         inputs[pixels] = torch.randn(inputs[pixels].shape)
         other_image = archs.main_output(model(**inputs))
     assert not torch.allclose(with_image, other_image), "the pixel values were not used"
+
+
+def test_speech_seq2seq_decoders_get_a_right_padded_row_compared_on_real_rows():
+    arch = next(a for a in archs.architectures(("speech-seq2seq",)) if a.model_type == "whisper")
+    model = archs.build(arch)
+    inputs = archs.batch(arch, model)
+    mask = inputs["decoder_attention_mask"]
+    assert (
+        mask[0].all()
+        and mask[-1].tolist() == [1] * (archs.DECODER_LEN - archs.PADDING) + [0] * archs.PADDING
+    )
+    with torch.no_grad():
+        logits = archs.main_output(model(**inputs))
+    assert torch.equal(archs.real_positions(inputs, logits), mask.bool())
