@@ -68,3 +68,44 @@ def test_gemma3_gets_one_image_per_row_after_the_padding():
         inputs["pixel_values"] = torch.randn(inputs["pixel_values"].shape)
         other_image = model(**inputs).logits
     assert not torch.allclose(with_image, other_image), "the pixel values were not used"
+
+
+@pytest.mark.parametrize("model_type", ["paligemma", "qwen2_vl", "llava_next"])
+def test_vision_language_models_get_as_many_placeholders_as_image_features(model_type):
+    """PaliGemma marks its prefix-LM prefix (image + prompt) with token type 0; Qwen2-VL marks
+    image tokens for its mRoPE positions; LLaVA-Next's count includes its tile and newlines."""
+    arch = _arch(model_type)
+    model = archs.build(arch)
+    inputs = archs.batch(arch, model)
+    images = inputs["input_ids"] == archs.IMAGE_TOKEN_ID
+    count = archs._image_token_count(
+        model, archs.IMAGE_INPUTS[model_type].pixels(model.config, torch.Generator())
+    )
+    assert images.sum(1).tolist() == [count] * archs.BATCH
+    assert not (images & inputs["attention_mask"].eq(0)).any(), "an image token in the padding"
+    if model_type == "paligemma":
+        prefix = inputs["token_type_ids"].eq(0)
+        assert prefix[images].all(), "an image token in the suffix"
+        assert (~prefix).any(1).all(), "a row without a suffix"
+    if model_type == "qwen2_vl":
+        assert torch.equal(inputs["mm_token_type_ids"], images.long())
+    pixels = next(k for k in inputs if k.startswith("pixel"))
+    with torch.no_grad():
+        with_image = archs.main_output(model(**inputs))
+        inputs[pixels] = torch.randn(inputs[pixels].shape)
+        other_image = archs.main_output(model(**inputs))
+    assert not torch.allclose(with_image, other_image), "the pixel values were not used"
+
+
+def test_speech_seq2seq_decoders_get_a_right_padded_row_compared_on_real_rows():
+    arch = next(a for a in archs.architectures(("speech-seq2seq",)) if a.model_type == "whisper")
+    model = archs.build(arch)
+    inputs = archs.batch(arch, model)
+    mask = inputs["decoder_attention_mask"]
+    assert (
+        mask[0].all()
+        and mask[-1].tolist() == [1] * (archs.DECODER_LEN - archs.PADDING) + [0] * archs.PADDING
+    )
+    with torch.no_grad():
+        logits = archs.main_output(model(**inputs))
+    assert torch.equal(archs.real_positions(inputs, logits), mask.bool())

@@ -12,6 +12,7 @@ built, is still large, or whose stock forward fails is reported with the reason,
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,8 @@ DECODER_LEN = 8
 IMAGE_SIZE = 32
 AUDIO_SAMPLES = 1600
 IMAGE_TOKEN_ID, IMAGE_TOKENS = 5, 4
-"""A composite's image placeholder token (inside the tiny vocabulary) and tokens per image."""
+"""A composite's image placeholder token (inside the tiny vocabulary) and Gemma 3's tokens per
+image."""
 MAX_PARAMETERS = 3_000_000
 """Architectures whose shrunk config still has more parameters are skipped as not tiny."""
 
@@ -130,6 +132,17 @@ _GEMMA3_IMAGES = dict(
     eoi_token_index=7,
 )
 
+# vision-language models: the image placeholder inside the tiny vocabulary, under either name
+_IMAGE_TOKEN = {"image_token_id": IMAGE_TOKEN_ID, "image_token_index": IMAGE_TOKEN_ID}
+# Qwen2-VL's vision tower: 32 blocks and a 3584-wide merger output by default
+# and mRoPE sections (temporal, height, width) that split the tiny head's 8 rotary frequencies
+_QWEN_VL = {
+    **_IMAGE_TOKEN,
+    "depth": 2,
+    "out_hidden_size": 64,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+}
+
 ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     # its per-layer attention kinds ([[kinds, repeats]]) must cover exactly num_layers
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
@@ -155,6 +168,17 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     "gemma3": _GEMMA3_IMAGES,
     # (its classifier reads the yes/no token ids from the config, with defaults past 128)
     "shieldgemma2": {**_GEMMA3_IMAGES, "yes_token_index": 8, "no_token_index": 9},
+    # image placeholders of the vision-language models fed images (``IMAGE_INPUTS``);
+    # PaliGemma projects to 2048 by default, LLaVA-Next tiles images on a grid of 336s
+    "paligemma": {**_IMAGE_TOKEN, "projection_dim": 64},
+    "llava": _IMAGE_TOKEN,
+    "llava_next": {**_IMAGE_TOKEN, "image_grid_pinpoints": [[IMAGE_SIZE, IMAGE_SIZE]]},
+    "idefics3": _IMAGE_TOKEN,
+    "smolvlm": _IMAGE_TOKEN,
+    "internvl": _IMAGE_TOKEN,
+    "mistral3": _IMAGE_TOKEN,
+    "qwen2_vl": _QWEN_VL,
+    "qwen2_5_vl": _QWEN_VL,
     # its LM head asserts a decoder; axial position embeddings split the hidden size
     "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32], "axial_pos_shape": [3, 4]},
     # per-layer-type RoPE with no default: checkpoints carry it
@@ -251,7 +275,9 @@ def _init_parameters(config_class: type) -> dict[str, inspect.Parameter]:
 def _tiny_value(sizes: dict[str, Any], name: str, default: Any) -> Any:
     if name in sizes:
         value = sizes[name]
-        return list(value) if isinstance(value, list) else value  # configs keep their own list
+        if isinstance(value, list | dict):  # configs keep (and change) their own copy
+            return type(value)(value)
+        return value
     if "drop" in name and isinstance(default, float):  # dropout, pdrop, drop_path, layerdrop
         return 0.0
     return inspect.Parameter.empty
@@ -266,7 +292,8 @@ def tiny_config(
     sub-configs) with every size field it has shrunk, sub-configs too."""
     params = _init_parameters(config_class)
     sizes = {**_SIZES, **(overrides or {})}
-    kwargs: dict[str, Any] = dict(defaults or {})
+    # a composite's defaults may carry fields the class derives (Mistral 3's Pixtral head_dim)
+    kwargs = {k: sizes.get(k, v) if k not in params else v for k, v in (defaults or {}).items()}
     for name, param in params.items():
         value = _tiny_value(sizes, name, param.default)
         if value is not inspect.Parameter.empty:
@@ -442,7 +469,7 @@ def batch(arch: Architecture, model: torch.nn.Module) -> dict[str, torch.Tensor]
     """Inputs for ``model``: token batches have a padded row (left for decoders, right else)."""
     generator = torch.Generator().manual_seed(1234)
     config = model.config
-    images_in_text = getattr(config, "mm_tokens_per_image", None)
+    images_in_text = arch.model_type in IMAGE_INPUTS
     if arch.family == "vision" and not images_in_text:
         channels = getattr(config, "num_channels", 3)
         shape = (BATCH, channels, IMAGE_SIZE, IMAGE_SIZE)
@@ -452,13 +479,19 @@ def batch(arch: Architecture, model: torch.nn.Module) -> dict[str, torch.Tensor]
     if arch.family == "speech-seq2seq":
         mels = getattr(config, "num_mel_bins", 80)
         frames = 2 * getattr(config, "max_source_positions", 1500)
-        return {
+        inputs = {
             "input_features": torch.randn(BATCH, mels, frames, generator=generator),
             "decoder_input_ids": _tokens(generator, DECODER_LEN),
         }
+        if "decoder_attention_mask" in inspect.signature(model.forward).parameters:
+            # a right-padded decoder row (the audio encoders take fixed-length features)
+            mask = torch.ones(BATCH, DECODER_LEN, dtype=torch.long)
+            mask[-1, DECODER_LEN - PADDING :] = 0
+            inputs["decoder_attention_mask"] = mask
+        return inputs
     # speech LMs listed as sequence-to-sequence (Qwen2-Audio, Voxtral) are decoders
     seq2seq = arch.family == "encoder-decoder" and getattr(config, "is_encoder_decoder", True)
-    decoder = arch.family in ("decoder", "vision") or (
+    decoder = arch.family in ("decoder", "vision", "image-text") or (
         arch.family == "encoder-decoder" and not seq2seq
     )
     input_ids = _tokens(generator, SEQ_LEN)
@@ -473,25 +506,127 @@ def batch(arch: Architecture, model: torch.nn.Module) -> dict[str, torch.Tensor]
         frames = SEQ_LEN * STREAMED_AUDIO_FRAMES[arch.model_type]
         mels = config.audio_config.num_mel_bins
         inputs["input_features"] = torch.randn(BATCH, mels, frames, generator=generator)
-    if images_in_text and hasattr(config, "vision_config"):
-        inputs.update(_images(config, input_ids, generator))
+    if images_in_text:
+        inputs.update(_images(IMAGE_INPUTS[arch.model_type], model, inputs, generator))
     return inputs
 
 
-def _images(config: Any, input_ids: torch.Tensor, generator: torch.Generator) -> dict:
-    """One image per row (Gemma 3's layout): ``mm_tokens_per_image`` placeholder tokens after
-    the padding, pixel values, and ``token_type_ids`` marking the image tokens (they attend to
-    each other bidirectionally)."""
-    token, count = config.image_token_index, config.mm_tokens_per_image
+@dataclass(frozen=True)
+class ImageInputs:
+    """How a vision-language model takes one image per row: ``pixels(config, generator)`` gives
+    the pixel arguments for ``BATCH`` images; ``token_types`` names the argument marking image
+    tokens with 1 (Gemma 3's bidirectional image blocks, Qwen2-VL's mRoPE positions) or, with
+    ``prefix``, marking the prefix-LM prefix (image and prompt) with 0 and the suffix with 1
+    (PaliGemma)."""
+
+    pixels: Callable[[Any, torch.Generator], dict[str, torch.Tensor]]
+    token_types: str | None = None
+    prefix: bool = False
+
+
+def _vision(config: Any) -> tuple[int, int]:
+    """(channels, image size) of a composite's vision tower."""
+    vision = config.vision_config
+    size = vision.image_size
+    return getattr(vision, "num_channels", 3), size[0] if isinstance(size, list | tuple) else size
+
+
+def _square(config: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    channels, size = _vision(config)
+    return {"pixel_values": torch.randn(BATCH, channels, size, size, generator=generator)}
+
+
+def _with_sizes(tiles: int | None) -> Callable[[Any, torch.Generator], dict[str, torch.Tensor]]:
+    """Square images with their ``image_sizes`` (Pixtral), as ``tiles`` crops (LLaVA-Next's
+    base image and its one grid tile) when given."""
+
+    def pixels(config: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        channels, size = _vision(config)
+        shape = (BATCH, *(() if tiles is None else (tiles,)), channels, size, size)
+        return {
+            "pixel_values": torch.randn(shape, generator=generator),
+            "image_sizes": torch.tensor([[size, size]] * BATCH),
+        }
+
+    return pixels
+
+
+def _one_per_row(config: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Idefics3 / SmolVLM: [batch, images, channels, size, size]."""
+    channels, size = _vision(config)
+    return {"pixel_values": torch.randn(BATCH, 1, channels, size, size, generator=generator)}
+
+
+def _patches(config: Any, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Qwen2-VL: each image as flattened (temporal x patch x patch) patches and its grid."""
+    vision = config.vision_config
+    side = 2 * vision.spatial_merge_size  # patches per side: two merged tokens
+    features = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+    return {
+        "pixel_values": torch.randn(BATCH * side * side, features, generator=generator),
+        "image_grid_thw": torch.tensor([[1, side, side]] * BATCH),
+    }
+
+
+IMAGE_INPUTS: dict[str, ImageInputs] = {
+    "gemma3": ImageInputs(_square, "token_type_ids"),
+    "shieldgemma2": ImageInputs(_square, "token_type_ids"),
+    "paligemma": ImageInputs(_square, "token_type_ids", prefix=True),
+    "llava": ImageInputs(_square),
+    "llava_next": ImageInputs(_with_sizes(tiles=2)),
+    "idefics3": ImageInputs(_one_per_row),
+    "smolvlm": ImageInputs(_one_per_row),
+    "internvl": ImageInputs(_square),
+    "mistral3": ImageInputs(_with_sizes(tiles=None)),
+    "qwen2_vl": ImageInputs(_patches, "mm_token_type_ids"),
+    "qwen2_5_vl": ImageInputs(_patches, "mm_token_type_ids"),
+}
+"""Vision-language models fed one image per row; the others run their text path."""
+
+PREFIX_TEXT = 2
+"""Prompt tokens after the image in a prefix-LM prefix."""
+
+
+def _image_token_count(model: torch.nn.Module, pixels: dict[str, torch.Tensor]) -> int:
+    """Placeholder tokens per image: the rows of the model's own image features for one row
+    (ShieldGemma 2's classifier asks the Gemma 3 model it wraps)."""
+    owner = model if hasattr(model, "get_image_features") else model.model
+    with torch.no_grad():
+        features = owner.get_image_features(**pixels)
+    pooled = getattr(features, "pooler_output", features)
+    if isinstance(pooled, list | tuple):
+        return pooled[0].shape[0]
+    return pooled.shape[1] if pooled.dim() == 3 else pooled.shape[0] // BATCH
+
+
+def _images(
+    layout: ImageInputs,
+    model: torch.nn.Module,
+    inputs: dict[str, torch.Tensor],
+    generator: torch.Generator,
+) -> dict[str, torch.Tensor]:
+    """One image per row: as many placeholder tokens as the model makes features of an image,
+    inserted after the padding (and the first token), the pixel arguments, and the token types."""
+    config = model.config
+    token = getattr(config, "image_token_id", None)
+    token = config.image_token_index if token is None else token
+    pixels = layout.pixels(config, generator)
+    count = _image_token_count(model, pixels)
+    input_ids = inputs["input_ids"]
     input_ids[input_ids == token] = token + 3  # no stray placeholders in the text
     start = PADDING + 1
-    input_ids[:, start : start + count] = token
-    vision = config.vision_config
-    shape = (BATCH, getattr(vision, "num_channels", 3), vision.image_size, vision.image_size)
-    return {
-        "pixel_values": torch.randn(shape, generator=generator),
-        "token_type_ids": (input_ids == token).long(),
-    }
+    placeholders = torch.full((BATCH, count), token, dtype=input_ids.dtype)
+    input_ids = torch.cat([input_ids[:, :start], placeholders, input_ids[:, start:]], dim=1)
+    mask = inputs["attention_mask"]
+    mask = torch.cat([mask[:, :start], torch.ones_like(placeholders), mask[:, start:]], dim=1)
+    images = {"input_ids": input_ids, "attention_mask": mask, **pixels}
+    if layout.token_types is not None:
+        types = (input_ids == token).long()
+        if layout.prefix:
+            types = (torch.arange(input_ids.shape[1]) >= start + count + PREFIX_TEXT).long()
+            types = types.expand(BATCH, -1).clone()
+        images[layout.token_types] = types
+    return images
 
 
 def _tokens(generator: torch.Generator, length: int) -> torch.Tensor:
@@ -500,8 +635,9 @@ def _tokens(generator: torch.Generator, length: int) -> torch.Tensor:
 
 def real_positions(inputs: dict[str, torch.Tensor], output: torch.Tensor) -> torch.Tensor | None:
     """Mask of the output rows that are real tokens (None: every row counts)."""
-    mask = inputs.get("attention_mask")
-    if mask is None or "decoder_input_ids" in inputs or output.shape[:2] != mask.shape:
+    decoder = "decoder_input_ids" in inputs
+    mask = inputs.get("decoder_attention_mask" if decoder else "attention_mask")
+    if mask is None or output.shape[:2] != mask.shape:
         return None
     return mask.bool()
 

@@ -8,5 +8,6 @@ FAMILIES: dict[str, str] = {
     "vision": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
     "speech": "MODEL_FOR_CTC_MAPPING_NAMES",
     "speech-seq2seq": "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "image-text": "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
 }
 """Family -> Transformers auto mapping (model_type -> class name) it is enumerated from."""

@@ -1,8 +1,9 @@
 """``kernel-hub models`` over a spread of the installed Transformers' architectures: every one
 that kernelize swaps must match stock (1e-4, f32 outputs and training gradients) or it fails.
 
-The selection is every ``STRIDE``-th architecture of the auto mappings plus the three the issue
-named; ``docs/coverage.md`` has the full run.
+The selection is every ``STRIDE``-th architecture of the auto mappings (vision-language models
+aside: two of them, fed images, stand for their family) plus the ones the issue named;
+``docs/coverage.md`` has the full run.
 """
 
 from __future__ import annotations
@@ -29,9 +30,14 @@ LEFT_ALONE_AT_KERNELIZE = {
 }
 
 
+VISION_LANGUAGE = ("paligemma", "qwen2_vl")
+"""Image-fed vision-language models: a prefix-LM image block, mRoPE positions."""
+
+
 def _selection() -> list[str]:
-    found = [a.model_type for a in archs.architectures()]
-    return sorted(set(found[::STRIDE]) | set(NAMED))
+    families = tuple(f for f in archs.FAMILIES if f != "image-text")
+    found = [a.model_type for a in archs.architectures(families)]
+    return sorted(set(found[::STRIDE]) | set(NAMED) | set(VISION_LANGUAGE))
 
 
 def _check(mode: str) -> None:

@@ -47,6 +47,7 @@ HARMLESS = {
     "output_attentions": "attention weights are never returned (None), with a warning",
     "num_items_in_batch": "Trainer's token count for the loss; the loss reads it, not attention",
     "deterministic": "flash-attention's deterministic-backward flag (ModernBERT); the kernel is",
+    "logits_to_keep": "which rows the LM head keeps (LLaVA-OneVision passes it down every layer)",
 }
 """Keywords that may be ignored, with why."""
 

@@ -15,8 +15,12 @@ Kv blocks no query of a q block can see (causal, sliding window) are skipped, an
 is clamped to the visible range so skipped steps fetch nothing new. Per-token mask arrays
 (``masking.TokenMask``: segment ids, positions, groups) come in blocks beside q and kv; a block pair
 whose id, position or group ranges cannot meet (all-padding key blocks, another packed sequence,
-another chunk, a causal future) is skipped too, decided in the kernel from those blocks' minima and
-maxima, so no mask larger than O(S) exists anywhere.
+another chunk, a causal future) is skipped too, decided from those blocks' minima and maxima, so
+no mask larger than O(S) exists anywhere. As that range depends on the data, an XLA pre-pass
+(``_block_ranges``) evaluates the same block test for every block pair and hands each q block's
+first and last visible kv block (and each kv block's first and last q block, for dk/dv) to the
+kernels as scalar-prefetch operands: the index maps clamp to them, so blocks outside are neither
+computed nor fetched from HBM.
 """
 
 from __future__ import annotations
@@ -113,6 +117,13 @@ class Layout:
     def num_k_blocks(self) -> int:
         return self.kv_len_padded // self.block_k
 
+    @property
+    def num_token_blocks(self) -> int:
+        """q blocks of the per-token q arrays (one head's queries, or all packed rows when q
+        blocks hold whole groups; see ``_pack_pair``): q block ``qi`` reads token block
+        ``qi % num_token_blocks``."""
+        return self.num_q_blocks if self.whole_groups else self.q_len_padded // self.block_q
+
     def query_index(self, qi, shape):
         """Query index (0..q_len_padded) of each row of q block ``qi``, as an int32 array."""
         row = jax.lax.broadcasted_iota(jnp.int32, shape, 0)
@@ -143,8 +154,7 @@ class Layout:
 
     def clamped_key_block(self, qi, ki, spec: AttentionSpec):
         """``ki`` clamped to the visible range: a skipped step re-uses the block already fetched."""
-        lo, hi = self.key_block_range(qi, spec)
-        return jnp.clip(ki, jnp.minimum(lo, self.num_k_blocks - 1), jnp.maximum(hi, lo))
+        return _clamp(ki, *self.key_block_range(qi, spec), self.num_k_blocks)
 
     def clamped_query_block(self, qi, ki, spec: AttentionSpec):
         """``qi`` clamped to the q blocks of its group that can see kv block ``ki``."""
@@ -158,6 +168,11 @@ class Layout:
         hi = _div(jnp.clip(q_last, 0, self.q_len - 1), self.block_q)
         group_start = _div(qi, per_group) * per_group
         return group_start + jnp.clip(_rem(qi, per_group), lo, jnp.maximum(hi, lo))
+
+
+def _clamp(index, lo, hi, count: int):
+    """``index`` clamped to [lo, hi] (to ``lo`` when the range is empty, hi < lo)."""
+    return jnp.clip(index, jnp.minimum(lo, count - 1), jnp.maximum(hi, lo))
 
 
 def make_layout(q_shape, kv_shape, blocks: BlockSizes, value_dim: int | None = None) -> Layout:
@@ -357,7 +372,7 @@ def _dot(a, b, contract_a: int, contract_b: int):
 
 def _block_scores(q, k, qi, ki, tokens: dict, layout: Layout, spec: AttentionSpec):
     """Scores of one (q block, kv block) pair and which entries are allowed (``masking``'s rule
-    with the block's per-token refs ``tokens``: field -> (q ref, kv ref)).
+    with the block's per-token values ``tokens``: field -> (q [bq, 1], kv [1, bk])).
 
     Returns (s, allowed, capped): ``capped`` is tanh(raw / softcap) when soft-capping, else None.
     """
@@ -371,18 +386,18 @@ def _block_scores(q, k, qi, ki, tokens: dict, layout: Layout, spec: AttentionSpe
     real = (q_index < layout.q_len) & (k_index < layout.kv_len)
     if "positions" in tokens or "groups" in tokens:
         if "positions" in tokens:
-            q_position, k_position = (ref[...] for ref in tokens["positions"])
+            q_position, k_position = tokens["positions"]
         else:
             q_position, k_position = q_index + (layout.kv_len - layout.q_len), k_index
-        groups = [ref[...] for ref in tokens["groups"]] if "groups" in tokens else (None, None)
+        groups = tokens.get("groups", (None, None))
         allowed = real & masking.token_allowed(q_position, k_position, spec, *groups)
     else:
         allowed = real & masking.position_allowed(
             q_index, k_index, layout.q_len, layout.kv_len, spec
         )
     if "segments" in tokens:
-        q_ids_ref, kv_ids_ref = tokens["segments"]
-        allowed &= q_ids_ref[...] == kv_ids_ref[...]
+        q_ids, kv_ids = tokens["segments"]
+        allowed &= q_ids == kv_ids
     return s, allowed, capped
 
 
@@ -420,25 +435,26 @@ def _window_meet(qi, ki, tokens: dict, layout: Layout, spec: AttentionSpec):
         return jnp.asarray(True)
     two_sided = replace(spec, causal=False)
     if "positions" in tokens:
-        return _positions_meet(*(ref[...] for ref in tokens["positions"]), two_sided)
+        return _positions_meet(*tokens["positions"], two_sided)
     return layout.visible(qi, ki, two_sided)
 
 
 def _block_visible(qi, ki, tokens: dict, layout: Layout, spec: AttentionSpec):
     """Whether block pair (qi, ki) may hold an allowed entry: the static index rule, then the
-    per-token blocks' ranges (conservative: a visited block is still masked exactly)."""
+    per-token blocks' ranges (conservative: a visited block is still masked exactly). ``qi`` may
+    be a q block or its token block (the index rule reads only its place in the sequence)."""
     visible = layout.visible(qi, ki, masking.block_rule(spec, _token_mask_shape(tokens)))
     if "positions" in tokens:
-        rule = _positions_meet(*(ref[...] for ref in tokens["positions"]), spec)
+        rule = _positions_meet(*tokens["positions"], spec)
     else:
         rule = layout.visible(qi, ki, spec)
     if "groups" in tokens:
-        together = _groups_meet(*(ref[...] for ref in tokens["groups"]))
+        together = _groups_meet(*tokens["groups"])
         if spec.window_bounds_groups:
             together &= _window_meet(qi, ki, tokens, layout, spec)
         rule |= together
     if "segments" in tokens:
-        visible &= _ranges_meet(*(ref[...] for ref in tokens["segments"]))
+        visible &= _ranges_meet(*tokens["segments"])
     return visible & rule
 
 
@@ -450,22 +466,72 @@ def _token_mask_shape(fields) -> TokenMask:
     )
 
 
+def _block_ranges(fields: tuple[str, ...], token_arrays, layout: Layout, spec: AttentionSpec):
+    """(kv lo, kv hi, q lo, q hi): for each (batch, token q block) the first and last kv block
+    ``_block_visible`` passes, and for each (batch, kv block) the first and last token q block;
+    int32 [B * blocks] each, hi = -1 when none. An XLA pre-pass over per-block minima and maxima
+    (O(S) reads, B * q blocks * kv blocks scalar tests) whose results the index maps clamp to."""
+    nt, nk = layout.num_token_blocks, layout.num_k_blocks
+    q_blocks = {
+        name: token_arrays[2 * i].reshape(layout.batch, nt, layout.block_q, 1)
+        for i, name in enumerate(fields)
+    }
+    kv_blocks = {
+        name: token_arrays[2 * i + 1].reshape(layout.batch, nk, 1, layout.block_k)
+        for i, name in enumerate(fields)
+    }
+
+    def pair(t, k, q_values, kv_values):
+        tokens = {name: (q_values[name], kv_values[name]) for name in fields}
+        return _block_visible(t, k, tokens, layout, spec)
+
+    over_k = jax.vmap(pair, in_axes=(None, 0, None, 0))
+    over_t = jax.vmap(over_k, in_axes=(0, None, 0, None))
+    over_b = jax.vmap(over_t, in_axes=(None, None, 0, 0))
+    visible = over_b(jnp.arange(nt), jnp.arange(nk), q_blocks, kv_blocks)  # [B, nt, nk]
+
+    def first_last(v):
+        count = v.shape[-1]
+        first = jnp.argmax(v, axis=-1)
+        last = jnp.where(jnp.any(v, axis=-1), count - 1 - jnp.argmax(v[..., ::-1], axis=-1), -1)
+        return first.astype(jnp.int32).reshape(-1), last.astype(jnp.int32).reshape(-1)
+
+    return (*first_last(visible), *first_last(jnp.swapaxes(visible, 1, 2)))
+
+
+def _in_range(ranges, b, i, count: int, step):
+    """Whether ``step`` lies in the [lo, hi] the range refs hold for (batch ``b``, block ``i``
+    of ``count``); True when there are no ranges (the static rule's clamp decides)."""
+    if not ranges:
+        return True
+    lo_ref, hi_ref = ranges
+    return (lo_ref[b * count + i] <= step) & (step <= hi_ref[b * count + i])
+
+
 def _split_refs(refs, num_inputs: int, fields: tuple[str, ...]):
-    """(inputs, {field: (q ref, kv ref)}, outputs and scratch)."""
+    """(range refs, inputs, {field: (q values, kv values)}, outputs and scratch); the two
+    scalar-prefetch range refs come first when there are per-token fields."""
+    ranges, refs = (refs[:2], refs[2:]) if fields else ((), refs)
     count = num_inputs + 2 * len(fields)
     inputs, rest = refs[:num_inputs], refs[count:]
     token_refs = refs[num_inputs:count]
-    tokens = {name: tuple(token_refs[2 * i : 2 * i + 2]) for i, name in enumerate(fields)}
-    return inputs, tokens, rest
+    tokens = {
+        name: (token_refs[2 * i][...], token_refs[2 * i + 1][...]) for i, name in enumerate(fields)
+    }
+    return ranges, inputs, tokens, rest
 
 
 def _forward_kernel(
     *refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], has_sinks: bool
 ):
-    (q_ref, k_ref, v_ref), tokens, rest = _split_refs(refs, 3, fields)
+    ranges, (q_ref, k_ref, v_ref), tokens, rest = _split_refs(refs, 3, fields)
     sink_ref = rest[0] if has_sinks else None
     o_ref, lse_ref, m_ref, l_ref, acc_ref = rest[1:] if has_sinks else rest
-    qi, ki = pl.program_id(2), pl.program_id(3)
+    b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    nt = layout.num_token_blocks
+    visible = _in_range(ranges, b, _rem(qi, nt), nt, ki) & _block_visible(
+        qi, ki, tokens, layout, spec
+    )
 
     @pl.when(ki == 0)
     def _init():
@@ -473,7 +539,7 @@ def _forward_kernel(
         l_ref[...] = jnp.zeros(l_ref.shape, l_ref.dtype)
         acc_ref[...] = jnp.zeros(acc_ref.shape, acc_ref.dtype)
 
-    @pl.when(_block_visible(qi, ki, tokens, layout, spec))
+    @pl.when(visible)
     def _step():
         s, allowed, _ = _block_scores(q_ref[...], k_ref[...], qi, ki, tokens, layout, spec)
         m_prev = m_ref[...]
@@ -513,15 +579,19 @@ def _probabilities_and_dscores(q, k, v, do, lse, delta, qi, ki, tokens, layout, 
 
 
 def _dq_kernel(*refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ...]):
-    inputs, tokens, (dq_ref, dq_acc_ref) = _split_refs(refs, 6, fields)
+    ranges, inputs, tokens, (dq_ref, dq_acc_ref) = _split_refs(refs, 6, fields)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = inputs
-    qi, ki = pl.program_id(2), pl.program_id(3)
+    b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    nt = layout.num_token_blocks
+    visible = _in_range(ranges, b, _rem(qi, nt), nt, ki) & _block_visible(
+        qi, ki, tokens, layout, spec
+    )
 
     @pl.when(ki == 0)
     def _init():
         dq_acc_ref[...] = jnp.zeros(dq_acc_ref.shape, dq_acc_ref.dtype)
 
-    @pl.when(_block_visible(qi, ki, tokens, layout, spec))
+    @pl.when(visible)
     def _step():
         k = k_ref[...]
         _, ds = _probabilities_and_dscores(
@@ -545,16 +615,18 @@ def _dq_kernel(*refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ..
 
 
 def _dkv_kernel(*refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ...]):
-    inputs, tokens, (dk_ref, dv_ref, dk_acc_ref, dv_acc_ref) = _split_refs(refs, 6, fields)
+    ranges, inputs, tokens, (dk_ref, dv_ref, dk_acc_ref, dv_acc_ref) = _split_refs(refs, 6, fields)
     q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = inputs
-    ki, qi = pl.program_id(2), pl.program_id(3)
+    b, ki, qi = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    in_range = _in_range(ranges, b, ki, layout.num_k_blocks, _rem(qi, layout.num_token_blocks))
+    visible = in_range & _block_visible(qi, ki, tokens, layout, spec)
 
     @pl.when(qi == 0)
     def _init():
         dk_acc_ref[...] = jnp.zeros(dk_acc_ref.shape, dk_acc_ref.dtype)
         dv_acc_ref[...] = jnp.zeros(dv_acc_ref.shape, dv_acc_ref.dtype)
 
-    @pl.when(_block_visible(qi, ki, tokens, layout, spec))
+    @pl.when(visible)
     def _step():
         q, do = q_ref[...], do_ref[...]
         p, ds = _probabilities_and_dscores(
@@ -597,28 +669,41 @@ class _Specs:
 
 
 def _specs(layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], *, kv_outer: bool):
-    """BlockSpecs for q-row inputs, kv inputs, row statistics, per-token arrays and sinks."""
+    """BlockSpecs for q-row inputs, kv inputs, row statistics, per-token arrays and sinks.
+
+    Index maps clamp the inner block to the static rule's range, or with per-token fields to
+    the range in the scalar-prefetch refs (``_block_ranges``) they then receive last."""
     d, dv, bq, bk = layout.head_dim, layout.value_dim, layout.block_q, layout.block_k
     spec = masking.block_rule(spec, _token_mask_shape(fields))
+    nt, nk = layout.num_token_blocks, layout.num_k_blocks
+
+    def bounds(ranges, b, i, count: int):
+        lo_ref, hi_ref = ranges
+        return lo_ref[b * count + i], hi_ref[b * count + i]
 
     if kv_outer:  # grid (b, h, ki, qi): q blocks clamped to those that see kv block ki
 
-        def q_block(b, h, ki, qi):
-            return b, h, layout.clamped_query_block(qi, ki, spec), 0
+        def q_block(b, h, ki, qi, *ranges):
+            if not ranges:
+                return b, h, layout.clamped_query_block(qi, ki, spec), 0
+            start = _div(qi, nt) * nt  # the first q block of qi's head
+            return b, h, start + _clamp(_rem(qi, nt), *bounds(ranges, b, ki, nk), nt), 0
 
-        def k_block(b, h, ki, qi):
+        def k_block(b, h, ki, qi, *ranges):
             return b, h, ki, 0
     else:  # grid (b, h, qi, ki): kv blocks clamped to those q block qi sees
 
-        def q_block(b, h, qi, ki):
+        def q_block(b, h, qi, ki, *ranges):
             return b, h, qi, 0
 
-        def k_block(b, h, qi, ki):
-            return b, h, layout.clamped_key_block(qi, ki, spec), 0
+        def k_block(b, h, qi, ki, *ranges):
+            if not ranges:
+                return b, h, layout.clamped_key_block(qi, ki, spec), 0
+            return b, h, _clamp(ki, *bounds(ranges, b, _rem(qi, nt), nt), nk), 0
 
     def token_block(*idx):  # the q block's queries (one head's rows; see ``_pack_pair``)
         b, _, qi, _ = q_block(*idx)
-        return b, qi if layout.whole_groups else _rem(qi, layout.q_len_padded // bq), 0
+        return b, _rem(qi, nt), 0
 
     tokens = [
         pl.BlockSpec((None, bq, 1), token_block),
@@ -632,6 +717,17 @@ def _specs(layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], *, kv_o
         stats=pl.BlockSpec((None, None, bq, 1), q_block),
         tokens=tokens,
         sinks=pl.BlockSpec((None, bq, 1), lambda *idx: (q_block(*idx)[1], q_block(*idx)[2], 0)),
+    )
+
+
+def _grid_spec(grid, ranges: tuple, in_specs, out_specs, scratch_shapes):
+    """The grid with ``ranges`` (``_block_ranges``' arrays, or none) as scalar prefetch."""
+    return pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=len(ranges),
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        scratch_shapes=scratch_shapes,
     )
 
 
@@ -664,6 +760,7 @@ def _forward(q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interp
     (fields, packed arrays) from ``_pack_tokens``."""
     (fields, token_arrays), has_sinks = tokens, sinks is not None
     specs = _specs(layout, spec, fields, kv_outer=False)
+    ranges = _block_ranges(fields, token_arrays, layout, spec)[:2] if fields else ()
     shape = (layout.batch, layout.kv_heads, layout.num_q_blocks, layout.num_k_blocks)
     acc = jnp.promote_types(q.dtype, jnp.float32)
     rule = masking.block_rule(spec, _token_mask_shape(fields))
@@ -672,23 +769,26 @@ def _forward(q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interp
     )
     return pl.pallas_call(
         kernel,
-        grid=shape,
-        in_specs=[
-            specs.rows,
-            specs.keys,
-            specs.values,
-            *specs.tokens,
-            *([specs.sinks] if has_sinks else []),
-        ],
-        out_specs=[specs.out_rows, specs.stats],
+        grid_spec=_grid_spec(
+            shape,
+            ranges,
+            in_specs=[
+                specs.rows,
+                specs.keys,
+                specs.values,
+                *specs.tokens,
+                *([specs.sinks] if has_sinks else []),
+            ],
+            out_specs=[specs.out_rows, specs.stats],
+            scratch_shapes=[
+                pltpu.VMEM((layout.block_q, 1), acc),
+                pltpu.VMEM((layout.block_q, 1), acc),
+                pltpu.VMEM((layout.block_q, layout.value_dim), acc),
+            ],
+        ),
         out_shape=[
             jax.ShapeDtypeStruct((*q.shape[:3], layout.value_dim), q.dtype),
             jax.ShapeDtypeStruct((*q.shape[:3], 1), acc),
-        ],
-        scratch_shapes=[
-            pltpu.VMEM((layout.block_q, 1), acc),
-            pltpu.VMEM((layout.block_q, 1), acc),
-            pltpu.VMEM((layout.block_q, layout.value_dim), acc),
         ],
         compiler_params=_compiler_params(),
         cost_estimate=_cost(
@@ -696,7 +796,7 @@ def _forward(q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interp
         ),
         interpret=interpret,
         name="flash_attention_forward",
-    )(q, k, v, *token_arrays, *(() if sinks is None else (sinks,)))
+    )(*ranges, q, k, v, *token_arrays, *(() if sinks is None else (sinks,)))
 
 
 def _backward(q, k, v, tokens, do, lse, delta, layout: Layout, spec: AttentionSpec, interpret):
@@ -706,6 +806,7 @@ def _backward(q, k, v, tokens, do, lse, delta, layout: Layout, spec: AttentionSp
     rule = masking.block_rule(spec, _token_mask_shape(fields))
     kernel_args = dict(layout=layout, spec=spec, fields=fields)
     operands = (q, k, v, do, lse, delta, *token_arrays)
+    ranges = _block_ranges(fields, token_arrays, layout, spec) if fields else ()
 
     d, dv = layout.head_dim, layout.value_dim
 
@@ -723,33 +824,39 @@ def _backward(q, k, v, tokens, do, lse, delta, layout: Layout, spec: AttentionSp
     specs = _specs(layout, spec, fields, kv_outer=False)
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, **kernel_args),
-        grid=(layout.batch, layout.kv_heads, layout.num_q_blocks, layout.num_k_blocks),
-        in_specs=in_specs(specs),
-        out_specs=specs.rows,
+        grid_spec=_grid_spec(
+            (layout.batch, layout.kv_heads, layout.num_q_blocks, layout.num_k_blocks),
+            ranges[:2],
+            in_specs=in_specs(specs),
+            out_specs=specs.rows,
+            scratch_shapes=[pltpu.VMEM((layout.block_q, d), acc)],
+        ),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        scratch_shapes=[pltpu.VMEM((layout.block_q, d), acc)],
         compiler_params=_compiler_params(),
         cost_estimate=_cost(layout, rule, q.dtype.itemsize, 2 * d + dv, tensors=3),
         interpret=interpret,
         name="flash_attention_backward_dq",
-    )(*operands)
+    )(*ranges[:2], *operands)
 
     specs = _specs(layout, spec, fields, kv_outer=True)
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, **kernel_args),
-        grid=(layout.batch, layout.kv_heads, layout.num_k_blocks, layout.num_q_blocks),
-        in_specs=in_specs(specs),
-        out_specs=[specs.keys, specs.values],
+        grid_spec=_grid_spec(
+            (layout.batch, layout.kv_heads, layout.num_k_blocks, layout.num_q_blocks),
+            ranges[2:],
+            in_specs=in_specs(specs),
+            out_specs=[specs.keys, specs.values],
+            scratch_shapes=[
+                pltpu.VMEM((layout.block_k, d), acc),
+                pltpu.VMEM((layout.block_k, dv), acc),
+            ],
+        ),
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        scratch_shapes=[
-            pltpu.VMEM((layout.block_k, d), acc),
-            pltpu.VMEM((layout.block_k, dv), acc),
-        ],
         compiler_params=_compiler_params(),
         cost_estimate=_cost(layout, rule, q.dtype.itemsize, 2 * d + 2 * dv, tensors=4),
         interpret=interpret,
         name="flash_attention_backward_dkv",
-    )(*operands)
+    )(*ranges[2:], *operands)
     return dq, dk, dv
 
 

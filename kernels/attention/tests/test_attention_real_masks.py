@@ -193,11 +193,12 @@ def test_padded_training_step_matches_sdpa(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["llama", "mistral", "llama4_text", "gemma3"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "llama4_text", "gemma3", "mllama"])
 def test_left_padded_static_cache_generation_matches_sdpa(
     attention, pallas_first, kernel_name, op_calls, name
 ):
-    model = tiny.build_tiny_model(name)
+    """Mllama: cross-attention over the image tiles beside a static self-attention cache."""
+    model = BUILDERS[name]() if name in BUILDERS else tiny.build_tiny_model(name)
     inputs, _ = MODELS[name]()
     inputs["attention_mask"][1] = 1  # left padding only, as generation wants
     outputs = {}
