@@ -162,8 +162,8 @@ CASES = (
         for c in SERVING_CASES
         if c.name.startswith(QWEN3_MOE.name) and c.name.endswith("-serve-decode64")
     ]
-    # quantized weights (training/prefill path): one small prefill per format
-    + [quantized_case(QWEN3_MOE, "down", "prefill", 64, fmt) for fmt in ("int8", "fp8")]
+    # quantized weights (training/prefill path): one small prefill per format, cheap to compile
+    + [quantized_case(SMALL, "gate_up", "prefill", 256, fmt) for fmt in ("int8", "fp8")]
     + [
         case(SMALL, "gate_up", "decode", 16, jnp.float32, tags=(CPU_TAG,)),
         case(SMALL, "down", "prefill", 256, jnp.float32, tags=(CPU_TAG,)),
