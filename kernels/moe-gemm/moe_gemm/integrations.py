@@ -93,11 +93,35 @@ def _quantized_problem(experts: torch.nn.Module, projection: str) -> str | None:
     return None
 
 
+def _split_over_experts(weight: torch.Tensor) -> bool:
+    """A DTensor split along its expert dimension."""
+    placements = getattr(weight, "placements", ())
+    return type(weight).__name__ == "DTensor" and any(
+        p.is_shard(0) for p in placements if hasattr(p, "is_shard")
+    )
+
+
+def _transformers_ep_dispatch(experts: torch.nn.Module) -> bool:
+    """Whether Transformers' expert-parallel plan dispatches the module's tokens (its forward is
+    the plan's ``ep_forward``: local experts as local tensors, local expert ids, off-rank pairs
+    as ids >= ``num_experts``, the ranks' results combined by the plan)."""
+    forward = experts.__dict__.get("forward")
+    return getattr(forward, "__qualname__", "").startswith("EpDispatchExpertsParallel.")
+
+
 def module_problem(experts: torch.nn.Module) -> str | None:
-    """Why ``experts_forward`` cannot run ``experts`` exactly (quantized formats and frozen
-    weights; float experts are all served), or None."""
+    """Why ``experts_forward`` cannot run ``experts`` exactly (expert-split DTensors without an
+    expert-parallel dispatch, quantized formats, frozen weights), or None."""
     if not hasattr(experts, "down_proj"):
         return None
+    weights = [getattr(experts, p) for p in _projections(experts)]
+    if any(map(_split_over_experts, weights)) and not _transformers_ep_dispatch(experts):
+        return (
+            "its expert weights are DTensors split over experts without an expert-parallel "
+            "dispatch around the experts (Transformers' DistributedConfig(ep_size=...) plan sends "
+            "each token to the rank owning its expert); gmm would see global expert ids against "
+            "local weights"
+        )
     return next(
         (
             p
