@@ -206,6 +206,7 @@ def _expert_parallel(experts, hidden_states, top_k_index, top_k_weights, axis: s
             ("interleaved gate/up", not getattr(experts, "is_concatenated", True)),
             ("[E, in, out] weights", getattr(experts, "is_transposed", False)),
             ("biases", getattr(experts, "has_bias", False)),
+            ("quantized weights", experts.gate_up_proj.element_size() == 1),
             ("a post-expert norm", getattr(experts, "has_post_expert_norm", False)),
             ("a custom gate", type(experts)._apply_gate is not _default_apply_gate),
             (

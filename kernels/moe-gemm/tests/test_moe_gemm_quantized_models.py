@@ -115,3 +115,15 @@ def test_training_kernelize_refuses_what_gmm_quantized_does_not_run(quantization
             _experts(model)[0][1], torch.zeros(2, 128), torch.zeros(2, 2, dtype=torch.long),
             torch.ones(2, 2),
         )  # fmt: skip
+
+
+def test_quantized_experts_split_over_a_mesh_axis_are_refused(monkeypatch):
+    """moe_ep (torchax tensors holding sharded arrays) runs float weights only."""
+    model = _qwen3_128()
+    kh.quantize_experts(model, "int8")
+    experts = _experts(model)[0][1]
+    monkeypatch.setattr(moe.integrations, "expert_axis", lambda weight: "ep")
+    with pytest.raises(NotImplementedError, match=r"over mesh axis 'ep'.*quantized weights"):
+        moe.integrations.experts_forward(
+            experts, torch.zeros(2, 128), torch.zeros(2, 2, dtype=torch.long), torch.ones(2, 2)
+        )
