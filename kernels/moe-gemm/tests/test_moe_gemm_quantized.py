@@ -124,6 +124,21 @@ def test_torch_op_values_and_activation_gradient(dtype):
     oracle.assert_close(x.grad.float(), oracle.gmm(cot.float(), w, SIZES), name, "d lhs")
 
 
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_torch_op_passes_opcheck(fmt):
+    weight, scale = _quantized(fmt)
+    dtype = torch.int8 if fmt == "int8" else torch.float8_e4m3fn
+    w_t = torch.from_numpy(np.array(weight.view(jnp.int8))).view(dtype)[:, :, :128]
+    s_t = torch.from_numpy(np.array(scale))
+    s_t = s_t if fmt == "int8" else s_t[:, :, :1].contiguous()
+    x = torch.randn(9, 128, requires_grad=True)
+    sizes = torch.tensor([3, 0, 4, 1], dtype=torch.int32)
+    # torch's schema check multiplies every tensor argument, which torch has no fp8 kernel for
+    utils = ("test_faketensor", "test_autograd_registration", "test_aot_dispatch_dynamic")
+    test_utils = utils if fmt == "fp8" else (*utils, "test_schema")
+    torch.library.opcheck(moe.gmm_quantized.op, (x, w_t, s_t, sizes), test_utils=test_utils)
+
+
 def test_input_errors_name_what_is_wrong():
     weight, scale = _quantized("int8")
     lhs, sizes = _lhs(True, jnp.float32), jnp.asarray(SIZES, jnp.int32)
