@@ -4,9 +4,10 @@ Rank 0 prints one JSON line per check. Checks: DTensor inputs to rms_norm (seque
 and to attention (heads) through the ops' registered strategies, forward and backward; a tiny
 Llama with Transformers' tensor-parallel plan and a tiny Mixtral with its expert-parallel plan
 (``AllToAllEP`` kernelized for training: moe-gemm; the default ``auto`` at inference: fused-moe
-on each rank's local experts), expert-split DTensor weights without that plan left alone with
-the reason, and a tiny Flux under Diffusers' ``TensorParallelConfig`` and
-``ContextParallelConfig``, kernelized, against the unsharded stock models.
+on each rank's local experts), expert-split DTensor weights without that plan and quantized
+experts whose scales the plan leaves whole left alone with the reason, and a tiny Flux under
+Diffusers' ``TensorParallelConfig`` and ``ContextParallelConfig``, kernelized, against the
+unsharded stock models.
 """
 
 from __future__ import annotations
@@ -270,6 +271,34 @@ def dtensor_experts_without_ep_dispatch_are_left_alone(mesh):
             "without an expert-parallel dispatch" in r for rs in reasons.values() for r in rs
         ),
         "reasons": {m: r[:1] for m, r in reasons.items()},
+    }
+
+
+@check
+def quantized_experts_under_ep_plan_are_left_alone(mesh):
+    """Transformers' expert-parallel plan splits gate_up_proj / down_proj but not the scales
+    ``quantize_experts`` adds: both MoE kernels leave the experts alone, naming them."""
+    from transformers.distributed import DistributedConfig
+    from transformers.distributed.expert_parallel import apply_expert_parallelism
+
+    from kernel_hub import kernelize, quantize_experts
+
+    reasons = {}
+    for mode in ("inference", "training"):
+        model = _mixtral()
+        quantize_experts(model, "int8")
+        plans = model._resolve_parallel_plans(DistributedConfig(tp_size=2, ep_size=2))
+        apply_expert_parallelism(model, mesh, mesh, plans[1])
+        report = kernelize(model, mode=mode, device="cpu")
+        experts = [e for e in report.entries if e.kind == "experts"]
+        if not experts or any(e.swapped for e in experts):
+            return {"ok": False, "mode": mode, "report": str(report)[:900]}
+        reasons[mode] = str(experts[0])
+    return {
+        "ok": all(
+            "leaves gate_up_proj_scale, down_proj_scale whole" in r for r in reasons.values()
+        ),
+        "reasons": reasons,
     }
 
 

@@ -118,6 +118,22 @@ def _transformers_ep_dispatch(module: torch.nn.Module) -> bool:
     return getattr(forward, "__qualname__", "").startswith("EpDispatchExpertsParallel.")
 
 
+def _unsplit_under_ep(module: torch.nn.Module) -> list[str]:
+    """Parameters the expert-parallel plan left whole (e.g. quantization scales, biases): its
+    forward hands the experts function local shards of the split ones next to these whole ones,
+    which no longer line up with this rank's experts. Inside that forward every parameter is a
+    local tensor: nothing to tell then (kernelize checked before)."""
+    parameters = dict(module.named_parameters(recurse=False))
+    if not any(type(p).__name__ == "DTensor" for p in parameters.values()):
+        return []
+    return [
+        name
+        for name, parameter in parameters.items()
+        if type(parameter).__name__ != "DTensor"
+        or not any(p.is_shard(0) for p in parameter.placements)
+    ]
+
+
 def module_problem(module: torch.nn.Module) -> str | None:
     """Why the fused kernel cannot run ``module`` exactly, or None."""
     weights = [getattr(module, p) for p in ("gate_up_proj", "down_proj") if hasattr(module, p)]
@@ -130,6 +146,12 @@ def module_problem(module: torch.nn.Module) -> str | None:
                 "sends each token to the rank owning its expert); no MoE kernel runs them exactly"
             )
         return "its expert weights are split over devices (expert parallelism: moe-gemm's moe_ep)"
+    unsplit = _unsplit_under_ep(module) if split else []
+    if unsplit:
+        return (
+            "Transformers' expert-parallel plan splits its experts but leaves "
+            f"{', '.join(unsplit)} whole, so they would not match this rank's local experts"
+        )
     if getattr(module, "has_post_expert_norm", False):
         return "it has a post-expert norm"
     if not hasattr(module, "gate_up_proj") or not hasattr(module, "down_proj"):

@@ -109,6 +109,22 @@ def _transformers_ep_dispatch(experts: torch.nn.Module) -> bool:
     return getattr(forward, "__qualname__", "").startswith("EpDispatchExpertsParallel.")
 
 
+def _unsplit_under_ep(module: torch.nn.Module) -> list[str]:
+    """Parameters the expert-parallel plan left whole (e.g. quantization scales, biases): its
+    forward hands the experts function local shards of the split ones next to these whole ones,
+    which no longer line up with this rank's experts. Inside that forward every parameter is a
+    local tensor: nothing to tell then (kernelize checked before)."""
+    parameters = dict(module.named_parameters(recurse=False))
+    if not any(type(p).__name__ == "DTensor" for p in parameters.values()):
+        return []
+    return [
+        name
+        for name, parameter in parameters.items()
+        if type(parameter).__name__ != "DTensor"
+        or not any(p.is_shard(0) for p in parameter.placements)
+    ]
+
+
 def module_problem(experts: torch.nn.Module) -> str | None:
     """Why ``experts_forward`` cannot run ``experts`` exactly (expert-split DTensors without an
     expert-parallel dispatch, quantized formats, frozen weights), or None."""
@@ -121,6 +137,12 @@ def module_problem(experts: torch.nn.Module) -> str | None:
             "dispatch around the experts (Transformers' DistributedConfig(ep_size=...) plan sends "
             "each token to the rank owning its expert); gmm would see global expert ids against "
             "local weights"
+        )
+    unsplit = _unsplit_under_ep(experts) if _transformers_ep_dispatch(experts) else []
+    if unsplit:
+        return (
+            "Transformers' expert-parallel plan splits its experts but leaves "
+            f"{', '.join(unsplit)} whole, so they would not match this rank's local experts"
         )
     return next(
         (
