@@ -127,3 +127,20 @@ def test_quantized_experts_split_over_a_mesh_axis_are_refused(monkeypatch):
         moe.integrations.experts_forward(
             experts, torch.zeros(2, 128), torch.zeros(2, 2, dtype=torch.long), torch.ones(2, 2)
         )
+
+
+@pytest.mark.slow
+def test_quantized_training_model_compiles_without_graph_breaks():
+    model, _ = _quantized_and_reference("fp8")
+    kh.kernelize(model.train(), mode="training")
+    ids = torch.randint(2, 128, (2, 9), generator=torch.Generator().manual_seed(4))
+    explanation = torch._dynamo.explain(model)(ids, use_cache=False)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    got = compiled(ids, labels=ids, use_cache=False)
+    got.loss.backward()
+    expected = model(ids, labels=ids, use_cache=False).logits
+    assert (got.logits - expected).abs().max().item() <= 1e-5
+    torch._dynamo.reset()
+    kh.unkernelize(model)
