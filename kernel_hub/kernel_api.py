@@ -54,11 +54,17 @@ options once, as a frozen dataclass, and derives its JAX functions' keyword para
 on as keywords (``option_values``); and ``SavedBackward``, a ``jax_op`` backward taking the
 tensors, outputs and cotangents positionally, which ``jax_op`` checks by name against the stub
 as it checks the forward.
+
+Version 1.3 also offers ``weight_formats`` (``kernel_hub.weight_formats``): the quantized weight
+formats kernels share (int8 per output channel, fp8 e4m3 in 128 x 128 blocks, in Transformers'
+``[E, out, in]`` expert layout): ``dequantize`` (what a quantized weight stands for) and
+``fp8_block_scales`` (one weight block's block scales, picked in VMEM by a Pallas kernel).
 """
 
 from __future__ import annotations
 
 import kernel_hub.tpu_tiling as tiling
+import kernel_hub.weight_formats as weight_formats
 
 from .bench.cases import CPU_TAG, KernelCase
 from .bridge.buckets import RowBuckets
@@ -133,4 +139,5 @@ __all__ = [
     "takes_options",
     "tiling",
     "tpu_generation",
+    "weight_formats",
 ]

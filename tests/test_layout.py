@@ -27,6 +27,7 @@ RANKS = {
     "checks": 1,
     "tpu_tiling": 1,
     "options": 1,
+    "weight_formats": 1,
     "dispatch": 2,
     "declaration": 3,
     "topologies": 2,

@@ -1,7 +1,8 @@
 """kernel-hub ops under torch.distributed, 2 ranks on gloo (``torchrun_checks.py``): a DTensor
 input to rms_norm through its registered strategy (forward and backward), and a tiny Llama
-(tensor-parallel plan) and tiny Mixtral (expert-parallel plan, AllToAllEP), kernelized, against
-the unsharded stock models."""
+(tensor-parallel plan) and tiny Mixtral (expert-parallel plan: AllToAllEP in training, the
+default at inference), kernelized, against the unsharded stock models, and expert-split DTensor
+weights without an expert-parallel dispatch left alone with the reason."""
 
 from __future__ import annotations
 

@@ -3,8 +3,11 @@
 Rank 0 prints one JSON line per check. Checks: DTensor inputs to rms_norm (sequence-parallel)
 and to attention (heads) through the ops' registered strategies, forward and backward; a tiny
 Llama with Transformers' tensor-parallel plan and a tiny Mixtral with its expert-parallel plan
-(``AllToAllEP``), both kernelized, and a tiny Flux under Diffusers' ``TensorParallelConfig`` and
-``ContextParallelConfig``, kernelized, against the unsharded stock models.
+(``AllToAllEP`` kernelized for training: moe-gemm; the default ``auto`` at inference: fused-moe
+on each rank's local experts), expert-split DTensor weights without that plan and quantized
+experts whose scales the plan leaves whole left alone with the reason, and a tiny Flux under
+Diffusers' ``TensorParallelConfig`` and ``ContextParallelConfig``, kernelized, against the
+unsharded stock models.
 """
 
 from __future__ import annotations
@@ -154,7 +157,7 @@ def _mixtral():
     )
 
 
-def _compare_parallel(build, mesh, apply):
+def _compare_parallel(build, mesh, apply, mode: str = "inference"):
     from kernel_hub import kernelize
 
     stock = build()
@@ -163,7 +166,7 @@ def _compare_parallel(build, mesh, apply):
         expected = stock(ids).logits
     model = build()
     apply(model, mesh)
-    report = kernelize(model, device="cpu")
+    report = kernelize(model, mode=mode, device="cpu")
     with torch.no_grad():
         got = model(ids).logits
     got = got.full_tensor() if isinstance(got, DTensor) else got
@@ -203,7 +206,8 @@ def mixtral_expert_parallel(mesh):
         plans = model._resolve_parallel_plans(DistributedConfig(tp_size=2, ep_size=2))
         apply_expert_parallelism(model, mesh, mesh, plans[1], ep_implementation="all_to_all")
 
-    error, report, model = _compare_parallel(_mixtral, mesh, apply)
+    # training mode: moe-gemm's gmm (with its backward kernels) on each rank's local experts
+    error, report, model = _compare_parallel(_mixtral, mesh, apply, mode="training")
     swapped = str(report)
     experts = _local_shape(model.model.layers[0].mlp.experts.gate_up_proj)  # 2 of 4 experts
     return {
@@ -211,6 +215,90 @@ def mixtral_expert_parallel(mesh):
         "error": error,
         "local_gate_up": experts,
         "report": swapped[:900],
+    }
+
+
+@check
+def mixtral_expert_parallel_inference(mesh):
+    """Transformers' default EP transport at inference (``auto``: every rank holds the batch,
+    runs its experts on it, one all-reduce; the scheme of fused-moe's ``fused_experts_ep``):
+    kernelize in inference mode runs the fused kernel on each rank's local experts."""
+    from transformers.distributed import DistributedConfig
+    from transformers.distributed.expert_parallel import apply_expert_parallelism
+
+    def apply(model, mesh):
+        plans = model._resolve_parallel_plans(DistributedConfig(tp_size=2, ep_size=2))
+        apply_expert_parallelism(model, mesh, mesh, plans[1])
+
+    error, report, _ = _compare_parallel(_mixtral, mesh, apply)
+    swapped = str(report)
+    return {
+        "ok": error <= TOL and "kernel_hub_fused_moe" in swapped,
+        "error": error,
+        "report": swapped[:900],
+    }
+
+
+@check
+def dtensor_experts_without_ep_dispatch_are_left_alone(mesh):
+    """Expert weights split over experts as DTensors, with no expert-parallel dispatch around
+    the experts (tokens are not sent to the rank owning their expert): neither MoE kernel can
+    run them exactly, so kernelize leaves them alone with the reason (training and inference)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from kernel_hub import kernelize, unkernelize
+
+    def apply(model, mesh):
+        for module in model.modules():
+            if type(module).__name__ == "MixtralExperts":
+                for name in ("gate_up_proj", "down_proj"):
+                    weight = getattr(module, name)
+                    split = distribute_tensor(weight.detach(), mesh, [Shard(0)])
+                    setattr(module, name, torch.nn.Parameter(split, requires_grad=False))
+
+    reasons = {}
+    for mode in ("inference", "training"):
+        model = _mixtral()
+        apply(model, mesh)
+        report = kernelize(model, mode=mode, device="cpu")
+        experts = [e for e in report.entries if e.kind == "experts"]
+        reasons[mode] = [str(e) for e in experts]
+        if any(e.swapped for e in experts) or not experts:
+            return {"ok": False, "mode": mode, "report": str(report)[:900]}
+        unkernelize(model)
+    return {
+        "ok": all(
+            "without an expert-parallel dispatch" in r for rs in reasons.values() for r in rs
+        ),
+        "reasons": {m: r[:1] for m, r in reasons.items()},
+    }
+
+
+@check
+def quantized_experts_under_ep_plan_are_left_alone(mesh):
+    """Transformers' expert-parallel plan splits gate_up_proj / down_proj but not the scales
+    ``quantize_experts`` adds: both MoE kernels leave the experts alone, naming them."""
+    from transformers.distributed import DistributedConfig
+    from transformers.distributed.expert_parallel import apply_expert_parallelism
+
+    from kernel_hub import kernelize, quantize_experts
+
+    reasons = {}
+    for mode in ("inference", "training"):
+        model = _mixtral()
+        quantize_experts(model, "int8")
+        plans = model._resolve_parallel_plans(DistributedConfig(tp_size=2, ep_size=2))
+        apply_expert_parallelism(model, mesh, mesh, plans[1])
+        report = kernelize(model, mode=mode, device="cpu")
+        experts = [e for e in report.entries if e.kind == "experts"]
+        if not experts or any(e.swapped for e in experts):
+            return {"ok": False, "mode": mode, "report": str(report)[:900]}
+        reasons[mode] = str(experts[0])
+    return {
+        "ok": all(
+            "leaves gate_up_proj_scale, down_proj_scale whole" in r for r in reasons.values()
+        ),
+        "reasons": reasons,
     }
 
 

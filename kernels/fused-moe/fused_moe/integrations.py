@@ -9,10 +9,12 @@ experts stay outside.
 
 What a module computes is read from it, never assumed: its layout flags, and its ``_apply_gate``
 run on a probe and compared with each gated activation the kernel has (``module_problem`` says
-why a module is left alone). Expert weights split over devices (DTensor, or torchax tensors
-holding sharded arrays) are left to moe-gemm's expert parallelism. Token counts are padded to a
-power of two (at least ``MIN_TOKENS``) with rows that route nowhere, so continuous batching's
-changing batch sizes compile once per bucket.
+why a module is left alone). Under Transformers' expert-parallel plan (``DistributedConfig(
+ep_size=...)``) the kernel runs each rank's local experts inside the plan's token dispatch and
+combine; other expert weights split over devices (DTensor, or torchax tensors holding sharded
+arrays) are left to moe-gemm's expert parallelism or refused with the reason. Token counts
+are padded to a power of two (at least ``MIN_TOKENS``) with rows that route nowhere, so
+continuous batching's changing batch sizes compile once per bucket.
 """
 
 from __future__ import annotations
@@ -107,12 +109,49 @@ def _sharded(weight: torch.Tensor) -> bool:
     return any(axis is not None for axis in spec)
 
 
+def _transformers_ep_dispatch(module: torch.nn.Module) -> bool:
+    """Whether Transformers' expert-parallel plan dispatches the module's tokens: its forward is
+    the plan's ``ep_forward``, which hands the experts function this rank's experts as local
+    tensors and local expert ids (off-rank pairs as ids >= ``num_experts``, which contribute
+    nothing), and combines the ranks' results itself (all-reduce or all-to-all)."""
+    forward = module.__dict__.get("forward")
+    return getattr(forward, "__qualname__", "").startswith("EpDispatchExpertsParallel.")
+
+
+def _unsplit_under_ep(module: torch.nn.Module) -> list[str]:
+    """Parameters the expert-parallel plan left whole (e.g. quantization scales, biases): its
+    forward hands the experts function local shards of the split ones next to these whole ones,
+    which no longer line up with this rank's experts. Inside that forward every parameter is a
+    local tensor: nothing to tell then (kernelize checked before)."""
+    parameters = dict(module.named_parameters(recurse=False))
+    if not any(type(p).__name__ == "DTensor" for p in parameters.values()):
+        return []
+    return [
+        name
+        for name, parameter in parameters.items()
+        if type(parameter).__name__ != "DTensor"
+        or not any(p.is_shard(0) for p in parameter.placements)
+    ]
+
+
 def module_problem(module: torch.nn.Module) -> str | None:
     """Why the fused kernel cannot run ``module`` exactly, or None."""
-    if getattr(module, "_is_expert_parallel", False) or any(
-        _sharded(getattr(module, p)) for p in ("gate_up_proj", "down_proj") if hasattr(module, p)
-    ):
+    weights = [getattr(module, p) for p in ("gate_up_proj", "down_proj") if hasattr(module, p)]
+    split = getattr(module, "_is_expert_parallel", False) or any(map(_sharded, weights))
+    if split and not _transformers_ep_dispatch(module):
+        if any(type(w).__name__ == "DTensor" for w in weights):
+            return (
+                "its expert weights are DTensors split over devices without an expert-parallel "
+                "dispatch around the experts (Transformers' DistributedConfig(ep_size=...) plan "
+                "sends each token to the rank owning its expert); no MoE kernel runs them exactly"
+            )
         return "its expert weights are split over devices (expert parallelism: moe-gemm's moe_ep)"
+    unsplit = _unsplit_under_ep(module) if split else []
+    if unsplit:
+        return (
+            "Transformers' expert-parallel plan splits its experts but leaves "
+            f"{', '.join(unsplit)} whole, so they would not match this rank's local experts"
+        )
     if getattr(module, "has_post_expert_norm", False):
         return "it has a post-expert norm"
     if not hasattr(module, "gate_up_proj") or not hasattr(module, "down_proj"):

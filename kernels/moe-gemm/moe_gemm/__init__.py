@@ -1,6 +1,7 @@
 """moe-gemm kernel: grouped matmuls for mixture-of-experts layers.
 
-Torch ops ``gmm`` / ``tgmm``, their JAX functions in ``jax``, token routing helpers in
+Torch ops ``gmm`` / ``tgmm`` and ``gmm_quantized`` (int8 / fp8 expert weights), their JAX
+functions in ``jax``, token routing helpers in
 ``routing``, the expert-parallel layer in ``expert_parallel``, the Transformers experts
 integration in ``integrations`` and ``layers.MoEExperts``.
 """
@@ -9,12 +10,12 @@ from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
 from . import benchmark, expert_parallel, integrations, layers, routing, sharding
-from .torch_ops import gmm, tgmm
+from .torch_ops import gmm, gmm_quantized, tgmm
 
 KERNEL = KernelDeclaration(
-    ops={"gmm": gmm, "tgmm": tgmm},
+    ops={"gmm": gmm, "tgmm": tgmm, "gmm_quantized": gmm_quantized},
     jax=jax,
-    implementation_tables=(jax.GMM_TABLE, jax.TGMM_TABLE),
+    implementation_tables=(jax.GMM_TABLE, jax.TGMM_TABLE, jax.GMM_QUANTIZED_TABLE),
     layers={"MoEExperts": layers.MoEExperts},
     integrations={"transformers": lambda: integrations},
     mesh_cases=sharding.mesh_cases,
@@ -27,6 +28,7 @@ __all__ = [
     "benchmark",
     "expert_parallel",
     "gmm",
+    "gmm_quantized",
     "integrations",
     "jax",
     "layers",

@@ -1,5 +1,5 @@
 """Public JAX API: ``gmm`` and ``tgmm`` with implementation tables (pallas, tokamax, xla,
-xla_loop).
+xla_loop), and ``gmm_quantized`` (int8 / fp8 expert weights; pallas, xla).
 
 Group sizes are data. Values that can be read without stalling a device (numpy arrays, CPU
 JAX arrays outside a trace, CPU tensors at the torch op) are checked: negative sizes or a sum
@@ -27,9 +27,10 @@ from kernel_hub.kernel_api import (
     dtype_name,
     jax_platform,
     require,
+    weight_formats,
 )
 
-from . import pallas_tpu, reference, sharding, tokamax_ragged_dot, vjp, xla_loop
+from . import pallas_tpu, quantized, reference, sharding, tokamax_ragged_dot, vjp, xla_loop
 from .schedule import sanitized_sizes
 from .tiling import Tiling, tiling_problem
 
@@ -364,3 +365,105 @@ def tgmm_vjp(
         lhs, grad, sizes, out_dtype=lhs.dtype, tiling=None, implementation=implementation
     )
     return vjp.tgmm_backward(BACKENDS[chosen.name], lhs, grad, sizes, dout)
+
+
+def _gmm_quantized_pallas_problem(lhs, weight, scale, sizes, *, transpose_rhs, out_dtype, tiling):
+    (m, k), n = lhs.shape, _gmm_n(weight, transpose_rhs)
+    problem = _pallas_problem("gmm", m, k, n, lhs.dtype, tiling)
+    if problem or tiling is None or quantized.weight_format(weight) != "fp8":
+        return problem
+    if tiling.tk % weight_formats.FP8_BLOCK or tiling.tn % weight_formats.FP8_BLOCK:
+        return f"fp8 weights need tk and tn multiples of 128 (whole scale blocks), got {tiling}"
+    return None
+
+
+GMM_QUANTIZED_TABLE = ImplementationTable(
+    "gmm_quantized",
+    [
+        Implementation(
+            name,
+            quantized.differentiable(name),
+            PLATFORMS[name],
+            _gmm_quantized_pallas_problem if name == "pallas" else None,
+        )
+        for name in quantized.KERNELS
+    ],
+    default_order={
+        "tpu": ("pallas", "xla"),
+        "gpu": ("xla",),
+        "cpu": ("xla", "pallas"),  # Pallas runs in interpret mode on CPU
+    },
+)
+
+
+def gmm_quantized(
+    lhs: jax.Array,
+    weight: jax.Array,
+    scale: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    transpose_rhs: bool = True,
+    preferred_element_type=None,
+    implementation: str | None = None,
+    tiling: Tiling | None = None,
+) -> jax.Array:
+    """Grouped matmul with quantized expert weights: ``lhs`` [m, k] rows sorted by expert,
+    ``weight`` int8 or float8_e4m3fn [E, out, in] (Transformers' expert layout), ``scale`` f32
+    (int8: [E, out], one per output channel; fp8: [E, out / 128, in / 128], one per block),
+    ``group_sizes`` [E] -> ``lhs @ W[g]^T`` [m, out] (``transpose_rhs=True``: a projection's
+    forward) or ``lhs @ W[g]`` [m, in] (``transpose_rhs=False``), ``W = weight * scale``.
+
+    The Pallas kernel dequantizes each weight block in VMEM (f32 accumulation); XLA dequantizes
+    the whole weight first. Rows past ``sum(group_sizes)`` give zeros; the result has
+    ``preferred_element_type`` (default: lhs's dtype). Differentiable in ``lhs`` only: quantized
+    weights are frozen, no gradient reaches ``weight`` or ``scale`` (``stop_gradient``).
+    ``implementation``: "pallas" or "xla"; ``tiling``: the Pallas blocks (fp8: tk, tn multiples
+    of 128).
+    """
+    quantized.check_inputs(lhs, weight, scale, group_sizes, transpose_rhs)
+    _check_concrete_sizes("gmm_quantized", group_sizes, lhs.shape[0])
+    out_dtype = _out_dtype(lhs.dtype, preferred_element_type)
+    n = _gmm_n(weight, transpose_rhs)
+    if 0 in (lhs.shape[0], lhs.shape[1], n):
+        return jnp.zeros((lhs.shape[0], n), out_dtype)
+    sizes = sanitized_sizes(jnp.asarray(group_sizes), lhs.shape[0])
+    return GMM_QUANTIZED_TABLE(
+        lhs,
+        jax.lax.stop_gradient(weight),
+        jax.lax.stop_gradient(scale),
+        sizes,
+        transpose_rhs=transpose_rhs,
+        out_dtype=out_dtype,
+        tiling=tiling,
+        implementation=implementation,
+    )
+
+
+def gmm_quantized_vjp(
+    lhs: jax.Array,
+    weight: jax.Array,
+    scale: jax.Array,
+    group_sizes: jax.Array,
+    dout: jax.Array,
+    *,
+    transpose_rhs: bool = True,
+    implementation: str | None = None,
+) -> jax.Array:
+    """``d lhs`` of ``gmm_quantized`` for the output cotangent ``dout``, without the forward."""
+    quantized.check_inputs(lhs, weight, scale, group_sizes, transpose_rhs)
+    if 0 in (lhs.shape[0], lhs.shape[1], _gmm_n(weight, transpose_rhs)):
+        return jnp.zeros_like(lhs)
+    sizes = sanitized_sizes(jnp.asarray(group_sizes), lhs.shape[0])
+    chosen = GMM_QUANTIZED_TABLE.select(
+        lhs,
+        weight,
+        scale,
+        sizes,
+        transpose_rhs=transpose_rhs,
+        out_dtype=lhs.dtype,
+        tiling=None,
+        implementation=implementation,
+    )
+    return quantized.backward(
+        chosen.name, weight, scale, sizes, dout.astype(lhs.dtype), transpose_rhs
+    )

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from kernel_hub.kernel_api import CPU_TAG, KernelCase
+from kernel_hub.kernel_api import CPU_TAG, KernelCase, weight_formats
 
-from .api import gmm
+from .api import gmm, gmm_quantized
 from .torch_ops import gmm as gmm_op
 
 
@@ -95,6 +95,50 @@ def case(
     )
 
 
+def quantized_case(
+    model: MoEShape, projection: str, phase: str, tokens: int, fmt: str, dtype=jnp.bfloat16
+) -> KernelCase:
+    """One ``gmm_quantized`` of ``model``'s ``projection`` with ``fmt`` ("int8" or "fp8")
+    weights, forward and the activations' gradient."""
+    rows = tokens * model.top_k
+    k, n = _projection_dims(model, projection)
+    weight_shape = (model.experts, n, k)
+    scale_shape = weight_formats.scale_shape(fmt, weight_shape)
+    weight_dtype = weight_formats.WEIGHT_DTYPES[fmt]
+    experts_read = min(model.experts, rows)
+    scale_bytes = 4 * int(np.prod(scale_shape[1:]))
+
+    def make_args(rng: np.random.Generator):
+        lhs = rng.standard_normal((rows, k), dtype=np.float32).astype(dtype)
+        w = rng.standard_normal(weight_shape, dtype=np.float32)
+        q = np.clip(np.round(w * 32), -127, 127) if fmt == "int8" else w
+        scale = np.full(scale_shape, 1 / 32 / np.sqrt(k), np.float32)
+        return (
+            lhs,
+            jnp.asarray(q).astype(weight_dtype),
+            scale,
+            routed_group_sizes(rng, tokens, model),
+        )
+
+    return KernelCase(
+        name=f"{model.name}-{projection}-{fmt}-{phase}{tokens}",
+        fn=gmm_quantized,
+        args=(
+            jax.ShapeDtypeStruct((rows, k), dtype),
+            jax.ShapeDtypeStruct(weight_shape, weight_dtype),
+            jax.ShapeDtypeStruct(scale_shape, jnp.float32),
+            jax.ShapeDtypeStruct((model.experts,), jnp.int32),
+        ),
+        kwargs={"transpose_rhs": True},
+        flops=2 * rows * k * n,
+        bytes_accessed=(rows * k + rows * n) * jnp.dtype(dtype).itemsize
+        + experts_read * (k * n * jnp.dtype(weight_dtype).itemsize + scale_bytes),
+        differentiable=(0,),
+        tags=(phase, model.name, fmt),
+        make_args=make_args,
+    )
+
+
 # Serving decode grid (T = 1..256; E = 8, 64, 128; top-k 2 and 8), forward only; compiled for
 # v5e and v6e by benchmarks/serving.py. CASES below holds what every CI run compiles.
 SERVING_CASES = [
@@ -118,6 +162,8 @@ CASES = (
         for c in SERVING_CASES
         if c.name.startswith(QWEN3_MOE.name) and c.name.endswith("-serve-decode64")
     ]
+    # quantized weights (training/prefill path): one small prefill per format, cheap to compile
+    + [quantized_case(SMALL, "gate_up", "prefill", 256, fmt) for fmt in ("int8", "fp8")]
     + [
         case(SMALL, "gate_up", "decode", 16, jnp.float32, tags=(CPU_TAG,)),
         case(SMALL, "down", "prefill", 256, jnp.float32, tags=(CPU_TAG,)),

@@ -1,5 +1,6 @@
-"""The gmm and tgmm torch ops, built with kernel-hub's bridge; their backward ops run the
-backward kernels directly (``api.gmm_vjp`` / ``api.tgmm_vjp``)."""
+"""The gmm, tgmm and gmm_quantized torch ops, built with kernel-hub's bridge; their backward ops
+run the backward kernels directly (``api.gmm_vjp`` / ``api.tgmm_vjp`` /
+``api.gmm_quantized_vjp``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from kernel_hub.kernel_api import jax_op, op_namespace
 
-from . import api
+from . import api, quantized
 
 
 def _gmm_backward(
@@ -70,3 +71,41 @@ def tgmm(
     """Per-group lhs^T @ grad: [m, k], [m, n] -> [E, k, n]; see ``api.tgmm``."""
     api.check_tgmm_inputs(lhs, grad, group_sizes)
     _check_sizes_when_readable("tgmm", group_sizes, lhs.shape[0])
+
+
+def _gmm_quantized_backward(
+    inputs, outputs, cotangents, *, transpose_rhs, preferred_element_type, implementation
+):
+    return (
+        api.gmm_quantized_vjp(
+            inputs["lhs"],
+            inputs["weight"],
+            inputs["scale"],
+            inputs["group_sizes"],
+            cotangents[0],
+            transpose_rhs=transpose_rhs,
+            implementation=implementation,
+        ),
+    )
+
+
+@jax_op(
+    op_namespace(__name__),
+    api.gmm_quantized,
+    differentiable=("lhs",),
+    jax_backward=_gmm_quantized_backward,
+)
+def gmm_quantized(
+    lhs: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    group_sizes: torch.Tensor,
+    transpose_rhs: bool = True,
+    preferred_element_type: torch.dtype | None = None,
+    implementation: str | None = None,
+) -> torch.Tensor:
+    """Grouped matmul with int8 / fp8 expert weights [E, out, in] and their scales; see
+    ``api.gmm_quantized``. Differentiable in ``lhs`` only: the weight and scale get no gradient
+    (quantized weights are frozen; the experts integration refuses ones that require one)."""
+    quantized.check_inputs(lhs, weight, scale, group_sizes, transpose_rhs)
+    _check_sizes_when_readable("gmm_quantized", group_sizes, lhs.shape[0])

@@ -54,3 +54,12 @@ def assert_close(actual, expected, dtype_name: str, what: str) -> None:
     assert rel_err <= rtol, (
         f"{what}: max abs error {abs_err:.3g}, max rel error {rel_err:.3g} > {rtol:g}"
     )
+
+
+def dequantize(weight, scale, fmt: str) -> np.ndarray:
+    """float64 [E, out, in] of an int8 (scale [E, out]) or fp8 (scale [E, out/128, in/128])
+    weight: ``weight * scale`` of its channel or 128x128 block."""
+    w, s = as_f64(weight), as_f64(scale)
+    if fmt == "int8":
+        return w * s[:, :, None]
+    return w * np.repeat(np.repeat(s, 128, axis=1), 128, axis=2)[:, : w.shape[1], : w.shape[2]]
