@@ -35,7 +35,12 @@ from kernel_hub.kernel_api import KernelInputError
 
 from . import keywords
 from .torch_ops import attention_with_dense_mask, attention_with_lse
-from .transformers_masks import MaskDescription, describe_nested, mask_interface
+from .transformers_masks import (
+    MaskDescription,
+    describe_nested,
+    mask_interface,
+    trace_mask_factories,
+)
 
 log = logging.getLogger(__name__)
 
@@ -309,4 +314,5 @@ def register(name: str = DEFAULT_NAME) -> str:
 
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, mask_interface)
+    trace_mask_factories()
     return name
