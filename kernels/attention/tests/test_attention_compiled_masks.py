@@ -2,7 +2,8 @@
 (window 4, soft-cap) get the mask description, not Transformers' dense
 mask: the flash op runs, the dense-mask op never does, and logits and gradients match the stock
 model uncompiled (f32). The same compiled model then takes another padding pattern, no padding,
-and a packed batch (``position_ids`` restarts)."""
+and a packed batch (``position_ids`` restarts). An eager model (fully masked rows average every
+value) trains compiled with eager's loss."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from kernel_hub.errors import KernelInputError  # noqa: E402
 from kernel_hub.models import tiny  # noqa: E402
 
 LENGTH = 12
@@ -107,3 +109,65 @@ def test_compiled_model_gets_the_description_not_a_dense_mask(
         got = _step(compiled, model, inputs)
         assert op_calls["flash"] and op_calls["dense"] == 0, f"{name} {batch}: {op_calls}"
         _assert_close(f"{name} {batch}", got, want)
+
+
+def test_traced_eager_rows_equal_the_host_read_form(attention):
+    """Eager's fully masked rows without a host read: values and gradients as the form that
+    gathers those rows (softmax of ``s - s.detach()``), grouped heads, some rows empty."""
+    integrations = attention.KERNEL.integration("transformers")
+    module = torch.nn.Identity()
+    generator = torch.Generator().manual_seed(0)
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=generator, requires_grad=True)
+
+    q, k, v, out = normal(2, 4, 6, 8), normal(2, 2, 5, 8), normal(2, 2, 5, 3), normal(2, 4, 6, 3)
+    lse = torch.randn(2, 4, 6, generator=generator)
+    lse[0, :, :3] = lse[1, 1, 4] = -torch.inf
+    cotangent = torch.randn(out.shape, generator=generator)
+    results = []
+    for rows in (
+        lambda: integrations._eager_empty_rows(q, k, v, out, lse, 0.3, None),
+        lambda: integrations._traced_eager_empty_rows(q, k, v, out, lse, 0.3, None, module),
+    ):
+        value = rows()
+        results.append((value, torch.autograd.grad((value * cotangent).sum(), (q, k, v, out))))
+    (want, want_grads), (got, got_grads) = results
+    assert (got - want).abs().max() <= 1e-6
+    for name, g, w in zip("qkvo", got_grads, want_grads, strict=True):
+        assert (g - w).abs().max() <= 1e-5, f"d{name}"
+    # With a soft-cap the value is still eager's; the gradient is refused.
+    with torch.no_grad():
+        want = integrations._eager_empty_rows(q, k, v, out, lse, 0.3, 5.0)
+        got = integrations._traced_eager_empty_rows(q, k, v, out, lse, 0.3, 5.0, module)
+    assert (got - want).abs().max() <= 1e-6
+    with pytest.raises(KernelInputError, match="soft-capping"):
+        integrations._traced_eager_empty_rows(q, k, v, out, lse, 0.3, 5.0, module)
+
+
+@pytest.mark.slow
+def test_compiled_training_of_an_eager_model_follows_eager_rows(attention):
+    """Tiny Llama on eager attention, left padded, labels everywhere (the last padding position
+    predicts the first token, so the loss reads a fully masked row): a
+    ``training+torch_compile`` kernelize swaps its attention, and the compiled loss and
+    gradients are eager's."""
+    from kernel_hub.layers.kernelize import kernelize
+
+    model = tiny.build_tiny_model("llama")
+    model.set_attn_implementation("eager")
+    inputs = _padded(3, 0)
+    inputs["labels"] = inputs["input_ids"]
+
+    def loss_and_grads(forward):
+        model.zero_grad()
+        loss = forward(**inputs).loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    want = loss_and_grads(model)
+    report = kernelize(model, device="cpu", mode="training+torch_compile")
+    entries = [e for e in report.entries if e.target == "AttentionInterface"]
+    assert entries and all(e.swapped for e in entries), entries
+    torch._dynamo.reset()
+    got = loss_and_grads(torch.compile(model, backend="aot_eager", fullgraph=True))
+    _assert_close("eager llama loss", (got[0][None], got[1]), (want[0][None], want[1]))
