@@ -297,10 +297,11 @@ def _traced_eager_empty_rows(query, key, value, out, lse, scaling, softcap, modu
     point, is linear in the scores: the gradient of ``q @ K^T (V - mean V) * scale / n`` (V held
     constant there) plus the mean's. Every row gets it, O(Sq x D x Dv) per head, and a ``where``
     keeps it on rows that see no key. A soft-cap makes that backward depend on each score, so
-    with one only the value is served: a gradient is refused (``module_problem`` leaves such
-    modules alone under a compiled training kernelize)."""
+    with one only the value is served: training is refused (``module_problem`` leaves such
+    modules alone under a compiled training kernelize); in eval mode those rows' gradient holds
+    the mean's part only (they are padding positions)."""
     gradient = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
-    if softcap is not None and gradient:
+    if softcap is not None and gradient and module.training:
         raise KernelInputError(
             f"attention: {type(module).__name__} ran eager attention, whose fully masked query "
             "rows average every value; with soft-capping kernel-hub follows that backward only "
@@ -311,7 +312,7 @@ def _traced_eager_empty_rows(query, key, value, out, lse, scaling, softcap, modu
     groups = query.shape[1] // key.shape[1]
     mean = value.mean(-2, keepdim=True)  # [B, Hkv, 1, Dv]
     rows = mean.repeat_interleave(groups, 1)  # eager's value, soft-cap or not
-    if gradient:
+    if gradient and softcap is None:
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         moments = key.transpose(-1, -2) @ (value - mean).detach() * (scale / key.shape[2])
         linear = query @ moments.repeat_interleave(groups, 1).to(query.dtype)  # [B, Hq, Sq, Dv]

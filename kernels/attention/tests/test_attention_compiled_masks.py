@@ -7,6 +7,8 @@ value) trains compiled with eager's loss."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -136,13 +138,16 @@ def test_traced_eager_rows_equal_the_host_read_form(attention):
     assert (got - want).abs().max() <= 1e-6
     for name, g, w in zip("qkvo", got_grads, want_grads, strict=True):
         assert (g - w).abs().max() <= 1e-5, f"d{name}"
-    # With a soft-cap the value is still eager's; the gradient is refused.
-    with torch.no_grad():
-        want = integrations._eager_empty_rows(q, k, v, out, lse, 0.3, 5.0)
-        got = integrations._traced_eager_empty_rows(q, k, v, out, lse, 0.3, 5.0, module)
-    assert (got - want).abs().max() <= 1e-6
+    # With a soft-cap the value is still eager's; training with gradients is refused.
     with pytest.raises(KernelInputError, match="soft-capping"):
         integrations._traced_eager_empty_rows(q, k, v, out, lse, 0.3, 5.0, module)
+    want = integrations._eager_empty_rows(q, k, v, out, lse, 0.3, 5.0)
+    for training, context in ((True, torch.no_grad), (False, contextlib.nullcontext)):
+        with context():
+            got = integrations._traced_eager_empty_rows(
+                q, k, v, out, lse, 0.3, 5.0, module.train(training)
+            )
+        assert (got - want).abs().max() <= 1e-6, training
 
 
 @pytest.mark.slow
