@@ -179,17 +179,25 @@ def _substitute(factory: Callable, kind: str) -> None:
     torch.compiler.substitute_in_graph(factory, skip_signature_check=True)(traced)
 
 
-@functools.cache
+_traced = False
+"""Whether the factories have graph substitutes; without them a compiled call gets the dense
+mask (the walk would stop at a closure dynamo cannot read)."""
+
+
 def trace_mask_factories() -> None:
     """Make mask functions built under ``torch.compile`` readable by the walk (once per
     process; the substitutes return what the factories return, for every model). A second
     copy of this module finds them registered and reads the first copy's objects (the walk
     reads them by attribute, not by class)."""
+    global _traced
+    if _traced:
+        return
     for factory, kind, _ in _FACTORIES:
         try:
             _substitute(factory, kind)
         except ValueError as exc:  # registered by another copy of this kernel
             log.debug("attention: %s", exc)
+    _traced = True
 
 
 def _cells(fn) -> dict[str, Any]:
@@ -427,6 +435,8 @@ def mask_interface(
             )
         return attention_mask
     try:
+        if torch.compiler.is_compiling() and not _traced:
+            raise Unsupported("the mask factories have no graph substitutes (register() adds them)")
         return describe(
             batch_size,
             q_length,

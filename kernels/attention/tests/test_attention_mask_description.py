@@ -236,3 +236,77 @@ def test_masks_that_are_not_nested_stay_dense(attention):
     assert describe(empty) is None
     biased = torch.where(mask, 0.5, torch.finfo(torch.float32).min)  # not just 0 / minimum
     assert describe(biased) is None
+
+
+def _compiled_description(attention, name, case, tensors: dict):
+    """The case's description built inside ``torch.compile(fullgraph=True)``, rebuilt outside
+    from what the graph returns (its rule and arrays)."""
+    factory, extra, kwargs = CASES[case]
+    config = _config(name, **extra)
+    description_class = attention.KERNEL.integration("transformers").MaskDescription
+    static = {k: v for k, v in kwargs.items() if k not in tensors}
+
+    def build(**tensors):
+        d = _build(factory, config, {**static, **tensors})
+        rule = (d.q_len, d.kv_len, d.causal, d.sliding_window, d.window_bounds_groups)
+        return rule, d.arrays()
+
+    rule, arrays = torch.compile(build, backend="eager", fullgraph=True)(**tensors)
+    return description_class(*rule, *arrays)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_description_equals_sdpa_mask(attention, name, case):
+    """The same descriptions built under ``torch.compile(fullgraph=True)`` (the factories' graph
+    substitutes), and the compiled function called again with another padding pattern."""
+    factory, extra, kwargs = CASES[case]
+    tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+    torch._dynamo.reset()
+    patterns = [tensors]
+    if kwargs.get("attention_mask") is not None:
+        other = _padding(left=1, right=6)[:, : kwargs["attention_mask"].shape[1]]
+        patterns.append({**tensors, "attention_mask": other})
+    for pattern in patterns:
+        description = _compiled_description(attention, name, case, pattern)
+        stock = _build(factory, _config("sdpa", **extra), {**kwargs, **pattern})
+        stock = stock.expand(BATCH, 1, -1, -1).numpy()
+        assert np.array_equal(description.dense().numpy(), stock), case
+        assert np.array_equal(_kernel_mask(attention, description), stock), case
+
+
+def test_compiled_without_substitutes_gets_the_dense_mask(attention, name, monkeypatch):
+    """Were the factories not substituted, a compiled call takes Transformers' dense mask
+    rather than stopping at a closure dynamo cannot read."""
+    masks = attention.KERNEL.integration("transformers").mask_interface.__globals__
+    monkeypatch.setitem(masks, "_traced", False)
+    torch._dynamo.reset()
+
+    def build(padding):
+        return _build(mu.create_sliding_window_causal_mask, config, {"attention_mask": padding})
+
+    config = _config(name, sliding_window=5)
+    got = torch.compile(build, backend="eager", fullgraph=True)(_padding())
+    assert isinstance(got, torch.Tensor) and got.shape == (BATCH, 1, LENGTH, LENGTH)
+    want = _build(
+        mu.create_sliding_window_causal_mask,
+        _config("sdpa", sliding_window=5),
+        {"attention_mask": _padding()},
+    )
+    assert torch.equal(got, want.expand_as(got))
+
+
+def test_compiled_unknown_mask_function_gets_the_dense_mask(attention, name):
+    """A mask function the walk does not know: the dense mask under fullgraph too (no warning,
+    which would break the graph)."""
+    config = _config(name)
+
+    def build(padding):
+        return _build(
+            mu.create_causal_mask,
+            config,
+            {"attention_mask": padding, "or_mask_function": lambda b, h, q, k: q == k + 7},
+        )
+
+    torch._dynamo.reset()
+    got = torch.compile(build, backend="eager", fullgraph=True)(_padding())
+    assert isinstance(got, torch.Tensor) and torch.equal(got, build(_padding()))
