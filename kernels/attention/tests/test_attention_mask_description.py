@@ -158,9 +158,12 @@ def test_description_equals_sdpa_mask(attention, name, case):
     assert np.array_equal(_kernel_mask(attention, description), stock), case
 
 
-def test_static_cache_prefill_and_decode_offsets(attention, name):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_static_cache_prefill_and_decode_offsets(attention, name, compiled):
     """A static cache holds 32 slots: a padded 20-token prompt, then one decode step at
-    position 20; the description needs explicit positions (queries are not end-aligned)."""
+    position 20; the description needs explicit positions (queries are not end-aligned; the
+    cache's query offset is a tensor), built eagerly or inside ``torch.compile``."""
+    description_class = attention.KERNEL.integration("transformers").MaskDescription
     padding = _padding(left=5, right=0)
     for step, (length, mask) in enumerate(
         [(LENGTH, padding), (1, torch.cat([padding, torch.ones(BATCH, 1, dtype=torch.long)], 1))]
@@ -171,11 +174,22 @@ def test_static_cache_prefill_and_decode_offsets(attention, name):
             cache = StaticCache(config=config, max_cache_len=32)
             if step:
                 _fill(cache, config)
-            kwargs = {"attention_mask": mask, "allow_is_causal_skip": False}
-            masks[implementation] = _build(
-                mu.create_causal_mask, config, kwargs, length=length, cache=cache
-            )
-        description, stock = masks[name], masks["sdpa"].expand(BATCH, 1, -1, -1).numpy()
+
+            def build(mask, config=config, cache=cache, length=length):
+                kwargs = {"attention_mask": mask, "allow_is_causal_skip": False}
+                d = _build(mu.create_causal_mask, config, kwargs, length=length, cache=cache)
+                if not isinstance(d, description_class):
+                    return d
+                return (d.q_len, d.kv_len, d.causal, d.sliding_window, d.window_bounds_groups), (
+                    d.arrays()
+                )
+
+            if compiled:
+                torch._dynamo.reset()
+                build = torch.compile(build, backend="eager", fullgraph=True)
+            masks[implementation] = build(mask)
+        (rule, arrays), stock = masks[name], masks["sdpa"].expand(BATCH, 1, -1, -1).numpy()
+        description = description_class(*rule, *arrays)
         assert description.q_positions is not None
         assert np.array_equal(description.dense().numpy(), stock), step
         assert np.array_equal(_kernel_mask(attention, description), stock), step
