@@ -180,8 +180,8 @@ def _substitute(factory: Callable, kind: str) -> None:
 
 
 _traced = False
-"""Whether the factories have graph substitutes; without them a compiled call gets the dense
-mask (the walk would stop at a closure dynamo cannot read)."""
+"""Whether ``trace_mask_factories`` ran (substitutes are registered once per process). Without
+them a compiled call gets the dense mask: the walk stops at the first closure dynamo built."""
 
 
 def trace_mask_factories() -> None:
@@ -203,9 +203,13 @@ def trace_mask_factories() -> None:
 def _cells(fn) -> dict[str, Any]:
     if not isinstance(fn, types.FunctionType):
         return fn.mask_cells
+    try:
+        closure = fn.__closure__ or ()
+    except AttributeError:  # a closure dynamo built (no graph substitute made it readable)
+        raise Unsupported(f"{fn.__qualname__} was built while compiling") from None
     return {
         name: cell.cell_contents
-        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True)
+        for name, cell in zip(fn.__code__.co_freevars, closure, strict=True)
     }
 
 
@@ -435,8 +439,6 @@ def mask_interface(
             )
         return attention_mask
     try:
-        if torch.compiler.is_compiling() and not _traced:
-            raise Unsupported("the mask factories have no graph substitutes (register() adds them)")
         return describe(
             batch_size,
             q_length,

@@ -288,25 +288,37 @@ def test_compiled_description_equals_sdpa_mask(attention, name, case):
         assert np.array_equal(_kernel_mask(attention, description), stock), case
 
 
-def test_compiled_without_substitutes_gets_the_dense_mask(attention, name, monkeypatch):
-    """Were the factories not substituted, a compiled call takes Transformers' dense mask
-    rather than stopping at a closure dynamo cannot read."""
+def _overlay(sliding_window: int):
+    """A factory like ``sliding_window_overlay`` that has no graph substitute."""
+
+    def inner(batch_idx, head_idx, q_idx, kv_idx):
+        return kv_idx > q_idx - sliding_window
+
+    return inner
+
+
+def test_compiled_closure_without_substitute_gets_the_dense_mask(attention, name, monkeypatch):
+    """A closure built while compiling by a factory without a graph substitute (here one the
+    walk is told is a window): dynamo cannot read its cells, so the dense mask, no failure."""
     masks = attention.KERNEL.integration("transformers").mask_interface.__globals__
-    monkeypatch.setitem(masks, "_traced", False)
-    torch._dynamo.reset()
+    codes = {**masks["_CODES"], masks["_key"](_overlay(1).__code__): "window"}
+    monkeypatch.setitem(masks, "_CODES", codes)
 
     def build(padding):
-        return _build(mu.create_sliding_window_causal_mask, config, {"attention_mask": padding})
+        mask_function = mu.and_masks(_overlay(5), mu.causal_mask_function)
+        return masks["mask_interface"](BATCH, LENGTH, LENGTH, 0, 0, mask_function, padding)
 
-    config = _config(name, sliding_window=5)
+    assert not isinstance(build(_padding()), torch.Tensor)  # eagerly the walk reads it
+    torch._dynamo.reset()
     got = torch.compile(build, backend="eager", fullgraph=True)(_padding())
-    assert isinstance(got, torch.Tensor) and got.shape == (BATCH, 1, LENGTH, LENGTH)
-    want = _build(
-        mu.create_sliding_window_causal_mask,
-        _config("sdpa", sliding_window=5),
-        {"attention_mask": _padding()},
+    want = mu.sdpa_mask(
+        batch_size=BATCH,
+        q_length=LENGTH,
+        kv_length=LENGTH,
+        mask_function=mu.sliding_window_causal_mask_function(5),
+        attention_mask=_padding().bool(),
     )
-    assert torch.equal(got, want.expand_as(got))
+    assert isinstance(got, torch.Tensor) and torch.equal(got, want)
 
 
 def test_compiled_unknown_mask_function_gets_the_dense_mask(attention, name):
