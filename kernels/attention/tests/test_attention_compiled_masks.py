@@ -30,7 +30,7 @@ def op_calls(attention, monkeypatch):
     """Counts the integration's calls of the flash and the dense-mask op (dynamo traces the
     counting wrappers, so a compiled graph counts each op it holds once per trace)."""
     integrations = attention.KERNEL.integration("transformers")
-    calls = {"flash": 0, "dense": 0}
+    calls = {"flash": 0, "dense": 0, "segments": 0}
     for key, name in (("flash", "attention_with_lse"), ("dense", "attention_with_dense_mask")):
         op = getattr(integrations, name)
 
@@ -39,6 +39,13 @@ def op_calls(attention, monkeypatch):
             return _op(*args, **kwargs)
 
         monkeypatch.setattr(integrations, name, counting)
+    described = integrations._described_attention
+
+    def counting_segments(query, key, value, mask, *args, **kwargs):
+        calls["segments"] += mask.q_segment_ids is not None
+        return described(query, key, value, mask, *args, **kwargs)
+
+    monkeypatch.setattr(integrations, "_described_attention", counting_segments)
     return calls
 
 
@@ -55,7 +62,11 @@ def _packed() -> dict:
     ids = torch.randint(8, tiny.VOCAB_SIZE, (2, LENGTH), generator=torch.Generator().manual_seed(2))
     lengths = ((5, 4, 3), (2, 7, 3))
     positions = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in lengths])
-    return {"input_ids": ids, "position_ids": positions}
+    return {
+        "input_ids": ids,
+        "position_ids": positions,
+        "use_cache": False,
+    }  # a cache hides packing
 
 
 def _step(forward, model, inputs: dict):
@@ -111,6 +122,7 @@ def test_compiled_model_gets_the_description_not_a_dense_mask(
         got = _step(compiled, model, inputs)
         assert op_calls["flash"] and op_calls["dense"] == 0, f"{name} {batch}: {op_calls}"
         _assert_close(f"{name} {batch}", got, want)
+    assert op_calls["segments"], "the packed batch reached no layer as segments"
 
 
 def test_traced_eager_rows_equal_the_host_read_form(attention):
