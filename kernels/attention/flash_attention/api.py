@@ -155,8 +155,18 @@ def _tokamax(q, k, v, tokens, sinks, *, spec, with_lse):
 
 
 def _tokamax_problem(q, k, v, tokens, sinks, *, spec, with_lse):
+    # Tokamax 0.0.12 has no form of positions or groups its kernel runs: the public
+    # dot_product_attention takes no segment ids, positions or mask function, only a dense boolean
+    # mask (O(S^2)) and k_start/k_end ranges (local_window_size, key_value_seq_lengths). Its
+    # Mosaic TPU kernel refuses those ranges and any batched or per-head boolean mask
+    # (pallas_mosaic_tpu_common: check_inputs_support, build_splash_kernel raise
+    # NotImplementedError), and the q_indices/k_indices its op class takes are not passed to the
+    # splash kernel. A dense mask would only reach Tokamax's XLA path, as dense as ours.
     if tokens is not None and (tokens.has_positions or tokens.has_groups):
-        return "Tokamax's public dot_product_attention takes no per-token positions or groups"
+        return (
+            "Tokamax's public dot_product_attention takes no per-token positions or groups (only "
+            "a dense [B, N, Sq, Sk] mask, which its Mosaic kernel refuses when batched)"
+        )
     if with_lse:
         return "Tokamax's public dot_product_attention returns no logsumexp"
     if sinks is not None:

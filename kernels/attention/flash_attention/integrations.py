@@ -35,7 +35,12 @@ from kernel_hub.kernel_api import KernelInputError
 
 from . import keywords
 from .torch_ops import attention_with_dense_mask, attention_with_lse
-from .transformers_masks import MaskDescription, describe_nested, mask_interface
+from .transformers_masks import (
+    MaskDescription,
+    describe_nested,
+    mask_interface,
+    trace_mask_factories,
+)
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +259,8 @@ def _described_attention(
         eager = getattr(module, STOCK_IMPLEMENTATION, None) == "eager"
         if eager and may_be_empty and not torch.compiler.is_compiling():
             out = _eager_empty_rows(query, key, value, out, lse, scaling, softcap)
+        elif eager and may_be_empty:
+            out = _traced_eager_empty_rows(query, key, value, out, lse, scaling, softcap, module)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -284,6 +291,36 @@ def _eager_empty_rows(query, key, value, out, lse, scaling, softcap):
     return out.index_put((b, h, q), (weights @ values).squeeze(1).to(out.dtype))
 
 
+def _traced_eager_empty_rows(query, key, value, out, lse, scaling, softcap, module):
+    """``_eager_empty_rows`` without a host read, for torch.compile: eager's row (every key
+    weighted 1/n) is the mean of the values, and its backward, the softmax's at that uniform
+    point, is linear in the scores: the gradient of ``q @ K^T (V - mean V) * scale / n`` (V held
+    constant there) plus the mean's. Every row gets it, O(Sq x D x Dv) per head, and a ``where``
+    keeps it on rows that see no key. A soft-cap makes that backward depend on each score, so
+    with one only the value is served: training is refused (``module_problem`` leaves such
+    modules alone under a compiled training kernelize); in eval mode those rows' gradient holds
+    the mean's part only (they are padding positions)."""
+    gradient = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if softcap is not None and gradient and module.training:
+        raise KernelInputError(
+            f"attention: {type(module).__name__} ran eager attention, whose fully masked query "
+            "rows average every value; with soft-capping kernel-hub follows that backward only "
+            "after a host read that torch.compile cannot trace. Kernelize with "
+            "mode='training+torch_compile' (which leaves this attention alone) or train "
+            "without torch.compile"
+        )
+    groups = query.shape[1] // key.shape[1]
+    mean = value.mean(-2, keepdim=True)  # [B, Hkv, 1, Dv]
+    rows = mean.repeat_interleave(groups, 1)  # eager's value, soft-cap or not
+    if gradient and softcap is None:
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        moments = key.transpose(-1, -2) @ (value - mean).detach() * (scale / key.shape[2])
+        linear = query @ moments.repeat_interleave(groups, 1).to(query.dtype)  # [B, Hq, Sq, Dv]
+        rows = rows + (linear - linear.detach())
+    empty = torch.isneginf(lse)[..., None]  # [B, Hq, Sq, 1]
+    return torch.where(empty, rows.to(out.dtype), out)
+
+
 def module_problem(
     module: torch.nn.Module, training: bool = True, compiling: bool = False
 ) -> str | None:
@@ -292,12 +329,12 @@ def module_problem(
     config = getattr(module, "config", None)
     stock = getattr(config, "_attn_implementation", None)
     setattr(module, STOCK_IMPLEMENTATION, stock)
-    if training and compiling and stock == "eager":
+    if training and compiling and stock == "eager" and keywords.soft_caps(module):
         return (
-            f"{type(module).__name__} runs eager attention, whose fully masked query rows (left "
-            "padding) average every value, and a training loss can read them (the last padding "
-            "position predicts the first token); kernel-hub finds those rows with a host read "
-            "that torch.compile cannot trace, so under torch.compile it would give SDPA's zeros"
+            f"{type(module).__name__} runs eager attention with soft-capping, whose fully masked "
+            "query rows (left padding) average every value, and a training loss can read them "
+            "(the last padding position predicts the first token); with a soft-cap kernel-hub "
+            "finds those rows with a host read that torch.compile cannot trace"
         )
     return keywords.module_problem(module, training=training)
 
@@ -309,4 +346,5 @@ def register(name: str = DEFAULT_NAME) -> str:
 
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, mask_interface)
+    trace_mask_factories()
     return name

@@ -118,6 +118,11 @@ def _keyword_names(fn: Any) -> set[str]:
 _SOFTCAP_ATTRIBUTES = ("attn_logit_softcapping", "softcap", "logit_softcapping")
 
 
+def soft_caps(module: torch.nn.Module) -> bool:
+    """Whether the module holds a soft-cap value (the attribute names models use)."""
+    return any(getattr(module, a, None) is not None for a in _SOFTCAP_ATTRIBUTES)
+
+
 def _dropout_problem(module: torch.nn.Module, names: set[str]) -> str | None:
     """A training forward with attention dropout runs torch SDPA (the kernel has no dropout),
     which has neither soft-capping nor sinks: such a module cannot be served in training."""
@@ -125,9 +130,7 @@ def _dropout_problem(module: torch.nn.Module, names: set[str]) -> str | None:
     if not isinstance(rate, int | float) or rate <= 0 or "dropout" not in names:
         return None
     features = []
-    if "softcap" in names and any(
-        getattr(module, a, None) is not None for a in _SOFTCAP_ATTRIBUTES
-    ):
+    if "softcap" in names and soft_caps(module):
         features.append("soft-capping")
     if "s_aux" in names:
         features.append("attention sinks (s_aux)")

@@ -22,13 +22,26 @@ mask function, rewritten, so the result is exact by construction:
   not end-aligned (a static cache): explicit positions.
 
 Anything else (a model's own lambda, a vmap-only mask) is not described: ``mask_interface``
-returns Transformers' dense SDPA mask and logs why, and the dense-mask op runs it.
+returns Transformers' dense SDPA mask and logs why (not while compiling: logging would break the
+graph), and the dense-mask op runs it.
+
+Under ``torch.compile`` dynamo cannot read a closure it built (``__closure__`` of a nested
+function is not traceable), so ``trace_mask_factories`` registers each factory a graph substitute
+(``torch.compiler.substitute_in_graph``) that returns a ``TracedMaskFunction``: the factory's own
+closure (built by the factory's own code, so it computes what the factory's result computes) plus
+the factory's kind and arguments, which dynamo reads as attributes. The walk is the same; the
+rule becomes constants of the graph (guarded through the config values it came from) and the
+padding, packing and group tensors stay graph inputs, so another padding pattern reuses the graph
+with its own values.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
+import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,12 +120,22 @@ class Unsupported(Exception):
     """A mask function this module cannot describe; the message says which part."""
 
 
-def _inner_code(factory, *args) -> Any:
-    return factory(*args).__code__
-
-
 def _leaf(*_):
     return True
+
+
+_FACTORIES: tuple[tuple[Callable, str, tuple], ...] = (
+    (mu.and_masks, "and", (_leaf,)),
+    (mu.or_masks, "or", (_leaf,)),
+    (mu.sliding_window_overlay, "window", (1,)),
+    (mu.sliding_window_bidirectional_overlay, "window_inclusive", (1,)),
+    (mu.chunked_overlay, "chunk", (1, None)),
+    (mu.blockwise_overlay, "blocks", (None,)),
+    (mu.padding_mask_function, "padding", (None,)),
+    (mu.packed_sequence_mask_function, "packed", (None,)),
+    (mu.remap_positions_for_packed_sequence, "remap", (_leaf, None)),
+)
+"""Every factory ``masking_utils`` composes masks from, its kind, and arguments to build one."""
 
 
 def _key(code) -> tuple[str, str]:
@@ -123,24 +146,70 @@ def _key(code) -> tuple[str, str]:
 _CODES: dict[tuple[str, str], str] = {
     _key(mu.causal_mask_function.__code__): "causal",
     _key(mu.bidirectional_mask_function.__code__): "all",
-    _key(_inner_code(mu.and_masks, _leaf)): "and",
-    _key(_inner_code(mu.or_masks, _leaf)): "or",
-    _key(_inner_code(mu.sliding_window_overlay, 1)): "window",
-    _key(_inner_code(mu.sliding_window_bidirectional_overlay, 1)): "window_inclusive",
-    _key(_inner_code(mu.chunked_overlay, 1, None)): "chunk",
-    _key(_inner_code(mu.blockwise_overlay, None)): "blocks",
-    _key(_inner_code(mu.padding_mask_function, None)): "padding",
-    _key(_inner_code(mu.packed_sequence_mask_function, None)): "packed",
-    _key(_inner_code(mu.remap_positions_for_packed_sequence, _leaf, None)): "remap",
+    **{_key(factory(*args).__code__): kind for factory, kind, args in _FACTORIES},
 }
-"""(file, qualified name) of each factory's code -> kind, for every factory ``masking_utils``
-composes masks from."""
+"""(file, qualified name) of each mask function's code -> kind."""
+
+
+class TracedMaskFunction:
+    """What a mask factory returns while dynamo traces (``trace_mask_factories``): the factory's
+    own closure, called as it is, with the kind and the factory's arguments readable."""
+
+    def __init__(self, mask_kind: str, mask_cells: dict[str, Any], function: Callable) -> None:
+        self.mask_kind, self.mask_cells, self.function = mask_kind, mask_cells, function
+
+    def __call__(self, batch_idx, head_idx, q_idx, kv_idx):
+        return self.function(batch_idx, head_idx, q_idx, kv_idx)
+
+
+def _substitute(factory: Callable, kind: str) -> None:
+    """Register the graph substitute of one factory. It calls a copy of the factory (the
+    factory itself would be substituted again) and names the arguments as the closure does."""
+    copy = types.FunctionType(
+        factory.__code__, factory.__globals__, factory.__name__, factory.__defaults__
+    )
+    parameters = inspect.signature(factory).parameters.values()
+    names = tuple(p.name for p in parameters)
+    packed = any(p.kind is p.VAR_POSITIONAL for p in parameters)  # and_masks(*mask_functions)
+
+    def traced(*args):
+        cells = {names[0]: args} if packed else dict(zip(names, args, strict=True))
+        return TracedMaskFunction(kind, cells, copy(*args))
+
+    torch.compiler.substitute_in_graph(factory, skip_signature_check=True)(traced)
+
+
+_traced = False
+"""Whether ``trace_mask_factories`` ran (substitutes are registered once per process). Without
+them a compiled call gets the dense mask: the walk stops at the first closure dynamo built."""
+
+
+def trace_mask_factories() -> None:
+    """Make mask functions built under ``torch.compile`` readable by the walk (once per
+    process; the substitutes return what the factories return, for every model). A second
+    copy of this module finds them registered and reads the first copy's objects (the walk
+    reads them by attribute, not by class)."""
+    global _traced
+    if _traced:
+        return
+    for factory, kind, _ in _FACTORIES:
+        try:
+            _substitute(factory, kind)
+        except ValueError as exc:  # registered by another copy of this kernel
+            log.debug("attention: %s", exc)
+    _traced = True
 
 
 def _cells(fn) -> dict[str, Any]:
+    if not isinstance(fn, types.FunctionType):
+        return fn.mask_cells
+    try:
+        closure = fn.__closure__ or ()
+    except AttributeError:  # a closure dynamo built (no graph substitute made it readable)
+        raise Unsupported(f"{fn.__qualname__} was built while compiling") from None
     return {
         name: cell.cell_contents
-        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True)
+        for name, cell in zip(fn.__code__.co_freevars, closure, strict=True)
     }
 
 
@@ -162,8 +231,10 @@ class _Terms:
 
 
 def _kind(fn) -> str:
-    code = getattr(fn, "__code__", None)
-    kind = None if code is None else _CODES.get(_key(code))
+    if not isinstance(fn, types.FunctionType):
+        kind = getattr(fn, "mask_kind", None)
+    else:
+        kind = _CODES.get(_key(fn.__code__))
     if kind is None:
         name = getattr(fn, "__qualname__", type(fn).__name__)
         raise Unsupported(f"mask function {name} is not one of masking_utils' factories")
@@ -172,7 +243,7 @@ def _kind(fn) -> str:
 
 def _and_terms(fn, terms: _Terms, inside_or: bool = False) -> None:
     kind = _kind(fn)
-    cells = _cells(fn) if fn.__closure__ else {}
+    cells = _cells(fn)
     if kind == "and":
         for part in cells["mask_functions"]:
             _and_terms(part, terms, inside_or)
@@ -367,21 +438,19 @@ def mask_interface(
                 f"needed; pass the 2-D padding mask instead"
             )
         return attention_mask
-    # Under torch.compile the description's closure walk does not trace (dynamo stops at its
-    # attribute probes); compiled models get Transformers' dense mask on the dense-mask op.
-    if not torch.compiler.is_compiling():
-        try:
-            return describe(
-                batch_size,
-                q_length,
-                kv_length,
-                q_offset,
-                kv_offset,
-                mask_function,
-                attention_mask,
-                device,
-            )
-        except Unsupported as exc:
+    try:
+        return describe(
+            batch_size,
+            q_length,
+            kv_length,
+            q_offset,
+            kv_offset,
+            mask_function,
+            attention_mask,
+            device,
+        )
+    except Unsupported as exc:
+        if not torch.compiler.is_compiling():
             _log_dense(str(exc))
     return mu.sdpa_mask(
         batch_size=batch_size,

@@ -144,6 +144,23 @@ def test_sinks_are_refused_by_tokamax_with_a_reason(attention):
         attention.jax.dot_product_attention(**arrays, sinks=jnp.zeros(4), implementation="tokamax")
 
 
+def test_positions_are_refused_by_tokamax_with_a_reason(attention):
+    """Tokamax 0.0.12 has no positions, segments or mask function its kernel runs (see
+    ``api._tokamax_problem``)."""
+    from kernel_hub.errors import NoImplementationError
+
+    _, arrays, _ = _problem()
+    positions = jnp.broadcast_to(jnp.arange(20, dtype=jnp.int32), (2, 20))
+    with pytest.raises(NoImplementationError, match="no per-token positions or groups"):
+        attention.jax.dot_product_attention(
+            **arrays,
+            causal=True,
+            q_positions=positions,
+            kv_positions=positions,
+            implementation="tokamax",
+        )
+
+
 def test_value_head_dim_runs_natively_in_pallas(attention):
     """MLA layout (q/k 24, v 12): the Pallas output has the value's head dim, no padding."""
     _, arrays, cotangents = _problem(d=24, dv=12, q_len=33, kv_len=33)

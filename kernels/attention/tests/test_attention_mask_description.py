@@ -158,9 +158,12 @@ def test_description_equals_sdpa_mask(attention, name, case):
     assert np.array_equal(_kernel_mask(attention, description), stock), case
 
 
-def test_static_cache_prefill_and_decode_offsets(attention, name):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_static_cache_prefill_and_decode_offsets(attention, name, compiled):
     """A static cache holds 32 slots: a padded 20-token prompt, then one decode step at
-    position 20; the description needs explicit positions (queries are not end-aligned)."""
+    position 20; the description needs explicit positions (queries are not end-aligned; the
+    cache's query offset is a tensor), built eagerly or inside ``torch.compile``."""
+    description_class = attention.KERNEL.integration("transformers").MaskDescription
     padding = _padding(left=5, right=0)
     for step, (length, mask) in enumerate(
         [(LENGTH, padding), (1, torch.cat([padding, torch.ones(BATCH, 1, dtype=torch.long)], 1))]
@@ -171,11 +174,22 @@ def test_static_cache_prefill_and_decode_offsets(attention, name):
             cache = StaticCache(config=config, max_cache_len=32)
             if step:
                 _fill(cache, config)
-            kwargs = {"attention_mask": mask, "allow_is_causal_skip": False}
-            masks[implementation] = _build(
-                mu.create_causal_mask, config, kwargs, length=length, cache=cache
-            )
-        description, stock = masks[name], masks["sdpa"].expand(BATCH, 1, -1, -1).numpy()
+
+            def build(mask, config=config, cache=cache, length=length):
+                kwargs = {"attention_mask": mask, "allow_is_causal_skip": False}
+                d = _build(mu.create_causal_mask, config, kwargs, length=length, cache=cache)
+                if not isinstance(d, description_class):
+                    return d
+                return (d.q_len, d.kv_len, d.causal, d.sliding_window, d.window_bounds_groups), (
+                    d.arrays()
+                )
+
+            if compiled:
+                torch._dynamo.reset()
+                build = torch.compile(build, backend="eager", fullgraph=True)
+            masks[implementation] = build(mask)
+        (rule, arrays), stock = masks[name], masks["sdpa"].expand(BATCH, 1, -1, -1).numpy()
+        description = description_class(*rule, *arrays)
         assert description.q_positions is not None
         assert np.array_equal(description.dense().numpy(), stock), step
         assert np.array_equal(_kernel_mask(attention, description), stock), step
@@ -236,3 +250,89 @@ def test_masks_that_are_not_nested_stay_dense(attention):
     assert describe(empty) is None
     biased = torch.where(mask, 0.5, torch.finfo(torch.float32).min)  # not just 0 / minimum
     assert describe(biased) is None
+
+
+def _compiled_description(attention, name, case, tensors: dict):
+    """The case's description built inside ``torch.compile(fullgraph=True)``, rebuilt outside
+    from what the graph returns (its rule and arrays)."""
+    factory, extra, kwargs = CASES[case]
+    config = _config(name, **extra)
+    description_class = attention.KERNEL.integration("transformers").MaskDescription
+    static = {k: v for k, v in kwargs.items() if k not in tensors}
+
+    def build(**tensors):
+        d = _build(factory, config, {**static, **tensors})
+        rule = (d.q_len, d.kv_len, d.causal, d.sliding_window, d.window_bounds_groups)
+        return rule, d.arrays()
+
+    rule, arrays = torch.compile(build, backend="eager", fullgraph=True)(**tensors)
+    return description_class(*rule, *arrays)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_description_equals_sdpa_mask(attention, name, case):
+    """The same descriptions built under ``torch.compile(fullgraph=True)`` (the factories' graph
+    substitutes), and the compiled function called again with another padding pattern."""
+    factory, extra, kwargs = CASES[case]
+    tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+    torch._dynamo.reset()
+    patterns = [tensors]
+    if kwargs.get("attention_mask") is not None:
+        other = _padding(left=1, right=6)[:, : kwargs["attention_mask"].shape[1]]
+        patterns.append({**tensors, "attention_mask": other})
+    for pattern in patterns:
+        description = _compiled_description(attention, name, case, pattern)
+        stock = _build(factory, _config("sdpa", **extra), {**kwargs, **pattern})
+        stock = stock.expand(BATCH, 1, -1, -1).numpy()
+        assert np.array_equal(description.dense().numpy(), stock), case
+        assert np.array_equal(_kernel_mask(attention, description), stock), case
+
+
+def _overlay(sliding_window: int):
+    """A factory like ``sliding_window_overlay`` that has no graph substitute."""
+
+    def inner(batch_idx, head_idx, q_idx, kv_idx):
+        return kv_idx > q_idx - sliding_window
+
+    return inner
+
+
+def test_compiled_closure_without_substitute_gets_the_dense_mask(attention, name, monkeypatch):
+    """A closure built while compiling by a factory without a graph substitute (here one the
+    walk is told is a window): dynamo cannot read its cells, so the dense mask, no failure."""
+    masks = attention.KERNEL.integration("transformers").mask_interface.__globals__
+    codes = {**masks["_CODES"], masks["_key"](_overlay(1).__code__): "window"}
+    monkeypatch.setitem(masks, "_CODES", codes)
+
+    def build(padding):
+        mask_function = mu.and_masks(_overlay(5), mu.causal_mask_function)
+        return masks["mask_interface"](BATCH, LENGTH, LENGTH, 0, 0, mask_function, padding)
+
+    assert not isinstance(build(_padding()), torch.Tensor)  # eagerly the walk reads it
+    torch._dynamo.reset()
+    got = torch.compile(build, backend="eager", fullgraph=True)(_padding())
+    want = mu.sdpa_mask(
+        batch_size=BATCH,
+        q_length=LENGTH,
+        kv_length=LENGTH,
+        mask_function=mu.sliding_window_causal_mask_function(5),
+        attention_mask=_padding().bool(),
+    )
+    assert isinstance(got, torch.Tensor) and torch.equal(got, want)
+
+
+def test_compiled_unknown_mask_function_gets_the_dense_mask(attention, name):
+    """A mask function the walk does not know: the dense mask under fullgraph too (no warning,
+    which would break the graph)."""
+    config = _config(name)
+
+    def build(padding):
+        return _build(
+            mu.create_causal_mask,
+            config,
+            {"attention_mask": padding, "or_mask_function": lambda b, h, q, k: q == k + 7},
+        )
+
+    torch._dynamo.reset()
+    got = torch.compile(build, backend="eager", fullgraph=True)(_padding())
+    assert isinstance(got, torch.Tensor) and torch.equal(got, build(_padding()))

@@ -78,9 +78,10 @@ def test_autocast_bf16_training_matches_stock(attention, name):
 
 def test_eager_models_keep_stock_attention_in_a_compiled_training_kernelize():
     """Eager attention's fully masked rows (left padding) average every value and a training loss
-    reads them; kernel-hub follows that after a host read torch.compile cannot trace, so a
-    ``training+torch_compile`` kernelize leaves an eager model's attention alone, with the reason;
-    a plain training kernelize swaps it."""
+    reads them; with a soft-cap (Gemma 2) kernel-hub follows that backward only after a host
+    read torch.compile cannot trace, so a ``training+torch_compile`` kernelize leaves such an
+    attention alone, with the reason; a plain training kernelize swaps it. (Without a soft-cap
+    the compiled form is exact: ``test_attention_compiled_masks.py``.)"""
     from transformers import Gemma2ForCausalLM
 
     from kernel_hub import unkernelize
