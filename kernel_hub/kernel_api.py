@@ -43,8 +43,11 @@ f32_temporaries=...)`` (what one row of a row block costs in VMEM), ``tiling.row
 bytes_per_row, dtype)`` (the largest legal row block within ``tiling.VMEM_BUDGET_BYTES``),
 ``tiling.row_block_problem(rows, block_rows, dtype)`` (why a user's block is illegal),
 ``tiling.vmem_budget(generation, reserve=...)`` (what any kernel's blocks may plan to use on a
-generation) and ``tiling.compiler_params("parallel", "arbitrary", ...)`` (Mosaic's compiler
-parameters).
+generation), ``tiling.chunk_problem(chunk)`` (why a chunked scan's chunk is illegal) and
+``tiling.compiler_params("parallel", "arbitrary", ...)`` (Mosaic's compiler parameters).
+With them: ``pallas_and_xla(op, pallas, xla, pallas_problem)`` (the table of an op with a Pallas
+kernel and an XLA path, in the ``PALLAS_FIRST_ON_TPU`` order) and ``float64_problem(*arrays)``
+(float64 reaches a Pallas kernel only in interpret mode).
 A row-wise kernel states only its own numbers (its streamed blocks and live f32 temporaries);
 see kernels/rmsnorm/rmsnorm/pallas_tpu.py.
 
@@ -73,7 +76,13 @@ from .checks import (
     require,
 )
 from .declaration import FrameworkAdapter, KernelDeclaration, submodule_loader
-from .dispatch import Implementation, ImplementationTable
+from .dispatch import (
+    PALLAS_FIRST_ON_TPU,
+    Implementation,
+    ImplementationTable,
+    float64_problem,
+    pallas_and_xla,
+)
 from .errors import KernelHubError, KernelInputError, NoImplementationError, UnsupportedDeviceError
 from .options import option_stub, option_values, takes_options
 from .platform import Platform, jax_default_device, jax_platform, tpu_generation
@@ -97,6 +106,7 @@ __all__ = [
     "CPU_TAG",
     "FLOATS",
     "FLOATS_AND_F64",
+    "PALLAS_FIRST_ON_TPU",
     "FrameworkAdapter",
     "Implementation",
     "ImplementationTable",
@@ -119,12 +129,14 @@ __all__ = [
     "dtype_name",
     "exchange_rows",
     "find_mesh",
+    "float64_problem",
     "jax_default_device",
     "jax_op",
     "jax_platform",
     "op_namespace",
     "option_stub",
     "option_values",
+    "pallas_and_xla",
     "partition_spec",
     "require",
     "shard_map_all",
