@@ -54,7 +54,9 @@ see kernels/rmsnorm/rmsnorm/pallas_tpu.py.
 Version 1.3 also offers option dataclasses (``kernel_hub.options``): a kernel declares its static
 options once, as a frozen dataclass, and derives its JAX functions' keyword parameters
 (``takes_options``) and its torch op schemas (``option_stub``) from it, and passes an instance
-on as keywords (``option_values``); and ``SavedBackward``, a ``jax_op`` backward taking the
+on as keywords (``option_values``); attention-like kernels share the value rules of the score
+options causal/sliding_window/softcap/scale (``check_score_options``) and their resolved values
+(``resolved_scores``); and ``SavedBackward``, a ``jax_op`` backward taking the
 tensors, outputs and cotangents positionally, which ``jax_op`` checks by name against the stub
 as it checks the forward.
 """
@@ -84,7 +86,13 @@ from .dispatch import (
     pallas_and_xla,
 )
 from .errors import KernelHubError, KernelInputError, NoImplementationError, UnsupportedDeviceError
-from .options import option_stub, option_values, takes_options
+from .options import (
+    check_score_options,
+    option_stub,
+    option_values,
+    resolved_scores,
+    takes_options,
+)
 from .platform import Platform, jax_default_device, jax_platform, tpu_generation
 from .sharding import (
     MeshCase,
@@ -126,6 +134,7 @@ __all__ = [
     "check_dtype",
     "check_rank",
     "check_same_dtype",
+    "check_score_options",
     "dtype_name",
     "exchange_rows",
     "find_mesh",
@@ -139,6 +148,7 @@ __all__ = [
     "pallas_and_xla",
     "partition_spec",
     "require",
+    "resolved_scores",
     "shard_map_all",
     "sharded",
     "submodule_loader",
