@@ -28,6 +28,8 @@ _EXPERTS = inspect.signature(api.fused_experts)
 _ARRAYS = [n for n, p in _EXPERTS.parameters.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
 _REQUIRED = sum(_EXPERTS.parameters[n].default is inspect.Parameter.empty for n in _ARRAYS)
 _CONFIG = tuple(inspect.signature(api.make_config).parameters)
+_PASSED = [n for n in _EXPERTS.parameters if n not in _ARRAYS and n not in _CONFIG]
+"""Keywords ``fused_experts`` hands to its table as they are (blocks, implementation)."""
 
 
 def fused_experts_ep(*args, axis: str = "ep", **kwargs) -> jax.Array:
@@ -57,6 +59,7 @@ def fused_experts_ep(*args, axis: str = "ep", **kwargs) -> jax.Array:
         f"{OP}: {experts} experts must divide by the {shards} shards of axis {axis!r}",
     )
     config = api.make_config(**{n: values[n] for n in _CONFIG})
+    passed = {n: values[n] for n in _PASSED}
     api.check_inputs(*arrays, *optional, config)
 
     def body(x, ids, weights, w1, w2, *rest):
@@ -64,9 +67,8 @@ def fused_experts_ep(*args, axis: str = "ep", **kwargs) -> jax.Array:
         local = [None if a is None else next(it) for a in optional]
         first = jax.lax.axis_index(axis) * w1.shape[0]
         partial = api.TABLE(
-            x, ids - first, weights, w1, w2, *local, config=config, out_dtype=jnp.float32,
-            blocks=values["blocks"], implementation=values["implementation"],
-        )  # fmt: skip
+            x, ids - first, weights, w1, w2, *local, config=config, out_dtype=jnp.float32, **passed
+        )
         return jax.lax.psum(partial, axis).astype(x.dtype)
 
     split = lambda rank: ((axis,),) + ((),) * (rank - 1)
