@@ -128,3 +128,35 @@ class ImplementationTable:
     def __call__(self, *args: Any, implementation: str | None = None, **kwargs: Any) -> Any:
         impl = self.select(*args, implementation=implementation, **kwargs)
         return impl.fn(*args, **kwargs)
+
+
+PALLAS_FIRST_ON_TPU: Mapping[Platform, tuple[str, ...]] = {
+    "tpu": ("pallas", "xla"),
+    "gpu": ("xla",),
+    "cpu": ("xla", "pallas"),
+}
+"""The order of a kernel with a Pallas kernel and an XLA path: the kernel first on TPU; on CPU it
+runs in interpret mode (for tests), so XLA goes first there."""
+
+
+def pallas_and_xla(
+    op: str, pallas: Callable[..., Any], xla: Callable[..., Any], pallas_problem: SupportCheck
+) -> ImplementationTable:
+    """The table of an op with a Pallas kernel (TPU, and CPU in interpret mode) and an XLA path
+    (every platform), in the ``PALLAS_FIRST_ON_TPU`` order."""
+    return ImplementationTable(
+        op,
+        [
+            Implementation("pallas", pallas, ("tpu", "cpu"), pallas_problem),
+            Implementation("xla", xla, ("tpu", "gpu", "cpu")),
+        ],
+        default_order=PALLAS_FIRST_ON_TPU,
+    )
+
+
+def float64_problem(*arrays: Any) -> str | None:
+    """Why a Pallas kernel cannot take these arrays here: Mosaic has no float64, which runs only
+    in interpret mode (the CPU)."""
+    if any(str(a.dtype) == "float64" for a in arrays) and jax_platform() != "cpu":
+        return "float64 runs only in interpret mode"
+    return None

@@ -43,15 +43,20 @@ f32_temporaries=...)`` (what one row of a row block costs in VMEM), ``tiling.row
 bytes_per_row, dtype)`` (the largest legal row block within ``tiling.VMEM_BUDGET_BYTES``),
 ``tiling.row_block_problem(rows, block_rows, dtype)`` (why a user's block is illegal),
 ``tiling.vmem_budget(generation, reserve=...)`` (what any kernel's blocks may plan to use on a
-generation) and ``tiling.compiler_params("parallel", "arbitrary", ...)`` (Mosaic's compiler
-parameters).
+generation), ``tiling.chunk_problem(chunk)`` (why a chunked scan's chunk is illegal) and
+``tiling.compiler_params("parallel", "arbitrary", ...)`` (Mosaic's compiler parameters).
+With them: ``pallas_and_xla(op, pallas, xla, pallas_problem)`` (the table of an op with a Pallas
+kernel and an XLA path, in the ``PALLAS_FIRST_ON_TPU`` order) and ``float64_problem(*arrays)``
+(float64 reaches a Pallas kernel only in interpret mode).
 A row-wise kernel states only its own numbers (its streamed blocks and live f32 temporaries);
 see kernels/rmsnorm/rmsnorm/pallas_tpu.py.
 
 Version 1.3 also offers option dataclasses (``kernel_hub.options``): a kernel declares its static
 options once, as a frozen dataclass, and derives its JAX functions' keyword parameters
 (``takes_options``) and its torch op schemas (``option_stub``) from it, and passes an instance
-on as keywords (``option_values``); and ``SavedBackward``, a ``jax_op`` backward taking the
+on as keywords (``option_values``); attention-like kernels share the value rules of the score
+options causal/sliding_window/softcap/scale (``check_score_options``) and their resolved values
+(``resolved_scores``); and ``SavedBackward``, a ``jax_op`` backward taking the
 tensors, outputs and cotangents positionally, which ``jax_op`` checks by name against the stub
 as it checks the forward.
 
@@ -79,9 +84,21 @@ from .checks import (
     require,
 )
 from .declaration import FrameworkAdapter, KernelDeclaration, submodule_loader
-from .dispatch import Implementation, ImplementationTable
+from .dispatch import (
+    PALLAS_FIRST_ON_TPU,
+    Implementation,
+    ImplementationTable,
+    float64_problem,
+    pallas_and_xla,
+)
 from .errors import KernelHubError, KernelInputError, NoImplementationError, UnsupportedDeviceError
-from .options import option_stub, option_values, takes_options
+from .options import (
+    check_score_options,
+    option_stub,
+    option_values,
+    resolved_scores,
+    takes_options,
+)
 from .platform import Platform, jax_default_device, jax_platform, tpu_generation
 from .sharding import (
     MeshCase,
@@ -103,6 +120,7 @@ __all__ = [
     "CPU_TAG",
     "FLOATS",
     "FLOATS_AND_F64",
+    "PALLAS_FIRST_ON_TPU",
     "FrameworkAdapter",
     "Implementation",
     "ImplementationTable",
@@ -122,17 +140,21 @@ __all__ = [
     "check_dtype",
     "check_rank",
     "check_same_dtype",
+    "check_score_options",
     "dtype_name",
     "exchange_rows",
     "find_mesh",
+    "float64_problem",
     "jax_default_device",
     "jax_op",
     "jax_platform",
     "op_namespace",
     "option_stub",
     "option_values",
+    "pallas_and_xla",
     "partition_spec",
     "require",
+    "resolved_scores",
     "shard_map_all",
     "sharded",
     "submodule_loader",

@@ -15,6 +15,10 @@ every one of them. Instead the kernel declares the options as a frozen dataclass
 The op then passes the fields to its JAX function as keywords, which ``jax_op`` checks by name
 when the op is defined. A new field, declared last, becomes every op's last schema parameter, so
 positional calls written against an earlier schema keep their meaning.
+
+Attention-like kernels share the score options ``causal``, ``sliding_window``, ``softcap`` and
+``scale``: ``check_score_options`` applies their value rules and ``resolved_scores`` the values
+the kernels compute with, so each kernel's dataclass states only its own options.
 """
 
 from __future__ import annotations
@@ -22,11 +26,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["option_fields", "option_stub", "option_values", "takes_options"]
+from .errors import KernelInputError
+
+__all__ = [
+    "check_score_options",
+    "option_fields",
+    "option_stub",
+    "option_values",
+    "resolved_scores",
+    "takes_options",
+]
 
 _OPTIONS = "options"
 
@@ -132,3 +146,32 @@ def option_stub(
         return wrapper
 
     return decorate
+
+
+def check_score_options(options: Any, owner: str) -> None:
+    """The value rules of the score options (each may be None): ``sliding_window`` an integer
+    >= 1, ``softcap`` a finite number > 0, ``scale`` finite. ``KernelInputError`` naming
+    ``owner``, the option, its value and what is valid."""
+    window, softcap, scale = options.sliding_window, options.softcap, options.scale
+    if window is not None and not (isinstance(window, int) and window >= 1):
+        raise KernelInputError(
+            f"{owner}: sliding_window={window!r}; it must be an integer >= 1 (keys with 0 <= "
+            f"query position - key position < sliding_window are kept) or None"
+        )
+    if softcap is not None and not (math.isfinite(softcap) and softcap > 0):
+        raise KernelInputError(
+            f"{owner}: softcap={softcap!r}; it must be a finite number > 0 or None"
+        )
+    if scale is not None and not math.isfinite(scale):
+        raise KernelInputError(f"{owner}: scale={scale!r}; it must be finite or None")
+
+
+def resolved_scores(options: Any, head_dim: int) -> dict[str, Any]:
+    """``causal``, ``softcap`` and ``scale`` as the kernels compute with them (a bool, floats,
+    the default scale 1/sqrt(head_dim) filled in), for ``dataclasses.replace``."""
+    softcap, scale = options.softcap, options.scale
+    return {
+        "causal": bool(options.causal),
+        "softcap": None if softcap is None else float(softcap),
+        "scale": float(head_dim**-0.5 if scale is None else scale),
+    }

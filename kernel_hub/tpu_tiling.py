@@ -78,6 +78,15 @@ def row_block_problem(
     return f"{name}={block_rows} must equal {axis} ({rows}) or be a multiple of {multiple}"
 
 
+def chunk_problem(chunk: int) -> str | None:
+    """Why ``chunk`` tokens cannot be the row block of a chunked scan (gated delta rule, Mamba-2),
+    or None: a positive multiple of 16 (the 16-bit sublane tile, so one chunk size serves f32
+    and bf16)."""
+    if chunk > 0 and chunk % sublane_multiple(jnp.bfloat16) == 0:
+        return None
+    return f"chunk={chunk} must be a positive multiple of {sublane_multiple(jnp.bfloat16)}"
+
+
 def compiler_params(*semantics: str, vmem_limit_bytes: int | None = None) -> Any:
     """``pltpu.CompilerParams`` for a grid with these dimension semantics (``"parallel"``: steps
     are independent and may be split across TensorCores; ``"arbitrary"``: sequential, e.g. an

@@ -523,6 +523,25 @@ def test_bucketed_gradients(rows):
     assert x.grad.shape == x.shape
 
 
+@pytest.mark.parametrize("shape", [(3, 5, 8), (4, 8), (5, 8)], ids=["lead-dims", "exact", "padded"])
+def test_outputs_may_be_modified_in_place_before_backward(shape):
+    """As with a stock op, the caller may scale an output in place (XLM: ``tensor *= mask``) and
+    still get the gradients: the derived backward saves no output, and an output that is a view
+    (padded rows cut, leading dimensions restored) is returned detached."""
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    mask = (torch.arange(shape[-2]) % 2).to(torch.float64)[:, None]
+    grads = []
+    for fn in (scale_rows, lambda x, w, bias, shift: x * w + shift):
+        x.grad = w.grad = None
+        y = fn(x, w, None, 0.5)
+        y *= mask
+        y.square().sum().backward()
+        grads.append((y.detach(), x.grad, w.grad))
+    for got, want in zip(*grads, strict=True):
+        assert_close_to(got, want, 1e-12)
+
+
 def test_bucketed_rmsnorm_gradients_with_zero_eps(rmsnorm):
     """Filler rows repeat a real row: with eps=0 zero filler rows would give NaN in dweight."""
     x = torch.randn(2, 3, 16, dtype=torch.float64, requires_grad=True)  # 6 rows -> bucket 8

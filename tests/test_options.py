@@ -115,3 +115,43 @@ def test_saved_backward_is_used_and_checked_by_name():
 
         @jax_op(NS, _forward, jax_backward=SavedBackward(_backward, ("d_out", "out")))
         def misnamed(x: torch.Tensor, w: torch.Tensor, scale: float = 1.0) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class Scores:
+    causal: bool = False
+    sliding_window: int | None = None
+    softcap: float | None = None
+    scale: float | None = None
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"sliding_window": 0}, "k: sliding_window=0; it must be an integer >= 1 (keys with"),
+        ({"sliding_window": 2.0}, "k: sliding_window=2.0; it must be an integer >= 1"),
+        ({"softcap": 0.0}, "k: softcap=0.0; it must be a finite number > 0 or None"),
+        ({"softcap": float("inf")}, "k: softcap=inf; it must be a finite number > 0 or None"),
+        ({"scale": float("nan")}, "k: scale=nan; it must be finite or None"),
+        # the first bad option is named
+        ({"sliding_window": -1, "scale": float("nan")}, "k: sliding_window=-1"),
+    ],
+)
+def test_score_option_values_are_checked(values, message):
+    from kernel_hub.errors import KernelInputError
+    from kernel_hub.kernel_api import check_score_options
+
+    with pytest.raises(KernelInputError) as info:
+        check_score_options(Scores(**values), "k")
+    assert str(info.value).startswith(message)
+    check_score_options(Scores(sliding_window=1, softcap=0.5, scale=-2.0), "k")
+    check_score_options(Scores(), "k")
+
+
+def test_resolved_scores_fill_the_scale_and_make_numbers_floats():
+    from kernel_hub.kernel_api import resolved_scores
+
+    assert resolved_scores(Scores(), 16) == {"causal": False, "softcap": None, "scale": 0.25}
+    resolved = resolved_scores(Scores(causal=1, softcap=30, scale=2), 16)
+    assert resolved == {"causal": True, "softcap": 30.0, "scale": 2.0}
+    assert [type(v) for v in resolved.values()] == [bool, float, float]

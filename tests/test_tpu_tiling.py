@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from kernel_hub.kernel_api import tiling
@@ -73,3 +74,42 @@ def test_compiler_params_carry_the_semantics():
     params = tiling.compiler_params("parallel", "arbitrary", vmem_limit_bytes=2**24)
     assert tuple(params.dimension_semantics) == ("parallel", "arbitrary")
     assert params.vmem_limit_bytes == 2**24
+
+
+@pytest.mark.parametrize(
+    ("chunk", "problem"),
+    [
+        (64, None),
+        (16, None),
+        (24, "chunk=24 must be a positive multiple of 16"),
+        (8, "chunk=8 must be a positive multiple of 16"),
+        (0, "chunk=0 must be a positive multiple of 16"),
+        (-16, "chunk=-16 must be a positive multiple of 16"),
+    ],
+)
+def test_chunk_problem(chunk, problem):
+    assert tiling.chunk_problem(chunk) == problem
+
+
+@pytest.mark.parametrize(("platform", "interpreted"), [("cpu", True), ("tpu", False)])
+def test_float64_reaches_pallas_only_in_interpret_mode(monkeypatch, platform, interpreted):
+    from kernel_hub import dispatch
+    from kernel_hub.kernel_api import float64_problem
+
+    monkeypatch.setattr(dispatch, "jax_platform", lambda: platform)
+    f32, f64 = jnp.zeros(2, jnp.float32), np.zeros(2, np.float64)
+    assert float64_problem(f32, f32) is None
+    expected = None if interpreted else "float64 runs only in interpret mode"
+    assert float64_problem(f32, f64) == expected
+
+
+def test_pallas_and_xla_table_orders_and_checks():
+    from kernel_hub.kernel_api import PALLAS_FIRST_ON_TPU, pallas_and_xla
+
+    table = pallas_and_xla("op", lambda x: "pallas", lambda x: "xla", lambda x: x or None)
+    assert {p: table.order(p) for p in PALLAS_FIRST_ON_TPU} == dict(PALLAS_FIRST_ON_TPU)
+    assert table.implementations["pallas"].platforms == ("tpu", "cpu")
+    assert table.implementations["xla"].platforms == ("tpu", "gpu", "cpu")
+    assert table.select(0, platform="tpu").name == "pallas"
+    assert table.select("refused", platform="tpu").name == "xla"
+    assert table(0) == "xla" and table(0, implementation="pallas") == "pallas"

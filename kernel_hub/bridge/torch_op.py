@@ -508,6 +508,13 @@ def _register_autograd(
     and the tensors are plain CPU/CUDA ones (no fake, functional or traced tensors, no dispatch
     mode: the redispatch would land straight in ``forward``), ``forward`` is called directly.
     That saves a redispatch through the dispatcher on every inference call.
+
+    Outputs stay the caller's to modify in place, as a stock op's are (XLM scales a LayerNorm's
+    output by a mask): they are saved only for a backward that reads them (``jax_backward``; the
+    derived backward recomputes from the inputs and is handed the cotangents, which have the
+    outputs' shapes and dtypes, in their place), and an output that is a view of the runtime's
+    buffer (rows unpadded, leading dimensions restored) is returned detached, since torch
+    refuses in-place ops on a view a custom Function returns.
     """
     arg_names = spec.param_names
     tails = _default_tails(spec.signature)
@@ -515,6 +522,7 @@ def _register_autograd(
     static_positions = [arg_names.index(n) for n in spec.static_params]
     below_autograd = torch._C._after_autograd_keyset
     direct_keys = (torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA)
+    reads_outputs = spec.jax_backward is not None
 
     class Backprop(torch.autograd.Function):
         @staticmethod
@@ -525,7 +533,11 @@ def _register_autograd(
             args += tails[len(args)]
             ctx.static_values = [args[i] for i in static_positions]
             outputs = output if isinstance(output, tuple) else (output,)
-            ctx.save_for_backward(*(args[i] for i in tensor_positions), *outputs)
+            if any(out._is_view() for out in outputs):
+                outputs = tuple(out.detach() if out._is_view() else out for out in outputs)
+                output = outputs if isinstance(output, tuple) else outputs[0]
+            saved = outputs if reads_outputs else ()
+            ctx.save_for_backward(*(args[i] for i in tensor_positions), *saved)
             return output
 
         @staticmethod
@@ -533,10 +545,13 @@ def _register_autograd(
             saved = ctx.saved_tensors
             count = len(tensor_positions)
             inputs, outputs = list(saved[:count]), list(saved[count:])
-            cotangents = [
-                torch.zeros_like(out) if g is None else g
-                for g, out in zip(grads, outputs, strict=True)
-            ]
+            if reads_outputs:
+                cotangents = [
+                    torch.zeros_like(out) if g is None else g
+                    for g, out in zip(grads, outputs, strict=True)
+                ]
+            else:  # grads are materialised (zeros for an unused output): never None here
+                cotangents = outputs = list(grads)
             present = present_differentiable(spec, inputs)
             diff_grads = dict(
                 zip(

@@ -77,7 +77,7 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
         [
             [
                 r["model"],
-                r.get("builds", "in-tree"),
+                r["builds"],
                 _swapped_cell(r),
                 r["left_alone"],
                 f"{r['max_logit_diff']:.2e}",
@@ -130,10 +130,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         # entered first: huggingface_hub must see the local endpoint when it is first imported
         hub = None if skip_hub else stack.enter_context(demo_hub.local_hub())
-        rows = [
-            {**row, "builds": "in-tree"}
-            for row in run_demo(models, registry=args.registry, threads=threads, progress=progress)
-        ]
+        rows = run_demo(models, registry=args.registry, threads=threads, progress=progress)
         if hub is not None:
             hub = demo_hub.publish_and_fetch(hub, progress)
             rows += demo_hub.hub_rows(hub, models, threads, progress)

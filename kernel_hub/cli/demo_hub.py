@@ -175,6 +175,4 @@ def hub_rows(
     registry = load_registry(hub.registry)
     mapping = {b.op: str(registry.get(b.op).version) for b in hub.builds}
     with kernel_mapping(mapping):
-        rows = run_demo(models, registry=hub.registry, threads=threads, progress=progress)
-    label = "hub: " + ", ".join(b.op for b in hub.builds)
-    return [{**row, "builds": label} for row in rows]
+        return run_demo(models, registry=hub.registry, threads=threads, progress=progress)

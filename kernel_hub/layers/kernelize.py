@@ -564,8 +564,10 @@ def kernelize(
             if getattr(interface, "registry_bound", False) and not source.canonical(interface.op):
                 continue  # e.g. the rotary slot: a candidate only with a registry serving it
             entries += _switch_interface(source, model, interface)
+    origins = {e.op: source.kernel(e.op).origin.source for e in entries if e.swapped}
     swaps.record_report(
-        model, KernelizeReport(type(model).__name__, mode.label, device_type, tuple(entries))
+        model,
+        KernelizeReport(type(model).__name__, mode.label, device_type, tuple(entries), origins),
     )
     report = kernelize_report(model)
     log.info("%s", report)

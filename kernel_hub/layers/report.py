@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -41,6 +42,9 @@ class KernelizeReport:
     mode: str
     device: str
     entries: tuple[ReportEntry, ...]
+    origins: Mapping[str, str] = field(default_factory=dict)
+    """Op -> where the kernel that swapped its modules came from (``in-tree``, ``local`` or
+    ``hub``: its ``origin.source``)."""
 
     @property
     def swapped(self) -> tuple[ReportEntry, ...]:
@@ -70,4 +74,5 @@ class KernelizeReport:
             "device": self.device,
             "summary": self.summary(),
             "entries": [asdict(e) for e in self.entries],
+            "origins": dict(self.origins),
         }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,9 +96,23 @@ def compare_model(
         "stock_ms": stock.forward_ms,
         "kernelized_ms": kernelized.forward_ms,
         "unkernelize_restores": restored,
+        "builds": builds_label(report.origins),
         "ok": max_diff <= LOGIT_TOLERANCE and greedy_identical and restored,
         "report": report.to_dict(),
     }
+
+
+def builds_label(origins: Mapping[str, str]) -> str:
+    """Where the swapped ops' kernels came from: ``in-tree`` when every one is, else each source
+    with its ops (``hub: attention, rmsnorm; in-tree: rotary``); ``none`` when nothing swapped."""
+    by_source: dict[str, list[str]] = {}
+    for op, source in sorted(origins.items()):
+        by_source.setdefault(source, []).append(op)
+    if set(by_source) == {"in-tree"}:
+        return "in-tree"
+    order = ("hub", "local", "in-tree")
+    labels = [f"{s}: {', '.join(by_source[s])}" for s in sorted(by_source, key=order.index)]
+    return "; ".join(labels) or "none"
 
 
 def run_demo(

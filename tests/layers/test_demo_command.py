@@ -14,7 +14,8 @@ from kernel_hub import load_registry
 from kernel_hub.cli import main
 from kernel_hub.cli.demo_cmds import CPU_TIMING_NOTE
 from kernel_hub.errors import UnknownNameError
-from kernel_hub.models.demo import run_demo
+from kernel_hub.models.demo import builds_label, run_demo
+from kernel_hub.paths import kernels_dir
 
 from .kernelize_helpers import TOLERANCE, TmpHub
 
@@ -52,12 +53,17 @@ def test_demo_table(capsys: pytest.CaptureFixture) -> None:
         assert row.rstrip().endswith("ok"), row
 
 
-def test_demo_json(capsys: pytest.CaptureFixture) -> None:
+def test_demo_json(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     threads = torch.get_num_threads()
+    # rmsnorm from a local directory: the row says so (labelled by where kernels came from)
+    monkeypatch.setenv("KERNEL_HUB_LOCAL_KERNELS", f"rmsnorm={kernels_dir() / 'rmsnorm'}")
     assert main(["demo", "--json", "--no-hub", "--model", "llama", "--threads", "2"]) == 0
     assert torch.get_num_threads() == threads
     (row,) = json.loads(capsys.readouterr().out)
     assert row["model"] == "LlamaForCausalLM" and row["ok"] and row["torch_threads"] == 2
+    origins = row["report"]["origins"]
+    assert origins.pop("rmsnorm") == "local" and set(origins.values()) == {"in-tree"}
+    assert row["builds"] == f"local: rmsnorm; in-tree: {', '.join(sorted(origins))}"
     assert row["swapped"] == expected_swaps("llama")
     assert 0 <= row["max_logit_diff"] <= TOLERANCE
     assert row["greedy_identical"] and row["unkernelize_restores"]
@@ -135,9 +141,19 @@ def test_demo_runs_the_hub_round_trip_offline(tmp_path) -> None:
         assert len(build["commit"]) == 40 and build["signed_by"].startswith("ed25519:")
     rows = result["rows"]
     assert [r["builds"] for r in rows[:2]] == ["in-tree", "in-tree"]
-    assert all(r["builds"] == "hub: " + ", ".join(published) for r in rows[2:])
+    for row in rows[2:]:  # labelled by where each swapped op's kernel came from
+        used = sorted(row["report"]["origins"])
+        assert set(used) <= set(published) and set(row["report"]["origins"].values()) == {"hub"}
+        assert row["builds"] == "hub: " + ", ".join(used)
     assert len(rows) == 4 and all(r["ok"] for r in rows)
     # kernelize asked for each published op by version range, which only a hub build satisfies:
     # a failed fetch or verification would leave the layers alone instead
     for in_tree, hub, model in zip(rows[:2], rows[2:], ("llama", "mixtral"), strict=True):
         assert hub["swapped"] == in_tree["swapped"] == expected_swaps(model)
+
+
+def test_builds_label_names_each_source_with_its_ops() -> None:
+    assert builds_label({"rmsnorm": "in-tree", "attention": "in-tree"}) == "in-tree"
+    assert builds_label({}) == "none"
+    mixed = {"rotary": "in-tree", "rmsnorm": "hub", "attention": "hub", "gated-mlp": "local"}
+    assert builds_label(mixed) == "hub: attention, rmsnorm; local: gated-mlp; in-tree: rotary"

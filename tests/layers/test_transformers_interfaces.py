@@ -108,3 +108,53 @@ def test_part_of_a_model_cannot_switch_its_attention(tmp_hub: TmpHub) -> None:
     report = kernelize(layer, registry=registry)
     (entry,) = interface_entries(report, "attention")
     assert "has no set_attn_implementation()" in entry.reason
+
+
+def _fake_kernel(adapter: object) -> object:
+    from types import SimpleNamespace
+
+    from kernel_hub.kernel_api import KernelDeclaration
+
+    declaration = KernelDeclaration(
+        ops={}, jax=None, integrations={"transformers": lambda: adapter}
+    )
+    return SimpleNamespace(KERNEL=declaration, manifest=SimpleNamespace(name="k", version="1.0.0"))
+
+
+@pytest.mark.parametrize(
+    ("module", "interface", "function", "recorded"),
+    [
+        ("rotary_slot", "RotarySlotInterface", "apply_rotary", "_FUNCTIONS"),
+        ("causal_lm_loss", "CausalLMLossInterface", "causal_lm_loss", "_LOSSES"),
+    ],
+)
+def test_slots_kernel_hub_fills_read_the_whole_adapter_contract(
+    module: str, interface: str, function: str, recorded: str
+) -> None:
+    """The rotary slot and the causal-LM loss read a kernel's adapter as every interface does (no
+    attribute defaulted) and record the function its registered name stands for."""
+    import importlib
+    from types import SimpleNamespace
+
+    from kernel_hub.errors import KernelHubError
+
+    integrations = importlib.import_module(f"kernel_hub.layers.integrations.{module}")
+    slot = getattr(integrations, interface)()
+    fn = print
+    whole = {
+        "register": lambda: "k_name",
+        "has_backward": False,
+        "can_torch_compile": True,
+        "module_problem": None,
+        function: fn,
+    }
+    adapter = slot.integration(_fake_kernel(SimpleNamespace(**whole)))
+    assert (adapter.has_backward, adapter.can_torch_compile) == (False, True)
+    assert adapter.register() == "k_name" and getattr(integrations, recorded)["k_name"] is fn
+    assert slot.integration(_fake_kernel(None)) is None
+    partial = SimpleNamespace(**{k: v for k, v in whole.items() if k != "has_backward"})
+    with pytest.raises(KernelHubError, match=r"k 1\.0\.0 integrations lacks has_backward"):
+        slot.integration(_fake_kernel(partial))
+    lacking = SimpleNamespace(**{k: v for k, v in whole.items() if k != function})
+    with pytest.raises(KernelHubError, match=f"lacks the function {function}"):
+        slot.integration(_fake_kernel(lacking))

@@ -38,6 +38,8 @@ import torch
 
 from kernel_hub.errors import KernelHubError
 
+from .recording import recording_adapter
+
 _STATE = "_kernel_hub_causal_lm_loss"
 """Instance attribute of a switched model: its ``_Installed``."""
 _LOSS_KEYWORDS = ("num_items_in_batch", "ignore_index", "shift_labels")
@@ -363,8 +365,7 @@ class CausalLMLossInterface:
         return []
 
     def integration(self, kernel: types.ModuleType) -> Any:
-        adapter = kernel.KERNEL.integration("transformers")
-        return _Adapter(adapter) if adapter is not None else None
+        return recording_adapter(kernel, "causal_lm_loss", _LOSSES)
 
     def model_problem(self, model: torch.nn.Module, modules: list) -> str | None:
         if [n for n, _ in modules] != [""]:
@@ -407,18 +408,3 @@ class CausalLMLossInterface:
 
 _LOSSES: dict[str, Any] = {}
 """Registered name -> the kernel's ``causal_lm_loss``."""
-
-
-class _Adapter:
-    """The kernel's Transformers adapter, its ``register()`` also recording its loss function."""
-
-    def __init__(self, adapter: Any):
-        self._adapter = adapter
-        self.has_backward = getattr(adapter, "has_backward", True)
-        self.can_torch_compile = getattr(adapter, "can_torch_compile", False)
-        self.module_problem = getattr(adapter, "module_problem", None)
-
-    def register(self) -> str:
-        name = self._adapter.register()
-        _LOSSES[name] = self._adapter.causal_lm_loss
-        return name

@@ -39,6 +39,8 @@ import torch
 
 from kernel_hub.errors import KernelHubError
 
+from .recording import recording_adapter
+
 SLOT = "apply_rotary_pos_emb"
 """The global an attention forward calls (the slot Transformers marks ``rotary_pos_emb``)."""
 _OTHER_ROTARY = re.compile(r"apply_\w*(rotary|rope)\w*")
@@ -347,8 +349,7 @@ class RotarySlotInterface:
         return found
 
     def integration(self, kernel: types.ModuleType) -> Any:
-        adapter = kernel.KERNEL.integration("transformers")
-        return _Adapter(adapter) if adapter is not None else None
+        return recording_adapter(kernel, "apply_rotary", _FUNCTIONS)
 
     def model_problem(self, model: torch.nn.Module, modules: list) -> str | None:
         problems = {}
@@ -399,18 +400,3 @@ class RotarySlotInterface:
 
 _FUNCTIONS: dict[str, Any] = {}
 """Registered name -> the kernel's ``apply_rotary``."""
-
-
-class _Adapter:
-    """The kernel's Transformers adapter, its ``register()`` also recording its function."""
-
-    def __init__(self, adapter: Any):
-        self._adapter = adapter
-        self.has_backward = getattr(adapter, "has_backward", True)
-        self.can_torch_compile = getattr(adapter, "can_torch_compile", False)
-        self.module_problem = getattr(adapter, "module_problem", None)
-
-    def register(self) -> str:
-        name = self._adapter.register()
-        _FUNCTIONS[name] = self._adapter.apply_rotary
-        return name

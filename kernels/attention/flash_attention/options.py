@@ -8,10 +8,9 @@ declared here, last, and used where the math needs it; nothing else lists it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
-from kernel_hub.kernel_api import require
+from kernel_hub.kernel_api import check_score_options, resolved_scores
 
 OP = "dot_product_attention"
 
@@ -42,29 +41,12 @@ class AttentionSpec:
     sliding layers) rather than ``(causal & window) | group``."""
 
     def __post_init__(self) -> None:
-        if self.sliding_window is not None:
-            require(
-                isinstance(self.sliding_window, int) and self.sliding_window >= 1,
-                f"{OP}: sliding_window={self.sliding_window!r}; it must be an integer >= 1 "
-                f"(keys with 0 <= query position - key position < sliding_window are kept) or "
-                f"None",
-            )
-        if self.softcap is not None:
-            require(
-                math.isfinite(self.softcap) and self.softcap > 0,
-                f"{OP}: softcap={self.softcap!r}; it must be a finite number > 0 or None",
-            )
-        if self.scale is not None:
-            require(
-                math.isfinite(self.scale), f"{OP}: scale={self.scale!r}; it must be finite or None"
-            )
+        check_score_options(self, OP)
 
     def resolved(self, head_dim: int) -> AttentionSpec:
         """These options with the default scale 1/sqrt(head_dim) filled in (numbers as floats)."""
         return replace(
             self,
-            causal=bool(self.causal),
-            softcap=None if self.softcap is None else float(self.softcap),
-            scale=float(head_dim**-0.5 if self.scale is None else self.scale),
+            **resolved_scores(self, head_dim),
             window_bounds_groups=bool(self.window_bounds_groups),
         )

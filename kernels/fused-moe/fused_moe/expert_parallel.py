@@ -12,6 +12,8 @@ the fused kernel.
 
 from __future__ import annotations
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
@@ -21,29 +23,27 @@ from kernel_hub.kernel_api import KernelInputError, find_mesh, require, shard_ma
 from . import api
 
 OP = "fused_experts_ep"
+_EXPERTS = inspect.signature(api.fused_experts)
+"""``fused_experts_ep`` takes ``fused_experts``'s arguments (and ``axis``): read from there."""
+_ARRAYS = [n for n, p in _EXPERTS.parameters.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
+_REQUIRED = sum(_EXPERTS.parameters[n].default is inspect.Parameter.empty for n in _ARRAYS)
+_CONFIG = tuple(inspect.signature(api.make_config).parameters)
+_PASSED = [n for n in _EXPERTS.parameters if n not in _ARRAYS and n not in _CONFIG]
+"""Keywords ``fused_experts`` hands to its table as they are (blocks, implementation)."""
 
 
-def fused_experts_ep(
-    hidden_states: jax.Array,
-    top_k_index: jax.Array,
-    top_k_weights: jax.Array,
-    w_gate_up: jax.Array,
-    w_down: jax.Array,
-    gate_up_bias: jax.Array | None = None,
-    down_bias: jax.Array | None = None,
-    gate_up_scale: jax.Array | None = None,
-    down_scale: jax.Array | None = None,
-    *,
-    axis: str = "ep",
-    implementation: str | None = None,
-    **options,
-) -> jax.Array:
+def fused_experts_ep(*args, axis: str = "ep", **kwargs) -> jax.Array:
     """``api.fused_experts`` with the experts (dimension 0 of the weights, biases and scales)
     split over mesh axis ``axis`` (the mesh of Explicit-sharded inputs or of
-    ``kernel_hub.use_mesh``); ``options`` are ``fused_experts``'s keyword arguments. The result
-    is [T, H], replicated."""
-    optional = (gate_up_bias, down_bias, gate_up_scale, down_scale)
-    arrays = (hidden_states, top_k_index, top_k_weights, w_gate_up, w_down)
+    ``kernel_hub.use_mesh``); the other arguments are ``fused_experts``'s. The result is [T, H],
+    replicated."""
+    unknown = sorted(set(kwargs) - set(_EXPERTS.parameters))
+    require(not unknown, f"{OP}: unknown options {unknown}")
+    bound = _EXPERTS.bind(*args, **kwargs)
+    bound.apply_defaults()
+    values = bound.arguments
+    arrays = tuple(values[n] for n in _ARRAYS[:_REQUIRED])
+    optional = tuple(values[n] for n in _ARRAYS[_REQUIRED:])
     present = [a for a in optional if a is not None]
     found = find_mesh(OP, (*arrays, *present))
     if found is None:
@@ -53,21 +53,13 @@ def fused_experts_ep(
         )
     mesh, explicit = found
     require(axis in mesh.axis_names, f"{OP}: mesh axes {mesh.axis_names} have no {axis!r}")
-    shards, experts = mesh.shape[axis], w_gate_up.shape[0]
+    shards, experts = mesh.shape[axis], values["w_gate_up"].shape[0]
     require(
         experts % shards == 0,
         f"{OP}: {experts} experts must divide by the {shards} shards of axis {axis!r}",
     )
-    config = api.make_config(
-        options.pop("activation", "silu"),
-        options.pop("alpha", 1.702),
-        options.pop("limit", 7.0),
-        options.pop("transposed", False),
-        options.pop("interleaved", False),
-        options.pop("quantization", None),
-    )
-    blocks = options.pop("blocks", None)
-    require(not options, f"{OP}: unknown options {sorted(options)}")
+    config = api.make_config(**{n: values[n] for n in _CONFIG})
+    passed = {n: values[n] for n in _PASSED}
     api.check_inputs(*arrays, *optional, config)
 
     def body(x, ids, weights, w1, w2, *rest):
@@ -75,12 +67,19 @@ def fused_experts_ep(
         local = [None if a is None else next(it) for a in optional]
         first = jax.lax.axis_index(axis) * w1.shape[0]
         partial = api.TABLE(
-            x, ids - first, weights, w1, w2, *local,
-            config=config, out_dtype=jnp.float32, blocks=blocks, implementation=implementation,
-        )  # fmt: skip
+            x, ids - first, weights, w1, w2, *local, config=config, out_dtype=jnp.float32, **passed
+        )
         return jax.lax.psum(partial, axis).astype(x.dtype)
 
     split = lambda rank: ((axis,),) + ((),) * (rank - 1)
     whole = lambda rank: ((),) * rank
     specs = [whole(a.ndim) for a in arrays[:3]] + [split(a.ndim) for a in (*arrays[3:], *present)]
     return shard_map_all(body, mesh, (*arrays, *present), specs, PartitionSpec(), explicit)
+
+
+fused_experts_ep.__signature__ = _EXPERTS.replace(  # type: ignore[attr-defined]
+    parameters=[
+        *_EXPERTS.parameters.values(),
+        inspect.Parameter("axis", inspect.Parameter.KEYWORD_ONLY, default="ep", annotation=str),
+    ]
+)

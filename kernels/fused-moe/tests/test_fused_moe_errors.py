@@ -100,3 +100,32 @@ def test_zero_tokens_give_an_empty_result():
     a = args(tokens=0)
     out = api.fused_experts(*a)
     assert out.shape == (0, 128)
+
+
+def test_expert_parallel_takes_fused_experts_arguments():
+    """``fused_experts_ep``'s parameters are ``fused_experts``'s (read from it) and ``axis``;
+    an unknown keyword is named; on a one-device ep mesh it gives ``fused_experts``'s result."""
+    import inspect
+
+    import jax
+
+    from kernel_hub import use_mesh
+
+    ep = fused.expert_parallel.fused_experts_ep
+    own = list(inspect.signature(api.fused_experts).parameters.values())
+    assert list(inspect.signature(ep).parameters.values())[:-1] == own
+    assert str(list(inspect.signature(ep).parameters.values())[-1]) == "axis: str = 'ep'"
+    a = args()
+    a[3] = jnp.asarray(np.random.default_rng(1).standard_normal(a[3].shape) / 8, jnp.float32)
+    a[4] = jnp.asarray(np.random.default_rng(2).standard_normal(a[4].shape) / 8, jnp.float32)
+    with pytest.raises(KernelInputError, match=r"fused_experts_ep: unknown options \['gate'\]"):
+        ep(*a, gate="silu")
+    with pytest.raises(KernelInputError, match="fused_experts_ep: needs a mesh with an 'ep' axis"):
+        ep(*a)
+    mesh = jax.make_mesh((1,), ("ep",), devices=jax.devices()[:1])
+    with use_mesh(mesh):
+        with pytest.raises(KernelInputError, match="activation must be one of"):
+            ep(*a, activation="relu")
+        got = ep(*a, activation="gelu", implementation="xla")
+    expected = api.fused_experts(*a, activation="gelu", implementation="xla")
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), rtol=1e-6, atol=1e-6)

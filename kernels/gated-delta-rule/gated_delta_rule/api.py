@@ -9,12 +9,13 @@ import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
-    Implementation,
-    ImplementationTable,
     check_dtype,
     check_rank,
+    float64_problem,
     jax_platform,
+    pallas_and_xla,
     require,
+    tiling,
 )
 
 from . import chunked, layout, pallas_tpu, reference, sharding
@@ -114,19 +115,10 @@ def _chunk_xla(q, k, v, g, beta, initial_state, cu_seqlens, *, chunk_size, use_q
 
 
 def _chunk_pallas_problem(q, *args, chunk_size, **kwargs):
-    if q.dtype == jnp.float64 and jax_platform() != "cpu":
-        return "float64 runs only in interpret mode"
-    return pallas_tpu.config_problem(pallas_tpu.ChunkConfig(chunk_size))
+    return float64_problem(q) or tiling.chunk_problem(chunk_size)
 
 
-CHUNK_TABLE = ImplementationTable(
-    CHUNK_OP,
-    [
-        Implementation("pallas", _chunk_pallas, ("tpu", "cpu"), _chunk_pallas_problem),
-        Implementation("xla", _chunk_xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+CHUNK_TABLE = pallas_and_xla(CHUNK_OP, _chunk_pallas, _chunk_xla, _chunk_pallas_problem)
 
 
 @sharding.chunk_boundary
@@ -194,24 +186,16 @@ def _decode_xla(q, k, v, g, beta, initial_state, *, use_qk_l2norm, scale):
 
 
 def _decode_pallas_problem(q, *args, **kwargs):
-    if q.dtype == jnp.float64 and jax_platform() != "cpu":
-        return "float64 runs only in interpret mode"
-    if q.shape[1] > pallas_tpu.MAX_DECODE_TOKENS:
-        return (
-            f"{q.shape[1]} tokens per sequence; the decode kernel unrolls at most "
-            f"{pallas_tpu.MAX_DECODE_TOKENS} (use chunk_gated_delta_rule for prefill)"
-        )
-    return None
+    tokens, most = q.shape[1], pallas_tpu.MAX_DECODE_TOKENS
+    return float64_problem(q) or (
+        f"{tokens} tokens per sequence; the decode kernel unrolls at most {most} (use "
+        "chunk_gated_delta_rule for prefill)"
+        if tokens > most
+        else None
+    )
 
 
-DECODE_TABLE = ImplementationTable(
-    DECODE_OP,
-    [
-        Implementation("pallas", _decode_pallas, ("tpu", "cpu"), _decode_pallas_problem),
-        Implementation("xla", _decode_xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+DECODE_TABLE = pallas_and_xla(DECODE_OP, _decode_pallas, _decode_xla, _decode_pallas_problem)
 
 
 @sharding.decode_boundary

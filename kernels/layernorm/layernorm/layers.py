@@ -31,10 +31,7 @@ def _layer_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     y = layer_norm_any(
         x.reshape(*lead, -1), _flat(module.weight), _flat(module.bias), float(module.eps)
     )
-    y = y.reshape(x.shape)
-    # The op saves its output for the backward and returns it as a view: a model that scales
-    # the output in place (XLM: tensor *= mask) needs its own copy when a gradient flows.
-    return y.clone() if y.requires_grad else y
+    return y.reshape(x.shape)
 
 
 class LayerNorm(torch.nn.Module):

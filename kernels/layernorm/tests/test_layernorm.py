@@ -195,23 +195,30 @@ def test_layer_matches_torch_layernorm(make, dtype):
     assert abs_err <= TOL[dtype] * 4, abs_err
 
 
-def test_layer_output_may_be_modified_in_place_in_training():
+@pytest.mark.parametrize("lead", [(2, 5), (4,)], ids=["padded-rows-and-lead-dims", "exact-rows"])
+def test_layer_output_may_be_modified_in_place_in_training(lead):
     """XLM scales its LayerNorm output by the padding mask in place (``tensor *= mask``): the
-    swapped layer's output must allow that and give stock's gradients."""
+    swapped layer's output must allow that and give stock's output and gradients (the bridge
+    saves no output for the derived backward; the layer makes no copy)."""
     torch.manual_seed(0)
     stock = torch.nn.LayerNorm(48)
+    with torch.no_grad():
+        stock.weight.normal_()
+        stock.bias.normal_()
     swapped = types.MethodType(k.layers.LayerNorm.forward, stock)
-    x = torch.randn(2, 5, 48)
-    mask = (torch.arange(5) < 3).float()[None, :, None]
-    grads = []
+    x = torch.randn(*lead, 48, requires_grad=True)
+    mask = (torch.arange(lead[-1]) < 3).float()[:, None]
+    results = []
     for forward in (swapped, stock):
         stock.zero_grad()
+        x.grad = None
         y = forward(x)
         y *= mask
         y.square().sum().backward()
-        grads.append(stock.weight.grad.clone())
-    abs_err, _ = max_errors(grads[0], grads[1])
-    assert abs_err <= 1e-4, abs_err
+        results.append([y.detach(), x.grad, stock.weight.grad.clone(), stock.bias.grad.clone()])
+    for got, want in zip(*results, strict=True):
+        abs_err, _ = max_errors(got, want)
+        assert abs_err <= 1e-4, abs_err
 
 
 def test_module_check_says_why():

@@ -11,12 +11,13 @@ import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
-    Implementation,
-    ImplementationTable,
     check_dtype,
     check_rank,
+    float64_problem,
     jax_platform,
+    pallas_and_xla,
     require,
+    tiling,
 )
 
 from . import chunked, pallas_tpu, reference, sharding
@@ -160,19 +161,10 @@ def _chunk_pallas(x, dt, A, B, C, D, dt_bias, initial_states, seq_idx, *, chunk_
 
 
 def _chunk_pallas_problem(x, *args, chunk_size, **kwargs):
-    if x.dtype == jnp.float64 and jax_platform() != "cpu":
-        return "float64 runs only in interpret mode"
-    return pallas_tpu.config_problem(pallas_tpu.ChunkConfig(chunk_size))
+    return float64_problem(x) or tiling.chunk_problem(chunk_size)
 
 
-CHUNK_TABLE = ImplementationTable(
-    CHUNK_OP,
-    [
-        Implementation("pallas", _chunk_pallas, ("tpu", "cpu"), _chunk_pallas_problem),
-        Implementation("xla", _chunk_xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+CHUNK_TABLE = pallas_and_xla(CHUNK_OP, _chunk_pallas, _chunk_xla, _chunk_pallas_problem)
 
 
 @sharding.chunk_boundary
@@ -250,19 +242,10 @@ def _decode_pallas(state, x, dt, A, B, C, D, z, dt_bias, *, dt_softplus):
 
 
 def _decode_pallas_problem(state, x, *args, **kwargs):
-    if jnp.float64 in (state.dtype, x.dtype) and jax_platform() != "cpu":
-        return "float64 runs only in interpret mode"
-    return None
+    return float64_problem(state, x)
 
 
-DECODE_TABLE = ImplementationTable(
-    DECODE_OP,
-    [
-        Implementation("pallas", _decode_pallas, ("tpu", "cpu"), _decode_pallas_problem),
-        Implementation("xla", _decode_xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+DECODE_TABLE = pallas_and_xla(DECODE_OP, _decode_pallas, _decode_xla, _decode_pallas_problem)
 
 
 @sharding.decode_boundary

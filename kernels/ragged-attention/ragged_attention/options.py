@@ -8,10 +8,9 @@ declared here, last, and used where the math needs it; nothing else lists it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
-from kernel_hub.kernel_api import require
+from kernel_hub.kernel_api import check_score_options, resolved_scores
 
 KERNEL = "ragged-attention"
 RAGGED_UNUSED = ("pages_per_block",)
@@ -40,28 +39,8 @@ class RaggedSpec:
     pages_per_block: int | None = None
 
     def __post_init__(self) -> None:
-        if self.sliding_window is not None:
-            require(
-                isinstance(self.sliding_window, int) and self.sliding_window >= 1,
-                f"{KERNEL}: sliding_window={self.sliding_window!r}; it must be an integer >= 1 "
-                f"or None",
-            )
-        if self.softcap is not None:
-            require(
-                math.isfinite(self.softcap) and self.softcap > 0,
-                f"{KERNEL}: softcap={self.softcap!r}; it must be a finite number > 0 or None",
-            )
-        if self.scale is not None:
-            require(
-                math.isfinite(self.scale),
-                f"{KERNEL}: scale={self.scale!r}; it must be finite or None",
-            )
+        check_score_options(self, KERNEL)
 
     def resolved(self, head_dim: int) -> RaggedSpec:
         """These options with the default scale 1/sqrt(head_dim) filled in (numbers as floats)."""
-        return replace(
-            self,
-            causal=bool(self.causal),
-            softcap=None if self.softcap is None else float(self.softcap),
-            scale=float(head_dim**-0.5 if self.scale is None else self.scale),
-        )
+        return replace(self, **resolved_scores(self, head_dim))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -106,3 +107,20 @@ def test_schemas_keep_their_positions(ragged):
         "query", "k_pages", "v_pages", "block_table", "kv_lens", "sinks", *common,
         "pages_per_block",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"sliding_window": 0}, "ragged-attention: sliding_window=0; it must be an integer >= 1"),
+        ({"softcap": -1.0}, "ragged-attention: softcap=-1.0; it must be a finite number > 0"),
+        ({"scale": float("inf")}, "ragged-attention: scale=inf; it must be finite or None"),
+    ],
+)
+def test_bad_option_values(ragged, no_kernel_runs, option, message):
+    q, k, v, table, lens = _paged_inputs()
+    with pytest.raises(KernelInputError, match=re.escape(message)):
+        ragged.paged_attention(q, k, v, table, lens, **option)
+    cu = torch.tensor([0, 2], dtype=torch.int32)
+    with pytest.raises(KernelInputError, match=re.escape(message)):
+        ragged.ragged_attention(q[:2], k[0, :2], v[0, :2], cu, cu, **option)
