@@ -17,6 +17,7 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase
 
 from . import quant
 from .api import fused_experts
+from .blocks import lane_padded
 from .torch_ops import fused_experts as fused_experts_op
 
 
@@ -42,6 +43,19 @@ GPT_OSS_MXFP4 = MoEShape("gpt-oss-mxfp4-1024", 16, 1024, 1024, 4, "gpt_oss", Fal
 """GPT-OSS's experts in its MXFP4 checkpoint layout ([E, out, in / 2]) at H = I = 1024 (compile
 cells): at GPT-OSS's own 2880 the down block must span the whole I (no 256-multiple divides
 2880) and the decoded block does not fit VMEM, so those calls take the XLA path."""
+
+
+def prepared(model: MoEShape) -> MoEShape:
+    """The layer as the Transformers integration hands it to the kernel: float and int8 weights
+    zero-padded once to ``blocks.lane_padded`` sizes (GPT-OSS: H 2880 -> 2944), so no call
+    relayouts them (see ``padding``)."""
+    hidden, inter = lane_padded(
+        model.hidden, model.intermediate, transposed=model.transposed,
+        interleaved=model.interleaved,
+    )  # fmt: skip
+    if (hidden, inter) == (model.hidden, model.intermediate):
+        return model
+    return model._replace(name=f"{model.name}-padded", hidden=hidden, intermediate=inter)
 
 
 def weight_shapes(
