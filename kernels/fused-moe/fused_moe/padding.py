@@ -3,16 +3,18 @@
 A TPU array whose minor dimension is not a multiple of 128 gets a compact layout (e.g. GPT-OSS's
 ``down_proj`` [E, I, 2880] is stored ``{0,2,1}``, experts on lanes); the kernel reads row-major
 blocks, so XLA copied the whole weight on every call. ``prepare`` zero-pads H (and I where I is a
-minor axis) to a multiple of 128 once, and keeps the module's parameters as views of the padded
-storage: their shapes and values stay the stock ones (the stock forward, ``state_dict`` and
-in-place loads work as before; memory grows by the padding only). Each call pads the activations
-(``[T, H]``, small) and slices the output; padded rows and columns are zero, so results are
-exact (a padded intermediate column gives act(0, 0) = 0 for every gated activation).
+minor axis: ``blocks.lane_padded``) once, and keeps the module's parameters as views of the
+padded storage: their shapes and values stay the stock ones (the stock forward, ``state_dict``
+and in-place loads work as before; memory grows by the padding only). Each call pads the
+activations (``[T, H]``, small) and slices the output; padded rows and columns are zero, so
+results are exact (a padded intermediate column gives act(0, 0) = 0 for every gated activation).
 
-Applies to float and int8 weights in plain torch storage. Left as they are: fp8 and w8a8 (their
-H and I are multiples of 128 already), mxfp4 (packed bytes and scales need another layout), and
-weights a view cannot share storage with (tensor subclasses). A call that needs gradients reads
-the parameters themselves (the padded storage is outside autograd).
+Float, int8 and mxfp4 weights in plain torch storage. mxfp4 pads H and I to 128 bytes (256
+values; GPT-OSS: 2880 -> 3072, which also gives the kernel intermediate blocks that divide I)
+and its scale groups to 128 (zero bytes decode to 0; groups past the bytes are never read).
+Left as they are: fp8 and w8a8 (H and I are multiples of 128 already), and weights a view
+cannot share storage with (tensor subclasses). A call that needs gradients reads the
+parameters themselves (the padded storage is outside autograd).
 """
 
 from __future__ import annotations
@@ -20,29 +22,60 @@ from __future__ import annotations
 import torch
 
 from . import quantized
-from .blocks import lane_padded
+from .blocks import LANES, lane_padded
+from .quant import MX_GROUP
 
 PADDED = "_kernel_hub_padded"
 """Module attribute: {"extra": padded H - H, "tensors": the padded tensors by name}."""
-_PADDABLE = (None, "int8")
+_PADDABLE = (None, "int8", "mxfp4")
 
 
 def sizes(module: torch.nn.Module) -> tuple[int, int, int, int]:
     """(H, padded H, I, padded I) of an experts module (``blocks.lane_padded``)."""
     transposed = getattr(module, "is_transposed", False)
+    packing = 2 if quantized.kind(module) == "mxfp4" else 1
     gate_up = module.gate_up_proj
-    hidden = gate_up.shape[1] if transposed else gate_up.shape[2]
+    hidden = gate_up.shape[1] if transposed else gate_up.shape[2] * packing
     inter = (gate_up.shape[2] if transposed else gate_up.shape[1]) // 2
     interleaved = not getattr(module, "is_concatenated", True)
-    padded = lane_padded(hidden, inter, transposed=transposed, interleaved=interleaved)
+    padded = lane_padded(hidden, inter, transposed=transposed, interleaved=interleaved,
+                         packing=packing)  # fmt: skip
     return hidden, padded[0], inter, padded[1]
 
 
-def _pad_axis(t: torch.Tensor, axis: int, size: int) -> torch.Tensor:
-    shape = list(t.shape)
-    shape[axis] = size
+def _shapes(module: torch.nn.Module, hidden: int, inter: int) -> dict[str, tuple[int, ...]]:
+    """Padded shape of each expert tensor the kernel reads, by attribute name. Every padding
+    is a trailing block (interleaved gate/up pairs at the end), so the stock tensor is the
+    leading block of the padded one."""
+    kind = quantized.kind(module)
+    experts = module.gate_up_proj.shape[0]
+    packing = 2 if kind == "mxfp4" else 1
+    if getattr(module, "is_transposed", False):
+        shapes = {
+            "gate_up_proj": (experts, hidden, 2 * inter),
+            "down_proj": (experts, inter, hidden),
+        }
+    else:
+        shapes = {
+            "gate_up_proj": (experts, 2 * inter, hidden // packing),
+            "down_proj": (experts, hidden, inter // packing),
+        }
+    if getattr(module, "has_bias", False):
+        shapes |= {"gate_up_proj_bias": (experts, 2 * inter), "down_proj_bias": (experts, hidden)}
+    if kind == "int8":
+        shapes |= {"gate_up_proj_scale": (experts, 2 * inter), "down_proj_scale": (experts, hidden)}
+    if kind == "mxfp4":  # scale groups padded to whole lanes too (unread past the bytes)
+        groups = lambda n: -(-n // MX_GROUP // LANES) * LANES
+        shapes |= {
+            "gate_up_proj_scales": (experts, 2 * inter, groups(hidden)),
+            "down_proj_scales": (experts, hidden, groups(inter)),
+        }
+    return shapes
+
+
+def _padded(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     out = t.new_zeros(shape)
-    out.narrow(axis, 0, t.shape[axis]).copy_(t)
+    _view_of(out, t.shape).copy_(t)
     return out
 
 
@@ -52,31 +85,6 @@ def _view_of(padded: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     for axis, size in enumerate(shape):
         view = view.narrow(axis, 0, size)
     return view
-
-
-def _padded_tensors(module: torch.nn.Module, hidden: int, inter: int) -> dict[str, torch.Tensor]:
-    """Zero-padded copies of the module's expert tensors, by attribute name."""
-    transposed = getattr(module, "is_transposed", False)
-    gate_axis, down_axis = (1, 2) if transposed else (2, 1)
-    names = ["gate_up_proj", "down_proj"]
-    if getattr(module, "has_bias", False):
-        names += ["gate_up_proj_bias", "down_proj_bias"]
-    if quantized.kind(module) == "int8":
-        names += ["gate_up_proj_scale", "down_proj_scale"]
-    out = {}
-    for name in names:
-        t = getattr(module, name).detach()
-        if name.startswith("gate_up"):  # 2I on axis 2 / 1 (weight) or 1 (bias, scale)
-            i_axis = (2 if transposed else 1) if name == "gate_up_proj" else 1
-            t = _pad_axis(t, i_axis, 2 * inter)  # zero (gate, up) pairs at the end
-            if name == "gate_up_proj":
-                t = _pad_axis(t, gate_axis, hidden)
-        elif name == "down_proj":
-            t = _pad_axis(_pad_axis(t, down_axis, hidden), 3 - down_axis, inter)
-        else:  # down bias / scale [E, H]
-            t = _pad_axis(t, 1, hidden)
-        out[name] = t
-    return out
 
 
 def prepare(module: torch.nn.Module) -> bool:
@@ -91,7 +99,8 @@ def prepare(module: torch.nn.Module) -> bool:
     params = [getattr(module, p) for p in ("gate_up_proj", "down_proj")]
     if any(type(p) not in (torch.Tensor, torch.nn.Parameter) for p in params):
         return False
-    tensors = _padded_tensors(module, padded_hidden, padded_inter)
+    shapes = _shapes(module, padded_hidden, padded_inter)
+    tensors = {n: _padded(getattr(module, n).detach(), shape) for n, shape in shapes.items()}
     for name, padded in tensors.items():
         old = getattr(module, name)
         view = _view_of(padded, old.shape)
@@ -125,6 +134,7 @@ def kernel_tensors(module: torch.nn.Module) -> tuple[tuple, int]:
     prepared = getattr(module, PADDED)
     padded = prepared["tensors"]
     names = ["gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"]
-    names += ["gate_up_proj_scale", "down_proj_scale"]
+    kind = quantized.kind(module)
+    names += [quantized.scale_name(kind, p) if kind else "" for p in ("gate_up_proj", "down_proj")]
     picked = tuple(None if t is None else padded[n] for n, t in zip(names, tensors, strict=True))
     return picked, prepared["extra"]

@@ -93,7 +93,7 @@ def test_replaced_weights_are_followed_and_repadded():
     assert (got - expected).abs().max().item() <= TOLERANCE
 
 
-def test_int8_weights_are_padded_and_mxfp4_left_alone():
+def test_int8_and_mxfp4_weights_are_padded():
     model = build("mixtral")
     kh.quantize_experts(model, "int8")
     module = experts_modules(model)[0]
@@ -105,8 +105,11 @@ def test_int8_weights_are_padded_and_mxfp4_left_alone():
     model = build("gpt_oss")
     kh.kernelize(model, mode="inference")
     module = experts_modules(model)[0]
-    assert hasattr(module, padding.PADDED)
-    kh.quantize_experts(model, "mxfp4")  # the padded float copies are dropped, bytes not padded
+    kh.quantize_experts(model, "mxfp4")  # the float padding is replaced by the bytes' padding
     assert fused.integrations.module_problem(module) is None
-    assert not hasattr(module, padding.PADDED)
+    padded = getattr(module, padding.PADDED)["tensors"]
+    assert {t.dtype for t in padded.values() if t.ndim == 3} == {torch.uint8}
+    for name in ("gate_up_proj", "down_proj", "gate_up_proj_scales", "down_proj_scales"):
+        assert padded[name].shape[2] % 128 == 0, name
+        assert getattr(module, name).data_ptr() == padded[name].data_ptr()
     kh.unkernelize(model)
