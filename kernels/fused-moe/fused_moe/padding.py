@@ -114,7 +114,8 @@ def prepare(module: torch.nn.Module) -> bool:
 
 def _current(module: torch.nn.Module, prepared: dict) -> bool:
     """Whether the parameters still live on the padded storage (a ``.to()`` or a replaced
-    parameter moves them off it). Not checkable while compiling: kernelize prepared them."""
+    parameter moves them off it). Not checkable while compiling (dynamo cannot trace storage
+    pointers): a compiled model whose weights are replaced must be kernelized again."""
     if torch.compiler.is_compiling():
         return True
     return all(
