@@ -117,6 +117,7 @@ def module_problem(module: torch.nn.Module) -> str | None:
 
 
 def _problem(module: torch.nn.Module) -> str | None:
+    """``module_problem``'s checks, leaving the weights as they are."""
     if getattr(module, "_is_expert_parallel", False) or any(
         _sharded(getattr(module, p)) for p in ("gate_up_proj", "down_proj") if hasattr(module, p)
     ):

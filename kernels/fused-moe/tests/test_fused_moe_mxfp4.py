@@ -130,6 +130,9 @@ def test_bad_mxfp4_inputs_are_refused_with_the_rule():
     with pytest.raises(KernelInputError, match=r"gate_up_scale.*uint8"):
         api.fused_experts(x, ids, w, w1, w2, None, None, s1.astype(np.float32), s2,
                           quantization="mxfp4")  # fmt: skip
+    odd = np.concatenate([s1, s1[:, :, :1]], axis=2)  # neither whole groups nor lane-padded
+    with pytest.raises(KernelInputError, match=r"gate_up_scale of shape \(6, 1024, 8\)"):
+        api.fused_experts(x, ids, w, w1, w2, None, None, odd, s2, quantization="mxfp4")
     with pytest.raises(KernelInputError, match=r"w_down .* must be \(6, 256, 256\)"):
         api.fused_experts(x, ids, w, w1, w1[:, :H], None, None, s1, s2, quantization="mxfp4")
     with pytest.raises(KernelInputError, match=r"w_gate_up.*uint8"):
