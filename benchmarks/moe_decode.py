@@ -1,6 +1,6 @@
 """MoE layer decode and prefill on TPU, modelled without a TPU: deviceless compiles of the stock
-XLA experts path and of kernel-hub's fused kernel (bf16, int8, fp8 weights), with the bytes each
-compiled program reads and the roofline time that implies.
+XLA experts path and of kernel-hub's fused kernel (bf16, int8, fp8, w8a8, mxfp4), with the bytes
+each compiled program reads and the roofline time that implies.
 
 For Mixtral-8x7B, Qwen3-30B-A3B, GPT-OSS-120B and DeepSeek-V3 layer sizes (experts only: the
 router and shared experts are outside), at decode T = 1, 16, 64, 256, 512 and prefill 8192, for
@@ -15,7 +15,9 @@ Paths:
   (token, slot) row gathers its expert's weights, ``[T*k, 2I, H]``, then batched matmuls);
 * ``xla-ragged_dot``: rows sorted and copied, two ``ragged_dot``s (what ``grouped_mm`` computes;
   kernel-hub's XLA implementation);
-* ``fused-bf16`` / ``fused-int8`` / ``fused-fp8``: kernel-hub's fused Pallas kernel.
+* ``fused-bf16`` / ``fused-int8`` / ``fused-fp8`` / ``fused-w8a8`` / ``fused-mxfp4`` (GPT-OSS only):
+  kernel-hub's fused Pallas kernel on the weights as the Transformers integration prepares them
+  (padded once to whole lanes: GPT-OSS bf16 H 2944, mxfp4 H = I = 3072; ``fused_moe.padding``).
 
 This is a model of TPU time: ``time = max(FLOPs / peak, bytes / HBM bandwidth)`` from the roofline
 table (kernel_hub.bench.roofline). On hardware the bytes would stand (they are what the program
@@ -47,7 +49,10 @@ from kernel_hub.topologies import filtered_libtpu_stderr, tpu_device
 fused = get_kernel("fused-moe")
 bench = fused.benchmark
 quant = fused.quant
-PATHS = ("stock-batched_mm", "xla-ragged_dot", "fused-bf16", "fused-int8", "fused-fp8")
+PATHS = ("stock-batched_mm", "xla-ragged_dot", "fused-bf16", "fused-int8", "fused-fp8",
+         "fused-w8a8", "fused-mxfp4")  # fmt: skip
+QUANTIZATION = {"fused-int8": "int8", "fused-fp8": "fp8", "fused-w8a8": "w8a8",
+                "fused-mxfp4": "mxfp4"}  # fmt: skip
 
 
 def expected_experts(model, tokens: int) -> float:
@@ -57,14 +62,9 @@ def expected_experts(model, tokens: int) -> float:
 
 
 def hand_weight_bytes(model, tokens: int, quantization: str | None) -> float:
-    per_expert = 3 * model.intermediate * model.hidden
-    if quantization is None:
-        return expected_experts(model, tokens) * per_expert * 2
-    w1, w2 = bench.weight_shapes(model)
-    scales = sum(
-        int(jnp.prod(jnp.array(quant.scale_shape(quantization, (1, *s[1:]))))) for s in (w1, w2)
-    )
-    return expected_experts(model, tokens) * (per_expert + 4 * scales)
+    """Expected weight (and scale) bytes of the experts a step touches, unpadded."""
+    one = model._replace(experts=1, top_k=1, transposed=model.transposed and not quantization)
+    return expected_experts(model, tokens) * bench.weight_bytes(one, 1, quantization, jnp.bfloat16)
 
 
 def stock_batched_mm(x, ids, weights, w1, w2, b1, b2, *, model):
@@ -92,22 +92,24 @@ def _path_fn(path: str, model):
     if path == "stock-batched_mm":
         return lambda x, i, w, w1, w2, b1, b2, *s: stock_batched_mm(x, i, w, w1, w2, b1, b2,
                                                                     model=model)  # fmt: skip
-    quantization = {"fused-int8": "int8", "fused-fp8": "fp8"}.get(path)
+    quantization = QUANTIZATION.get(path)
     implementation = "xla" if path == "xla-ragged_dot" else "pallas"
     return functools.partial(fused.jax.fused_experts, quantization=quantization,
                              implementation=implementation, **kwargs)  # fmt: skip
 
 
 def compile_cell(path: str, model, tokens: int, generation: str) -> dict[str, Any]:
-    quantization = {"fused-int8": "int8", "fused-fp8": "fp8"}.get(path)
+    quantization = QUANTIZATION.get(path)
     cell: dict[str, Any] = {"model": model.name, "tokens": tokens, "path": path,
                             "tpu": generation}  # fmt: skip
-    if quantization and model.transposed:
+    if (quantization == "mxfp4") != (model.activation == "gpt_oss" and quantization is not None):
         cell["error"] = (
-            "not offered: quantized weights use the [E, out, in] layout (GPT-OSS's MXFP4 is "
-            "not implemented)"
+            "not offered: quantize_experts makes GPT-OSS's MXFP4 (int8/fp8/w8a8 use [E, out, in] "
+            "weights) and MXFP4 is GPT-OSS's format"
         )
         return cell
+    if path.startswith("fused"):  # as the Transformers integration pads the weights once
+        model = bench.prepared(model, quantization)
     case = bench.case(model, tokens, quantization)
     device = tpu_device(generation)
     sharding = SingleDeviceSharding(device)
@@ -128,6 +130,7 @@ def compile_cell(path: str, model, tokens: int, generation: str) -> dict[str, An
     flops, read = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
     hand = hand_weight_bytes(model, tokens, quantization if path.startswith("fused") else None)
     cell.update(
+        kernel_shape=[model.hidden, model.intermediate],
         compile_s=round(time.perf_counter() - start, 2),
         flops=flops,
         bytes_accessed=read,
@@ -181,7 +184,8 @@ def report(path: str, plot: str | None) -> str:
         data = json.load(f)
     cells = data["cells"]
     header = ["model", "T", "stock batched_mm (hand)", "XLA ragged_dot", "fused bf16",
-              "fused int8", "fused fp8", "hand count bf16 weights"]  # fmt: skip
+              "fused int8", "fused fp8", "fused w8a8", "fused mxfp4",
+              "hand count bf16 weights"]  # fmt: skip
     lines = ["Reproduce (in this order):", ""]
     lines += [f"    {command}" for command in data["commands"]]
     lines += [

@@ -124,6 +124,10 @@ def check_inputs(
         return
     for name, scale, w in scales:
         shape = quant.scale_shape(config.quantization, tuple(w.shape))
+        if config.quantization == "mxfp4" and scale is not None and scale.ndim == 3:
+            # or its groups lane-padded (``padding``): trailing groups no byte reads
+            padded = -(-shape[2] // 128) * 128
+            shape = (*shape[:2], padded if scale.shape[2] == padded else shape[2])
         require(
             scale is not None and tuple(scale.shape) == shape,
             f"{op}: quantization={config.quantization!r} needs {name} of shape {shape} for "

@@ -17,6 +17,7 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase
 
 from . import quant
 from .api import fused_experts
+from .blocks import lane_padded
 from .torch_ops import fused_experts as fused_experts_op
 
 
@@ -30,6 +31,8 @@ class MoEShape(NamedTuple):
     transposed: bool = False
     interleaved: bool = False
     bias: bool = False
+    lane_groups: bool = False
+    """mxfp4 scales with their group axis padded to 128 (``padding``'s layout)."""
 
 
 MIXTRAL = MoEShape("mixtral-8x7b", 8, 4096, 14336, 2)
@@ -40,8 +43,35 @@ MODELS = (MIXTRAL, QWEN3_MOE, GPT_OSS, DEEPSEEK_V3)
 SMALL = MoEShape("small-e8", 8, 256, 512, 2)
 GPT_OSS_MXFP4 = MoEShape("gpt-oss-mxfp4-1024", 16, 1024, 1024, 4, "gpt_oss", False, True, True)
 """GPT-OSS's experts in its MXFP4 checkpoint layout ([E, out, in / 2]) at H = I = 1024 (compile
-cells): at GPT-OSS's own 2880 the down block must span the whole I (no 256-multiple divides
-2880) and the decoded block does not fit VMEM, so those calls take the XLA path."""
+cells). At GPT-OSS's own 2880 unpadded, the down block would span the whole I (no 256-multiple
+divides 2880) and not fit VMEM; ``prepared(GPT_OSS, "mxfp4")`` (H = I = 3072) is what runs."""
+
+
+def prepared(model: MoEShape, quantization: str | None = None) -> MoEShape:
+    """The layer as the Transformers integration hands it to the kernel: weights zero-padded
+    once to ``blocks.lane_padded`` sizes (GPT-OSS: H 2880 -> 2944; mxfp4 H = I -> 3072 and
+    scale groups to 128), so no call relayouts them (see ``padding``)."""
+    if quantization not in (None, "int8", "mxfp4"):
+        return model
+    mxfp4 = quantization == "mxfp4"
+    if mxfp4:  # GPT-OSS's MXFP4 checkpoint layout is [E, out, in / 2]
+        model = model._replace(transposed=False)
+    hidden, inter = lane_padded(
+        model.hidden, model.intermediate, transposed=model.transposed,
+        interleaved=model.interleaved, packing=2 if mxfp4 else 1,
+    )  # fmt: skip
+    if (hidden, inter) == (model.hidden, model.intermediate):
+        return model
+    return model._replace(
+        name=f"{model.name}-padded", hidden=hidden, intermediate=inter, lane_groups=mxfp4
+    )
+
+
+def scale_shapes(model: MoEShape, quantization: str) -> list[tuple[int, ...]]:
+    shapes = [quant.scale_shape(quantization, s) for s in weight_shapes(model, quantization)]
+    if model.lane_groups:
+        shapes = [(*s[:2], -(-s[2] // 128) * 128) for s in shapes]
+    return shapes
 
 
 def weight_shapes(
@@ -68,10 +98,7 @@ def weight_bytes(model: MoEShape, tokens: int, quantization: str | None, dtype) 
     per_expert = 3 * model.intermediate * model.hidden
     if quantization is None:
         return experts * per_expert * jnp.dtype(dtype).itemsize
-    scales = sum(
-        int(np.prod(quant.scale_shape(quantization, (1, *s[1:]))))
-        for s in weight_shapes(model, quantization)
-    )
+    scales = sum(int(np.prod(s[1:])) for s in scale_shapes(model, quantization))
     packing = 2 if quantization == "mxfp4" else 1
     scale_itemsize = jnp.dtype(quant.SCALE_DTYPES[quantization]).itemsize
     return experts * (per_expert // packing + scale_itemsize * scales)
@@ -99,10 +126,8 @@ def case(
     ]
     if quantization:
         args += [
-            jax.ShapeDtypeStruct(
-                quant.scale_shape(quantization, s), quant.SCALE_DTYPES[quantization]
-            )
-            for s in (w1_shape, w2_shape)
+            jax.ShapeDtypeStruct(s, quant.SCALE_DTYPES[quantization])
+            for s in scale_shapes(model, quantization)
         ]
 
     def make_args(rng: np.random.Generator):
@@ -119,8 +144,8 @@ def case(
             out += [None, None]
         if quantization == "mxfp4":  # any byte is two fp4 values; exponents near 2 ** -6
             out[3], out[4] = (rng.integers(0, 256, s, dtype=np.uint8) for s in (w1_shape, w2_shape))
-            out += [rng.integers(118, 124, quant.scale_shape(quantization, s), dtype=np.uint8)
-                    for s in (w1_shape, w2_shape)]  # fmt: skip
+            out += [rng.integers(118, 124, s, dtype=np.uint8)
+                    for s in scale_shapes(model, quantization)]  # fmt: skip
         elif quantization:
             q1, s1 = quant.quantize(jnp.asarray(out[3]), quantization)
             q2, s2 = quant.quantize(jnp.asarray(out[4]), quantization)

@@ -28,6 +28,21 @@ VMEM_BYTES = {"v4": 16 * MIB, "v5p": 95 * MIB}
 DEFAULT_VMEM_BYTES = 128 * MIB
 
 
+def lane_padded(
+    hidden: int, inter: int, *, transposed: bool, interleaved: bool, packing: int = 1
+) -> tuple[int, int]:
+    """(H, I) padded so no weight axis on lanes is ragged (``padding`` pads the weights to these
+    sizes once): H to a multiple of 128 stored elements (``packing`` values each: mxfp4's bytes
+    hold two); I where it is on lanes (2I of [E, H, 2I], I of [E, H, I]) and gate/up are
+    interleaved (zero pairs at the end keep the stock weights a view of the padded ones; stacked
+    [gate; up] padded per half would not)."""
+    lanes = LANES * packing
+    up = lambda n, m: -(-n // m) * m
+    minor = 2 * inter if transposed else inter
+    padded_minor = up(minor, lanes) if interleaved else minor
+    return up(hidden, lanes), padded_minor // 2 if transposed else padded_minor
+
+
 def vmem_capacity(generation: str | None) -> int:
     """VMEM of a TPU generation (128 MiB if unknown: interpret mode, newer chips)."""
     return VMEM_BYTES.get(generation or "", DEFAULT_VMEM_BYTES)

@@ -28,7 +28,7 @@ import torch
 
 from kernel_hub.kernel_api import KernelInputError
 
-from . import quantized
+from . import padding, quantized
 from .torch_ops import fused_experts
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,16 @@ def _unsplit_under_ep(module: torch.nn.Module) -> list[str]:
 
 
 def module_problem(module: torch.nn.Module) -> str | None:
-    """Why the fused kernel cannot run ``module`` exactly, or None."""
+    """Why the fused kernel cannot run ``module`` exactly, or None (then its weights are padded
+    for the TPU layout once, here: kernelize runs this)."""
+    problem = _problem(module)
+    if problem is None:
+        padding.prepare(module)
+    return problem
+
+
+def _problem(module: torch.nn.Module) -> str | None:
+    """``module_problem``'s checks, leaving the weights as they are."""
     weights = [getattr(module, p) for p in ("gate_up_proj", "down_proj") if hasattr(module, p)]
     split = getattr(module, "_is_expert_parallel", False) or any(map(_sharded, weights))
     if split and not _transformers_ep_dispatch(module):
@@ -208,14 +217,17 @@ def experts_forward(
 ) -> torch.Tensor:
     """``ExpertsInterface`` function: hidden_states [T, H], top_k_index / top_k_weights [T, k]
     -> [T, H] in the dtype of hidden_states."""
-    problem = module_problem(experts) if experts not in _CHECKED else None
+    # kernelize checked it; a compiled forward does not guard on the weak set (its size changes
+    # whenever an unrelated module is collected, which fails dynamo's guards mid-trace)
+    checked = torch.compiler.is_compiling() or experts in _CHECKED
+    problem = None if checked else module_problem(experts)
     if problem:
         raise NotImplementedError(f"{type(experts).__name__}: fused-moe cannot run it: {problem}")
-    tensors = quantized.expert_tensors(experts)
+    tensors, extra = padding.kernel_tensors(experts)
     tokens = hidden_states.shape[0]
     padded = _bucket(tokens) if tokens else 0
     pad = padded - tokens
-    x = torch.nn.functional.pad(hidden_states, (0, 0, 0, pad))
+    x = torch.nn.functional.pad(hidden_states, (0, extra, 0, pad))
     ids = torch.nn.functional.pad(top_k_index.to(torch.int32), (0, 0, 0, pad), value=-1)
     weights = torch.nn.functional.pad(top_k_weights, (0, 0, 0, pad))
     module_kind = _activation(experts)
@@ -233,7 +245,7 @@ def experts_forward(
         interleaved=not getattr(experts, "is_concatenated", True),
         quantization=quantized.kind(experts),
     )
-    return out[:tokens]
+    return out[:tokens, : hidden_states.shape[1]]
 
 
 def register(name: str = DEFAULT_NAME) -> str:
@@ -288,7 +300,7 @@ def quantize_experts(model: torch.nn.Module, quantization: str) -> QuantizationR
     for name, module in model.named_modules():
         if not hasattr(module, "has_gate") or getattr(module, "gate_up_proj", None) is None:
             continue
-        why = quantized.quantize_problem(module, quantization) or module_problem(module)
+        why = quantized.quantize_problem(module, quantization) or _problem(module)
         if why:
             left_alone.append((name, why))
             continue

@@ -320,8 +320,8 @@ def _specs(config: ExpertsConfig, w_gate_up, w_down, blocks: Blocks, steps: int,
     elif config.quantization == "fp8":  # the whole expert's raw block scales (1/4096 of bytes)
         shape = (None, 2 * steps * ti // FP8_BLOCK, hidden // FP8_BLOCK)
         specs += [pl.BlockSpec(shape, whole_expert) for _ in halves]
-    elif config.quantization == "mxfp4":
-        groups = hidden // MX_GROUP
+    elif config.quantization == "mxfp4":  # groups as stored (may be lane-padded)
+        groups = present["gate_up_groups"]
         specs += [pl.BlockSpec((None, width, groups), along(o, False)) for o in halves]
 
     def down_index(e, j, chunks, offsets, we, wb):
@@ -338,8 +338,7 @@ def _specs(config: ExpertsConfig, w_gate_up, w_down, blocks: Blocks, steps: int,
         shape = (None, hidden // FP8_BLOCK, steps * ti // FP8_BLOCK)
         specs.append(pl.BlockSpec(shape, whole_expert))
     elif config.quantization == "mxfp4":  # the whole expert's [H, I / 32]: 1/16 of its bytes
-        groups = config.intermediate(w_gate_up.shape) // MX_GROUP
-        specs.append(pl.BlockSpec((None, hidden, groups), whole_expert))
+        specs.append(pl.BlockSpec((None, hidden, present["down_groups"]), whole_expert))
     return specs
 
 
@@ -400,6 +399,8 @@ def fused_experts(
         steps,
         gate_up_bias=gate_up_bias is not None,
         down_bias=down_bias is not None,
+        gate_up_groups=None if gate_up_scale is None else gate_up_scale.shape[-1],
+        down_groups=None if down_scale is None else down_scale.shape[-1],
     )
 
     cap = cdiv(tokens, tm) * tm

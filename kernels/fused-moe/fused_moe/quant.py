@@ -18,6 +18,8 @@ multiply. Needs H and I to be multiples of 128.
 [E, out, in / 2], two values per byte along ``in`` (low nibble first; the checkpoint's
 ``*_blocks`` [E, out, in / 32, 16] is a view of it), ``scale`` uint8 [E, out, in / 32]: one e8m0
 exponent per 32 values (Transformers' ``*_scales``); ``w = fp4(nibble) * 2 ** (scale - 127)``.
+The scales may carry trailing groups past the weight's bytes (lane padding, stored as 0); no
+value uses them (exponent 255, inf, would give NaN in the kernel's 0/1 expansion).
 
 All use Transformers' [E, out, in] expert layout. The kernel reads the scales in its own layout
 (``kernel_scale``); the XLA path and the tests dequantize with ``dequantize``.
@@ -109,7 +111,7 @@ def _dequantize_mxfp4(weight: jax.Array, scale: jax.Array) -> jax.Array:
     low, high = unpack_fp4(weight)
     values = jnp.stack([low, high], axis=-1).reshape(*weight.shape[:-1], 2 * weight.shape[-1])
     factor = jnp.repeat(e8m0_values(scale.astype(jnp.int32)), MX_GROUP, axis=-1)
-    return values * factor
+    return values * factor[..., : values.shape[-1]]  # trailing (padding) groups unread
 
 
 def dequantize(weight: jax.Array, scale: jax.Array, kind: str, dtype) -> jax.Array:

@@ -42,7 +42,7 @@ def _weight_format(quantization: str) -> str:
     return "int8" if quantization == "w8a8" else quantization
 
 
-def _scale_name(quantization: str, projection: str) -> str:
+def scale_name(quantization: str, projection: str) -> str:
     suffix = {"fp8": "_scale_inv", "int8": "_scale", "mxfp4": "_scales"}
     return projection + suffix[_weight_format(quantization)]
 
@@ -58,7 +58,7 @@ def problem(module: torch.nn.Module) -> str | None:
         return "quantized [E, in, out] expert weights are not supported"
     if quantization == "mxfp4":
         for projection in _PROJECTIONS:
-            scale = getattr(module, _scale_name("mxfp4", projection), None)
+            scale = getattr(module, scale_name("mxfp4", projection), None)
             weight = getattr(module, projection)
             if scale is None or scale.dtype != torch.uint8:
                 return f"its uint8 {projection} carries no uint8 {projection}_scales (mxfp4)"
@@ -84,7 +84,7 @@ def problem(module: torch.nn.Module) -> str | None:
             weight = getattr(module, projection)
             if weight.shape[1] % FP8_BLOCK or weight.shape[2] % FP8_BLOCK:
                 return f"{projection} {tuple(weight.shape)} is not whole 128x128 blocks"
-            scale = getattr(module, _scale_name("fp8", projection))
+            scale = getattr(module, scale_name("fp8", projection))
             if scale.dtype != torch.float32:
                 return f"{projection} scales are {scale.dtype}; fused-moe reads float32 scales"
     return None
@@ -95,7 +95,7 @@ def expert_tensors(module: torch.nn.Module) -> tuple:
     has_bias = getattr(module, "has_bias", False)
     quantization = kind(module)
     scales = (
-        tuple(getattr(module, _scale_name(quantization, p)) for p in _PROJECTIONS)
+        tuple(getattr(module, scale_name(quantization, p)) for p in _PROJECTIONS)
         if quantization
         else (None, None)
     )
@@ -201,7 +201,7 @@ def quantize_module(name: str, module: torch.nn.Module, quantization: str) -> li
         )
         setattr(module, projection, torch.nn.Parameter(q, requires_grad=False))
         module.register_parameter(
-            _scale_name(quantization, projection), torch.nn.Parameter(scale, requires_grad=False)
+            scale_name(quantization, projection), torch.nn.Parameter(scale, requires_grad=False)
         )
     if quantization == "fp8":
         module.block_size = (FP8_BLOCK, FP8_BLOCK)

@@ -64,7 +64,15 @@ def test_decode_matches_transformers():
         np.testing.assert_array_equal(np.asarray(ours), expected)
 
 
-def _run(implementation, dtype, kind, tokens, top_k, *, gpt_oss: bool):
+def lane_padded_scales(scales: np.ndarray, rng) -> np.ndarray:
+    """Scales with trailing groups up to 128 (``padding``'s layout) holding random finite
+    exponents (not 255: the kernel's 0/1 expansion multiplies them by 0): no byte belongs to
+    them, so they must not change any result."""
+    extra = rng.integers(0, 255, (*scales.shape[:2], 128 - scales.shape[2]), dtype=np.uint8)
+    return np.concatenate([scales, extra], axis=2)
+
+
+def _run(implementation, dtype, kind, tokens, top_k, *, gpt_oss: bool, padded_groups=False):
     rng = np.random.default_rng(tokens * 7 + top_k)
     x = rng.standard_normal((tokens, H)).astype(np.float32).astype(dtype)
     ids = routing(kind, tokens, top_k, rng)
@@ -73,8 +81,9 @@ def _run(implementation, dtype, kind, tokens, top_k, *, gpt_oss: bool):
     b1 = rng.standard_normal((E, 2 * INTER)).astype(np.float32) if gpt_oss else None
     b2 = rng.standard_normal((E, H)).astype(np.float32) if gpt_oss else None
     layout = dict(activation="gpt_oss", interleaved=True) if gpt_oss else {}
+    k1, k2 = (lane_padded_scales(s, rng) for s in (s1, s2)) if padded_groups else (s1, s2)
     got = api.fused_experts(
-        x, ids, w, w1, w2, b1, b2, s1, s2, quantization="mxfp4", implementation=implementation,
+        x, ids, w, w1, w2, b1, b2, k1, k2, quantization="mxfp4", implementation=implementation,
         blocks=BLOCKS if implementation == "pallas" else None, **layout,
     )  # fmt: skip
     assert got.dtype == dtype and got.shape == (tokens, H)
@@ -93,6 +102,13 @@ def test_pallas_gpt_oss_layout_matches_oracle(dtype, kind, tokens, top_k):
     """GPT-OSS's form: interleaved gate/up, biases, the clamped activation; all tokens on one
     expert, an empty expert, a single token."""
     _run("pallas", dtype, kind, tokens, top_k, gpt_oss=True)
+
+
+@pytest.mark.parametrize("implementation", ["pallas", "xla"])
+def test_lane_padded_scale_groups_are_unread(implementation):
+    """Scales whose group axis is padded to 128 (the layout ``padding`` stores, so the TPU keeps
+    them row-major) with random trailing exponents: same results, two steps over I."""
+    _run(implementation, jnp.float32, "spread", 24, 2, gpt_oss=True, padded_groups=True)
 
 
 @pytest.mark.slow
@@ -114,6 +130,9 @@ def test_bad_mxfp4_inputs_are_refused_with_the_rule():
     with pytest.raises(KernelInputError, match=r"gate_up_scale.*uint8"):
         api.fused_experts(x, ids, w, w1, w2, None, None, s1.astype(np.float32), s2,
                           quantization="mxfp4")  # fmt: skip
+    odd = np.concatenate([s1, s1[:, :, :1]], axis=2)  # neither whole groups nor lane-padded
+    with pytest.raises(KernelInputError, match=r"gate_up_scale of shape \(6, 1024, 8\)"):
+        api.fused_experts(x, ids, w, w1, w2, None, None, odd, s2, quantization="mxfp4")
     with pytest.raises(KernelInputError, match=r"w_down .* must be \(6, 256, 256\)"):
         api.fused_experts(x, ids, w, w1, w1[:, :H], None, None, s1, s2, quantization="mxfp4")
     with pytest.raises(KernelInputError, match=r"w_gate_up.*uint8"):
@@ -124,10 +143,15 @@ def test_bad_mxfp4_inputs_are_refused_with_the_rule():
     assert fused.blocks.ti_problem(INTER, INTER, config) is None
 
 
-def test_gpt_oss_size_declines_the_kernel_with_the_reason():
-    """H = I = 2880: the down block must span all of I and its decoded form exceeds VMEM, so
-    the XLA path runs (said, not hidden)."""
+def test_gpt_oss_size_runs_on_the_kernel_once_padded():
+    """Unpadded H = I = 2880: the down block must span all of I and its decoded form exceeds
+    VMEM, so the XLA path would run (said, not hidden). The Transformers integration pads H and I
+    to 3072 once (``blocks.lane_padded``), where 512-wide intermediate blocks fit."""
     config = api.ExpertsConfig(quantization="mxfp4", interleaved=True)
-    blocks = fused.blocks.default_blocks(64, 4, 128, 2880, 2880, jnp.bfloat16, config, 1,
-                                         int(0.85 * 128 * 2**20))  # fmt: skip
+    budget = int(0.85 * 128 * 2**20)
+    blocks = fused.blocks.default_blocks(64, 4, 128, 2880, 2880, jnp.bfloat16, config, 1, budget)
     assert blocks is None
+    padded = fused.blocks.lane_padded(2880, 2880, transposed=False, interleaved=True, packing=2)
+    assert padded == (3072, 3072)
+    blocks = fused.blocks.default_blocks(64, 4, 128, 3072, 3072, jnp.bfloat16, config, 1, budget)
+    assert blocks is not None and blocks.ti == 512

@@ -181,10 +181,10 @@ def test_gpt_oss_mxfp4_matches_transformers_dequantized_path(dtype, implementati
                 blocks = getattr(m, projection).view(*scales.shape, 16)
                 w = convert_moe_packed_tensors(blocks, scales, dtype=dtype)  # [E, in, out]
                 getattr(reference.get_submodule(name), projection).data = w
-    held = [(m.gate_up_proj.data_ptr(), m.down_proj.data_ptr()) for m in experts]
-    report = kh.kernelize(model, mode="inference")
+    report = kh.kernelize(model, mode="inference")  # pads the bytes once (``padding``)
     swapped = [e for e in report.entries if e.kind == "experts"]
     assert swapped and all(e.swapped for e in swapped), report
+    held = [(m.gate_up_proj.data_ptr(), m.down_proj.data_ptr()) for m in experts]
     impl, chosen, use = implementation
     use()
     ids = torch.randint(2, 128, (2, 7), generator=torch.Generator().manual_seed(4))
