@@ -342,15 +342,15 @@ def contract_problems(
 def _register_dtensor_rule(spec: OpSpec, op: Any, backward_op: Any) -> None:
     """DTensor strategies from the JAX function's sharding rule (see ``kernel_hub.sharding``),
     so DTensor inputs (sequence-parallel norms, tensor-parallel plans) run the op per shard."""
-    from ..sharding.boundary import rule_of
+    from ..sharding.boundary import choose_rule, rule_of
 
     rule = rule_of(spec.jax_fn)
     if rule is None or not torch.distributed.is_available():
         return
     from ..sharding import ShardingRule, dtensor
 
-    def rule_for(static: dict[str, Any]) -> ShardingRule:
-        return rule if isinstance(rule, ShardingRule) else rule(**static)
+    def rule_for(static: dict[str, Any], ranks: Sequence[int | None]) -> ShardingRule:
+        return choose_rule(rule, static, ranks)
 
     def register(_module: Any) -> None:
         dtensor.register(
