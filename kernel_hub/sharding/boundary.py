@@ -64,9 +64,14 @@ def choose_rule(
     quantized weight's per-channel or per-block scale)."""
     if isinstance(rule, ShardingRule):
         return rule
-    if "ranks" in inspect.signature(rule).parameters:
+    if _takes_ranks(rule):
         return rule(**options, ranks=tuple(ranks))
     return rule(**options)
+
+
+@functools.cache
+def _takes_ranks(rule: Callable[..., ShardingRule]) -> bool:
+    return "ranks" in inspect.signature(rule).parameters
 
 
 def partition_spec(per_dim: Sequence[Axes]) -> Any:
