@@ -183,3 +183,26 @@ def test_torch_op_refuses_a_weight_or_scale_that_requires_grad():
                 moe.gmm_quantized(lhs, w, s, sizes)
         with torch.no_grad():
             torch.testing.assert_close(moe.gmm_quantized(x, w, s, sizes), expected)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+@pytest.mark.parametrize("transpose_rhs", [True, False])
+def test_sharding_rule_follows_the_weight_into_its_scale(fmt, transpose_rhs):
+    """The rule the torch op's DTensor strategies and the JAX boundary share: the scale's rank
+    (2: int8 per channel, 3: fp8 blocks) picks its layout; the scale splits with its weight."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    from kernel_hub.sharding.boundary import choose_rule, rule_of
+    from kernel_hub.sharding.dtensor import forward_strategies
+
+    ranks = (2, 3, 2 if fmt == "int8" else 3, 1)
+    rule = choose_rule(rule_of(moe.jax.gmm_quantized), {"transpose_rhs": transpose_rhs}, ranks)
+    n, k = (1, 2) if transpose_rhs else (2, 1)  # the weight's dims [E, out, in] by role
+    # fp8's block scale [E, out/128, in/128] splits as its weight; int8's [E, out] holds the out
+    # dim only: n with transpose_rhs, else k
+    fp8 = fmt == "fp8"
+    scale_n = Shard(n) if fp8 else Shard(1) if transpose_rhs else Replicate()
+    scale_k = Shard(k) if fp8 else Replicate() if transpose_rhs else Shard(1)
+    strategies = forward_strategies(rule, list(ranks))
+    assert ([Shard(1)], [Replicate(), Shard(n), scale_n, Replicate()]) in strategies
+    assert ([Partial()], [Shard(1), Shard(k), scale_k, Replicate()]) in strategies
