@@ -354,6 +354,11 @@ def test_stub_definition_errors():
         @jax_op(NS, lambda x, *, k: x, buckets=RowBuckets(inputs=("k",)))
         def bucket_static(x: torch.Tensor, k: int = 1) -> torch.Tensor: ...
 
+    with pytest.raises(TypeError, match="frozen names"):  # a differentiable one: not frozen
+
+        @jax_op(NS, lambda x, w: x * w, differentiable=("x", "w"), frozen=("w",))
+        def frozen_but_differentiable(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor: ...
+
 
 @pytest.mark.parametrize(
     ("jax_fn", "problem"),

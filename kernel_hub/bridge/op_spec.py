@@ -60,6 +60,8 @@ class OpSpec:
     autocast: tuple[str, ...] = ()
     """Floating tensor arguments cast to the autocast dtype inside an autocast region (see
     ``autocast.py``); empty: the op runs in its inputs' dtypes, as autocast leaves it."""
+    frozen: tuple[str, ...] = ()
+    """Tensor arguments that get no gradient and may not ask for one in grad mode (``jax_op``)."""
     _jitted: dict = field(default_factory=dict, repr=False)
 
     @property

@@ -188,6 +188,7 @@ def jax_op(
     jax_backward: JaxBackward | None = None,
     buckets: RowBuckets | None = None,
     autocast: Sequence[str] = (),
+    frozen: Sequence[str] = (),
 ) -> Callable[[Callable[..., Any]], JaxOp]:
     """Decorator: turn a typed, validating stub into a torch op running ``jax_fn``.
 
@@ -202,7 +203,9 @@ def jax_op(
     ``autocast`` names the floating tensor arguments cast to the autocast dtype inside a
     ``torch.autocast`` region (see ``autocast.py``). A differentiable argument may be optional
     (``Tensor | None``); it gets a gradient when given (``jax_backward`` returns None for it when
-    it is None).
+    it is None). ``frozen`` names tensor arguments that get no gradient (quantized weights): a
+    call in grad mode where one requires grad is refused (``KernelInputError``) before any kernel
+    runs, where it would otherwise get none silently.
     """
 
     def decorate(stub: Callable[..., Any]) -> JaxOp:
@@ -229,6 +232,13 @@ def jax_op(
         not_cast = set(autocast) - set(tensor_params)
         if not_cast:
             raise TypeError(f"autocast names non-tensor arguments: {sorted(not_cast)}")
+        if set(frozen) - (set(tensor_params) - set(differentiable)) or (
+            frozen and not differentiable
+        ):
+            raise TypeError(
+                f"frozen names {sorted(frozen)}: it takes non-differentiable tensor arguments of "
+                f"an op with differentiable ones ({sorted(differentiable)})"
+            )
         static_params = tuple(p for p in signature.parameters if p not in tensor_params)
         _check_contract(stub.__name__, "JAX function", jax_fn, tensor_params, static_params)
         if isinstance(jax_backward, SavedBackward):
@@ -250,6 +260,7 @@ def jax_op(
             validate=stub,
             buckets=buckets,
             autocast=tuple(autocast),
+            frozen=tuple(frozen),
         )
         executor = OpExecutor(spec)
         library = torch.library.Library(namespace, "FRAGMENT")
@@ -342,15 +353,15 @@ def contract_problems(
 def _register_dtensor_rule(spec: OpSpec, op: Any, backward_op: Any) -> None:
     """DTensor strategies from the JAX function's sharding rule (see ``kernel_hub.sharding``),
     so DTensor inputs (sequence-parallel norms, tensor-parallel plans) run the op per shard."""
-    from ..sharding.boundary import rule_of
+    from ..sharding.boundary import choose_rule, rule_of
 
     rule = rule_of(spec.jax_fn)
     if rule is None or not torch.distributed.is_available():
         return
     from ..sharding import ShardingRule, dtensor
 
-    def rule_for(static: dict[str, Any]) -> ShardingRule:
-        return rule if isinstance(rule, ShardingRule) else rule(**static)
+    def rule_for(static: dict[str, Any], ranks: Sequence[int | None]) -> ShardingRule:
+        return choose_rule(rule, static, ranks)
 
     def register(_module: Any) -> None:
         dtensor.register(
@@ -563,10 +574,27 @@ def _register_autograd(
             per_arg = [diff_grads[n] if n in present else None for n in arg_names]
             return (None, *per_arg[: ctx.num_args])
 
+    frozen = [(arg_names.index(n), n) for n in spec.frozen]
+    op_name = spec.qualname.split("::")[1]
+
+    def refuse_frozen(args: tuple) -> None:
+        """A frozen argument asking for a gradient it would silently not get."""
+        from kernel_hub.errors import KernelInputError
+
+        for position, name in frozen:
+            value = args[position] if position < len(args) else None
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                raise KernelInputError(
+                    f"{op_name}: {name} requires grad, but {op_name} gives it no gradient (it "
+                    f"is frozen; differentiable: {', '.join(spec.differentiable)}); pass it with "
+                    f"requires_grad=False (e.g. .detach()) or call under torch.no_grad()"
+                )
+
     def autograd_kernel(keyset: Any, *args: Any) -> Any:
         if torch.is_grad_enabled() and any(
             isinstance(a, torch.Tensor) and a.requires_grad for a in args
         ):
+            refuse_frozen(args)
             return Backprop.apply(keyset, *args)
         below = keyset & below_autograd
         if below.highestPriorityTypeId() in direct_keys:

@@ -29,7 +29,9 @@ one), in the kernel's ``sharding.py``, importing only ``kernel_hub.kernel_api``:
    results keep is summed over its axes (a weight's gradient). ``factor?`` marks a dimension that
    may have size 1 and broadcast.
 3. A rule that depends on an option (a layout flag) is a function of the keyword options
-   returning one: ``sharded(lambda transpose_rhs=False, **_: ...)``.
+   returning one: ``sharded(lambda transpose_rhs=False, **_: ...)``; one that also takes
+   ``ranks`` gets the ranks of the call's array arguments (an operand whose rank depends on a
+   format, such as a quantized weight's per-channel or per-block scale; ``choose_rule``).
 4. Decorate the backward entry point too when the torch op has a ``jax_backward``; ops whose JAX
    function goes through ``jax.vjp`` get the transpose of the forward's ``shard_map``.
 5. Add a ``mesh_cases()`` returning ``MeshCase``s (small bf16 shapes, specs, the collectives the

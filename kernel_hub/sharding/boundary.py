@@ -31,7 +31,7 @@ import functools
 import inspect
 import math
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from .context import conventional_context, current_mesh_context
@@ -39,7 +39,9 @@ from .rule import ShardingError, ShardingRule
 from .solve import Axes, Operand, Solution, expand, solve
 
 RuleSource = ShardingRule | Callable[..., ShardingRule]
-"""A rule, or a function of the call's keyword options returning one (e.g. a layout flag)."""
+"""A rule, or a function of the call's keyword options returning one (e.g. a layout flag); one
+that takes ``ranks`` also gets the ranks of the call's leading array arguments (see
+``choose_rule``)."""
 
 _RULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """Function made by ``sharded`` -> its rule (see ``rule_of``)."""
@@ -51,6 +53,25 @@ def rule_of(fn: Callable[..., Any]) -> RuleSource | None:
         return _RULES.get(fn)
     except TypeError:  # not weak-referenceable, so not made by ``sharded``
         return None
+
+
+def choose_rule(
+    rule: RuleSource, options: Mapping[str, Any], ranks: Sequence[int | None]
+) -> ShardingRule:
+    """The rule of one call: ``rule`` itself, or what it gives for the call's keyword
+    ``options`` and, when it takes ``ranks``, the ranks of the call's arguments in parameter
+    order (None: absent or not an array), for operands whose rank varies with a format (a
+    quantized weight's per-channel or per-block scale)."""
+    if isinstance(rule, ShardingRule):
+        return rule
+    if _takes_ranks(rule):
+        return rule(**options, ranks=tuple(ranks))
+    return rule(**options)
+
+
+@functools.cache
+def _takes_ranks(rule: Callable[..., ShardingRule]) -> bool:
+    return "ranks" in inspect.signature(rule).parameters
 
 
 def partition_spec(per_dim: Sequence[Axes]) -> Any:
@@ -290,7 +311,8 @@ def sharded(rule: RuleSource) -> Callable[[Callable[..., Any]], Callable[..., An
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind(*args, **kwargs)
             arguments = bound.arguments
-            chosen = rule if isinstance(rule, ShardingRule) else rule(**kwargs)
+            ranks = [getattr(arguments.get(p), "ndim", None) for p in params]
+            chosen = choose_rule(rule, kwargs, ranks)
             names = params[: len(chosen.operands)]
             arrays = [arguments.get(n) for n in names]
             options = {k: v for k, v in arguments.items() if k not in names}

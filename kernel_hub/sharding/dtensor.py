@@ -141,14 +141,15 @@ def _rank(value: Any) -> int | None:
 def register(
     op: Any,
     backward_op: Any | None,
-    rule_for: Callable[[dict[str, Any]], ShardingRule],
+    rule_for: Callable[[dict[str, Any], Sequence[int | None]], ShardingRule],
     param_names: Sequence[str],
     tensor_params: Sequence[str],
     differentiable: Sequence[str],
 ) -> None:
     """Register DTensor strategies for a bridged op (and its backward op) from its rule.
 
-    ``rule_for(static_arguments)`` picks the rule for a call's options.
+    ``rule_for(static_arguments, tensor_ranks)`` picks the rule for a call's options (and its
+    tensors' ranks, None for an absent one).
     """
     from torch.distributed.tensor.experimental import register_sharding
 
@@ -162,7 +163,7 @@ def register(
         ranks = [_rank(arguments.get(p)) for p in tensor_params]
         shapes = [_shape(arguments.get(p)) for p in tensor_params]
         strategies = []
-        for results, placements in forward_strategies(rule_for(static), ranks, shapes):
+        for results, placements in forward_strategies(rule_for(static, ranks), ranks, shapes):
             by_name = dict(zip(tensor_params, placements, strict=True))
             strategies.append((results, [by_name.get(p) for p in param_names[: len(args)]]))
         return strategies
@@ -175,6 +176,6 @@ def register(
         static = dict(zip(static_params, static_values, strict=False))
         ranks = [_rank(t) for t in inputs]
         shapes = [_shape(t) for t in inputs]
-        strategies = backward_strategies(rule_for(static), ranks, diff_index, shapes)
+        strategies = backward_strategies(rule_for(static, ranks), ranks, diff_index, shapes)
         pad = [None] * len(static_values)
         return [(grads, [*placements, *pad]) for grads, placements in strategies]

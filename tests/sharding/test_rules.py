@@ -103,6 +103,24 @@ def test_optional_operand_and_rank_errors() -> None:
         solve(rule, [Operand("x", (4, 2, 1), ((), (), ())), None], SIZES)
 
 
+def test_choose_rule_gives_ranks_only_to_sources_that_take_them() -> None:
+    from kernel_hub.sharding.boundary import choose_rule
+
+    by_layout = lambda transpose=False, **options: ShardingRule.parse(
+        "f", "a b -> b" if transpose else "a b -> a", whole=("a", "b")
+    )
+    by_rank = lambda ranks=(), **options: ShardingRule.parse(
+        "f",
+        "a b, a b c -> a" if ranks[1] == 3 else "a b, a b -> a",
+        whole=("b",),
+        reduced=("c",) if ranks[1] == 3 else (),
+    )
+    assert choose_rule(NORM, {"eps": 1e-6}, [3, 1]) is NORM
+    assert choose_rule(by_layout, {"transpose": True}, [2]).results == (("b",),)
+    assert choose_rule(by_rank, {}, [2, 3]).operands[1] == ("a", "b", "c")
+    assert choose_rule(by_rank, {}, [2, 2, None]).operands[1] == ("a", "b")
+
+
 @pytest.mark.parametrize(
     ("text", "options", "message"),
     [

@@ -396,6 +396,7 @@ GMM_QUANTIZED_TABLE = ImplementationTable(
 )
 
 
+@sharding.gmm_quantized_boundary
 def gmm_quantized(
     lhs: jax.Array,
     weight: jax.Array,
@@ -439,6 +440,7 @@ def gmm_quantized(
     )
 
 
+@sharding.gmm_quantized_vjp_boundary
 def gmm_quantized_vjp(
     lhs: jax.Array,
     weight: jax.Array,

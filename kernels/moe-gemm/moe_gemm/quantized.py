@@ -7,8 +7,8 @@ its scales there, accumulating in f32; the XLA implementation dequantizes the wh
 (Transformers' order: ``weight * scale`` in f32, rounded once to the activation dtype). Only the
 activations are differentiable: ``d lhs = gmm_quantized(d out, weight, scale)`` with the other
 contraction, dequantized the same way. Quantized weights are frozen: no gradient reaches the
-weight or its scales (the experts integration refuses modules whose quantized weights
-require one).
+weight or its scales (the torch op refuses a weight or scale that requires one, in grad mode;
+the experts integration refuses such modules).
 """
 
 from __future__ import annotations

@@ -20,6 +20,36 @@ def gmm_rule(transpose_rhs: bool = False, **options) -> ShardingRule:
     return GMM_TRANSPOSED if transpose_rhs else GMM
 
 
+# gmm_quantized: the weight [E, out, in] is read as [E, n, k] (transpose_rhs, a projection's
+# forward) or [E, k, n]; its scale follows the weight's split. int8's per-channel scale [E, out]
+# (rank 2) holds the out dim; fp8's block scale [E, out / 128, in / 128] (rank 3) holds both
+# block dims under the weight's factors, so a split of out (or in) reaches the scale only when
+# its block count divides too (each shard then holds whole blocks); otherwise the solver refuses
+# the placement, naming the scale (an Auto mesh's conventional placement keeps it whole instead).
+_QUANTIZED_LAYOUT = {True: ("n k", "n"), False: ("k n", "k")}
+
+
+def _quantized_rule(op: str, transpose_rhs: bool, ranks: tuple, backward: bool) -> ShardingRule:
+    weight, int8_scale = _QUANTIZED_LAYOUT[transpose_rhs]
+    scale = weight if len(ranks) > 2 and ranks[2] == 3 else int8_scale
+    operands = f"rows k, experts {weight}, experts {scale}, experts"
+    if backward:  # d lhs = d out @ W: the other contraction, partial products summed over n
+        return ShardingRule.parse(op, f"{operands}, rows n -> rows k", reduced=("n",), **_WHOLE)
+    return ShardingRule.parse(op, f"{operands} -> rows n", reduced=("k",), **_WHOLE)
+
+
+def gmm_quantized_rule(transpose_rhs: bool = True, ranks: tuple = (), **options) -> ShardingRule:
+    """gmm_quantized's rule for the weight's layout and its scale's rank (2: int8, 3: fp8)."""
+    return _quantized_rule("gmm_quantized", transpose_rhs, ranks, backward=False)
+
+
+def gmm_quantized_vjp_rule(
+    transpose_rhs: bool = True, ranks: tuple = (), **options
+) -> ShardingRule:
+    """gmm_quantized_vjp's rule (operands lhs, weight, scale, group_sizes, dout)."""
+    return _quantized_rule("gmm_quantized_vjp", transpose_rhs, ranks, backward=True)
+
+
 # The backward functions: gmm's dlhs sums over n, tgmm's gradients over k and n, so those stay
 # whole there.
 _GMM_VJP = ShardingRule.parse(
@@ -52,10 +82,13 @@ gmm_boundary = sharded(gmm_rule)
 tgmm_boundary = sharded(TGMM)
 gmm_vjp_boundary = sharded(gmm_vjp_rule)
 tgmm_vjp_boundary = sharded(TGMM_VJP)
+gmm_quantized_boundary = sharded(gmm_quantized_rule)
+gmm_quantized_vjp_boundary = sharded(gmm_quantized_vjp_rule)
 
 
 def mesh_cases() -> list[MeshCase]:
-    """gmm with k split (partial products summed: all-reduce) and n split; tgmm with k x n."""
+    """gmm and gmm_quantized (int8, fp8: scales split with their weight, whole 128-blocks) with k
+    split (partial products summed: all-reduce) and n split; tgmm with k x n."""
     import functools
 
     import jax
@@ -77,6 +110,31 @@ def mesh_cases() -> list[MeshCase]:
             # No mesh-axis convention splits k or n: both inputs are gathered whole.
             auto_forward_collectives={"all-gather": 2},
             auto_backward_collectives={"all-gather": 2},
+        ),
+        *(
+            MeshCase(
+                f"gmm_quantized {fmt} k x n",
+                lambda lhs, weight, scale, s: api.gmm_quantized(lhs, weight, scale, s),
+                (
+                    jax.ShapeDtypeStruct((512, 512), jnp.bfloat16),
+                    jax.ShapeDtypeStruct((8, 512, 512), dtype),
+                    jax.ShapeDtypeStruct(scale_shape, jnp.float32),
+                    sizes,
+                ),
+                ((None, "data"), (None, "model", "data"), scale_spec, (None,)),
+                ("data", "model"),
+                differentiable=(0,),
+                forward_collectives={"all-reduce": 1},
+                backward_collectives={"all-reduce": 1},
+                # No mesh-axis convention splits k or n: the inputs are gathered whole (the
+                # backward gathers weight and scale; lhs's gradient is summed back to its split).
+                auto_forward_collectives={"all-gather": 3},
+                auto_backward_collectives={"all-gather": 2, "all-reduce": 1},
+            )
+            for fmt, dtype, scale_shape, scale_spec in (
+                ("int8", jnp.int8, (8, 512), (None, "model")),
+                ("fp8", jnp.float8_e4m3fn, (8, 4, 4), (None, "model", "data")),
+            )
         ),
         MeshCase(
             "expert-parallel MoE E16 top-2 bf16 (ragged_all_to_all)",

@@ -93,6 +93,7 @@ def _gmm_quantized_backward(
     op_namespace(__name__),
     api.gmm_quantized,
     differentiable=("lhs",),
+    frozen=("weight", "scale"),
     jax_backward=_gmm_quantized_backward,
 )
 def gmm_quantized(
@@ -105,7 +106,7 @@ def gmm_quantized(
     implementation: str | None = None,
 ) -> torch.Tensor:
     """Grouped matmul with int8 / fp8 expert weights [E, out, in] and their scales; see
-    ``api.gmm_quantized``. Differentiable in ``lhs`` only: the weight and scale get no gradient
-    (quantized weights are frozen; the experts integration refuses ones that require one)."""
+    ``api.gmm_quantized``. Differentiable in ``lhs`` only: quantized weights are frozen, and a
+    weight or scale that requires grad (in grad mode) is refused before any kernel runs."""
     quantized.check_inputs(lhs, weight, scale, group_sizes, transpose_rhs)
     _check_sizes_when_readable("gmm_quantized", group_sizes, lhs.shape[0])

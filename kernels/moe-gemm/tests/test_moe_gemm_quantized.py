@@ -158,3 +158,51 @@ def test_input_errors_name_what_is_wrong():
         gmm_q(lhs[:, :320], fp8[:, :, :320], fp8_scale[:, :, :3], sizes)
     with pytest.raises(NoImplementationError, match="tk and tn multiples of 128"):
         gmm_q(lhs, fp8, fp8_scale, sizes, implementation="pallas", tiling=Tiling(128, 384, 64))
+
+
+def _small_fp8():
+    """fp8 weight [4, 256, 128] (2 x 1 blocks per expert), its scale, lhs [9, 128], sizes."""
+    weight, scale = _quantized("fp8")
+    w_t = torch.from_numpy(np.array(weight.view(jnp.int8))).view(torch.float8_e4m3fn)
+    s_t = torch.from_numpy(np.array(scale))
+    x = torch.randn(9, 128, generator=torch.Generator().manual_seed(4))
+    return w_t[:, :, :128].contiguous(), s_t[:, :, :1].contiguous(), x, torch.tensor([3, 0, 4, 1])
+
+
+def test_torch_op_refuses_a_weight_or_scale_that_requires_grad():
+    """Quantized weights are frozen: a weight or scale asking for a gradient is refused before
+    any kernel runs, also after a first call of the same signature without one (which the
+    eager fast path validated and cached); without grad mode it runs."""
+    w_t, s_t, x, sizes = _small_fp8()
+    expected = moe.gmm_quantized(x, w_t, s_t, sizes)
+    for name in ("weight", "scale"):
+        w, s = w_t.clone(), s_t.clone()
+        (w if name == "weight" else s).requires_grad_()
+        for lhs in (x, x.clone().requires_grad_()):
+            with pytest.raises(KernelInputError, match=rf"gmm_quantized: {name} requires grad"):
+                moe.gmm_quantized(lhs, w, s, sizes)
+        with torch.no_grad():
+            torch.testing.assert_close(moe.gmm_quantized(x, w, s, sizes), expected)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+@pytest.mark.parametrize("transpose_rhs", [True, False])
+def test_sharding_rule_follows_the_weight_into_its_scale(fmt, transpose_rhs):
+    """The rule the torch op's DTensor strategies and the JAX boundary share: the scale's rank
+    (2: int8 per channel, 3: fp8 blocks) picks its layout; the scale splits with its weight."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    from kernel_hub.sharding.boundary import choose_rule, rule_of
+    from kernel_hub.sharding.dtensor import forward_strategies
+
+    ranks = (2, 3, 2 if fmt == "int8" else 3, 1)
+    rule = choose_rule(rule_of(moe.jax.gmm_quantized), {"transpose_rhs": transpose_rhs}, ranks)
+    n, k = (1, 2) if transpose_rhs else (2, 1)  # the weight's dims [E, out, in] by role
+    # fp8's block scale [E, out/128, in/128] splits as its weight; int8's [E, out] holds the out
+    # dim only: n with transpose_rhs, else k
+    fp8 = fmt == "fp8"
+    scale_n = Shard(n) if fp8 else Shard(1) if transpose_rhs else Replicate()
+    scale_k = Shard(k) if fp8 else Replicate() if transpose_rhs else Shard(1)
+    strategies = forward_strategies(rule, list(ranks))
+    assert ([Shard(1)], [Replicate(), Shard(n), scale_n, Replicate()]) in strategies
+    assert ([Partial()], [Shard(1), Shard(k), scale_k, Replicate()]) in strategies
