@@ -64,11 +64,15 @@ Version 1.3 also offers ``weight_formats`` (``kernel_hub.weight_formats``): the 
 formats kernels share (int8 per output channel, fp8 e4m3 in 128 x 128 blocks, in Transformers'
 ``[E, out, in]`` expert layout): ``dequantize`` (what a quantized weight stands for) and
 ``fp8_block_scales`` (one weight block's block scales, picked in VMEM by a Pallas kernel).
+And ``transformers_ep`` (``kernel_hub.transformers_ep``), what an experts module under
+Transformers' expert-parallel plan looks like to an integration: ``dispatches`` (the plan
+dispatches its tokens) and ``unsplit`` (the parameters it left whole).
 """
 
 from __future__ import annotations
 
 import kernel_hub.tpu_tiling as tiling
+import kernel_hub.transformers_ep as transformers_ep
 import kernel_hub.weight_formats as weight_formats
 
 from .bench.cases import CPU_TAG, KernelCase
@@ -161,5 +165,6 @@ __all__ = [
     "takes_options",
     "tiling",
     "tpu_generation",
+    "transformers_ep",
     "weight_formats",
 ]

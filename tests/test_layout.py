@@ -28,6 +28,7 @@ RANKS = {
     "tpu_tiling": 1,
     "options": 1,
     "weight_formats": 1,
+    "transformers_ep": 1,
     "dispatch": 2,
     "declaration": 3,
     "topologies": 2,

@@ -8,11 +8,11 @@ import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
-    Implementation,
-    ImplementationTable,
     check_dtype,
     check_rank,
+    float64_problem,
     jax_platform,
+    pallas_and_xla,
     require,
 )
 
@@ -99,24 +99,11 @@ def _xla(x, weight, bias, initial_state, cu_seqlens, *, activation, config):
     )
 
 
-def _f64_problem(x) -> str | None:
-    if x.dtype == jnp.float64 and jax_platform() != "cpu":
-        return "float64 runs only in interpret mode"
-    return None
-
-
 def _pallas_problem(x, weight, *args, config, **kwargs):
-    return _f64_problem(x) or pallas_tpu.config_problem(weight.shape[1], x.shape[2], config)
+    return float64_problem(x) or pallas_tpu.config_problem(weight.shape[1], x.shape[2], config)
 
 
-TABLE = ImplementationTable(
-    OP,
-    [
-        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
-        Implementation("xla", _xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 
 
 @sharding.conv_boundary
@@ -203,17 +190,10 @@ def _update_pallas_problem(x, conv_state, weight, *args, **kwargs):
             f"{x.shape[1]} tokens; the update kernel unrolls at most "
             f"{pallas_tpu.MAX_DECODE_TOKENS} (use causal_conv1d with an initial state)"
         )
-    return _f64_problem(x)
+    return float64_problem(x)
 
 
-UPDATE_TABLE = ImplementationTable(
-    UPDATE_OP,
-    [
-        Implementation("pallas", _update_pallas, ("tpu", "cpu"), _update_pallas_problem),
-        Implementation("xla", _update_xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+UPDATE_TABLE = pallas_and_xla(UPDATE_OP, _update_pallas, _update_xla, _update_pallas_problem)
 
 
 @sharding.update_boundary

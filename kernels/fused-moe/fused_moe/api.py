@@ -15,14 +15,12 @@ import jax
 import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
-    Implementation,
-    ImplementationTable,
-    Platform,
     check_dtype,
     check_rank,
     dtype_name,
     jax_default_device,
     jax_platform,
+    pallas_and_xla,
     require,
     tpu_generation,
 )
@@ -217,15 +215,7 @@ def _pallas_problem(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blo
     return None
 
 
-EVERYWHERE: tuple[Platform, ...] = ("tpu", "gpu", "cpu")
-TABLE = ImplementationTable(
-    "fused_experts",
-    [
-        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
-        Implementation("xla", _xla, EVERYWHERE),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+TABLE = pallas_and_xla("fused_experts", _pallas, _xla, _pallas_problem)
 
 
 @sharding.experts_boundary

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernel_hub.kernel_api import KernelInputError
+from kernel_hub.kernel_api import KernelInputError, transformers_ep
 
 from . import padding, quantized
 from .torch_ops import fused_experts
@@ -109,31 +109,6 @@ def _sharded(weight: torch.Tensor) -> bool:
     return any(axis is not None for axis in spec)
 
 
-def _transformers_ep_dispatch(module: torch.nn.Module) -> bool:
-    """Whether Transformers' expert-parallel plan dispatches the module's tokens: its forward is
-    the plan's ``ep_forward``, which hands the experts function this rank's experts as local
-    tensors and local expert ids (off-rank pairs as ids >= ``num_experts``, which contribute
-    nothing), and combines the ranks' results itself (all-reduce or all-to-all)."""
-    forward = module.__dict__.get("forward")
-    return getattr(forward, "__qualname__", "").startswith("EpDispatchExpertsParallel.")
-
-
-def _unsplit_under_ep(module: torch.nn.Module) -> list[str]:
-    """Parameters the expert-parallel plan left whole (e.g. quantization scales, biases): its
-    forward hands the experts function local shards of the split ones next to these whole ones,
-    which no longer line up with this rank's experts. Inside that forward every parameter is a
-    local tensor: nothing to tell then (kernelize checked before)."""
-    parameters = dict(module.named_parameters(recurse=False))
-    if not any(type(p).__name__ == "DTensor" for p in parameters.values()):
-        return []
-    return [
-        name
-        for name, parameter in parameters.items()
-        if type(parameter).__name__ != "DTensor"
-        or not any(p.is_shard(0) for p in parameter.placements)
-    ]
-
-
 def module_problem(module: torch.nn.Module) -> str | None:
     """Why the fused kernel cannot run ``module`` exactly, or None (then its weights are padded
     for the TPU layout once, here: kernelize runs this)."""
@@ -147,7 +122,7 @@ def _problem(module: torch.nn.Module) -> str | None:
     """``module_problem``'s checks, leaving the weights as they are."""
     weights = [getattr(module, p) for p in ("gate_up_proj", "down_proj") if hasattr(module, p)]
     split = getattr(module, "_is_expert_parallel", False) or any(map(_sharded, weights))
-    if split and not _transformers_ep_dispatch(module):
+    if split and not transformers_ep.dispatches(module):
         if any(type(w).__name__ == "DTensor" for w in weights):
             return (
                 "its expert weights are DTensors split over devices without an expert-parallel "
@@ -155,7 +130,7 @@ def _problem(module: torch.nn.Module) -> str | None:
                 "sends each token to the rank owning its expert); no MoE kernel runs them exactly"
             )
         return "its expert weights are split over devices (expert parallelism: moe-gemm's moe_ep)"
-    unsplit = _unsplit_under_ep(module) if split else []
+    unsplit = transformers_ep.unsplit(module) if split else []
     if unsplit:
         return (
             "Transformers' expert-parallel plan splits its experts but leaves "

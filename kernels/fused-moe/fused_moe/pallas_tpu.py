@@ -31,6 +31,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernel_hub.kernel_api import weight_formats
+
 from .blocks import Blocks, vmem_bytes
 from .config import ExpertsConfig
 from .dispatch import Dispatch, cdiv, dispatch
@@ -78,33 +80,6 @@ def _project(x, w, scale, *, transpose_w: bool, quantization, precision):
         part = part * scale[kb : kb + 1, :]
         out = part if out is None else out + part
     return out
-
-
-def _fp8_scales(scale, out_first, out_blocks, in_first, in_blocks):
-    """[in_blocks, 128 * out_blocks] f32: the 128x128 block scales of a weight block whose output
-    rows start at block ``out_first`` and contraction at block ``in_first``, each repeated over
-    its 128 output rows (what ``_project`` multiplies per contraction slice), picked and expanded
-    from an expert's raw ``scale`` [out / 128, in / 128] by exact 0/1 matmuls in VMEM."""
-    rows, cols = scale.shape
-    iota = jax.lax.broadcasted_iota
-    full = jax.lax.Precision.HIGHEST
-    pick_out = (iota(jnp.int32, (out_blocks, rows), 1) == out_first + iota(
-        jnp.int32, (out_blocks, rows), 0)).astype(jnp.float32)  # fmt: skip
-    pick_in = (iota(jnp.int32, (cols, in_blocks), 0) == in_first + iota(
-        jnp.int32, (cols, in_blocks), 1)).astype(jnp.float32)  # fmt: skip
-    picked = _dot(
-        _dot(pick_out, scale, transpose_b=False, precision=full),
-        pick_in,
-        transpose_b=False,
-        precision=full,
-    )  # [out_blocks, in_blocks]
-    width = out_blocks * FP8_BLOCK
-    expand = (iota(jnp.int32, (out_blocks, width), 1) // FP8_BLOCK
-              == iota(jnp.int32, (out_blocks, width), 0)).astype(jnp.float32)  # fmt: skip
-    return jax.lax.dot_general(
-        picked, expand, (((0,), (0,)), ((), ())), precision=full,
-        preferred_element_type=jnp.float32,
-    )  # fmt: skip
 
 
 def _mxfp4_weights(w, scale, first_byte, dtype):
@@ -215,9 +190,13 @@ def _kernel(
             per_half = gate_up_scales[h].shape[0] // len(gate_up_refs)
             out_blocks = w_ref.shape[0] // FP8_BLOCK
             first = h * per_half + j * out_blocks
-            gate_up_scales[h] = _fp8_scales(gate_up_scales[h], first, out_blocks, 0, hidden_blocks)
+            gate_up_scales[h] = weight_formats.fp8_block_scales(
+                gate_up_scales[h], first, out_blocks, 0, hidden_blocks, contract_out=False
+            )
         in_blocks = down_ref.shape[1] // FP8_BLOCK
-        down_scale = _fp8_scales(down_scale, 0, hidden_blocks, j * in_blocks, in_blocks)
+        down_scale = weight_formats.fp8_block_scales(
+            down_scale, 0, hidden_blocks, j * in_blocks, in_blocks, contract_out=False
+        )
 
     def expert_chunk(c, carry):
         xs = [xs_ref[rows(c), :] for xs_ref in xs_refs]

@@ -21,7 +21,9 @@ exponent per 32 values (Transformers' ``*_scales``); ``w = fp4(nibble) * 2 ** (s
 The scales may carry trailing groups past the weight's bytes (lane padding, stored as 0); no
 value uses them (exponent 255, inf, would give NaN in the kernel's 0/1 expansion).
 
-All use Transformers' [E, out, in] expert layout. The kernel reads the scales in its own layout
+All use Transformers' [E, out, in] expert layout. int8 and fp8 are the kernel API's shared
+``weight_formats`` (their scale shapes and dequantization are defined there, as moe-gemm reads
+them); this module adds mxfp4 and w8a8. The kernel reads the scales in its own layout
 (``kernel_scale``); the XLA path and the tests dequantize with ``dequantize``.
 """
 
@@ -30,11 +32,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kernel_hub.kernel_api import weight_formats
+
 KINDS = ("int8", "fp8", "mxfp4", "w8a8")
-FP8_BLOCK = 128
+FP8_BLOCK = weight_formats.FP8_BLOCK
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT8_MAX = 127.0
-WEIGHT_DTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn, "mxfp4": jnp.uint8, "w8a8": jnp.int8}
+WEIGHT_DTYPES = {**weight_formats.WEIGHT_DTYPES, "mxfp4": jnp.uint8, "w8a8": jnp.int8}
 SCALE_DTYPES = {"int8": jnp.float32, "fp8": jnp.float32, "mxfp4": jnp.uint8, "w8a8": jnp.float32}
 MX_GROUP = 32
 """mxfp4 values per scale."""
@@ -66,21 +70,10 @@ def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def scale_shape(kind: str, weight_shape: tuple[int, ...]) -> tuple[int, ...]:
     kind = weight_format(kind)
-    experts, out, inner = weight_shape
-    if kind == "int8":
-        return (experts, out)
     if kind == "mxfp4":  # inner is the packed axis: two values per byte
+        experts, out, inner = weight_shape
         return (experts, out, 2 * inner // MX_GROUP)
-    return (experts, -(-out // FP8_BLOCK), -(-inner // FP8_BLOCK))
-
-
-def _expand(scale: jax.Array, kind: str, shape: tuple[int, ...]) -> jax.Array:
-    """The scale of every weight element, [E, out, in] f32."""
-    _, out, inner = shape
-    if kind == "int8":
-        return jnp.broadcast_to(scale[:, :, None], shape)
-    full = jnp.repeat(jnp.repeat(scale, FP8_BLOCK, axis=1), FP8_BLOCK, axis=2)
-    return full[:, :out, :inner]
+    return weight_formats.scale_shape(kind, weight_shape)
 
 
 def fp4_values(code: jax.Array) -> jax.Array:
@@ -115,13 +108,12 @@ def _dequantize_mxfp4(weight: jax.Array, scale: jax.Array) -> jax.Array:
 
 
 def dequantize(weight: jax.Array, scale: jax.Array, kind: str, dtype) -> jax.Array:
-    """``weight * scale`` in f32, rounded once to ``dtype`` (Transformers' dequantize order;
-    mxfp4 values times powers of two are exact in every float dtype)."""
+    """``weight * scale`` rounded once to ``dtype``: int8 and fp8 as ``weight_formats`` defines
+    them; mxfp4 values times powers of two are exact in every float dtype."""
     kind = weight_format(kind)
     if kind == "mxfp4":
         return _dequantize_mxfp4(weight, scale).astype(dtype)
-    full = _expand(scale.astype(jnp.float32), kind, weight.shape)
-    return (weight.astype(jnp.float32) * full).astype(dtype)
+    return weight_formats.dequantize(weight, scale, kind, dtype)
 
 
 def quantize(weight: jax.Array, kind: str) -> tuple[jax.Array, jax.Array]:
@@ -140,7 +132,8 @@ def quantize(weight: jax.Array, kind: str) -> tuple[jax.Array, jax.Array]:
     tiles = padded.reshape(experts, rows, FP8_BLOCK, cols, FP8_BLOCK)
     amax = jnp.max(jnp.abs(tiles), axis=(2, 4))
     scale = jnp.where(amax > 0, amax / FP8_MAX, 1.0)
-    q = (w / _expand(scale, kind, w.shape)).astype(jnp.float8_e4m3fn)
+    full = jnp.repeat(jnp.repeat(scale, FP8_BLOCK, axis=1), FP8_BLOCK, axis=2)
+    q = (w / full[:, :out, :inner]).astype(jnp.float8_e4m3fn)
     return q, scale
 
 

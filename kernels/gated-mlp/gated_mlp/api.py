@@ -8,12 +8,12 @@ import jax
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
-    Implementation,
-    ImplementationTable,
     check_dtype,
     check_rank,
     check_same_dtype,
+    float64_problem,
     jax_platform,
+    pallas_and_xla,
     require,
 )
 
@@ -71,8 +71,8 @@ def _pallas(x, up, *, activation, block_rows, block_cols):
 
 
 def _pallas_problem(x, up, *, activation, block_rows, block_cols):
-    if x.dtype.name == "float64" and jax_platform() != "cpu":
-        return "float64 runs only in interpret mode"
+    if problem := float64_problem(x):
+        return problem
     rows, columns = _rows_columns(x, up)
     config = _config(x, up, block_rows, block_cols)
     return pallas_tpu.config_problem(rows, columns, x.dtype, config, fused=up is None)
@@ -84,14 +84,7 @@ def _xla(x, up, *, activation, block_rows, block_cols):
     return reference.gated_activation(x, up, activation)
 
 
-TABLE = ImplementationTable(
-    OP,
-    [
-        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
-        Implementation("xla", _xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 
 
 @sharding.boundary

@@ -8,11 +8,11 @@ import jax
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
-    Implementation,
-    ImplementationTable,
     check_dtype,
     check_rank,
+    float64_problem,
     jax_platform,
+    pallas_and_xla,
     require,
 )
 
@@ -51,8 +51,8 @@ def _pallas(x, weight, bias, *, eps, block_rows):
 
 
 def _pallas_problem(x, weight, bias, *, eps, block_rows):
-    if x.dtype.name == "float64" and jax_platform() != "cpu":
-        return "float64 runs only in interpret mode"
+    if problem := float64_problem(x):
+        return problem
     if math.prod(x.shape) == 0:
         return "empty input (no rows or no hidden units)"
     if block_rows is None:
@@ -65,14 +65,7 @@ def _xla(x, weight, bias, *, eps, block_rows):
     return reference.layer_norm(x, weight, bias, eps)
 
 
-TABLE = ImplementationTable(
-    OP,
-    [
-        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
-        Implementation("xla", _xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 
 
 @sharding.boundary

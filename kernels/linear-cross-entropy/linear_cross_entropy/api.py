@@ -8,13 +8,13 @@ import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
-    Implementation,
-    ImplementationTable,
     check_dtype,
     check_rank,
     dtype_name,
+    float64_problem,
     jax_default_device,
     jax_platform,
+    pallas_and_xla,
     require,
     tpu_generation,
 )
@@ -120,8 +120,8 @@ def _pallas(hidden, weight, bias, targets, *, form, block_tokens, block_vocab):
 
 
 def _pallas_problem(hidden, weight, bias, targets, *, form, block_tokens, block_vocab):
-    if hidden.dtype.name == "float64" and jax_platform() != "cpu":
-        return "float64 runs only in interpret mode"
+    if problem := float64_problem(hidden):
+        return problem
     config = _config(hidden, weight, block_tokens, block_vocab)
     problem = pallas_tpu.config_problem(hidden.shape[0], weight.shape[0], hidden.dtype, config)
     generation = _generation()
@@ -141,14 +141,7 @@ def _xla(hidden, weight, bias, targets, *, form, block_tokens, block_vocab):
     )
 
 
-TABLE = ImplementationTable(
-    "token_statistics",
-    [
-        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
-        Implementation("xla", _xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+TABLE = pallas_and_xla("token_statistics", _pallas, _xla, _pallas_problem)
 
 
 @sharding.statistics_boundary

@@ -22,6 +22,8 @@ import functools
 
 import torch
 
+from kernel_hub.kernel_api import transformers_ep
+
 from . import quantized
 from .expert_parallel import expert_axis
 from .expert_parallel_op import moe_ep_swiglu
@@ -101,44 +103,20 @@ def _split_over_experts(weight: torch.Tensor) -> bool:
     )
 
 
-def _transformers_ep_dispatch(experts: torch.nn.Module) -> bool:
-    """Whether Transformers' expert-parallel plan dispatches the module's tokens (its forward is
-    the plan's ``ep_forward``: local experts as local tensors, local expert ids, off-rank pairs
-    as ids >= ``num_experts``, the ranks' results combined by the plan)."""
-    forward = experts.__dict__.get("forward")
-    return getattr(forward, "__qualname__", "").startswith("EpDispatchExpertsParallel.")
-
-
-def _unsplit_under_ep(module: torch.nn.Module) -> list[str]:
-    """Parameters the expert-parallel plan left whole (e.g. quantization scales, biases): its
-    forward hands the experts function local shards of the split ones next to these whole ones,
-    which no longer line up with this rank's experts. Inside that forward every parameter is a
-    local tensor: nothing to tell then (kernelize checked before)."""
-    parameters = dict(module.named_parameters(recurse=False))
-    if not any(type(p).__name__ == "DTensor" for p in parameters.values()):
-        return []
-    return [
-        name
-        for name, parameter in parameters.items()
-        if type(parameter).__name__ != "DTensor"
-        or not any(p.is_shard(0) for p in parameter.placements)
-    ]
-
-
 def module_problem(experts: torch.nn.Module) -> str | None:
     """Why ``experts_forward`` cannot run ``experts`` exactly (expert-split DTensors without an
     expert-parallel dispatch, quantized formats, frozen weights), or None."""
     if not hasattr(experts, "down_proj"):
         return None
     weights = [getattr(experts, p) for p in _projections(experts)]
-    if any(map(_split_over_experts, weights)) and not _transformers_ep_dispatch(experts):
+    if any(map(_split_over_experts, weights)) and not transformers_ep.dispatches(experts):
         return (
             "its expert weights are DTensors split over experts without an expert-parallel "
             "dispatch around the experts (Transformers' DistributedConfig(ep_size=...) plan sends "
             "each token to the rank owning its expert); gmm would see global expert ids against "
             "local weights"
         )
-    unsplit = _unsplit_under_ep(experts) if _transformers_ep_dispatch(experts) else []
+    unsplit = transformers_ep.unsplit(experts) if transformers_ep.dispatches(experts) else []
     if unsplit:
         return (
             "Transformers' expert-parallel plan splits its experts but leaves "

@@ -12,13 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernel_hub.kernel_api import (
-    Implementation,
-    ImplementationTable,
     check_dtype,
     check_rank,
     dtype_name,
     jax_default_device,
     jax_platform,
+    pallas_and_xla,
     require,
     takes_options,
     tpu_generation,
@@ -219,13 +218,8 @@ def _ragged_xla(q, k, v, cu_q, cu_k, sinks, *, spec):
     return reference.ragged_attention(q, k, v, cu_q, cu_k, sinks, spec)
 
 
-RAGGED_TABLE = ImplementationTable(
-    "ragged_attention",
-    [
-        Implementation("pallas", _ragged_pallas, ("tpu", "cpu"), _ragged_pallas_problem),
-        Implementation("xla", _ragged_xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
+RAGGED_TABLE = pallas_and_xla(
+    "ragged_attention", _ragged_pallas, _ragged_xla, _ragged_pallas_problem
 )
 
 
@@ -259,14 +253,7 @@ def _paged_xla(q, k_pages, v_pages, table, lens, sinks, *, spec):
     return reference.paged_attention(q, k_pages, v_pages, table, lens, sinks, spec)
 
 
-PAGED_TABLE = ImplementationTable(
-    "paged_attention",
-    [
-        Implementation("pallas", _paged_pallas, ("tpu", "cpu"), _paged_pallas_problem),
-        Implementation("xla", _paged_xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+PAGED_TABLE = pallas_and_xla("paged_attention", _paged_pallas, _paged_xla, _paged_pallas_problem)
 
 
 @sharding.ragged_boundary

@@ -8,11 +8,11 @@ import jax
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
-    Implementation,
-    ImplementationTable,
     check_dtype,
     check_rank,
+    float64_problem,
     jax_platform,
+    pallas_and_xla,
     require,
 )
 
@@ -60,8 +60,8 @@ def _pallas(x, weight, *, eps, block_rows, weight_offset, rounding):
 
 
 def _pallas_problem(x, weight, *, eps, block_rows, weight_offset, rounding):
-    if x.dtype.name == "float64" and jax_platform() != "cpu":
-        return "float64 runs only in interpret mode"
+    if problem := float64_problem(x):
+        return problem
     if block_rows is None:
         return None
     rows = math.prod(x.shape[:-1])
@@ -72,14 +72,7 @@ def _xla(x, weight, *, eps, block_rows, weight_offset, rounding):
     return reference.rms_norm(x, weight, eps, float(weight_offset), rounding)
 
 
-TABLE = ImplementationTable(
-    OP,
-    [
-        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
-        Implementation("xla", _xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 
 
 @sharding.boundary

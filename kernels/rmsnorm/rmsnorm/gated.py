@@ -16,15 +16,14 @@ from __future__ import annotations
 import math
 
 import jax
-import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
-    Implementation,
-    ImplementationTable,
     check_dtype,
     check_rank,
+    float64_problem,
     jax_platform,
+    pallas_and_xla,
     require,
 )
 
@@ -78,21 +77,14 @@ def _pallas(x, gate, weight, *, eps, norm_before_gate, group_size):
 
 
 def _pallas_problem(x, gate, weight, *, eps, norm_before_gate, group_size):
-    if x.dtype == jnp.float64 and jax_platform() != "cpu":
-        return "float64 runs only in interpret mode"
+    if problem := float64_problem(x):
+        return problem
     if group_size is not None and group_size != x.shape[-1]:
         return f"group_size={group_size} < hidden {x.shape[-1]}: the kernel normalises whole rows"
     return None
 
 
-TABLE = ImplementationTable(
-    OP,
-    [
-        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
-        Implementation("xla", _xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 
 
 @sharding.gated_boundary

@@ -10,12 +10,12 @@ import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
-    Implementation,
-    ImplementationTable,
     check_dtype,
     check_rank,
     check_same_dtype,
+    float64_problem,
     jax_platform,
+    pallas_and_xla,
     require,
 )
 
@@ -114,8 +114,8 @@ def _pallas(q, k, cos, sin, *, block_seq, **options):
 
 
 def _pallas_problem(q, k, cos, sin, *, block_seq, **options):
-    if jnp.float64 in (q.dtype, k.dtype, cos.dtype) and jax_platform() != "cpu":
-        return "float64 runs only in interpret mode"
+    if problem := float64_problem(q, k, cos):
+        return problem
     form = _form(q, cos, **options)
     seq = q.shape[3 - form.heads_axis]
     return pallas_tpu.config_problem(seq, q.dtype, _config(q, k, form, block_seq), form.heads_axis)
@@ -131,14 +131,7 @@ def _xla(q, k, cos, sin, *, block_seq, interleaved, unsqueeze_dim, upcast, cast_
     return reference.apply(q, cos, sin, **options), reference.apply(k, cos, sin, **options)
 
 
-TABLE = ImplementationTable(
-    OP,
-    [
-        Implementation("pallas", _pallas, ("tpu", "cpu"), _pallas_problem),
-        Implementation("xla", _xla, ("tpu", "gpu", "cpu")),
-    ],
-    default_order={"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")},
-)
+TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 
 
 @sharding.boundary
