@@ -46,6 +46,7 @@ _SIZES: dict[str, Any] = {
             "decoder_layers",
             "num_decoder_layers",
             "num_encoder_layers",
+            "depth",  # vision towers (Qwen3-VL's 27 blocks, GLM-4V's 24)
         ),
         2,
     ),
@@ -106,6 +107,10 @@ _SIZES: dict[str, Any] = {
     **dict.fromkeys(("shape_embed_dim", "pronunciation_embed_dim", "entity_emb_size"), 16),
     **dict.fromkeys(("dim_ff", "d_inner", "ffn_hidden_size"), 96),
     **dict.fromkeys(("expert_ffn_hidden_size",), 32),
+    # vision-language projectors: a vision tower's output (merged into the text's width) and
+    # the projector's own widths (Qwen3-VL's and GLM-4V's 3584 / 4096, Cohere 2 Vision's 36864)
+    **dict.fromkeys(("out_hidden_size", "projector_hidden_size"), 64),
+    **dict.fromkeys(("alignment_intermediate_size",), 96),
     **dict.fromkeys(("zero_expert_num", "n_shared_experts"), 1),
     # hybrids (Bamba, Jamba): one attention layer of the two, so the cache has one
     "attn_layer_indices": [1],
@@ -141,6 +146,20 @@ _QWEN_VL = {
     "depth": 2,
     "out_hidden_size": 64,
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+}
+
+# GLM-4V's mRoPE sections must sum to 8 for the tiny head (4 for GLM-4.5V's MoE text model,
+# rotary factor 0.5); the defaults [8, 12, 12] fit a 128-wide head
+_GLM4V = {
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+}
+_GLM4V_MOE = {
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "mrope_section": [1, 1, 2],
+    }
 }
 
 ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
@@ -179,6 +198,11 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     "mistral3": _IMAGE_TOKEN,
     "qwen2_vl": _QWEN_VL,
     "qwen2_5_vl": _QWEN_VL,
+    "glm4v": _GLM4V,
+    "glm46v": _GLM4V,
+    "glmga": _GLM4V,
+    "glm_ocr": _GLM4V,
+    "glm4v_moe": _GLM4V_MOE,
     # its LM head asserts a decoder; axial position embeddings split the hidden size
     "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32], "axial_pos_shape": [3, 4]},
     # per-layer-type RoPE with no default: checkpoints carry it
