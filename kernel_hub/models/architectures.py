@@ -203,6 +203,27 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     "glmga": _GLM4V,
     "glm_ocr": _GLM4V,
     "glm4v_moe": _GLM4V_MOE,
+    # HunYuan-VL's vision position table covers (max_image_size / patch)^2 patches; its
+    # (position, width, height, image) mRoPE axes, which checkpoints carry, split half the head
+    "hunyuan_vl": {
+        "max_image_size": IMAGE_SIZE,
+        "min_image_size": IMAGE_SIZE,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 2, 2, 2],
+        },
+    },
+    # Janus's image generation side: a VQ codebook of 16384 and 2048-wide aligners by default
+    "janus": {
+        "projection_dim": 64,
+        "num_embeddings": VOCAB_SIZE,
+        "image_token_embed_dim": 64,
+        "latent_channels": 32,
+        "base_channels": 32,
+        "channel_multiplier": [1, 2],
+        "num_res_blocks": 1,
+    },
     # its LM head asserts a decoder; axial position embeddings split the hidden size
     "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32], "axial_pos_shape": [3, 4]},
     # per-layer-type RoPE with no default: checkpoints carry it
@@ -231,6 +252,7 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     "granite_speech_plus": {"hidden_dim": 64},
     "omniasr": {"conv_dim": [32] * 7},
     "qwen3_asr": {"downsample_hidden_size": 32, "output_dim": 64},
+    "qwen3_omni_moe_thinker": {"downsample_hidden_size": 32, "output_dim": 64},
     "phi4_multimodal": {
         "nemo_conv_channels": 64,
         "ext_pw_out_channel": 64,
