@@ -203,6 +203,53 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     "glmga": _GLM4V,
     "glm_ocr": _GLM4V,
     "glm4v_moe": _GLM4V_MOE,
+    # WavTokenizer (Apertus 1.5's audio codec) has no projection around its quantizer
+    # and its image then audio codebook token ranges must end inside the vocabulary
+    "apertus1p5": {
+        "codebook_dim": 64,
+        "codebook_size": 32,
+        "image_token_offset": VOCAB_SIZE - 64,
+        "audio_token_offset": VOCAB_SIZE - 32,
+        "image_token_id": IMAGE_TOKEN_ID,
+        "audio_token_id": IMAGE_TOKEN_ID + 1,
+    },
+    # mRoPE sections must sum to half the tiny head (defaults fit a 128-wide one)
+    "cosmos3_edge": {
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 3, 3],
+        }
+    },
+    # ... to half of qk_rope_head_dim (8) for HY-V4-VL's latent attention
+    "hy_v4_vl": {
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 1, 1],
+        }
+    },
+    # GLM-5-Next's sparse (DSA) attention: as many key/value heads as query heads, no RoPE part
+    "glm5_next": {"num_key_value_heads": 4, "qk_rope_head_dim": 0},
+    # the vision tower's output width is checked against the text model's
+    "inkling2": {"text_hidden_size": 64},
+    "inkling2_loop": {"text_hidden_size": 64},
+    # Muse Spark's vision pyramid: one patch size, width and depth per stage (num_hidden_layers)
+    "muse_spark": {"patch_sizes": [16, 6], "hidden_sizes": [32, 64], "depths": [1, 1]},
+    # sizes typed as lists: ERNIE-VL's (text, vision) experts, Molmo 2's (height, width),
+    # Florence-2's DaViT per-stage sizes
+    "ernie4_5_vl_moe": {"moe_intermediate_size": [32, 32]},
+    "molmo2": {"image_size": [IMAGE_SIZE, IMAGE_SIZE], "vision_feature_layer": [-1, -2]},
+    # (two stages of each, for the two layers)
+    "florence2": {
+        "depths": [1, 1],
+        "patch_size": [7, 3],
+        "patch_stride": [4, 2],
+        "patch_padding": [3, 1],
+        "embed_dim": [32, 64],
+        "num_heads": [2, 4],
+        "num_groups": [2, 4],
+    },
     # HunYuan-VL's vision position table covers (max_image_size / patch)^2 patches; its
     # (position, width, height, image) mRoPE axes, which checkpoints carry, split half the head
     "hunyuan_vl": {
