@@ -212,6 +212,13 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
         "audio_token_offset": VOCAB_SIZE - 32,
         "image_token_id": IMAGE_TOKEN_ID,
         "audio_token_id": IMAGE_TOKEN_ID + 1,
+        # its VQ image tokenizer (256-wide, five stages) and WavTokenizer decoder (768 wide)
+        "base_channels": 32,
+        "latent_channels": 32,
+        "channel_multiplier": [1, 2],
+        "num_res_blocks": 1,
+        "decoder_hidden_size": 64,
+        "decoder_intermediate_size": 96,
     },
     # mRoPE sections must sum to half the tiny head (defaults fit a 128-wide one)
     "cosmos3_edge": {
@@ -227,18 +234,40 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
             "rope_type": "default",
             "rope_theta": 10000.0,
             "mrope_section": [2, 1, 1],
-        }
+        },
+        "max_image_size": IMAGE_SIZE,  # its vision position table, as HunYuan-VL's
     },
     # GLM-5-Next's sparse (DSA) attention: as many key/value heads as query heads, no RoPE part
-    "glm5_next": {"num_key_value_heads": 4, "qk_rope_head_dim": 0},
+    # (and its linear-attention heads and vision merger, 64 x 128 and 10240 wide by default)
+    "glm5_next": {
+        "num_key_value_heads": 4,
+        "qk_rope_head_dim": 0,
+        "linear_head_dim": 16,
+        "linear_num_heads": 4,
+        "projection_intermediate_size": 96,
+    },
     # the vision tower's output width is checked against the text model's
     "inkling2": {"text_hidden_size": 64},
     "inkling2_loop": {"text_hidden_size": 64},
     # Muse Spark's vision pyramid: one patch size, width and depth per stage (num_hidden_layers)
-    "muse_spark": {"patch_sizes": [16, 6], "hidden_sizes": [32, 64], "depths": [1, 1]},
+    # (and its experts' width)
+    "muse_spark": {
+        "patch_sizes": [16, 6],
+        "hidden_sizes": [32, 64],
+        "depths": [1, 1],
+        "moe_hidden_size": 32,
+    },
     # sizes typed as lists: ERNIE-VL's (text, vision) experts, Molmo 2's (height, width),
     # Florence-2's DaViT per-stage sizes
-    "ernie4_5_vl_moe": {"moe_intermediate_size": [32, 32]},
+    # (ERNIE-VL's (height, width, time) mRoPE sections must sum to half the tiny head)
+    "ernie4_5_vl_moe": {
+        "moe_intermediate_size": [32, 32],
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 500000.0,
+            "mrope_section": [3, 3, 2],
+        },
+    },
     "molmo2": {"image_size": [IMAGE_SIZE, IMAGE_SIZE], "vision_feature_layer": [-1, -2]},
     # (two stages of each, for the two layers)
     "florence2": {
