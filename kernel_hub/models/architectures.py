@@ -162,6 +162,26 @@ _GLM4V_MOE = {
     }
 }
 
+# VQ image tokenizers (Janus, Chameleon): a codebook of 16384 / 8192 codes, 2048-wide
+# aligners, five stages of 128 to 512 channels by default
+_VQ_IMAGES = {
+    "projection_dim": 64,
+    "num_embeddings": VOCAB_SIZE,
+    "image_token_embed_dim": 64,
+    "latent_channels": 32,
+    "base_channels": 32,
+    "channel_multiplier": [1, 2],
+    "num_res_blocks": 1,
+}
+_SAM_NECK = {
+    "output_channels": 32,
+    "mlp_dim": 96,
+    "downsample_channels": [32, 64],
+    "post_conv_in_channels": 32,
+    "post_conv_mid_channels": 32,
+    "post_conv_out_channels": 64,
+}
+
 ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     # its per-layer attention kinds ([[kinds, repeats]]) must cover exactly num_layers
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
@@ -219,6 +239,8 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
         "num_res_blocks": 1,
         "decoder_hidden_size": 64,
         "decoder_intermediate_size": 96,
+        "decoder_num_layers": 2,
+        "num_filters": 4,  # doubled per upsampling ratio: 64 wide at the end
     },
     # mRoPE sections must sum to half the tiny head (defaults fit a 128-wide one)
     "cosmos3_edge": {
@@ -290,22 +312,28 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
             "mrope_section": [2, 2, 2, 2],
         },
     },
-    # Janus's image generation side: a VQ codebook of 16384 and 2048-wide aligners by default
-    "janus": {
-        "projection_dim": 64,
-        "num_embeddings": VOCAB_SIZE,
-        "image_token_embed_dim": 64,
-        "latent_channels": 32,
-        "base_channels": 32,
-        "channel_multiplier": [1, 2],
-        "num_res_blocks": 1,
-    },
+    "janus": _VQ_IMAGES,
+    # Chameleon's VQ image tokenizer, as Janus's
+    "chameleon": {**_VQ_IMAGES, "vocabulary_map": {"<image>": IMAGE_TOKEN_ID}},
+    # SAM image encoders' necks and downsamplers (256 to 1024 channels by default), the last
+    # width being the next tower's or the projector's input
+    "deepseek_ocr2": {**_SAM_NECK, "mlp_layer_types": ["dense", "sparse"]},
+    "unlimited_ocr": _SAM_NECK,
+    "pp_formulanet": _SAM_NECK,
+    "deepseek_vl_hybrid": _SAM_NECK,
     # its LM head asserts a decoder; axial position embeddings split the hidden size
     "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32], "axial_pos_shape": [3, 4]},
     # per-layer-type RoPE with no default: checkpoints carry it
     "cohere_compass_text": {
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
     },
+    "cohere_compass": {
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    },
+    # fields with no default that checkpoints carry: Chameleon's vocabulary map (the image
+    # placeholder, above), DeepSeek-OCR 2's per-layer MLP kinds (above), Granite 4 Vision's
+    # [vision layer, text layer] feature injections and its Q-Former's window sides
+    "granite4_vision": {"deepstack_layer_map": [[0, 0], [1, 1]], "downsample_rate": "1/2"},
     # hybrids whose default stack, cut to two layers, has no attention layer
     "lfm3": {"layer_types": ["conv", "full_attention"]},
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
