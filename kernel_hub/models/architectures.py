@@ -356,7 +356,18 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     "granite_speech_plus": {"hidden_dim": 64},
     "omniasr": {"conv_dim": [32] * 7},
     "qwen3_asr": {"downsample_hidden_size": 32, "output_dim": 64},
-    "qwen3_omni_moe_thinker": {"downsample_hidden_size": 32, "output_dim": 64},
+    # the Omni thinkers' position ids read vision_start_token_id, which only the full Omni
+    # config defines (checkpoints' thinker configs carry it): the full config's default
+    "qwen3_omni_moe_thinker": {
+        "downsample_hidden_size": 32,
+        "output_dim": 64,
+        "vision_start_token_id": 151652,
+    },
+    # (and Qwen2.5-Omni's mRoPE sections, Qwen2-VL's)
+    "qwen2_5_omni_thinker": {
+        "vision_start_token_id": 151652,
+        "rope_parameters": _QWEN_VL["rope_parameters"],
+    },
     "phi4_multimodal": {
         "nemo_conv_channels": 64,
         "ext_pw_out_channel": 64,
