@@ -11,6 +11,7 @@ built, is still large, or whose stock forward fails is reported with the reason,
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -356,6 +357,22 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     "granite_speech_plus": {"hidden_dim": 64},
     "omniasr": {"conv_dim": [32] * 7},
     "qwen3_asr": {"downsample_hidden_size": 32, "output_dim": 64},
+    # Nemotron-H Omni's audio projector reads sizes its checkpoints add to the Parakeet config
+    # (and its RADIO vision tower's position table, (max_img_size / patch)^2, its width as the
+    # projector reads it, its Mamba-2 heads (heads x head_dim = expand x hidden), its audio
+    # subsampler and shared experts)
+    "nemotron_h_omni": {
+        "audio_config.projection_hidden_size": 64,
+        "audio_config.projection_bias": False,
+        "max_img_size": IMAGE_SIZE,
+        "vision_hidden_size": 64,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 16,
+        "ssm_state_size": 16,
+        "n_groups": 2,
+        "subsampling_conv_channels": 32,
+        "moe_shared_expert_intermediate_size": 32,
+    },
     # the Omni thinkers' position ids read vision_start_token_id, which only the full Omni
     # config defines (checkpoints' thinker configs carry it): the full config's default
     "qwen3_omni_moe_thinker": {
@@ -601,8 +618,10 @@ def build(
         fields = {**ARCHITECTURE_FIELDS.get(arch.model_type, {}), **(overrides or {})}
         config = _complete(tiny_config(config_class, fields))
         for name, value in fields.items():  # read by the model, not taken by the config class
-            if not hasattr(config, name):
-                setattr(config, name, value)
+            *path, attr = name.split(".")  # "audio_config.x": a sub-config's
+            owner = functools.reduce(getattr, path, config)
+            if not hasattr(owner, attr):
+                setattr(owner, attr, value)
         with torch.device("meta"):
             size = sum(p.numel() for p in model_class(config).parameters())
     except Exception as exc:  # a config or model that cannot be made small: say so, go on
