@@ -280,9 +280,9 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
         "depths": [1, 1],
         "moe_hidden_size": 32,
     },
-    # sizes typed as lists: ERNIE-VL's (text, vision) experts, Molmo 2's (height, width),
-    # Florence-2's DaViT per-stage sizes
-    # (ERNIE-VL's (height, width, time) mRoPE sections must sum to half the tiny head)
+    # sizes typed as lists: ERNIE-VL's (text, vision) experts, Molmo 2's (height, width) and
+    # its two feature layers, Florence-2's DaViT per-stage sizes (two stages of two layers);
+    # ERNIE-VL's (height, width, time) mRoPE sections must sum to half the tiny head
     "ernie4_5_vl_moe": {
         "moe_intermediate_size": [32, 32],
         "rope_parameters": {
@@ -292,7 +292,6 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
         },
     },
     "molmo2": {"image_size": [IMAGE_SIZE, IMAGE_SIZE], "vision_feature_layer": [-1, -2]},
-    # (two stages of each, for the two layers)
     "florence2": {
         "depths": [1, 1],
         "patch_size": [7, 3],
@@ -328,12 +327,13 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     "cohere_compass_text": {
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
     },
+    # per-layer-type RoPE with no default, as its text model's
     "cohere_compass": {
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
     },
-    # fields with no default that checkpoints carry: Chameleon's vocabulary map (the image
-    # placeholder, above), DeepSeek-OCR 2's per-layer MLP kinds (above), Granite 4 Vision's
-    # [vision layer, text layer] feature injections and its Q-Former's window sides
+    # fields with no default that checkpoints carry (as Chameleon's vocabulary map and
+    # DeepSeek-OCR 2's per-layer MLP kinds above): Granite 4 Vision's [vision layer, text
+    # layer] feature injections and its Q-Former's window sides
     "granite4_vision": {"deepstack_layer_map": [[0, 0], [1, 1]], "downsample_rate": "1/2"},
     # hybrids whose default stack, cut to two layers, has no attention layer
     "lfm3": {"layer_types": ["conv", "full_attention"]},
