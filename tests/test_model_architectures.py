@@ -42,6 +42,19 @@ def test_strict_layer_type_rules_get_a_cut_layer_list_with_every_kind():
     assert set(config.layer_types) == {"linear_attention", "hybrid"}
 
 
+def test_vision_language_towers_and_projectors_shrink():
+    """Qwen3-VL's vision tower (27 blocks, merged into 3584 wide) and Cohere 2 Vision's
+    36864-wide projector are cut to the tiny sizes; GLM-4V's mRoPE sections fit the tiny head."""
+    vision = archs.build(_arch("qwen3_vl")).config.vision_config
+    assert (vision.depth, vision.out_hidden_size) == (2, 64)
+    cohere = archs.build(_arch("cohere2_vision"))
+    assert cohere.config.alignment_intermediate_size == 96
+    assert _parameters(cohere) <= archs.MAX_PARAMETERS
+    glm = archs.build(_arch("glm4v"))
+    assert sum(glm.config.text_config.rope_parameters["mrope_section"]) == 8
+    assert _parameters(glm) <= archs.MAX_PARAMETERS
+
+
 def test_excluded_architectures_say_why():
     with pytest.raises(archs.NotBuilt, match="shared key/value states"):
         archs.build(_arch("gemma4_assistant"))

@@ -11,6 +11,7 @@ built, is still large, or whose stock forward fails is reported with the reason,
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ _SIZES: dict[str, Any] = {
             "decoder_layers",
             "num_decoder_layers",
             "num_encoder_layers",
+            "depth",  # vision towers (Qwen3-VL's 27 blocks, GLM-4V's 24)
         ),
         2,
     ),
@@ -106,6 +108,10 @@ _SIZES: dict[str, Any] = {
     **dict.fromkeys(("shape_embed_dim", "pronunciation_embed_dim", "entity_emb_size"), 16),
     **dict.fromkeys(("dim_ff", "d_inner", "ffn_hidden_size"), 96),
     **dict.fromkeys(("expert_ffn_hidden_size",), 32),
+    # vision-language projectors: a vision tower's output (merged into the text's width) and
+    # the projector's own widths (Qwen3-VL's and GLM-4V's 3584 / 4096, Cohere 2 Vision's 36864)
+    **dict.fromkeys(("out_hidden_size", "projector_hidden_size"), 64),
+    **dict.fromkeys(("alignment_intermediate_size",), 96),
     **dict.fromkeys(("zero_expert_num", "n_shared_experts"), 1),
     # hybrids (Bamba, Jamba): one attention layer of the two, so the cache has one
     "attn_layer_indices": [1],
@@ -141,6 +147,40 @@ _QWEN_VL = {
     "depth": 2,
     "out_hidden_size": 64,
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+}
+
+# GLM-4V's mRoPE sections must sum to 8 for the tiny head (4 for GLM-4.5V's MoE text model,
+# rotary factor 0.5); the defaults [8, 12, 12] fit a 128-wide head
+_GLM4V = {
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+}
+_GLM4V_MOE = {
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "mrope_section": [1, 1, 2],
+    }
+}
+
+# VQ image tokenizers (Janus, Chameleon): a codebook of 16384 / 8192 codes, 2048-wide
+# aligners, five stages of 128 to 512 channels by default
+_VQ_IMAGES = {
+    "projection_dim": 64,
+    "num_embeddings": VOCAB_SIZE,
+    "image_token_embed_dim": 64,
+    "latent_channels": 32,
+    "base_channels": 32,
+    "channel_multiplier": [1, 2],
+    "num_res_blocks": 1,
+}
+_SAM_NECK = {
+    "output_channels": 32,
+    "mlp_dim": 96,
+    "downsample_channels": [32, 64],
+    "post_conv_in_channels": 32,
+    "post_conv_mid_channels": 32,
+    "post_conv_out_channels": 64,
 }
 
 ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
@@ -179,12 +219,122 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     "mistral3": _IMAGE_TOKEN,
     "qwen2_vl": _QWEN_VL,
     "qwen2_5_vl": _QWEN_VL,
+    "glm4v": _GLM4V,
+    "glm46v": _GLM4V,
+    "glmga": _GLM4V,
+    "glm_ocr": _GLM4V,
+    "glm4v_moe": _GLM4V_MOE,
+    # WavTokenizer (Apertus 1.5's audio codec) has no projection around its quantizer
+    # and its image then audio codebook token ranges must end inside the vocabulary
+    "apertus1p5": {
+        "codebook_dim": 64,
+        "codebook_size": 32,
+        "image_token_offset": VOCAB_SIZE - 64,
+        "audio_token_offset": VOCAB_SIZE - 32,
+        "image_token_id": IMAGE_TOKEN_ID,
+        "audio_token_id": IMAGE_TOKEN_ID + 1,
+        # its VQ image tokenizer (256-wide, five stages) and WavTokenizer decoder (768 wide)
+        "base_channels": 32,
+        "latent_channels": 32,
+        "channel_multiplier": [1, 2],
+        "num_res_blocks": 1,
+        "decoder_hidden_size": 64,
+        "decoder_intermediate_size": 96,
+        "decoder_num_layers": 2,
+        "num_filters": 4,  # doubled per upsampling ratio: 64 wide at the end
+    },
+    # mRoPE sections must sum to half the tiny head (defaults fit a 128-wide one)
+    "cosmos3_edge": {
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 3, 3],
+        }
+    },
+    # ... to half of qk_rope_head_dim (8) for HY-V4-VL's latent attention
+    "hy_v4_vl": {
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 1, 1],
+        },
+        "max_image_size": IMAGE_SIZE,  # its vision position table, as HunYuan-VL's
+    },
+    # GLM-5-Next's sparse (DSA) attention: as many key/value heads as query heads, no RoPE part
+    # (and its linear-attention heads and vision merger, 64 x 128 and 10240 wide by default)
+    "glm5_next": {
+        "num_key_value_heads": 4,
+        "qk_rope_head_dim": 0,
+        "linear_head_dim": 16,
+        "linear_num_heads": 4,
+        "projection_intermediate_size": 96,
+    },
+    # the vision tower's output width is checked against the text model's
+    "inkling2": {"text_hidden_size": 64},
+    "inkling2_loop": {"text_hidden_size": 64},
+    # Muse Spark's vision pyramid: one patch size, width and depth per stage (num_hidden_layers)
+    # (and its experts' width)
+    "muse_spark": {
+        "patch_sizes": [16, 6],
+        "hidden_sizes": [32, 64],
+        "depths": [1, 1],
+        "moe_hidden_size": 32,
+    },
+    # sizes typed as lists: ERNIE-VL's (text, vision) experts, Molmo 2's (height, width) and
+    # its two feature layers, Florence-2's DaViT per-stage sizes (two stages of two layers);
+    # ERNIE-VL's (height, width, time) mRoPE sections must sum to half the tiny head
+    "ernie4_5_vl_moe": {
+        "moe_intermediate_size": [32, 32],
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 500000.0,
+            "mrope_section": [3, 3, 2],
+        },
+    },
+    "molmo2": {"image_size": [IMAGE_SIZE, IMAGE_SIZE], "vision_feature_layer": [-1, -2]},
+    "florence2": {
+        "depths": [1, 1],
+        "patch_size": [7, 3],
+        "patch_stride": [4, 2],
+        "patch_padding": [3, 1],
+        "embed_dim": [32, 64],
+        "num_heads": [2, 4],
+        "num_groups": [2, 4],
+    },
+    # HunYuan-VL's vision position table covers (max_image_size / patch)^2 patches; its
+    # (position, width, height, image) mRoPE axes, which checkpoints carry, split half the head
+    "hunyuan_vl": {
+        "max_image_size": IMAGE_SIZE,
+        "min_image_size": IMAGE_SIZE,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 2, 2, 2],
+        },
+    },
+    "janus": _VQ_IMAGES,
+    # Chameleon's VQ image tokenizer, as Janus's
+    "chameleon": {**_VQ_IMAGES, "vocabulary_map": {"<image>": IMAGE_TOKEN_ID}},
+    # SAM image encoders' necks and downsamplers (256 to 1024 channels by default), the last
+    # width being the next tower's or the projector's input
+    "deepseek_ocr2": {**_SAM_NECK, "mlp_layer_types": ["dense", "sparse"]},
+    "unlimited_ocr": _SAM_NECK,
+    "pp_formulanet": _SAM_NECK,
+    "deepseek_vl_hybrid": _SAM_NECK,
     # its LM head asserts a decoder; axial position embeddings split the hidden size
     "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32], "axial_pos_shape": [3, 4]},
     # per-layer-type RoPE with no default: checkpoints carry it
     "cohere_compass_text": {
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
     },
+    # per-layer-type RoPE with no default, as its text model's
+    "cohere_compass": {
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    },
+    # fields with no default that checkpoints carry (as Chameleon's vocabulary map and
+    # DeepSeek-OCR 2's per-layer MLP kinds above): Granite 4 Vision's [vision layer, text
+    # layer] feature injections and its Q-Former's window sides
+    "granite4_vision": {"deepstack_layer_map": [[0, 0], [1, 1]], "downsample_rate": "1/2"},
     # hybrids whose default stack, cut to two layers, has no attention layer
     "lfm3": {"layer_types": ["conv", "full_attention"]},
     "recurrent_gemma": {"block_types": ["recurrent", "attention"]},
@@ -207,6 +357,34 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     "granite_speech_plus": {"hidden_dim": 64},
     "omniasr": {"conv_dim": [32] * 7},
     "qwen3_asr": {"downsample_hidden_size": 32, "output_dim": 64},
+    # Nemotron-H Omni's audio projector reads sizes its checkpoints add to the Parakeet config
+    # (and its RADIO vision tower's position table, (max_img_size / patch)^2, its width as the
+    # projector reads it, its Mamba-2 heads (heads x head_dim = expand x hidden), its audio
+    # subsampler and shared experts)
+    "nemotron_h_omni": {
+        "audio_config.projection_hidden_size": 64,
+        "audio_config.projection_bias": False,
+        "max_img_size": IMAGE_SIZE,
+        "vision_hidden_size": 64,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 16,
+        "ssm_state_size": 16,
+        "n_groups": 2,
+        "subsampling_conv_channels": 32,
+        "moe_shared_expert_intermediate_size": 32,
+    },
+    # the Omni thinkers' position ids read vision_start_token_id, which only the full Omni
+    # config defines (checkpoints' thinker configs carry it): the full config's default
+    "qwen3_omni_moe_thinker": {
+        "downsample_hidden_size": 32,
+        "output_dim": 64,
+        "vision_start_token_id": 151652,
+    },
+    # (and Qwen2.5-Omni's mRoPE sections, Qwen2-VL's)
+    "qwen2_5_omni_thinker": {
+        "vision_start_token_id": 151652,
+        "rope_parameters": _QWEN_VL["rope_parameters"],
+    },
     "phi4_multimodal": {
         "nemo_conv_channels": 64,
         "ext_pw_out_channel": 64,
@@ -440,8 +618,10 @@ def build(
         fields = {**ARCHITECTURE_FIELDS.get(arch.model_type, {}), **(overrides or {})}
         config = _complete(tiny_config(config_class, fields))
         for name, value in fields.items():  # read by the model, not taken by the config class
-            if not hasattr(config, name):
-                setattr(config, name, value)
+            *path, attr = name.split(".")  # "audio_config.x": a sub-config's
+            owner = functools.reduce(getattr, path, config)
+            if not hasattr(owner, attr):
+                setattr(owner, attr, value)
         with torch.device("meta"):
             size = sum(p.numel() for p in model_class(config).parameters())
     except Exception as exc:  # a config or model that cannot be made small: say so, go on
