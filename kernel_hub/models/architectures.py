@@ -355,7 +355,24 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     },
     "granite_speech": {"hidden_dim": 64},
     "granite_speech_plus": {"hidden_dim": 64},
-    "omniasr": {"conv_dim": [32] * 7},
+    # wav2vec2-style feature encoders: seven 512-channel convolutions by default (4.2M
+    # parameters); len(conv_dim) must stay len(conv_kernel) == len(conv_stride) == 7
+    **{
+        model_type: {"conv_dim": [32] * 7}
+        for model_type in (
+            "omniasr",
+            "omniasr_ctc",
+            "data2vec-audio",
+            "hubert",
+            "unispeech",
+            "unispeech-sat",
+            "wav2vec2",
+            "wav2vec2-conformer",
+            "wavlm",
+            "speecht5",
+            "speech-encoder-decoder",
+        )
+    },
     "qwen3_asr": {"downsample_hidden_size": 32, "output_dim": 64},
     # Nemotron-H Omni's audio projector reads sizes its checkpoints add to the Parakeet config
     # (and its RADIO vision tower's position table, (max_img_size / patch)^2, its width as the
