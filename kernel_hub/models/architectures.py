@@ -373,6 +373,24 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
             "speech-encoder-decoder",
         )
     },
+    # Kyutai STT's audio padding token is the last row of its embedding (text vocabulary, then
+    # one codebook vocabulary per codebook); each codebook's BOS is inside its vocabulary
+    "kyutai_speech_to_text": {
+        "num_codebooks": 2,
+        "codebook_vocab_size": 32,
+        "audio_bos_token_id": 31,
+        "audio_pad_token_id": VOCAB_SIZE + 2 * 32,
+        # its Mimi codec: depthwise upsampling (one group per channel), a narrow SEANet
+        "upsample_groups": 64,
+        "num_filters": 2,
+    },
+    # Dia's decoder cross-attends to the encoder: cross_hidden_size is the encoder's width
+    "dia": {
+        "cross_hidden_size": 64,
+        "cross_head_dim": 16,
+        "cross_num_attention_heads": 4,
+        "cross_num_key_value_heads": 4,
+    },
     "qwen3_asr": {"downsample_hidden_size": 32, "output_dim": 64},
     # Nemotron-H Omni's audio projector reads sizes its checkpoints add to the Parakeet config
     # (and its RADIO vision tower's position table, (max_img_size / patch)^2, its width as the
