@@ -391,6 +391,8 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
         "cross_num_attention_heads": 4,
         "cross_num_key_value_heads": 4,
     },
+    # Fun-ASR-Nano's validator: adaptor_config.intermediate_size == text_config.hidden_size // 4
+    "fun_asr_nano": {"intermediate_size": 16},
     "qwen3_asr": {"downsample_hidden_size": 32, "output_dim": 64},
     # Nemotron-H Omni's audio projector reads sizes its checkpoints add to the Parakeet config
     # (and its RADIO vision tower's position table, (max_img_size / patch)^2, its width as the
