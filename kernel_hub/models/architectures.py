@@ -428,7 +428,11 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
         "depthwise_separable_out_channel": 64,
         "num_blocks": 2,
     },
-    "vibevoice_asr": {"num_filters": 2, "depths": [1] * 7},
+    # VibeVoice's acoustic and semantic tokenizers: narrow, one block per stage
+    **{
+        model_type: {"num_filters": 2, "depths": [1] * 7}
+        for model_type in ("vibevoice_asr", "vibevoice")
+    },
     # its last layers share the key/value cache of earlier ones: none shared in two layers
     "gemma3n_text": {"num_kv_shared_layers": 0},
     "gemma3n": {"num_kv_shared_layers": 0},
