@@ -696,14 +696,20 @@ def batch(arch: Architecture, model: torch.nn.Module) -> dict[str, torch.Tensor]
         shape = (BATCH, channels, IMAGE_SIZE, IMAGE_SIZE)
         return {"pixel_values": torch.randn(shape, generator=generator)}
     if arch.family == "speech":
-        return {"input_values": torch.randn(BATCH, AUDIO_SAMPLES, generator=generator)}
+        return _waveform(generator)
     if arch.family == "speech-seq2seq":
-        mels = getattr(config, "num_mel_bins", 80)
-        frames = 2 * getattr(config, "max_source_positions", 1500)
-        inputs = {
-            "input_features": torch.randn(BATCH, mels, frames, generator=generator),
-            "decoder_input_ids": _tokens(generator, DECODER_LEN),
-        }
+        # encoders read a raw waveform (SpeechT5, a wav2vec2 encoder) or mel features; a
+        # speech encoder-decoder takes its encoder's input
+        main_input = model.main_input_name
+        if main_input == "inputs":
+            main_input = model.encoder.main_input_name
+        if main_input == "input_values":
+            inputs = _waveform(generator)
+        else:
+            mels = getattr(config, "num_mel_bins", 80)
+            frames = 2 * getattr(config, "max_source_positions", 1500)
+            inputs = {"input_features": torch.randn(BATCH, mels, frames, generator=generator)}
+        inputs["decoder_input_ids"] = _tokens(generator, DECODER_LEN)
         if "decoder_attention_mask" in inspect.signature(model.forward).parameters:
             # a right-padded decoder row (the audio encoders take fixed-length features)
             mask = torch.ones(BATCH, DECODER_LEN, dtype=torch.long)
@@ -743,6 +749,11 @@ class ImageInputs:
     pixels: Callable[[Any, torch.Generator], dict[str, torch.Tensor]]
     token_types: str | None = None
     prefix: bool = False
+
+
+def _waveform(generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Raw audio, as wav2vec2-style feature encoders read it."""
+    return {"input_values": torch.randn(BATCH, AUDIO_SAMPLES, generator=generator)}
 
 
 def _vision(config: Any) -> tuple[int, int]:
