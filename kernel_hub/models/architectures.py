@@ -451,6 +451,9 @@ STREAMED_AUDIO_FRAMES = {"voxtral_realtime": 8}
 """Speech LMs whose audio streams alongside the text: mel frames per text token (the encoder
 downsamples by that much and adds each frame to its token)."""
 
+CHANNEL_AUDIO = frozenset({"omniasr_ctc"})
+"""Speech models whose waveform input has a channel axis: ``[batch, 1, samples]``."""
+
 EXCLUDED: dict[str, str] = {
     "gemma4_assistant": "a draft model for Gemma 4's speculative decoding: its forward needs "
     "the target model's shared key/value states, so it has no stand-alone text path",
@@ -696,7 +699,10 @@ def batch(arch: Architecture, model: torch.nn.Module) -> dict[str, torch.Tensor]
         shape = (BATCH, channels, IMAGE_SIZE, IMAGE_SIZE)
         return {"pixel_values": torch.randn(shape, generator=generator)}
     if arch.family == "speech":
-        return _waveform(generator)
+        waveform = _waveform(generator)
+        if arch.model_type in CHANNEL_AUDIO:
+            waveform["input_values"] = waveform["input_values"][:, None]
+        return waveform
     if arch.family == "speech-seq2seq":
         # encoders read a raw waveform (SpeechT5, a wav2vec2 encoder) or mel features; a
         # speech encoder-decoder takes its encoder's input
