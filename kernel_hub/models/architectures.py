@@ -355,7 +355,44 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     },
     "granite_speech": {"hidden_dim": 64},
     "granite_speech_plus": {"hidden_dim": 64},
-    "omniasr": {"conv_dim": [32] * 7},
+    # wav2vec2-style feature encoders: seven 512-channel convolutions by default (4.2M
+    # parameters); len(conv_dim) must stay len(conv_kernel) == len(conv_stride) == 7
+    **{
+        model_type: {"conv_dim": [32] * 7}
+        for model_type in (
+            "omniasr",
+            "omniasr_ctc",
+            "data2vec-audio",
+            "hubert",
+            "unispeech",
+            "unispeech-sat",
+            "wav2vec2",
+            "wav2vec2-conformer",
+            "wavlm",
+            "speecht5",
+            "speech-encoder-decoder",
+        )
+    },
+    # Kyutai STT's audio padding token is the last row of its embedding (text vocabulary, then
+    # one codebook vocabulary per codebook); each codebook's BOS is inside its vocabulary
+    "kyutai_speech_to_text": {
+        "num_codebooks": 2,
+        "codebook_vocab_size": 32,
+        "audio_bos_token_id": 31,
+        "audio_pad_token_id": VOCAB_SIZE + 2 * 32,
+        # its Mimi codec: depthwise upsampling (one group per channel), a narrow SEANet
+        "upsample_groups": 64,
+        "num_filters": 2,
+    },
+    # Dia's decoder cross-attends to the encoder: cross_hidden_size is the encoder's width
+    "dia": {
+        "cross_hidden_size": 64,
+        "cross_head_dim": 16,
+        "cross_num_attention_heads": 4,
+        "cross_num_key_value_heads": 4,
+    },
+    # Fun-ASR-Nano's validator: adaptor_config.intermediate_size == text_config.hidden_size // 4
+    "fun_asr_nano": {"intermediate_size": 16},
     "qwen3_asr": {"downsample_hidden_size": 32, "output_dim": 64},
     # Nemotron-H Omni's audio projector reads sizes its checkpoints add to the Parakeet config
     # (and its RADIO vision tower's position table, (max_img_size / patch)^2, its width as the
@@ -391,7 +428,11 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
         "depthwise_separable_out_channel": 64,
         "num_blocks": 2,
     },
-    "vibevoice_asr": {"num_filters": 2, "depths": [1] * 7},
+    # VibeVoice's acoustic and semantic tokenizers: narrow, one block per stage
+    **{
+        model_type: {"num_filters": 2, "depths": [1] * 7}
+        for model_type in ("vibevoice_asr", "vibevoice")
+    },
     # its last layers share the key/value cache of earlier ones: none shared in two layers
     "gemma3n_text": {"num_kv_shared_layers": 0},
     "gemma3n": {"num_kv_shared_layers": 0},
@@ -409,6 +450,9 @@ an assumption of its model), applied where its config classes take them."""
 STREAMED_AUDIO_FRAMES = {"voxtral_realtime": 8}
 """Speech LMs whose audio streams alongside the text: mel frames per text token (the encoder
 downsamples by that much and adds each frame to its token)."""
+
+CHANNEL_AUDIO = frozenset({"omniasr_ctc"})
+"""Speech models whose waveform input has a channel axis: ``[batch, 1, samples]``."""
 
 EXCLUDED: dict[str, str] = {
     "gemma4_assistant": "a draft model for Gemma 4's speculative decoding: its forward needs "
@@ -655,14 +699,23 @@ def batch(arch: Architecture, model: torch.nn.Module) -> dict[str, torch.Tensor]
         shape = (BATCH, channels, IMAGE_SIZE, IMAGE_SIZE)
         return {"pixel_values": torch.randn(shape, generator=generator)}
     if arch.family == "speech":
-        return {"input_values": torch.randn(BATCH, AUDIO_SAMPLES, generator=generator)}
+        waveform = _waveform(generator)
+        if arch.model_type in CHANNEL_AUDIO:
+            waveform["input_values"] = waveform["input_values"][:, None]
+        return waveform
     if arch.family == "speech-seq2seq":
-        mels = getattr(config, "num_mel_bins", 80)
-        frames = 2 * getattr(config, "max_source_positions", 1500)
-        inputs = {
-            "input_features": torch.randn(BATCH, mels, frames, generator=generator),
-            "decoder_input_ids": _tokens(generator, DECODER_LEN),
-        }
+        # encoders read a raw waveform (SpeechT5, a wav2vec2 encoder) or mel features; a
+        # speech encoder-decoder takes its encoder's input
+        main_input = model.main_input_name
+        if main_input == "inputs":
+            main_input = model.encoder.main_input_name
+        if main_input == "input_values":
+            inputs = _waveform(generator)
+        else:
+            mels = getattr(config, "num_mel_bins", 80)
+            frames = 2 * getattr(config, "max_source_positions", 1500)
+            inputs = {"input_features": torch.randn(BATCH, mels, frames, generator=generator)}
+        inputs["decoder_input_ids"] = _tokens(generator, DECODER_LEN)
         if "decoder_attention_mask" in inspect.signature(model.forward).parameters:
             # a right-padded decoder row (the audio encoders take fixed-length features)
             mask = torch.ones(BATCH, DECODER_LEN, dtype=torch.long)
@@ -702,6 +755,11 @@ class ImageInputs:
     pixels: Callable[[Any, torch.Generator], dict[str, torch.Tensor]]
     token_types: str | None = None
     prefix: bool = False
+
+
+def _waveform(generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Raw audio, as wav2vec2-style feature encoders read it."""
+    return {"input_values": torch.randn(BATCH, AUDIO_SAMPLES, generator=generator)}
 
 
 def _vision(config: Any) -> tuple[int, int]:
