@@ -211,6 +211,8 @@ def test_kernel_contract_is_read_without_defaults() -> None:
     names = _contract_names()
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).parts[0] == "builtin":
+            continue  # the wheel's copy of kernels/: kernels read their own inputs (torchax .jax)
         tree = ast.parse(path.read_text(), str(path))
         allowed: set[int] = set()
         for node in ast.walk(tree):

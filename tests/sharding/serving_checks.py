@@ -120,7 +120,8 @@ def tensor_parallel_continuous_batching(mesh):
 def expert_parallel_continuous_batching(mesh):
     """A tiny Mixtral with its experts split over the ranks (Transformers' expert-parallel plan,
     ``AllToAllEP``; attention replicated), kernelized, serves the prompts: every rank runs the
-    same batches, its MoE layers the grouped matmuls on its local experts only."""
+    same batches, its MoE layers the fused MoE kernel on its local experts only (inside the
+    plan's dispatch and combine)."""
     from transformers import ContinuousBatchingConfig, GenerationConfig, MixtralForCausalLM
     from transformers.distributed import DistributedConfig
     from transformers.distributed.expert_parallel import apply_expert_parallelism
@@ -159,7 +160,7 @@ def expert_parallel_continuous_batching(mesh):
     local = list((experts.to_local() if hasattr(experts, "to_local") else experts).shape)
     swapped = str(report)
     return {
-        "ok": got == expected and "kernel_hub_moe_gemm" in swapped and local[0] == 4 // size,
+        "ok": got == expected and "kernel_hub_fused_moe" in swapped and local[0] == 4 // size,
         "ep": size,
         "tokens": got,
         "expected": expected,

@@ -102,9 +102,10 @@ def test_window_meets_reads_the_rule() -> None:
 
 _HEADER = re.compile(r"^(?:ENTRY )?%([\w.\-]+) \(.*\{$")
 _LAUNCH = re.compile(
-    r'custom_call_target="tpu_custom_call", operand_layout_constraints=\{\w+\[([\d,]+)\]\{[\d,]*\}'
-    r", \w+\[([\d,]+)\]"
+    r'custom_call_target="tpu_custom_call", operand_layout_constraints='
+    r"\{((?:\w+\[[\d,]*\]\{[\d,]*\}(?:, )?)+)\}"
 )
+_OPERAND = re.compile(r"\w+\[([\d,]*)\]")
 _CONDITIONAL = re.compile(r" conditional\(.*branch_computations=\{([^}]*)\}")
 
 
@@ -127,8 +128,11 @@ def _launch_work(lines: list[str]) -> int:
     [.., Sk, D]: the work of an unmasked call)."""
     total = 0
     for line in lines:
-        for q, k in _LAUNCH.findall(line):
-            q_dims, k_dims = [int(d) for d in q.split(",")], [int(d) for d in k.split(",")]
+        for operands in _LAUNCH.findall(line):
+            # q and k are the first operands of rank >= 3 (the 1-D block ranges the kernel takes
+            # as scalar prefetch with positions come before them)
+            shapes = [[int(d) for d in dims.split(",")] for dims in _OPERAND.findall(operands)]
+            q_dims, k_dims = [dims for dims in shapes if len(dims) >= 3][:2]
             total += math.prod(q_dims[:-1]) * k_dims[-2]
     return total
 
