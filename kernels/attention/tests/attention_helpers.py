@@ -95,3 +95,38 @@ def outputs_and_grads(fn, arrays: dict, cotangents, **options):
         return (out, lse, *pullback(cotangents))
 
     return run(arrays, cotangents)
+
+
+def loss_outputs_and_grads(
+    attention, q, k, v, arrays: dict, options: dict, implementation, **blocks
+):
+    """(out, lse, dq, dk, dv) of ``dot_product_attention_with_lse`` under a fixed random output
+    cotangent plus the finite log-sum-exps (fully masked rows have -inf), in one jitted call."""
+    arrays = {n: jnp.asarray(a) for n, a in arrays.items()}
+    out_shape = (*q.shape[:3], v.shape[-1])
+    cotangent = jnp.asarray(np.random.default_rng(2).standard_normal(out_shape))
+
+    def loss(q, k, v):
+        out, lse = attention.jax.dot_product_attention_with_lse(
+            q, k, v, **arrays, **options, implementation=implementation, **blocks
+        )
+        finite = jnp.where(jnp.isfinite(lse), lse, 0.0)
+        return jnp.sum(out * cotangent.astype(out.dtype)) + jnp.sum(finite), (out, lse)
+
+    (_, (out, lse)), grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
+    return out, lse, *grads
+
+
+def assert_pallas_matches_float64(attention, q, k, v, arrays: dict, options: dict, what, **blocks):
+    """The Pallas kernel (f32, ``blocks``) against the XLA reference on the same inputs in f64:
+    out and lse within 2e-5, the three gradients within 1e-4."""
+    got = loss_outputs_and_grads(attention, q, k, v, arrays, options, "pallas", **blocks)
+    with jax.enable_x64(True):
+        wide = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v)]
+        want = [
+            np.asarray(x) for x in loss_outputs_and_grads(attention, *wide, arrays, options, "xla")
+        ]
+    for name, actual, expected, tol in zip(
+        ("out", "lse", "dq", "dk", "dv"), got, want, (2e-5, 2e-5, 1e-4, 1e-4, 1e-4), strict=True
+    ):
+        assert_close(actual, expected, tol, f"{what} {name}")

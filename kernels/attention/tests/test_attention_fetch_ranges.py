@@ -5,11 +5,10 @@ sizes, and the fetches the real index maps make, counted over the grid."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_helpers import assert_close
+from attention_helpers import assert_pallas_matches_float64
 
 B, HQ, HKV, S, D = 2, 2, 1, 768, 32
 
@@ -48,21 +47,6 @@ CASES = {  # per-token arrays, options, (block_q, block_k)
 """Segment ids alone and groups take the same ranges in ``test_attention_token_mask``."""
 
 
-def _run(attention, q, k, v, arrays, options, implementation, **blocks):
-    arrays = {n: jnp.asarray(a) for n, a in arrays.items()}
-    cotangent = jnp.asarray(np.random.default_rng(2).standard_normal((B, HQ, S, D)))
-
-    def loss(q, k, v):
-        out, lse = attention.jax.dot_product_attention_with_lse(
-            q, k, v, **arrays, **options, implementation=implementation, **blocks
-        )
-        finite = jnp.where(jnp.isfinite(lse), lse, 0.0)
-        return jnp.sum(out * cotangent.astype(out.dtype)) + jnp.sum(finite), (out, lse)
-
-    (_, (out, lse)), grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
-    return out, lse, *grads
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_pallas_matches_float64_reference(attention, case):
     """Each case also passed at the other two block shapes, and with segment ids alone and a
@@ -70,14 +54,17 @@ def test_pallas_matches_float64_reference(attention, case):
     arrays, options, (block_q, block_k) = CASES[case]
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.standard_normal((B, h, S, D)), jnp.float32) for h in (HQ, HKV, HKV))
-    got = _run(attention, q, k, v, arrays, options, "pallas", block_q=block_q, block_k=block_k)
-    with jax.enable_x64(True):
-        wide = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v)]
-        want = [np.asarray(x) for x in _run(attention, *wide, arrays, options, "xla")]
-    for name, actual, expected, tol in zip(
-        ("out", "lse", "dq", "dk", "dv"), got, want, (2e-5, 2e-5, 1e-4, 1e-4, 1e-4), strict=True
-    ):
-        assert_close(actual, expected, tol, f"{case} {block_q}x{block_k} {name}")
+    assert_pallas_matches_float64(
+        attention,
+        q,
+        k,
+        v,
+        arrays,
+        options,
+        f"{case} {block_q}x{block_k}",
+        block_q=block_q,
+        block_k=block_k,
+    )
 
 
 def _grid_blocks(index_map, grid, ranges=()):

@@ -4,11 +4,10 @@ the float64 reference: values, logsumexp and gradients. And fully masked blocks 
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_helpers import assert_close
+from attention_helpers import assert_pallas_matches_float64, loss_outputs_and_grads
 
 BLOCKS = {"block_q": 128, "block_k": 128}
 B, HQ, HKV, S, D = 2, 4, 2, 384, 32
@@ -77,35 +76,13 @@ CASES = {
 }  # fmt: skip
 
 
-def _run(attention, q, k, v, arrays, options, implementation, **blocks):
-    arrays = {n: jnp.asarray(a) for n, a in arrays.items()}
-    cotangent = jnp.asarray(np.random.default_rng(2).standard_normal((B, HQ, q.shape[2], D)))
-
-    def loss(q, k, v):
-        out, lse = attention.jax.dot_product_attention_with_lse(
-            q, k, v, **arrays, **options, implementation=implementation, **blocks
-        )
-        finite = jnp.where(jnp.isfinite(lse), lse, 0.0)
-        return jnp.sum(out * cotangent.astype(out.dtype)) + jnp.sum(finite), (out, lse)
-
-    (_, (out, lse)), grads = jax.jit(jax.value_and_grad(loss, (0, 1, 2), has_aux=True))(q, k, v)
-    return out, lse, *grads
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_pallas_matches_float64_reference(attention, case):
     arrays, options = dict(CASES[case][0]), CASES[case][1]
     q, k, v = _qkv(jnp.float32)
     q_len = arrays.pop("q_len", S)
     q = q[:, :, :q_len]
-    got = _run(attention, q, k, v, arrays, options, "pallas", **BLOCKS)
-    with jax.enable_x64(True):
-        wide = [jnp.asarray(np.asarray(x), jnp.float64) for x in (q, k, v)]
-        want = [np.asarray(x) for x in _run(attention, *wide, arrays, options, "xla")]
-    for name, actual, expected, tol in zip(
-        ("out", "lse", "dq", "dk", "dv"), got, want, (2e-5, 2e-5, 1e-4, 1e-4, 1e-4), strict=True
-    ):
-        assert_close(actual, expected, tol, f"{case} {name}")
+    assert_pallas_matches_float64(attention, q, k, v, arrays, options, case, **BLOCKS)
 
 
 def test_fully_masked_blocks_are_skipped(attention):
@@ -117,7 +94,9 @@ def test_fully_masked_blocks_are_skipped(attention):
     poison = jnp.asarray(~valid)[:, None, :, None]
     k, v = jnp.where(poison, jnp.nan, k), jnp.where(poison, jnp.nan, v)
     for options in ({"causal": True}, {}):
-        out = _run(attention, q, k, v, {"kv_mask": valid}, options, "pallas", **BLOCKS)
+        out = loss_outputs_and_grads(
+            attention, q, k, v, {"kv_mask": valid}, options, "pallas", **BLOCKS
+        )
         for name, x in zip(("out", "lse", "dq", "dk", "dv"), out, strict=True):
             finite = np.isfinite(np.asarray(x)) | (name == "lse")
             if name in ("dk", "dv"):  # gradients of the poisoned keys themselves are zero or NaN
