@@ -535,7 +535,8 @@ def kernelize(
     ``mode`` (``Mode`` or a string such as ``"inference+torch_compile"``) defaults to TRAINING or
     INFERENCE from ``model.training``. ``device`` (default: where the model's parameters are)
     selects the kernels. Calling it again starts from the stock model. Overrides from
-    ``kernel_mapping`` apply.
+    ``kernel_mapping`` apply. A Transformers model first gets its own copy of its config
+    (``integrations.own_config``), so models sharing its config are never switched with it.
     """
     if not isinstance(model, torch.nn.Module):
         raise KernelHubError(f"kernelize takes a torch.nn.Module, got {type(model).__name__}")
@@ -549,6 +550,10 @@ def kernelize(
     device_type = _device_type(model, device)
     source = _KernelSource(load_registry(registry), mode, device_type)
     unkernelize(model)
+    if hf is not None:  # switches below write the config: never one another model reads
+        from .integrations.own_config import give_own_config
+
+        give_own_config(model)
     entries = []
     for name, module in model.named_modules():
         mark = find_mark(module)
