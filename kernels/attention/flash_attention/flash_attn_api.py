@@ -122,7 +122,8 @@ def flash_attn_varlen_func(
     v [Tk, Hkv, Dv]; sequence ``b`` is rows ``cu_seqlens[b]:cu_seqlens[b + 1]`` (int32 [B + 1],
     from 0); -> out [Tq, Hq, Dv]. Query ``i`` of a sequence sits at key position
     ``i + len_k - len_q``. ``max_seqlen_*`` are block-size hints to flash-attn, unused here (the
-    lengths come from ``cu_seqlens``); rows past ``cu_seqlens[-1]`` form one more sequence."""
+    lengths come from ``cu_seqlens``). ``cu_seqlens`` that do not start at 0, decrease or do not
+    end at the token count are refused (``_check_offsets``)."""
     options = _options(
         dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, return_attn_probs
     )
@@ -143,6 +144,8 @@ def flash_attn_varlen_func(
         f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k {tuple(cu_seqlens_k.shape)} "
         "must describe the same number of sequences",
     )
+    _check_offsets("cu_seqlens_q", cu_seqlens_q, q.shape[0])
+    _check_offsets("cu_seqlens_k", cu_seqlens_k, k.shape[0])
     q_segments, q_index = _segments(cu_seqlens_q, q.shape[0])
     kv_segments, kv_index = _segments(cu_seqlens_k, k.shape[0])
     lengths_q = _lengths(cu_seqlens_q)
@@ -163,8 +166,21 @@ def flash_attn_varlen_func(
     return _heads_first(out[0])
 
 
+def _check_offsets(name: str, cu_seqlens: torch.Tensor, total: int) -> None:
+    """Refuse offsets that would mix or drop tokens: they start at 0, never decrease and end at
+    the token count. Host values are read at once (a ``KernelInputError`` before any kernel
+    runs); device values, or values inside a compiled graph, are checked by an assertion that
+    runs with the graph (an error, never a silent result) without a host sync."""
+    valid = (cu_seqlens[0] == 0) & (cu_seqlens[-1] == total) & (cu_seqlens.diff() >= 0).all()
+    rule = f"cumulative sequence lengths start at 0, never decrease and end at the {total} tokens"
+    if cu_seqlens.device.type == "cpu" and not torch.compiler.is_compiling():
+        _refuse(not bool(valid), f"{name}={cu_seqlens.tolist()}; {rule}")
+    else:
+        torch._assert_async(valid, f"{_NAME}: {name}: {rule}")
+
+
 def _segments(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each packed row's sequence number (``batch`` past the last end) and index within it."""
+    """Each packed row's sequence number and index within it."""
     rows = torch.arange(total, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
     segments = torch.searchsorted(cu_seqlens[1:], rows, right=True)
     index = rows - cu_seqlens[segments]

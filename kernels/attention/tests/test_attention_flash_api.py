@@ -161,6 +161,40 @@ def test_bad_layouts_are_refused(attention) -> None:
         attention.flash_attn_varlen_func(q, k, v, cu, cu, 4, 4, seqused_k=torch.tensor([4]))
 
 
+BAD_OFFSETS = {
+    "overrun": [0, 3, 6],  # ends past the 5 tokens
+    "short": [0, 2, 4],  # leaves a token out
+    "decreasing": [0, 4, 2, 5],
+    "not-from-0": [1, 3, 5],
+}
+
+
+@pytest.mark.parametrize("side", ["q", "k"])
+@pytest.mark.parametrize("case", sorted(BAD_OFFSETS))
+def test_bad_offsets_are_refused(attention, case, side) -> None:
+    """Offsets that would mix or drop tokens are refused before the kernel runs."""
+    q, k, v = _inputs([5], [5], torch.float32)
+    bad = torch.tensor(BAD_OFFSETS[case], dtype=torch.int32)
+    good = _cu([2, 3]) if len(bad) == 3 else _cu([1, 3, 1])
+    cu_q, cu_k = (bad, good) if side == "q" else (good, bad)
+    message = rf"cu_seqlens_{side}=\[.*start at 0, never decrease and end at the 5 tokens"
+    with pytest.raises(KernelInputError, match=message):
+        attention.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 3, 3)
+
+
+def test_bad_offsets_inside_a_compiled_graph_raise(attention) -> None:
+    """Under torch.compile the offsets are graph values: an assertion in the graph fails the call
+    (no host read, no silent result)."""
+    q, k, v = _inputs([5], [5], torch.float32)
+
+    def call(cu_k):
+        return attention.flash_attn_varlen_func(q, k, v, _cu([2, 3]), cu_k, 3, 3)
+
+    compiled = torch.compile(call, backend="aot_eager", fullgraph=True)
+    with pytest.raises(RuntimeError, match="end at the 5 tokens"):
+        compiled(torch.tensor([0, 3, 6], dtype=torch.int32))
+
+
 def test_queries_without_keys_give_zeros_as_in_flash_attn(attention) -> None:
     """More queries than keys under causal masking: bottom-right alignment leaves the first
     queries no key; flash-attn returns zeros there (and no NaN reaches a gradient)."""
