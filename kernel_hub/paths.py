@@ -30,9 +30,14 @@ BUILTIN_DIR = _builtin_dir()
 
 
 def project_registry(directory: Path) -> Path | None:
-    """``directory``'s registry if ``directory`` is a kernel project (registry.yaml + kernels/)."""
+    """``directory``'s registry if ``directory`` is a kernel project (registry.yaml + kernels/).
+
+    kernel-hub's own source tree has that shape but is not a project: there the built-in registry
+    applies (the checkout's when run from it, the wheel's when installed, so the test suite run
+    from the checkout tests what was installed)."""
     registry = directory / REGISTRY_NAME
-    return registry if registry.is_file() and (directory / KERNELS_NAME).is_dir() else None
+    is_project = registry.is_file() and (directory / KERNELS_NAME).is_dir()
+    return registry if is_project and not (directory / "kernel_hub").is_dir() else None
 
 
 def registry_path() -> Path:

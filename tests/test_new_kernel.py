@@ -114,13 +114,15 @@ def test_a_failed_write_leaves_the_project_as_found(tmp_path, monkeypatch, exist
     assert sorted(p.name for p in tmp_path.iterdir()) == (["registry.yaml"] if existed else [])
 
 
-def test_the_current_directory_is_a_project_only_with_a_registry_and_kernels(tmp_path, monkeypatch):
+def test_the_current_directory_is_a_project_with_a_registry_and_kernels(tmp_path, monkeypatch):
     monkeypatch.delenv("KERNEL_HUB_REGISTRY", raising=False)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "registry.yaml").write_text("schema: 1\nops: {}\n")
     assert registry_path() == BUILTIN_DIR / "registry.yaml"
     (tmp_path / "kernels").mkdir()
     assert registry_path() == tmp_path / "registry.yaml"
+    (tmp_path / "kernel_hub").mkdir()  # kernel-hub's own source tree is not a kernel project
+    assert registry_path() == BUILTIN_DIR / "registry.yaml"
 
 
 def test_every_template_placeholder_is_known():
