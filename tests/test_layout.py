@@ -59,8 +59,8 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(path: Path, module: str) -> set[str]:
-    """Absolute names of the kernel_hub modules (or packages) ``path`` imports."""
+def _imports(path: Path, module: str, root: str = "kernel_hub") -> set[str]:
+    """Absolute names of the modules (or packages) under ``root`` that ``path`` imports."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
 
@@ -70,14 +70,14 @@ def _imports(path: Path, module: str) -> set[str]:
                 visit(child)
             return
         if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.split(".")[0] == "kernel_hub")
+            found.update(a.name for a in node.names if a.name.split(".")[0] == root)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            if target.split(".")[0] == "kernel_hub":
+            if target.split(".")[0] == root:
                 found.add(target)
                 found.update(f"{target}.{a.name}" for a in node.names)
         for child in ast.iter_child_nodes(node):
@@ -119,9 +119,8 @@ def test_no_upward_imports() -> None:
     assert not upward, "imports against the layer order:\n" + "\n".join(sorted(upward))
 
 
-def test_no_import_cycles() -> None:
-    graph = _graph()
-    # a package's __init__ counts as importing nothing from its submodules' point of view
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Each import cycle of ``graph`` (module -> the modules it imports), as ``a -> b -> a``."""
     state: dict[str, int] = {}
     cycles: list[list[str]] = []
 
@@ -139,7 +138,48 @@ def test_no_import_cycles() -> None:
     for module in sorted(graph):
         if module not in state:
             walk(module, [module])
-    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+    return [" -> ".join(cycle) for cycle in cycles]
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def _package_graph(package_dir: Path) -> dict[str, set[str]]:
+    """The import graph inside one kernel package (its modules by dotted name)."""
+    files = {}
+    for path in package_dir.rglob("*.py"):
+        parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return {
+        name: {m for m in _imports(path, name, root=package_dir.name) if m in files and m != name}
+        for name, path in files.items()
+    }
+
+
+def _kernel_packages() -> list[Path]:
+    return sorted(
+        p.parent for p in kernels_dir().glob("*/*/__init__.py") if p.parent.name != "tests"
+    )
+
+
+@pytest.mark.parametrize("package", _kernel_packages(), ids=lambda p: p.parent.name)
+def test_no_import_cycles_inside_a_kernel_package(package: Path) -> None:
+    """A kernel's modules import in one direction (math <- api <- ops, cases); test data such as
+    mesh and benchmark cases sits on top, never imported back."""
+    cycles = _cycles(_package_graph(package))
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_scaffold_has_no_import_cycles(tmp_path: Path) -> None:
+    from kernel_hub.cli import new_kernel
+
+    for relative, text in new_kernel.render("demo-op").items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text)
+    cycles = _cycles(_package_graph(tmp_path / "demo_op"))
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
 def _kernel_package_files() -> list[Path]:
