@@ -233,32 +233,25 @@ def test_every_registry_kernel_brings_tests_and_compile_cells() -> None:
 
 def _contract_names() -> set[str]:
     """What kernel-hub reads from a kernel or its adapters: the declaration's and adapter's
-    fields, and the module attributes of kernel API <= 1.2 builds."""
+    fields."""
     from dataclasses import fields
 
     from kernel_hub.declaration import LAYER_FLAGS, FrameworkAdapter, KernelDeclaration
 
-    legacy = {"KERNEL", "MODULE_CHECKS", "CASES", "TORCH_IMPLEMENTATIONS", "benchmark"}
     declared = {f.name for cls in (KernelDeclaration, FrameworkAdapter) for f in fields(cls)}
-    # a model's ``layers`` is read with a default in places; a kernel's only by the legacy loader
-    return (declared - {"layers"}) | set(LAYER_FLAGS) | legacy
+    # a model's ``layers`` is read with a default in places, a kernel's never
+    return (declared - {"layers"}) | set(LAYER_FLAGS) | {"KERNEL"}
 
 
 def test_kernel_contract_is_read_without_defaults() -> None:
     """``getattr(x, "<contract name>", default)`` hides a kernel or adapter that does not state
-    what it must (the declaration and ``FrameworkAdapter.of`` read without defaults); only the
-    loader of kernel API <= 1.2 builds, ``legacy_declaration``, applies those builds' defaults."""
+    what it must (the declaration and ``FrameworkAdapter.of`` read without defaults)."""
     names = _contract_names()
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.relative_to(PACKAGE).parts[0] == "builtin":
             continue  # the wheel's copy of kernels/: kernels read their own inputs (torchax .jax)
-        tree = ast.parse(path.read_text(), str(path))
-        allowed: set[int] = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and node.name == "legacy_declaration":
-                allowed |= {id(n) for n in ast.walk(node)}
-        for node in ast.walk(tree):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
@@ -266,7 +259,6 @@ def test_kernel_contract_is_read_without_defaults() -> None:
                 and len(node.args) == 3
                 and isinstance(node.args[1], ast.Constant)
                 and node.args[1].value in names
-                and id(node) not in allowed
             ):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, "contract attributes read with a default:\n" + "\n".join(found)
