@@ -5,9 +5,6 @@ The loader checks it against the kernel's manifest before anyone uses the kernel
 of kernel-hub that needs something from a kernel (the resolver's implementation order, kernelize's
 layers and integrations, the benchmark harness, the compile matrices) reads it from here: there is
 no attribute lookup with a silent default on a kernel module.
-
-Builds made for kernel API <= 1.2 export no declaration; ``legacy_declaration`` reads their
-module attributes once, in the one place that still knows those names.
 """
 
 from __future__ import annotations
@@ -158,58 +155,3 @@ class FrameworkAdapter:
 def submodule_loader(package: str, name: str) -> Callable[[], ModuleType]:
     """A loader for ``integrations=``: imports ``package.name`` when first asked."""
     return lambda: importlib.import_module(f".{name}", package)
-
-
-def legacy_declaration(module: ModuleType, ops: Sequence[str], layers: Sequence[str]):
-    """The declaration of a build made for kernel API <= 1.2, read from its module attributes.
-
-    Such builds exported ``implementation_tables``, ``layers.<Name>`` and
-    ``layers.MODULE_CHECKS``, ``integrations`` (Transformers: ``register``, and optionally
-    ``module_problem``, ``has_backward`` (default True) and ``can_torch_compile`` (default
-    False), as in Hugging Face ``kernels``), ``sharding.mesh_cases``, ``benchmark.CASES`` and
-    ``benchmark.TORCH_IMPLEMENTATIONS``, each optional. Their layer classes get the same two
-    flags' defaults where they state none.
-    """
-    missing = [op for op in ops if not callable(getattr(module, op, None))]
-    layer_module = getattr(module, "layers", None)
-    missing += [f"layers.{name}" for name in layers if not hasattr(layer_module, name)]
-    if missing:
-        raise KernelHubError(f"does not export: {', '.join(missing)}")
-    benchmark = getattr(module, "benchmark", None)
-    package = module.__name__
-    layer_classes = {name: getattr(layer_module, name) for name in layers}
-    for cls in layer_classes.values():
-        # the defaults kernelize applied to layers before the flags were declared
-        for flag, default in (("has_backward", True), ("can_torch_compile", False)):
-            if not hasattr(cls, flag):
-                setattr(cls, flag, default)
-
-    def mesh_cases() -> list[Any]:
-        try:
-            sharding = importlib.import_module(f"{package}.sharding")
-        except ModuleNotFoundError:
-            return []
-        return list(getattr(sharding, "mesh_cases", lambda: [])())
-
-    def transformers_integration() -> FrameworkAdapter | None:
-        found = getattr(module, "integrations", None)
-        if found is None:
-            return None
-        return FrameworkAdapter(
-            register=found.register,
-            has_backward=getattr(found, "has_backward", True),
-            can_torch_compile=getattr(found, "can_torch_compile", False),
-            module_problem=getattr(found, "module_problem", None),
-        )
-
-    return KernelDeclaration(
-        ops={op: getattr(module, op) for op in ops},
-        jax=getattr(module, "jax", None),
-        implementation_tables=getattr(module, "implementation_tables", ()),
-        layers=layer_classes,
-        module_checks=getattr(layer_module, "MODULE_CHECKS", {}),
-        integrations={"transformers": transformers_integration},
-        mesh_cases=mesh_cases,
-        benchmark_cases=getattr(benchmark, "CASES", ()),
-        torch_implementations=getattr(benchmark, "TORCH_IMPLEMENTATIONS", {}),
-    )

@@ -3,7 +3,7 @@
 A kernel package (in-tree under ``kernels/``, shipped as ``kernel_hub/builtin/kernels/``, or a hub
 build) may import from kernel-hub only this module; everything else inside ``kernel_hub`` may move
 between releases. A kernel's manifest names the API version it needs,
-``requires: {kernel-hub: ">=1.0"}``: that range is checked against ``API_VERSION`` (not the
+``requires: {kernel-hub: ">=1.3"}``: that range is checked against ``API_VERSION`` (not the
 package version) before the kernel is imported.
 
 ``API_VERSION`` follows semantic versioning: a minor bump adds names, a major bump removes or
@@ -33,8 +33,8 @@ kernel, exported by the kernel package as ``KERNEL``; see ``kernel_hub.declarati
 ``submodule_loader`` (a lazily imported framework adapter). An adapter states ``register``,
 ``has_backward``, ``can_torch_compile`` and ``module_problem`` (None when it serves every module;
 ``FrameworkAdapter`` reads and checks them), a declared layer class ``has_backward`` and
-``can_torch_compile``: nothing has a default. Builds for 1.0-1.2 still load: their declaration is
-read from the module attributes they exported.
+``can_torch_compile``: nothing has a default. Builds for 1.0-1.2 (no declaration) are refused
+before import, naming the API range they ask for: rebuild them against this module.
 
 Version 1.3 also offers ``tiling`` (``kernel_hub.tpu_tiling``), the block-size rules Pallas TPU
 kernels share instead of copying: ``tiling.sublane_multiple(dtype)`` (8 rows for 32-bit, 16 for

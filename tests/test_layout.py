@@ -59,8 +59,8 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(path: Path, module: str) -> set[str]:
-    """Absolute names of the kernel_hub modules (or packages) ``path`` imports."""
+def _imports(path: Path, module: str, root: str = "kernel_hub") -> set[str]:
+    """Absolute names of the modules (or packages) under ``root`` that ``path`` imports."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
 
@@ -70,14 +70,14 @@ def _imports(path: Path, module: str) -> set[str]:
                 visit(child)
             return
         if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.split(".")[0] == "kernel_hub")
+            found.update(a.name for a in node.names if a.name.split(".")[0] == root)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            if target.split(".")[0] == "kernel_hub":
+            if target.split(".")[0] == root:
                 found.add(target)
                 found.update(f"{target}.{a.name}" for a in node.names)
         for child in ast.iter_child_nodes(node):
@@ -119,9 +119,8 @@ def test_no_upward_imports() -> None:
     assert not upward, "imports against the layer order:\n" + "\n".join(sorted(upward))
 
 
-def test_no_import_cycles() -> None:
-    graph = _graph()
-    # a package's __init__ counts as importing nothing from its submodules' point of view
+def _cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Each import cycle of ``graph`` (module -> the modules it imports), as ``a -> b -> a``."""
     state: dict[str, int] = {}
     cycles: list[list[str]] = []
 
@@ -139,7 +138,48 @@ def test_no_import_cycles() -> None:
     for module in sorted(graph):
         if module not in state:
             walk(module, [module])
-    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+    return [" -> ".join(cycle) for cycle in cycles]
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def _package_graph(package_dir: Path) -> dict[str, set[str]]:
+    """The import graph inside one kernel package (its modules by dotted name)."""
+    files = {}
+    for path in package_dir.rglob("*.py"):
+        parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return {
+        name: {m for m in _imports(path, name, root=package_dir.name) if m in files and m != name}
+        for name, path in files.items()
+    }
+
+
+def _kernel_packages() -> list[Path]:
+    return sorted(
+        p.parent for p in kernels_dir().glob("*/*/__init__.py") if p.parent.name != "tests"
+    )
+
+
+@pytest.mark.parametrize("package", _kernel_packages(), ids=lambda p: p.parent.name)
+def test_no_import_cycles_inside_a_kernel_package(package: Path) -> None:
+    """A kernel's modules import in one direction (math <- api <- ops, cases); test data such as
+    mesh and benchmark cases sits on top, never imported back."""
+    cycles = _cycles(_package_graph(package))
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_scaffold_has_no_import_cycles(tmp_path: Path) -> None:
+    from kernel_hub.cli import new_kernel
+
+    for relative, text in new_kernel.render("demo-op").items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text)
+    cycles = _cycles(_package_graph(tmp_path / "demo_op"))
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
 def _kernel_package_files() -> list[Path]:
@@ -193,32 +233,25 @@ def test_every_registry_kernel_brings_tests_and_compile_cells() -> None:
 
 def _contract_names() -> set[str]:
     """What kernel-hub reads from a kernel or its adapters: the declaration's and adapter's
-    fields, and the module attributes of kernel API <= 1.2 builds."""
+    fields."""
     from dataclasses import fields
 
     from kernel_hub.declaration import LAYER_FLAGS, FrameworkAdapter, KernelDeclaration
 
-    legacy = {"KERNEL", "MODULE_CHECKS", "CASES", "TORCH_IMPLEMENTATIONS", "benchmark"}
     declared = {f.name for cls in (KernelDeclaration, FrameworkAdapter) for f in fields(cls)}
-    # a model's ``layers`` is read with a default in places; a kernel's only by the legacy loader
-    return (declared - {"layers"}) | set(LAYER_FLAGS) | legacy
+    # a model's ``layers`` is read with a default in places, a kernel's never
+    return (declared - {"layers"}) | set(LAYER_FLAGS) | {"KERNEL"}
 
 
 def test_kernel_contract_is_read_without_defaults() -> None:
     """``getattr(x, "<contract name>", default)`` hides a kernel or adapter that does not state
-    what it must (the declaration and ``FrameworkAdapter.of`` read without defaults); only the
-    loader of kernel API <= 1.2 builds, ``legacy_declaration``, applies those builds' defaults."""
+    what it must (the declaration and ``FrameworkAdapter.of`` read without defaults)."""
     names = _contract_names()
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.relative_to(PACKAGE).parts[0] == "builtin":
             continue  # the wheel's copy of kernels/: kernels read their own inputs (torchax .jax)
-        tree = ast.parse(path.read_text(), str(path))
-        allowed: set[int] = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and node.name == "legacy_declaration":
-                allowed |= {id(n) for n in ast.walk(node)}
-        for node in ast.walk(tree):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
@@ -226,7 +259,6 @@ def test_kernel_contract_is_read_without_defaults() -> None:
                 and len(node.args) == 3
                 and isinstance(node.args[1], ast.Constant)
                 and node.args[1].value in names
-                and id(node) not in allowed
             ):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, "contract attributes read with a default:\n" + "\n".join(found)

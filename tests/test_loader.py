@@ -167,25 +167,6 @@ def test_kernel_that_is_not_a_declaration_is_refused(tmp_path):
         load_kernel_dir(target)
 
 
-API_1_2_BUILD = Path(__file__).parent / "fixtures" / "api-1.2-build"
-
-
-def test_build_for_kernel_api_1_2_loads_through_the_legacy_declaration():
-    """A kernel made for API 1.2 (module attributes, no KERNEL) still loads and computes."""
-    kernel = load_kernel_dir(API_1_2_BUILD)
-    declared = kernel.KERNEL
-    assert set(declared.ops) == {"rms_norm"} and declared.jax is kernel.jax
-    assert declared.layers["RMSNorm"] is kernel.layers.RMSNorm
-    assert declared.module_checks == kernel.layers.MODULE_CHECKS
-    assert [t.op for t in declared.implementation_tables] == ["rms_norm"]
-    assert declared.benchmark_cases == tuple(kernel.benchmark.CASES)
-    assert [c.name for c in declared.mesh_cases()]
-    assert declared.integration("transformers") is None
-    x, w = torch.randn(4, 32), torch.randn(32)
-    expected = torch.nn.functional.rms_norm(x, (32,), w, 1e-6)
-    torch.testing.assert_close(declared.ops["rms_norm"](x, w, 1e-6), expected)
-
-
 def test_unmet_requirement_is_reported(tmp_path):
     target = copy_with_version(tmp_path, "1.0.4")
     manifest = target / "kernel.yaml"

@@ -15,56 +15,56 @@ import torch
 from kernel_hub import get_kernel
 from kernel_hub.cli import new_kernel
 from kernel_hub.errors import KernelHubError, SourceError
-from kernel_hub.paths import registry_path
+from kernel_hub.paths import BUILTIN_DIR, registry_path
 
 
-def _cli(*args: str, env: dict[str, str] | None = None, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-P", "-m", "kernel_hub.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        cwd=cwd,
-    )
+def _user_env() -> dict[str, str]:
+    """This process's environment without kernel-hub's variables: what a user has."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("KERNEL_HUB_")}
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return _run([sys.executable, "-P", "-m", "kernel_hub.cli", *args], cwd)
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, env=_user_env(), cwd=cwd)
 
 
 @pytest.mark.slow
 @pytest.mark.tpu_compile
-def test_new_kernel_tests_builds_compile_checks_and_loads(tmp_path):
-    registry = tmp_path / "registry.yaml"
-    registry.write_text(registry_path().read_text())
-    made = _cli("new-kernel", "demo-op", "--dir", str(tmp_path), "--registry", str(registry))
+def test_new_kernel_in_an_empty_directory_runs_its_printed_next_steps(tmp_path, monkeypatch):
+    """As a user would: an empty directory outside the checkout, no kernel-hub variables, the
+    printed steps run verbatim (``python``/``kernel-hub`` as this interpreter)."""
+    made = _cli("new-kernel", "demo-op", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
-    kernel_dir = tmp_path / "demo-op"
-    env = {"KERNEL_HUB_REGISTRY": str(registry), "JAX_PLATFORMS": "cpu"}
+    steps = [line.strip() for line in made.stdout.splitlines() if line.startswith("  ")]
+    assert steps == [
+        "python -m pytest kernels/demo-op/tests",
+        "kernel-hub build kernels/demo-op",
+        "kernel-hub compile-check demo-op --tpu v5e",
+    ]
+    commands = {
+        "python": [sys.executable, "-P"],
+        "kernel-hub": [sys.executable, "-P", "-m", "kernel_hub.cli"],
+    }
+    outputs = []
+    for step in steps:
+        program, *args = step.split()
+        done = _run([*commands[program], *args], tmp_path)
+        assert done.returncode == 0, f"{step}:\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
+        outputs.append(done.stdout)
+    assert " passed" in outputs[0] and "failed" not in outputs[0]
+    assert "0 fail" in outputs[2] and " ok " in outputs[2]
 
-    tests = subprocess.run(
-        [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-        cwd=kernel_dir,
-    )
-    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
-    assert " passed" in tests.stdout and "failed" not in tests.stdout
-
-    built = _cli("build", str(kernel_dir), "--json", env=env)
-    assert built.returncode == 0, built.stderr
-    assert (kernel_dir / "build" / "torch-cpu" / "demo_op" / "__init__.py").is_file()
-
-    checked = _cli(
-        "compile-check",
-        "demo-op",
-        "--tpu",
-        "v5e",
-        "--no-progress",
-        env={**env, "KERNEL_HUB_LOCAL_KERNELS": f"demo-op={kernel_dir}"},
-    )
-    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-2000:]
-    assert "0 fail" in checked.stdout and " ok " in checked.stdout
-
-    for source in (kernel_dir, kernel_dir / "build"):  # the kernel directory and its build
-        kernel = get_kernel("demo_op", registry=registry, local_dir=source)
+    kernel_dir = tmp_path / "kernels" / "demo-op"
+    for key in [k for k in os.environ if k.startswith("KERNEL_HUB_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)  # the project's registry is the default here
+    for local_dir in (None, kernel_dir / "build"):  # the project's kernel, then its build
+        kernel = get_kernel("demo-op", local_dir=local_dir)
+        assert kernel.origin.source == ("in-tree" if local_dir is None else "local")
+        assert kernel.origin.path.is_relative_to(kernel_dir)
         x, weight = torch.randn(5, 256), torch.randn(256)
         torch.testing.assert_close(kernel.demo_op(x, weight), x * weight)
         assert set(kernel.KERNEL.ops) == {"demo_op"}
@@ -73,14 +73,21 @@ def test_new_kernel_tests_builds_compile_checks_and_loads(tmp_path):
 @pytest.mark.parametrize("name", ["Demo", "demo_op", "9demo", "demo-", ""])
 def test_names_hub_builds_cannot_carry_are_refused(tmp_path, name):
     with pytest.raises(KernelHubError, match="lowercase letters, digits and '-'"):
-        new_kernel.scaffold(name, tmp_path)
+        new_kernel.scaffold(name, tmp_path / "registry.yaml")
     assert not any(tmp_path.iterdir())
 
 
-def test_an_existing_directory_is_never_overwritten(tmp_path):
-    (tmp_path / "demo").mkdir()
+def test_an_existing_directory_is_never_overwritten_and_the_registry_not_touched(tmp_path):
+    (tmp_path / "kernels" / "demo").mkdir(parents=True)
     with pytest.raises(KernelHubError, match="already exists"):
-        new_kernel.scaffold("demo", tmp_path)
+        new_kernel.scaffold("demo", tmp_path / "registry.yaml")
+    assert not (tmp_path / "registry.yaml").exists()
+
+
+def test_a_registry_in_a_missing_directory_is_refused_before_writing(tmp_path):
+    with pytest.raises(KernelHubError, match=r"directory .*missing does not exist"):
+        new_kernel.scaffold("demo", tmp_path / "missing" / "registry.yaml")
+    assert not any(tmp_path.iterdir())
 
 
 def test_registry_left_unchanged_when_the_entry_would_not_parse(tmp_path):
@@ -88,8 +95,34 @@ def test_registry_left_unchanged_when_the_entry_would_not_parse(tmp_path):
     original = registry_path().read_text().replace("ops:\n", "ops:\n  demo:\n    kernel: x\n", 1)
     registry.write_text(original)
     with pytest.raises(SourceError, match="duplicate key 'demo'"):
-        new_kernel.add_to_registry(registry, "demo")
+        new_kernel.scaffold("demo", registry)
     assert registry.read_text() == original
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["registry.yaml"]
+
+
+@pytest.mark.parametrize("existed", [True, False], ids=["registry-existed", "registry-created"])
+def test_a_failed_write_leaves_the_project_as_found(tmp_path, monkeypatch, existed):
+    registry = tmp_path / "registry.yaml"
+    if existed:
+        registry.write_text(registry_path().read_text())
+    # a file where the next one needs a directory: the second write fails
+    monkeypatch.setattr(new_kernel, "render", lambda kernel: {Path("a"): "", Path("a/b"): ""})
+    with pytest.raises(OSError):
+        new_kernel.scaffold("demo", registry)
+    if existed:
+        assert registry.read_text() == registry_path().read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["registry.yaml"] if existed else [])
+
+
+def test_the_current_directory_is_a_project_with_a_registry_and_kernels(tmp_path, monkeypatch):
+    monkeypatch.delenv("KERNEL_HUB_REGISTRY", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "registry.yaml").write_text("schema: 1\nops: {}\n")
+    assert registry_path() == BUILTIN_DIR / "registry.yaml"
+    (tmp_path / "kernels").mkdir()
+    assert registry_path() == tmp_path / "registry.yaml"
+    (tmp_path / "kernel_hub").mkdir()  # kernel-hub's own source tree is not a kernel project
+    assert registry_path() == BUILTIN_DIR / "registry.yaml"
 
 
 def test_every_template_placeholder_is_known():

@@ -26,7 +26,6 @@ from kernel_hub.registry.registry import load_registry
 from kernel_hub.version import KERNEL_API_VERSION
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-PRELAYOUT_BUILD = Path(__file__).parent / "fixtures" / "prelayout-build" / "torch-cpu"
 
 
 def test_registry_and_kernels_ship_inside_the_package() -> None:
@@ -40,15 +39,28 @@ def test_registry_and_kernels_ship_inside_the_package() -> None:
         assert not (installed and (kernel / "tests").exists()), f"{kernel}/tests was installed"
 
 
-def test_build_from_before_the_kernel_api_is_refused_naming_the_api() -> None:
-    """kernel-hub 0.1 builds import kernel_hub.bridge, .cases, ... directly and declare no API."""
+@pytest.mark.parametrize(
+    ("requirement", "message"),
+    [
+        # kernel-hub 0.1 builds imported kernel_hub.bridge, .cases, ... directly and named no API
+        ("", "needs a kernel API version"),
+        # kernel API 1.0-1.2 builds exported module attributes, no KERNEL declaration
+        ('kernel-hub: ">=1.2"', "needs kernel API kernel-hub>=1.2: a build for kernel API 1.0-1.2"),
+    ],
+    ids=["no-api", "api-1.2"],
+)
+def test_build_for_an_old_kernel_api_is_refused_before_import(
+    tmp_path: Path, requirement: str, message: str
+) -> None:
+    kernel = shutil.copytree(kernels_dir() / "rmsnorm", tmp_path / "rmsnorm")
+    manifest = kernel / "kernel.yaml"
+    text = re.sub(r'kernel-hub: ">=[\d.]+".*', requirement, manifest.read_text())
+    manifest.write_text(text)
     with pytest.raises(RequirementError) as info:
-        load_kernel_dir(PRELAYOUT_BUILD)
-    message = str(info.value)
-    assert "kernel rmsnorm 1.0.0 needs a kernel API version" in message
-    assert f"provides kernel API {KERNEL_API_VERSION}" in message
-    module = module_name_for(load_manifest(PRELAYOUT_BUILD), PRELAYOUT_BUILD)
-    assert module not in sys.modules, "the refused build was imported"
+        load_kernel_dir(kernel)
+    assert f"kernel rmsnorm {load_manifest(kernel).version} {message}" in str(info.value)
+    assert f"provides kernel API {KERNEL_API_VERSION}" in str(info.value)
+    assert module_name_for(load_manifest(kernel), kernel) not in sys.modules, "it was imported"
 
 
 def test_build_asking_for_a_newer_kernel_api_is_refused(tmp_path: Path) -> None:

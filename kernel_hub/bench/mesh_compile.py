@@ -1,6 +1,6 @@
 """Compile sharded kernels for multi-chip TPU topologies without a TPU, and check the collectives.
 
-Each ``MeshCase`` (from a kernel's ``sharding.mesh_cases()``) is compiled under plain ``jit`` with
+Each ``MeshCase`` (from a kernel's declared ``mesh_cases()``) is compiled under plain ``jit`` with
 inputs sharded over every device of a deviceless topology (v5e:2x2, v5p:2x2x1, v6e:2x2: 4 chips;
 v4:2x2x1: 8), forward and backward, on an Explicit-axis mesh and on an Auto-axis one (the
 long-standing ``Mesh(devices, names)``, where the kernel's boundary places inputs by the mesh-axis

@@ -3,7 +3,10 @@
 The scaffold is a complete kernel (manifest; package with reference, Pallas TPU kernel, JAX API
 and implementation table, torch op, sharding rule, benchmark cases, ``KERNEL`` declaration; tests)
 computing ``x * weight``: it passes its own tests, builds, compile-checks and loads as generated,
-so a kernel author replaces the computation and keeps a working kernel at every step.
+so a kernel author replaces the computation and keeps a working kernel at every step. It is
+written into a kernel project: ``kernels/NAME`` beside the registry (``./registry.yaml``, created
+from the built-in one if missing), whose entry for the op it adds, so the tests, ``compile-check``
+and ``get_kernel`` find it from that directory with no environment variables.
 docs/writing-a-kernel.md walks through it. The templates ship in the wheel
 (``new_kernel_template/``, ``string.Template`` placeholders).
 """
@@ -11,11 +14,14 @@ docs/writing-a-kernel.md walks through it. The templates ship in the wheel
 from __future__ import annotations
 
 import argparse
+import shutil
 import string
+import tempfile
 from pathlib import Path
 
 from kernel_hub.errors import KernelHubError
 from kernel_hub.hub.metadata import KERNEL_NAME
+from kernel_hub.paths import BUILTIN_DIR, KERNELS_NAME, REGISTRY_NAME
 from kernel_hub.registry.registry import parse_registry
 
 TEMPLATE_DIR = Path(__file__).parent / "new_kernel_template"
@@ -43,23 +49,74 @@ def names(kernel: str) -> dict[str, str]:
     }
 
 
-def scaffold(kernel: str, directory: str | Path) -> Path:
-    """Write kernel ``kernel`` into ``directory/kernel`` (which must not exist); its path."""
+def render(kernel: str) -> dict[Path, str]:
+    """The scaffold's files for kernel ``kernel``: path inside the kernel directory -> text."""
     values = names(kernel)
-    target = Path(directory) / kernel
-    if target.exists():
-        raise KernelHubError(f"{target} already exists; choose another name or --dir")
     files = sorted(TEMPLATE_DIR.rglob(f"*{TEMPLATE_SUFFIX}"))
     if not files:
         raise KernelHubError(f"no scaffold templates under {TEMPLATE_DIR} (a broken install?)")
+    rendered = {}
     for template in files:
         relative = template.relative_to(TEMPLATE_DIR)
         parts = [RENAMED.get(part, part).format(**values) for part in relative.parts]
         parts[-1] = parts[-1].removesuffix(TEMPLATE_SUFFIX)
-        path = target.joinpath(*parts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(string.Template(template.read_text()).substitute(values))
+        rendered[Path(*parts)] = string.Template(template.read_text()).substitute(values)
+    return rendered
+
+
+def scaffold(kernel: str, registry: str | Path = REGISTRY_NAME) -> Path:
+    """Write kernel ``kernel`` into ``kernels/`` beside ``registry`` and add its op to the
+    registry (created from the built-in one if missing); its path.
+
+    Everything is checked before anything is written (name, free directory, the registry with the
+    new entry parses); if writing fails, the registry and the kernels folder are left as found.
+    """
+    registry = Path(registry)
+    target = registry.parent / KERNELS_NAME / kernel
+    files = render(kernel)
+    if target.exists():
+        raise KernelHubError(f"{target} already exists; choose another name")
+    if not registry.parent.is_dir():
+        raise KernelHubError(
+            f"--registry {registry}: directory {registry.parent} does not exist; "
+            "create it or name a registry in an existing directory"
+        )
+    original = _read(registry) if registry.exists() else None
+    updated = registry_with(registry, original or _read(BUILTIN_DIR / REGISTRY_NAME), kernel)
+    made_kernels_dir = not target.parent.exists()
+    try:
+        _write_atomically(registry, updated)
+        target.parent.mkdir(exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{kernel}.", dir=target.parent))
+        try:
+            for relative, text in files.items():
+                (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+                (staging / relative).write_text(text)
+            staging.rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        if original is None:
+            registry.unlink(missing_ok=True)
+        else:
+            _write_atomically(registry, original)
+        if made_kernels_dir:
+            shutil.rmtree(target.parent, ignore_errors=True)
+        raise
     return target
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise KernelHubError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text)
+    partial.replace(path)
 
 
 def registry_entry(kernel: str) -> str:
@@ -80,14 +137,12 @@ def registry_entry(kernel: str) -> str:
     )
 
 
-def add_to_registry(registry: str | Path, kernel: str) -> None:
-    """Append the kernel's entry to a registry whose ``ops:`` mapping comes last; the file is
-    left unchanged when the result would not parse (the error says why)."""
-    path = Path(registry)
-    text = path.read_text()
+def registry_with(path: Path, text: str, kernel: str) -> str:
+    """Registry ``text`` (of file ``path``) with the kernel's entry appended to its ``ops:``
+    mapping, which must come last; a result that would not parse raises (the error says why)."""
     updated = text + ("" if text.endswith("\n") else "\n") + registry_entry(kernel)
     parse_registry(path, updated)
-    path.write_text(updated)
+    return updated
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -98,24 +153,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("name", help="kernel name: lowercase letters, digits and '-'")
     parser.add_argument(
-        "--dir", default="kernels", help="directory to create the kernel in (default: kernels)"
-    )
-    parser.add_argument(
-        "--registry", help="also append the op's entry to this registry.yaml (its ops: last)"
+        "--registry",
+        default=REGISTRY_NAME,
+        help="the project's registry: the op's entry is added to it (created from the built-in "
+        "registry if missing) and the kernel written to kernels/ beside it (default: "
+        "./registry.yaml)",
     )
     parser.set_defaults(func=run_new_kernel)
 
 
 def run_new_kernel(args: argparse.Namespace) -> int:
-    path = scaffold(args.name, args.dir)
-    if args.registry:
-        add_to_registry(args.registry, args.name)
-        added = f"added its entry to {args.registry}"
-    else:
-        added = "add this entry under ops: in registry.yaml:\n\n" + registry_entry(args.name)
-    print(f"created {path}; {added}")
+    registry = Path(args.registry)
+    existed = registry.exists()
+    path = scaffold(args.name, registry)
+    project = registry.parent
+    how = "added its op to" if existed else "created from the built-in registry, with its op,"
+    print(f"created {path}; {how} {registry}")
+    go = "" if project.resolve() == Path.cwd().resolve() else f"  cd {project}\n"
+    kernel = path.relative_to(project)
     print(
-        f"\nnext: pytest {path}/tests; kernel-hub build {path}; "
-        f"kernel-hub compile-check {args.name} --tpu v5e (see docs/writing-a-kernel.md)"
+        f"\nnext (from {project}, the kernel project; see docs/writing-a-kernel.md):\n{go}"
+        f"  python -m pytest {kernel}/tests\n"
+        f"  kernel-hub build {kernel}\n"
+        f"  kernel-hub compile-check {args.name} --tpu v5e"
     )
     return 0

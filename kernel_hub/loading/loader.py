@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from kernel_hub.declaration import KernelDeclaration, legacy_declaration
+from kernel_hub.declaration import KernelDeclaration
 from kernel_hub.errors import KernelHubError, SourceError
 from kernel_hub.registry.manifest import MANIFEST_NAME, Manifest, load_manifest
 
@@ -28,8 +28,8 @@ def module_name_for(manifest: Manifest, kernel_dir: Path) -> str:
 
 
 def load_kernel_dir(kernel_dir: str | Path) -> ModuleType:
-    """Import the kernel in ``kernel_dir`` (manifest + package); ``module.manifest`` and
-    ``module.KERNEL`` (its declaration, checked against the manifest) are set."""
+    """Import the kernel in ``kernel_dir`` (manifest + package); ``module.manifest`` is set and
+    ``module.KERNEL`` (its declaration) checked against the manifest."""
     kernel_dir = Path(kernel_dir)
     manifest = load_manifest(kernel_dir)
     manifest.check_requirements()
@@ -61,17 +61,16 @@ def load_kernel_dir(kernel_dir: str | Path) -> ModuleType:
 
 
 def _attach_declaration(module: ModuleType, manifest: Manifest) -> None:
-    """Set ``module.KERNEL`` (a legacy build gets one read from its attributes) and check it
-    against the manifest: the ops, layers and implementation names both state."""
+    """Check the package's ``KERNEL`` against the manifest: the ops, layers and implementation
+    names both state."""
     declared = module.__dict__.get("KERNEL")
     label = f"kernel {manifest.name} {manifest.version}"
     if declared is None:
-        try:
-            declared = legacy_declaration(module, manifest.ops, manifest.layers)
-        except KernelHubError as exc:
-            raise KernelHubError(f"{label} declares but {exc}") from None
-        module.KERNEL = declared
-    elif not isinstance(declared, KernelDeclaration):
+        raise KernelHubError(
+            f"{label}: the package exports no KERNEL; a kernel package declares what kernel-hub "
+            "reads from it as KERNEL = kernel_api.KernelDeclaration(...)"
+        )
+    if not isinstance(declared, KernelDeclaration):
         raise KernelHubError(
             f"{label}: KERNEL is a {type(declared).__name__}, not a kernel_api.KernelDeclaration"
         )

@@ -6,7 +6,8 @@ Where the build comes from, first match wins:
    development; it holds a ``kernel.yaml`` or is a build folder with ``<variant>/`` folders;
 2. ``source="local"`` / ``"hub"``, else ``$KERNEL_HUB_SOURCE``;
 3. otherwise the hub only when something asks for a hub build (``version=``, ``revision=``, or a
-   lock file pinning the op), else the in-tree kernel (``kernels/<kernel>``). So a plain
+   lock file pinning the op), else the in-tree kernel (``kernels/<kernel>`` beside the registry,
+   else the built-in one; :mod:`kernel_hub.paths`). So a plain
    ``get_kernel("rmsnorm")`` keeps working with no network.
 
 A hub build is resolved from the registry's ``repo`` and ``commit``/``revision``/``version`` (the
@@ -28,7 +29,7 @@ from kernel_hub.hub.fetch import HubBuild, HubRequest, fetch_build
 from kernel_hub.hub.lockfile import LockedOp, LockFile, find_lock
 from kernel_hub.hub.trust import TrustRemoteCode
 from kernel_hub.hub.variants import VARIANT_NAMES, select_variant
-from kernel_hub.paths import kernels_dir
+from kernel_hub.paths import kernel_dir_for
 from kernel_hub.registry.manifest import MANIFEST_NAME
 from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry, load_registry
@@ -49,8 +50,8 @@ class KernelOrigin:
 
 
 def in_tree_dir(entry: OpEntry) -> Path:
-    """The in-tree build of an op (``kernels/<kernel>``)."""
-    return kernels_dir() / entry.kernel
+    """The in-tree build of an op: ``kernels/<kernel>`` beside its registry, else built in."""
+    return kernel_dir_for(entry.source, entry.kernel)
 
 
 def get_kernel(

@@ -13,7 +13,12 @@ from packaging.version import InvalidVersion, Version
 
 from kernel_hub.errors import RequirementError
 from kernel_hub.platform import PLATFORMS, Platform
-from kernel_hub.version import KERNEL_API_REQUIREMENT, KERNEL_API_VERSION, __version__
+from kernel_hub.version import (
+    KERNEL_API_REQUIREMENT,
+    KERNEL_API_VERSION,
+    UNDECLARED_KERNEL_APIS,
+    __version__,
+)
 
 from .yaml_source import FieldReader, key_lines, load_yaml
 
@@ -63,7 +68,8 @@ class Manifest:
 
         ``kernel-hub`` is matched against the kernel API version (``kernel_hub.kernel_api``), not
         the package version, and is required: a build without it predates the kernel API and
-        imports kernel-hub modules that may have moved.
+        imports kernel-hub modules that may have moved; one whose range admits kernel API 1.0-1.2
+        was made before the ``KERNEL`` declaration.
         """
         problems = []
         api_spec = self.requires.get(KERNEL_API_REQUIREMENT)
@@ -73,6 +79,14 @@ class Manifest:
                 f"declares none, so it was built before kernel_hub.kernel_api existed and imports "
                 f"kernel-hub internals. This kernel-hub provides kernel API "
                 f"{KERNEL_API_VERSION}: rebuild the kernel against kernel_hub.kernel_api"
+            )
+        elif any(api_spec.contains(Version(old)) for old in UNDECLARED_KERNEL_APIS):
+            problems.append(
+                f"kernel API {KERNEL_API_REQUIREMENT}{api_spec}: a build for kernel API 1.0-1.2 "
+                f"(module attributes, no KERNEL declaration), which this kernel-hub {__version__} "
+                f"no longer loads (it provides kernel API {KERNEL_API_VERSION} and loads builds "
+                f'that ask for {KERNEL_API_REQUIREMENT}: ">=1.3" and export KERNEL): rebuild the '
+                "kernel against kernel_hub.kernel_api"
             )
         elif not api_spec.contains(Version(KERNEL_API_VERSION), prereleases=True):
             problems.append(

@@ -35,7 +35,9 @@ one), in the kernel's ``sharding.py``, importing only ``kernel_hub.kernel_api``:
 4. Decorate the backward entry point too when the torch op has a ``jax_backward``; ops whose JAX
    function goes through ``jax.vjp`` get the transpose of the forward's ``shard_map``.
 5. Add a ``mesh_cases()`` returning ``MeshCase``s (small bf16 shapes, specs, the collectives the
-   compiled program must hold) and declare it as ``KERNEL``'s ``mesh_cases``: ``kernel-hub
+   compiled program must hold) beside the benchmark cases (``benchmark.py``: test data, so the
+   module with the boundary never imports the API back) and declare it as ``KERNEL``'s
+   ``mesh_cases``: ``kernel-hub
    compile-check --mesh`` compiles them for four TPU generations on Explicit and Auto meshes.
    Add a values check to ``tests/sharding/spmd_checks.py`` (8 CPU devices, vs unsharded).
 

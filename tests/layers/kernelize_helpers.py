@@ -43,7 +43,7 @@ class TmpHub:
             "ops": [],
             "layers": list(layers),
             "implementations": {"torch": ["tpu", "gpu", "cpu"]},
-            "requires": {"kernel-hub": ">=1.0"},
+            "requires": {"kernel-hub": ">=1.3"},
         }
         (kernel_dir / "kernel.yaml").write_text(yaml.safe_dump(manifest))
         for file_name, source in files.items():
@@ -77,12 +77,27 @@ class TmpHub:
         return self.registry
 
 
+def declaring(*, layers: tuple[str, ...] = (), integrations: bool = False) -> str:
+    """A throwaway kernel's ``__init__.py``: its ``KERNEL`` (no ops, no JAX) naming ``layers``
+    (classes of its ``layers.py``) and, with ``integrations``, its ``integrations.py`` as the
+    Transformers adapter (imported with the package, so tests can read its ``CALLS``)."""
+    lines = ["from kernel_hub.kernel_api import KernelDeclaration"]
+    fields = ["ops={}", "jax=None"]
+    if layers:
+        lines.append("from . import layers")
+        fields.append("layers={" + ", ".join(f"{n!r}: layers.{n}" for n in layers) + "}")
+    if integrations:
+        lines.append("from . import integrations")
+        fields.append('integrations={"transformers": lambda: integrations}')
+    return "\n".join([*lines, f"KERNEL = KernelDeclaration({', '.join(fields)})", ""])
+
+
 def torch_rmsnorm_kernel(
     *, arg: str = "hidden_states", has_backward: bool = True, can_torch_compile: bool = True
 ) -> dict[str, str]:
     """Files of a pure-torch kernel providing layers.RMSNorm (no JAX), with chosen flags."""
     return {
-        "__init__.py": "from . import layers\n",
+        "__init__.py": declaring(layers=("RMSNorm",)),
         "layers.py": f"""
             import torch
 
@@ -136,7 +151,7 @@ def attention_kernel(
     """A kernel whose ``integrations.register()`` adds a counting wrapper of Transformers' SDPA
     attention to AttentionInterface (and SDPA's mask to AttentionMaskInterface)."""
     return {
-        "__init__.py": "from . import integrations\n",
+        "__init__.py": declaring(integrations=True),
         "integrations.py": f"""
             from transformers import AttentionInterface
             from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -144,6 +159,7 @@ def attention_kernel(
 
             can_torch_compile = {can_torch_compile}
             has_backward = {has_backward}
+            module_problem = None
             CALLS = []
 
             def attention(module, query, key, value, attention_mask, **kwargs):
@@ -163,11 +179,13 @@ def experts_kernel(*, name: str = "kernel_hub_test_experts") -> dict[str, str]:
     """A kernel whose ``integrations.register()`` adds a counting wrapper of Transformers'
     grouped_mm experts forward to ExpertsInterface."""
     return {
-        "__init__.py": "from . import integrations\n",
+        "__init__.py": declaring(integrations=True),
         "integrations.py": f"""
             from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
 
             can_torch_compile = True
+            has_backward = True
+            module_problem = None
             CALLS = []
 
             def experts(self, hidden_states, top_k_index, top_k_weights):

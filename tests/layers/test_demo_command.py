@@ -17,7 +17,7 @@ from kernel_hub.errors import UnknownNameError
 from kernel_hub.models.demo import builds_label, run_demo
 from kernel_hub.paths import kernels_dir
 
-from .kernelize_helpers import TOLERANCE, TmpHub
+from .kernelize_helpers import TOLERANCE, TmpHub, declaring
 
 
 def expected_swaps(model: str) -> dict[str, int]:
@@ -89,11 +89,14 @@ def test_demo_reports_a_failing_kernel(tmp_hub: TmpHub, capsys: pytest.CaptureFi
     tmp_hub.add_kernel(
         "rmsnorm",
         {
-            "__init__.py": "from . import layers\n",
+            "__init__.py": declaring(layers=("RMSNorm",)),
             "layers.py": """
                 import torch
 
                 class RMSNorm(torch.nn.Module):
+                    has_backward = True
+                    can_torch_compile = False
+
                     def forward(self, hidden_states):
                         raise RuntimeError("kernel exploded")
                 """,

@@ -346,9 +346,8 @@ def test_a_processor_on_an_explicit_backend_keeps_it():
     assert chosen._attention_backend is AttentionBackendName.FLASH
 
 
-def _api_1_2_attention(directory):
-    """The in-tree attention kernel as a build for kernel API 1.2 ships it: the ops, ``jax`` and
-    ``implementation_tables`` as module attributes, no ``KERNEL`` (so no Diffusers adapter)."""
+def _attention_without_diffusers_adapter(directory):
+    """The in-tree attention kernel as a build whose ``KERNEL`` declares no Diffusers adapter."""
     import shutil
 
     from kernel_hub.paths import kernels_dir
@@ -358,27 +357,24 @@ def _api_1_2_attention(directory):
     manifest = target / "kernel.yaml"
     text = manifest.read_text()
     version = next(line for line in text.splitlines() if line.startswith("version:"))
-    manifest.write_text(
-        text.replace(version, "version: 1.1.0").replace(
-            'kernel-hub: ">=1.3"', 'kernel-hub: ">=1.2"'
-        )
-    )
-    (target / "flash_attention" / "__init__.py").write_text(
-        "from . import api as jax\n"
-        "from .torch_ops import attention_with_dense_mask, attention_with_lse\n"
-        "implementation_tables = (jax.TABLE,)\n"
-    )
+    manifest.write_text(text.replace(version, "version: 1.1.0"))
+    init = target / "flash_attention" / "__init__.py"
+    adapter = '        "diffusers": submodule_loader(__name__, "diffusers_backend"),\n'
+    assert adapter in init.read_text()
+    init.write_text(init.read_text().replace(adapter, ""))
     return target
 
 
 @pytest.mark.slow
-def test_a_build_for_kernel_api_1_2_leaves_processors_alone_with_the_reason(tmp_path, monkeypatch):
-    """Such a build declares no Diffusers adapter: every processor keeps its backend, and the
-    report says why and what to load instead."""
-    monkeypatch.setenv("KERNEL_HUB_LOCAL_KERNELS", f"attention={_api_1_2_attention(tmp_path)}")
-    legacy = get_kernel("attention")
-    assert str(legacy.manifest.version) == "1.1.0"
-    assert legacy.KERNEL.integration("diffusers") is None
+def test_a_kernel_without_a_diffusers_adapter_leaves_processors_alone_with_the_reason(
+    tmp_path, monkeypatch
+):
+    """Every processor keeps its backend, and the report says why and what to load instead."""
+    build = _attention_without_diffusers_adapter(tmp_path)
+    monkeypatch.setenv("KERNEL_HUB_LOCAL_KERNELS", f"attention={build}")
+    without = get_kernel("attention")
+    assert str(without.manifest.version) == "1.1.0"
+    assert without.KERNEL.integration("diffusers") is None
     model, inputs = tiny_flux()
     with torch.no_grad():
         want = model(**inputs, return_dict=False)[0]
@@ -387,8 +383,8 @@ def test_a_build_for_kernel_api_1_2_leaves_processors_alone_with_the_reason(tmp_
     attention = [e for e in report.entries if e.kind == "attention"]
     assert attention and not any(e.swapped_to for e in attention), report
     reason = (
-        "kernel attention 1.1.0 declares no Diffusers adapter (KERNEL.integrations['diffusers']); "
-        "builds made for kernel API <= 1.2 have none: use a build for kernel API >= 1.3"
+        "kernel attention 1.1.0 declares no Diffusers adapter (KERNEL.integrations['diffusers']): "
+        "use a kernel that does"
     )
     assert all(reason in e.reason for e in attention), report
     assert not any("_attention_backend" in m.processor.__dict__ for m in _attention_modules(model))

@@ -13,7 +13,13 @@ from kernel_hub import get_kernel, kernelize, unkernelize
 from kernel_hub.models.demo import demo_batch, greedy
 from kernel_hub.models.tiny import build_tiny_model
 
-from .kernelize_helpers import TmpHub, attention_kernel, experts_kernel, max_masked_diff
+from .kernelize_helpers import (
+    TmpHub,
+    attention_kernel,
+    declaring,
+    experts_kernel,
+    max_masked_diff,
+)
 
 
 def attention_hub(hub: TmpHub, **options: object) -> Path:
@@ -96,7 +102,7 @@ def test_unusable_attention_kernels_are_left_alone(
 
 
 def test_kernel_without_integrations(tmp_hub: TmpHub) -> None:
-    tmp_hub.add_kernel("attention", {"__init__.py": ""})
+    tmp_hub.add_kernel("attention", {"__init__.py": declaring()})
     registry = tmp_hub.write_registry({"attention": {}})
     report = kernelize(build_tiny_model("llama"), registry=registry)
     assert "has no integrations.register()" in interface_entries(report, "attention")[0].reason

@@ -108,18 +108,15 @@ class DispatcherInterface:
         return found
 
     def integration(self, kernel: types.ModuleType) -> Any:
-        """What registers the kernel as a backend: its declared Diffusers adapter.
-
-        Builds made for kernel API <= 1.2 declare none (the adapter lived in kernel-hub then and
-        moved into the attention kernel): their processors stay as they are, with this reason,
-        rather than kernel-hub keeping a copy of a kernel's adapter for them."""
+        """What registers the kernel as a backend: its declared Diffusers adapter (a kernel that
+        declares none leaves the processors as they are, with this reason)."""
         adapter = kernel.KERNEL.integration("diffusers")
         if adapter is None:
             manifest = kernel.manifest
             raise KernelHubError(
                 f"kernel {manifest.name} {manifest.version} declares no Diffusers adapter "
-                "(KERNEL.integrations['diffusers']); builds made for kernel API <= 1.2 have none: "
-                "use a build for kernel API >= 1.3, such as the in-tree attention kernel"
+                "(KERNEL.integrations['diffusers']): use a kernel that does, such as the in-tree "
+                "attention kernel"
             )
         return adapter
 

@@ -14,7 +14,7 @@ adapters kernel-hub registers, and Transformers reads these by attribute name).
 from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
-from . import benchmark, ring, sharding
+from . import benchmark, ring
 from .flash_attn_api import flash_attn_func, flash_attn_varlen_func
 from .torch_ops import attention_with_dense_mask, attention_with_lse, dot_product_attention
 
@@ -29,7 +29,7 @@ KERNEL = KernelDeclaration(
         "transformers": submodule_loader(__name__, "integrations"),
         "diffusers": submodule_loader(__name__, "diffusers_backend"),
     },
-    mesh_cases=sharding.mesh_cases,
+    mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )

@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from kernel_hub.kernel_api import CPU_TAG, KernelCase, NoImplementationError
+from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase, NoImplementationError
 
-from . import masking
+from . import api, masking, ring
 from .api import dot_product_attention_with_lse
 from .options import AttentionSpec
 from .torch_ops import dot_product_attention as dot_product_attention_op
@@ -241,3 +241,60 @@ def kernel_hub_attention(query, key, value, *masks, **options):
 
 # Torch callables taking a case's arguments as tensors and its kwargs.
 TORCH_IMPLEMENTATIONS = {"torch": torch_sdpa, "torch-op": kernel_hub_attention}
+
+
+def mesh_cases() -> list[MeshCase]:
+    """Causal GQA 32/8 with batch over data and heads over model (no collectives needed), and
+    causal rings over cp, contiguous, zig-zag and with a sliding window (K/V passed on with
+    collective-permute)."""
+    long_q = jax.ShapeDtypeStruct((1, 32, 4096, 128), jnp.bfloat16)
+    long_kv = jax.ShapeDtypeStruct((1, 8, 4096, 128), jnp.bfloat16)
+    cp = (None, None, "cp", None)
+    q = jax.ShapeDtypeStruct((2, 32, 1024, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 8, 1024, 128), jnp.bfloat16)
+    spec = ("data", "model", None, None)
+    return [
+        MeshCase(
+            "causal GQA 32/8 batch x heads bf16",
+            lambda q, k, v: api.dot_product_attention(q, k, v, causal=True),
+            (q, kv, kv),
+            (spec, spec, spec),
+            ("data", "model"),
+            differentiable=(0, 1, 2),
+        ),
+        MeshCase(
+            "ring attention causal GQA 32/8 S4096 over cp bf16",
+            lambda q, k, v: ring.ring_attention(q, k, v, causal=True),
+            (long_q, long_kv, long_kv),
+            (cp, cp, cp),
+            ("cp",),
+            differentiable=(0, 1, 2),
+            forward_collectives={"collective-permute": 3},
+            backward_collectives={"collective-permute": 3},
+            control=False,
+        ),
+        MeshCase(
+            "zig-zag ring attention causal GQA 32/8 S4096 over cp bf16",
+            lambda q, k, v: ring.ring_attention(q, k, v, causal=True, layout="zigzag"),
+            (long_q, long_kv, long_kv),
+            (cp, cp, cp),
+            ("cp",),
+            differentiable=(0, 1, 2),
+            # 4 shards: the local causal block, then 3 steps of 2 equal-work branches.
+            forward_collectives={"collective-permute": 3, "mosaic": 7},
+            backward_collectives={"collective-permute": 3},
+            control=False,
+        ),
+        MeshCase(
+            "sliding-window ring attention causal GQA 32/8 S4096 window 512 over cp bf16",
+            lambda q, k, v: ring.ring_attention(q, k, v, causal=True, sliding_window=512),
+            (long_q, long_kv, long_kv),
+            (cp, cp, cp),
+            ("cp",),
+            differentiable=(0, 1, 2),
+            # 4 shards of 1024: k and v hop once (steps 2, 3 never meet the window).
+            forward_collectives={"collective-permute": 2, "mosaic": 2},
+            backward_collectives={"collective-permute": 2},
+            control=False,
+        ),
+    ]

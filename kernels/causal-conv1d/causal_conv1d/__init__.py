@@ -4,14 +4,14 @@ functions (``jax``)."""
 from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
-from . import benchmark, sharding
+from . import benchmark
 from .torch_ops import causal_conv1d, causal_conv1d_update
 
 KERNEL = KernelDeclaration(
     ops={"causal_conv1d": causal_conv1d, "causal_conv1d_update": causal_conv1d_update},
     jax=jax,
     implementation_tables=(jax.TABLE, jax.UPDATE_TABLE),
-    mesh_cases=sharding.mesh_cases,
+    mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
     integrations={"transformers": submodule_loader(__name__, "integrations")},

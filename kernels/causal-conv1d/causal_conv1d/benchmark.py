@@ -7,8 +7,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernel_hub.kernel_api import CPU_TAG, KernelCase
+from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
+from . import api
 from .api import causal_conv1d, causal_conv1d_update
 from .torch_ops import causal_conv1d as conv_op
 
@@ -79,3 +80,34 @@ def kernel_hub_conv(x, weight, activation):
 
 
 TORCH_IMPLEMENTATIONS = {"transformers": transformers_conv, "torch-op": kernel_hub_conv}
+
+
+def mesh_cases() -> list[MeshCase]:
+    """Qwen3-Next's conv (8192 channels, width 4) with batch over data and channels over model:
+    the weight gradient is summed over the data shards; and its decode step (forward only: the
+    Pallas update aliases the state, and Pallas has no JVP for aliased calls)."""
+    weight = jax.ShapeDtypeStruct((8192, 4), jnp.bfloat16)
+    channels = ("data", None, "model")
+    return [
+        MeshCase(
+            "silu batch x channels bf16",
+            lambda x, w: api.causal_conv1d(x, w, activation="silu"),
+            (jax.ShapeDtypeStruct((4, 1024, 8192), jnp.bfloat16), weight),
+            (channels, ("model", None)),
+            ("data", "model"),
+            differentiable=(0, 1),
+            backward_collectives={"all-reduce": 1},
+            xla_backward=True,
+        ),
+        MeshCase(
+            "decode update 1 token, silu batch x channels bf16",
+            lambda x, state, w: api.causal_conv1d_update(x, state, w, activation="silu"),
+            (
+                jax.ShapeDtypeStruct((4, 1, 8192), jnp.bfloat16),
+                jax.ShapeDtypeStruct((4, 4, 8192), jnp.bfloat16),
+                weight,
+            ),
+            (channels, channels, ("model", None)),
+            ("data", "model"),
+        ),
+    ]

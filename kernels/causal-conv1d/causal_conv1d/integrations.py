@@ -46,6 +46,8 @@ def causal_conv1d_update_fn(
     """A decode step: ``hidden_states`` ``[B, D, T]`` after the inputs in ``conv_state``
     ``[B, D, S]``, which is overwritten with the last S inputs; returns ``[B, D, T]``."""
     x = hidden_states.transpose(1, 2).to(weight.dtype)
-    y, state = causal_conv1d_update(x, conv_state.transpose(1, 2), weight, bias, activation)
+    y, state = causal_conv1d_update(
+        x, conv_state.transpose(1, 2), weight, bias, activation=activation
+    )
     conv_state.copy_(state.transpose(1, 2))
     return y.transpose(1, 2).to(hidden_states.dtype)

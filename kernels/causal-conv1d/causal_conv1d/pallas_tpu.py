@@ -23,6 +23,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernel_hub.kernel_api import tiling
+
 from . import reference
 
 HALO = 8  # rows of history per token block: taps reach at most 7 tokens back
@@ -150,9 +152,7 @@ def _forward(x, weight, bias, initial_state, positions, activation, config, inte
         in_specs=specs,
         out_specs=token_spec,
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel")
-        ),
+        compiler_params=tiling.compiler_params("parallel", "parallel", "parallel"),
         cost_estimate=cost,
         interpret=interpret,
         name="causal_conv1d",
@@ -239,7 +239,7 @@ def causal_conv1d_update(x, conv_state, weight, bias, activation, config, interp
             jax.ShapeDtypeStruct(conv_state.shape, conv_state.dtype),
         ),
         input_output_aliases={1: 1},
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=tiling.compiler_params("parallel", "parallel"),
         cost_estimate=cost,
         interpret=interpret,
         name="causal_conv1d_update",

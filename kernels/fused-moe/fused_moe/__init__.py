@@ -9,7 +9,7 @@ Transformers experts integration in ``integrations`` (with ``quantize_experts``)
 from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
-from . import benchmark, expert_parallel, layers, quant, routing, sharding
+from . import benchmark, expert_parallel, layers, quant, routing
 from .torch_ops import fused_experts, fused_moe
 
 KERNEL = KernelDeclaration(
@@ -18,7 +18,7 @@ KERNEL = KernelDeclaration(
     implementation_tables=(jax.TABLE,),
     layers={"FusedMoEExperts": layers.FusedMoEExperts},
     integrations={"transformers": submodule_loader(__name__, "integrations")},
-    mesh_cases=sharding.mesh_cases,
+    mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )

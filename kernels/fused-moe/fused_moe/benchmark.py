@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernel_hub.kernel_api import CPU_TAG, KernelCase
+from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
-from . import quant
+from . import api, expert_parallel, quant
 from .api import fused_experts
 from .blocks import lane_padded
 from .torch_ops import fused_experts as fused_experts_op
@@ -196,3 +196,38 @@ def kernel_hub_fused_experts(*args, **kwargs):
 
 
 TORCH_IMPLEMENTATIONS = {"torch-op": kernel_hub_fused_experts}
+
+
+def mesh_cases() -> list[MeshCase]:
+    """Tokens over a data axis: each shard runs the kernel on its tokens, no collective; and
+    experts over an ep axis (``fused_experts_ep``): one all-reduce of the f32 partial sums."""
+    return [
+        MeshCase(
+            "tokens over data, E8 top-2 bf16",
+            lambda x, ids, w, w1, w2: api.fused_experts(x, ids, w, w1, w2),
+            (
+                jax.ShapeDtypeStruct((64, 256), jnp.bfloat16),
+                jax.ShapeDtypeStruct((64, 2), jnp.int32),
+                jax.ShapeDtypeStruct((64, 2), jnp.bfloat16),
+                jax.ShapeDtypeStruct((8, 512, 256), jnp.bfloat16),
+                jax.ShapeDtypeStruct((8, 256, 256), jnp.bfloat16),
+            ),
+            (("data", None), ("data", None), ("data", None), (None,) * 3, (None,) * 3),
+            ("data",),
+        ),
+        MeshCase(
+            "experts over ep (fused_experts_ep), E16 top-2 bf16",
+            expert_parallel.fused_experts_ep,
+            (
+                jax.ShapeDtypeStruct((64, 256), jnp.bfloat16),
+                jax.ShapeDtypeStruct((64, 2), jnp.int32),
+                jax.ShapeDtypeStruct((64, 2), jnp.bfloat16),
+                jax.ShapeDtypeStruct((16, 512, 256), jnp.bfloat16),
+                jax.ShapeDtypeStruct((16, 256, 256), jnp.bfloat16),
+            ),
+            ((None, None), (None, None), (None, None), ("ep", None, None), ("ep", None, None)),
+            ("ep",),
+            forward_collectives={"all-reduce": 1},
+            control=False,
+        ),
+    ]

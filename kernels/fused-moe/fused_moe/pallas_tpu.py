@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernel_hub.kernel_api import weight_formats
+from kernel_hub.kernel_api import tiling, weight_formats
 
 from .blocks import Blocks, vmem_bytes
 from .config import ExpertsConfig
@@ -417,8 +417,9 @@ def fused_experts(
                 pltpu.VMEM((tokens, hidden), _acc(x.dtype)),
             ],
         ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("arbitrary", "arbitrary"),
+        compiler_params=tiling.compiler_params(
+            "arbitrary",
+            "arbitrary",
             vmem_limit_bytes=min(vmem_capacity, int(vmem * 1.25) + (8 << 20)),
         ),
         cost_estimate=cost,

@@ -4,7 +4,7 @@ its own), expert weights stay whole. Splitting experts over devices is expert pa
 the intermediate dimension would need the gate and up halves split alike, which the stacked
 [gate; up] layout does not allow."""
 
-from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
+from kernel_hub.kernel_api import ShardingRule, sharded
 
 _EP = "expert parallelism: the moe-gemm kernel's moe_ep over an 'ep' mesh axis"
 _WEIGHTS = (
@@ -57,43 +57,3 @@ def moe_rule(transposed: bool = False, quantization: str | None = None, **option
 
 experts_boundary = sharded(experts_rule)
 moe_boundary = sharded(moe_rule)
-
-
-def mesh_cases() -> list[MeshCase]:
-    """Tokens over a data axis: each shard runs the kernel on its tokens, no collective; and
-    experts over an ep axis (``fused_experts_ep``): one all-reduce of the f32 partial sums."""
-    import jax
-    import jax.numpy as jnp
-
-    from . import api, expert_parallel
-
-    return [
-        MeshCase(
-            "tokens over data, E8 top-2 bf16",
-            lambda x, ids, w, w1, w2: api.fused_experts(x, ids, w, w1, w2),
-            (
-                jax.ShapeDtypeStruct((64, 256), jnp.bfloat16),
-                jax.ShapeDtypeStruct((64, 2), jnp.int32),
-                jax.ShapeDtypeStruct((64, 2), jnp.bfloat16),
-                jax.ShapeDtypeStruct((8, 512, 256), jnp.bfloat16),
-                jax.ShapeDtypeStruct((8, 256, 256), jnp.bfloat16),
-            ),
-            (("data", None), ("data", None), ("data", None), (None,) * 3, (None,) * 3),
-            ("data",),
-        ),
-        MeshCase(
-            "experts over ep (fused_experts_ep), E16 top-2 bf16",
-            expert_parallel.fused_experts_ep,
-            (
-                jax.ShapeDtypeStruct((64, 256), jnp.bfloat16),
-                jax.ShapeDtypeStruct((64, 2), jnp.int32),
-                jax.ShapeDtypeStruct((64, 2), jnp.bfloat16),
-                jax.ShapeDtypeStruct((16, 512, 256), jnp.bfloat16),
-                jax.ShapeDtypeStruct((16, 256, 256), jnp.bfloat16),
-            ),
-            ((None, None), (None, None), (None, None), ("ep", None, None), ("ep", None, None)),
-            ("ep",),
-            forward_collectives={"all-reduce": 1},
-            control=False,
-        ),
-    ]

@@ -4,7 +4,7 @@ ops and JAX functions (``jax``)."""
 from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
-from . import benchmark, layers, sharding
+from . import benchmark, layers
 from .torch_ops import chunk_gated_delta_rule, recurrent_gated_delta_rule
 
 KERNEL = KernelDeclaration(
@@ -16,7 +16,7 @@ KERNEL = KernelDeclaration(
     implementation_tables=(jax.CHUNK_TABLE, jax.DECODE_TABLE),
     layers={"GatedDeltaNet": layers.GatedDeltaNet},
     module_checks=layers.MODULE_CHECKS,
-    mesh_cases=sharding.mesh_cases,
+    mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )

@@ -101,11 +101,18 @@ class GatedDeltaNet(torch.nn.Module):
 
         if recurrent_state is not None and seq_len == 1:
             core, last_state = recurrent_gated_delta_rule(
-                query, key, value, g, beta, recurrent_state, True
+                query, key, value, g, beta, initial_state=recurrent_state, use_qk_l2norm=True
             )
         else:
             core, last_state = chunk_gated_delta_rule(
-                query, key, value, g, beta, recurrent_state, None, 64, True
+                query,
+                key,
+                value,
+                g,
+                beta,
+                initial_state=recurrent_state,
+                chunk_size=64,
+                use_qk_l2norm=True,
             )
         if cache is not None:
             cache.update_recurrent_state(last_state, self.layer_idx)

@@ -27,6 +27,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernel_hub.kernel_api import tiling
+
 from . import chunked as xla_chunked
 from .layout import Plan
 from .reference import recurrence, repeat_heads
@@ -169,9 +171,7 @@ def _chunk_forward(
             jax.ShapeDtypeStruct((batch, heads, length, value_dim), out_dtype),
             jax.ShapeDtypeStruct(initial_state.shape, acc),
         ),
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")
-        ),
+        compiler_params=tiling.compiler_params("parallel", "parallel", "arbitrary"),
         cost_estimate=cost,
         interpret=interpret,
         name="chunk_gated_delta_rule",
@@ -268,7 +268,7 @@ def _decode_forward(q_t, k_t, v, g, beta, state, out_dtype, interpret):
             jax.ShapeDtypeStruct(state.shape, acc),
         ),
         input_output_aliases={5: 1},
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=tiling.compiler_params("parallel", "parallel"),
         cost_estimate=cost,
         interpret=interpret,
         name="recurrent_gated_delta_rule",

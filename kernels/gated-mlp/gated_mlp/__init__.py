@@ -4,7 +4,7 @@
 from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
-from . import benchmark, layers, sharding
+from . import benchmark, layers
 from .torch_ops import gated_activation
 
 KERNEL = KernelDeclaration(
@@ -13,7 +13,7 @@ KERNEL = KernelDeclaration(
     implementation_tables=(jax.TABLE,),
     layers={"GatedMLP": layers.GatedMLP, "FusedGatedMLP": layers.FusedGatedMLP},
     module_checks=layers.MODULE_CHECKS,
-    mesh_cases=sharding.mesh_cases,
+    mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )

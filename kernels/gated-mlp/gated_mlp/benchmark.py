@@ -7,8 +7,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from kernel_hub.kernel_api import CPU_TAG, KernelCase
+from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
+from . import api
 from .api import gated_activation
 from .torch_ops import gated_activation as gated_activation_op
 
@@ -74,3 +75,26 @@ def kernel_hub_gated(
 
 
 TORCH_IMPLEMENTATIONS = {"torch": torch_gated, "torch-op": kernel_hub_gated}
+
+
+def mesh_cases() -> list[MeshCase]:
+    """Rows over a (data, model) mesh, separate and fused layouts."""
+    arg = jax.ShapeDtypeStruct((16, 256, 1024), jnp.bfloat16)
+    return [
+        MeshCase(
+            "rows over data x model bf16",
+            lambda g, u: api.gated_activation(g, u, "silu"),
+            (arg, arg),
+            (("data", "model", None), ("data", "model", None)),
+            ("data", "model"),
+            differentiable=(0, 1),
+        ),
+        MeshCase(
+            "fused gate_up, rows over data x model bf16",
+            lambda x: api.gated_activation(x, None, "gelu_tanh"),
+            (jax.ShapeDtypeStruct((16, 256, 2048), jnp.bfloat16),),
+            (("data", "model", None),),
+            ("data", "model"),
+            differentiable=(0,),
+        ),
+    ]

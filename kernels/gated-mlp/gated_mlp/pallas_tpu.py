@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from kernel_hub.kernel_api import tiling
 
@@ -90,7 +89,7 @@ def _operands(x, up):
     return x, up, x.shape[1]
 
 
-_PARAMS = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
+_PARAMS = tiling.compiler_params("parallel", "parallel")
 
 
 def forward(x, up, name: str, config: BlockConfig, interpret: bool):

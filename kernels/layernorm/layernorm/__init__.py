@@ -3,7 +3,7 @@
 from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
-from . import benchmark, layers, sharding
+from . import benchmark, layers
 from .torch_ops import layer_norm, layer_norm_any, layer_norm_no_affine, layer_norm_no_bias
 
 KERNEL = KernelDeclaration(
@@ -16,7 +16,7 @@ KERNEL = KernelDeclaration(
     implementation_tables=(jax.TABLE,),
     layers={"LayerNorm": layers.LayerNorm, "FP32LayerNorm": layers.FP32LayerNorm},
     module_checks=layers.MODULE_CHECKS,
-    mesh_cases=sharding.mesh_cases,
+    mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )

@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from kernel_hub.kernel_api import CPU_TAG, KernelCase
+from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
+from . import api
 from .api import layer_norm, layer_norm_no_affine, layer_norm_no_bias
 from .torch_ops import layer_norm_any
 
@@ -86,3 +87,22 @@ def kernel_hub_layer_norm(x: torch.Tensor, *params: torch.Tensor, eps: float) ->
 
 # Torch callables taking a case's arguments as tensors and its kwargs.
 TORCH_IMPLEMENTATIONS = {"torch": torch_layer_norm, "torch-op": kernel_hub_layer_norm}
+
+
+def mesh_cases() -> list[MeshCase]:
+    """Rows over a (data, model) mesh with weight and bias; their gradients are all-reduced."""
+    hidden = jax.ShapeDtypeStruct((1024,), jnp.bfloat16)
+    return [
+        MeshCase(
+            "rows over data x model bf16",
+            lambda x, w, b: api.layer_norm(x, w, b),
+            (jax.ShapeDtypeStruct((16, 256, 1024), jnp.bfloat16), hidden, hidden),
+            (("data", "model", None), (None,), (None,)),
+            ("data", "model"),
+            differentiable=(0, 1, 2),
+            backward_collectives={"all-reduce": 1},
+            # The conventions split rows over data only: x's model split is gathered.
+            auto_forward_collectives={"all-gather": 1},
+            auto_backward_collectives={"all-gather": 1, "all-reduce": 1},
+        )
+    ]

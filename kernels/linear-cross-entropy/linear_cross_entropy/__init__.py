@@ -4,7 +4,7 @@ and the Transformers causal-LM integration (``integrations``)."""
 from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
-from . import benchmark, sharding
+from . import benchmark
 from .torch_ops import linear_cross_entropy
 
 KERNEL = KernelDeclaration(
@@ -12,7 +12,7 @@ KERNEL = KernelDeclaration(
     jax=jax,
     implementation_tables=(jax.TABLE,),
     integrations={"transformers": submodule_loader(__name__, "integrations")},
-    mesh_cases=sharding.mesh_cases,
+    mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )

@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from kernel_hub.kernel_api import CPU_TAG, KernelCase
+from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
+from . import api
 from .api import linear_cross_entropy
 from .torch_ops import linear_cross_entropy as linear_cross_entropy_op
 
@@ -85,3 +86,34 @@ TORCH_IMPLEMENTATIONS = {
     "torch": torch_linear_cross_entropy,
     "torch-op": kernel_hub_linear_cross_entropy,
 }
+
+
+def mesh_cases() -> list[MeshCase]:
+    """The loss with tokens over ``data`` and the head's vocabulary over ``model``: two small
+    all-reduces of [tokens] vectors forward (max, sums) and none of the weight."""
+    shapes = (
+        jax.ShapeDtypeStruct((2048, 512), jnp.bfloat16),
+        jax.ShapeDtypeStruct((4096, 512), jnp.bfloat16),
+        jax.ShapeDtypeStruct((2048,), jnp.int32),
+    )
+    return [
+        MeshCase(
+            "tokens over data x model bf16",
+            lambda h, w, labels: api.linear_cross_entropy(h, w, labels),
+            shapes,
+            (("data", None), (None, None), ("data",)),
+            ("data", "model"),
+            differentiable=(0, 1),
+            backward_collectives={"all-reduce": 1},
+        ),
+        MeshCase(
+            "vocab-parallel head over model, tokens over data bf16",
+            lambda h, w, labels: api.linear_cross_entropy(h, w, labels),
+            shapes,
+            (("data", None), ("model", None), ("data",)),
+            ("data", "model"),
+            differentiable=(0, 1),
+            forward_collectives={"all-reduce": 2},
+            backward_collectives={"all-reduce": 3},
+        ),
+    ]

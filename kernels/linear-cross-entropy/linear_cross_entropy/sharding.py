@@ -8,7 +8,7 @@ shard_map's transpose (hidden's gradient summed over the vocabulary shards, the 
 import jax
 import jax.numpy as jnp
 
-from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
+from kernel_hub.kernel_api import ShardingRule, sharded
 
 from .reference import NO_TARGET
 
@@ -63,36 +63,3 @@ def combine_vocab_shards(lse, target, total, axes: Axes):
     peak = jax.lax.pmax(jax.lax.stop_gradient(lse), axes)
     norm, target, total = jax.lax.psum((jnp.exp(lse - peak), target, total), axes)
     return peak + jnp.log(norm), target, total
-
-
-def mesh_cases() -> list[MeshCase]:
-    """The loss with tokens over ``data`` and the head's vocabulary over ``model``: two small
-    all-reduces of [tokens] vectors forward (max, sums) and none of the weight."""
-    from . import api
-
-    shapes = (
-        jax.ShapeDtypeStruct((2048, 512), jnp.bfloat16),
-        jax.ShapeDtypeStruct((4096, 512), jnp.bfloat16),
-        jax.ShapeDtypeStruct((2048,), jnp.int32),
-    )
-    return [
-        MeshCase(
-            "tokens over data x model bf16",
-            lambda h, w, labels: api.linear_cross_entropy(h, w, labels),
-            shapes,
-            (("data", None), (None, None), ("data",)),
-            ("data", "model"),
-            differentiable=(0, 1),
-            backward_collectives={"all-reduce": 1},
-        ),
-        MeshCase(
-            "vocab-parallel head over model, tokens over data bf16",
-            lambda h, w, labels: api.linear_cross_entropy(h, w, labels),
-            shapes,
-            (("data", None), ("model", None), ("data",)),
-            ("data", "model"),
-            differentiable=(0, 1),
-            forward_collectives={"all-reduce": 2},
-            backward_collectives={"all-reduce": 3},
-        ),
-    ]

@@ -5,7 +5,7 @@
 from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
-from . import benchmark, layers, sharding
+from . import benchmark, layers
 from .torch_ops import mamba_chunk_scan_combined, selective_state_update
 
 KERNEL = KernelDeclaration(
@@ -17,7 +17,7 @@ KERNEL = KernelDeclaration(
     implementation_tables=(jax.CHUNK_TABLE, jax.DECODE_TABLE),
     layers={"Mamba2ScanMixer": layers.Mamba2ScanMixer},
     module_checks=layers.MODULE_CHECKS,
-    mesh_cases=sharding.mesh_cases,
+    mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )

@@ -25,6 +25,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernel_hub.kernel_api import tiling
+
 from . import chunked
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -161,9 +163,7 @@ def _chunk_forward(x, dt, A, B, C, initial_state, seq, config: ChunkConfig, inte
             jax.ShapeDtypeStruct(initial_state.shape, acc),
         ),
         scratch_shapes=[pltpu.VMEM((width, state_size), acc)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")
-        ),
+        compiler_params=tiling.compiler_params("parallel", "parallel", "arbitrary"),
         cost_estimate=cost,
         interpret=interpret,
         name="mamba_chunk_scan",
@@ -288,7 +288,7 @@ def state_update(state, x, dt, A, B, C, D, z, interpret: bool):
             jax.ShapeDtypeStruct(state.shape, state.dtype),
         ),
         input_output_aliases={len(inputs) - 1: 1},
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        compiler_params=tiling.compiler_params("parallel", "parallel"),
         cost_estimate=cost,
         interpret=interpret,
         name="selective_state_update",

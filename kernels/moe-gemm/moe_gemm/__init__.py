@@ -9,7 +9,7 @@ integration in ``integrations`` and ``layers.MoEExperts``.
 from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
-from . import benchmark, expert_parallel, integrations, layers, routing, sharding
+from . import benchmark, expert_parallel, integrations, layers, routing
 from .torch_ops import gmm, gmm_quantized, tgmm
 
 KERNEL = KernelDeclaration(
@@ -18,7 +18,7 @@ KERNEL = KernelDeclaration(
     implementation_tables=(jax.GMM_TABLE, jax.TGMM_TABLE, jax.GMM_QUANTIZED_TABLE),
     layers={"MoEExperts": layers.MoEExperts},
     integrations={"transformers": lambda: integrations},
-    mesh_cases=sharding.mesh_cases,
+    mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )

@@ -7,6 +7,7 @@ gate/up ([m, H] x [E, 2I, H]) and down ([m, I] x [E, H, I]), with m = tokens * t
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -14,8 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from kernel_hub.kernel_api import CPU_TAG, KernelCase, weight_formats
+from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase, weight_formats
 
+from . import api, expert_parallel
 from .api import gmm, gmm_quantized
 from .torch_ops import gmm as gmm_op
 
@@ -185,3 +187,76 @@ def kernel_hub_gmm(lhs, rhs, group_sizes, transpose_rhs: bool = False) -> torch.
 
 # Torch callables taking a case's arguments as tensors and its kwargs.
 TORCH_IMPLEMENTATIONS = {"torch-grouped_mm": torch_grouped_mm, "torch-op": kernel_hub_gmm}
+
+
+def mesh_cases() -> list[MeshCase]:
+    """gmm and gmm_quantized (int8, fp8: scales split with their weight, whole 128-blocks) with k
+    split (partial products summed: all-reduce) and n split; tgmm with k x n."""
+    rows = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
+    sizes = jax.ShapeDtypeStruct((8,), jnp.int32)
+    return [
+        MeshCase(
+            "gmm k x n bf16",
+            lambda lhs, rhs, s: api.gmm(lhs, rhs, s),
+            (rows, jax.ShapeDtypeStruct((8, 1024, 1024), jnp.bfloat16), sizes),
+            ((None, "data"), (None, "data", "model"), (None,)),
+            ("data", "model"),
+            differentiable=(0, 1),
+            forward_collectives={"all-reduce": 1},
+            # No mesh-axis convention splits k or n: both inputs are gathered whole.
+            auto_forward_collectives={"all-gather": 2},
+            auto_backward_collectives={"all-gather": 2},
+        ),
+        *(
+            MeshCase(
+                f"gmm_quantized {fmt} k x n",
+                lambda lhs, weight, scale, s: api.gmm_quantized(lhs, weight, scale, s),
+                (
+                    jax.ShapeDtypeStruct((512, 512), jnp.bfloat16),
+                    jax.ShapeDtypeStruct((8, 512, 512), dtype),
+                    jax.ShapeDtypeStruct(scale_shape, jnp.float32),
+                    sizes,
+                ),
+                ((None, "data"), (None, "model", "data"), scale_spec, (None,)),
+                ("data", "model"),
+                differentiable=(0,),
+                forward_collectives={"all-reduce": 1},
+                backward_collectives={"all-reduce": 1},
+                # No mesh-axis convention splits k or n: the inputs are gathered whole (the
+                # backward gathers weight and scale; lhs's gradient is summed back to its split).
+                auto_forward_collectives={"all-gather": 3},
+                auto_backward_collectives={"all-gather": 2, "all-reduce": 1},
+            )
+            for fmt, dtype, scale_shape, scale_spec in (
+                ("int8", jnp.int8, (8, 512), (None, "model")),
+                ("fp8", jnp.float8_e4m3fn, (8, 4, 4), (None, "model", "data")),
+            )
+        ),
+        MeshCase(
+            "expert-parallel MoE E16 top-2 bf16 (ragged_all_to_all)",
+            functools.partial(
+                expert_parallel.moe_ep, activation=expert_parallel.swiglu, transport="ragged"
+            ),
+            (
+                jax.ShapeDtypeStruct((1024, 512), jnp.bfloat16),
+                jax.ShapeDtypeStruct((1024, 2), jnp.int32),
+                jax.ShapeDtypeStruct((1024, 2), jnp.bfloat16),
+                jax.ShapeDtypeStruct((16, 512, 512), jnp.bfloat16),
+                jax.ShapeDtypeStruct((16, 256, 512), jnp.bfloat16),
+            ),
+            (("ep",),) * 5,
+            ("ep",),
+            differentiable=(0, 3, 4),
+            forward_collectives={"ragged-all-to-all": 2, "all-gather": 1},
+            backward_collectives={"ragged-all-to-all": 2},
+            control=False,
+        ),
+        MeshCase(
+            "tgmm k x n bf16",
+            lambda lhs, grad, s: api.tgmm(lhs, grad, s),
+            (rows, rows, sizes),
+            ((None, "data"), (None, "model"), (None,)),
+            ("data", "model"),
+            auto_forward_collectives={"all-gather": 2},
+        ),
+    ]

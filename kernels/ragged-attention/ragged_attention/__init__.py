@@ -9,7 +9,7 @@ adapter (imported on first use because it imports transformers).
 from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
-from . import benchmark, sharding
+from . import benchmark
 from .torch_ops import (
     paged_attention,
     paged_attention_op,
@@ -22,7 +22,7 @@ KERNEL = KernelDeclaration(
     jax=jax,
     implementation_tables=(jax.RAGGED_TABLE, jax.PAGED_TABLE),
     integrations={"transformers": submodule_loader(__name__, "integrations")},
-    mesh_cases=sharding.mesh_cases,
+    mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,
 )
 

@@ -10,12 +10,15 @@ mode.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernel_hub.kernel_api import CPU_TAG, KernelCase
+from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
+from . import api
 from .api import paged_attention, ragged_attention
 
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -160,3 +163,43 @@ CASES = [
     ragged_decode_case(8, 64, 4, 2, 16, dtype=jnp.float32, tags=(CPU_TAG,)),
     paged_decode_case(8, 64, 4, 2, 16, page_size=16, dtype=jnp.float32, tags=(CPU_TAG,)),
 ]
+
+
+def mesh_cases() -> list[MeshCase]:
+    """GQA 32/8 heads over model, ragged prefill and paged decode (no collectives needed)."""
+    tokens, keys, seqs, pages, page = 1024, 1024, 8, 64, 16
+    heads = ("model",)
+    return [
+        MeshCase(
+            "ragged GQA 32/8 heads over model bf16",
+            functools.partial(api.ragged_attention, causal=True),
+            (
+                jax.ShapeDtypeStruct((tokens, 32, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((keys, 8, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((keys, 8, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((seqs + 1,), jnp.int32),
+                jax.ShapeDtypeStruct((seqs + 1,), jnp.int32),
+            ),
+            ((None, *heads, None), (None, *heads, None), (None, *heads, None), (None,), (None,)),
+            heads,
+        ),
+        MeshCase(
+            "paged decode GQA 32/8 heads over model bf16",
+            api.paged_attention,
+            (
+                jax.ShapeDtypeStruct((seqs, 32, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((pages, page, 8, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((pages, page, 8, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((seqs, pages // seqs), jnp.int32),
+                jax.ShapeDtypeStruct((seqs,), jnp.int32),
+            ),
+            (
+                (None, *heads, None),
+                (None, None, *heads, None),
+                (None, None, *heads, None),
+                (None, None),
+                (None,),
+            ),
+            heads,
+        ),
+    ]

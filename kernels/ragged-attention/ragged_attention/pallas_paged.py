@@ -23,6 +23,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernel_hub.kernel_api import tiling
+
 from .masking import RaggedSpec
 from .pallas_ragged import LANES, _dot, sublanes
 
@@ -175,7 +177,7 @@ def paged_attention(
             ],
         ),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        compiler_params=tiling.compiler_params("parallel", "arbitrary"),
         # An upper bound: every table entry's page read (the lengths are data).
         cost_estimate=pl.CostEstimate(
             flops=4 * keys * q_heads * head_dim,

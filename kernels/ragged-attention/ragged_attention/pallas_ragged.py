@@ -29,6 +29,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernel_hub.kernel_api import tiling
+
 from . import masking
 from .masking import RaggedSpec
 
@@ -309,7 +311,7 @@ def ragged_attention(
             ],
         ),
         out_shape=jax.ShapeDtypeStruct((layout.kv_heads, layout.rows_padded, d), q.dtype),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        compiler_params=tiling.compiler_params("parallel", "arbitrary"),
         cost_estimate=_cost(layout, jnp.dtype(q.dtype).itemsize),
         interpret=interpret,
         name="ragged_attention",

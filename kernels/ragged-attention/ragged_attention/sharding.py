@@ -4,7 +4,7 @@ stay whole (a sequence's rows must sit with its offsets), and so do pages (the b
 global page ids). Paged decode may also split its sequences: each shard reads its sequences'
 pages from the whole cache."""
 
-from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
+from kernel_hub.kernel_api import ShardingRule, sharded
 
 _DIMS = ("head_dim", "value_dim")
 RAGGED = ShardingRule.parse(
@@ -30,50 +30,3 @@ PAGED = ShardingRule.parse(
 # Decorators of the public JAX functions in ``api``.
 ragged_boundary = sharded(RAGGED)
 paged_boundary = sharded(PAGED)
-
-
-def mesh_cases() -> list[MeshCase]:
-    """GQA 32/8 heads over model, ragged prefill and paged decode (no collectives needed)."""
-    import functools
-
-    import jax
-    import jax.numpy as jnp
-
-    from . import api
-
-    tokens, keys, seqs, pages, page = 1024, 1024, 8, 64, 16
-    heads = ("model",)
-    return [
-        MeshCase(
-            "ragged GQA 32/8 heads over model bf16",
-            functools.partial(api.ragged_attention, causal=True),
-            (
-                jax.ShapeDtypeStruct((tokens, 32, 128), jnp.bfloat16),
-                jax.ShapeDtypeStruct((keys, 8, 128), jnp.bfloat16),
-                jax.ShapeDtypeStruct((keys, 8, 128), jnp.bfloat16),
-                jax.ShapeDtypeStruct((seqs + 1,), jnp.int32),
-                jax.ShapeDtypeStruct((seqs + 1,), jnp.int32),
-            ),
-            ((None, *heads, None), (None, *heads, None), (None, *heads, None), (None,), (None,)),
-            heads,
-        ),
-        MeshCase(
-            "paged decode GQA 32/8 heads over model bf16",
-            api.paged_attention,
-            (
-                jax.ShapeDtypeStruct((seqs, 32, 128), jnp.bfloat16),
-                jax.ShapeDtypeStruct((pages, page, 8, 128), jnp.bfloat16),
-                jax.ShapeDtypeStruct((pages, page, 8, 128), jnp.bfloat16),
-                jax.ShapeDtypeStruct((seqs, pages // seqs), jnp.int32),
-                jax.ShapeDtypeStruct((seqs,), jnp.int32),
-            ),
-            (
-                (None, *heads, None),
-                (None, None, *heads, None),
-                (None, None, *heads, None),
-                (None, None),
-                (None,),
-            ),
-            heads,
-        ),
-    ]

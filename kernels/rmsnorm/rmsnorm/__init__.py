@@ -4,7 +4,7 @@ the norm layers (``layers``)."""
 from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
-from . import benchmark, layers, sharding
+from . import benchmark, layers
 from .torch_ops import gated_rms_norm, rms_norm
 
 KERNEL = KernelDeclaration(
@@ -21,7 +21,7 @@ KERNEL = KernelDeclaration(
         "RMSNormGatedGrouped": layers.RMSNormGatedGrouped,
     },
     module_checks=layers.MODULE_CHECKS,
-    mesh_cases=sharding.mesh_cases,
+    mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )

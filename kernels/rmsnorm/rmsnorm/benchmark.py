@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from kernel_hub.kernel_api import CPU_TAG, KernelCase
+from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
+from . import api, gated
 from .api import rms_norm
 from .torch_ops import rms_norm as rms_norm_op
 
@@ -69,3 +70,42 @@ def kernel_hub_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> to
 
 # Torch callables taking a case's arguments as tensors and its kwargs.
 TORCH_IMPLEMENTATIONS = {"torch": torch_rms_norm, "torch-op": kernel_hub_rms_norm}
+
+
+def mesh_cases() -> list[MeshCase]:
+    """Rows over a (data, model) mesh, plain and gated (both norm/gate orders); the weight
+    gradient is summed over every shard."""
+    x = jax.ShapeDtypeStruct((16, 256, 1024), jnp.bfloat16)
+    weight = jax.ShapeDtypeStruct((1024,), jnp.bfloat16)
+    rows = ("data", "model", None)
+    return [
+        MeshCase(
+            "rows over data x model bf16",
+            api.rms_norm,
+            (x, weight),
+            (rows, (None,)),
+            ("data", "model"),
+            differentiable=(0, 1),
+            backward_collectives={"all-reduce": 1},
+            # The conventions split rows over data only: x's model split is gathered.
+            auto_forward_collectives={"all-gather": 1},
+            auto_backward_collectives={"all-gather": 1, "all-reduce": 1},
+        ),
+        *(
+            MeshCase(
+                f"gated, norm {'before' if before else 'after'} gate, rows over data x model bf16",
+                lambda x, z, w, before=before: gated.gated_rms_norm(
+                    x, z, w, norm_before_gate=before
+                ),
+                (x, x, weight),
+                (rows, rows, (None,)),
+                ("data", "model"),
+                differentiable=(0, 1, 2),
+                backward_collectives={"all-reduce": 1},
+                auto_forward_collectives={"all-gather": 2},
+                auto_backward_collectives={"all-gather": 2, "all-reduce": 1},
+                xla_backward=True,
+            )
+            for before in (True, False)
+        ),
+    ]

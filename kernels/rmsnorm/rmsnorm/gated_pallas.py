@@ -9,7 +9,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from kernel_hub.kernel_api import tiling
 
@@ -67,7 +66,7 @@ def _forward(x, gate, weight, eps, norm_before_gate, config: BlockConfig, interp
         grid=(pl.cdiv(rows, block),),
         in_specs=specs,
         out_specs=row_spec,
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        compiler_params=tiling.compiler_params("parallel"),
         cost_estimate=cost,
         interpret=interpret,
         name="gated_rms_norm",

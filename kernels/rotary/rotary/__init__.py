@@ -6,7 +6,7 @@ layer, so not in ``KERNEL.layers``: ``kernels`` reads it as ``<build>.layers.<na
 from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
-from . import benchmark, layers, sharding
+from . import benchmark, layers
 from .torch_ops import rotary_embedding
 
 KERNEL = KernelDeclaration(
@@ -14,7 +14,7 @@ KERNEL = KernelDeclaration(
     jax=jax,
     implementation_tables=(jax.TABLE,),
     integrations={"transformers": submodule_loader(__name__, "integrations")},
-    mesh_cases=sharding.mesh_cases,
+    mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )

@@ -7,8 +7,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from kernel_hub.kernel_api import CPU_TAG, KernelCase
+from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
+from . import api
 from .api import rotary_embedding
 from .torch_ops import rotary_embedding as rotary_embedding_op
 
@@ -89,3 +90,64 @@ def kernel_hub_rotary(q, k, cos, sin, unsqueeze_dim=1, interleaved=False, upcast
 
 
 TORCH_IMPLEMENTATIONS = {"torch": torch_rotary, "torch-op": kernel_hub_rotary}
+
+
+def mesh_cases() -> list[MeshCase]:
+    """Batch over data and heads over model (grouped-query k), both layouts; tables shared by
+    the batch, their gradient summed over the data shards. On an Auto mesh the sequence split is
+    resharded to the conventions' batch split (all-to-all)."""
+    table = jax.ShapeDtypeStruct((16, 512, 128), jnp.float32)
+    return [
+        MeshCase(
+            "batch over data, heads over model bf16",
+            lambda q, k, c, s: api.rotary_embedding(q, k, c, s),
+            (
+                jax.ShapeDtypeStruct((16, 32, 512, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((16, 8, 512, 128), jnp.bfloat16),
+                table,
+                table,
+            ),
+            (
+                ("data", "model", None, None),
+                ("data", "model", None, None),
+                ("data", None, None),
+                ("data", None, None),
+            ),
+            ("data", "model"),
+            differentiable=(0, 1),
+        ),
+        MeshCase(
+            "[B, S, H, D] layout, sequence over data, heads over model bf16",
+            lambda q, k, c, s: api.rotary_embedding(q, k, c, s, unsqueeze_dim=2),
+            (
+                jax.ShapeDtypeStruct((16, 512, 32, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((16, 512, 8, 128), jnp.bfloat16),
+                table,
+                table,
+            ),
+            (
+                (None, "data", "model", None),
+                (None, "data", "model", None),
+                (None, "data", None),
+                (None, "data", None),
+            ),
+            ("data", "model"),
+            differentiable=(0, 1),
+            auto_forward_collectives={"all-to-all": 2},
+            auto_backward_collectives={"all-to-all": 2},
+        ),
+        MeshCase(
+            "shared tables, batch over data, heads over model bf16",
+            lambda q, k, c, s: api.rotary_embedding(q, k, c, s),
+            (
+                jax.ShapeDtypeStruct((16, 32, 512, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((16, 8, 512, 128), jnp.bfloat16),
+                jax.ShapeDtypeStruct((1, 512, 128), jnp.float32),
+                jax.ShapeDtypeStruct((1, 512, 128), jnp.float32),
+            ),
+            (("data", "model", None, None), ("data", "model", None, None), (), ()),
+            ("data", "model"),
+            differentiable=(0, 1, 2, 3),
+            backward_collectives={"all-reduce": 1},
+        ),
+    ]
