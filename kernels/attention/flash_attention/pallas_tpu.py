@@ -6,7 +6,10 @@ head ``g`` of the group). The grid's head axis is the kv head, so kv is never re
 block is read once for all G heads (what makes decode with few queries cheap), and dk/dv need no
 reduction over heads afterwards.
 
-The forward returns the logsumexp per query; the backward reuses it (no forward recompute).
+The forward returns the logsumexp per query; the backward reuses it (no forward recompute). The
+forward writes it lane-dense, one ``[1, block_q]`` row per q block (``_as_lanes``): a ``[rows, 1]``
+column would take a 128-lane tile per row in HBM (256 MiB for 2 MiB of logsumexp at batch
+2 x 8192 with Llama-3-8B heads).
 Attention sinks (a per-head logit in every row's softmax denominator) join the forward's final
 normalisation; the backward kernels need nothing else (the sink is in the logsumexp), and the
 sinks' gradient is a reduction of the logsumexp and the row statistics outside the kernels.
@@ -216,8 +219,9 @@ def make_layout(q_shape, kv_shape, blocks: BlockSizes, value_dim: int | None = N
 def _forward_vmem_bytes(block_q: int, block_k: int, dims: tuple[int, int], itemsize: int) -> int:
     d, dv = dims
     streamed = 2 * (block_q * (d + dv) + block_k * (d + dv)) * itemsize  # q, o, k, v
-    row_stats = 6 * block_q * _LANES * 4  # lse out (2 buffers), sinks (2), m, l (lane padded)
-    return streamed + row_stats + block_q * dv * 4 + 4 * block_q * block_k * 4
+    row_stats = 4 * block_q * _LANES * 4  # sinks (2 buffers), m, l (lane padded)
+    lse = 2 * 8 * block_q * 4 + 2 * block_q * block_q * 4  # out rows (2 buffers), _as_lanes
+    return streamed + row_stats + lse + block_q * dv * 4 + 4 * block_q * block_k * 4
 
 
 def _backward_vmem_bytes(block_q: int, block_k: int, dims: tuple[int, int], itemsize: int) -> int:
@@ -565,7 +569,19 @@ def _forward_kernel(
         seen = total > 0
         inverse = jnp.where(seen, 1.0 / jnp.where(seen, total, 1.0), 0.0)
         o_ref[...] = (acc * inverse).astype(o_ref.dtype)
-        lse_ref[...] = jnp.where(seen, row_max + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
+        lse = jnp.where(seen, row_max + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
+        lse_ref[...] = _as_lanes(lse)
+
+
+def _as_lanes(column):
+    """A [n, 1] column as a [1, n] row: the diagonal of its broadcast, summed down the sublanes
+    (exact: one term per lane; -inf stays -inf). Plain selects and a reduction, which Mosaic
+    lowers for any n, where a transpose of a one-lane column is not."""
+    n = column.shape[0]
+    diagonal = jax.lax.broadcasted_iota(jnp.int32, (n, n), 0) == jax.lax.broadcasted_iota(
+        jnp.int32, (n, n), 1
+    )
+    return jnp.sum(jnp.where(diagonal, column, 0.0), axis=0, keepdims=True)
 
 
 def _probabilities_and_dscores(q, k, v, do, lse, delta, qi, ki, tokens, layout, spec):
@@ -664,6 +680,7 @@ class _Specs:
     keys: pl.BlockSpec  # k and dk [bk, D]
     values: pl.BlockSpec  # v and dv [bk, Dv]
     stats: pl.BlockSpec  # per-row statistics [bq, 1]
+    lane_stats: pl.BlockSpec  # the forward's logsumexp, a row [1, bq] per q block
     tokens: list  # per-token (q [bq, 1], kv [1, bk]) pairs, one per field
     sinks: pl.BlockSpec  # packed sinks [Hkv, rows, 1]
 
@@ -715,6 +732,7 @@ def _specs(layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], *, kv_o
         keys=pl.BlockSpec((None, None, bk, d), k_block),
         values=pl.BlockSpec((None, None, bk, dv), k_block),
         stats=pl.BlockSpec((None, None, bq, 1), q_block),
+        lane_stats=pl.BlockSpec((None, None, None, 1, bq), lambda *idx: (*q_block(*idx), 0)),
         tokens=tokens,
         sinks=pl.BlockSpec((None, bq, 1), lambda *idx: (q_block(*idx)[1], q_block(*idx)[2], 0)),
     )
@@ -756,7 +774,7 @@ def _cost(layout: Layout, spec: AttentionSpec, itemsize: int, matmul_dims: int, 
 
 
 def _forward(q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interpret: bool):
-    """Packed-layout forward: (out [B, Hkv, rows, Dv], lse [B, Hkv, rows, 1]); ``tokens`` is
+    """Packed-layout forward: (out [B, Hkv, rows, Dv], lse [B, Hkv, q blocks, 1, bq]); ``tokens`` is
     (fields, packed arrays) from ``_pack_tokens``."""
     (fields, token_arrays), has_sinks = tokens, sinks is not None
     specs = _specs(layout, spec, fields, kv_outer=False)
@@ -779,7 +797,7 @@ def _forward(q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interp
                 *specs.tokens,
                 *([specs.sinks] if has_sinks else []),
             ],
-            out_specs=[specs.out_rows, specs.stats],
+            out_specs=[specs.out_rows, specs.lane_stats],
             scratch_shapes=[
                 pltpu.VMEM((layout.block_q, 1), acc),
                 pltpu.VMEM((layout.block_q, 1), acc),
@@ -788,7 +806,7 @@ def _forward(q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interp
         ),
         out_shape=[
             jax.ShapeDtypeStruct((*q.shape[:3], layout.value_dim), q.dtype),
-            jax.ShapeDtypeStruct((*q.shape[:3], 1), acc),
+            jax.ShapeDtypeStruct((*q.shape[:2], layout.num_q_blocks, 1, layout.block_q), acc),
         ],
         compiler_params=_compiler_params(),
         cost_estimate=_cost(
@@ -883,7 +901,8 @@ def attention_forward(q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interp
         spec,
         interpret,
     )
-    return _unpack_rows(out, layout), _unpack_rows(lse, layout)[..., 0]
+    lse = lse.reshape(layout.batch, layout.kv_heads, layout.rows)
+    return _unpack_rows(out, layout), _unpack_rows(lse, layout)
 
 
 def attention_backward(
