@@ -6,7 +6,11 @@ head ``g`` of the group). The grid's head axis is the kv head, so kv is never re
 block is read once for all G heads (what makes decode with few queries cheap), and dk/dv need no
 reduction over heads afterwards.
 
-The forward returns the logsumexp per query; the backward reuses it (no forward recompute).
+The forward returns the logsumexp per query; the backward reuses it (no forward recompute). Per-row
+statistics (the logsumexp, the backward's delta) live in HBM lane-dense, one ``[1, block_q]`` row
+per q block, and are turned between rows and columns in VMEM (``_as_lanes``, ``_as_column``): a
+``[rows, 1]`` column would take a 128-lane tile per row in HBM (256 MiB for 2 MiB of logsumexp at
+batch 2 x 8192 with Llama-3-8B heads).
 Attention sinks (a per-head logit in every row's softmax denominator) join the forward's final
 normalisation; the backward kernels need nothing else (the sink is in the logsumexp), and the
 sinks' gradient is a reduction of the logsumexp and the row statistics outside the kernels.
@@ -216,15 +220,16 @@ def make_layout(q_shape, kv_shape, blocks: BlockSizes, value_dim: int | None = N
 def _forward_vmem_bytes(block_q: int, block_k: int, dims: tuple[int, int], itemsize: int) -> int:
     d, dv = dims
     streamed = 2 * (block_q * (d + dv) + block_k * (d + dv)) * itemsize  # q, o, k, v
-    row_stats = 6 * block_q * _LANES * 4  # lse out (2 buffers), sinks (2), m, l (lane padded)
-    return streamed + row_stats + block_q * dv * 4 + 4 * block_q * block_k * 4
+    row_stats = 4 * block_q * _LANES * 4  # sinks (2 buffers), m, l (lane padded)
+    lse = 2 * 8 * block_q * 4 + 2 * block_q * _LANES * 4  # out rows (2 buffers), _as_lanes
+    return streamed + row_stats + lse + block_q * dv * 4 + 4 * block_q * block_k * 4
 
 
 def _backward_vmem_bytes(block_q: int, block_k: int, dims: tuple[int, int], itemsize: int) -> int:
     d, dv = dims
     # q, do, k, v, dk, dv
     streamed = 2 * (block_q * (d + dv) + 2 * block_k * (d + dv)) * itemsize
-    row_stats = 4 * block_q * _LANES * 4  # lse, delta
+    row_stats = 4 * 8 * block_q * 4 + 4 * block_q * _LANES * 4  # lse, delta rows; _as_column
     return streamed + row_stats + block_k * (d + dv) * 4 + 6 * block_q * block_k * 4
 
 
@@ -565,7 +570,39 @@ def _forward_kernel(
         seen = total > 0
         inverse = jnp.where(seen, 1.0 / jnp.where(seen, total, 1.0), 0.0)
         o_ref[...] = (acc * inverse).astype(o_ref.dtype)
-        lse_ref[...] = jnp.where(seen, row_max + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
+        lse = jnp.where(seen, row_max + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
+        lse_ref[...] = _as_lanes(lse)
+
+
+def _diagonal(n: int):
+    return jax.lax.broadcasted_iota(jnp.int32, (n, n), 0) == jax.lax.broadcasted_iota(
+        jnp.int32, (n, n), 1
+    )
+
+
+def _chunks(n: int) -> list[tuple[int, int]]:
+    """(start, size) of the lane-wide pieces a row/column conversion works in (VMEM ~ n * 128)."""
+    return [(start, min(_LANES, n - start)) for start in range(0, n, _LANES)]
+
+
+def _as_lanes(column):
+    """A [n, 1] column as a [1, n] row: per 128-row piece, the diagonal of its broadcast summed
+    down the sublanes (exact: one term per lane; -inf stays -inf). Plain selects and reductions,
+    which Mosaic lowers for any n, where a transpose of a one-lane column is not."""
+    pieces = [
+        jnp.sum(jnp.where(_diagonal(w), column[i : i + w], 0.0), axis=0, keepdims=True)
+        for i, w in _chunks(column.shape[0])
+    ]
+    return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
+
+
+def _as_column(row):
+    """A [1, n] row as a [n, 1] column (``_as_lanes``' inverse, summed across the lanes)."""
+    pieces = [
+        jnp.sum(jnp.where(_diagonal(w), row[:, i : i + w], 0.0), axis=1, keepdims=True)
+        for i, w in _chunks(row.shape[1])
+    ]
+    return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=0)
 
 
 def _probabilities_and_dscores(q, k, v, do, lse, delta, qi, ki, tokens, layout, spec):
@@ -599,8 +636,8 @@ def _dq_kernel(*refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ..
             k,
             v_ref[...],
             do_ref[...],
-            lse_ref[...],
-            delta_ref[...],
+            _as_column(lse_ref[...]),
+            _as_column(delta_ref[...]),
             qi,
             ki,
             tokens,
@@ -634,8 +671,8 @@ def _dkv_kernel(*refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, .
             k_ref[...],
             v_ref[...],
             do,
-            lse_ref[...],
-            delta_ref[...],
+            _as_column(lse_ref[...]),
+            _as_column(delta_ref[...]),
             qi,
             ki,
             tokens,
@@ -663,7 +700,7 @@ class _Specs:
     out_rows: pl.BlockSpec  # out and its cotangent [bq, Dv]
     keys: pl.BlockSpec  # k and dk [bk, D]
     values: pl.BlockSpec  # v and dv [bk, Dv]
-    stats: pl.BlockSpec  # per-row statistics [bq, 1]
+    stats: pl.BlockSpec  # per-row statistics (logsumexp, delta), a row [1, bq] per q block
     tokens: list  # per-token (q [bq, 1], kv [1, bk]) pairs, one per field
     sinks: pl.BlockSpec  # packed sinks [Hkv, rows, 1]
 
@@ -714,7 +751,7 @@ def _specs(layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], *, kv_o
         out_rows=pl.BlockSpec((None, None, bq, dv), q_block),
         keys=pl.BlockSpec((None, None, bk, d), k_block),
         values=pl.BlockSpec((None, None, bk, dv), k_block),
-        stats=pl.BlockSpec((None, None, bq, 1), q_block),
+        stats=pl.BlockSpec((None, None, None, 1, bq), lambda *idx: (*q_block(*idx), 0)),
         tokens=tokens,
         sinks=pl.BlockSpec((None, bq, 1), lambda *idx: (q_block(*idx)[1], q_block(*idx)[2], 0)),
     )
@@ -756,7 +793,7 @@ def _cost(layout: Layout, spec: AttentionSpec, itemsize: int, matmul_dims: int, 
 
 
 def _forward(q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interpret: bool):
-    """Packed-layout forward: (out [B, Hkv, rows, Dv], lse [B, Hkv, rows, 1]); ``tokens`` is
+    """Packed-layout forward: (out [B, Hkv, rows, Dv], lse [B, Hkv, q blocks, 1, bq]); ``tokens`` is
     (fields, packed arrays) from ``_pack_tokens``."""
     (fields, token_arrays), has_sinks = tokens, sinks is not None
     specs = _specs(layout, spec, fields, kv_outer=False)
@@ -788,7 +825,7 @@ def _forward(q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interp
         ),
         out_shape=[
             jax.ShapeDtypeStruct((*q.shape[:3], layout.value_dim), q.dtype),
-            jax.ShapeDtypeStruct((*q.shape[:3], 1), acc),
+            jax.ShapeDtypeStruct((*q.shape[:2], layout.num_q_blocks, 1, layout.block_q), acc),
         ],
         compiler_params=_compiler_params(),
         cost_estimate=_cost(
@@ -883,7 +920,14 @@ def attention_forward(q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interp
         spec,
         interpret,
     )
-    return _unpack_rows(out, layout), _unpack_rows(lse, layout)[..., 0]
+    lse = lse.reshape(layout.batch, layout.kv_heads, layout.rows)
+    return _unpack_rows(out, layout), _unpack_rows(lse, layout)
+
+
+def _pack_row_stats(x, layout: Layout):
+    """[B, Hq, Sq] per-row statistics -> the kernels' lane-dense [B, Hkv, q blocks, 1, bq]."""
+    packed = _pack_rows(x, layout)
+    return packed.reshape(layout.batch, layout.kv_heads, layout.num_q_blocks, 1, layout.block_q)
 
 
 def attention_backward(
@@ -913,8 +957,8 @@ def attention_backward(
         _pad_keys(v, layout),
         _pack_tokens(tokens, layout),
         _pack_rows(d_out.astype(q.dtype), layout),
-        _pack_rows(lse.astype(acc)[..., None], layout),
-        _pack_rows(delta[..., None], layout),
+        _pack_row_stats(lse.astype(acc), layout),
+        _pack_row_stats(delta, layout),
         layout,
         spec,
         interpret,

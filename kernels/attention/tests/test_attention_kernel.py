@@ -236,3 +236,28 @@ def test_visited_blocks_are_exactly_the_needed_ones(
             if needed:
                 assert int(layout.clamped_key_block(qi, ki, spec)) == ki, (qi, ki)
                 assert int(layout.clamped_query_block(qi, ki, spec)) == qi, (qi, ki)
+
+
+def test_row_statistics_reach_hbm_lane_dense(attention):
+    """No floating operand or result of the forward and backward kernels is a one-lane column
+    ([..., rows, 1]): in HBM such a column takes a 128-lane tile per row (the logsumexp was
+    256 MiB for 2 MiB of content at batch 2 x 8192 with Llama-3-8B heads)."""
+    from kernel_hub.bench.block_schedule import pallas_calls
+
+    case = Case(q_len=40, kv_len=40)
+    q, k, v = (case.arrays()[name] for name in ("query", "key", "value"))
+
+    def loss(q, k, v):
+        out, lse = attention.jax.dot_product_attention_with_lse(
+            q, k, v, causal=True, implementation="pallas", **BLOCKS
+        )
+        return jnp.sum(out) + jnp.sum(lse)
+
+    calls = pallas_calls(jax.grad(loss, argnums=(0, 1, 2)), q, k, v)
+    assert len(calls) == 3  # forward, dq, dk and dv
+    for call in calls:
+        mapping = call.params["grid_mapping"]
+        for block in mapping.block_mappings:
+            shape, dtype = block.array_aval.shape, block.array_aval.dtype
+            if jnp.issubdtype(dtype, jnp.floating):
+                assert shape[-1] != 1, f"{call.params['name']}: a [..., {shape[-2]}, 1] column"

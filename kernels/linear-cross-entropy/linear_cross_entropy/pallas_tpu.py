@@ -275,14 +275,32 @@ def _shape(hidden, weight, bias, config: BlockConfig, form: LogitForm) -> _Shape
     )
 
 
-def _cost(tokens, vocab, hidden_dim, itemsize, matmuls: int, token_blocks: int, vocab_blocks: int):
-    """``matmuls`` [tokens, vocab, hidden] products; W read once per token block (forward, dh) or
-    h once per vocabulary block (dW)."""
+def _nbytes(array) -> int:
+    return 0 if array is None else array.size * array.dtype.itemsize
+
+
+def _reads(outer_blocks: int, inner_blocks: int) -> int:
+    """How often an operand blocked along the inner grid axis is read: once per outer step, or
+    once in all when the inner axis is one block (Pallas skips fetching an unchanged block)."""
+    return outer_blocks if inner_blocks > 1 else 1
+
+
+def _cost(shape: _Shape, hidden_dim: int, matmuls: int, transcendentals: int, bytes_accessed: int):
+    """``matmuls`` [tokens, vocab, hidden] products over whole blocks (ragged edges run as whole
+    blocks on the MXU); the elementwise work is not counted (a few ops per logit vs 2 * hidden)."""
+    token_blocks = pl.cdiv(shape.tokens, shape.block_tokens)
+    vocab_blocks = pl.cdiv(shape.vocab, shape.block_vocab)
+    padded = token_blocks * shape.block_tokens * vocab_blocks * shape.block_vocab
     return pl.CostEstimate(
-        flops=2 * matmuls * tokens * vocab * hidden_dim + 8 * tokens * vocab,
-        transcendentals=tokens * vocab,
-        bytes_accessed=(token_blocks * vocab + vocab_blocks * tokens) * hidden_dim * itemsize,
+        flops=2 * matmuls * padded * hidden_dim,
+        transcendentals=transcendentals * shape.tokens * shape.vocab,
+        bytes_accessed=bytes_accessed,
     )
+
+
+def _exps(form: LogitForm) -> int:
+    """Transcendentals per logit of one pass: the exponential, and tanh when soft-capping."""
+    return 1 + (form.softcap is not None)
 
 
 def _operand_specs(shape: _Shape, hidden_dim: int, token_axis: int, vocab_axis: int):
@@ -324,7 +342,16 @@ def forward(hidden, weight, bias, targets, form: LogitForm, config: BlockConfig,
         out_shape=[stats, stats, stats],
         scratch_shapes=[pltpu.VMEM((shape.block_tokens, 1), acc) for _ in range(4)],
         compiler_params=_params(("parallel", "arbitrary"), config, hidden_dim, hidden.dtype),
-        cost_estimate=_cost(tokens, vocab, hidden_dim, hidden.dtype.itemsize, 1, grid[0], 0),
+        cost_estimate=_cost(
+            shape,
+            hidden_dim,
+            matmuls=1,
+            transcendentals=_exps(form),
+            bytes_accessed=_nbytes(hidden)
+            + _reads(*grid) * (_nbytes(weight) + _nbytes(bias))
+            + _nbytes(targets)
+            + 3 * tokens * acc.itemsize,
+        ),
         interpret=interpret,
         name="linear_cross_entropy_forward",
     )(*operands, targets.reshape(tokens, 1))
@@ -341,7 +368,6 @@ def backward(
     acc = accumulation_dtype(hidden.dtype)
     token_blocks = pl.cdiv(tokens, shape.block_tokens)
     vocab_blocks = pl.cdiv(vocab, shape.block_vocab)
-    itemsize = hidden.dtype.itemsize
     operands = (
         hidden,
         weight,
@@ -351,6 +377,9 @@ def backward(
         cotangents.astype(acc),
     )
     with_bias = bias is not None
+    weights = _nbytes(weight) + _nbytes(bias)
+    side = sum(_nbytes(a) for a in operands[-3:])  # targets, lse, cotangents: [tokens, k]
+    work = {"matmuls": 2, "transcendentals": _exps(form)}
 
     h, w, b, per_token = _operand_specs(shape, hidden_dim, 0, 1)
     dh = pl.pallas_call(
@@ -361,7 +390,14 @@ def backward(
         out_shape=jax.ShapeDtypeStruct(hidden.shape, hidden.dtype),
         scratch_shapes=[pltpu.VMEM((shape.block_tokens, hidden_dim), acc)],
         compiler_params=_params(("parallel", "arbitrary"), config, hidden_dim, hidden.dtype),
-        cost_estimate=_cost(tokens, vocab, hidden_dim, itemsize, 2, token_blocks, 0),
+        cost_estimate=_cost(
+            shape,
+            hidden_dim,
+            **work,
+            bytes_accessed=2 * _nbytes(hidden)  # read, and dh written
+            + _reads(token_blocks, vocab_blocks) * weights
+            + side,
+        ),
         interpret=interpret,
         name="linear_cross_entropy_backward_dh",
     )(*operands)
@@ -380,7 +416,13 @@ def backward(
         out_shape=out_shape,
         scratch_shapes=scratch,
         compiler_params=_params(("parallel", "arbitrary"), config, hidden_dim, hidden.dtype),
-        cost_estimate=_cost(tokens, vocab, hidden_dim, itemsize, 2, 0, vocab_blocks),
+        cost_estimate=_cost(
+            shape,
+            hidden_dim,
+            **work,
+            bytes_accessed=2 * weights  # read, and dW (db) written
+            + _reads(vocab_blocks, token_blocks) * (_nbytes(hidden) + side),
+        ),
         interpret=interpret,
         name="linear_cross_entropy_backward_dw",
     )(*operands)

@@ -165,6 +165,34 @@ def test_default_blocks_fit_vmem_and_tile():
             assert pallas.config_problem(32768, 151936, jnp.bfloat16, config) is None
 
 
+@pytest.mark.parametrize("vocab", [VOCAB, 200], ids=["3 vocab blocks", "1 vocab block"])
+def test_declared_cost_equals_the_block_schedule_count(vocab):
+    """Each pass's pl.CostEstimate (all cost_analysis() sees of a kernel) is what walking its
+    grid moves and multiplies: weight re-reads per token block, hidden per vocabulary block,
+    none when the other axis is one block."""
+    from kernel_hub.bench import block_schedule
+
+    hidden, weight, labels, b = inputs(jnp.float32, bias=True)
+    weight, b = weight[:vocab], b[:vocab]
+    labels = jnp.where(labels >= vocab, -100, labels)
+
+    def loss(h, w, bb):
+        return api.linear_cross_entropy(
+            h, w, labels, bb, softcap=4.0, implementation="pallas", **BLOCKS
+        )
+
+    calls = block_schedule.pallas_calls(jax.grad(loss, argnums=(0, 1, 2)), hidden, weight, b)
+    assert [c.params["name"] for c in calls] == [
+        "linear_cross_entropy_forward",
+        "linear_cross_entropy_backward_dh",
+        "linear_cross_entropy_backward_dw",
+    ]
+    for call in calls:
+        declared = call.params["cost_estimate"]
+        assert declared.bytes_accessed == block_schedule.bytes_moved(call), call.params["name"]
+        assert declared.flops == block_schedule.matmul_flops(call), call.params["name"]
+
+
 @pytest.mark.tpu_compile
 def test_hidden_too_wide_for_v4_vmem_declines_with_the_reason():
     from kernel_hub.bench.compile_check import compile_case

@@ -1,0 +1,172 @@
+"""Kernels against the XLA programs they replace, from deviceless TPU compiles.
+
+Reproduces docs/kernel-vs-xla.md. For each TPU generation, each program is compiled without a TPU
+and read back:
+temporaries (``memory_analysis().temp_size_in_bytes``), FLOPs and bytes accessed
+(``cost_analysis()``), and the roofline time ``max(FLOPs / peak, bytes / HBM bandwidth)`` with
+``kernel_hub.bench.roofline``'s chip figures. A Pallas call adds only its declared
+``pl.CostEstimate`` to ``cost_analysis()``; linear-cross-entropy's is the hand count of its block
+schedule (tested against ``kernel_hub.bench.block_schedule``), attention's is its own estimate.
+
+* linear cross-entropy, Qwen3-8B head (H 4096, V 151936, bf16), 32,768 tokens,
+  ``jax.value_and_grad`` in (hidden, weight): the kernel; optax's
+  ``softmax_cross_entropy_with_integer_labels`` on f32 logits; Transformers' stock loss (bf16
+  logits, f32 log-softmax).
+* attention, Llama-3-8B heads (32 q / 8 kv, D 128, bf16, causal), batch 2 x 8192, forward and
+  forward + backward: the kernel; ``jax.nn.dot_product_attention`` (XLA).
+
+When XLA refuses a program because its temporaries exceed the chip's HBM, the figure it reports
+is recorded instead. Compiler figures for a deviceless topology: a model of the TPU, not a
+measurement on one. Each compile runs once (minutes on a small machine):
+
+    PYTHONPATH=$PWD python benchmarks/kernel_vs_xla.py [--generations v5e v6e] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+TOKENS, HIDDEN, VOCAB = 32768, 4096, 151936
+BATCH, LENGTH, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8192, 32, 8, 128
+_TOO_BIG = re.compile(r"required for HLO temporaries \(([\d.]+)([MG])\)")
+
+
+def _programs() -> dict[str, tuple[Callable[..., Any], tuple, tuple[int, ...]]]:
+    """name -> (function, abstract arguments, differentiated argument numbers or ())."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from kernel_hub import get_kernel
+
+    lce = get_kernel("linear-cross-entropy").KERNEL.jax
+    attention = get_kernel("attention").KERNEL.jax
+    struct = jax.ShapeDtypeStruct
+    head = (
+        struct((TOKENS, HIDDEN), jnp.bfloat16),
+        struct((VOCAB, HIDDEN), jnp.bfloat16),
+        struct((TOKENS,), jnp.int32),
+    )
+
+    def kernel_loss(h, w, labels):
+        return lce.linear_cross_entropy(h, w, labels, implementation="pallas")
+
+    def optax_loss(h, w, labels):
+        logits = jnp.dot(h, w.T, preferred_element_type=jnp.float32)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    def stock_loss(h, w, labels):
+        logits = jnp.dot(h, w.T).astype(jnp.float32)
+        log_probs = jax.nn.log_softmax(logits, axis=-1)
+        counted = labels != -100
+        picked = jnp.take_along_axis(log_probs, jnp.maximum(labels, 0)[:, None], axis=-1)[:, 0]
+        return -jnp.sum(jnp.where(counted, picked, 0.0)) / jnp.sum(counted)
+
+    qkv = (
+        struct((BATCH, Q_HEADS, LENGTH, HEAD_DIM), jnp.bfloat16),
+        struct((BATCH, KV_HEADS, LENGTH, HEAD_DIM), jnp.bfloat16),
+        struct((BATCH, KV_HEADS, LENGTH, HEAD_DIM), jnp.bfloat16),
+    )
+
+    def kernel_attention(q, k, v):
+        return attention.dot_product_attention(q, k, v, causal=True, implementation="pallas")
+
+    def xla_attention(q, k, v):  # jax.nn's layout is [B, S, H, D]
+        out = jax.nn.dot_product_attention(
+            *(x.swapaxes(1, 2) for x in (q, k, v)), is_causal=True, implementation="xla"
+        )
+        return out.swapaxes(1, 2)
+
+    return {
+        "linear-cross-entropy kernel": (kernel_loss, head, (0, 1)),
+        "linear-cross-entropy optax (f32 logits)": (optax_loss, head, (0, 1)),
+        "linear-cross-entropy stock": (stock_loss, head, (0, 1)),
+        "attention kernel, forward": (kernel_attention, qkv, ()),
+        "attention XLA, forward": (xla_attention, qkv, ()),
+        "attention kernel, fwd+bwd": (kernel_attention, qkv, (0, 1, 2)),
+        "attention XLA, fwd+bwd": (xla_attention, qkv, (0, 1, 2)),
+    }
+
+
+def _step(fn, differentiated: tuple[int, ...]):
+    import jax
+    import jax.numpy as jnp
+
+    if not differentiated:
+        return fn
+    return jax.value_and_grad(lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), differentiated)
+
+
+def measure(fn, args: tuple, differentiated: tuple[int, ...], generation: str) -> dict[str, Any]:
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    from kernel_hub.bench.compile_check import no_persistent_cache
+    from kernel_hub.bench.roofline import chip
+    from kernel_hub.topologies import filtered_libtpu_stderr, tpu_device
+
+    device = tpu_device(generation)
+    placed = tuple(
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=SingleDeviceSharding(device)) for a in args
+    )
+    try:
+        with filtered_libtpu_stderr(), no_persistent_cache(), jax.default_device(device):
+            compiled = jax.jit(_step(fn, differentiated)).trace(*placed).lower().compile()
+    except Exception as exc:  # a refused compile is a result
+        too_big = _TOO_BIG.search(str(exc))
+        if too_big is None:
+            return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        scale = 2**30 if too_big.group(2) == "G" else 2**20
+        return {"temp_bytes_required": float(too_big.group(1)) * scale, "error": "exceeds HBM"}
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    flops, accessed = float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+    return {
+        "temp_bytes": int(compiled.memory_analysis().temp_size_in_bytes),
+        "flops": flops,
+        "bytes_accessed": accessed,
+        "roofline_s": chip(generation).time_floor(flops, accessed),
+    }
+
+
+def _line(generation: str, name: str, row: dict[str, Any]) -> str:
+    if "temp_bytes" not in row:
+        required = row.get("temp_bytes_required")
+        need = f"needs {required / 2**20:,.0f} MiB" if required else row["error"]
+        return f"| {generation} | {name} | {need} (not compiled) | - | - | - |"
+    return (
+        f"| {generation} | {name} | {row['temp_bytes'] / 2**20:,.1f} | {row['flops'] / 1e9:,.0f} "
+        f"| {row['bytes_accessed'] / 1e9:,.1f} | {row['roofline_s'] * 1e3:,.2f} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--generations", nargs="+", default=["v5e", "v6e"])
+    parser.add_argument("--only", help="run the programs whose name contains this")
+    parser.add_argument("--json", help="write the rows here")
+    options = parser.parse_args(argv)
+    sys.argv = sys.argv[:1]
+    print("| TPU | program | temporaries MiB | GFLOP | GB accessed | roofline ms |")
+    print("|---|---|---|---|---|---|")
+    rows = []
+    for generation in options.generations:
+        for name, (fn, args, differentiated) in _programs().items():
+            if options.only and options.only not in name:
+                continue
+            row = measure(fn, args, differentiated, generation)
+            rows.append({"generation": generation, "program": name, **row})
+            print(_line(generation, name, row), flush=True)
+    if options.json:
+        with open(options.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
