@@ -181,3 +181,72 @@ def test_cli_errors_name_flags_not_keyword_arguments(
     err = capsys.readouterr().err
     assert "not a trusted publisher" in err and "Pass --trust-remote-code" in err, err
     assert "trust_remote_code" not in err
+
+
+def test_thread_policy_error_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kernel_hub.bridge.threads import thread_policy
+
+    monkeypatch.setenv("KERNEL_HUB_THREADS", "bogus")
+    message = r"Valid thread policies of \$KERNEL_HUB_THREADS: default, inline\.$"
+    with pytest.raises(KernelHubError, match=message):
+        thread_policy()
+
+
+def test_asking_for_the_in_tree_version_says_no_builds_are_published(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The built-in registry pins no publisher key: no hub build can load, and the in-tree kernel
+    already is version 1.1.0. The message says both, for get_kernel and for kernel_mapping."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # no kernel-hub.lock
+    in_tree = get_kernel("rmsnorm").manifest.version
+    with pytest.raises(KernelHubError) as refused:
+        get_kernel("rmsnorm", version=str(in_tree))
+    message = str(refused.value)
+    assert "no signed kernel-hub builds are published" in message
+    assert f"The in-tree kernel rmsnorm {in_tree} matches version '{in_tree}'" in message
+    assert "get_kernel('rmsnorm')" in message and "keygen" not in message
+    loads_in_tree = rf"\. get_kernel\('rmsnorm'\) loads the in-tree kernel rmsnorm {in_tree}\."
+    with pytest.raises(KernelHubError, match=loads_in_tree):
+        get_kernel("rmsnorm", version=">=99")  # no match: only says what loads in-tree
+    with kernel_hub.kernel_mapping({"rmsnorm": str(in_tree)}):
+        report = kernelize(build_tiny_model("llama"))
+    norms = [e for e in report.entries if e.target == "RMSNorm"]
+    assert norms and all("matches version" in e.reason for e in norms)
+
+
+def test_an_op_the_registry_lacks_is_not_reported_as_none(tmp_path) -> None:
+    import yaml
+
+    from kernel_hub.paths import registry_path
+
+    data = yaml.safe_load(registry_path().read_text())
+    data["ops"] = {"rmsnorm": data["ops"]["rmsnorm"]}
+    registry = tmp_path / "registry.yaml"
+    registry.write_text(yaml.safe_dump(data))
+    report = kernelize(build_tiny_model("llama"), registry=registry)
+    (attention, *_) = [e for e in report.entries if e.target == "AttentionInterface"]
+    assert attention.reason == "registry.yaml has no op 'attention'", attention.reason
+
+
+def test_attention_needs_tokamax_only_where_tokamax_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without tokamax the attention kernel loads and runs (XLA on CPU); only its Tokamax
+    implementation is refused, saying what to install."""
+    monkeypatch.setitem(sys.modules, "tokamax", None)  # import fails as if not installed
+    kernel = get_kernel("attention")
+    q = torch.randn(1, 2, 8, 16)
+    out, _ = kernel.attention_with_lse(q, q, q, causal=True)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    torch.testing.assert_close(out, expected)
+    reasons = dict(
+        kernel.jax.TABLE.explain(
+            *(q.numpy(),) * 3,
+            None,
+            None,
+            spec=kernel.jax.AttentionSpec(causal=True).resolved(16),
+            with_lse=False,
+            implementation="tokamax",
+        )
+    )
+    assert reasons["tokamax"] == "tokamax is not installed (pip install 'kernel-hub[tokamax]')"

@@ -22,14 +22,21 @@ from pathlib import Path
 from types import ModuleType
 
 from kernel_hub.bridge.threads import apply_default_policy
-from kernel_hub.errors import HubError, KernelHubError, KernelInputError, SourceError
+from kernel_hub.errors import (
+    HubError,
+    KernelHubError,
+    KernelInputError,
+    SourceError,
+    UntrustedSourceError,
+)
 from kernel_hub.hub import settings
 from kernel_hub.hub.fetch import HubBuild, HubRequest, fetch_build
 from kernel_hub.hub.lockfile import LockedOp, LockFile, find_lock
 from kernel_hub.hub.trust import TrustRemoteCode
 from kernel_hub.hub.variants import VARIANT_NAMES, select_variant
+from kernel_hub.hub.versions import parse_range
 from kernel_hub.paths import kernels_dir
-from kernel_hub.registry.manifest import MANIFEST_NAME
+from kernel_hub.registry.manifest import MANIFEST_NAME, load_manifest
 from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry, load_registry
 
@@ -107,6 +114,8 @@ def get_kernel(
             _check_version(entry, module)
             origin = KernelOrigin("in-tree", in_tree_dir(entry))
         else:
+            keys = registry_file.keys_for(entry.repo) if entry.repo else None
+            _refuse_unverifiable(entry, keys, registry_file.path, version)
             build = fetch_op_build(
                 entry,
                 version=version,
@@ -114,12 +123,38 @@ def get_kernel(
                 lock_file=lock_file,
                 variant=variant,
                 trust_remote_code=trust_remote_code,
-                keys=registry_file.keys_for(entry.repo) if entry.repo else None,
+                keys=keys,
             )
             module, origin = _load_hub_build(build, entry)
     _apply_implementation_order(entry, module)
     module.origin = origin
     return module
+
+
+def _refuse_unverifiable(
+    entry: OpEntry, keys: PublisherKeys | None, registry: Path, version: str | int | None
+) -> None:
+    """A registry that pins no key for the repo's publisher can load none of its hub builds.
+    Say so before any download, and whether the in-tree kernel already is what was asked for:
+    asking the built-in registry for the in-tree version is the usual way to get here."""
+    if entry.repo is None or (keys is not None and keys.keys):
+        return
+    org = entry.repo.split("/", 1)[0]
+    in_tree_version = load_manifest(in_tree_dir(entry)).version
+    in_tree = f"{entry.kernel} {in_tree_version}"
+    if version is not None and parse_range(version).contains(in_tree_version, prereleases=True):
+        what_to_do = (
+            f"The in-tree kernel {in_tree} matches version {str(version)!r} and needs no hub: ask "
+            f"for no version (get_kernel({entry.name!r}), or no kernel_mapping version) to load it"
+        )
+    else:
+        what_to_do = f"get_kernel({entry.name!r}) loads the in-tree kernel {in_tree}"
+    raise UntrustedSourceError(
+        f"op {entry.name}: no hub build can be loaded: the registry {registry} pins no signing "
+        f"key for {entry.repo}'s publisher {org!r} (the built-in registry pins none: no signed "
+        f"kernel-hub builds are published). {what_to_do}. To load your own signed builds, pin "
+        "your publisher key under 'publishers:' in your registry (docs/hub-walkthrough.md)"
+    )
 
 
 def _env_override(entry: OpEntry, name: str) -> Path | None:
