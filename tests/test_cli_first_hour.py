@@ -60,9 +60,24 @@ def test_missing_extra_names_the_pip_install(
     argv = ["bench", "rmsnorm", "--shapes", "decode-b8-h4096-f32", "--impl", "xla"]
     argv += ["--budget", "0.01", "--no-progress", "--plot", str(tmp_path / "p.png")]
     assert main(argv) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "bench needs the 'matplotlib" in err
     assert "pip install 'kernel-hub[bench]'" in err
+    assert out == ""  # refused before benchmarking: no table
+
+
+@pytest.mark.parametrize("command", ["demo", "models"])
+def test_commands_needing_transformers_say_so_before_work(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    assert main([command, "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (
+        f"kernel-hub: error: {command} needs the 'transformers' package, which is not "
+        "installed: pip install 'kernel-hub[transformers]'\n"
+    )
+    assert out == ""
 
 
 def test_missing_libtpu_names_the_tpu_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 from kernel_hub.errors import KernelHubError
 
-from .options import comma_list, ops_from_args
+from .options import comma_list, ops_from_args, require_modules
 from .output import print_table
 
 
@@ -69,6 +69,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from kernel_hub.bench.report import BENCH_HEADERS, bench_row
     from kernel_hub.bench.timing import TimingPolicy
 
+    if args.plot:
+        require_modules("matplotlib")  # before minutes of timing, not after
     policy = TimingPolicy(args.budget, args.min_samples, args.max_samples, args.precision)
     report = run_benchmarks(
         ops_from_args(args),

@@ -12,6 +12,7 @@ from typing import Any
 from kernel_hub.errors import KernelHubError
 
 from . import demo_hub
+from .options import require_modules
 from .output import print_json, print_table
 
 CPU_TIMING_NOTE = (
@@ -106,6 +107,7 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
+    require_modules("transformers")
     from kernel_hub.models.demo import run_demo
     from kernel_hub.models.tiny import DEFAULT_MODELS
 

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .options import comma_list
+from .options import comma_list, require_modules
 from .output import print_json, print_table
 
 
@@ -112,6 +112,7 @@ def _print_markdown(results: Sequence[Any], argv: Sequence[str], summary: str) -
 
 
 def run_models_command(args: argparse.Namespace) -> int:
+    require_modules("transformers")
     from ..models.coverage import DEFECTS, run_coverage, summary
 
     def progress(result: Any) -> None:
