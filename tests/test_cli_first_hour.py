@@ -265,3 +265,24 @@ def test_attention_needs_tokamax_only_where_tokamax_runs(monkeypatch: pytest.Mon
         )
     )
     assert reasons["tokamax"] == "tokamax is not installed (pip install 'kernel-hub[tokamax]')"
+
+
+def test_an_unusable_compile_cache_warns_once(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    from kernel_hub.bridge import compile_cache
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # the cache directory would have to be made inside a file
+    monkeypatch.setattr(compile_cache, "_override", blocker / "jax")
+    monkeypatch.setattr(compile_cache, "_warned", set())
+    message = (
+        rf"compilation cache {blocker / 'jax'} is not used: it cannot be created .*Set "
+        r"KERNEL_HUB_COMPILATION_CACHE_DIR to a writable directory"
+    )
+    with pytest.warns(RuntimeWarning, match=message), compile_cache.persistent_cache():
+        pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with compile_cache.persistent_cache():  # said once per process
+            pass
