@@ -4,6 +4,7 @@ it must give."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -286,3 +287,25 @@ def test_an_unusable_compile_cache_warns_once(tmp_path, monkeypatch: pytest.Monk
         warnings.simplefilter("error")
         with compile_cache.persistent_cache():  # said once per process
             pass
+
+
+@pytest.mark.parametrize("columns", [40, 60, 300])
+def test_tables_fit_the_terminal_width(
+    columns: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernel_hub.cli.output import print_table
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    layers = "RMSNorm,RMSNormF32Scale,RMSNormZeroCentered,TorchRMSNorm,DiffusersRMSNorm"
+    reason = "left alone: kernel for op 'rmsnorm' could not be loaded: " + "x" * 70
+    print_table(["op", "layers", "why"], [["rmsnorm", layers, reason], ["rotary", "-", "-"]])
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    if columns == 300:  # room for every cell on one line
+        assert len(lines) == 4 and layers in lines[2] and reason in lines[2]
+    else:  # wrapped, nothing cut: each column of the first row holds its whole cell, in order
+        spans = [m.span() for m in re.finditer("-+", lines[1])]
+        first_row = lines[2 : next(i for i, line in enumerate(lines) if line.startswith("rotary"))]
+        for (start, end), cell in zip(spans[1:], (layers, reason), strict=True):
+            column = "".join(line[start:end] for line in first_row)
+            assert re.sub(r"\s", "", column) == re.sub(r"\s", "", cell)
