@@ -309,3 +309,16 @@ def test_tables_fit_the_terminal_width(
         for (start, end), cell in zip(spans[1:], (layers, reason), strict=True):
             column = "".join(line[start:end] for line in first_row)
             assert re.sub(r"\s", "", column) == re.sub(r"\s", "", cell)
+
+
+def test_models_shows_progress_with_elapsed_and_remaining_time(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kernel_hub.cli.models_cmds import progress_line
+
+    assert progress_line(12, 400, 41.0) == "[12/400 3%] 0:41 elapsed, ~22:06 left"
+    assert progress_line(400, 400, 3725.0) == "[400/400 100%] 1:02:05 elapsed, ~0:00 left"
+    assert main(["models", "--model-type", "llama,mistral"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(r"\[1/2 50%\] \d+:\d\d elapsed, ~\d+:\d\d left llama: exact", err[0])
+    assert re.fullmatch(r"\[2/2 100%\] \d+:\d\d elapsed, ~0:00 left mistral: exact", err[1])
