@@ -322,3 +322,25 @@ def test_models_shows_progress_with_elapsed_and_remaining_time(
     err = capsys.readouterr().err.splitlines()
     assert re.fullmatch(r"\[1/2 50%\] \d+:\d\d elapsed, ~\d+:\d\d left llama: exact", err[0])
     assert re.fullmatch(r"\[2/2 100%\] \d+:\d\d elapsed, ~0:00 left mistral: exact", err[1])
+
+
+@pytest.mark.skipif(accelerator_present(), reason="on a TPU host Tokamax may be what runs")
+def test_the_first_kernelize_imports_no_tokamax_where_xla_runs() -> None:
+    """Importing tokamax costs seconds; on a CPU XLA runs attention, so it is never imported."""
+    child = (
+        "import sys, torch, kernel_hub\n"
+        "from kernel_hub.models.tiny import build_tiny_model\n"
+        "model = build_tiny_model('llama')\n"
+        "kernel_hub.kernelize(model)\n"
+        "model(torch.tensor([[1, 5, 9]]))\n"
+        "print('tokamax' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", child],
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "False"
