@@ -344,3 +344,17 @@ def test_the_first_kernelize_imports_no_tokamax_where_xla_runs() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "False"
+
+
+def test_kernelize_takes_hugging_face_kernels_modes() -> None:
+    kernels = pytest.importorskip("kernels")
+    from kernel_hub.layers.modes import Mode
+
+    assert Mode.parse(kernels.Mode.INFERENCE) == Mode.INFERENCE
+    assert Mode.parse(kernels.Mode.TRAINING | kernels.Mode.TORCH_COMPILE) == (
+        Mode.TRAINING | Mode.TORCH_COMPILE
+    )
+    with pytest.raises(KernelHubError, match=r"kernels\.Mode\.FALLBACK has no kernel-hub"):
+        Mode.parse(kernels.Mode.FALLBACK)
+    report = kernelize(build_tiny_model("llama"), mode=kernels.Mode.INFERENCE)
+    assert report.mode == "inference" and report.swapped
