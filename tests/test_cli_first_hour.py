@@ -358,3 +358,32 @@ def test_kernelize_takes_hugging_face_kernels_modes() -> None:
         Mode.parse(kernels.Mode.FALLBACK)
     report = kernelize(build_tiny_model("llama"), mode=kernels.Mode.INFERENCE)
     assert report.mode == "inference" and report.swapped
+
+
+def test_hub_layer_mapping_warns_when_kernels_would_swap_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the pinned pair (transformers 5.24, kernels 0.17.2) Transformers' layer marks are
+    inert: kernels.kernelize with the mapping leaves every forward stock, and the mapping says
+    so instead of letting it pass in silence."""
+    import warnings
+
+    kernels = pytest.importorskip("kernels")
+    from transformers.utils import import_utils
+
+    from kernel_hub.layers.integrations.hf_kernels import hub_layer_mapping
+
+    if import_utils.is_kernels_available():
+        pytest.skip("this transformers accepts this kernels: its layers are marked")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.warns(UserWarning, match=r"kernels\.kernelize swaps no layer") as warned:
+        mapping = hub_layer_mapping()
+    assert "kernel_hub.kernelize(model)" in str(warned[0].message)
+    model = build_tiny_model("llama")
+    with kernels.use_kernel_mapping(mapping, inherit_mapping=False):
+        kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cpu")
+    assert not [name for name, m in model.named_modules() if "forward" in vars(m)]
+    monkeypatch.setattr(import_utils, "is_kernels_available", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hub_layer_mapping()  # a pair that works together: no warning
