@@ -97,7 +97,7 @@ def test_missing_libtpu_names_the_tpu_extra(monkeypatch: pytest.MonkeyPatch) -> 
 def test_bench_says_how_torch_and_jax_threads_differ(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", "rmsnorm", "--shapes", "decode-b8-h4096-f32", "--impl", "xla,torch"]
     assert main([*argv, "--budget", "0.01", "--no-progress", "--torch-threads", "1"]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # the note is wrapped to the terminal
     assert "torch and torch-op ran with torch.set_num_threads(1) (--torch-threads)" in out
     assert "KERNEL_HUB_THREADS=" in out
 

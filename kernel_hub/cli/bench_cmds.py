@@ -9,7 +9,7 @@ from dataclasses import asdict
 from kernel_hub.errors import KernelHubError
 
 from .options import comma_list, ops_from_args, require_modules
-from .output import print_table
+from .output import print_table, print_wrapped
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -85,7 +85,8 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     results = [asdict(r) for r in report.results]
     print_table(BENCH_HEADERS, [bench_row(r) for r in results])
-    print(f"\n{_thread_note(args.torch_threads)}")
+    print()
+    print_wrapped(_thread_note(args.torch_threads))
     chip = report.chip
     if chip is None:
         print(f"\nroofline: no figures for this {report.platform} device; shares not computed")

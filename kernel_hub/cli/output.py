@@ -76,5 +76,13 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         emit(row)
 
 
+def print_wrapped(text: str, indent: str = "") -> None:
+    """A paragraph of prose at the table's width; continuation lines indented two more spaces."""
+    lines = _lines(text, max(terminal_width() - len(indent) - 2, MIN_COLUMN))
+    print(indent + lines[0].lstrip() if lines else indent)
+    for line in lines[1:]:
+        print(f"{indent}  {line}")
+
+
 def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, sort_keys=True, default=str))
