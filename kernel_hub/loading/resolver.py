@@ -32,7 +32,7 @@ from kernel_hub.errors import (
 from kernel_hub.hub import settings
 from kernel_hub.hub.fetch import HubBuild, HubRequest, fetch_build
 from kernel_hub.hub.lockfile import LockedOp, LockFile, find_lock
-from kernel_hub.hub.trust import TrustRemoteCode
+from kernel_hub.hub.trust import TrustRemoteCode, check_trusted
 from kernel_hub.hub.variants import VARIANT_NAMES, select_variant
 from kernel_hub.hub.versions import parse_range
 from kernel_hub.paths import kernels_dir
@@ -114,8 +114,6 @@ def get_kernel(
             _check_version(entry, module)
             origin = KernelOrigin("in-tree", in_tree_dir(entry))
         else:
-            keys = registry_file.keys_for(entry.repo) if entry.repo else None
-            _refuse_unverifiable(entry, keys, registry_file.path, version)
             build = fetch_op_build(
                 entry,
                 version=version,
@@ -123,7 +121,7 @@ def get_kernel(
                 lock_file=lock_file,
                 variant=variant,
                 trust_remote_code=trust_remote_code,
-                keys=keys,
+                keys=registry_file.keys_for(entry.repo) if entry.repo else None,
             )
             module, origin = _load_hub_build(build, entry)
     _apply_implementation_order(entry, module)
@@ -132,7 +130,7 @@ def get_kernel(
 
 
 def _refuse_unverifiable(
-    entry: OpEntry, keys: PublisherKeys | None, registry: Path, version: str | int | None
+    entry: OpEntry, keys: PublisherKeys | None, version: str | int | None
 ) -> None:
     """A registry that pins no key for the repo's publisher can load none of its hub builds.
     Say so before any download, and whether the in-tree kernel already is what was asked for:
@@ -150,8 +148,9 @@ def _refuse_unverifiable(
     else:
         what_to_do = f"get_kernel({entry.name!r}) loads the in-tree kernel {in_tree}"
     raise UntrustedSourceError(
-        f"op {entry.name}: no hub build can be loaded: the registry {registry} pins no signing "
-        f"key for {entry.repo}'s publisher {org!r} (the built-in registry pins none: no signed "
+        f"op {entry.name}: no hub build can be loaded: the registry in use ({entry.source}) pins "
+        f"no signing key for {entry.repo}'s publisher {org!r} (the built-in registry pins none: no "
+        "signed "
         f"kernel-hub builds are published). {what_to_do}. To load your own signed builds, pin "
         "your publisher key under 'publishers:' in your registry (docs/hub-walkthrough.md)"
     )
@@ -223,6 +222,8 @@ def fetch_op_build(
                 f"op {entry.name}: {lock_file.path} pins repo {locked.repo} but the registry names "
                 f"{entry.repo}; re-run 'kernel-hub lock'"
             )
+    check_trusted(entry.repo, trust_remote_code)  # fetch_build's order: publisher, then keys
+    _refuse_unverifiable(entry, keys, version)
     # fetch_build asks JAX which platform this is, which starts its backends: the bridge's thread
     # policy must be in place first, or it never applies in this process
     apply_default_policy()
