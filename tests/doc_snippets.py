@@ -1,12 +1,15 @@
 """The runnable snippets of README.md and docs/*.md, and what a test needs to run each one.
 
-A fenced ``python`` or ``bash`` block runs as written. Comments on the lines just above a block
-(visible in the Markdown source, not in the rendered page) adjust that one block:
+A fenced ``python`` or ``bash`` block runs exactly as written, in a fresh directory, offline: a
+block that needs a model makes a tiny one itself, in the text the reader sees. Comments on the
+lines just above a block (visible in the Markdown source, not in the rendered page) set where it
+runs, never what it runs:
 
-    <!-- doc-test setup: NAME -->         run SETUPS[NAME] first (defines what the text assumes)
-    <!-- doc-test small: OLD => NEW -->   the small-size switch: replace OLD (must occur) by NEW
+    <!-- doc-test setup: local-hub -->    a bash block that publishes to a hub runs against a
+                                          local ``kernel-hub serve`` (HF_ENDPOINT), as its text says
     <!-- doc-test env: NAME=VALUE -->     an environment variable for the run
-    <!-- doc-test skip: REASON -->        not run here; REASON says what runs it instead
+    <!-- doc-test skip: REASON -->        not run here; REASON names the hardware it needs or the
+                                          test or script that runs it instead
 
 Other languages (yaml, text) are shown, not run.
 """
@@ -21,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 RUNNABLE = ("python", "bash")
 _FENCE = re.compile(r"^```(\S*)")
-_MARK = re.compile(r"^<!-- doc-test (setup|small|env|skip): (.+?) -->$")
+_MARK = re.compile(r"^<!-- doc-test (setup|env|skip): (.+?) -->$")
 
 
 @dataclass
@@ -31,22 +34,12 @@ class Snippet:
     language: str
     code: str
     setup: str | None = None
-    small: list[tuple[str, str]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     skip: str | None = None
 
     @property
     def id(self) -> str:
         return f"{self.path.relative_to(ROOT)}:{self.line}"
-
-    def runnable_code(self) -> str:
-        """The code with each small-size switch applied; a switch whose text is gone fails."""
-        code = self.code
-        for old, new in self.small:
-            if old not in code:
-                raise AssertionError(f"{self.id}: small-size switch {old!r} not in the snippet")
-            code = code.replace(old, new)
-        return code
 
 
 def _marks(lines: list[str], fence: int) -> list[tuple[str, str]]:
@@ -75,9 +68,6 @@ def snippets(path: Path) -> list[Snippet]:
             for key, value in _marks(lines, index):
                 if key == "setup":
                     snippet.setup = value
-                elif key == "small":
-                    old, new = value.split(" => ")
-                    snippet.small.append((old, new))
                 elif key == "env":
                     name, _, env_value = value.partition("=")
                     snippet.env[name] = env_value
@@ -91,35 +81,6 @@ def snippets(path: Path) -> list[Snippet]:
 def all_snippets() -> list[Snippet]:
     return [s for path in DOC_FILES for s in snippets(path)]
 
-
-_TINY_LLAMA = """
-from kernel_hub.models.tiny import build_tiny_model
-model = build_tiny_model("llama")
-"""
-
-SETUPS: dict[str, str] = {
-    # a checkpoint directory where the docs name a model on the Hub
-    "tiny-llama-checkpoint": _TINY_LLAMA + "path = 'tiny-llama'\nmodel.save_pretrained(path)\n",
-    "tiny-llama": _TINY_LLAMA,
-    "tiny-flux-checkpoint": """
-from diffusers import FluxTransformer2DModel
-FluxTransformer2DModel(
-    patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
-    num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
-    axes_dims_rope=(4, 4, 8),
-).save_pretrained("tiny-flux/transformer")
-path = "tiny-flux"
-""",
-    # Trainer's inputs: a tiny Llama and a few random token sequences
-    "tiny-llama-and-data": _TINY_LLAMA
-    + """
-import torch
-model.train()
-ids = torch.randint(2, 128, (8, 16), generator=torch.Generator().manual_seed(0))
-data = [{"input_ids": row, "labels": row} for row in ids]
-""",
-    "tiny-llama-and-prompts": _TINY_LLAMA + "prompts = [[1, 5, 9, 13], [1, 7, 3]]\n",
-}
 
 SHELL_SETUPS: dict[str, str] = {
     # A `kernel-hub serve` store on 127.0.0.1 as the hub, a token for it, and kernels/ as in a

@@ -8,7 +8,7 @@ import importlib
 import re
 import tomllib
 
-from doc_snippets import ROOT
+from doc_snippets import DOC_FILES, ROOT
 
 from kernel_hub.cli import build_parser
 
@@ -69,3 +69,36 @@ def test_attention_features_named_in_the_readme_are_the_kernels() -> None:
         assert f"`{name}`" in implemented and name in keywords.HONOURED, name
     for name in re.findall(r"`(\w+)`", not_implemented):
         assert name in keywords.REFUSED, name
+
+
+def _doc_texts() -> dict[str, str]:
+    return {str(path.relative_to(ROOT)): path.read_text() for path in DOC_FILES}
+
+
+def test_docs_name_the_shipped_kernel_versions() -> None:
+    """'attention 1.3.0', 'the rmsnorm kernel (1.1.0)', 'my-org/rmsnorm 1.1.0': each the version
+    in that kernel's kernel.yaml, not one from before a release."""
+    from kernel_hub.registry.manifest import load_manifest
+
+    shipped = {
+        path.parent.name: str(load_manifest(path.parent).version)
+        for path in (ROOT / "kernels").glob("*/kernel.yaml")
+    }
+    names = "|".join(sorted(map(re.escape, shipped), key=len, reverse=True))
+    mention = re.compile(rf"(?<![\w-])(?:[\w-]+/)?`?({names})`?(?: kernel)? \(?(\d+\.\d+\.\d+)")
+    stale = [
+        f"{doc}: {found.group(0)} (ships {shipped[found.group(1)]})"
+        for doc, text in _doc_texts().items()
+        for found in mention.finditer(text)
+        if found.group(2) != shipped[found.group(1)]
+    ]
+    assert not stale, stale
+
+
+def test_docs_name_no_issue_numbers() -> None:
+    """A reader has no access to the project's issue tracker; say what is true instead."""
+    numbered = re.compile(r"\b[Ii]ssues? #?\d+|(?<![\w/-])#\d+\b")
+    found = [
+        f"{doc}: {m.group(0)}" for doc, t in _doc_texts().items() for m in numbered.finditer(t)
+    ]
+    assert not found, found

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from kernel_hub.cli import main
-from kernel_hub.cli.doctor_cmds import MISSING, doctor
+from kernel_hub.cli.doctor_cmds import MISSING, OPTIONAL, doctor, verdict
 from kernel_hub.hub.server import serve
+from kernel_hub.platform import accelerator_present
 
 
 def _by_area(checks) -> dict:
@@ -36,7 +37,7 @@ def test_reports_every_area_and_what_to_do(monkeypatch: pytest.MonkeyPatch) -> N
     for check in checks.values():
         assert check.status != MISSING or check.todo, check  # every gap says what to do
     # the built-in registry pins no publisher key: hub loads are refused, and it says so
-    assert checks["pinned keys"].status == MISSING
+    assert checks["pinned keys"].status == OPTIONAL
     assert "docs/hub-walkthrough.md" in checks["pinned keys"].todo
     assert checks["hub"].found.startswith("offline (HF_HUB_OFFLINE)")
 
@@ -51,7 +52,7 @@ def test_missing_extra_names_its_install(monkeypatch: pytest.MonkeyPatch) -> Non
         lambda name, *a: None if name == "matplotlib" else real(name, *a),
     )
     check = _by_area(doctor())["extra [bench]"]
-    assert check.status == MISSING and check.todo.startswith("pip install 'kernel-hub[bench]'")
+    assert check.status == OPTIONAL and check.todo.startswith("pip install 'kernel-hub[bench]'")
 
 
 def test_probes_the_hub_endpoint(
@@ -72,3 +73,32 @@ def test_probes_the_hub_endpoint(
     hub = _by_area(doctor(timeout=1))["hub"]
     assert hub.status == MISSING
     assert "unreachable" in hub.found and "HF_ENDPOINT" in hub.todo
+
+
+def test_caches_must_be_writable_and_the_verdict_says_what_to_fix(
+    monkeypatch: pytest.MonkeyPatch, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("KERNEL_HUB_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    checks = doctor()
+    if not accelerator_present():  # a correct CPU install: nothing alarming, TPU parts optional
+        assert {c.status for c in checks} <= {"ok", OPTIONAL, "info"}
+    assert _by_area(checks)["hub cache"].found == f"{tmp_path / 'hub'} (to be made in {tmp_path})"
+    assert verdict(checks).startswith("verdict: ready: kernel-hub runs its kernels here")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("KERNEL_HUB_COMPILATION_CACHE_DIR", str(blocker / "jax"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(blocker / "hub"))
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith("verdict: 2 to fix (compilation cache, hub cache)"), last
+    checks = _by_area(doctor())
+    for area, variable in (
+        ("compilation cache", "KERNEL_HUB_COMPILATION_CACHE_DIR"),
+        ("hub cache", "HF_HUB_CACHE"),
+    ):
+        assert checks[area].status == MISSING, checks[area]
+        assert f"{blocker} is not a directory" in checks[area].found
+        assert variable in checks[area].todo

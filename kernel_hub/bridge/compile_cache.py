@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,7 @@ _OFF_VALUES = ("0", "off", "false", "no")
 
 _UNSET = object()
 _override: object = _UNSET  # set_compilation_cache_dir() value: a Path, None (off) or unset
+_warned: set[Path] = set()  # unusable directories already warned about in this process
 
 
 def set_compilation_cache_dir(directory: str | os.PathLike | None) -> None:
@@ -76,17 +78,47 @@ def persistent_cache() -> Iterator[None]:
             jax_config.persistent_cache_min_entry_size_bytes(-1),
         ]
         own_directory = jax.config.jax_compilation_cache_dir is None
-        if own_directory:
-            directory.mkdir(parents=True, exist_ok=True)
-            settings.append(jax_config.compilation_cache_dir(str(directory)))
-            close = jax_cache.reset_cache
-    except (ImportError, AttributeError, TypeError, OSError) as exc:
+        close = jax_cache.reset_cache
+    except (ImportError, AttributeError, TypeError) as exc:  # JAX's internals moved
         log.debug("persistent compilation cache not used: %s", exc)
         yield
         return
+    if own_directory:
+        problem = _unwritable(directory)
+        if problem is not None:
+            _warn_once(directory, problem)
+            yield
+            return
+        settings.append(jax_config.compilation_cache_dir(str(directory)))
     with contextlib.ExitStack() as stack:
         if own_directory:
             stack.callback(close)
         for setting in settings:
             stack.enter_context(setting)
         yield
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why the cache cannot be written in ``directory`` (made if missing), or None."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"it cannot be created ({exc.strerror or exc})"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return "it is not writable"
+    return None
+
+
+def _warn_once(directory: Path, problem: str) -> None:
+    """Caching off for this directory, said once per process: silence would look like a slow
+    machine, every process compiling every kernel again."""
+    if directory in _warned:
+        return
+    _warned.add(directory)
+    warnings.warn(
+        f"kernel-hub's compilation cache {directory} is not used: {problem}. Kernels are compiled "
+        f"again in every process. Set {DIR_ENV} to a writable directory, or {ENABLE_ENV}=0 to "
+        "switch the cache off without this warning.",
+        RuntimeWarning,
+        stacklevel=3,
+    )

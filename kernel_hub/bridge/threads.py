@@ -42,7 +42,7 @@ def thread_policy() -> str:
         return _policy
     policy = os.environ.get(ENV, "inline").strip().lower()
     if policy not in POLICIES:
-        raise UnknownNameError(f"thread policy (${ENV})", policy, POLICIES)
+        raise UnknownNameError(f"thread policy of ${ENV}", policy, POLICIES)
     return policy
 
 

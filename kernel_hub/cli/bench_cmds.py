@@ -8,8 +8,8 @@ from dataclasses import asdict
 
 from kernel_hub.errors import KernelHubError
 
-from .options import comma_list, ops_from_args
-from .output import print_table
+from .options import comma_list, ops_from_args, require_modules
+from .output import print_table, print_wrapped
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,6 +69,8 @@ def run_bench(args: argparse.Namespace) -> int:
     from kernel_hub.bench.report import BENCH_HEADERS, bench_row
     from kernel_hub.bench.timing import TimingPolicy
 
+    if args.plot:
+        require_modules("matplotlib")  # before minutes of timing, not after
     policy = TimingPolicy(args.budget, args.min_samples, args.max_samples, args.precision)
     report = run_benchmarks(
         ops_from_args(args),
@@ -83,7 +85,8 @@ def run_bench(args: argparse.Namespace) -> int:
     )
     results = [asdict(r) for r in report.results]
     print_table(BENCH_HEADERS, [bench_row(r) for r in results])
-    print(f"\n{_thread_note(args.torch_threads)}")
+    print()
+    print_wrapped(_thread_note(args.torch_threads))
     chip = report.chip
     if chip is None:
         print(f"\nroofline: no figures for this {report.platform} device; shares not computed")

@@ -12,7 +12,8 @@ from typing import Any
 from kernel_hub.errors import KernelHubError
 
 from . import demo_hub
-from .output import print_json, print_table
+from .options import require_modules
+from .output import print_json, print_table, print_wrapped
 
 CPU_TIMING_NOTE = (
     "What the times tell: the models are tiny and run on the CPU, where each kernel call "
@@ -99,13 +100,14 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     if reasons:
         print("\nleft alone:")
         for (model, cls, reason), count in reasons.items():
-            print(f"  {model}: {count} x {cls}: {reason}")
+            print_wrapped(f"{model}: {count} x {cls}: {reason}", indent="  ")
     for r in rows:
         if "error" in r:
             print(f"\n{r['model']}: error: {r['error']}")
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
+    require_modules("transformers")
     from kernel_hub.models.demo import run_demo
     from kernel_hub.models.tiny import DEFAULT_MODELS
 
@@ -161,5 +163,6 @@ def run_demo_command(args: argparse.Namespace) -> int:
             )
         for op, why in hub.not_published if hub is not None else ():
             print(f"not published, ran in-tree: {op}: {why}")
-        print(f"\n{CPU_TIMING_NOTE}")
+        print()
+        print_wrapped(CPU_TIMING_NOTE)
     return 0 if all(r["ok"] for r in rows) else 1

@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import os
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from packaging.requirements import Requirement
@@ -23,7 +25,9 @@ from kernel_hub.platform import accelerator_present
 
 from .output import print_json, print_table
 
-OK, MISSING, INFO = "ok", "missing", "info"
+OK, MISSING, OPTIONAL, INFO = "ok", "missing", "optional", "info"
+"""``missing``: a gap in what this host needs; ``optional``: not installed or not set up, needed
+only for what its row names (a TPU runtime on a host without TPUs, an extra, hub builds)."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,7 @@ def runtime_checks() -> list[Check]:
             checks.append(Check(f"runtime: {name}", OK, f"{distribution} {version}"))
         else:
             how = f"pip install 'kernel-hub[{extra}]'" if extra else "docs/running-on-tpu.md"
-            checks.append(Check(f"runtime: {name}", MISSING, "not installed", f"for TPUs: {how}"))
+            checks.append(Check(f"runtime: {name}", _gap(), "not installed", f"for TPUs: {how}"))
     checks.append(Check("runtime: CPU (DLPack)", OK, "always: torch CPU tensors run via JAX CPU"))
     libtpu = _version("libtpu")
     checks.append(
@@ -108,7 +112,7 @@ def runtime_checks() -> list[Check]:
         if libtpu
         else Check(
             "libtpu",
-            MISSING,
+            _gap(),
             "not installed",
             "pip install 'kernel-hub[tpu]' (JAX on TPU, deviceless compile-check)",
         )
@@ -154,7 +158,7 @@ def extras_checks() -> list[Check]:
         found = ", ".join(m for m in modules if m not in absent) or "-"
         if absent:
             todo = f"pip install 'kernel-hub[{extra}]' (lacks {', '.join(absent)})"
-            checks.append(Check(f"extra [{extra}]", MISSING, found, todo))
+            checks.append(Check(f"extra [{extra}]", OPTIONAL, found, todo))
         else:
             checks.append(Check(f"extra [{extra}]", OK, found))
     return checks
@@ -170,7 +174,12 @@ def registry_checks(registry: str | None) -> list[Check]:
     compile_cache = compilation_cache_dir()
     checks = [
         Check("registry", OK, f"{loaded.path} ({len(loaded.ops)} ops)"),
-        Check("compilation cache", INFO, str(compile_cache) if compile_cache else "off"),
+        _cache_check(
+            "compilation cache",
+            compile_cache,
+            "set KERNEL_HUB_COMPILATION_CACHE_DIR to a writable directory (or "
+            "KERNEL_HUB_COMPILATION_CACHE=0): every process compiles every kernel again",
+        ),
     ]
     if loaded.publishers:
         pinned = "; ".join(
@@ -181,7 +190,7 @@ def registry_checks(registry: str | None) -> list[Check]:
         checks.append(
             Check(
                 "pinned keys",
-                MISSING,
+                OPTIONAL,
                 "none: hub builds (get_kernel(version=...), source='hub', verify, mirror) are "
                 "refused; in-tree kernels load",
                 "pin a publisher's key under publishers: in your registry "
@@ -201,7 +210,11 @@ def hub_checks(timeout: float) -> list[Check]:
 
     endpoint = settings.endpoint()
     checks = [
-        Check("hub cache", INFO, str(settings.cache_dir())),
+        _cache_check(
+            "hub cache",
+            Path(settings.cache_dir()),
+            "set HF_HUB_CACHE (or HF_HOME) to a writable directory",
+        ),
         Check("trusted publishers", INFO, ", ".join(settings.trusted_publishers()) or "(none)"),
     ]
     if settings.offline():
@@ -228,6 +241,36 @@ def hub_checks(timeout: float) -> list[Check]:
     return checks
 
 
+def _gap() -> str:
+    """A TPU-side component that is not installed: needed on a TPU host, optional elsewhere."""
+    return MISSING if accelerator_present() else OPTIONAL
+
+
+def _cache_check(area: str, directory: Path | None, todo: str) -> Check:
+    """Whether kernel-hub can write ``directory`` (or make it: its nearest existing parent must
+    be a writable directory); nothing is created."""
+    if directory is None:
+        return Check(area, INFO, "off")
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
+    if not existing.is_dir():
+        return Check(area, MISSING, f"{directory}: {existing} is not a directory", todo)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return Check(area, MISSING, f"{directory}: {existing} is not writable", todo)
+    made = "writable" if existing == directory else f"to be made in {existing}"
+    return Check(area, OK, f"{directory} ({made})")
+
+
+def verdict(checks: list[Check]) -> str:
+    """One line: ready or not, and what the optional rows would add."""
+    gaps = [c.area for c in checks if c.status == MISSING]
+    optional = [c.area for c in checks if c.status == OPTIONAL]
+    platform = "TPU" if any(c.area == "TPU" and c.status == OK for c in checks) else "CPU"
+    later = f"; {len(optional)} optional (install or set up when needed)" if optional else ""
+    if gaps:
+        return f"verdict: {len(gaps)} to fix ({', '.join(gaps)}){later}"
+    return f"verdict: ready: kernel-hub runs its kernels here ({platform}){later}"
+
+
 def doctor(registry: str | None = None, timeout: float = 3.0) -> list[Check]:
     return [
         *runtime_checks(),
@@ -244,4 +287,5 @@ def run_doctor(args: argparse.Namespace) -> int:
         return 0
     rows: list[list[Any]] = [[c.area, c.status, c.found, c.todo or "-"] for c in checks]
     print_table(["check", "status", "found", "what to do"], rows)
+    print(f"\n{verdict(checks)}")
     return 0

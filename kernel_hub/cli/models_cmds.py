@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from .options import comma_list
+from .options import comma_list, require_modules
 from .output import print_json, print_table
 
 
@@ -111,11 +112,32 @@ def _print_markdown(results: Sequence[Any], argv: Sequence[str], summary: str) -
         print("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
 
 
+def _clock(seconds: float) -> str:
+    """``m:ss``, or ``h:mm:ss`` from an hour on."""
+    minutes, seconds = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}:{seconds:02d}"
+    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
+
+
+def progress_line(done: int, total: int, elapsed: float) -> str:
+    """``[12/400 3%] 0:41 elapsed, ~21:42 left``: the rest estimated from the mean so far."""
+    left = elapsed / done * (total - done) if done else 0.0
+    return (
+        f"[{done}/{total} {100 * done // max(total, 1)}%] {_clock(elapsed)} elapsed, "
+        f"~{_clock(left)} left"
+    )
+
+
 def run_models_command(args: argparse.Namespace) -> int:
+    require_modules("transformers")
     from ..models.coverage import DEFECTS, run_coverage, summary
 
-    def progress(result: Any) -> None:
-        print(f"  {result.model_type}: {result.status}", file=sys.stderr, flush=True)
+    started = time.monotonic()
+
+    def progress(result: Any, done: int, total: int) -> None:
+        line = progress_line(done, total, time.monotonic() - started)
+        print(f"{line} {result.model_type}: {result.status}", file=sys.stderr, flush=True)
 
     results = run_coverage(
         args.mode,

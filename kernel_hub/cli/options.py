@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 from kernel_hub.errors import KernelHubError
 
@@ -26,3 +27,11 @@ def ops_from_args(args: argparse.Namespace) -> list[str]:
     if not args.ops:
         raise KernelHubError("name at least one op (see 'kernel-hub list'), or pass --all")
     return list(args.ops)
+
+
+def require_modules(*names: str) -> None:
+    """Raise ``ModuleNotFoundError`` for the first of ``names`` not installed, before a command
+    does any work; ``main`` turns it into the ``pip install 'kernel-hub[extra]'`` hint."""
+    for name in names:
+        if importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)

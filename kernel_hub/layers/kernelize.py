@@ -479,7 +479,9 @@ def _switch_interface(
             if passed_over:
                 outcome["swapped_to"] += f" ({'; '.join(passed_over)})"
             break
-        passed_over.append(f"{outcome['op']} left it: {outcome['reason']}")
+        # an op the registry lacks left nothing: its reason says the registry has no such op
+        said_by = f"{outcome['op']} left it: " if outcome["op"] else ""
+        passed_over.append(said_by + outcome["reason"])
     else:
         outcome["reason"] = "; ".join(passed_over)
     return [

@@ -25,13 +25,17 @@ class Mode(enum.Flag):
         return union
 
     @classmethod
-    def parse(cls, value: Mode | str) -> Mode:
-        """A ``Mode``, or a string such as ``"training"`` or ``"inference+torch_compile"``."""
+    def parse(cls, value: Mode | enum.Flag | str) -> Mode:
+        """A ``Mode``, Hugging Face ``kernels.Mode`` (same names), or a string such as
+        ``"training"`` or ``"inference+torch_compile"``."""
         if isinstance(value, Mode):
             return _checked(value)
+        if isinstance(value, enum.Flag) and type(value).__module__.startswith("kernels."):
+            value = _from_hf_kernels(value)
         if not isinstance(value, str):
             raise KernelHubError(
-                f"mode must be a kernel_hub.Mode or a string, got {type(value).__name__} {value!r}"
+                "mode must be a kernel_hub.Mode, a kernels.Mode or a string, got "
+                f"{type(value).__name__} {value!r}"
             )
         parts = [p.strip().lower() for p in re.split(r"[+|,]", value)]
         mode = cls(0)
@@ -46,6 +50,19 @@ class Mode(enum.Flag):
     def label(self) -> str:
         """``"training+torch_compile"``: the string ``parse`` reads back."""
         return "+".join(m.name.lower() for m in Mode if m in self)
+
+
+def _from_hf_kernels(mode: enum.Flag) -> str:
+    """Hugging Face ``kernels.Mode`` as the string ``parse`` reads: the flags share their names,
+    except FALLBACK (kernels' "keep the original forward"), which kernel-hub does not take."""
+    names = [member.name.lower() for member in type(mode) if member.value and member in mode]
+    if "fallback" in names:
+        raise KernelHubError(
+            "kernels.Mode.FALLBACK has no kernel-hub counterpart: kernelize leaves a module stock "
+            "by itself when no kernel fits; pass kernels.Mode.INFERENCE or kernels.Mode.TRAINING "
+            "(| kernels.Mode.TORCH_COMPILE)"
+        )
+    return "+".join(names)
 
 
 def _check_exclusive(mode: Mode) -> None:

@@ -23,14 +23,21 @@ from pathlib import Path
 from types import ModuleType
 
 from kernel_hub.bridge.threads import apply_default_policy
-from kernel_hub.errors import HubError, KernelHubError, KernelInputError, SourceError
+from kernel_hub.errors import (
+    HubError,
+    KernelHubError,
+    KernelInputError,
+    SourceError,
+    UntrustedSourceError,
+)
 from kernel_hub.hub import settings
 from kernel_hub.hub.fetch import HubBuild, HubRequest, fetch_build
 from kernel_hub.hub.lockfile import LockedOp, LockFile, find_lock
-from kernel_hub.hub.trust import TrustRemoteCode
+from kernel_hub.hub.trust import TrustRemoteCode, check_trusted
 from kernel_hub.hub.variants import VARIANT_NAMES, select_variant
+from kernel_hub.hub.versions import parse_range
 from kernel_hub.paths import kernel_dir_for
-from kernel_hub.registry.manifest import MANIFEST_NAME
+from kernel_hub.registry.manifest import MANIFEST_NAME, load_manifest
 from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry, load_registry
 
@@ -123,6 +130,33 @@ def get_kernel(
     return module
 
 
+def _refuse_unverifiable(
+    entry: OpEntry, keys: PublisherKeys | None, version: str | int | None
+) -> None:
+    """A registry that pins no key for the repo's publisher can load none of its hub builds.
+    Say so before any download, and whether the in-tree kernel already is what was asked for:
+    asking the built-in registry for the in-tree version is the usual way to get here."""
+    if entry.repo is None or (keys is not None and keys.keys):
+        return
+    org = entry.repo.split("/", 1)[0]
+    in_tree_version = load_manifest(in_tree_dir(entry)).version
+    in_tree = f"{entry.kernel} {in_tree_version}"
+    if version is not None and parse_range(version).contains(in_tree_version, prereleases=True):
+        what_to_do = (
+            f"The in-tree kernel {in_tree} matches version {str(version)!r} and needs no hub: ask "
+            f"for no version (get_kernel({entry.name!r}), or no kernel_mapping version) to load it"
+        )
+    else:
+        what_to_do = f"get_kernel({entry.name!r}) loads the in-tree kernel {in_tree}"
+    raise UntrustedSourceError(
+        f"op {entry.name}: no hub build can be loaded: the registry in use ({entry.source}) pins "
+        f"no signing key for {entry.repo}'s publisher {org!r} (the built-in registry pins none: no "
+        "signed "
+        f"kernel-hub builds are published). {what_to_do}. To load your own signed builds, pin "
+        "your publisher key under 'publishers:' in your registry (docs/hub-walkthrough.md)"
+    )
+
+
 def _env_override(entry: OpEntry, name: str) -> Path | None:
     overrides = settings.local_kernel_overrides()
     for key in (entry.name, name, *entry.aliases):
@@ -189,6 +223,8 @@ def fetch_op_build(
                 f"op {entry.name}: {lock_file.path} pins repo {locked.repo} but the registry names "
                 f"{entry.repo}; re-run 'kernel-hub lock'"
             )
+    check_trusted(entry.repo, trust_remote_code)  # fetch_build's order: publisher, then keys
+    _refuse_unverifiable(entry, keys, version)
     # fetch_build asks JAX which platform this is, which starts its backends: the bridge's thread
     # policy must be in place first, or it never applies in this process
     apply_default_policy()

@@ -329,9 +329,10 @@ def run_coverage(
     model_types: Sequence[str] | None = None,
     registry: str | Path | None = None,
     threads: int | None = 1,
-    progress: Callable[[Result], None] | None = None,
+    progress: Callable[[Result, int, int], None] | None = None,
 ) -> list[Result]:
-    """One ``Result`` per architecture of ``families`` (only ``model_types`` if given)."""
+    """One ``Result`` per architecture of ``families`` (only ``model_types`` if given);
+    ``progress(result, done, total)`` after each."""
     mode = Mode.parse(mode)
     for family in families:
         if family not in archs.FAMILIES:
@@ -349,7 +350,7 @@ def run_coverage(
             result = check_architecture(arch, mode, registry)
             results.append(result)
             if progress is not None:
-                progress(result)
+                progress(result, len(results), len(found))
     return results
 
 

@@ -36,7 +36,8 @@ def expected_swaps(model: str) -> dict[str, int]:
     return swaps
 
 
-def test_demo_table(capsys: pytest.CaptureFixture) -> None:
+def test_demo_table(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per row (narrower terminals wrap cells)
     assert main(["demo", "--no-hub"]) == 0
     out, err = capsys.readouterr()
     # progress on stderr as each model starts; what CPU times mean, after the table

@@ -163,7 +163,7 @@ def test_mapping_version_asks_the_hub(tmp_path: Path, monkeypatch: pytest.Monkey
     with kernel_mapping({"RMSNorm": "1.0.0"}):
         report = kernelize(model)
     assert not report.swapped and swapped_modules(model) == []
-    assert "the registry pins no signing key for kernel-hub/rmsnorm" in report.entries[0].reason
+    assert "pins no signing key for kernel-hub/rmsnorm" in report.entries[0].reason
 
 
 def test_unknown_mapping_key_fails_kernelize() -> None:

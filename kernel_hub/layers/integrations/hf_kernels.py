@@ -24,6 +24,9 @@ time). Importing this module imports ``kernels``; nothing else in kernel-hub doe
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,27 @@ def _major(specifier: Any) -> int:
     return int(lower[0].split(".")[0])
 
 
+def transformers_marks_nothing() -> str | None:
+    """Why ``kernels.kernelize`` swaps no layer of a Transformers model with the installed pair,
+    or None: Transformers' ``use_kernel_forward_from_hub`` marks layers only when the installed
+    ``kernels`` is in the range that Transformers accepts, and is an inert stub otherwise."""
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    from transformers.utils import import_utils
+
+    if import_utils.is_kernels_available():
+        return None
+    low, high = import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION
+    return (
+        f"transformers {importlib.metadata.version('transformers')} marks its layers for Hugging "
+        f"Face kernels only with kernels>={low},<{high}; with kernels "
+        f"{importlib.metadata.version('kernels')} its use_kernel_forward_from_hub does nothing, "
+        "so kernels.kernelize swaps no layer of a Transformers model with this mapping and says "
+        "nothing. kernel_hub.kernelize(model) swaps them without the kernels package; or mark "
+        "each class first with kernels.replace_kernel_forward_from_hub(cls, layer_name)"
+    )
+
+
 def hub_layer_mapping(
     registry: str | Path | None = None,
     devices: tuple[str, ...] = DEVICES,
@@ -59,8 +83,15 @@ def hub_layer_mapping(
 
     ``trust_remote_code`` goes to each ``LayerRepository``: ``kernels`` imports code only from
     organisations the Hub marks as trusted kernel publishers (it asks the Hub, which a mirror or a
-    ``kernel-hub serve`` store cannot answer), or from the repos listed here."""
+    ``kernel-hub serve`` store cannot answer), or from the repos listed here.
+
+    Warns when the installed Transformers and ``kernels`` do not work together
+    (``transformers_marks_nothing``): the mapping would then swap nothing, silently."""
     from kernels import LayerRepository
+
+    inert = transformers_marks_nothing()
+    if inert is not None:
+        warnings.warn(inert, UserWarning, stacklevel=2)
 
     unknown = set(devices) - set(DEVICES)
     if unknown:

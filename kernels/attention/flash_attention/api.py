@@ -155,6 +155,8 @@ def _tokamax(q, k, v, tokens, sinks, *, spec, with_lse):
 
 
 def _tokamax_problem(q, k, v, tokens, sinks, *, spec, with_lse):
+    if missing := tokamax_impl.missing():
+        return missing
     # Tokamax 0.0.12 has no form of positions or groups its kernel runs: the public
     # dot_product_attention takes no segment ids, positions or mask function, only a dense boolean
     # mask (O(S^2)) and k_start/k_end ranges (local_window_size, key_value_seq_lengths). Its

@@ -1,16 +1,25 @@
 """Tokamax's ``dot_product_attention`` as an implementation (its Mosaic splash kernel on TPU, XLA
 elsewhere). Its public API returns no logsumexp, so it serves only calls that do not ask for one.
+Tokamax is optional: it is imported when this implementation first runs (the import costs
+seconds), and without it this implementation says so and the next one runs.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import jax.numpy as jnp
-import tokamax
 
 from . import masking
 from .masking import AttentionSpec
+
+
+def missing() -> str | None:
+    """Why this implementation cannot run here when Tokamax is not installed, else None."""
+    if importlib.util.find_spec("tokamax") is None:
+        return "tokamax is not installed (pip install 'kernel-hub[tokamax]')"
+    return None
 
 
 def _parse_tokamax_flags() -> None:
@@ -40,6 +49,8 @@ def attention(q, k, v, q_segment_ids, kv_segment_ids, spec: AttentionSpec):
             q_len, kv_len, spec, masking.TokenMask(q_segment_ids, kv_segment_ids)
         )
         causal, window = False, None
+    import tokamax
+
     _parse_tokamax_flags()
     out = tokamax.dot_product_attention(
         q.swapaxes(1, 2),
