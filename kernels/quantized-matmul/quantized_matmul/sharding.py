@@ -41,6 +41,11 @@ def mesh_cases() -> list[MeshCase]:
             ("data", "model"),
             differentiable=(0,),
             forward_collectives={"all-reduce": 1},
+            # No mesh-axis convention splits a weight's k: the inputs are gathered to the
+            # conventional placement instead of summing partial products.
+            auto_forward_collectives={"all-gather": 1},
+            auto_backward_collectives={"all-gather": 1},
+            xla_backward=True,  # the activations' gradient is XLA's (whole dequantized weight)
         )
         for fmt, dtype, scale_shape, scale_spec in (
             ("int8", jnp.int8, (1024,), ("model",)),
