@@ -109,6 +109,23 @@ def _xla(x, weight, scale, *, out_dtype, block_sizes):
 TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 
 
+def _out_dtype(dtype, preferred_element_type) -> jnp.dtype:
+    """The result dtype; ``preferred_element_type`` may be a JAX, numpy or torch dtype (the
+    torch op passes its argument through)."""
+    if preferred_element_type is None:
+        return jnp.dtype(dtype)
+    try:
+        out = jnp.dtype(preferred_element_type)
+    except TypeError:  # a torch dtype
+        out = jnp.dtype(dtype_name(preferred_element_type))
+    require(
+        out.name in ACTIVATION_DTYPES,
+        f"{OP}: preferred_element_type must be one of {', '.join(ACTIVATION_DTYPES)}, "
+        f"got {out.name}",
+    )
+    return out
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _matmul(x, weight, scale, out_dtype: Any, block_sizes: Any, implementation: Any):
     return TABLE(
@@ -156,7 +173,7 @@ def quantized_matmul(
     ``block_sizes``: the Pallas blocks (``BlockSizes``).
     """
     check_inputs(x, weight, scale)
-    out_dtype = jnp.dtype(preferred_element_type or x.dtype)
+    out_dtype = _out_dtype(x.dtype, preferred_element_type)
     lead, (n, k) = x.shape[:-1], weight.shape
     rows = math.prod(lead)
     if 0 in (rows, n, k):

@@ -21,8 +21,8 @@ CASES = {case.name: case for case in qmm.benchmark.CASES}
 # One benchmark case per generation, spread over formats, projections and phases.
 CASE_PER_GENERATION = {
     "v4": "llama3-8b-down_proj-fp8-prefill8192",  # v4 has the smallest scoped VMEM (16 MiB)
-    "v5e": "llama3-8b-gate_proj-fp8-decode64",
-    "v5p": "llama3-8b-down_proj-int8-decode256",
+    "v5e": "llama3-8b-gate_proj-fp8-decode256",
+    "v5p": "llama3-8b-down_proj-int8-decode64",
     "v6e": "llama3-8b-gate_proj-fp8-prefill8192",
 }
 
@@ -49,7 +49,7 @@ def _compiled(case, generation):
 
 @pytest.mark.parametrize("generation", ["v5e", "v6e"])
 @pytest.mark.parametrize(
-    "name", ["llama3-8b-down_proj-fp8-decode256", "llama3-8b-q_proj-int8-decode16"]
+    "name", ["llama3-8b-down_proj-fp8-decode256", "llama3-8b-q_proj-int8-decode64"]
 )
 def test_decode_reads_weights_in_place_near_the_bound(generation, name):
     case = CASES[name]
