@@ -2,7 +2,7 @@
 torch paths ``kernel-hub bench`` times beside the JAX implementations.
 
 Cases are Llama-3-8B's projections (hidden 4096, intermediate 14336, 8 KV heads of 128) at decode
-batches 1..256 and an 8k prefill. ``bytes_accessed`` is the hand-count bound: activations, the
+batches 1 and 256 and an 8k prefill. ``bytes_accessed`` is the hand-count bound: activations, the
 quantized weight with its scales and the output, each once.
 """
 
@@ -27,7 +27,6 @@ LLAMA3_8B = {
     "gate_proj": (14336, 4096),
     "down_proj": (4096, 14336),
 }
-DECODE = (1, 16, 64, 256)
 PREFILL = 8192
 
 
@@ -61,26 +60,25 @@ def case(name: str, rows: int, out: int, inner: int, fmt: str, dtype=jnp.bfloat1
     )
 
 
-CASES = (
-    [
-        case(f"llama3-8b-{proj}-{fmt}-decode{rows}", rows, out, inner, fmt, tags=("decode",))
-        for fmt in ("fp8", "int8")
-        for proj, (out, inner) in LLAMA3_8B.items()
-        for rows in DECODE
-    ]
-    + [
-        case(
-            f"llama3-8b-{proj}-{fmt}-prefill{PREFILL}", PREFILL, out, inner, fmt, tags=("prefill",)
-        )
-        for fmt in ("fp8", "int8")
-        for proj, (out, inner) in LLAMA3_8B.items()
-    ]
-    + [
-        # small enough for Pallas interpret mode on a 2-core CPU; ragged fp8 blocks (out 576)
-        case("small-fp8-576x512-f32", 8, 576, 512, "fp8", jnp.float32, tags=(CPU_TAG,)),
-        case("small-int8-256x384-bf16", 16, 256, 384, "int8", tags=(CPU_TAG,)),
-    ]
-)
+def _name(proj: str, fmt: str, phase: str, rows: int) -> str:
+    return f"llama3-8b-{proj}-{fmt}-{phase}{rows}"
+
+
+# fp8 (the checkpoints people serve) at the decode batches' ends and prefill; int8 at a few.
+# ``scripts/quantized_matmul_bytes.py`` covers decode 1/16/64/256 for every projection.
+SELECTED = [("fp8", proj, "decode", rows) for proj in LLAMA3_8B for rows in (1, 256)]
+SELECTED += [("fp8", proj, "prefill", PREFILL) for proj in ("gate_proj", "down_proj")]
+SELECTED += [("int8", proj, "decode", 64) for proj in ("q_proj", "down_proj")]
+SELECTED += [("int8", "down_proj", "prefill", PREFILL)]
+
+CASES = [
+    case(_name(proj, fmt, phase, rows), rows, *LLAMA3_8B[proj], fmt, tags=(phase,))
+    for fmt, proj, phase, rows in SELECTED
+] + [
+    # small enough for Pallas interpret mode on a 2-core CPU; ragged fp8 blocks (out 576)
+    case("small-fp8-576x512-f32", 8, 576, 512, "fp8", jnp.float32, tags=(CPU_TAG,)),
+    case("small-int8-256x384-bf16", 16, 256, 384, "int8", tags=(CPU_TAG,)),
+]
 
 
 def torch_dequantized_linear(x, weight, scale) -> torch.Tensor:
