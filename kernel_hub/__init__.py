@@ -27,6 +27,7 @@ _EXPORTS = {
     "from_pretrained": ".layers.kernelize",
     "use_mesh": ".sharding",
     "quantize_experts": ".layers.quantize",
+    "quantize_linear": ".layers.quantized_linear",
 }
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     )
     from .layers.modes import Mode
     from .layers.quantize import quantize_experts
+    from .layers.quantized_linear import quantize_linear
     from .layers.report import KernelizeReport
     from .loading.mappings import kernel_mapping
     from .loading.resolver import get_kernel
@@ -77,6 +79,7 @@ __all__ = [
     "load_registry",
     "mark_layer",
     "quantize_experts",
+    "quantize_linear",
     "unkernelize",
     "unmark_layer",
     "use_kernel_forward",

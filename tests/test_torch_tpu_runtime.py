@@ -80,6 +80,7 @@ XLA_BACKWARDS = {
     "causal_conv1d",
     "gated_rms_norm",
     "mamba_chunk_scan_combined",
+    "quantized_matmul",  # the activations' gradient through the dequantized weight (issue 37)
 }
 """Ops whose backward is XLA, not a Pallas kernel (issue 26's kernels, as built)."""
 

@@ -57,7 +57,7 @@ from kernel_hub.loading.resolver import get_kernel
 from kernel_hub.platform import TORCH_DEVICE_PLATFORMS, Platform
 from kernel_hub.registry.registry import Registry, load_registry
 
-from . import swaps
+from . import quantized_checkpoint, swaps
 from .modes import Mode
 from .report import KernelizeReport, ReportEntry
 
@@ -627,8 +627,19 @@ def from_pretrained(
 ) -> torch.nn.Module:
     """``model_class.from_pretrained(path, **kwargs)``, kernelized (the report is logged).
 
-    ``model_class`` is a Transformers model or auto class (``AutoModelForCausalLM``).
+    ``model_class`` is a Transformers model or auto class (``AutoModelForCausalLM``). A local
+    fine-grained FP8 checkpoint (``quantization_config`` ``quant_method: fp8``, 128x128 blocks)
+    is loaded by kernel-hub instead, its linear weights kept in float8_e4m3fn (Transformers
+    refuses FP8 without a GPU; see ``quantized_checkpoint``); it takes no ``kwargs``.
     """
-    model = model_class.from_pretrained(path, **kwargs)
+    if quantized_checkpoint.fp8_config(path) is not None:
+        if kwargs:
+            raise KernelHubError(
+                f"from_pretrained of the fine-grained FP8 checkpoint {path}: kernel-hub loads it "
+                f"itself and does not implement {sorted(kwargs)}; call it without them"
+            )
+        model = quantized_checkpoint.load_fp8(model_class, path)
+    else:
+        model = model_class.from_pretrained(path, **kwargs)
     kernelize(model, mode=mode, device=device, registry=registry)
     return model

@@ -1,0 +1,163 @@
+"""``QuantizedLinear``: a linear layer whose weight stays in its stored 8-bit format, and
+``quantize_linear``, the explicit opt-in that quantizes a model's ``nn.Linear`` layers.
+
+The module's own ``forward`` is the stock computation: the whole weight dequantized in torch
+(``weight * scale`` in f32, rounded once to the activation dtype, Transformers' order), then
+``F.linear``. Its class is marked ``kernel_layer_name = "QuantizedLinear"``, so ``kernelize``
+replaces that forward with the quantized-matmul kernel's layer, which reads the weight quantized.
+
+Formats (``kernel_api.weight_formats``): "fp8" (float8_e4m3fn [out, in] with ``weight_scale_inv``
+f32 [ceil(out / 128), ceil(in / 128)], fine-grained FP8 checkpoints' names and layout) and "int8"
+(int8 [out, in] with ``weight_scale`` f32 [out], symmetric per output channel).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kernel_hub.errors import KernelHubError
+
+log = logging.getLogger(__name__)
+
+FP8_BLOCK = 128
+FORMATS = {"fp8": (torch.float8_e4m3fn, "weight_scale_inv"), "int8": (torch.int8, "weight_scale")}
+"""format -> (stored weight dtype, the scale's attribute and checkpoint name)."""
+
+
+def scale_shape(fmt: str, out: int, inner: int) -> tuple[int, ...]:
+    if fmt == "int8":
+        return (out,)
+    return (-(-out // FP8_BLOCK), -(-inner // FP8_BLOCK))
+
+
+def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``weight * scale`` in f32 (f64 for f64), rounded once to ``dtype``."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    out, inner = weight.shape
+    if weight.dtype == torch.int8:
+        full = scale.to(acc)[:, None]
+    else:
+        full = scale.to(acc).repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)
+        full = full[:out, :inner]
+    return (weight.to(acc) * full).to(dtype)
+
+
+class QuantizedLinear(torch.nn.Module):
+    """A Linear with a frozen 8-bit weight and its scale (see the module docstring)."""
+
+    kernel_layer_name = "QuantizedLinear"
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, fmt: str) -> None:
+        super().__init__()
+        if fmt not in FORMATS:
+            raise KernelHubError(f"QuantizedLinear: format {fmt!r}; valid: {', '.join(FORMATS)}")
+        dtype, scale_name = FORMATS[fmt]
+        self.in_features, self.out_features, self.format = in_features, out_features, fmt
+        self.weight = torch.nn.Parameter(
+            torch.zeros(out_features, in_features, dtype=dtype), requires_grad=False
+        )
+        shape = scale_shape(fmt, out_features, in_features)
+        self.register_parameter(
+            scale_name, torch.nn.Parameter(torch.ones(shape), requires_grad=False)
+        )
+        self.register_parameter(
+            "bias", torch.nn.Parameter(torch.zeros(out_features)) if bias else None
+        )
+
+    @property
+    def scale(self) -> torch.Tensor:
+        return getattr(self, FORMATS[self.format][1])
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight = dequantize(self.weight, self.scale, input.dtype)
+        return torch.nn.functional.linear(input, weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, format={self.format}"
+        )
+
+
+def quantize_weight(weight: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(quantized weight, scale) of a float [out, in] weight: fp8 scales each 128 x 128 block's
+    largest magnitude to e4m3's 448, int8 each output channel's to 127."""
+    w = weight.detach().float()
+    out, inner = w.shape
+    if fmt == "int8":
+        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
+        return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+    rows, cols = scale_shape(fmt, out, inner)
+    padded = torch.zeros(rows * FP8_BLOCK, cols * FP8_BLOCK)
+    padded[:out, :inner] = w
+    blocks = padded.reshape(rows, FP8_BLOCK, cols, FP8_BLOCK)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-12) / torch.finfo(torch.float8_e4m3fn).max
+    q = (blocks / scale[:, None, :, None]).reshape(rows * FP8_BLOCK, cols * FP8_BLOCK)
+    return q[:out, :inner].to(torch.float8_e4m3fn), scale
+
+
+@dataclass(frozen=True)
+class QuantizedLayer:
+    """One layer ``quantize_linear`` quantized: bytes of its weight before and after, and the
+    dequantized weight's error against the weight it replaced (max abs, and relative to the
+    weight's largest magnitude)."""
+
+    module: str
+    bytes_before: int
+    bytes_after: int
+    max_abs_error: float
+    max_rel_error: float
+
+
+@dataclass(frozen=True)
+class LinearQuantizationReport:
+    format: str
+    layers: tuple[QuantizedLayer, ...]
+    left_alone: tuple[tuple[str, str], ...]
+    """(module, reason) of the ``nn.Linear`` layers not quantized."""
+
+
+def quantize_linear(
+    model: torch.nn.Module, format: str, *, skip: Sequence[str] = ("lm_head",)
+) -> LinearQuantizationReport:
+    """Replace every ``torch.nn.Linear`` of ``model`` (but those whose name ends with an entry
+    of ``skip``) by a ``QuantizedLinear`` in ``format`` ("fp8" or "int8"), in place; ``kernelize``
+    then runs them on the quantized-matmul kernel. A lossy, explicit choice: the report gives
+    each layer's measured weight error (also logged) and its bytes before and after."""
+    if format not in FORMATS:
+        raise KernelHubError(f"quantize_linear: format {format!r}; valid: {', '.join(FORMATS)}")
+    done, left = [], []
+    for name, module in list(model.named_modules()):
+        if type(module) is not torch.nn.Linear:
+            continue
+        if any(name == s or name.endswith(f".{s}") for s in skip):
+            left.append((name, "skipped (skip=)"))
+            continue
+        if module.weight.device.type == "meta":
+            left.append((name, "its weight is on the meta device"))
+            continue
+        weight = module.weight.detach()
+        q, scale = quantize_weight(weight, format)
+        layer = QuantizedLinear(module.in_features, module.out_features, False, format)
+        layer.weight.data = q.to(weight.device)
+        layer.scale.data = scale.to(weight.device)
+        layer.bias = module.bias
+        error = (dequantize(q, scale, torch.float64) - weight.double()).abs().max().item()
+        top = weight.double().abs().max().item() or 1.0
+        done.append(
+            QuantizedLayer(
+                name,
+                weight.numel() * weight.element_size(),
+                q.numel() * q.element_size() + scale.numel() * scale.element_size(),
+                error,
+                error / top,
+            )
+        )
+        model.set_submodule(name, layer)
+    worst = max((layer.max_rel_error for layer in done), default=0.0)
+    log.info("quantize_linear(%s): %d layers, largest weight error %.3g", format, len(done), worst)
+    return LinearQuantizationReport(format, tuple(done), tuple(left))

@@ -1,0 +1,22 @@
+"""quantized-matmul kernel: ``quantized_matmul``, a linear layer's ``x @ W^T`` with the weight
+kept quantized (fp8 e4m3 in 128 x 128 blocks, int8 per output channel); its JAX function in
+``jax``; ``layers.QuantizedLinear`` for kernel-hub's quantized linear layers."""
+
+from kernel_hub.kernel_api import KernelDeclaration
+
+from . import api as jax
+from . import benchmark, layers, sharding
+from .torch_ops import quantized_matmul
+
+KERNEL = KernelDeclaration(
+    ops={"quantized_matmul": quantized_matmul},
+    jax=jax,
+    implementation_tables=(jax.TABLE,),
+    layers={"QuantizedLinear": layers.QuantizedLinear},
+    module_checks=layers.MODULE_CHECKS,
+    mesh_cases=sharding.mesh_cases,
+    benchmark_cases=benchmark.CASES,
+    torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
+)
+
+__all__ = ["KERNEL", "benchmark", "jax", "layers", "quantized_matmul"]

@@ -1,0 +1,102 @@
+"""Representative shapes with FLOPs and bytes per call (bench and TPU compile checks), and the
+torch paths ``kernel-hub bench`` times beside the JAX implementations.
+
+Cases are Llama-3-8B's projections (hidden 4096, intermediate 14336, 8 KV heads of 128) at decode
+batches 1 and 256 and an 8k prefill. ``bytes_accessed`` is the hand-count bound: activations, the
+quantized weight with its scales and the output, each once.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from kernel_hub.kernel_api import CPU_TAG, KernelCase
+
+from .api import quantized_matmul, scale_shape
+from .reference import dequantize
+from .torch_ops import quantized_matmul as quantized_matmul_op
+
+WEIGHT_DTYPES = {"fp8": jnp.float8_e4m3fn, "int8": jnp.int8}
+# projection -> (out, in)
+LLAMA3_8B = {
+    "q_proj": (4096, 4096),
+    "k_proj": (1024, 4096),
+    "gate_proj": (14336, 4096),
+    "down_proj": (4096, 14336),
+}
+PREFILL = 8192
+
+
+def case(name: str, rows: int, out: int, inner: int, fmt: str, dtype=jnp.bfloat16, tags=()):
+    """One ``quantized_matmul`` of an [out, in] ``fmt`` weight over ``rows`` tokens."""
+    scales = scale_shape(fmt, out, inner)
+    itemsize = jnp.dtype(dtype).itemsize
+
+    def make_args(rng: np.random.Generator):
+        x = rng.standard_normal((rows, inner), dtype=np.float32).astype(dtype)
+        w = rng.standard_normal((out, inner), dtype=np.float32)
+        q = np.clip(np.round(w * 32), -127, 127) if fmt == "int8" else w
+        scale = np.full(scales, 1 / 32 / np.sqrt(inner), np.float32)
+        return x, jnp.asarray(q).astype(WEIGHT_DTYPES[fmt]), scale
+
+    return KernelCase(
+        name=name,
+        fn=quantized_matmul,
+        args=(
+            jax.ShapeDtypeStruct((rows, inner), dtype),
+            jax.ShapeDtypeStruct((out, inner), WEIGHT_DTYPES[fmt]),
+            jax.ShapeDtypeStruct(scales, jnp.float32),
+        ),
+        flops=2 * rows * out * inner,
+        bytes_accessed=(rows * inner + rows * out) * itemsize
+        + out * inner
+        + 4 * int(np.prod(scales)),
+        differentiable=(0,),
+        tags=(fmt, *tags),
+        make_args=make_args,
+    )
+
+
+def _name(proj: str, fmt: str, phase: str, rows: int) -> str:
+    return f"llama3-8b-{proj}-{fmt}-{phase}{rows}"
+
+
+# fp8 (the checkpoints people serve) at the decode batches' ends and prefill; int8 at a few.
+# ``scripts/quantized_matmul_bytes.py`` covers decode 1/16/64/256 for every projection.
+SELECTED = [("fp8", proj, "decode", rows) for proj in LLAMA3_8B for rows in (1, 256)]
+SELECTED += [("fp8", proj, "prefill", PREFILL) for proj in ("gate_proj", "down_proj")]
+SELECTED += [("int8", proj, "decode", 64) for proj in ("q_proj", "down_proj")]
+SELECTED += [("int8", "down_proj", "prefill", PREFILL)]
+
+CASES = [
+    case(_name(proj, fmt, phase, rows), rows, *LLAMA3_8B[proj], fmt, tags=(phase,))
+    for fmt, proj, phase, rows in SELECTED
+] + [
+    # small enough for Pallas interpret mode on a 2-core CPU; ragged fp8 blocks (out 576)
+    case("small-fp8-576x512-f32", 8, 576, 512, "fp8", jnp.float32, tags=(CPU_TAG,)),
+    case("small-int8-256x384-bf16", 16, 256, 384, "int8", tags=(CPU_TAG,)),
+]
+
+
+def torch_dequantized_linear(x, weight, scale) -> torch.Tensor:
+    """What a torch user runs without the kernel: dequantize the whole weight, then a Linear."""
+    fmt = "int8" if weight.dtype == torch.int8 else "fp8"
+    w = dequantize(
+        jnp.asarray(weight.float().numpy()), jnp.asarray(scale.numpy()), fmt, jnp.float32
+    )
+    return torch.nn.functional.linear(x, torch.from_numpy(np.asarray(w)).to(x.dtype))
+
+
+def kernel_hub_quantized_matmul(x, weight, scale) -> torch.Tensor:
+    """kernel-hub's quantized_matmul torch op (DLPack bridge to JAX, the platform's default)."""
+    return quantized_matmul_op(x, weight, scale)
+
+
+# Torch callables taking a case's arguments as tensors and its kwargs.
+TORCH_IMPLEMENTATIONS = {
+    "torch-dequantized": torch_dequantized_linear,
+    "torch-op": kernel_hub_quantized_matmul,
+}

@@ -1,0 +1,63 @@
+"""The ``QuantizedLinear`` layer: its ``forward`` replaces kernel-hub's ``QuantizedLinear``
+(``kernel_hub.quantize_linear``, fine-grained FP8 checkpoints loaded by
+``kernel_hub.from_pretrained``), reading the host's quantized ``weight`` and its scale
+(``weight_scale_inv`` for fp8 blocks, ``weight_scale`` for int8 channels) in place.
+
+The product is kept in f32 until the bias is added, then rounded once to the activation dtype,
+as ``F.linear`` of the dequantized weight rounds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernel_hub.kernel_api import dtype_name
+
+from .api import ACTIVATION_DTYPES, FORMATS, scale_shape
+from .torch_ops import quantized_matmul
+
+SCALE_NAMES = ("weight_scale_inv", "weight_scale")
+
+
+def _scale(module: torch.nn.Module) -> torch.Tensor | None:
+    for name in SCALE_NAMES:
+        scale = getattr(module, name, None)
+        if isinstance(scale, torch.Tensor):
+            return scale
+    return None
+
+
+class QuantizedLinear(torch.nn.Module):
+    """``input @ (weight * scale)^T + bias`` with the weight read quantized."""
+
+    can_torch_compile = True
+    has_backward = True  # the activations' gradient; the weight is frozen
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        out = quantized_matmul(input, self.weight, _scale(self), torch.float32)
+        if self.bias is not None:
+            out = out + self.bias.float()
+        return out.to(input.dtype)
+
+
+def _problem(module: torch.nn.Module) -> str | None:
+    """Why ``QuantizedLinear.forward`` cannot take ``module``'s state, or None."""
+    weight, scale = getattr(module, "weight", None), _scale(module)
+    if not isinstance(weight, torch.Tensor) or weight.ndim != 2:
+        return "it has no 2-D weight"
+    if dtype_name(weight.dtype) not in FORMATS:
+        return f"its weight is {dtype_name(weight.dtype)}; valid: {', '.join(FORMATS)}"
+    if scale is None:
+        return f"it has none of the scales {', '.join(SCALE_NAMES)}"
+    expected = scale_shape(FORMATS[dtype_name(weight.dtype)], *weight.shape)
+    if tuple(scale.shape) != expected or scale.dtype != torch.float32:
+        return f"its scale is {scale.dtype} {tuple(scale.shape)}; it needs float32 {expected}"
+    if weight.device.type == "meta":
+        return "its weight is on the meta device"
+    bias = getattr(module, "bias", None)
+    if bias is not None and dtype_name(bias.dtype) not in ACTIVATION_DTYPES:
+        return f"its bias is {dtype_name(bias.dtype)}"
+    return None
+
+
+MODULE_CHECKS = {"QuantizedLinear": _problem}

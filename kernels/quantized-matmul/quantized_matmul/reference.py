@@ -1,0 +1,47 @@
+"""Plain JAX quantized matmul: the numerics oracle and the XLA implementation.
+
+What a quantized weight stands for is ``kernel_api.weight_formats.dequantize`` (``weight *
+scale`` in f32, rounded once to the activation dtype, Transformers' order); the product
+accumulates in f32 (f64 for f64 activations) and is rounded once to the output dtype.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernel_hub.kernel_api import weight_formats
+
+
+def dequantize(weight: jax.Array, scale: jax.Array, fmt: str, dtype) -> jax.Array:
+    """The [out, in] weight a quantized ``weight`` and its ``scale`` stand for, in ``dtype``."""
+    return weight_formats.dequantize(weight[None], scale[None], fmt, dtype)[0]
+
+
+def quantized_matmul(x: jax.Array, weight: jax.Array, scale: jax.Array, fmt: str, out_dtype):
+    """``x [m, in] @ W^T`` with ``W = dequantize(weight, scale)`` in x's dtype -> [m, out]."""
+    acc = jnp.promote_types(x.dtype, jnp.float32)
+    w = dequantize(weight, scale, fmt, x.dtype)
+    y = jax.lax.dot_general(
+        x,
+        w,
+        (((1,), (1,)), ((), ())),
+        precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=acc,
+    )
+    return y.astype(out_dtype)
+
+
+def input_gradient(weight: jax.Array, scale: jax.Array, fmt: str, dout: jax.Array, dtype):
+    """``d x = d out @ W`` [m, in] in ``dtype``: the activations' gradient, through the whole
+    dequantized weight (a temporary the size of the weight in ``dtype``)."""
+    acc = jnp.promote_types(dtype, jnp.float32)
+    w = dequantize(weight, scale, fmt, dtype)
+    dx = jax.lax.dot_general(
+        dout.astype(dtype),
+        w,
+        (((1,), (0,)), ((), ())),
+        precision=jax.lax.Precision.HIGHEST,
+        preferred_element_type=acc,
+    )
+    return dx.astype(dtype)

@@ -1,0 +1,148 @@
+"""quantized_matmul's values against a float64 oracle of the dequantized weight (fp8 128x128
+blocks, int8 per channel; f32, bf16), Pallas interpret mode at TPU block sizes with several
+blocks and ragged tails, the activations' gradient, the torch op's contract, and errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from kernel_hub import get_kernel
+from kernel_hub.errors import KernelInputError, NoImplementationError
+
+k = get_kernel("quantized-matmul", local_dir=Path(__file__).resolve().parents[1])
+IMPLEMENTATIONS = ["xla", "pallas"]
+# relative to the output's largest magnitude: f32 accumulation; bf16 activations and weights
+TOL = {torch.float32: 2e-6, torch.bfloat16: 1e-2}
+
+
+def quantized(fmt: str, out: int, inner: int, seed: int = 0):
+    """A random weight in ``fmt`` with scales that differ per channel / block, as torch tensors."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(out, inner, generator=gen)
+    if fmt == "int8":
+        weight = (w * 40).round().clamp(-127, 127).to(torch.int8)
+        scale = torch.rand(out, generator=gen) / 40 + 0.5 / 40
+    else:
+        weight = w.to(torch.float8_e4m3fn)
+        scale = torch.rand(-(-out // 128), -(-inner // 128), generator=gen) + 0.5
+    return weight, scale
+
+
+def dequantized64(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float64 ``weight * scale`` (the format's meaning), independent of the kernel's code."""
+    out, inner = weight.shape
+    if weight.dtype == torch.int8:
+        return weight.double() * scale.double()[:, None]
+    full = scale.double().repeat_interleave(128, 0).repeat_interleave(128, 1)
+    return weight.double() * full[:out, :inner]
+
+
+def oracle(x, weight, scale, dtype):
+    """x @ W^T in float64, with W rounded to the activation dtype as a dequantized layer's is."""
+    w = dequantized64(weight, scale).to(dtype).double()
+    return x.double() @ w.T
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, tol: float):
+    err = float((got.double() - want).abs().max() / want.abs().max())
+    assert err <= tol, f"max error {err:.2e} (relative to max |out|) > {tol}"
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_forward_matches_float64_oracle(fmt, dtype, implementation):
+    weight, scale = quantized(fmt, 200, 300)  # ragged 128-blocks both ways
+    x = torch.randn(2, 3, 300).to(dtype)
+    out = k.quantized_matmul(x, weight, scale, None, implementation)
+    assert out.dtype == dtype and out.shape == (2, 3, 200)
+    assert_close(out, oracle(x, weight, scale, dtype), TOL[dtype])
+
+
+@pytest.mark.parametrize(("fmt", "dtype"), [("fp8", jnp.bfloat16), ("int8", jnp.float32)])
+def test_pallas_several_blocks_with_ragged_tails(fmt, dtype):
+    """TPU block sizes (tm one bf16 sublane tile, tn and tk 256): 2 x 2 x 2 blocks, each axis's
+    last one partly past the end (m 20, out 320 = 2.5 fp8 blocks, in 384), forward and
+    gradient."""
+    weight, scale = quantized(fmt, 320, 384, seed=1)
+    weight, scale = (
+        jnp.asarray(weight.float().numpy()).astype(
+            jnp.int8 if fmt == "int8" else jnp.float8_e4m3fn
+        ),
+        jnp.asarray(scale.numpy()),
+    )
+    x = jax.random.normal(jax.random.key(0), (20, 384), dtype)
+    blocks = k.jax.BlockSizes(tm=16, tn=256, tk=256)
+
+    def loss(implementation, **options):
+        def total(a):
+            out = k.jax.quantized_matmul(a, weight, scale, implementation=implementation, **options)
+            return jnp.sum(out.astype(jnp.float32) ** 2)
+
+        return total
+
+    got = jax.value_and_grad(loss("pallas", block_sizes=blocks))(x)
+    want = jax.value_and_grad(loss("xla"))(x)
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2
+    for g, w in zip(got, want, strict=True):
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        assert np.abs(g - w).max() <= tol * np.abs(w).max()
+    out = k.jax.quantized_matmul(x, weight, scale, implementation="pallas", block_sizes=blocks)
+    assert bool(jnp.all(jnp.isfinite(out)))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_activation_gradient_matches_float64_oracle(fmt):
+    weight, scale = quantized(fmt, 130, 260)
+    x = torch.randn(5, 260, requires_grad=True)
+    grad = torch.randn(5, 130)
+    k.quantized_matmul(x, weight, scale, None, "pallas").backward(grad)
+    want = grad.double() @ dequantized64(weight, scale).float().double()
+    assert_close(x.grad, want, 2e-6)
+
+
+def test_opcheck():
+    """int8 only: torch's checks multiply every tensor argument, which torch cannot for fp8
+    (the fp8 op shares every code path but the weight's dtype)."""
+    weight, scale = quantized("int8", 128, 256)
+    torch.library.opcheck(k.quantized_matmul.op, (torch.randn(4, 256), weight, scale, None, "xla"))
+
+
+def test_compile_fullgraph_fp8():
+    weight, scale = quantized("fp8", 128, 256)
+    x = torch.randn(4, 256)
+    compiled = torch.compile(lambda a: k.quantized_matmul(a, weight, scale) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(x), k.quantized_matmul(x, weight, scale) * 2)
+
+
+def test_wrong_scale_shape_is_refused_with_the_valid_shape():
+    weight, _ = quantized("fp8", 200, 300)
+    with pytest.raises(KernelInputError, match=r"needs scale of shape \(2, 3\).*128x128"):
+        k.quantized_matmul(torch.randn(4, 300), weight, torch.ones(200))
+
+
+def test_unquantized_weight_is_refused():
+    with pytest.raises(KernelInputError, match="weight"):
+        k.quantized_matmul(torch.randn(4, 64), torch.randn(8, 64), torch.ones(8))
+
+
+def test_a_weight_that_requires_grad_is_refused():
+    weight, scale = quantized("int8", 8, 64)
+    scale.requires_grad_()
+    with pytest.raises(KernelInputError, match="scale"):
+        k.quantized_matmul(torch.randn(4, 64, requires_grad=True), weight, scale)
+
+
+def test_illegal_block_is_refused_with_the_rule():
+    weight, scale = quantized("int8", 256, 256)
+    x, w, s = jnp.ones((8, 256)), jnp.asarray(weight.numpy()), jnp.asarray(scale.numpy())
+    with pytest.raises(NoImplementationError, match=r"tn=100 must equal .* multiple of 128"):
+        k.jax.quantized_matmul(
+            x, w, s, implementation="pallas", block_sizes=k.jax.BlockSizes(8, 100, 256)
+        )
