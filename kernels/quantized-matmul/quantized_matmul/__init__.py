@@ -5,7 +5,7 @@ kept quantized (fp8 e4m3 in 128 x 128 blocks, int8 per output channel); its JAX 
 from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
-from . import benchmark, layers, sharding
+from . import benchmark, layers
 from .torch_ops import quantized_matmul
 
 KERNEL = KernelDeclaration(
@@ -14,7 +14,7 @@ KERNEL = KernelDeclaration(
     implementation_tables=(jax.TABLE,),
     layers={"QuantizedLinear": layers.QuantizedLinear},
     module_checks=layers.MODULE_CHECKS,
-    mesh_cases=sharding.mesh_cases,
+    mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,
     torch_implementations=benchmark.TORCH_IMPLEMENTATIONS,
 )

@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from kernel_hub.kernel_api import CPU_TAG, KernelCase
+from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
+from . import api
 from .api import quantized_matmul, scale_shape
 from .reference import dequantize
 from .torch_ops import quantized_matmul as quantized_matmul_op
@@ -100,3 +101,33 @@ TORCH_IMPLEMENTATIONS = {
     "torch-dequantized": torch_dequantized_linear,
     "torch-op": kernel_hub_quantized_matmul,
 }
+
+
+def mesh_cases() -> list[MeshCase]:
+    """Weight out dim over model, k over data (partial sums: one all-reduce), scales following;
+    int8 and fp8."""
+    x = jax.ShapeDtypeStruct((8, 1024), jnp.bfloat16)
+    return [
+        MeshCase(
+            f"quantized_matmul {fmt} n over model, k over data",
+            lambda x, weight, scale: api.quantized_matmul(x, weight, scale),
+            (
+                x,
+                jax.ShapeDtypeStruct((1024, 1024), dtype),
+                jax.ShapeDtypeStruct(scale_shape, jnp.float32),
+            ),
+            ((None, "data"), ("model", "data"), scale_spec),
+            ("data", "model"),
+            differentiable=(0,),
+            forward_collectives={"all-reduce": 1},
+            # No mesh-axis convention splits a weight's k: the inputs are gathered to the
+            # conventional placement instead of summing partial products.
+            auto_forward_collectives={"all-gather": 1},
+            auto_backward_collectives={"all-gather": 1},
+            xla_backward=True,  # the activations' gradient is XLA's (whole dequantized weight)
+        )
+        for fmt, dtype, scale_shape, scale_spec in (
+            ("int8", jnp.int8, (1024,), ("model",)),
+            ("fp8", jnp.float8_e4m3fn, (8, 8), ("model", "data")),
+        )
+    ]
