@@ -61,6 +61,12 @@ def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.1e}"
 
 
+def _depth_cell(row: Any) -> str:
+    if row.depth is None:
+        return "-"
+    return f"{sum(row.swapped.values())}/{row.candidates} ({100 * row.depth:.0f}%)"
+
+
 def result_rows(results: Sequence[Any]) -> list[list[str]]:
     return [
         [
@@ -71,6 +77,7 @@ def result_rows(results: Sequence[Any]) -> list[list[str]]:
             _number(r.max_diff),
             _number(r.grad_rel_diff),
             _notes_cell(r),
+            _depth_cell(r),
         ]
         for r in results
     ]
@@ -84,10 +91,13 @@ _HEADERS = [
     "max |diff|",
     "grad rel diff",
     "left alone (why); what failed or why not run",
+    "depth (swapped/candidates)",
 ]
 
 
-def _print_markdown(results: Sequence[Any], argv: Sequence[str], summary: str) -> None:
+def _print_markdown(
+    results: Sequence[Any], argv: Sequence[str], summary: str, flagships: str | None
+) -> None:
     import transformers
 
     command = "kernel-hub " + " ".join(argv)
@@ -103,9 +113,12 @@ def _print_markdown(results: Sequence[Any], argv: Sequence[str], summary: str) -
         "gradients, or within twice the f32 error of stock runs where that is larger: the plain "
         "run and, for a gradient failing that, runs with the parameters moved by one rounding; "
         "parameters with an exact zero gradient ignored); `unchanged`: nothing swapped; "
-        "`MISMATCH`/`BROKEN`: defects.\n"
+        "`MISMATCH`/`BROKEN`: defects. Depth: modules swapped out of the candidates (swapped "
+        "or left alone with a reason).\n"
     )
     print(f"**Summary** ({summary})\n")
+    if flagships:
+        print(f"**Flagship models** ({flagships})\n")
     print("| " + " | ".join(_HEADERS) + " |")
     print("|" + "---|" * len(_HEADERS))
     for row in result_rows(results):
@@ -131,7 +144,7 @@ def progress_line(done: int, total: int, elapsed: float) -> str:
 
 def run_models_command(args: argparse.Namespace) -> int:
     require_modules("transformers")
-    from ..models.coverage import DEFECTS, run_coverage, summary
+    from ..models.coverage import DEFECTS, flagship_summary, run_coverage, summary
 
     started = time.monotonic()
 
@@ -146,12 +159,14 @@ def run_models_command(args: argparse.Namespace) -> int:
         registry=args.registry,
         progress=None if args.json else progress,
     )
-    line = summary(results)
+    line, flagships = summary(results), flagship_summary(results)
     if args.json:
-        print_json({"summary": line, "results": [r.to_dict() for r in results]})
+        print_json(
+            {"summary": line, "flagships": flagships, "results": [r.to_dict() for r in results]}
+        )
     elif args.markdown:
-        _print_markdown(results, args.argv, line)
+        _print_markdown(results, args.argv, line, flagships)
     else:
         print_table(_HEADERS, result_rows(results))
-        print(f"\n{line}")
+        print(f"\n{line}" + (f"\n{flagships}" if flagships else ""))
     return 1 if any(r.status in DEFECTS for r in results) else 0

@@ -51,6 +51,34 @@ runs is the error any f32 implementation may have."""
 ZERO_GRADIENT = 1e-6
 """Gradients below this fraction of the model's largest are float noise around an exact zero."""
 
+FLAGSHIPS = (
+    "llama",
+    "llama4",
+    "qwen3",
+    "qwen3_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_next",
+    "gemma3",
+    "gemma3_text",
+    "gemma4",
+    "gemma4_text",
+    "mistral",
+    "mixtral",
+    "deepseek_v3",
+    "gpt_oss",
+    "glm4_moe",
+    "phi3",
+    "olmo2",
+    "falcon_h1",
+    "granitemoehybrid",
+    "nemotron_h",
+)
+"""Model types of the models people deploy now, whose depth ``summary`` reports on its own line:
+Llama 3 and 4, Qwen3/3-MoE/3.5/3-Next, Gemma 3 and 4, Mistral/Mixtral, DeepSeek-V3, GPT-OSS,
+GLM-4-MoE, Phi-3/4 (Phi-4's text model is the Phi-3 architecture), OLMo 2, Falcon-H1, Granite-4
+hybrid (granitemoehybrid), Nemotron-H."""
+
 EXACT, UNCHANGED, MISMATCH, BROKEN = "exact", "unchanged", "MISMATCH", "BROKEN"
 NOT_BUILT, STOCK_FAILS = "not built", "stock fails"
 DEFECTS = (MISMATCH, BROKEN)
@@ -88,8 +116,18 @@ class Result:
     def ran(self) -> bool:
         return self.status not in (NOT_BUILT, STOCK_FAILS)
 
+    @property
+    def candidates(self) -> int:
+        """Modules some kernel could serve: those swapped and those left alone with a reason."""
+        return sum(self.swapped.values()) + sum(e.count for e in self.left_alone)
+
+    @property
+    def depth(self) -> float | None:
+        """The fraction of the candidates swapped (None with no candidate)."""
+        return sum(self.swapped.values()) / self.candidates if self.candidates else None
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "candidates": self.candidates, "depth": self.depth}
 
 
 @dataclass(frozen=True)
@@ -352,6 +390,19 @@ def run_coverage(
             if progress is not None:
                 progress(result, len(results), len(found))
     return results
+
+
+def flagship_summary(results: Sequence[Result]) -> str | None:
+    """The depth over the ``FLAGSHIPS`` that ran, in one line (None when none ran)."""
+    ran = [r for r in results if r.ran and r.model_type in FLAGSHIPS]
+    candidates = sum(r.candidates for r in ran)
+    if not candidates:
+        return None
+    swapped = sum(sum(r.swapped.values()) for r in ran)
+    return (
+        f"flagships ({len(ran)} of {len(FLAGSHIPS)} run): {swapped} of {candidates} candidate "
+        f"modules swapped, {100 * swapped / candidates:.0f}% depth"
+    )
 
 
 def summary(results: Sequence[Result]) -> str:

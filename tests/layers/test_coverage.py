@@ -131,3 +131,20 @@ def test_not_finite_gradients_fail_and_a_nan_f64_reference_is_not_used() -> None
     assert coverage._exact_gradients(model, inputs, stock) is stock.grads
     (result,) = run_coverage("training", model_types=["gemma2"])
     assert result.status == EXACT and result.grad_rel_diff > 0, result
+
+
+def test_depth_counts_swapped_modules_of_the_candidates_and_flagships_get_their_line() -> None:
+    left = (coverage.LeftAlone("Gemma4RMSNorm", "RMSNorm", "why", 3),)
+    gemma = coverage.Result(
+        "gemma4_text", "decoder", "M", "inference", EXACT, {"RMSNorm": 6, "GatedMLP": 3}, left
+    )
+    other = coverage.Result("bert", "encoder", "M", "inference", EXACT, {"LayerNorm": 4})
+    unbuilt = coverage.Result("llama", "decoder", "M", "inference", coverage.NOT_BUILT)
+    assert (gemma.candidates, gemma.depth) == (12, 0.75)
+    assert gemma.to_dict()["depth"] == 0.75 and unbuilt.depth is None
+    line = coverage.flagship_summary([gemma, other, unbuilt])
+    assert line == (
+        f"flagships (1 of {len(coverage.FLAGSHIPS)} run): 9 of 12 candidate modules swapped, "
+        "75% depth"
+    )
+    assert coverage.flagship_summary([other]) is None

@@ -123,7 +123,8 @@ def test_unknown_layer_name_is_reported() -> None:
     # the rmsnorm-only registry
     assert (
         "layers provided: DiffusersRMSNorm, RMSNorm, RMSNormF32Scale, RMSNormGated, "
-        "RMSNormGatedGrouped, RMSNormZeroCentered, TorchRMSNorm" in entry.reason
+        "RMSNormGatedGrouped, RMSNormOfX, RMSNormOptionalScale, RMSNormZeroCentered, "
+        "TorchRMSNorm" in entry.reason
     )
 
 

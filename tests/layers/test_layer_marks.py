@@ -104,7 +104,7 @@ def test_llama_style_transformers_norms_are_recognised(cls: type) -> None:
         (Gemma3RMSNorm, "RMSNormZeroCentered"),
         (Qwen3NextRMSNorm, "RMSNormZeroCentered"),
         (Olmo2RMSNorm, "RMSNormF32Scale"),  # (w * x̂).to(x.dtype)
-        (Llama4TextRMSNorm, "RMSNorm"),  # self._norm(x.float()).type_as(x) * w: Llama's math
+        (Llama4TextRMSNorm, "RMSNormOfX"),  # Llama's math, forward(self, x)
     ],
 )
 def test_other_norm_forms_get_their_own_layer(cls: type, layer: str) -> None:

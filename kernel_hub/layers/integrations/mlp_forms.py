@@ -9,7 +9,11 @@ formula exactly, reading only that form's attributes:
 * ``GatedMLP``: ``down_proj(act_fn(gate_proj(x)) * up_proj(x))`` (Llama, Mistral, Qwen2/3,
   Gemma 1/2/3, OLMo, ...);
 * ``FusedGatedMLP``: ``gate, up = gate_up_proj(x).chunk(2, -1)``, then
-  ``down_proj(up * activation_fn(gate))`` (Phi-3).
+  ``down_proj(up * activation_fn(gate))`` (Phi-3);
+* ``GatedMLPActivationFn``: ``GatedMLP`` with the activation held as ``activation_fn``
+  (Llama 4);
+* ``ScaledGatedMLP``: ``down_proj(act_fn(gate_proj(x) * gate_multiplier) * up_proj(x)) *
+  down_multiplier`` (Falcon-H1's µP multipliers; the probe's multipliers are not 1).
 
 A near miss (a bias after the product, other state, another order of halves) is refused with the
 reason. Which activation an instance uses is the gated-mlp kernel's module check.
@@ -41,6 +45,16 @@ def _fused(state: dict, x: torch.Tensor) -> torch.Tensor:
     return state["down_proj"](up * state["activation_fn"](gate))
 
 
+def _separate_activation_fn(state: dict, x: torch.Tensor) -> torch.Tensor:
+    gate = state["activation_fn"](state["gate_proj"](x))
+    return state["down_proj"](gate * state["up_proj"](x))
+
+
+def _scaled(state: dict, x: torch.Tensor) -> torch.Tensor:
+    gate = state["act_fn"](state["gate_proj"](x) * state["gate_multiplier"])
+    return state["down_proj"](gate * state["up_proj"](x)) * state["down_multiplier"]
+
+
 MLP_FORMS = (
     MLPForm(
         "GatedMLP",
@@ -53,6 +67,19 @@ MLP_FORMS = (
         "down_proj(up * activation_fn(gate)), gate, up = gate_up_proj(x).chunk(2, -1)",
         frozenset({"gate_up_proj", "down_proj", "activation_fn"}),
         _fused,
+    ),
+    MLPForm(
+        "GatedMLPActivationFn",
+        "down_proj(activation_fn(gate_proj(x)) * up_proj(x))",
+        frozenset({"gate_proj", "up_proj", "down_proj", "activation_fn"}),
+        _separate_activation_fn,
+    ),
+    MLPForm(
+        "ScaledGatedMLP",
+        "down_proj(act_fn(gate_proj(x) * gate_multiplier) * up_proj(x)) * down_multiplier",
+        frozenset({"gate_proj", "up_proj", "down_proj", "act_fn", "gate_multiplier"})
+        | {"down_multiplier"},
+        _scaled,
     ),
 )
 _GATES = ("gate_proj", "gate_up_proj")
@@ -80,6 +107,8 @@ def _probe_state() -> dict:
         "down_proj": linear(12, 8),
         "act_fn": _Sin(),
         "activation_fn": _Sin(),
+        "gate_multiplier": 0.3,
+        "down_multiplier": 1.7,
     }
 
 

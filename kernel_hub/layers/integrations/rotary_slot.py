@@ -15,9 +15,12 @@ Which form a model's function computes is decided by running it on probe inputs 
 sin, several heads, grouped k, both ``unsqueeze_dim`` layouts, f32, bf16 and mixed bf16/f32,
 partial rotary) and comparing it bit for bit, dtype included, with each ``ROTARY_FORMS`` formula:
 rotate-half or interleaved pairs, rounded in torch's promoted dtype or upcast to f32, results in
-the arithmetic dtype or cast back to the inputs'. Anything else (a different half rotated, GLM's
-re-interleaved cos, GPT-OSS's half-width cos, mRoPE's ``apply_multimodal_rotary_pos_emb``, other
-signatures) is refused with the reason.
+the arithmetic dtype or cast back to the inputs'. Two calling conventions are served as well:
+one tensor per call (``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim)``: Gemma 4; the kernel
+rotates x as q with one head of x as k, whose result is dropped) and half-width cos and sin (one
+value per frequency: GPT-OSS; widened in torch before the kernel), each decided by the same
+probes. Anything else (a different half rotated, GLM's re-interleaved cos, mRoPE's
+``apply_multimodal_rotary_pos_emb``, other signatures) is refused with the reason.
 
 At run time the kernel's function serves the calls it takes (4-D q and k, 3-D cos and sin that
 need no gradient); any other call runs the model's own function (the same result).
@@ -46,7 +49,8 @@ SLOT = "apply_rotary_pos_emb"
 _OTHER_ROTARY = re.compile(r"apply_\w*(rotary|rope)\w*")
 """Other rotary functions an attention forward may call instead of the slot (vision, 2-D,
 DeepSeek's de-interleaving rotary, ...): reported, not swapped."""
-_SIGNATURE = "(q, k, cos, sin, unsqueeze_dim=1)"
+_SIGNATURES = {"(q, k, cos, sin, unsqueeze_dim=1)": False, "(x, cos, sin, unsqueeze_dim=1)": True}
+"""The slot signatures served -> whether the function rotates one tensor per call (Gemma 4)."""
 _STATE = "_kernel_hub_rotary"
 
 
@@ -101,10 +105,31 @@ ROTARY_FORMS = tuple(
 )
 
 
+def _widen(t: torch.Tensor, form: RotaryForm) -> torch.Tensor:
+    """Half-width cos or sin (one value per frequency, GPT-OSS) at the rotated width the form
+    reads: both halves for rotate-half, each value twice for interleaved pairs."""
+    return t.repeat_interleave(2, dim=-1) if form.interleaved else torch.cat((t, t), dim=-1)
+
+
+@dataclass(frozen=True)
+class RotaryCall:
+    """How the model's function is called: ``single``, one tensor per call (``(x, cos, sin,
+    unsqueeze_dim)``: Gemma 4) instead of q and k; ``half_width``, cos and sin with one value per
+    frequency (half the rotated width: GPT-OSS), widened in torch before the kernel."""
+
+    single: bool = False
+    half_width: bool = False
+
+    def describe(self) -> str:
+        parts = ["one tensor per call"] if self.single else []
+        return ", ".join([*parts, *(["half-width cos/sin"] if self.half_width else [])])
+
+
 @dataclass(frozen=True)
 class RotaryRecognition:
     form: RotaryForm | None
     reason: str | None = None
+    call: RotaryCall = RotaryCall()
 
 
 def _probes() -> list[tuple[tuple[torch.Tensor, ...], int]]:
@@ -127,10 +152,12 @@ def _probes() -> list[tuple[tuple[torch.Tensor, ...], int]]:
     return probes
 
 
-def _same(out: Any, expected: tuple[torch.Tensor, torch.Tensor]) -> bool:
+def _same(out: Any, expected: tuple[torch.Tensor, torch.Tensor], single: bool) -> bool:
+    if single:
+        out, expected = (out,), expected[:1]
     return (
         isinstance(out, tuple)
-        and len(out) == 2
+        and len(out) == len(expected)
         and all(
             isinstance(o, torch.Tensor) and o.dtype == e.dtype and torch.equal(o, e)
             for o, e in zip(out, expected, strict=True)
@@ -150,6 +177,8 @@ def _plain_signature(fn: Callable[..., Any]) -> str:
 def recognise_rotary(fn: Callable[..., Any]) -> RotaryRecognition:
     """Which of ``ROTARY_FORMS`` ``fn`` computes on every probe, or why none (module docstring).
 
+    The probes run with full-width cos and sin, then (if no form matched) with half-width ones
+    (GPT-OSS's one value per frequency), against the form's formula on the widened cos and sin.
     A form that raises on the partial probe is still served (the kernel's partial rotary is
     only reached by calls the model's function could not take)."""
     if not callable(fn):
@@ -158,33 +187,58 @@ def recognise_rotary(fn: Callable[..., Any]) -> RotaryRecognition:
         signature = _plain_signature(fn)
     except (TypeError, ValueError) as exc:
         return RotaryRecognition(None, f"its signature cannot be read: {exc}")
-    if signature != _SIGNATURE:
-        return RotaryRecognition(
-            None, f"{SLOT}{signature} is not the slot's signature {SLOT}{_SIGNATURE}"
-        )
-    candidates = list(ROTARY_FORMS)
+    if signature not in _SIGNATURES:
+        served = " or ".join(f"{SLOT}{s}" for s in _SIGNATURES)
+        return RotaryRecognition(None, f"{SLOT}{signature} is not a slot signature ({served})")
+    reasons = []
+    for half_width in (False, True):
+        call = RotaryCall(_SIGNATURES[signature], half_width)
+        outcome = _matching_form(fn, call)
+        if isinstance(outcome, RotaryForm):
+            return RotaryRecognition(outcome, call=call)
+        reasons.append(outcome)
     forms = "; ".join(f.describe() for f in ROTARY_FORMS)
-    for index, (args, unsqueeze_dim) in enumerate(_probes()):
-        partial = args[2].shape[-1] < args[0].shape[-1]
+    return RotaryRecognition(
+        None,
+        f"{reasons[0]}; with half-width cos/sin: {reasons[1]} (forms kernel-hub serves: {forms})",
+    )
+
+
+def _matching_form(fn: Callable[..., Any], call: RotaryCall) -> RotaryForm | str:
+    """The first of ``ROTARY_FORMS`` ``fn`` computes on every probe called as ``call``, or why
+    none does."""
+    candidates = list(ROTARY_FORMS)
+    for index, ((q, k, cos, sin), unsqueeze_dim) in enumerate(_probes()):
+        partial = cos.shape[-1] < q.shape[-1]
+        if call.half_width:
+            if partial:  # half-width cos/sin already look partial: no partial probe
+                continue
+            cos, sin = cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
         try:
             with torch.no_grad():
-                out = fn(*args, unsqueeze_dim=unsqueeze_dim)
+                if call.single:
+                    out = fn(q, cos, sin, unsqueeze_dim=unsqueeze_dim)
+                else:
+                    out = fn(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
         except Exception as exc:  # other layouts or state: not a form served here
             if partial:
                 continue
-            return RotaryRecognition(
-                None, f"on probe {index} it raised {type(exc).__name__}: {exc}"
-            )
-        candidates = [f for f in candidates if _same(out, f.reference(*args, unsqueeze_dim))]
+            return f"on probe {index} it raised {type(exc).__name__}: {exc}"
+
+        def expected(form: RotaryForm, q=q, k=k, cos=cos, sin=sin, unsqueeze_dim=unsqueeze_dim):
+            if call.half_width:
+                cos, sin = _widen(cos, form), _widen(sin, form)
+            return form.reference(q, k, cos, sin, unsqueeze_dim)
+
+        candidates = [f for f in candidates if _same(out, expected(f), call.single)]
         if not candidates:
-            dtypes = ", ".join(str(a.dtype).removeprefix("torch.") for a in args)
-            return RotaryRecognition(
-                None,
+            dtypes = ", ".join(str(a.dtype).removeprefix("torch.") for a in (q, k, cos, sin))
+            return (
                 f"on probe {index} (q, k, cos, sin: {dtypes}; unsqueeze_dim={unsqueeze_dim}"
                 f"{'; partial rotary' if partial else ''}) its result is none of the rotary "
-                f"forms kernel-hub serves ({forms})",
+                "forms"
             )
-    return RotaryRecognition(candidates[0])
+    return candidates[0]
 
 
 def _served(q, k, cos, sin, unsqueeze_dim) -> bool:
@@ -211,14 +265,45 @@ def _served(q, k, cos, sin, unsqueeze_dim) -> bool:
 
 
 @functools.cache
-def slot_function(stock: Callable[..., Any], kernel_apply: Callable[..., Any], form: RotaryForm):
-    """The function put in the slot: the kernel for calls it serves, ``stock`` for the rest."""
+def slot_function(
+    stock: Callable[..., Any],
+    kernel_apply: Callable[..., Any],
+    form: RotaryForm,
+    call: RotaryCall = RotaryCall(),
+):
+    """The function put in the slot, with the stock signature: the kernel for calls it serves,
+    ``stock`` for the rest."""
     options = form.options
 
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if _served(q, k, cos, sin, unsqueeze_dim):
-            return kernel_apply(q, k, cos, sin, unsqueeze_dim, **options)
-        return stock(q, k, cos, sin, unsqueeze_dim)
+    def rotate(q, k, cos, sin, unsqueeze_dim):
+        """The kernel's (q, k) for a call it serves, else None."""
+        if call.half_width:
+            tensors = all(isinstance(t, torch.Tensor) for t in (q, cos, sin))
+            if not tensors or 2 * cos.shape[-1] != q.shape[-1]:
+                return None
+            cos, sin = _widen(cos, form), _widen(sin, form)
+        if not _served(q, k, cos, sin, unsqueeze_dim):
+            return None
+        return kernel_apply(q, k, cos, sin, unsqueeze_dim, **options)
+
+    if call.single:
+
+        def apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1):
+            # the kernel rotates q and k: k is one head of x, its result dropped (exact: its
+            # gradient is zero)
+            four_d = isinstance(x, torch.Tensor) and x.dim() == 4 and unsqueeze_dim in (1, 2)
+            out = (
+                rotate(x, x.narrow(unsqueeze_dim, 0, 1), cos, sin, unsqueeze_dim)
+                if four_d
+                else None
+            )
+            return stock(x, cos, sin, unsqueeze_dim) if out is None else out[0]
+
+    else:
+
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            out = rotate(q, k, cos, sin, unsqueeze_dim)
+            return stock(q, k, cos, sin, unsqueeze_dim) if out is None else out
 
     apply_rotary_pos_emb.__wrapped__ = stock
     return apply_rotary_pos_emb
@@ -377,9 +462,11 @@ class RotarySlotInterface:
         for module in modules:
             cls = type(module)
             stock = stock_function(cls)
-            form = recognise_rotary(stock).form
-            forms.add(form.describe())
-            forward = _with_global(cls.forward, SLOT, slot_function(stock, kernel_apply, form))
+            recognition = recognise_rotary(stock)
+            form, call = recognition.form, recognition.call
+            forms.add(", ".join(filter(None, (form.describe(), call.describe()))))
+            function = slot_function(stock, kernel_apply, form, call)
+            forward = _with_global(cls.forward, SLOT, function)
             forward.__dict__[_STATE] = name
             module.__dict__["forward"] = types.MethodType(forward, module)
         label = f"{name} ({'; '.join(sorted(forms))})"

@@ -2,18 +2,17 @@
 
 Known classes. Transformers marks its layers with ``use_kernel_forward_from_hub("RMSNorm")``, but
 with no compatible ``kernels`` package installed that decorator is an inert stub and sets nothing.
-kernel-hub then recognises a class as the ``RMSNorm`` layer when
+kernel-hub then recognises a class as one of the rmsnorm kernel's layers when
 
 1. it is defined in a ``transformers.`` module and its name ends with ``RMSNorm``, and
-2. its ``forward``, run on a probe object that holds only ``weight`` and ``variance_epsilon``,
-   computes Llama's ``weight * (x / sqrt(mean(x**2, -1) + eps)).to(x.dtype)``: same values and
-   same output dtype, for random f32 x and weight, and for bf16 x with an f32 weight (Llama
-   returns f32 there, as the kernel does).
+2. its ``forward``, run on a probe object that holds only ``weight`` and an epsilon (and, for a
+   form with a scale flag such as Gemma 4's ``with_scale``, the flag: True with the weight,
+   False without), computes one of ``NORM_FORMS`` bit for bit and dtype for dtype, for f32 and
+   bf16 inputs and weights.
 
-Gemma-style norms (scale by ``1 + weight``), unweighted, gated and ``self._norm(...)``-based
-variants fail 2 and are never swapped, and so do norms that cast the product back to the input
-dtype (``(weight * x).to(x.dtype)``). In transformers 5.24 this recognises 143 of the 198
-``*RMSNorm`` classes (Llama, Mistral, Mixtral, Qwen2/3, Qwen2/3-MoE, ...).
+The form decides the layer; the name of the forward's input picks the layer of that form taking
+it under that name (Llama 4's ``forward(self, x)``: ``RMSNormOfX``). Near misses (eps placement,
+a bias, another rounding point, other state) are never swapped.
 
 Interfaces. Attention modules whose forward reads ``ALL_ATTENTION_FUNCTIONS`` and experts modules
 whose forward is the ``@use_experts_implementation`` dispatcher are switched as a whole model:
@@ -54,6 +53,20 @@ class NormForm:
     formula: str
     reference: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     """The formula in torch, written as the model families write it (x̂ = x normalised in f32)."""
+    scale_flag: str | None = None
+    """A bool attribute the forward reads: True applies the weight, False means the module holds
+    no weight and computes ``x̂.to(x.dtype)`` (Gemma 4's ``with_scale``)."""
+    renamed: tuple[tuple[str, str], ...] = ()
+    """(forward input name, layer taking it under that name) for inputs not named as ``layer``'s."""
+
+    def layer_for(self, cls: type) -> str:
+        """The layer of this form whose forward names its input as ``cls.forward`` does (else
+        ``layer``: kernelize then reports the signatures that differ)."""
+        try:
+            names = list(inspect.signature(cls.forward).parameters)
+        except (TypeError, ValueError):
+            return self.layer
+        return dict(self.renamed).get(names[1] if len(names) > 1 else "", self.layer)
 
 
 def _normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -61,21 +74,28 @@ def _normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
 
 
+def _f32_scale(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return (weight * _normalized(x, eps)).to(x.dtype)
+
+
 NORM_FORMS = (
     NormForm(
         "RMSNorm",
         "weight * x̂.to(x.dtype)",
         lambda x, weight, eps: weight * _normalized(x, eps).to(x.dtype),
+        renamed=(("x", "RMSNormOfX"),),
     ),
-    NormForm(
-        "RMSNormF32Scale",
-        "(weight * x̂).to(x.dtype)",
-        lambda x, weight, eps: (weight * _normalized(x, eps)).to(x.dtype),
-    ),
+    NormForm("RMSNormF32Scale", "(weight * x̂).to(x.dtype)", _f32_scale),
     NormForm(
         "RMSNormZeroCentered",
         "(x̂ * (1 + weight.float())).to(x.dtype)",
         lambda x, weight, eps: (_normalized(x, eps) * (1.0 + weight.float())).to(x.dtype),
+    ),
+    NormForm(
+        "RMSNormOptionalScale",
+        "(weight * x̂).to(x.dtype) if with_scale else x̂.to(x.dtype)",
+        _f32_scale,
+        scale_flag="with_scale",
     ),
 )
 """Forms ``recognise_norm`` tells apart, each served by the rmsnorm kernel's layer of that name."""
@@ -130,42 +150,78 @@ def recognise_norm(cls: type) -> Recognition:
     """Which of ``NORM_FORMS`` ``cls.forward`` computes, bit for bit and dtype for dtype.
 
     The forward runs on a probe holding only ``weight`` and an epsilon (``variance_epsilon``,
-    else ``eps``), for f32 and bf16 inputs and weights, with an eps large enough to matter. A
-    form is recognised only when every probe output equals that form's torch formula exactly;
-    a forward that reads other state, takes other arguments or matches no form is refused.
+    else ``eps``), and for a form with a scale flag also the flag (True with the weight, False
+    without), for f32 and bf16 inputs and weights, with an eps large enough to matter. A form is
+    recognised only when every probe output equals that form's torch formula exactly; a forward
+    that reads other state, takes other arguments or matches no form is refused.
     """
     generator = torch.Generator().manual_seed(0)
     x = 0.5 * torch.randn(2, 3, 16, generator=generator)
     weight = torch.randn(16, generator=generator)
-    problem = "it matches none"
+    problems = []
     for eps_name in _EPS_NAMES:
-        outcome = _probe_forms(cls, eps_name, x, weight)
-        if isinstance(outcome, NormForm):
-            return Recognition(outcome.layer)
-        problem = outcome
+        for flag in dict.fromkeys(f.scale_flag for f in NORM_FORMS):
+            forms = [f for f in NORM_FORMS if f.scale_flag == flag]
+            outcome = _probe_forms(cls, forms, eps_name, x, weight)
+            if isinstance(outcome, NormForm):
+                return Recognition(outcome.layer_for(cls))
+            problems.append(outcome)
     forms = "; ".join(f"{f.layer}: {f.formula}" for f in NORM_FORMS)
     return Recognition(
-        None, f"its forward is none of the RMSNorm forms kernel-hub serves ({forms}): {problem}"
+        None,
+        f"its forward is none of the RMSNorm forms kernel-hub serves ({forms}): "
+        f"{_closest(problems)}",
     )
 
 
-def _probe_forms(cls: type, eps_name: str, x: torch.Tensor, weight: torch.Tensor):
-    """The one form matching on every probe, or why none does (a string)."""
-    candidates = list(NORM_FORMS)
+def _closest(problems: list[str]) -> str:
+    """The probe problem to report: the first one not caused by a probe holding another epsilon
+    or scale-flag name than the forward reads (those only say the probe picked a wrong name)."""
+    named = {*_EPS_NAMES, *(f.scale_flag for f in NORM_FORMS if f.scale_flag)}
+    real = [p for p in problems if not any(f"reads self.{n}" in p for n in named)]
+    return (real or problems)[0]
+
+
+def _probe_states(
+    flag: str | None, eps_name: str, weight: torch.Tensor
+) -> list[tuple[dict[str, Any], bool]]:
+    """(probe state, whether it holds the weight) for forms with scale flag ``flag``."""
+    held = {"weight": weight, eps_name: _PROBE_EPS}
+    if flag is None:
+        return [(held, True)]
+    return [({**held, flag: True}, True), ({eps_name: _PROBE_EPS, flag: False}, False)]
+
+
+def _probe_forms(
+    cls: type, forms: list[NormForm], eps_name: str, x: torch.Tensor, weight: torch.Tensor
+):
+    """The one of ``forms`` (all with one scale flag) matching on every probe, or why none does
+    (a string)."""
+    candidates = list(forms)
     for x_dtype, w_dtype in _PROBE_DTYPES:
         xi, wi = x.to(x_dtype), weight.to(w_dtype)
-        probe = _Probe(cls, {"weight": wi, eps_name: _PROBE_EPS})
-        try:
-            with torch.no_grad():
-                out = cls.forward(probe, xi)
-        except Exception as exc:  # other state or arguments: not a form served here
-            return f"on a probe holding weight and {eps_name}: {type(exc).__name__}: {exc}"
-        read = object.__getattribute__(probe, "_probe")[2]
-        if "weight" not in read:
-            return "it does not read self.weight"
-        candidates = [f for f in candidates if _same(out, f.reference(xi, wi, _PROBE_EPS))]
-        if not candidates:
-            return f"x {x_dtype}, weight {w_dtype}: the result differs from every form"
+        for state, weighted in _probe_states(forms[0].scale_flag, eps_name, wi):
+            probe = _Probe(cls, state)
+            try:
+                with torch.no_grad():
+                    out = cls.forward(probe, xi)
+            except Exception as exc:  # other state or arguments: not a form served here
+                return f"on a probe holding {', '.join(state)}: {type(exc).__name__}: {exc}"
+            read = object.__getattribute__(probe, "_probe")[2]
+            if weighted and "weight" not in read:
+                return "it does not read self.weight"
+            candidates = [
+                f
+                for f in candidates
+                if _same(
+                    out,
+                    f.reference(xi, wi, _PROBE_EPS)
+                    if weighted
+                    else _normalized(xi, _PROBE_EPS).to(xi.dtype),
+                )
+            ]
+            if not candidates:
+                return f"x {x_dtype}, weight {w_dtype}: the result differs from every form"
     return candidates[0]
 
 

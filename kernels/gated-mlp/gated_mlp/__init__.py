@@ -1,5 +1,5 @@
 """gated-mlp kernel: ``gated_activation`` torch op, ``jax.gated_activation``,
-``layers.GatedMLP`` and ``layers.FusedGatedMLP``."""
+the gated MLP layers (``layers``)."""
 
 from kernel_hub.kernel_api import KernelDeclaration
 
@@ -11,7 +11,12 @@ KERNEL = KernelDeclaration(
     ops={"gated_activation": gated_activation},
     jax=jax,
     implementation_tables=(jax.TABLE,),
-    layers={"GatedMLP": layers.GatedMLP, "FusedGatedMLP": layers.FusedGatedMLP},
+    layers={
+        "GatedMLP": layers.GatedMLP,
+        "FusedGatedMLP": layers.FusedGatedMLP,
+        "GatedMLPActivationFn": layers.GatedMLPActivationFn,
+        "ScaledGatedMLP": layers.ScaledGatedMLP,
+    },
     module_checks=layers.MODULE_CHECKS,
     mesh_cases=benchmark.mesh_cases,
     benchmark_cases=benchmark.CASES,

@@ -16,6 +16,10 @@ place, and the chunked scan returns float32. A ``z`` gate in the chunked call is
 fallback ignores it, mamba-ssm applies it; no 5.24 model passes one). ``mamba2_split_conv1d_scan_
 combined`` (the fused training path) stays the fallback, which returns None, so training runs the
 unfused path through the chunked slot, as stock does.
+
+The convolution slots (``causal_conv1d_fn`` / ``causal_conv1d_update``) are the module's own when
+kernelize filled them there (``function_slots``, from the causal-conv1d kernel, as for
+``GatedDeltaNet``), else the model module's: other models of the class keep theirs.
 """
 
 from __future__ import annotations
@@ -110,6 +114,29 @@ def state_update_slot(
 
 
 SLOTS = {CHUNK_SLOT: chunk_scan_slot, DECODE_SLOT: state_update_slot}
+CONV_SLOT, CONV_UPDATE_SLOT = CONV_SLOTS = ("causal_conv1d_fn", "causal_conv1d_update")
+
+
+@functools.cache
+def _conv_slot(fn):
+    """``fn`` (a filled ``causal_conv1d_fn``) taking the Mamba mixers' call, which passes the
+    mixer's ``**kwargs`` on: packing refused, the other keywords dropped (the fallback drops
+    them)."""
+
+    def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
+        _refuse_packing(CONV_SLOT, kwargs)
+        return fn(hidden_states, weight, bias, activation=activation)
+
+    return causal_conv1d_fn
+
+
+def _filled_conv(module: torch.nn.Module) -> tuple[tuple[str, object], ...]:
+    """The convolution slots kernelize filled on ``module``, as (global name, function) pairs;
+    none when it filled none (the model module's functions then run)."""
+    conv, update = (module.__dict__.get(name) for name in CONV_SLOTS)
+    if not (callable(conv) and callable(update)):
+        return ()
+    return ((CONV_SLOT, _conv_slot(conv)), (CONV_UPDATE_SLOT, update))
 
 
 def _with_globals(fn, replacements: dict):
@@ -139,9 +166,10 @@ def _with_globals(fn, replacements: dict):
 
 
 @functools.cache
-def filled_forward(cls: type):
-    """``cls.forward`` with the scan slots filled (built once per class)."""
-    return _with_globals(cls.forward, SLOTS)
+def filled_forward(cls: type, conv: tuple[tuple[str, object], ...] = ()):
+    """``cls.forward`` with the scan slots filled, and the convolution slots ``conv`` (built once
+    per class and convolution functions)."""
+    return _with_globals(cls.forward, {**SLOTS, **dict(conv)})
 
 
 class Mamba2ScanMixer(torch.nn.Module):
@@ -157,9 +185,11 @@ class Mamba2ScanMixer(torch.nn.Module):
         attention_mask: torch.Tensor | None = None,
         **kwargs,
     ):
-        return filled_forward(type(self))(
+        return filled_forward(type(self), _filled_conv(self))(
             self, hidden_states, cache=cache, attention_mask=attention_mask, **kwargs
         )
+
+    forward.function_slots = CONV_SLOTS  # read by kernelize: it fills these on the module
 
 
 def _innermost(fn):

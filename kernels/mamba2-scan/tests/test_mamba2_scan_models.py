@@ -1,7 +1,8 @@
 """Tiny Mamba-2 family models kernelized: every Mamba-2 mixer is swapped to ``Mamba2ScanMixer``
-(its own forward, the scan slots on this kernel's ops), logits and training gradients equal stock
-on a padded batch crossing the scan's chunks, greedy generation (prefill through the chunked op,
-cached one-token decode through the decode op) equals stock token for token."""
+(its own forward, the scan slots on this kernel's ops, the convolution slots on causal-conv1d's,
+filled per module), logits and training gradients equal stock on a padded batch crossing the
+scan's chunks, greedy generation (prefill through the chunked op, cached one-token decode through
+the decode op) equals stock token for token."""
 
 from __future__ import annotations
 
@@ -32,6 +33,24 @@ def tiny(model_type: str) -> torch.nn.Module:
 
 def mixers(report) -> list[str]:
     return sorted(e.module for e in report.swapped if e.swapped_to.endswith("Mamba2ScanMixer"))
+
+
+def count_conv_calls(model) -> dict[str, int]:
+    """Wrap the convolution functions kernelize put in the mixers' slots with call counters."""
+    calls = dict.fromkeys(m2.layers.CONV_SLOTS, 0)
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    for module in model.modules():
+        for name in calls:
+            if name in module.__dict__:
+                module.__dict__[name] = counted(name, module.__dict__[name])
+    return calls
 
 
 class Calls:
@@ -65,6 +84,10 @@ def test_inference_logits_and_greedy_generation_equal_stock(model_type):
         if type(module).__name__ in m2_mixer_classes()
     ]
     assert expected and mixers(report) == sorted(expected)
+    slots = [e.module for e in report.entries if e.kind == "function slots" and e.swapped]
+    assert slots == sorted(expected)
+    conv = count_conv_calls(model)
+    assert not any(n in m.__dict__ for m in stock.modules() for n in conv)  # stock keeps its own
     batch = demo_batch(length=40, padding=5)
     with torch.no_grad(), Calls() as calls:
         want, got = stock(**batch).logits, model(**batch).logits
@@ -76,6 +99,7 @@ def test_inference_logits_and_greedy_generation_equal_stock(model_type):
         # one call per mixer and decoded token (a row may stop early at the tiny EOS id)
         assert calls.decode.call_count and calls.decode.call_count % len(expected) == 0
     assert torch.equal(tokens, greedy(stock, demo_batch(), 12))
+    assert conv["causal_conv1d_fn"] and conv["causal_conv1d_update"], conv
 
 
 def m2_mixer_classes() -> set[str]:
@@ -93,9 +117,11 @@ def test_training_gradients_equal_stock(model_type):
     batch = demo_batch(length=40, padding=5)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     stock(**batch, labels=labels).loss.backward()
+    conv = count_conv_calls(model)
     with Calls() as calls:
         model(**batch, labels=labels).loss.backward()
         assert calls.chunk.call_count == len(mixers(report))
+    assert conv["causal_conv1d_fn"] == len(mixers(report))
     for (name, want), got in zip(stock.named_parameters(), model.parameters(), strict=True):
         if want.grad is not None:
             torch.testing.assert_close(got.grad, want.grad, rtol=0, atol=1e-4, msg=name)
@@ -118,6 +144,10 @@ def test_slots_refuse_what_the_fallback_refuses_or_cannot_match():
     # keyword arguments the fallback does not name are dropped, as its wrapper drops them
     y = m2.layers.chunk_scan_slot(*args, 16, position_ids=torch.arange(8))
     assert y.shape == x.shape and y.dtype == torch.float32
+    conv = m2.layers._conv_slot(lambda *a, **k: "ran")
+    with pytest.raises(ValueError, match=r"packed sequences \(seq_idx\)"):
+        conv(x, x, None, activation="silu", seq_idx=seq_idx)
+    assert conv(x, x, None, activation="silu", position_ids=torch.arange(8)) == "ran"
 
 
 def test_module_check_names_what_is_missing():

@@ -15,6 +15,8 @@ KERNEL = KernelDeclaration(
         "RMSNorm": layers.RMSNorm,
         "RMSNormF32Scale": layers.RMSNormF32Scale,
         "RMSNormZeroCentered": layers.RMSNormZeroCentered,
+        "RMSNormOfX": layers.RMSNormOfX,
+        "RMSNormOptionalScale": layers.RMSNormOptionalScale,
         "TorchRMSNorm": layers.TorchRMSNorm,
         "DiffusersRMSNorm": layers.DiffusersRMSNorm,
         "RMSNormGated": layers.RMSNormGated,

@@ -5,7 +5,10 @@ One layer per RMSNorm form the model families use, each with that family's exact
 
 * ``RMSNorm``: ``weight * x̂.to(x.dtype)`` (Llama, Mistral, Mixtral, Qwen2/3, DeepSeek, ...);
 * ``RMSNormF32Scale``: ``(weight * x̂).to(x.dtype)``, the product in f32 (GPT-OSS, OLMo2);
-* ``RMSNormZeroCentered``: ``(x̂ * (1 + weight)).to(x.dtype)`` in f32 (Gemma 1/2/3).
+* ``RMSNormZeroCentered``: ``(x̂ * (1 + weight)).to(x.dtype)`` in f32 (Gemma 1/2/3);
+* ``RMSNormOfX``: ``RMSNorm`` for a forward that names its input ``x`` (Llama 4);
+* ``RMSNormOptionalScale``: ``RMSNormF32Scale``, or ``x̂.to(x.dtype)`` with no weight when the
+  module's ``with_scale`` is False (Gemma 4).
 
 Each reads ``weight`` and ``variance_epsilon`` (or ``eps``) from the module it is swapped into;
 ``MODULE_CHECKS`` leaves alone a module holding any other tensor state (a bias, a buffer, a
@@ -56,6 +59,30 @@ class RMSNormZeroCentered(torch.nn.Module):
         return rms_norm(x, self.weight, _epsilon(self), weight_offset=1.0, rounding="input")
 
 
+class RMSNormOfX(torch.nn.Module):
+    """Llama's form under the parameter name Llama 4's norms use (a swapped forward must take
+    every call the stock one takes, keywords included)."""
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, _epsilon(self), rounding="normalized")
+
+
+class RMSNormOptionalScale(torch.nn.Module):
+    """Gemma 4's ``(weight * x̂).to(x.dtype)``; with ``with_scale`` False the module holds no
+    weight and the result is ``x̂.to(x.dtype)`` (a unit weight in x's dtype: exact)."""
+
+    can_torch_compile = True
+    has_backward = True
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        unit = None if self.with_scale else hidden_states.new_ones(hidden_states.shape[-1])
+        weight = self.weight if unit is None else unit
+        return rms_norm(hidden_states, weight, _epsilon(self), rounding="input")
+
+
 def _rmsnorm_module_problem(module: torch.nn.Module) -> str | None:
     """Why these forwards cannot run on ``module``'s state, or None (used by kernelize)."""
     weight = getattr(module, "weight", None)
@@ -83,9 +110,35 @@ def _rmsnorm_module_problem(module: torch.nn.Module) -> str | None:
     return None
 
 
+def _epsilon_problem(module: torch.nn.Module) -> str | None:
+    epsilons = {n: getattr(module, n) for n in ("variance_epsilon", "eps") if hasattr(module, n)}
+    for name, eps in epsilons.items():
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+            return f"{name} is {eps!r}, not a number"
+    if len(set(epsilons.values())) > 1:
+        return f"variance_epsilon and eps differ ({epsilons}); which one it uses is ambiguous"
+    return None
+
+
+def _optional_scale_problem(module: torch.nn.Module) -> str | None:
+    with_scale = getattr(module, "with_scale", None)
+    if not isinstance(with_scale, bool):
+        return f"with_scale is {with_scale!r}, not True or False"
+    if with_scale:
+        return _rmsnorm_module_problem(module)
+    state = [n for n, _ in module.named_parameters(recurse=False)]
+    state += [n for n, _ in module.named_buffers(recurse=False)]
+    state += [n for n, _ in module.named_children()]
+    if state or getattr(module, "weight", None) is not None:
+        held = ", ".join(state) or "weight"
+        return f"with_scale is False but it holds state the layer does not read: {held}"
+    return _epsilon_problem(module)
+
+
 MODULE_CHECKS = dict.fromkeys(
-    ("RMSNorm", "RMSNormF32Scale", "RMSNormZeroCentered"), _rmsnorm_module_problem
+    ("RMSNorm", "RMSNormF32Scale", "RMSNormZeroCentered", "RMSNormOfX"), _rmsnorm_module_problem
 )
+MODULE_CHECKS["RMSNormOptionalScale"] = _optional_scale_problem
 """Layer name -> check of the host module's state; kernelize leaves modules that fail alone."""
 
 

@@ -14,7 +14,7 @@ import transformers
 
 from kernel_hub import get_kernel
 from kernel_hub.layers.integrations import rotary_slot
-from kernel_hub.layers.integrations.rotary_slot import RotaryForm, RotarySlotInterface
+from kernel_hub.layers.integrations.rotary_slot import RotaryCall, RotaryForm, RotarySlotInterface
 from kernel_hub.layers.kernelize import kernelize, unkernelize
 from kernel_hub.loading.mappings import kernel_mapping
 
@@ -57,11 +57,99 @@ def test_transformers_functions_are_recognised_as_their_form(model, form):
 
 
 @pytest.mark.parametrize(
+    ("model", "call"),
+    [
+        ("gpt_oss", RotaryCall(half_width=True)),  # one cos value per frequency
+        ("gemma4", RotaryCall(single=True)),  # apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim)
+    ],
+)
+def test_other_calling_conventions_are_recognised(model, call):
+    recognition = rotary_slot.recognise_rotary(_function(model))
+    assert (recognition.form, recognition.call) == (HALF, call)
+
+
+def one_tensor_other_half(x, cos, sin, unsqueeze_dim=1):
+    """A near miss of Gemma 4's form: one tensor per call, rotated by -90 degrees."""
+    return other_half_rotary(x, x, cos, sin, unsqueeze_dim)[0]
+
+
+def half_width_other_sign(q, k, cos, sin, unsqueeze_dim=1):
+    """A near miss of GPT-OSS's form: half-width cos/sin, the sine's sign flipped."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+
+    def rotate(x):
+        first, second = torch.chunk(x, 2, dim=-1)
+        return torch.cat((first * cos + second * sin, second * cos - first * sin), dim=-1)
+
+    return rotate(q), rotate(k)
+
+
+@pytest.mark.parametrize("fn", [one_tensor_other_half, half_width_other_sign])
+def test_near_misses_of_the_other_conventions_are_refused(fn):
+    recognition = rotary_slot.recognise_rotary(fn)
+    assert recognition.form is None and "none of the rotary forms" in recognition.reason
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("model", ["gpt_oss", "gemma4"])
+def test_slot_functions_of_the_other_conventions_match_stock_with_gradients(model, dtype):
+    stock = _function(model)
+    recognition = rotary_slot.recognise_rotary(stock)
+    apply_rotary = get_kernel("rotary").KERNEL.integration("transformers").apply_rotary
+    calls = []
+
+    def kernel_apply(*args, **kwargs):
+        calls.append(args)
+        return apply_rotary(*args, **kwargs)
+
+    slot = rotary_slot.slot_function(stock, kernel_apply, recognition.form, recognition.call)
+    generator = torch.Generator().manual_seed(0)
+    q, k = (
+        torch.randn(2, 5, 4, 16, generator=generator),
+        torch.randn(2, 5, 2, 16, generator=generator),
+    )
+    width = 8 if recognition.call.half_width else 16
+    cos, sin = (
+        torch.randn(2, 5, width, generator=generator),
+        torch.randn(2, 5, width, generator=generator),
+    )
+    tensors = [t.to(dtype) for t in (q, k)] + [cos.to(dtype), sin.to(dtype)]
+
+    def run(fn):
+        q, k = (t.clone().requires_grad_() for t in tensors[:2])
+        if recognition.call.single:
+            out = (fn(q, tensors[2], tensors[3], unsqueeze_dim=2), fn(k, *tensors[2:], 2))
+        else:
+            out = fn(q, k, *tensors[2:], unsqueeze_dim=2)
+        sum(o.float().pow(2).sum() for o in out).backward()
+        return [o.detach() for o in out], [q.grad, k.grad]
+
+    want, got = run(stock), run(slot)
+    # every rotation ran on the kernel (q and k in one call, or one call each), none on stock
+    assert len(calls) == (2 if recognition.call.single else 1)
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}
+    for mine, theirs in zip(got[0] + got[1], want[0] + want[1], strict=True):
+        assert mine.dtype == theirs.dtype
+        torch.testing.assert_close(mine, theirs, **tolerance)
+
+
+def test_flagship_models_of_the_other_conventions_match_stock_in_training(tmp_path):
+    """Only the rotary kernel in the registry: GPT-OSS (half-width cos/sin) and Gemma 4 text (one
+    tensor per call) swapped, training outputs and every gradient as stock's."""
+    from kernel_hub.models.coverage import EXACT, run_coverage
+    from kernel_hub.testing import registry_with_ops
+
+    registry = registry_with_ops(tmp_path, "rotary")
+    results = run_coverage("training", model_types=["gpt_oss", "gemma4_text"], registry=registry)
+    for result in results:
+        assert result.status == EXACT and result.swapped == {"rotary_pos_emb": 2}, result
+
+
+@pytest.mark.parametrize(
     ("model", "reason"),
     [
-        ("gpt_oss", "on probe 0 it raised RuntimeError"),  # takes half-width cos
         ("glm", "its result is none of the rotary forms"),  # cos re-interleaved
-        ("glmasr", "is not the slot's signature"),  # a position_ids parameter
+        ("glmasr", "is not a slot signature"),  # a position_ids parameter
     ],
 )
 def test_other_transformers_functions_are_refused_with_the_reason(model, reason):
