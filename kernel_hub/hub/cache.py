@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from packaging.version import Version
@@ -107,18 +107,33 @@ def locks_dir(repo: str) -> Path:
 
 
 @contextlib.contextmanager
-def variant_lock(repo: str, commit: str, variant: str) -> Iterator[None]:
+def variant_lock(
+    repo: str,
+    commit: str,
+    variant: str,
+    *,
+    timeout: float,
+    expired: Callable[[str], Exception],
+) -> Iterator[None]:
     """Held while a variant is downloaded, verified or discarded, across threads and processes.
 
     Without it one fetcher could discard files another has just verified and is about to import,
-    and every fetcher would download the same files at once.
+    and every fetcher would download the same files at once. Waiting for it longer than
+    ``timeout`` seconds raises ``expired(what)``.
     """
-    from filelock import FileLock
+    from filelock import FileLock, Timeout
 
     path = locks_dir(repo) / "kernel-hub" / f"{commit}-{variant}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(path):
+    try:
+        lock = FileLock(path, timeout=timeout)
+        lock.acquire()
+    except Timeout:
+        raise expired(f"waiting for another fetch of {repo} build/{variant} ({path})") from None
+    try:
         yield
+    finally:
+        lock.release()
 
 
 def verified_copy_dir(repo: str, commit: str, variant: str, metadata_digest: str) -> Path:

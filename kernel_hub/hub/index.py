@@ -45,6 +45,7 @@ from . import settings
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
 from .json_source import decode, load_json
 from .lockfile import COMMIT
+from .network import MissingOnHub
 from .signing import (
     SigningKey,
     decode_signature,
@@ -52,7 +53,7 @@ from .signing import (
     signature_fields,
     verify_statement,
 )
-from .transfer import MAX_METADATA_BYTES, MAX_SIGNATURE_BYTES, MissingOnHub, fetch_bytes
+from .transfer import MAX_METADATA_BYTES, MAX_SIGNATURE_BYTES, fetch_bytes
 
 INDEX_FORMAT = 1
 INDEX_NAME = "kernel-hub-index"
@@ -189,9 +190,8 @@ def fetch_index(publisher: str, keys: PublisherKeys, what: str) -> Index | None:
     """The newest index on the hub (verified; None when the hub has none), without the
     freshness and rollback checks."""
     repo = index_repo(publisher)
-    api = hub_api()
     try:
-        _, branches, _ = list_refs(api, repo)
+        _, branches, _ = list_refs(repo)
     except HubError:
         return None
     commit = branches.get("main")
