@@ -30,6 +30,9 @@ from urllib.parse import urlsplit
 from kernel_hub.hub.server import HubRequestHandler, HubServer
 from kernel_hub.hub.store import Commit, RepoStore
 
+WRITE_TOKEN = "kernel-hub-test-write-token"
+"""The test server's write token (the ``hub_env`` fixture sets it as ``HF_TOKEN``)."""
+
 
 @dataclass
 class Fault:
@@ -121,8 +124,9 @@ class TestHub:
 
     __test__ = False  # not a test class
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, max_requests: int = 1000):
         self.store = RepoStore(directory)
+        self.max_requests = max_requests
         self.requests: list[tuple[str, str]] = []
         self.faults: list[Fault] = []
         self.lie: Callable[[str, str, int, bytes, dict], tuple[int, bytes, dict]] | None = None
@@ -140,7 +144,14 @@ class TestHub:
 
     def start(self) -> TestHub:
         """Start (or restart, on the same port) the server."""
-        self._server = HubServer(self.store, "127.0.0.1", self._port, handler=_FaultyHandler)
+        self._server = HubServer(
+            self.store,
+            "127.0.0.1",
+            self._port,
+            handler=_FaultyHandler,
+            write_token=WRITE_TOKEN,
+            max_requests=self.max_requests,
+        )
         self._server.harness = self
         self._port = self._server.server_address[1]
         self.stopped.clear()
