@@ -19,6 +19,7 @@ import base64
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
@@ -29,7 +30,13 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from kernel_hub.errors import HubError, IntegrityError, SourceError, UntrustedSourceError
+from kernel_hub.errors import (
+    HubError,
+    IntegrityError,
+    KernelHubError,
+    SourceError,
+    UntrustedSourceError,
+)
 from kernel_hub.platform import Platform
 from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry
@@ -54,6 +61,10 @@ from .transfer import (
 from .trust import TrustRemoteCode, check_trusted
 from .variants import Variant, select_variant
 from .versions import major_of_branch, parse_range, select_version, tag_name, version_of_tag
+
+logger = logging.getLogger(__name__)
+_said_unreachable: set[str] = set()
+"""Hubs this process already said it could not reach (said once each)."""
 
 
 @dataclass(frozen=True)
@@ -179,10 +190,15 @@ def fetch_build(
     online = not settings.offline()
     with network.deadline():
         if online:
-            resolved = bind_to_index(
-                request.repo, resolve_online(request, what), request, keys, True, what
-            )
-            listing = list_build(request.repo, resolved.commit, what)
+            try:
+                resolved = bind_to_index(
+                    request.repo, resolve_online(request, what), request, keys, True, what
+                )
+                listing = list_build(request.repo, resolved.commit, what)
+            except network.Unreachable as unreachable:
+                online = False
+                resolved = _resolve_unreachable(request, keys, what, unreachable)
+                listing = cache.cached_variants(request.repo, resolved.commit)
         else:
             resolved = bind_to_index(
                 request.repo, resolve_offline(request, what), request, keys, False, what
@@ -202,6 +218,30 @@ def fetch_build(
     return HubBuild(
         request.repo, resolved.commit, chosen.name, path, build.metadata, build.key, build.copy
     )
+
+
+def _resolve_unreachable(
+    request: HubRequest, keys: PublisherKeys, what: str, unreachable: network.Unreachable
+) -> Resolved:
+    """No connection to the hub: resolve from the cache as ``HF_HUB_OFFLINE=1`` would (the build
+    is verified as on every load), saying so once per hub; nothing cached: the ``unreachable``
+    error."""
+    try:
+        resolved = bind_to_index(
+            request.repo, resolve_offline(request, what), request, keys, False, what
+        )
+    except KernelHubError:
+        raise unreachable from None
+    endpoint = settings.endpoint()
+    if endpoint not in _said_unreachable:
+        _said_unreachable.add(endpoint)
+        logger.warning(
+            "%s; loading cached builds from %s instead (verified as on every load; set "
+            "HF_HUB_OFFLINE=1 to skip the hub)",
+            unreachable,
+            settings.cache_dir(),
+        )
+    return resolved
 
 
 def _variant_lock(repo: str, commit: str, variant: str, what: str):

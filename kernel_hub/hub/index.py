@@ -227,7 +227,9 @@ def fetch_index(publisher: str, keys: PublisherKeys, what: str) -> Index | None:
     repo = index_repo(publisher)
     try:
         _, branches, _ = list_refs(repo)
-    except HubError:
+    except network.Unreachable:
+        raise
+    except HubError:  # no index repo
         return None
     commit = branches.get("main")
     if commit is None:

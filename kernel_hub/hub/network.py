@@ -45,6 +45,11 @@ class MissingOnHub(HubError):
     """The hub answered that the file does not exist at that commit."""
 
 
+class Unreachable(HubError):
+    """No connection to the hub could be made (after the retries): the network or the hub is
+    down, as opposed to a hub that answered."""
+
+
 @dataclass
 class _Budget:
     seconds: float
@@ -147,10 +152,11 @@ def _get_json_page(url: str, what: str, token: str | bool | None) -> tuple[Any, 
 
 
 class _Retry(Exception):
-    def __init__(self, reason: str, wait: float):
+    def __init__(self, reason: str, wait: float, unreachable: bool = False):
         super().__init__(reason)
         self.reason = reason
         self.wait = wait
+        self.error = Unreachable if unreachable else HubError
 
 
 def get(
@@ -173,7 +179,7 @@ def get(
                 return _get_once(url, what, limit, sink, download, too_large, token, attempt)
             except _Retry as retry:
                 if attempt == ATTEMPTS - 1:
-                    raise HubError(
+                    raise retry.error(
                         f"{what}: {retry.reason} (gave up after {ATTEMPTS} tries)"
                     ) from None
                 _wait(retry, what)
@@ -185,7 +191,7 @@ def _wait(retry: _Retry, what: str) -> None:
     budget = _budget.get()
     assert budget is not None  # get() runs inside deadline()
     if retry.wait > budget.retry_left:
-        raise HubError(
+        raise retry.error(
             f"{what}: {retry.reason}; retrying would wait past the retry time of "
             f"{settings.retry_time():g} s (set {settings.ENV_RETRY_TIME} to change it)"
         )
@@ -227,10 +233,14 @@ def _get_once(url, what, limit, sink, download, too_large, token, attempt) -> Ma
         if remaining(what) <= timeout:
             raise deadline_error(what) from None
         reason = f"no answer from {settings.endpoint()} within {timeout:g} s ({type(exc).__name__})"
-        raise _Retry(f"{reason}; set {variable} to wait longer", backoff) from None
+        connect = isinstance(exc, httpx2.ConnectTimeout)
+        raise _Retry(f"{reason}; set {variable} to wait longer", backoff, connect) from None
     except httpx2.TransportError as exc:
         reason = f"cannot reach the hub at {settings.endpoint()} ({type(exc).__name__}: {exc})"
-        raise _Retry(f"{reason}; set HF_HUB_OFFLINE=1 to use cached builds only", backoff) from None
+        unreachable = isinstance(exc, httpx2.ConnectError)
+        raise _Retry(
+            f"{reason}; set HF_HUB_OFFLINE=1 to use cached builds only", backoff, unreachable
+        ) from None
 
 
 def _retry_after(headers: Mapping[str, str], what: str, reason: str) -> float:

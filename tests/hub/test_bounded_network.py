@@ -6,6 +6,7 @@ back; and 64 clients under random faults all end with the genuine build or a cle
 from __future__ import annotations
 
 import gzip
+import logging
 import random
 import threading
 import time
@@ -14,6 +15,7 @@ import tracemalloc
 import pytest
 
 from kernel_hub.errors import HubError, KernelHubError
+from kernel_hub.hub import fetch as hub_fetch
 from kernel_hub.loading.resolver import fetch_op_build, get_kernel
 from kernel_hub.platform import host_platform
 from kernel_hub.registry.registry import load_registry
@@ -255,3 +257,23 @@ def test_64_clients_under_random_stalls_drops_and_rate_limits(
     assert_no_staging(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert get_kernel("rmsnorm", version="1.1.0").origin.commit == new.commit
+
+
+def test_with_the_hub_unreachable_a_cached_build_loads_and_says_so_once(
+    publish, hub_env, limits, monkeypatch, caplog
+):
+    """HF_HUB_OFFLINE unset and no connection: the cached build is verified and loaded, as
+    huggingface_hub and Transformers fall back to their cache; a build never cached is the error."""
+    good = publish("1.0.0")
+    publish("1.1.0")
+    assert fetch("1.0.0").commit == good.commit
+    limits(KERNEL_HUB_RETRY_TIME=0.5)
+    monkeypatch.setattr(hub_fetch, "_said_unreachable", set())
+    hub_env.stop()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            assert get_kernel("rmsnorm", version="1.0.0").origin.commit == good.commit
+    said = [r.getMessage() for r in caplog.records if "loading cached builds" in r.getMessage()]
+    assert len(said) == 1 and "cannot reach the hub" in said[0], said
+    with pytest.raises(HubError, match="cannot reach the hub"):
+        fetch("1.1.0")
