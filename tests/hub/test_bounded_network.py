@@ -247,7 +247,7 @@ def test_64_clients_under_random_stalls_drops_and_rate_limits(
     hub_env.chaos = None
     assert len(results) == 64
     for outcome, seconds in results:
-        assert seconds < 8 + 3, (outcome, seconds)  # the deadline, plus verifying under load
+        assert seconds < 8 + 5, (outcome, seconds)  # the deadline, plus verifying under load
         assert outcome == new.commit or isinstance(outcome, HubError), outcome
     genuine = sum(outcome == new.commit for outcome, _ in results)
     errors = [str(o) for o, _ in results if isinstance(o, HubError)]
