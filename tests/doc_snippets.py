@@ -89,11 +89,13 @@ SHELL_SETUPS: dict[str, str] = {
 mkdir -p hub-store kernels
 builtin=$(python -c 'from kernel_hub.paths import kernels_dir; print(kernels_dir())')
 cp -r "$builtin/rmsnorm" kernels/
+export KERNEL_HUB_SERVE_WRITE_TOKEN=local-doc-test-write-token
 kernel-hub serve hub-store --port 0 > serve.log 2>&1 &
 server=$!
 trap 'kill $server' EXIT
 until grep -q '^serving' serve.log; do sleep 0.2; kill -0 $server; done
-export HF_ENDPOINT=$(sed -n 's/.* at \\(http[^ ]*\\) .*/\\1/p' serve.log) HF_TOKEN=local
+export HF_ENDPOINT=$(sed -n 's/.* at \\(http[^ ]*\\) .*/\\1/p' serve.log)
+export HF_TOKEN=$KERNEL_HUB_SERVE_WRITE_TOKEN
 export HF_HUB_DISABLE_TELEMETRY=1
 """,
 }

@@ -15,6 +15,7 @@ before anything imports it (the CLI imports it lazily): then no request leaves 1
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -85,13 +86,14 @@ def local_hub() -> Iterator[LocalHub]:
     with tempfile.TemporaryDirectory(prefix="kernel-hub-demo-") as tmp:
         root = Path(tmp)
         (root / "store").mkdir()
-        server = serve(root / "store")
+        token = secrets.token_urlsafe(24)
+        server = serve(root / "store", write_token=token)
         server.start_in_thread()
         env = {
             "HF_ENDPOINT": server.url,
             "HF_HUB_CACHE": str(root / "hf-cache"),
             "HF_HUB_OFFLINE": "0",
-            "HF_TOKEN": "kernel-hub-demo",  # the local store accepts any token
+            "HF_TOKEN": token,  # the local store's write token, for publishing
             "HF_HUB_DISABLE_TELEMETRY": "1",
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # the demo prints its own progress
             "KERNEL_HUB_TRUSTED_PUBLISHERS": ORG,

@@ -11,7 +11,7 @@ from pathlib import Path
 from kernel_hub.errors import HubError
 from kernel_hub.hub import cache, settings
 from kernel_hub.hub.build import build_kernel
-from kernel_hub.hub.client import hub_api, list_refs
+from kernel_hub.hub.client import list_refs
 from kernel_hub.hub.lockfile import find_lock
 from kernel_hub.hub.locking import lock_registry
 from kernel_hub.hub.publish import publish_kernel
@@ -262,7 +262,7 @@ def run_versions(args: argparse.Namespace) -> int:
     if settings.offline():
         versions, where = cached, "cache"
     else:
-        versions, where = list_refs(hub_api(), entry.repo)[0], "hub"
+        versions, where = list_refs(entry.repo)[0], "hub"
     rows = [
         {
             "version": str(v),

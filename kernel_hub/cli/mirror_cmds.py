@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from kernel_hub.errors import KernelHubError
 from kernel_hub.hub.lockfile import read_lock
 from kernel_hub.hub.mirror import mirror_registry
-from kernel_hub.hub.server import serve
+from kernel_hub.hub.server import DEFAULT_MAX_REQUESTS, DEFAULT_MAX_UPLOAD, serve
 from kernel_hub.registry.registry import load_registry
 
 from .output import print_json, print_table
+
+ENV_WRITE_TOKEN = "KERNEL_HUB_SERVE_WRITE_TOKEN"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,6 +38,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("directory", type=Path, help="store directory ('kernel-hub mirror --to')")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free)")
+    parser.add_argument(
+        "--write-token",
+        default=os.environ.get(ENV_WRITE_TOKEN) or None,
+        help=f"accept writes (publish) carrying this token (default: ${ENV_WRITE_TOKEN}, which "
+        "keeps it out of the process list; unset: read-only). Publishers set HF_TOKEN to it",
+    )
+    parser.add_argument(
+        "--max-upload-mb",
+        type=int,
+        default=DEFAULT_MAX_UPLOAD >> 20,
+        help=f"largest commit accepted, in MiB (default {DEFAULT_MAX_UPLOAD >> 20})",
+    )
+    parser.add_argument(
+        "--max-requests",
+        type=int,
+        default=DEFAULT_MAX_REQUESTS,
+        help=f"requests answered at once; more get 503 (default {DEFAULT_MAX_REQUESTS})",
+    )
     parser.set_defaults(func=run_serve)
 
 
@@ -87,8 +108,23 @@ def run_serve(args: argparse.Namespace) -> int:
             f"serve: {args.directory} is not a directory; make a store with 'kernel-hub mirror "
             f"--to {args.directory}', or 'mkdir {args.directory}' for an empty hub to publish to"
         )
-    server = serve(args.directory, args.host, args.port)
-    print(f"serving {args.directory} at {server.url} (set HF_ENDPOINT={server.url})", flush=True)
+    if args.max_upload_mb < 1 or args.max_requests < 1:
+        raise KernelHubError("serve: --max-upload-mb and --max-requests must be at least 1")
+    if args.write_token is not None and len(args.write_token) < 16:
+        raise KernelHubError("serve: the write token needs at least 16 characters")
+    server = serve(
+        args.directory,
+        args.host,
+        args.port,
+        write_token=args.write_token,
+        max_upload=args.max_upload_mb << 20,
+        max_requests=args.max_requests,
+    )
+    mode = "read-write (token required)" if args.write_token else "read-only"
+    print(
+        f"serving {args.directory} at {server.url} ({mode}; set HF_ENDPOINT={server.url})",
+        flush=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -7,7 +7,8 @@
   version is refused.
 * :mod:`.fetch` resolves a version range / branch / commit over the repo's refs, downloads only the
   variant for this machine (:mod:`.transfer`: kernel-hub's own bounded downloads into a private
-  staging folder, no server value ever naming a path), verifies it, and only then moves it into
+  staging folder, no server value ever naming a path; :mod:`.network`: timeouts, capped retries,
+  size caps and the fetch deadline of every request), verifies it, and only then moves it into
   the cache; :mod:`.cache` answers the same questions offline.
 * :mod:`.index`: the publisher's signed, expiring index of versions and commits (freshness,
   rollback and relabel protection; ``kernel-hub index refresh``).
@@ -34,5 +35,12 @@ Environment (read at call time, see :mod:`.settings`):
 ``KERNEL_HUB_LOCK``             lock file to honour (default ``./kernel-hub.lock`` if present)
 ``KERNEL_HUB_TRUSTED_PUBLISHERS``  comma-separated orgs whose code may be imported (``kernel-hub``)
 ``KERNEL_HUB_VARIANT``          force a build variant (``torch-cpu``, ``torch-tpu``, ``jax-tpu``)
+``HF_HUB_DOWNLOAD_TIMEOUT``     connect/read timeout of file downloads (10 s)
+``HF_HUB_ETAG_TIMEOUT``         connect/read timeout of API answers (10 s)
+``KERNEL_HUB_FETCH_DEADLINE``   one whole fetch, lock waits included (900 s)
+``KERNEL_HUB_RETRY_TIME``       all waits between retries of one fetch (60 s)
+``KERNEL_HUB_MAX_RETRY_AFTER``  longest ``Retry-After`` honoured (30 s)
+``KERNEL_HUB_MAX_PAGES``        listing pages followed (100)
+``KERNEL_HUB_MAX_API_BYTES``    decoded bytes of one API answer (16 MiB)
 ==============================  ==========================================================
 """

@@ -5,26 +5,35 @@ Layout, inside the Hugging Face cache folder and in ``huggingface_hub``'s naming
     <cache>/kernels--<org>--<name>/refs/<ref>          a commit id, written after a build verified
     .../snapshots/<commit>/build/<variant>/...         regular files, moved in after verification
     .../snapshots/<commit>/signatures/<variant>.sig
-    .../.staging/<random>/                             private (0700) download folders
+    .../.staging-<random>/                             one private (0700) folder per fetch
 
 Nothing enters ``snapshots/`` or ``refs/`` before it verified: downloads go to a staging folder
 named by kernel-hub (never by the server), are checked there, and are moved in whole. Caches
 written by earlier kernel-hub versions (through ``snapshot_download``) link snapshot files to
 ``blobs/<etag>``: they still verify and load; refusing one removes its own links and only the
 blobs no other snapshot links to.
+
+The cache may be shared with users who can write it (a team's ``HF_HOME``, a CI cache). Every
+folder kernel-hub writes into, deletes from or creates is first checked by :func:`checked_dir`:
+each component below the cache root a real directory (not a symlink) owned by this user, else a
+``HubError`` and nothing is written or removed. Files are created new (``O_EXCL``, no-follow) and
+renamed into place, which replaces a planted link instead of following it. Stale staging folders
+are removed only when they carry the marker this user's kernel-hub wrote into them.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from packaging.version import Version
@@ -37,12 +46,88 @@ from .lockfile import COMMIT
 from .signing import signature_path
 from .versions import version_of_tag
 
-STAGING = ".staging"
+STAGING_PREFIX = ".staging-"
+STAGING_MARKER = ".kernel-hub-staging"
 STALE_STAGING_SECONDS = 24 * 3600
 """A staging folder this old belongs to no running fetch (downloads are bounded in size)."""
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+logger = logging.getLogger(__name__)
 _private: tuple[int, Path] | None = None
 _private_lock = threading.Lock()
+_warned_writable: set[Path] = set()
 _REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*$")
+
+
+def checked_dir(path: Path, *, create: bool = True) -> Path:
+    """``path`` (inside the cache root), each component below the root a real directory owned by
+    this user, created (one component at a time) when missing and ``create``; else a
+    ``HubError``: a folder planted by someone else with write access is never followed."""
+    root = settings.cache_dir()
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        raise HubError(f"refusing {path}: it is not inside the cache {root}") from None
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HubError(
+            f"the Hugging Face cache {root} (HF_HUB_CACHE, else HF_HOME/hub) cannot be used: "
+            f"{exc.strerror or exc}; point HF_HUB_CACHE at a directory you can write"
+        ) from None
+    _check_root(root)
+    current = root
+    for part in parts:
+        current = current / part
+        try:
+            info = current.lstat()
+        except FileNotFoundError:
+            if not create:
+                return path
+            with contextlib.suppress(FileExistsError):
+                current.mkdir()
+            info = current.lstat()
+        _check_own_dir(current, info)
+    return path
+
+
+def _check_own_dir(path: Path, info: os.stat_result) -> None:
+    if stat.S_ISLNK(info.st_mode):
+        target = os.readlink(path)
+        raise HubError(
+            f"refusing {path}: a symlink (to {target}) kernel-hub did not create, in the cache at "
+            f"{settings.cache_dir()}; someone else with write access to the cache may have "
+            "planted it. Remove it, or point HF_HUB_CACHE at a cache only you can write"
+        )
+    if not stat.S_ISDIR(info.st_mode):
+        raise HubError(f"refusing {path}: not a directory (expected one kernel-hub created)")
+    if info.st_uid != os.geteuid():
+        raise HubError(
+            f"refusing {path}: owned by user id {info.st_uid}, not this user ({os.geteuid()}); "
+            "kernel-hub writes only into cache folders it created. Point HF_HUB_CACHE at a cache "
+            "of your own"
+        )
+
+
+def _check_root(root: Path) -> None:
+    """Warn once per cache when others can write it (they could plant files, which kernel-hub
+    refuses, and delete builds, which it cannot prevent)."""
+    try:
+        mode = root.stat().st_mode
+    except OSError:
+        return
+    if (
+        mode & (stat.S_IWGRP | stat.S_IWOTH)
+        and not mode & stat.S_ISVTX
+        and root not in _warned_writable
+    ):
+        _warned_writable.add(root)
+        logger.warning(
+            "the Hugging Face cache %s is writable by its group or by everyone (mode %o): other "
+            "users can delete or replace cached builds (kernel-hub refuses what they plant, but "
+            "cannot keep them from deleting); use a cache only you can write (HF_HUB_CACHE)",
+            root,
+            stat.S_IMODE(mode),
+        )
 
 
 def repo_cache_dir(repo: str) -> Path:
@@ -75,7 +160,7 @@ def write_ref(repo: str, ref: str, commit: str) -> None:
     if not _REF.match(ref) or ".." in ref or not COMMIT.match(commit):
         raise HubError(f"refusing to record ref {ref!r} -> {commit!r} for {repo}")
     path = repo_cache_dir(repo) / "refs" / ref
-    path.parent.mkdir(parents=True, exist_ok=True)
+    checked_dir(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=".ref-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
@@ -106,19 +191,45 @@ def locks_dir(repo: str) -> Path:
     return settings.cache_dir() / ".locks" / repo_cache_dir(repo).name
 
 
-@contextlib.contextmanager
-def variant_lock(repo: str, commit: str, variant: str) -> Iterator[None]:
+def variant_lock(
+    repo: str,
+    commit: str,
+    variant: str,
+    *,
+    timeout: float,
+    expired: Callable[[str], Exception],
+) -> contextlib.AbstractContextManager[None]:
     """Held while a variant is downloaded, verified or discarded, across threads and processes.
 
     Without it one fetcher could discard files another has just verified and is about to import,
     and every fetcher would download the same files at once.
     """
-    from filelock import FileLock
+    return lock_file(
+        locks_dir(repo) / "kernel-hub" / f"{commit}-{variant}.lock",
+        timeout=timeout,
+        expired=expired,
+        waiting_for=f"another fetch of {repo} build/{variant}",
+    )
 
-    path = locks_dir(repo) / "kernel-hub" / f"{commit}-{variant}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(path):
+
+@contextlib.contextmanager
+def lock_file(
+    path: Path, *, timeout: float, expired: Callable[[str], Exception], waiting_for: str
+) -> Iterator[None]:
+    """An inter-process lock at ``path`` (its folder checked); waiting longer than ``timeout``
+    seconds raises ``expired("waiting for <waiting_for> (<path>)")``."""
+    from filelock import FileLock, Timeout
+
+    checked_dir(path.parent)
+    lock = FileLock(path, timeout=timeout)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise expired(f"waiting for {waiting_for} ({path})") from None
+    try:
         yield
+    finally:
+        lock.release()
 
 
 def verified_copy_dir(repo: str, commit: str, variant: str, metadata_digest: str) -> Path:
@@ -160,21 +271,37 @@ def forget_ref(repo: str, ref: str, commit: str) -> None:
 
 @contextlib.contextmanager
 def staging(repo: str) -> Iterator[Path]:
-    """A new private folder (mode 0700) on the cache's file system, removed on exit whatever
-    happened; what verified in it is moved out by :func:`install_variant` first."""
-    parent = repo_cache_dir(repo) / STAGING
-    parent.mkdir(parents=True, exist_ok=True)
-    for stale in parent.iterdir():  # left by a process killed while fetching
-        with contextlib.suppress(OSError):
-            if time.time() - stale.lstat().st_mtime > STALE_STAGING_SECONDS:
-                shutil.rmtree(stale, ignore_errors=True)
-    folder = Path(tempfile.mkdtemp(prefix="fetch-", dir=parent))
+    """A new private folder (mode 0700) for one fetch, created atomically with a unique name on
+    the cache's file system and marked as kernel-hub's; removed on exit whatever happened (what
+    verified in it is moved out by :func:`install_variant` first)."""
+    parent = checked_dir(repo_cache_dir(repo))
+    _remove_stale_staging(parent)
+    folder = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent))
     try:
+        fd = os.open(
+            folder / STAGING_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600
+        )
+        os.close(fd)
         yield folder
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)  # fd-based: links inside are not followed
+
+
+def _remove_stale_staging(parent: Path) -> None:
+    """Staging folders left by a process killed while fetching: only real folders of this user
+    holding kernel-hub's marker (a regular file of this user), older than a day."""
+    for entry in parent.glob(f"{STAGING_PREFIX}*"):
         with contextlib.suppress(OSError):
-            parent.rmdir()  # only when no other fetch is staging
+            info = entry.lstat()
+            marker = (entry / STAGING_MARKER).lstat()
+            if (
+                stat.S_ISDIR(info.st_mode)
+                and info.st_uid == os.geteuid()
+                and stat.S_ISREG(marker.st_mode)
+                and marker.st_uid == os.geteuid()
+                and time.time() - info.st_mtime > STALE_STAGING_SECONDS
+            ):
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 def install_variant(repo: str, commit: str, staged: Path, variant: str) -> None:
@@ -184,8 +311,8 @@ def install_variant(repo: str, commit: str, staged: Path, variant: str) -> None:
     first: a variant folder without its signature is refused, never the other way round.
     """
     snapshot = snapshot_dir(repo, commit)
-    (snapshot / "build").mkdir(parents=True, exist_ok=True)
-    (snapshot / signature_path(variant)).parent.mkdir(parents=True, exist_ok=True)
+    checked_dir(snapshot / "build")
+    checked_dir((snapshot / signature_path(variant)).parent)
     os.replace(staged / signature_path(variant), snapshot / signature_path(variant))
     os.rename(staged / "build" / variant, snapshot / "build" / variant)
 
@@ -199,6 +326,8 @@ def discard_variant(repo: str, commit: str, variant: str) -> None:
     of the blobs an older cache links to, only those no other snapshot links to are removed.
     """
     snapshot = snapshot_dir(repo, commit)
+    checked_dir(snapshot / "build", create=False)
+    checked_dir((snapshot / signature_path(variant)).parent, create=False)
     folder = snapshot / "build" / variant
     signature = snapshot / signature_path(variant)
     links = [signature] if signature.is_symlink() else []

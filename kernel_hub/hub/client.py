@@ -11,7 +11,7 @@ from packaging.version import Version
 from kernel_hub.errors import HubError, IntegrityError, KernelHubError
 from kernel_hub.version import __version__
 
-from . import settings
+from . import network, settings
 from .lockfile import COMMIT
 from .versions import version_of_tag
 
@@ -72,18 +72,31 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def list_refs(api: HfApi, repo: str) -> tuple[dict[Version, str], dict[str, str], dict[str, str]]:
-    """(version tag -> commit, branch -> commit, tag -> commit) of ``repo``."""
-    with hub_errors(f"listing versions of {repo}"):
-        refs = api.list_repo_refs(repo, repo_type=REPO_TYPE)
-    for ref in [*refs.tags, *refs.branches]:
-        if not isinstance(ref.target_commit, str) or not COMMIT.match(ref.target_commit):
+def list_refs(
+    repo: str, token: str | bool | None = None
+) -> tuple[dict[Version, str], dict[str, str], dict[str, str]]:
+    """(version tag -> commit, branch -> commit, tag -> commit) of ``repo``, every commit id
+    checked to be 40 hex (a bounded request: :mod:`.network`)."""
+    what = f"listing versions of {repo}"
+    answer = network.get_json(network.api_url(REPO_TYPE, repo, "refs"), what, token=token)
+    refs: dict[str, dict[str, str]] = {}
+    for kind in ("tags", "branches"):
+        listed = answer.get(kind) if isinstance(answer, dict) else None
+        if not isinstance(listed, list) or not all(
+            isinstance(ref, dict) and isinstance(ref.get("name"), str) for ref in listed
+        ):
             raise IntegrityError(
-                f"listing versions of {repo}: the hub at {settings.endpoint()} answered "
-                f"{ref.target_commit!r} as the commit of {ref.name!r}, not a 40-hex commit id"
+                f"{what}: the hub at {settings.endpoint()} answered a malformed list of {kind}"
             )
-    tags = {ref.name: ref.target_commit for ref in refs.tags}
-    branches = {ref.name: ref.target_commit for ref in refs.branches}
+        for ref in listed:
+            commit = ref.get("targetCommit")
+            if not isinstance(commit, str) or not COMMIT.match(commit):
+                raise IntegrityError(
+                    f"{what}: the hub at {settings.endpoint()} answered {commit!r} as the commit "
+                    f"of {ref['name']!r}, not a 40-hex commit id"
+                )
+        refs[kind] = {ref["name"]: ref["targetCommit"] for ref in listed}
+    tags, branches = refs["tags"], refs["branches"]
     versions = {
         v: commit for name, commit in tags.items() if (v := version_of_tag(name)) is not None
     }

@@ -19,35 +19,41 @@ import base64
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from kernel_hub.errors import HubError, IntegrityError, SourceError, UntrustedSourceError
+from kernel_hub.errors import (
+    HubError,
+    IntegrityError,
+    KernelHubError,
+    SourceError,
+    UntrustedSourceError,
+)
 from kernel_hub.platform import Platform
 from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry
 
-from . import cache, index, settings
-from .client import REPO_TYPE, hub_api, hub_errors, list_refs
+from . import cache, index, network, settings
+from .client import REPO_TYPE, list_refs
 from .digests import METADATA_FILE, UNDIGESTED, check_tree_shape, compare_digests, hash_tree
 from .json_source import decode
 from .lockfile import COMMIT, LockedOp
 from .metadata import BuildMetadata, read_metadata
+from .network import MissingOnHub
 from .signing import signature_path, verify_signature
 from .transfer import (
     MAX_FILE_BYTES,
     MAX_METADATA_BYTES,
     MAX_SIGNATURE_BYTES,
     MAX_VARIANT_BYTES,
-    MissingOnHub,
     check_name,
     fetch_bytes,
     fetch_file,
@@ -56,8 +62,9 @@ from .trust import TrustRemoteCode, check_trusted
 from .variants import Variant, select_variant
 from .versions import major_of_branch, parse_range, select_version, tag_name, version_of_tag
 
-if TYPE_CHECKING:
-    from huggingface_hub import HfApi
+logger = logging.getLogger(__name__)
+_said_unreachable: set[str] = set()
+"""Hubs this process already said it could not reach (said once each)."""
 
 
 @dataclass(frozen=True)
@@ -180,33 +187,71 @@ def fetch_build(
 
         platform = host_platform()
     requested_variant = variant or settings.variant_override()
-    api = None
-    if settings.offline():
+    online = not settings.offline()
+    with network.deadline():
+        if online:
+            try:
+                resolved = bind_to_index(
+                    request.repo, resolve_online(request, what), request, keys, True, what
+                )
+                listing = list_build(request.repo, resolved.commit, what)
+            except network.Unreachable as unreachable:
+                online = False
+                resolved = _resolve_unreachable(request, keys, what, unreachable)
+                listing = cache.cached_variants(request.repo, resolved.commit)
+        else:
+            resolved = bind_to_index(
+                request.repo, resolve_offline(request, what), request, keys, False, what
+            )
+            listing = cache.cached_variants(request.repo, resolved.commit)
+        chosen = _select(listing, platform, requested_variant, what)
+        # One process or thread at a time downloads, verifies or discards this variant.
+        with _variant_lock(request.repo, resolved.commit, chosen.name, what):
+            if online:
+                download(request.repo, resolved, [chosen.name], locked, keys, what)
+            build = verify_or_discard(
+                request.repo, resolved, chosen.name, locked, keys, what=what, copy=True
+            )
+            if online:
+                _record_ref(request.repo, resolved)
+    path = cache.snapshot_dir(request.repo, resolved.commit) / "build" / chosen.name
+    return HubBuild(
+        request.repo, resolved.commit, chosen.name, path, build.metadata, build.key, build.copy
+    )
+
+
+def _resolve_unreachable(
+    request: HubRequest, keys: PublisherKeys, what: str, unreachable: network.Unreachable
+) -> Resolved:
+    """No connection to the hub: resolve from the cache as ``HF_HUB_OFFLINE=1`` would (the build
+    is verified as on every load), saying so once per hub; nothing cached: the ``unreachable``
+    error."""
+    try:
         resolved = bind_to_index(
             request.repo, resolve_offline(request, what), request, keys, False, what
         )
-        chosen = _select(
-            cache.cached_variants(request.repo, resolved.commit), platform, requested_variant, what
+    except KernelHubError:
+        raise unreachable from None
+    endpoint = settings.endpoint()
+    if endpoint not in _said_unreachable:
+        _said_unreachable.add(endpoint)
+        logger.warning(
+            "%s; loading cached builds from %s instead (verified as on every load; set "
+            "HF_HUB_OFFLINE=1 to skip the hub)",
+            unreachable,
+            settings.cache_dir(),
         )
-    else:
-        api = hub_api()
-        resolved = bind_to_index(
-            request.repo, resolve_online(api, request, what), request, keys, True, what
-        )
-        listing = list_build(api, request.repo, resolved.commit, what)
-        chosen = _select(listing, platform, requested_variant, what)
-    path = cache.snapshot_dir(request.repo, resolved.commit) / "build" / chosen.name
-    # One process or thread at a time downloads, verifies or discards this variant.
-    with cache.variant_lock(request.repo, resolved.commit, chosen.name):
-        if api is not None:
-            download(request.repo, resolved, [chosen.name], locked, keys, what)
-        build = verify_or_discard(
-            request.repo, resolved, chosen.name, locked, keys, what=what, copy=True
-        )
-        if api is not None:
-            _record_ref(request.repo, resolved)
-    return HubBuild(
-        request.repo, resolved.commit, chosen.name, path, build.metadata, build.key, build.copy
+    return resolved
+
+
+def _variant_lock(repo: str, commit: str, variant: str, what: str):
+    """``cache.variant_lock``, waited for no longer than the fetch's deadline."""
+    return cache.variant_lock(
+        repo,
+        commit,
+        variant,
+        timeout=network.remaining(what),
+        expired=lambda detail: network.deadline_error(f"{what}: {detail}"),
     )
 
 
@@ -275,7 +320,6 @@ def _record_ref(repo: str, resolved: Resolved) -> None:
 
 
 def fetch_all_variants(
-    api: HfApi,
     repo: str,
     resolved: Resolved,
     keys: PublisherKeys,
@@ -284,13 +328,18 @@ def fetch_all_variants(
 ) -> dict[str, VerifiedBuild]:
     """Download and verify every variant of a resolved commit (for locks and mirrors); each
     result carries the digests of the one read that was verified."""
+    with network.deadline():
+        return _fetch_all_variants(repo, resolved, keys, what, locked)
+
+
+def _fetch_all_variants(repo, resolved, keys, what, locked) -> dict[str, VerifiedBuild]:
     resolved = bind_to_index(repo, resolved, None, keys, True, what)
-    variants = sorted(list_build(api, repo, resolved.commit, what))
+    variants = sorted(list_build(repo, resolved.commit, what))
     if not variants:
         raise HubError(f"{what}: {repo} at {resolved.commit[:12]} has no build/<variant>/ folders")
     with contextlib.ExitStack() as held:
         for variant in variants:  # always in the same order: no two fetchers wait on each other
-            held.enter_context(cache.variant_lock(repo, resolved.commit, variant))
+            held.enter_context(_variant_lock(repo, resolved.commit, variant, what))
         download(repo, resolved, variants, locked, keys, what)
         verified = {
             variant: verify_or_discard(repo, resolved, variant, locked, keys, what=what)
@@ -358,8 +407,8 @@ def _select(available, platform: Platform, requested: str | None, what: str) -> 
         raise HubError(f"{what}: {exc}") from None
 
 
-def resolve_online(api: HfApi, request: HubRequest, what: str) -> Resolved:
-    versions, branches, tags = list_refs(api, request.repo)
+def resolve_online(request: HubRequest, what: str) -> Resolved:
+    versions, branches, tags = list_refs(request.repo)
     if request.spec is not None:
         version, commit = select_version(versions, request.spec, what=f"{what} ({request.repo})")
         return Resolved.of(commit, tag_name(version), request)
@@ -400,19 +449,24 @@ def resolve_offline(request: HubRequest, what: str) -> Resolved:
     return Resolved.of(commit, revision, request)
 
 
-def list_build(api: HfApi, repo: str, commit: str, what: str) -> list[str]:
+def list_build(repo: str, commit: str, what: str) -> list[str]:
     """The variants under ``build/`` at ``commit``; any file name escaping ``build/`` is refused."""
-    with hub_errors(f"{what}: listing build/ of {repo} at {commit[:12]}"):
-        entries = list(
-            api.list_repo_tree(repo, "build", recursive=True, revision=commit, repo_type=REPO_TYPE)
-        )
+    where = f"{what}: listing build/ of {repo} at {commit[:12]}"
+    url = network.api_url(REPO_TYPE, repo, "tree", commit, "build") + "?recursive=true"
     variants = set()
-    for entry in entries:
-        parts = check_name(entry.path, f"{repo} build/").split("/")
-        if parts[0] != "build" or len(parts) < 2:
-            raise IntegrityError(f"{what}: refusing file name {entry.path!r}: it escapes build/")
-        if len(parts) > 2:  # inside a variant folder (a loose file in build/ is no variant)
-            variants.add(parts[1])
+    for page in network.get_pages(url, where):
+        if not isinstance(page, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("path"), str) for e in page
+        ):
+            raise IntegrityError(f"{where}: the hub answered a malformed listing")
+        for entry in page:
+            parts = check_name(entry["path"], f"{repo} build/").split("/")
+            if parts[0] != "build" or len(parts) < 2:
+                raise IntegrityError(
+                    f"{what}: refusing file name {entry['path']!r}: it escapes build/"
+                )
+            if len(parts) > 2:  # inside a variant folder (a loose file in build/ is no variant)
+                variants.add(parts[1])
     return sorted(variants)
 
 

@@ -26,13 +26,14 @@ cached copy is verified again and honoured until it expires.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,10 +42,11 @@ from packaging.version import InvalidVersion, Version
 from kernel_hub.errors import HubError, IntegrityError, SourceError
 from kernel_hub.registry.publisher_keys import PublisherKeys
 
-from . import settings
+from . import cache, network, settings
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
 from .json_source import decode, load_json
 from .lockfile import COMMIT
+from .network import MissingOnHub
 from .signing import (
     SigningKey,
     decode_signature,
@@ -52,13 +54,16 @@ from .signing import (
     signature_fields,
     verify_statement,
 )
-from .transfer import MAX_METADATA_BYTES, MAX_SIGNATURE_BYTES, MissingOnHub, fetch_bytes
+from .transfer import MAX_METADATA_BYTES, MAX_SIGNATURE_BYTES, fetch_bytes
 
 INDEX_FORMAT = 1
 INDEX_NAME = "kernel-hub-index"
 INDEX_FILE = "index.json"
 SIGNATURE_FILE = "index.sig"
 DEFAULT_EXPIRY_DAYS = 7
+CACHED_FILE = "index.signed.json"
+"""The cache's copy: index.json and index.sig in one file, so that one write replaces both."""
+_MAX_CACHED_BYTES = 2 * (MAX_METADATA_BYTES + MAX_SIGNATURE_BYTES)
 _ORG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -166,33 +171,65 @@ def cached_index_dir(publisher: str) -> Path:
 
 
 def _read_cached(publisher: str, keys: PublisherKeys) -> Index | None:
-    folder = cached_index_dir(publisher)
+    """The cached index (both files in one, :func:`_write_cached`), verified; None when absent
+    or unreadable as one (it is only a copy of what the hub serves)."""
+    path = cached_index_dir(publisher) / CACHED_FILE
     try:
-        data = (folder / INDEX_FILE).read_bytes()
-        signature = (folder / SIGNATURE_FILE).read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
+        return None
+    except OSError as exc:  # ELOOP: a planted symlink
+        raise HubError(f"refusing the cached index {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(_MAX_CACHED_BYTES + 1)
+    try:
+        document = json.loads(raw)
+        data = base64.b64decode(document["index"], validate=True)
+        signature = base64.b64decode(document["signature"], validate=True)
+    except (ValueError, KeyError, TypeError):
         return None
     return verify_index(data, signature, publisher, keys)
 
 
 def _write_cached(index: Index) -> None:
-    folder = cached_index_dir(index.publisher)
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, data in ((SIGNATURE_FILE, index.signature), (INDEX_FILE, index.data)):
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}-", dir=folder)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, folder / name)
+    """Index and signature as one file, replaced atomically: a reader sees one serial's pair."""
+    folder = cache.checked_dir(cached_index_dir(index.publisher))
+    document = {
+        "index": base64.b64encode(index.data).decode("ascii"),
+        "signature": base64.b64encode(index.signature).decode("ascii"),
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{CACHED_FILE}-", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(document, f)
+        os.replace(tmp, folder / CACHED_FILE)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def _cache_lock(publisher: str, what: str) -> Iterator[None]:
+    """Held while the cached index is compared with a fetched one and replaced."""
+    org = publisher.split("/", 1)[0]
+    with cache.lock_file(
+        settings.cache_dir() / ".locks" / "kernel-hub" / f"index-{org}.lock",
+        timeout=network.remaining(what),
+        expired=lambda detail: network.deadline_error(f"{what}: {detail}"),
+        waiting_for=f"another update of {org}'s cached index",
+    ):
+        yield
 
 
 def fetch_index(publisher: str, keys: PublisherKeys, what: str) -> Index | None:
     """The newest index on the hub (verified; None when the hub has none), without the
     freshness and rollback checks."""
     repo = index_repo(publisher)
-    api = hub_api()
     try:
-        _, branches, _ = list_refs(api, repo)
-    except HubError:
+        _, branches, _ = list_refs(repo)
+    except network.Unreachable:
+        raise
+    except HubError:  # no index repo
         return None
     commit = branches.get("main")
     if commit is None:
@@ -211,8 +248,8 @@ def fetch_index(publisher: str, keys: PublisherKeys, what: str) -> Index | None:
 def current_index(publisher: str, keys: PublisherKeys, *, online: bool, what: str) -> Index:
     """The index to check loads against: fetched (online) or cached (offline), verified, no
     older than any this client saw, not expired."""
-    cached = _read_cached(publisher, keys)
     if not online:
+        cached = _read_cached(publisher, keys)
         if cached is None:
             raise HubError(
                 f"{what}: the registry requires {publisher}'s signed index and none is cached; "
@@ -225,16 +262,18 @@ def current_index(publisher: str, keys: PublisherKeys, *, online: bool, what: st
             f"{what}: the registry requires {publisher}'s signed index, but the hub at "
             f"{settings.endpoint()} serves none ({index_repo(publisher)})"
         )
-    if cached is not None and (
-        fetched.serial < cached.serial
-        or (fetched.serial == cached.serial and fetched.data != cached.data)
-    ):
-        raise IntegrityError(
-            f"{what}: the hub serves {fetched.describe()}, but this client already verified "
-            f"serial {cached.serial}: the index was rolled back"
-        )
-    check_fresh(fetched, what)
-    _write_cached(fetched)
+    with _cache_lock(publisher, what):
+        cached = _read_cached(publisher, keys)
+        if cached is not None and (
+            fetched.serial < cached.serial
+            or (fetched.serial == cached.serial and fetched.data != cached.data)
+        ):
+            raise IntegrityError(
+                f"{what}: the hub serves {fetched.describe()}, but this client already verified "
+                f"serial {cached.serial}: the index was rolled back"
+            )
+        check_fresh(fetched, what)
+        _write_cached(fetched)
     return fetched
 
 

@@ -14,7 +14,6 @@ from kernel_hub.errors import IntegrityError
 from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry, Registry
 
-from .client import hub_api
 from .fetch import HubRequest, fetch_all_variants, require_keys, resolve_online
 from .lockfile import LockedOp, LockFile, write_lock
 
@@ -43,9 +42,8 @@ def lock_registry(
 def lock_op(entry: OpEntry, request: HubRequest, keys: PublisherKeys | None) -> LockedOp:
     what = f"locking op {entry.name}"
     keys = require_keys(request.repo, keys, what)
-    api = hub_api()
-    resolved = resolve_online(api, request, what)
-    builds = fetch_all_variants(api, request.repo, resolved, keys, what)
+    resolved = resolve_online(request, what)
+    builds = fetch_all_variants(request.repo, resolved, keys, what)
     versions = {b.metadata.version for b in builds.values()}
     if len(versions) != 1:
         raise IntegrityError(

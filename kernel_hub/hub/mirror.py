@@ -24,7 +24,7 @@ from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry, Registry
 
 from . import cache
-from .client import REPO_TYPE, hub_api, list_refs
+from .client import REPO_TYPE, list_refs
 from .fetch import HubRequest, Resolved, fetch_all_variants, require_keys, resolve_online
 from .index import INDEX_FILE, SIGNATURE_FILE, current_index, index_repo
 from .lockfile import LockFile
@@ -71,12 +71,11 @@ def mirror_registry(
         if keys.index:
             indexed[entry.repo.split("/", 1)[0]] = keys
         locked = lock.ops.get(entry.name) if lock is not None else None
-        api = hub_api()
-        versions, branches, tags = list_refs(api, entry.repo)
-        for resolved in _wanted(api, entry, versions, lock, what):
+        versions, branches, tags = list_refs(entry.repo)
+        for resolved in _wanted(entry, versions, lock, what):
             pin = locked if locked is not None and locked.commit == resolved.commit else None
             # verified every time (from the local cache when already downloaded)
-            builds = fetch_all_variants(api, entry.repo, resolved, keys, what, pin)
+            builds = fetch_all_variants(entry.repo, resolved, keys, what, pin)
             copied = not (
                 store.has_repo(REPO_TYPE, entry.repo)
                 and store.commit(REPO_TYPE, entry.repo, resolved.commit) is not None
@@ -128,14 +127,14 @@ def _copy_index(store: RepoStore, org: str, keys: PublisherKeys) -> None:
         )
 
 
-def _wanted(api, entry: OpEntry, versions, lock: LockFile | None, what: str) -> list[Resolved]:
+def _wanted(entry: OpEntry, versions, lock: LockFile | None, what: str) -> list[Resolved]:
     """The commits to mirror: the lock's pin, else the registry's revision/commit, else every
     version tag in the registry's range."""
     locked = lock.ops.get(entry.name) if lock is not None else None
     if locked is not None:
         return [Resolved(locked.commit, locked.commit, locked.version)]
     if entry.commit is not None or entry.revision is not None:
-        return [resolve_online(api, HubRequest.for_op(entry), what)]
+        return [resolve_online(HubRequest.for_op(entry), what)]
     wanted = sorted(v for v in versions if entry.version.contains(v, prereleases=True))
     if not wanted:
         listing = ", ".join(map(str, sorted(versions))) or "(none)"

@@ -69,7 +69,7 @@ def publish_kernel(
     api = hub_api(token)
     with hub_errors(what):
         api.create_repo(repo, repo_type=REPO_TYPE, exist_ok=True)
-    versions, branches, tags = list_refs(api, repo)
+    versions, branches, tags = list_refs(repo, token)
     if tag in tags:
         raise HubError(
             f"{what}: version {version} is already published (tag {tag} -> {tags[tag][:12]}); "

@@ -12,28 +12,42 @@ It answers what ``huggingface_hub`` calls for what kernel-hub does, so a pod poi
          ``POST .../tag/{rev}``, ``POST``/``DELETE .../branch/{name}``.
 
 Errors carry the ``X-Error-Code`` the client maps to its exception types (``RepoNotFound``,
-``RevisionNotFound``, ``EntryNotFound``). The server has no accounts: bind it to 127.0.0.1 or a
-network only trusted publishers reach. Clients do not need to trust it: builds are verified
-against keys they hold (see docs/trust.md).
+``RevisionNotFound``, ``EntryNotFound``).
+
+Safe by default: read-only unless started with a write token, and then every write request must
+carry it (``Authorization: Bearer <token>``, what ``huggingface_hub`` sends for ``HF_TOKEN``);
+commit bodies are streamed to a file in the store (at most ``max_upload`` bytes), not held in
+memory; at most ``max_requests`` requests are answered at once (more get 503 and
+``Retry-After: 1``). Reads need no token: clients do not need to trust the server, builds are
+verified against keys they hold (see docs/trust.md).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import hmac
 import json
 import re
+import tempfile
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import IO
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .store import Commit, RepoStore, StoreError
+from .store import Commit, RepoStore, StoredFile, StoreError
 
 # repo type -> prefix of its file URLs (models have none); the API path uses "{type}s".
 URL_PREFIXES = {"model": "", "dataset": "datasets/", "space": "spaces/", "kernel": "kernels/"}
 _API_TYPES = {f"{t}s": t for t in URL_PREFIXES}
 _RANGE = re.compile(r"bytes=(\d+)-")
-MAX_BODY = 1 << 30
+MAX_JSON_BODY = 1 << 20
+"""Request bodies other than commits (repo creation, tags, branches, preupload)."""
+DEFAULT_MAX_UPLOAD = 256 << 20
+DEFAULT_MAX_REQUESTS = 32
+_WRITES = ("POST", "DELETE", "PUT", "PATCH")
 
 
 class HubServer(ThreadingHTTPServer):
@@ -48,8 +62,17 @@ class HubServer(ThreadingHTTPServer):
         host: str = "127.0.0.1",
         port: int = 0,
         handler: type[HubRequestHandler] | None = None,
+        *,
+        write_token: str | None = None,
+        max_upload: int = DEFAULT_MAX_UPLOAD,
+        max_requests: int = DEFAULT_MAX_REQUESTS,
     ):
+        if write_token is not None and len(write_token) < 16:
+            raise ValueError("a write token needs at least 16 characters")
         self.store = store
+        self.write_token = write_token
+        self.max_upload = max_upload
+        self.slots = threading.BoundedSemaphore(max_requests)
         super().__init__((host, port), handler or HubRequestHandler)
 
     @property
@@ -65,8 +88,24 @@ class HubServer(ThreadingHTTPServer):
         return thread
 
 
-def serve(directory: str | Path, host: str = "127.0.0.1", port: int = 0) -> HubServer:
-    return HubServer(RepoStore(directory), host, port)
+def serve(
+    directory: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    write_token: str | None = None,
+    max_upload: int = DEFAULT_MAX_UPLOAD,
+    max_requests: int = DEFAULT_MAX_REQUESTS,
+) -> HubServer:
+    """A server over the store at ``directory``; read-only unless ``write_token`` is given."""
+    return HubServer(
+        RepoStore(directory),
+        host,
+        port,
+        write_token=write_token,
+        max_upload=max_upload,
+        max_requests=max_requests,
+    )
 
 
 def tree_entries(commit: Commit, path: str, recursive: bool) -> list[dict]:
@@ -124,19 +163,60 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     def _json(self, data, status: int = 200) -> None:
         self.send(status, json.dumps(data).encode())
 
-    def body(self) -> bytes:
+    def _length(self, limit: int) -> int:
         length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY:
-            raise StoreError(413, None, f"request body over {MAX_BODY} bytes")
-        return self.rfile.read(length)
+        if length > limit:
+            raise StoreError(413, None, f"request body of {length} bytes, over {limit}")
+        return length
+
+    def body(self) -> bytes:
+        return self.rfile.read(self._length(MAX_JSON_BODY))
+
+    @contextlib.contextmanager
+    def body_file(self) -> Iterator[IO[bytes]]:
+        """The request body streamed into a temporary file of the store (at most the server's
+        ``max_upload`` bytes), positioned at its start."""
+        left = self._length(self.server.max_upload)
+        with tempfile.TemporaryFile(dir=self.server.store.root) as spool:
+            while left:
+                chunk = self.rfile.read(min(left, 1 << 16))
+                if not chunk:
+                    raise StoreError(400, None, "the request body ended before its Content-Length")
+                spool.write(chunk)
+                left -= len(chunk)
+            spool.seek(0)
+            yield spool
+
+    def _authorize(self) -> None:
+        token = self.server.write_token
+        if token is None:
+            raise StoreError(403, None, "this server is read-only (started without --write-token)")
+        given = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            raise StoreError(
+                401, None, "writes need the server's write token (HF_TOKEN on the client)"
+            )
 
     def _dispatch(self) -> None:
+        if not self.server.slots.acquire(blocking=False):
+            self.close_connection = True
+            self.send(503, b'{"error": "busy"}', {"Retry-After": "1"})
+            return
+        try:
+            self._answer()
+        finally:
+            self.server.slots.release()
+
+    def _answer(self) -> None:
         split = urlsplit(self.path)
         segments = [unquote(s) for s in split.path.strip("/").split("/")]
         query = {k: v[-1] for k, v in parse_qs(split.query).items()}
         try:
+            if self.command in _WRITES:
+                self._authorize()
             self.handle_request(segments, query)
         except StoreError as error:
+            self.close_connection = True  # the body may be unread
             headers = {"X-Error-Message": str(error)}
             if error.code:
                 headers["X-Error-Code"] = error.code
@@ -260,25 +340,27 @@ class HubRequestHandler(BaseHTTPRequestHandler):
 
     def _commit(self, repo_type: str, repo_id: str, branch: str) -> Commit:
         header: dict = {}
-        added: dict[str, bytes] = {}
+        added: dict[str, StoredFile] = {}
         deleted: list[str] = []
         folders: list[str] = []
-        for line in self.body().splitlines():
-            if not line.strip():
-                continue
-            item = json.loads(line)
-            key, value = item["key"], item["value"]
-            if key == "header":
-                header = value
-            elif key == "file":
-                added[value["path"]] = base64.b64decode(value["content"])
-            elif key == "deletedFile":
-                deleted.append(value["path"])
-            elif key == "deletedFolder":
-                folders.append(value["path"])
-            else:
-                raise StoreError(400, None, f"unsupported commit operation {key!r}")
-        return self.server.store.commit_files(
+        store = self.server.store
+        with self.body_file() as body:
+            for line in body:  # one file's content in memory at a time
+                if not line.strip():
+                    continue
+                item = json.loads(line)
+                key, value = item["key"], item["value"]
+                if key == "header":
+                    header = value
+                elif key == "file":
+                    added[value["path"]] = store.put_blob(base64.b64decode(value["content"]))
+                elif key == "deletedFile":
+                    deleted.append(value["path"])
+                elif key == "deletedFolder":
+                    folders.append(value["path"])
+                else:
+                    raise StoreError(400, None, f"unsupported commit operation {key!r}")
+        return store.commit_files(
             repo_type,
             repo_id,
             branch,

@@ -24,6 +24,14 @@ ENV_LOCAL_KERNELS = "KERNEL_HUB_LOCAL_KERNELS"
 ENV_TRUSTED_PUBLISHERS = "KERNEL_HUB_TRUSTED_PUBLISHERS"
 ENV_LOCK = "KERNEL_HUB_LOCK"
 ENV_VARIANT = "KERNEL_HUB_VARIANT"
+ENV_FETCH_DEADLINE = "KERNEL_HUB_FETCH_DEADLINE"
+ENV_RETRY_TIME = "KERNEL_HUB_RETRY_TIME"
+ENV_MAX_RETRY_AFTER = "KERNEL_HUB_MAX_RETRY_AFTER"
+ENV_MAX_PAGES = "KERNEL_HUB_MAX_PAGES"
+ENV_MAX_API_BYTES = "KERNEL_HUB_MAX_API_BYTES"
+# huggingface_hub's own timeout variables, honoured by kernel-hub's requests too.
+ENV_DOWNLOAD_TIMEOUT = "HF_HUB_DOWNLOAD_TIMEOUT"
+ENV_API_TIMEOUT = "HF_HUB_ETAG_TIMEOUT"
 
 _TRUE = {"1", "on", "yes", "true"}
 
@@ -101,3 +109,52 @@ def lock_named() -> bool:
 
 def variant_override() -> str | None:
     return os.environ.get(ENV_VARIANT, "").strip() or None
+
+
+def _positive(name: str, default: float) -> float:
+    """A positive number of seconds (or bytes, pages) from ``$name``, else ``default``."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number > 0 or number == float("inf"):
+        raise KernelHubError(f"{name}={value!r}: expected a positive number")
+    return number
+
+
+def download_timeout() -> float:
+    """Seconds to connect, and to wait for each part of a file (``HF_HUB_DOWNLOAD_TIMEOUT``)."""
+    return _positive(ENV_DOWNLOAD_TIMEOUT, 10.0)
+
+
+def api_timeout() -> float:
+    """Seconds to connect, and to wait for each part of an API answer (``HF_HUB_ETAG_TIMEOUT``)."""
+    return _positive(ENV_API_TIMEOUT, 10.0)
+
+
+def fetch_deadline() -> float:
+    """Seconds one whole fetch (resolve, list, download, verify, lock waits) may take."""
+    return _positive(ENV_FETCH_DEADLINE, 900.0)
+
+
+def retry_time() -> float:
+    """Seconds one fetch may spend waiting between retries, all retries together."""
+    return _positive(ENV_RETRY_TIME, 60.0)
+
+
+def max_retry_after() -> float:
+    """The longest ``Retry-After`` honoured; a hub asking for more is an error, not a wait."""
+    return _positive(ENV_MAX_RETRY_AFTER, 30.0)
+
+
+def max_pages() -> int:
+    """Listing pages followed before the listing is refused."""
+    return int(_positive(ENV_MAX_PAGES, 100))
+
+
+def max_api_bytes() -> int:
+    """Decoded bytes of one API answer (a listing page, refs) before it is refused."""
+    return int(_positive(ENV_MAX_API_BYTES, 16 * 1024 * 1024))

@@ -211,7 +211,7 @@ class RepoStore:
         repo_id: str,
         branch: str,
         *,
-        added: Mapping[str, bytes],
+        added: Mapping[str, bytes | StoredFile],
         deleted: list[str],
         deleted_folders: list[str],
         message: str,
@@ -234,8 +234,8 @@ class RepoStore:
             for folder in deleted_folders:
                 prefix = folder.rstrip("/") + "/"
                 files = {p: f for p, f in files.items() if not p.startswith(prefix)}
-            for path, data in added.items():
-                files[path] = self.put_blob(data)
+            for path, data in added.items():  # StoredFile: put by the caller already
+                files[path] = data if isinstance(data, StoredFile) else self.put_blob(data)
             commit = self.write_commit(repo_type, repo_id, _new_commit(head.oid, message, files))
             refs.branches[branch] = commit.oid
             self._write_refs(repo_type, repo_id, refs)

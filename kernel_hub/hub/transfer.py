@@ -1,12 +1,12 @@
-"""kernel-hub's own file downloads, on ``huggingface_hub``'s HTTP layer (session, headers,
-retries with backoff), with nothing the server sends ever naming a path.
+"""kernel-hub's own file downloads, on :mod:`.network`'s bounded requests (timeouts, capped
+retries, the fetch deadline), with nothing the server sends ever naming a path.
 
 ``huggingface_hub``'s ``snapshot_download`` names each blob after the server's ETag, so a hostile
 hub could write anywhere the client can (a ``.pth`` into site-packages runs in every later
 Python process). Here the caller names the destination, from a signed listing, and every
-download is bounded: it stops at ``limit`` bytes, and a file that must match a digest is hashed
-while it is written and refused on mismatch. Only the URL comes from the repo path, and the path
-was checked first (:func:`check_name`).
+download stops at ``limit`` bytes; a file that must match a digest is hashed while it is
+written and refused on mismatch. Only the URL comes from the repo path, and the path was checked
+first (:func:`check_name`).
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ import base64
 import hashlib
 import os
 import re
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kernel_hub.errors import HubError, IntegrityError
-from kernel_hub.version import __version__
+from kernel_hub.errors import IntegrityError
 
-from . import settings
+from . import network, settings
 from .client import REPO_TYPE, hub_errors
 from .digests import check_relative_name
 
@@ -33,8 +31,6 @@ MAX_FILE_BYTES = 64 * 1024 * 1024
 """Per file, when the signed metadata records no size (builds made before sizes were signed)."""
 MAX_VARIANT_BYTES = 256 * 1024 * 1024
 """All files of one variant together."""
-_CHUNK = 1 << 16
-BODY_RETRIES = 1
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -87,15 +83,6 @@ def fetch_file(
     return size
 
 
-class MissingOnHub(HubError):
-    """The hub answered that the file does not exist at that commit."""
-
-
-class _BodyFailed(Exception):
-    """A failure while reading a body: raised past ``http_stream_backoff``, which would otherwise
-    try to retry from inside a response it has already handed out."""
-
-
 def _stream(
     repo: str,
     commit: str,
@@ -106,48 +93,28 @@ def _stream(
     *,
     restart: Callable[[], None],
 ) -> int:
-    """GET the file at ``commit`` into ``sink``, at most ``limit`` bytes. Error answers are
-    retried with backoff by ``http_stream_backoff``; a body cut short is fetched again from the
-    start (``restart`` empties the sink) up to ``BODY_RETRIES`` times."""
-    import httpx2
+    """GET the file at ``commit`` into ``sink``, at most ``limit`` bytes, through
+    :func:`network.get` (timeouts, bounded retries from the start, the fetch deadline)."""
+    size = 0
+
+    def count(chunk: bytes) -> None:
+        nonlocal size
+        size += len(chunk)
+        sink(chunk)
+
+    def again() -> None:
+        nonlocal size
+        size = 0
+        restart()
 
     with hub_errors(f"{where}: {path}"):
-        for attempt in range(BODY_RETRIES + 1):
-            try:
-                return _stream_once(repo, commit, path, limit, sink, where)
-            except _BodyFailed as failed:
-                if attempt == BODY_RETRIES or not isinstance(failed.__cause__, httpx2.HTTPError):
-                    raise failed.__cause__ from None
-            restart()
-            time.sleep(2**attempt)
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def _stream_once(repo, commit, path, limit, sink, where) -> int:
-    from huggingface_hub.errors import RemoteEntryNotFoundError
-    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
-
-    headers = build_hf_headers(library_name="kernel-hub", library_version=__version__)
-    headers["Accept-Encoding"] = "identity"  # the limit counts the bytes written, not compressed
-    size = 0
-    url = file_url(repo, commit, path)
-    with http_stream_backoff("GET", url, headers=headers, follow_redirects=True) as answer:
-        try:
-            hf_raise_for_status(answer)
-        except RemoteEntryNotFoundError:
-            missing = f"{where}: {path}: file not found on {settings.endpoint()}"
-            raise MissingOnHub(missing) from None
-        declared = answer.headers.get("Content-Length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise IntegrityError(f"changed: {path} ({declared} bytes, over {limit})")
-        try:
-            for chunk in answer.iter_raw(_CHUNK):
-                size += len(chunk)
-                if size > limit:
-                    raise IntegrityError(f"changed: {path} (over {limit} bytes)")
-                sink(chunk)
-        except IntegrityError:
-            raise
-        except Exception as exc:  # a transport error or a full disk, inside the response
-            raise _BodyFailed() from exc
+        network.get(
+            file_url(repo, commit, path),
+            f"{where}: {path}",
+            limit=limit,
+            sink=count,
+            restart=again,
+            download=True,
+            too_large=lambda: IntegrityError(f"changed: {path} (over {limit} bytes)"),
+        )
     return size

@@ -25,7 +25,7 @@ from kernel_hub.hub.signing import KeyPair, generate_key_pair
 from kernel_hub.registry.publisher_keys import PublisherKeys
 
 from .hub_helpers import REPO, RMSNORM, cache_dir, signed_registry
-from .hub_server import TestHub
+from .hub_server import WRITE_TOKEN, TestHub
 
 
 @pytest.fixture(scope="session")
@@ -52,9 +52,9 @@ def hub_env(
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("HF_HUB_CACHE", str(cache_dir(tmp_path)))
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("HF_TOKEN", WRITE_TOKEN)  # publishing needs the server's write token
     for name in (
         "HF_HUB_OFFLINE",
-        "HF_TOKEN",
         "KERNEL_HUB_SOURCE",
         "KERNEL_HUB_LOCAL_KERNELS",
         "KERNEL_HUB_LOCK",

@@ -4,7 +4,11 @@ The server is :class:`kernel_hub.hub.server.HubServer` over a store directory, u
 module only adds what tests need to play a failing or compromised hub:
 
 * ``inject_fault``: matching requests answer an HTTP status, or get a body cut short, or the
-  server dies in the middle of the body (it stops listening, as a crashed process would);
+  server dies in the middle of the body (it stops listening, as a crashed process would), or the
+  honest answer trickles out a byte every ``delay`` seconds after its headers (a stalled or
+  dribbling hub; ``stop`` ends every trickle);
+* ``chaos``: a function ``(method, path) -> Fault | None`` asked for every request no injected
+  fault matches (random faults under load);
 * ``tamper``: rewrite a file inside an existing commit, keeping the commit id (what a
   compromised mirror would serve);
 * ``requests``: every request seen, ``(method, path)``;
@@ -26,17 +30,22 @@ from urllib.parse import urlsplit
 from kernel_hub.hub.server import HubRequestHandler, HubServer
 from kernel_hub.hub.store import Commit, RepoStore
 
+WRITE_TOKEN = "kernel-hub-test-write-token"
+"""The test server's write token (the ``hub_env`` fixture sets it as ``HF_TOKEN``)."""
+
 
 @dataclass
 class Fault:
     """Matching requests get ``status`` with ``headers``, or a body cut after ``truncate_at``
-    bytes; ``die`` then stops the server. ``times=None``: every matching request."""
+    bytes (``die`` then stops the server), or with ``delay`` the honest answer a byte every
+    ``delay`` seconds after its headers. ``times=None``: every matching request."""
 
     method: str
     path_regex: str
     status: int = 500
     truncate_at: int | None = None
     die: bool = False
+    delay: float | None = None
     times: int | None = None
     headers: dict[str, str] = field(default_factory=dict)
     hits: int = 0
@@ -53,6 +62,8 @@ class _FaultyHandler(HubRequestHandler):
             self.server.harness.connections.discard(self.connection)
         super().finish()
 
+    delay: float | None = None
+
     def send(self, status, body=b"", headers=None, content_type="application/json") -> None:
         lie = self.server.harness.lie
         if lie is not None:
@@ -61,7 +72,20 @@ class _FaultyHandler(HubRequestHandler):
             )
             if self.command != "HEAD":
                 headers.pop("Content-Length", None)  # the length of the body actually sent
-        super().send(status, body, headers, content_type)
+        if self.delay is None:
+            super().send(status, body, headers, content_type)
+        else:
+            super().send(status, b"", {**(headers or {}), "Content-Length": str(len(body))})
+            self._trickle(body)
+
+    def _trickle(self, body: bytes) -> None:
+        """A byte every ``delay`` seconds, until the body is sent or the server stops."""
+        for byte in body:
+            if self.server.harness.stopping.wait(self.delay):
+                break
+            self.wfile.write(bytes([byte]))
+            self.wfile.flush()
+        self.close_connection = True
 
     def handle_request(self, seg: list[str], query: dict) -> None:
         hub: TestHub = self.server.harness
@@ -69,7 +93,8 @@ class _FaultyHandler(HubRequestHandler):
         with hub.lock:
             hub.requests.append((self.command, path))
         fault = hub.take_fault(self.command, path)
-        if fault is None:
+        if fault is None or fault.delay is not None:
+            self.delay = fault.delay if fault is not None else None
             super().handle_request(seg, query)
         elif fault.truncate_at is None:
             self.body()
@@ -99,16 +124,19 @@ class TestHub:
 
     __test__ = False  # not a test class
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, max_requests: int = 1000):
         self.store = RepoStore(directory)
+        self.max_requests = max_requests
         self.requests: list[tuple[str, str]] = []
         self.faults: list[Fault] = []
         self.lie: Callable[[str, str, int, bytes, dict], tuple[int, bytes, dict]] | None = None
+        self.chaos: Callable[[str, str], Fault | None] | None = None
         self.lock = threading.RLock()
         self.connections: set[socket.socket] = set()
         self._server: HubServer | None = None
         self._port = 0
         self.stopped = threading.Event()
+        self.stopping = threading.Event()
 
     @property
     def url(self) -> str:
@@ -116,16 +144,25 @@ class TestHub:
 
     def start(self) -> TestHub:
         """Start (or restart, on the same port) the server."""
-        self._server = HubServer(self.store, "127.0.0.1", self._port, handler=_FaultyHandler)
+        self._server = HubServer(
+            self.store,
+            "127.0.0.1",
+            self._port,
+            handler=_FaultyHandler,
+            write_token=WRITE_TOKEN,
+            max_requests=self.max_requests,
+        )
         self._server.harness = self
         self._port = self._server.server_address[1]
         self.stopped.clear()
+        self.stopping.clear()
         self._server.start_in_thread()
         return self
 
     def stop(self) -> None:
         """Stop listening and cut every open connection, as a crashed server process would."""
         server, self._server = self._server, None
+        self.stopping.set()
         if server is not None:
             server.shutdown()
             server.server_close()
@@ -155,7 +192,7 @@ class TestHub:
                     if fault.times is not None and fault.hits >= fault.times:
                         self.faults.remove(fault)
                     return fault
-        return None
+            return self.chaos(method, path) if self.chaos is not None else None
 
     def downloads(self, pattern: str = "") -> list[str]:
         """Paths of the file downloads (GET .../resolve/...) seen, optionally filtered."""

@@ -34,7 +34,7 @@ def assert_nothing_half_written(tmp_path, commit: str) -> None:
     assert not (snapshot / "build" / "torch-cpu").exists()
     assert not (snapshot / signature_path("torch-cpu")).exists()
     assert not [p for p in repo_cache(tmp_path).rglob("*") if p.name.endswith(".incomplete")]
-    assert not (repo_cache(tmp_path) / ".staging").exists()
+    assert not list(repo_cache(tmp_path).glob(".staging*"))
 
 
 @pytest.mark.slow
@@ -56,16 +56,16 @@ def test_a_body_cut_short_once_is_fetched_again(publish, hub_env, tmp_path):
     assert len(hub_env.downloads("rmsnorm/api.py")) == 2  # from the start, in the same staging
 
 
-def test_rate_limit_is_retried_with_backoff_by_the_hub_client(publish, hub_env):
+def test_rate_limit_is_retried_with_backoff(publish, hub_env):
     new = publish("1.1.0")
     hub_env.inject_fault(Fault("GET", FILE_RE, status=429, times=1, headers={"Retry-After": "0"}))
     started = time.monotonic()
     assert get_kernel("rmsnorm", version="1.1.0").origin.commit == new.commit
-    assert time.monotonic() - started >= 1  # huggingface_hub waited before retrying
+    assert time.monotonic() - started >= 1  # kernel-hub's 1 s backoff before the retry
     assert len(hub_env.downloads("rmsnorm/api.py")) == 2
 
 
-def test_unavailable_listing_is_retried_with_backoff_by_the_hub_client(publish, hub_env):
+def test_unavailable_listing_is_retried_with_backoff(publish, hub_env):
     new = publish("1.1.0")
     start = len(hub_env.requests)
     fault = hub_env.inject_fault(Fault("GET", r"/tree/", status=503, times=1))

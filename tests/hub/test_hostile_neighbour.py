@@ -1,0 +1,194 @@
+"""A hostile neighbour: a second "user" with write access to a shared cache plants symlinks (the
+staging folders, snapshots, refs, the index cache) or folders of their own. Each case ends in a
+clear error or the genuine build, with nothing outside the cache written or deleted (docs/trust.md,
+"Cache")."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kernel_hub.errors import HubError, KernelHubError
+from kernel_hub.hub import cache, index
+from kernel_hub.loading.resolver import get_kernel
+
+from . import test_hostile_server as hostile
+from .hub_helpers import cache_dir
+from .test_hostile_server import REPO_CACHE, assert_clean_and_good_still_loads
+
+victim = hostile.victim  # a good 1.0.0 cached before the attack
+indexed = hostile.indexed  # the same, with the publisher's index required
+
+DAY = 24 * 3600
+
+
+def outside(tmp_path: Path) -> Path:
+    """A folder outside the cache, with two day-old subfolders (what a stale-staging cleanup that
+    followed a link would delete)."""
+    folder = tmp_path / "outside"
+    for name in ("old-a", "old-b"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "data.txt").write_text(f"{name} belongs to someone else\n")
+        os.utime(folder / name, (time.time() - 2 * DAY,) * 2)
+    return folder
+
+
+def contents(folder: Path) -> dict[str, bytes | None]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() if p.is_file() else None
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def repo_cache(tmp_path: Path) -> Path:
+    return cache_dir(tmp_path) / REPO_CACHE
+
+
+def test_planted_staging_links_are_neither_followed_nor_cleaned(
+    victim, publish, hub_env, tmp_path, monkeypatch
+):
+    new = publish("1.1.0")
+    target = outside(tmp_path)
+    before = contents(target)
+    (repo_cache(tmp_path) / ".staging").symlink_to(target)
+    (repo_cache(tmp_path) / ".staging-planted").symlink_to(target)
+    assert get_kernel("rmsnorm", version="1.1.0").origin.commit == new.commit
+    assert contents(target) == before
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+
+
+def test_only_stale_staging_carrying_kernel_hubs_marker_is_removed(victim, publish, tmp_path):
+    publish("1.1.0")
+    ours = repo_cache(tmp_path) / ".staging-ours"
+    theirs = repo_cache(tmp_path) / ".staging-theirs"
+    for folder in (ours, theirs):
+        (folder / "build").mkdir(parents=True)
+        os.utime(folder, (time.time() - 2 * DAY,) * 2)
+    (ours / cache.STAGING_MARKER).touch()
+    os.utime(ours, (time.time() - 2 * DAY,) * 2)
+    get_kernel("rmsnorm", version="1.1.0")
+    assert not ours.exists()
+    assert (theirs / "build").is_dir()
+
+
+def test_a_planted_snapshot_link_is_refused_and_nothing_is_written_through_it(
+    victim, publish, hub_env, tmp_path, monkeypatch
+):
+    new = publish("1.1.0")
+    target = outside(tmp_path)
+    before = contents(target)
+    (repo_cache(tmp_path) / "snapshots" / new.commit).symlink_to(target)
+    with pytest.raises(HubError, match=r"a symlink \(to .*outside\) kernel-hub did not create"):
+        get_kernel("rmsnorm", version="1.1.0")
+    assert contents(target) == before
+    (repo_cache(tmp_path) / "snapshots" / new.commit).unlink()
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+    assert get_kernel("rmsnorm", version="1.1.0").origin.commit == new.commit
+
+
+def test_a_cached_snapshot_swapped_for_a_link_is_not_deleted_through(victim, tmp_path):
+    """The genuine snapshot replaced by a link to a forged copy outside the cache: the forgery
+    is refused, and the refusal's cleanup does not follow the link."""
+    snapshot = repo_cache(tmp_path) / "snapshots" / victim.commit
+    forged = tmp_path / "outside" / "forged"
+    shutil.copytree(snapshot, forged)
+    api = next(forged.rglob("api.py"))
+    api.write_bytes(api.read_bytes() + b"\n# changed\n")
+    shutil.rmtree(snapshot)
+    snapshot.symlink_to(forged)
+    before = contents(forged)
+    with pytest.raises(HubError, match=r"a symlink .* kernel-hub did not create"):
+        get_kernel("rmsnorm", version="1.0.0")
+    assert contents(forged) == before
+
+
+def test_a_planted_ref_link_is_replaced_not_written_through(
+    victim, publish, hub_env, tmp_path, monkeypatch
+):
+    new = publish("1.1.0")
+    secret = tmp_path / "outside-secret.txt"
+    secret.write_text("not the cache's\n")
+    ref = repo_cache(tmp_path) / "refs" / "v1.1.0"
+    ref.symlink_to(secret)
+    assert get_kernel("rmsnorm", version="1.1.0").origin.commit == new.commit
+    assert secret.read_text() == "not the cache's\n"
+    assert not ref.is_symlink() and ref.read_text() == new.commit
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+
+
+def test_a_planted_index_cache_link_is_refused(indexed, hub_env, tmp_path):
+    cached = index.cached_index_dir("kernel-hub") / index.CACHED_FILE
+    secret = tmp_path / "outside-index.txt"
+    secret.write_text("someone else's file\n")
+    cached.unlink()
+    cached.symlink_to(secret)
+    with pytest.raises(HubError, match=r"refusing the cached index"):
+        get_kernel("rmsnorm", version="1.0.0")
+    assert secret.read_text() == "someone else's file\n"
+    cached.unlink()
+    assert get_kernel("rmsnorm", version="1.0.0").origin.commit == indexed.commit
+
+
+def test_cache_folders_of_another_user_are_refused(victim, publish, hub_env, monkeypatch):
+    publish("1.1.0")
+    uid = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: uid + 1)  # every folder now looks someone else's
+    with pytest.raises(HubError, match=rf"owned by user id {uid}, not this user \({uid + 1}\)"):
+        get_kernel("rmsnorm", version="1.1.0")
+
+
+def test_a_group_writable_cache_is_warned_about_once(
+    victim, publish, hub_env, tmp_path, monkeypatch, caplog
+):
+    publish("1.1.0")
+    monkeypatch.setattr(cache, "_warned_writable", set())
+    cache_dir(tmp_path).chmod(0o775)
+    get_kernel("rmsnorm", version="1.1.0")
+    get_kernel("rmsnorm", version="1.0.0")
+    warnings = [r for r in caplog.records if "writable by its group or by everyone" in r.message]
+    assert len(warnings) == 1
+
+
+def test_two_builds_of_one_repo_fetched_at_once_do_not_race(publish, hub_env):
+    """Each fetch stages in its own folder: no fetch removes a folder another is using."""
+    builds = {v: publish(v).commit for v in ("1.0.0", "1.1.0")}
+    from kernel_hub.loading.resolver import fetch_op_build
+    from kernel_hub.registry.registry import load_registry
+
+    registry = load_registry()
+    entry = registry.get("rmsnorm")
+    barrier = threading.Barrier(6)
+    results: list[object] = []
+
+    def fetch(version: str) -> None:
+        barrier.wait()
+        try:
+            build = fetch_op_build(entry, version=version, keys=registry.keys_for(entry.repo))
+            results.append((version, build.commit))
+        except Exception as exc:  # reported by the assertion below
+            results.append(exc)
+
+    threads = [threading.Thread(target=fetch, args=(v,)) for v in ("1.0.0", "1.1.0") * 3]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert all(isinstance(r, tuple) for r in results), results
+    assert sorted(results) == sorted((v, c) for v, c in builds.items() for _ in range(3))
+
+
+@pytest.mark.parametrize("kind", ["a file", "under a file"])
+def test_an_unusable_hf_hub_cache_is_a_clear_error_naming_it(
+    publish, hub_env, tmp_path, monkeypatch, kind
+):
+    publish("1.1.0")
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("HF_HUB_CACHE", str(blocker if kind == "a file" else blocker / "hub"))
+    with pytest.raises(KernelHubError, match=r"cache .*not-a-folder.* \(HF_HUB_CACHE, else"):
+        get_kernel("rmsnorm", version="1.1.0")
