@@ -218,17 +218,17 @@ MODEL_BENCH_HEADERS = (
 
 
 def model_bench_row(result: VariantResult) -> list[str]:
-    measured = "-" if result.measured_ms is None else f"{result.measured_ms:.2f}"
+    measured = "-" if result.measured_ms is None else f"{result.measured_ms:.4g}"
     return [
         result.model,
         result.mode,
         result.tpu,
         result.variant,
-        f"{result.peak_hbm_bytes / 2**30:.2f}",
-        f"{result.bytes_accessed / 1e9:.1f}",
-        f"{result.flops / 1e12:.1f}",
-        f"{result.roofline_ms:.2f}",
-        f"{result.min_bytes / 1e9:.1f}",
+        f"{result.peak_hbm_bytes / 2**30:.4g}",
+        f"{result.bytes_accessed / 1e9:.4g}",
+        f"{result.flops / 1e12:.4g}",
+        f"{result.roofline_ms:.4g}",
+        f"{result.min_bytes / 1e9:.4g}",
         measured,
         ", ".join(result.kernels) or "-",
     ]
