@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from kernel_hub.cli import main
+from kernel_hub.models.presets import PRESETS
 
 pytestmark = pytest.mark.tpu_compile
 
@@ -110,3 +111,14 @@ def test_bad_input_is_refused_before_any_compile(args, message, capsys):
 def test_decode_is_not_offered():
     with pytest.raises(SystemExit):
         main(["model-bench", "llama-3-8b", "--mode=decode", "--tpu=v6e"])
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_builds_at_real_width_on_meta(name):
+    from kernel_hub.models.model_bench import _build, spec_for_preset
+
+    spec = spec_for_preset(name, mode="train", tpu="v6e")
+    model = _build(spec, 2)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert model.config.hidden_size == PRESETS[name].config["hidden_size"]
+    assert len(model.model.layers) == 2
