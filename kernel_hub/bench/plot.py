@@ -67,3 +67,42 @@ def save_plot(results: Sequence[Mapping[str, Any]], path: str | Path, title: str
     figure = plot_results(results, title)
     figure.savefig(Path(path), format="png", dpi=110)
     return figure
+
+
+def plot_model_bench(results: Sequence[Mapping[str, Any]]) -> Any:
+    """Stock vs kernelized bars per model, mode and TPU: peak HBM and roofline time.
+    ``results`` are model-bench JSON objects (``VariantResult.to_json``)."""
+    from matplotlib.figure import Figure
+
+    cells = list(dict.fromkeys((r["model"], r["mode"], r["tpu"]) for r in results))
+    variants = list(dict.fromkeys(r["variant"] for r in results))
+    by_cell = {(r["model"], r["mode"], r["tpu"], r["variant"]): r for r in results}
+    figure = Figure(figsize=(max(6.0, 1.6 * len(cells) + 2), 7.0))
+    panels = figure.subplots(2, 1, sharex=True)
+    metrics = (("peak_hbm_bytes", 2**30, "peak HBM (GiB)"), ("roofline_ms", 1, "roofline (ms)"))
+    width = 0.8 / max(1, len(variants))
+    for axes, (key, unit, label) in zip(panels, metrics, strict=True):
+        for index, variant in enumerate(variants):
+            offset = (index - (len(variants) - 1) / 2) * width
+            present = [(i, by_cell.get((*c, variant))) for i, c in enumerate(cells)]
+            present = [(i, r) for i, r in present if r is not None]
+            axes.bar(
+                [i + offset for i, _ in present],
+                [r[key] / unit for _, r in present],
+                width,
+                label=variant,
+            )
+        axes.set_ylabel(label)
+        axes.grid(axis="y", alpha=0.3)
+    panels[0].legend(fontsize="small")
+    names = [f"{model}\n{mode} {tpu}" for model, mode, tpu in cells]
+    panels[1].set_xticks(range(len(cells)), names, fontsize="small")
+    figure.suptitle("kernel-hub model-bench (deviceless compiler model, full depth)")
+    figure.tight_layout()
+    return figure
+
+
+def save_model_bench_plot(results: Sequence[Mapping[str, Any]], path: str | Path) -> Any:
+    figure = plot_model_bench(results)
+    figure.savefig(Path(path), format="png", dpi=110)
+    return figure

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "demo_cmds",
     "models_cmds",
     "bench_cmds",
+    "model_bench_cmds",
     "compile_cmds",
     "doctor_cmds",
     "new_kernel",

@@ -1,0 +1,234 @@
+"""Whole-model figures of a compiled TPU program: peak HBM, bytes, FLOPs, roofline, full depth.
+
+``kernel-hub model-bench`` compiles a model's step with a few decoder layers, at N and N - 1
+layers; decoder layers are identical, so the difference is one layer's cost and the full model is
+``figures(N) + (L - N) * (figures(N) - figures(N - 1))`` (``scale_to_depth``). Everything here is
+what the deviceless compiler reports (``memory_analysis``, ``cost_analysis``), plus the timing of
+a compiled program when a TPU is present (``median_ms``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from kernel_hub.errors import KernelInputError
+
+from .roofline import TPU_CHIPS
+from .timing import percentile
+
+PALLAS_CALL_NAME = re.compile(r"pallas_call\[.*?\bname=(\w+)", re.S)
+_WHILE_LOOP = re.compile(r"\bwhile\(")
+
+
+@dataclass(frozen=True)
+class ProgramFigures:
+    """What the compiler says about one compiled program (bytes and FLOPs per step)."""
+
+    argument_bytes: float
+    output_bytes: float
+    temp_bytes: float
+    alias_bytes: float
+    bytes_accessed: float
+    flops: float
+
+    @property
+    def peak_hbm_bytes(self) -> float:
+        """Arguments + temporaries + outputs (an output reusing an argument buffer counted once)."""
+        return self.argument_bytes + self.temp_bytes + self.output_bytes - self.alias_bytes
+
+    @property
+    def min_bytes(self) -> float:
+        """Hand count of the least traffic: every argument read once, every output written once
+        (weights, tokens, gradients or logits); activations and caches moved in between are not
+        counted, so it is a lower bound."""
+        return self.argument_bytes + self.output_bytes
+
+    def __sub__(self, other: ProgramFigures) -> ProgramFigures:
+        return ProgramFigures(
+            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
+        )
+
+    def plus(self, other: ProgramFigures, times: float) -> ProgramFigures:
+        """``self + times * other``, field by field."""
+        return ProgramFigures(
+            **{f.name: getattr(self, f.name) + times * getattr(other, f.name) for f in fields(self)}
+        )
+
+
+def program_figures(compiled: Any) -> ProgramFigures:
+    """Figures of a ``jax.stages.Compiled`` (deviceless or on a TPU)."""
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis() or {}
+    if isinstance(cost, list):  # older JAX: one dict per computation
+        cost = cost[0] if cost else {}
+    return ProgramFigures(
+        argument_bytes=float(memory.argument_size_in_bytes),
+        output_bytes=float(memory.output_size_in_bytes),
+        temp_bytes=float(memory.temp_size_in_bytes),
+        alias_bytes=float(memory.alias_size_in_bytes),
+        bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+        flops=float(cost.get("flops", 0.0)),
+    )
+
+
+def scale_to_depth(
+    shallow: ProgramFigures, deep: ProgramFigures, compiled_layers: int, full_layers: int
+) -> ProgramFigures:
+    """The model at ``full_layers`` from compiles at ``compiled_layers`` (deep) and one fewer."""
+    if compiled_layers < 2:
+        raise KernelInputError(f"scaling needs at least 2 compiled layers, got {compiled_layers}")
+    return deep.plus(deep - shallow, full_layers - compiled_layers)
+
+
+def pallas_kernels(jaxpr_text: str) -> list[str]:
+    """Names of the Pallas kernels a traced program calls, sorted, each once."""
+    return sorted(set(PALLAS_CALL_NAME.findall(jaxpr_text)))
+
+
+def has_loops(hlo_text: str) -> bool:
+    """Whether a compiled program runs a while loop (whose body XLA's cost model counts once)."""
+    return bool(_WHILE_LOOP.search(hlo_text))
+
+
+def roofline_ms(tpu: str, flops: float, bytes_accessed: float) -> float:
+    """The generation's floor for this much work, in milliseconds."""
+    return 1e3 * TPU_CHIPS[tpu].time_floor(flops, bytes_accessed)
+
+
+def median_ms(
+    run: Callable[[], Any],
+    *,
+    warmup: int = 2,
+    repeats: int = 10,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """Median wall time of ``run`` (which must wait for its results) after ``warmup`` calls."""
+    if warmup < 0 or repeats < 1:
+        raise KernelInputError(f"need warmup >= 0 and repeats >= 1, got {warmup} and {repeats}")
+    for _ in range(warmup):
+        run()
+    samples = []
+    for _ in range(repeats):
+        start = clock()
+        run()
+        samples.append(clock() - start)
+    return 1e3 * percentile(samples, 50)
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """One row of the model bench: a model, mode and TPU, stock or kernelized, at full depth."""
+
+    model: str
+    mode: str
+    tpu: str
+    variant: str
+    """``stock`` or ``kernelized``."""
+    peak_hbm_bytes: float
+    bytes_accessed: float
+    flops: float
+    roofline_ms: float
+    kernels: list[str]
+    """Pallas kernels (by name) in the compiled program."""
+    replaced: dict[str, str]
+    """Stock slot or layer -> the kernel-hub op that replaced it and how many modules."""
+    min_bytes: float
+    """Hand count (``ProgramFigures.min_bytes``) at full depth."""
+    compiled_layers: int
+    full_layers: int
+    measured_ms: float | None
+    """Median on a real TPU of this generation; None when none is present."""
+    notes: list[str] = field(default_factory=list)
+    compiled: dict[str, float] = field(default_factory=dict)
+    """The program as compiled (``compiled_layers`` layers), unscaled."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def variant_result(
+    *,
+    model: str,
+    mode: str,
+    tpu: str,
+    variant: str,
+    shallow: ProgramFigures,
+    deep: ProgramFigures,
+    compiled_layers: int,
+    full_layers: int,
+    kernels: list[str],
+    replaced: dict[str, str],
+    loops: bool,
+    measured_ms: float | None = None,
+    notes: tuple[str, ...] = (),
+) -> VariantResult:
+    """A row at full depth, with the notes that say which figures to distrust and why."""
+    full = scale_to_depth(shallow, deep, compiled_layers, full_layers)
+    notes = [
+        f"scaled from {compiled_layers} compiled decoder layers to {full_layers}: "
+        f"figures({compiled_layers}) + {full_layers - compiled_layers} x one layer's "
+        f"(figures({compiled_layers}) - figures({compiled_layers - 1}))",
+        "libtpu's deviceless compiler model, not a run on a chip",
+        *notes,
+    ]
+    if kernels:
+        notes.append(
+            "bytes and FLOPs of the Pallas kernels are only their declared CostEstimate "
+            f"({', '.join(kernels)}); min_bytes is a hand count beside it"
+        )
+    if loops:
+        notes.append("the program has while loops: XLA counts a loop body once (undercount)")
+    return VariantResult(
+        model=model,
+        mode=mode,
+        tpu=tpu,
+        variant=variant,
+        peak_hbm_bytes=full.peak_hbm_bytes,
+        bytes_accessed=full.bytes_accessed,
+        flops=full.flops,
+        roofline_ms=roofline_ms(tpu, full.flops, full.bytes_accessed),
+        kernels=kernels,
+        replaced=replaced,
+        min_bytes=full.min_bytes,
+        compiled_layers=compiled_layers,
+        full_layers=full_layers,
+        measured_ms=measured_ms,
+        notes=notes,
+        compiled={**asdict(deep), "peak_hbm_bytes": deep.peak_hbm_bytes},
+    )
+
+
+MODEL_BENCH_HEADERS = (
+    "model",
+    "mode",
+    "tpu",
+    "variant",
+    "peak HBM GiB",
+    "GB accessed",
+    "TFLOP",
+    "roofline ms",
+    "min GB (hand)",
+    "measured ms",
+    "kernels",
+)
+
+
+def model_bench_row(result: VariantResult) -> list[str]:
+    measured = "-" if result.measured_ms is None else f"{result.measured_ms:.4g}"
+    return [
+        result.model,
+        result.mode,
+        result.tpu,
+        result.variant,
+        f"{result.peak_hbm_bytes / 2**30:.4g}",
+        f"{result.bytes_accessed / 1e9:.4g}",
+        f"{result.flops / 1e12:.4g}",
+        f"{result.roofline_ms:.4g}",
+        f"{result.min_bytes / 1e9:.4g}",
+        measured,
+        ", ".join(result.kernels) or "-",
+    ]

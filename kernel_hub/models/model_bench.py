@@ -1,0 +1,300 @@
+"""What kernelize buys a whole model on a TPU: the same model compiled stock and kernelized.
+
+The model is built at real width on the meta device (no weights), with N and N - 1 decoder layers.
+torchax turns it into one JAX function of its parameters, the way torchax runs a torch model on a
+TPU (``torch.func.functional_call`` over "jax" tensors); the function is traced with
+``ShapeDtypeStruct`` arguments on a deviceless TPU of the chosen generation, so the kernels'
+implementation tables pick their Pallas TPU implementations, and compiled by libtpu. The figures
+of the two compiles are scaled to the full depth (``kernel_hub.bench.model_figures``).
+
+Importing torchax renames torch's PrivateUse1 device for the rest of the process (torch.compile
+breaks there): run this in a process of its own, as the ``kernel-hub model-bench`` command does.
+
+Kernelize refuses modules whose weights are on the meta device (they are not loaded), so the
+kernelized model gets zero-filled "jax" tensors while kernelize probes it, and meta tensors again
+before tracing: the traced program reads every parameter from its arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kernel_hub.bench.compile_check import no_persistent_cache
+from kernel_hub.bench.model_figures import (
+    ProgramFigures,
+    VariantResult,
+    has_loops,
+    median_ms,
+    pallas_kernels,
+    program_figures,
+    variant_result,
+)
+from kernel_hub.bench.roofline import TPU_CHIPS
+from kernel_hub.errors import KernelInputError, UnknownNameError
+from kernel_hub.topologies import TOPOLOGIES, filtered_libtpu_stderr, tpu_device
+
+from .presets import preset
+
+MODES = ("train", "prefill")
+VARIANTS = ("stock", "kernelized")
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """One model-bench cell: a model, a mode and its shapes, a TPU generation."""
+
+    name: str
+    model_type: str
+    config: Mapping[str, Any]
+    mode: str
+    tpu: str
+    batch: int = 1
+    seq: int = 4096
+    layers: int = 2
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise UnknownNameError("model-bench mode", self.mode, MODES)
+        if self.tpu not in TOPOLOGIES or self.tpu not in TPU_CHIPS:
+            raise UnknownNameError("TPU generation", self.tpu, set(TOPOLOGIES) & set(TPU_CHIPS))
+        for name in ("batch", "seq"):
+            if getattr(self, name) < 1:
+                raise KernelInputError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.layers < 2:
+            raise KernelInputError(
+                f"--layers must be >= 2 (one layer's cost is the difference of {self.layers} "
+                f"and {self.layers - 1} compiled layers), got {self.layers}"
+            )
+        if self.layers > self.full_layers:
+            raise KernelInputError(
+                f"--layers {self.layers} is more than the model's {self.full_layers} layers"
+            )
+
+    @property
+    def full_layers(self) -> int:
+        return int(self.fields()["num_hidden_layers"])
+
+    def fields(self) -> dict[str, Any]:
+        return {**self.config, **self.overrides}
+
+
+def spec_for_preset(name: str, **kwargs: Any) -> BenchSpec:
+    chosen = preset(name)
+    return BenchSpec(name, chosen.model_type, chosen.config, **kwargs)
+
+
+def spec_for_config_file(path: str | Path, **kwargs: Any) -> BenchSpec:
+    """A Transformers ``config.json`` (its ``model_type`` names the architecture)."""
+    try:
+        fields = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise KernelInputError(f"cannot read the config {path}: {exc}") from None
+    if not isinstance(fields, dict) or "model_type" not in fields:
+        raise KernelInputError(f"{path} is not a Transformers config.json (no 'model_type')")
+    return BenchSpec(Path(path).stem, fields.pop("model_type"), fields, **kwargs)
+
+
+def spec_for_model_type(model_type: str, **kwargs: Any) -> BenchSpec:
+    """Transformers' default config for ``model_type`` (with ``overrides`` on top)."""
+    from transformers import AutoConfig
+
+    try:
+        defaults = AutoConfig.for_model(model_type).to_dict()
+    except ValueError as exc:
+        raise KernelInputError(f"unknown Transformers model type {model_type!r}: {exc}") from None
+    defaults.pop("model_type", None)
+    return BenchSpec(model_type, model_type, defaults, **kwargs)
+
+
+def _config(spec: BenchSpec, layers: int) -> Any:
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    fields = {**spec.fields(), "num_hidden_layers": layers}
+    if "layer_types" in fields:
+        fields["layer_types"] = list(fields["layer_types"])[:layers]
+    try:
+        return AutoConfig.for_model(spec.model_type, **fields)
+    except (ValueError, KeyError, TypeError, StrictDataclassError) as exc:
+        raise KernelInputError(
+            f"Transformers cannot build a {spec.model_type!r} config: {exc}"
+        ) from None
+
+
+def _build(spec: BenchSpec, layers: int) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(_config(spec, layers), dtype=torch.bfloat16)
+    model.train(spec.mode == "train")
+    return model
+
+
+def _replace_tensors(model: Any, make: Callable[[Any], Any]) -> None:
+    """Every parameter and buffer of ``model`` replaced by ``make(tensor)`` (same shape, dtype)."""
+    import torch
+
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None:
+                module._parameters[name] = torch.nn.Parameter(
+                    make(param), requires_grad=param.requires_grad
+                )
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None:
+                module._buffers[name] = make(buffer)
+
+
+def _kernelize(model: Any, mode: str) -> dict[str, str]:
+    """kernelize on the "jax" device; returns stock slot -> what replaced it, from its report."""
+    import torch
+    import torchax
+
+    from kernel_hub.layers.kernelize import kernelize
+
+    env = torchax.default_env()
+
+    def zeros(tensor: Any) -> Any:
+        with env:
+            return torch.zeros(tensor.shape, dtype=tensor.dtype, device="jax")
+
+    _replace_tensors(model, zeros)
+    report = kernelize(model, mode="training" if mode == "train" else "inference", device="jax")
+    _replace_tensors(model, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
+    replaced: dict[str, tuple[str, int]] = {}
+    for entry in report.swapped:
+        op, count = replaced.get(entry.target, (entry.op, 0))
+        replaced[entry.target] = (op, count + 1)
+    return {target: f"{op} x{count}" for target, (op, count) in sorted(replaced.items())}
+
+
+def _abstract(tensors: Mapping[str, Any], sharding: Any) -> dict[str, Any]:
+    import jax
+    from torchax.ops.mappings import t2j_dtype
+
+    return {
+        name: jax.ShapeDtypeStruct(tuple(t.shape), t2j_dtype(t.dtype), sharding=sharding)
+        for name, t in tensors.items()
+    }
+
+
+def _step(model: Any, spec: BenchSpec) -> Callable[..., Any]:
+    """The JAX function of one step: loss and gradients (train) or last-token logits (prefill)."""
+    import jax
+    import torch
+    import torchax
+
+    env = torchax.default_env()
+
+    def forward(params: Any, buffers: Any, ids: Any) -> Any:
+        t_params, t_buffers, t_ids = env.j2t_iso((params, buffers, ids))
+        with env:
+            if spec.mode == "train":
+                kwargs = {"labels": t_ids, "use_cache": False}
+            else:
+                kwargs = {"use_cache": False, "logits_to_keep": 1}
+            out = torch.func.functional_call(model, {**t_params, **t_buffers}, (t_ids,), kwargs)
+            return env.t2j_iso(out.loss if spec.mode == "train" else out.logits)
+
+    return jax.value_and_grad(forward) if spec.mode == "train" else forward
+
+
+@dataclass(frozen=True)
+class CompiledStep:
+    figures: ProgramFigures
+    kernels: list[str]
+    loops: bool
+    function: Callable[..., Any]
+    arguments: tuple[Any, ...]
+
+
+def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
+    """Trace ``model``'s step for the spec's TPU, deviceless, and compile it."""
+    import jax
+    from jax.sharding import SingleDeviceSharding
+
+    device = tpu_device(spec.tpu)
+    sharding = SingleDeviceSharding(device)
+    arguments = (
+        _abstract(dict(model.named_parameters()), sharding),
+        _abstract(dict(model.named_buffers()), sharding),
+        jax.ShapeDtypeStruct((spec.batch, spec.seq), jax.numpy.int32, sharding=sharding),
+    )
+    function = _step(model, spec)
+    with filtered_libtpu_stderr(), no_persistent_cache():
+        with jax.default_device(device):
+            traced = jax.jit(function).trace(*arguments)
+            lowered = traced.lower()
+        compiled = lowered.compile()
+    return CompiledStep(
+        program_figures(compiled),
+        pallas_kernels(str(traced.jaxpr)),
+        has_loops(compiled.as_text() or ""),
+        function,
+        arguments,
+    )
+
+
+def _measured_ms(step: CompiledStep, tpu: str) -> float | None:
+    """Median time of the step on a local TPU of this generation (zero weights), else None.
+
+    The deviceless executable cannot run on a chip: the step is compiled again for the local one
+    (during the warm-up calls).
+    """
+    import jax
+
+    from kernel_hub.platform import tpu_generation
+
+    local = [d for d in jax.devices() if d.platform == "tpu"]
+    if not local or tpu_generation(local[0]) != tpu:
+        return None
+    jitted = jax.jit(step.function)
+    arrays = jax.tree.map(
+        lambda s: jax.numpy.zeros(s.shape, s.dtype, device=local[0]), step.arguments
+    )
+    return median_ms(lambda: jax.block_until_ready(jitted(*arrays)))
+
+
+def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
+    """Compile one variant at ``spec.layers`` and one fewer layers; the row at full depth."""
+    if variant not in VARIANTS:
+        raise UnknownNameError("model-bench variant", variant, VARIANTS)
+    steps, replaced = [], {}
+    for layers in (spec.layers - 1, spec.layers):
+        model = _build(spec, layers)
+        if variant == "kernelized":
+            replaced = _kernelize(model, spec.mode)
+        steps.append(compile_step(model, spec))
+        del model
+    shallow, deep = steps
+    return variant_result(
+        model=spec.name,
+        mode=spec.mode,
+        tpu=spec.tpu,
+        variant=variant,
+        shallow=shallow.figures,
+        deep=deep.figures,
+        compiled_layers=spec.layers,
+        full_layers=spec.full_layers,
+        kernels=deep.kernels,
+        replaced=replaced,
+        loops=deep.loops,
+        measured_ms=_measured_ms(deep, spec.tpu),
+        notes=(
+            f"batch {spec.batch} x seq {spec.seq}, bf16 weights"
+            + (", loss and bf16 gradients (no optimizer state)" if spec.mode == "train" else "")
+            + (", logits of the last token only" if spec.mode == "prefill" else ""),
+        ),
+    )
+
+
+def run_model_bench(spec: BenchSpec) -> list[VariantResult]:
+    """Both variants; a config Transformers refuses is reported before any compile."""
+    _config(spec, spec.layers)
+    return [bench_variant(spec, variant) for variant in VARIANTS]
