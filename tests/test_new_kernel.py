@@ -169,6 +169,10 @@ def needs_square(x):
 
 def variadic(x, *rest):
     return x
+
+
+def shadowing(x, *, jax: bool = True):
+    return x
 '''
 
 
@@ -226,6 +230,7 @@ def test_from_jax_reads_a_library_function_and_records_its_distribution():
         ("nosuchmodule_xyz:f", None, "does not import here"),
         ("mymod:missing", None, "mymod has no function 'missing'"),
         ("mymod:variadic", None, r"\*rest \(variadic\)"),
+        ("mymod:shadowing", None, "parameter 'jax' is a name the generated kernel uses"),
         ("mymod:needs_square", "x=8,4", "calling it on float32 arrays x=8,4 failed"),
         ("mymod:scale_add", "x=8,128", r"names \['x'\] but .* are \['x', 'y'\]"),
         ("mymod:scale_add", "x=8,0 y=8", "is not NAME=D,D"),

@@ -25,6 +25,10 @@ DEFAULT_SHAPE = (8, 128)
 OPTION_TYPES = (bool, int, float, str)
 IMPLEMENTATION = "jax"
 PLATFORMS = ("tpu", "gpu", "cpu")
+RESERVED = frozenset(
+    {"implementation", "wrapped", "api", "check_inputs", "check_rank", "jax", "torch"}
+)
+"""Names the generated functions use inside bodies or annotations that take the parameters."""
 
 
 @dataclass(frozen=True)
@@ -144,9 +148,12 @@ def _parameters(spec: str, function) -> tuple[tuple, set, tuple, tuple]:
             "options defaulting to a bool, int, float or str (parameters defaulting to None are "
             "left at None); wrap the function in one of that shape"
         )
-    reserved = {"implementation"} & {*arrays, *(o.name for o in options)}
-    if reserved:
-        raise KernelHubError(f"--from-jax {spec}: parameter {reserved.pop()!r} is kernel-hub's")
+    taken = sorted(RESERVED & {*arrays, *(o.name for o in options)})
+    if taken:
+        raise KernelHubError(
+            f"--from-jax {spec}: parameter {taken[0]!r} is a name the generated kernel uses "
+            f"({', '.join(sorted(RESERVED))}); wrap the function to rename it"
+        )
     return tuple(arrays), keyword_arrays, tuple(options), tuple(left)
 
 
