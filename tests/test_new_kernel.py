@@ -223,6 +223,18 @@ def test_from_jax_reads_a_library_function_and_records_its_distribution():
     assert "approximate: bool = True," in files[Path("gelu/torch_ops.py")]
 
 
+def test_from_jax_keeps_a_mosaic_kernel_to_the_platforms_it_lowers_for():
+    """JAX's own Pallas TPU flash attention: TPU only, its tests skipped on the CPU with why."""
+    spec = "jax.experimental.pallas.ops.tpu.flash_attention:flash_attention"
+    wrapped = from_jax.inspect_function(spec, "q=1,2,128,128 k=1,2,128,128 v=1,2,128,128")
+    assert wrapped.arrays == ("q", "k", "v") and wrapped.platforms == ("tpu",)
+    assert "interpret mode" in wrapped.lowering_problems["cpu"]
+    assert {"ab", "segment_ids", "block_sizes"} <= set(wrapped.left_at_default)
+    files = from_jax.render(new_kernel.names("flash"), wrapped)
+    assert "pytest.mark.skipif(" in files[Path("tests/test_flash.py")]
+    assert "  jax: [tpu]" in files[Path("kernel.yaml")]
+
+
 @pytest.mark.parametrize(
     ("spec", "shapes", "message"),
     [

@@ -54,6 +54,10 @@ class WrappedFunction:
     result_shape: tuple[int, ...]
     grad_problem: str | None
     """Why ``jax.grad`` does not go through the function, or None when it does."""
+    platforms: tuple[str, ...]
+    """Where it runs: it lowers for TPU, for the CPU (then XLA GPU is assumed too)."""
+    lowering_problems: dict[str, str]
+    """Why it does not lower for a platform it leaves out (a Mosaic kernel on the CPU)."""
     requirement: tuple[str, str] | None
     """(distribution, installed version) providing the module, or None for a local module."""
 
@@ -105,7 +109,7 @@ def inspect_function(spec: str, example_shapes: str | None = None) -> WrappedFun
         raise KernelHubError(f"--from-jax {spec}: {module_name} has no function {name!r}")
     arrays, keyword_arrays, options, left = _parameters(spec, function)
     shapes = parse_shapes(example_shapes, arrays, spec)
-    result_shape, grad_problem = _trace(spec, function, arrays, keyword_arrays, shapes)
+    result_shape, grad_problem, problems = _trace(spec, function, arrays, keyword_arrays, shapes)
     return WrappedFunction(
         module=module_name,
         name=name,
@@ -116,6 +120,8 @@ def inspect_function(spec: str, example_shapes: str | None = None) -> WrappedFun
         shapes=shapes,
         result_shape=result_shape,
         grad_problem=grad_problem,
+        platforms=tuple(p for p in PLATFORMS if p not in problems),
+        lowering_problems=problems,
         requirement=_distribution(module_name),
     )
 
@@ -157,11 +163,13 @@ def _parameters(spec: str, function) -> tuple[tuple, set, tuple, tuple]:
     return tuple(arrays), keyword_arrays, tuple(options), tuple(left)
 
 
-def _trace(spec: str, function, arrays, keyword_arrays, shapes) -> tuple[tuple, str | None]:
+def _trace(spec: str, function, arrays, keyword_arrays, shapes) -> tuple:
+    """Its result shape, why ``jax.grad`` fails (or None) and why it does not lower for a
+    platform (platform -> reason)."""
     import jax
     import jax.numpy as jnp
 
-    examples = {n: jax.ShapeDtypeStruct(shapes[n], jnp.float32) for n in arrays}
+    examples = [jax.ShapeDtypeStruct(shapes[n], jnp.float32) for n in arrays]
 
     def call(*values):
         named = dict(zip(arrays, values, strict=True))
@@ -169,30 +177,45 @@ def _trace(spec: str, function, arrays, keyword_arrays, shapes) -> tuple[tuple, 
         return function(*positional, **{n: named[n] for n in keyword_arrays})
 
     try:
-        result = jax.eval_shape(call, *examples.values())
+        result = jax.eval_shape(call, *examples)
     except Exception as exc:  # the user's function: any failure is a wrong example
         shown = " ".join(f"{n}={','.join(map(str, s))}" for n, s in shapes.items())
         raise KernelHubError(
-            f"--from-jax {spec}: calling it on float32 arrays {shown} failed ({type(exc).__name__}:"
-            f" {str(exc).splitlines()[0] if str(exc) else ''}); pass shapes it takes with "
-            "--example-shapes NAME=D,D,... for each array parameter"
+            f"--from-jax {spec}: calling it on float32 arrays {shown} failed ({_why(exc)}); pass "
+            "shapes it takes with --example-shapes NAME=D,D,... for each array parameter"
         ) from None
     if not isinstance(result, jax.ShapeDtypeStruct):
         raise KernelHubError(
             f"--from-jax {spec}: it returns {type(result).__name__}, not one array; the generated "
             "op has one array result (wrap the function to return one)"
         )
+    problems = {}
+    traced = jax.jit(call).trace(*examples)
+    for platform in ("tpu", "cpu"):
+        try:
+            traced.lower(lowering_platforms=(platform,))
+        except Exception as exc:  # e.g. a Mosaic kernel on the CPU
+            problems[platform] = _why(exc)
+    if "cpu" in problems:
+        problems["gpu"] = "it does not lower for the CPU either, so it is no plain XLA code"
+    if len(problems) == len(PLATFORMS):
+        raise KernelHubError(f"--from-jax {spec}: it lowers for no platform ({problems['tpu']})")
     if not jnp.issubdtype(result.dtype, jnp.floating):
-        return tuple(result.shape), f"its result is {result.dtype}, not floating point"
+        return tuple(result.shape), f"its result is {result.dtype}, not floating point", problems
 
     def total(*values):
         return jnp.sum(call(*values).astype(jnp.float32))
 
     try:
-        jax.eval_shape(jax.grad(total, argnums=tuple(range(len(arrays)))), *examples.values())
+        jax.eval_shape(jax.grad(total, argnums=tuple(range(len(arrays)))), *examples)
     except Exception as exc:  # e.g. a pallas_call without a custom_vjp
-        return tuple(result.shape), f"jax.grad fails: {type(exc).__name__}"
-    return tuple(result.shape), None
+        return tuple(result.shape), f"jax.grad fails ({_why(exc)})", problems
+    return tuple(result.shape), None, problems
+
+
+def _why(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 def _distribution(module_name: str) -> tuple[str, str] | None:
@@ -251,8 +274,8 @@ def render(values: dict[str, str], wrapped: WrappedFunction) -> dict[Path, str]:
     }
 
 
-def registry_orders() -> dict[str, tuple[str, ...]]:
-    return dict.fromkeys(PLATFORMS, (IMPLEMENTATION,))
+def registry_orders(wrapped: WrappedFunction) -> dict[str, tuple[str, ...]]:
+    return dict.fromkeys(wrapped.platforms, (IMPLEMENTATION,))
 
 
 BASE_REQUIRES = {"jax": ">=0.7", "torch": ">=2.8"}
@@ -279,7 +302,7 @@ def _manifest(values: dict[str, str], wrapped: WrappedFunction) -> str:
         f"ops: [{values['op']}]  # torch ops (torch_ops.py), as KERNEL.ops names them\n"
         "layers: []    # layer classes for kernelize(), as KERNEL.layers names them\n"
         "implementations:\n"
-        f"  {IMPLEMENTATION}: [{', '.join(PLATFORMS)}]   # {wrapped.spec} itself\n"
+        f"  {IMPLEMENTATION}: [{', '.join(wrapped.platforms)}]   # {wrapped.spec} itself\n"
         f"requires:\n{lines}{needs}"
     )
 
@@ -363,8 +386,8 @@ def _{IMPLEMENTATION}({implementation_params}):
 
 TABLE = ImplementationTable(
     OP,
-    [Implementation("{IMPLEMENTATION}", _{IMPLEMENTATION}, {_py(PLATFORMS)})],
-    default_order={_py(registry_orders())},
+    [Implementation("{IMPLEMENTATION}", _{IMPLEMENTATION}, {_py(wrapped.platforms)})],
+    default_order={_py(registry_orders(wrapped))},
 )
 
 # Every dimension whole: under a mesh the op runs on gathered inputs, replicated. Declare the
@@ -439,7 +462,7 @@ import jax.numpy as jnp
 
 from kernel_hub.kernel_api import CPU_TAG, KernelCase
 
-from .api import {op}
+from .api import {op}, wrapped
 from .torch_ops import {op} as {op}_op
 
 
@@ -447,7 +470,7 @@ def case(name: str, dtype=jnp.float32, tags=()) -> KernelCase:
     args = (
 {shapes},
     )
-    result = jax.eval_shape({op}, *args)
+    result = jax.eval_shape(lambda {arrays}: {_call(wrapped, options=False)}, *args)
     return KernelCase(
         name=name,
         fn={op},
@@ -505,6 +528,15 @@ def test_gradcheck_in_float64():
         else f"\n\n\n# No gradient tests: {wrapped.grad_problem}."
     )
     first, rank = wrapped.arrays[0], len(wrapped.shapes[wrapped.arrays[0]])
+    skip = ""
+    if wrapped.lowering_problems:
+        skip = f"""# Where the function does not lower these tests cannot run; kernel-hub
+# compile-check compiles it for TPUs on any host.
+WHY_NOT = {wrapped.lowering_problems!r}
+pytestmark = pytest.mark.skipif(
+    jax.default_backend() in WHY_NOT, reason=WHY_NOT.get(jax.default_backend(), "")
+)
+"""
     wrong_rank = f"torch.randn({(2,) * (rank + 1)!r})"
     return f'''"""{kernel} against the function it wraps, ``{wrapped.spec}``: the JAX API and the
 torch op give its values and gradients (as generated, on its example shapes), the op passes
@@ -527,7 +559,7 @@ from kernel_hub.errors import KernelInputError
 KERNEL_DIR = Path(__file__).resolve().parents[1]
 # The kernel project's registry (kernels/{kernel}/ sits beside it), so the tests run from anywhere.
 k = get_kernel("{kernel}", registry=KERNEL_DIR.parents[1] / "registry.yaml", local_dir=KERNEL_DIR)
-
+{skip}
 
 @pytest.fixture(autouse=True)
 def _seeded():

@@ -86,7 +86,7 @@ def scaffold(
         files, values, orders = render(kernel), names(kernel), SCAFFOLD_ORDERS
     else:
         values = names(kernel, f"{wrapped.spec} as a kernel-hub op")
-        files, orders = from_jax.render(values, wrapped), from_jax.registry_orders()
+        files, orders = from_jax.render(values, wrapped), from_jax.registry_orders(wrapped)
     if target.exists():
         raise KernelHubError(f"{target} already exists; choose another name")
     if not registry.parent.is_dir():
