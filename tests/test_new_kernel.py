@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernel_hub import get_kernel
-from kernel_hub.cli import new_kernel
+from kernel_hub.cli import from_jax, main, new_kernel
 from kernel_hub.errors import KernelHubError, SourceError
 from kernel_hub.paths import BUILTIN_DIR, registry_path
 
@@ -154,3 +154,108 @@ def test_writing_a_kernel_snippets_run(capsys):
     printed = capsys.readouterr().out
     assert "has no implementation 'palas'; valid on cpu: pallas, xla" in printed
     assert "the JAX function's first parameters are (weight, x)" in printed
+    assert "x0 x1, y0 y1 -> x0 x1" in printed  # --from-jax's rule: the example's dimensions
+
+
+USER_MODULE = '''
+def scale_add(x, y, *, alpha: float = 1.0, out_sharding=None):
+    """x * alpha + y."""
+    return x * alpha + y
+
+
+def needs_square(x):
+    return x @ x
+
+
+def variadic(x, *rest):
+    return x
+
+
+def shadowing(x, *, jax: bool = True):
+    return x
+'''
+
+
+@pytest.mark.slow
+def test_from_jax_wraps_a_users_function_whose_generated_tests_pass(tmp_path):
+    """As a user would: a module of theirs on PYTHONPATH, an empty directory, the printed test
+    step run verbatim; then the op runs from the project with no kernel-hub variables."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "mymod.py").write_text(USER_MODULE)
+    project = tmp_path / "project"
+    project.mkdir()
+    path = [str(tmp_path / "mine"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**_user_env(), "PYTHONPATH": os.pathsep.join(path)}
+    wrap = ["--from-jax", "mymod:scale_add", "--example-shapes", "x=5,200 y=5,200"]
+    made = subprocess.run(
+        [sys.executable, "-P", "-m", "kernel_hub.cli", "new-kernel", "scale-add", *wrap],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=project,
+    )
+    assert made.returncode == 0, made.stderr
+    assert "  python -m pytest kernels/scale-add/tests" in made.stdout.splitlines()
+    tested = subprocess.run(
+        [sys.executable, "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider", "kernels/"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=project,
+    )
+    assert tested.returncode == 0, tested.stdout[-3000:]
+    assert "6 passed" in tested.stdout
+    api = (project / "kernels/scale-add/scale_add/api.py").read_text()
+    assert "from mymod import scale_add as wrapped" in api
+    assert "Left at the function's default (None): out_sharding." in api
+    assert '"x0 x1, y0 y1 -> x0 x1"' in api
+    manifest = (project / "kernels/scale-add/kernel.yaml").read_text()
+    assert "mymod comes from no installed distribution" in manifest
+
+
+def test_from_jax_reads_a_library_function_and_records_its_distribution():
+    wrapped = from_jax.inspect_function("jax.nn:gelu")
+    assert wrapped.arrays == ("x",) and wrapped.result_shape == (8, 128)
+    assert wrapped.options == (from_jax.Option("approximate", "bool", True),)
+    assert wrapped.grad_problem is None and wrapped.requirement[0] == "jax"
+    files = from_jax.render(new_kernel.names("gelu"), wrapped)
+    assert 'jax: ">=' in files[Path("kernel.yaml")]
+    assert "approximate: bool = True," in files[Path("gelu/torch_ops.py")]
+
+
+def test_from_jax_keeps_a_mosaic_kernel_to_the_platforms_it_lowers_for():
+    """JAX's own Pallas TPU flash attention: TPU only, its tests skipped on the CPU with why."""
+    spec = "jax.experimental.pallas.ops.tpu.flash_attention:flash_attention"
+    wrapped = from_jax.inspect_function(spec, "q=1,2,128,128 k=1,2,128,128 v=1,2,128,128")
+    assert wrapped.arrays == ("q", "k", "v") and wrapped.platforms == ("tpu",)
+    assert "interpret mode" in wrapped.lowering_problems["cpu"]
+    assert {"ab", "segment_ids", "block_sizes"} <= set(wrapped.left_at_default)
+    files = from_jax.render(new_kernel.names("flash"), wrapped)
+    assert "pytest.mark.skipif(" in files[Path("tests/test_flash.py")]
+    assert "  jax: [tpu]" in files[Path("kernel.yaml")]
+
+
+@pytest.mark.parametrize(
+    ("spec", "shapes", "message"),
+    [
+        ("mymod", None, "expected module:function"),
+        ("nosuchmodule_xyz:f", None, "does not import here"),
+        ("mymod:missing", None, "mymod has no function 'missing'"),
+        ("mymod:variadic", None, r"\*rest \(variadic\)"),
+        ("mymod:shadowing", None, "parameter 'jax' is a name the generated kernel uses"),
+        ("mymod:needs_square", "x=8,4", "calling it on float32 arrays x=8,4 failed"),
+        ("mymod:scale_add", "x=8,128", r"names \['x'\] but .* are \['x', 'y'\]"),
+        ("mymod:scale_add", "x=8,0 y=8", "is not NAME=D,D"),
+    ],
+)
+def test_from_jax_refuses_what_it_cannot_wrap_before_writing(
+    tmp_path, monkeypatch, capsys, spec, shapes, message
+):
+    (tmp_path / "mymod.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mymod", raising=False)
+    monkeypatch.chdir(tmp_path)
+    argv = ["new-kernel", "demo", "--from-jax", spec]
+    assert main(argv + (["--example-shapes", shapes] if shapes else [])) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mymod.py"]

@@ -19,6 +19,7 @@ import string
 import tempfile
 from pathlib import Path
 
+from kernel_hub.cli import from_jax
 from kernel_hub.errors import KernelHubError
 from kernel_hub.hub.metadata import KERNEL_NAME
 from kernel_hub.paths import BUILTIN_DIR, KERNELS_NAME, REGISTRY_NAME
@@ -26,6 +27,8 @@ from kernel_hub.registry.registry import parse_registry
 
 TEMPLATE_DIR = Path(__file__).parent / "new_kernel_template"
 TEMPLATE_SUFFIX = ".tmpl"
+SCAFFOLD_SUMMARY = "x * weight along the last axis (the kernel-hub scaffold, to be replaced)"
+SCAFFOLD_ORDERS = {"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")}
 RENAMED = {
     "package": "{package}",
     "kernel_tests": "tests",  # not "tests/" in the wheel, where only kernel tests would be
@@ -33,7 +36,7 @@ RENAMED = {
 }
 
 
-def names(kernel: str) -> dict[str, str]:
+def names(kernel: str, summary: str = SCAFFOLD_SUMMARY) -> dict[str, str]:
     """The template's placeholders for kernel ``kernel``: its package (and op) name is the
     kernel name with '-' as '_', as ``kernel-hub build`` requires."""
     if not KERNEL_NAME.match(kernel):
@@ -45,7 +48,7 @@ def names(kernel: str) -> dict[str, str]:
         "kernel": kernel,
         "package": package,
         "op": package,
-        "summary": "x * weight along the last axis (the kernel-hub scaffold, to be replaced)",
+        "summary": summary,
     }
 
 
@@ -64,16 +67,26 @@ def render(kernel: str) -> dict[Path, str]:
     return rendered
 
 
-def scaffold(kernel: str, registry: str | Path = REGISTRY_NAME) -> Path:
+def scaffold(
+    kernel: str,
+    registry: str | Path = REGISTRY_NAME,
+    wrapped: from_jax.WrappedFunction | None = None,
+) -> Path:
     """Write kernel ``kernel`` into ``kernels/`` beside ``registry`` and add its op to the
-    registry (created from the built-in one if missing); its path.
+    registry (created from the built-in one if missing); its path. With ``wrapped`` (see
+    ``from_jax.inspect_function``) the kernel wraps that JAX function instead of being the
+    scaffold.
 
     Everything is checked before anything is written (name, free directory, the registry with the
     new entry parses); if writing fails, the registry and the kernels folder are left as found.
     """
     registry = Path(registry)
     target = registry.parent / KERNELS_NAME / kernel
-    files = render(kernel)
+    if wrapped is None:
+        files, values, orders = render(kernel), names(kernel), SCAFFOLD_ORDERS
+    else:
+        values = names(kernel, f"{wrapped.spec} as a kernel-hub op")
+        files, orders = from_jax.render(values, wrapped), from_jax.registry_orders(wrapped)
     if target.exists():
         raise KernelHubError(f"{target} already exists; choose another name")
     if not registry.parent.is_dir():
@@ -82,7 +95,8 @@ def scaffold(kernel: str, registry: str | Path = REGISTRY_NAME) -> Path:
             "create it or name a registry in an existing directory"
         )
     original = _read(registry) if registry.exists() else None
-    updated = registry_with(registry, original or _read(BUILTIN_DIR / REGISTRY_NAME), kernel)
+    entry = registry_entry(values, orders)
+    updated = registry_with(registry, original or _read(BUILTIN_DIR / REGISTRY_NAME), entry)
     made_kernels_dir = not target.parent.exists()
     try:
         _write_atomically(registry, updated)
@@ -119,9 +133,10 @@ def _write_atomically(path: Path, text: str) -> None:
     partial.replace(path)
 
 
-def registry_entry(kernel: str) -> str:
-    """The ``registry.yaml`` entry (under ``ops:``) that makes the kernel's op loadable."""
-    values = names(kernel)
+def registry_entry(values: dict[str, str], orders: dict[str, tuple[str, ...]]) -> str:
+    """The ``registry.yaml`` entry (under ``ops:``) that makes the kernel's op loadable, trying
+    its implementations in ``orders`` (platform -> names)."""
+    kernel = values["kernel"]
     aliases = f"    aliases: [{values['op']}]\n" if values["op"] != kernel else ""
     return (
         f"  {kernel}:\n"
@@ -131,16 +146,14 @@ def registry_entry(kernel: str) -> str:
         f"    repo: kernel-hub/{kernel}\n"
         f'    version: ">=1.0,<2"\n'
         f"    implementations:\n"
-        f"      tpu: [pallas, xla]\n"
-        f"      gpu: [xla]\n"
-        f"      cpu: [xla, pallas]\n"
+        + "".join(f"      {platform}: [{', '.join(order)}]\n" for platform, order in orders.items())
     )
 
 
-def registry_with(path: Path, text: str, kernel: str) -> str:
-    """Registry ``text`` (of file ``path``) with the kernel's entry appended to its ``ops:``
-    mapping, which must come last; a result that would not parse raises (the error says why)."""
-    updated = text + ("" if text.endswith("\n") else "\n") + registry_entry(kernel)
+def registry_with(path: Path, text: str, entry: str) -> str:
+    """Registry ``text`` (of file ``path``) with ``entry`` appended to its ``ops:`` mapping,
+    which must come last; a result that would not parse raises (the error says why)."""
+    updated = text + ("" if text.endswith("\n") else "\n") + entry
     parse_registry(path, updated)
     return updated
 
@@ -159,13 +172,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "registry if missing) and the kernel written to kernels/ beside it (default: "
         "./registry.yaml)",
     )
+    parser.add_argument(
+        "--from-jax",
+        metavar="MODULE:FUNCTION",
+        help="wrap this JAX or Pallas function (importable here and wherever the kernel loads) "
+        "as the kernel's op instead of writing the x * weight scaffold",
+    )
+    parser.add_argument(
+        "--example-shapes",
+        metavar="NAME=D,D,...",
+        help="with --from-jax: float32 example shapes of the function's array parameters, "
+        "space-separated (default: 8,128 each); the op is generated, and tested, for their ranks",
+    )
     parser.set_defaults(func=run_new_kernel)
 
 
 def run_new_kernel(args: argparse.Namespace) -> int:
     registry = Path(args.registry)
     existed = registry.exists()
-    path = scaffold(args.name, registry)
+    if args.example_shapes and not args.from_jax:
+        raise KernelHubError("--example-shapes describes the function --from-jax names; add it")
+    wrapped = (
+        from_jax.inspect_function(args.from_jax, args.example_shapes) if args.from_jax else None
+    )
+    path = scaffold(args.name, registry, wrapped)
     project = registry.parent
     how = "added its op to" if existed else "created from the built-in registry, with its op,"
     print(f"created {path}; {how} {registry}")
