@@ -101,13 +101,7 @@ def _rmsnorm_module_problem(module: torch.nn.Module) -> str | None:
         return f"weight has dtype {dtype}; supported: {', '.join(FLOATS_AND_F64)}"
     if weight.device.type == "meta":
         return "weight is on the meta device (not loaded)"
-    epsilons = {n: getattr(module, n) for n in ("variance_epsilon", "eps") if hasattr(module, n)}
-    for name, eps in epsilons.items():
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-            return f"{name} is {eps!r}, not a number"
-    if len(set(epsilons.values())) > 1:
-        return f"variance_epsilon and eps differ ({epsilons}); which one it uses is ambiguous"
-    return None
+    return _epsilon_problem(module)
 
 
 def _epsilon_problem(module: torch.nn.Module) -> str | None:
