@@ -18,6 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 extras="test,tpu,tokamax,hub,transformers,bench,torchax"
+# The suite's wall-time budget: the test step fails past it (its tests may all pass), so growth
+# shows the day it happens, not the day a run passes the 90-minute limit and nothing lands.
+suite_budget_s=$((35 * 60))
 
 # Each step's name and start (seconds since the script began); the table of their durations is
 # printed at exit, also when a step fails (its row then runs to the failure). Work running beside
@@ -67,6 +70,7 @@ if [ "$#" -gt 0 ]; then
 fi
 
 step "tests against the installed wheel"
+suite_start=$SECONDS
 # The all-kernels TPU compile matrix is the longest test and runs in its own worker processes;
 # it runs beside the rest of the suite (which keeps one core busy) instead of after it.
 matrix=tests/bench/test_compile_matrix.py::test_every_registry_kernel_compiles_for_every_generation
@@ -87,10 +91,20 @@ wait "$matrix_pid" || matrix_status=$?
 cat "$matrix_log" && rm -f "$matrix_log"
 side_rows+=("$(printf '%-72s %8s' "  beside it: TPU compile matrix (2 workers)" "$(cat "$matrix_time")")")
 rm -f "$matrix_time"
+suite_seconds=$((SECONDS - suite_start))
+side_rows+=("$(printf '%-72s %8s' "  budget for this step (suite_budget_s in scripts/test.sh)" "$suite_budget_s")")
+failed=0
 if [ "$suite" -ne 0 ] || [ "$matrix_status" -ne 0 ]; then
     echo "tests failed (suite: $suite, compile matrix: $matrix_status)" >&2
-    exit 1
+    failed=1
 fi
+if [ "$suite_seconds" -gt "$suite_budget_s" ]; then
+    echo "the tests took ${suite_seconds}s, over their budget of ${suite_budget_s}s" \
+        "(suite_budget_s in scripts/test.sh): find the new slow tests in --durations above" \
+        "and make them smaller" >&2
+    failed=1
+fi
+[ "$failed" -eq 0 ] || exit 1
 
 step "main job from a fresh environment holding only the wheel"
 python3 -m venv .venv-main
