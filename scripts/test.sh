@@ -34,7 +34,7 @@ step() {
     printf '\n== %s (%ss)\n' "$1" "$SECONDS"
 }
 summary() {
-    local status=$? end=$SECONDS i next
+    local status=$1 end=$SECONDS i next
     [ "${#step_names[@]}" -gt 0 ] || return "$status"
     printf '\n%-72s %8s\n' "step" "seconds"
     for i in "${!step_names[@]}"; do
@@ -45,7 +45,13 @@ summary() {
     printf '%-72s %8d%s\n' "total" "$end" "$([ "$status" -eq 0 ] || echo "  (failed: exit $status)")"
     return "$status"
 }
-trap summary EXIT
+run_cache=""  # this run's compilation cache (set below), removed at exit
+on_exit() {
+    local status=$?
+    [ -z "$run_cache" ] || rm -rf "$run_cache"
+    summary "$status"
+}
+trap on_exit EXIT
 
 step "build the wheel"
 python3 -m venv .venv
@@ -68,6 +74,12 @@ export KERNEL_HUB_TEST_INSTALLED=1
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -P -m pytest "$@"
 fi
+
+# The bridge's persistent compilation cache, fresh for each run and shared by everything in it
+# (the suite, its subprocesses, the main job, the TorchTPU tests): a run on a machine that ran
+# before starts as cold as a fresh clone, so the budget above measures every compile.
+run_cache=$(mktemp -d)
+export KERNEL_HUB_COMPILATION_CACHE_DIR=$run_cache
 
 step "tests against the installed wheel"
 suite_start=$SECONDS
