@@ -18,6 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 extras="test,tpu,tokamax,hub,transformers,bench,torchax"
+# The suite's wall-time budget: the test step fails past it (its tests may all pass), so growth
+# shows the day it happens, not the day a run passes the 90-minute limit and nothing lands.
+suite_budget_s=$((35 * 60))
 
 # Each step's name and start (seconds since the script began); the table of their durations is
 # printed at exit, also when a step fails (its row then runs to the failure). Work running beside
@@ -31,7 +34,7 @@ step() {
     printf '\n== %s (%ss)\n' "$1" "$SECONDS"
 }
 summary() {
-    local status=$? end=$SECONDS i next
+    local status=$1 end=$SECONDS i next
     [ "${#step_names[@]}" -gt 0 ] || return "$status"
     printf '\n%-72s %8s\n' "step" "seconds"
     for i in "${!step_names[@]}"; do
@@ -42,7 +45,13 @@ summary() {
     printf '%-72s %8d%s\n' "total" "$end" "$([ "$status" -eq 0 ] || echo "  (failed: exit $status)")"
     return "$status"
 }
-trap summary EXIT
+run_cache=""  # this run's compilation cache (set below), removed at exit
+on_exit() {
+    local status=$?
+    [ -z "$run_cache" ] || rm -rf "$run_cache"
+    summary "$status"
+}
+trap on_exit EXIT
 
 step "build the wheel"
 python3 -m venv .venv
@@ -66,7 +75,14 @@ if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -P -m pytest "$@"
 fi
 
+# The bridge's persistent compilation cache, fresh for each run and shared by everything in it
+# (the suite, its subprocesses, the main job, the TorchTPU tests): a run on a machine that ran
+# before starts as cold as a fresh clone, so the budget above measures every compile.
+run_cache=$(mktemp -d)
+export KERNEL_HUB_COMPILATION_CACHE_DIR=$run_cache
+
 step "tests against the installed wheel"
+suite_start=$SECONDS
 # The all-kernels TPU compile matrix is the longest test and runs in its own worker processes;
 # it runs beside the rest of the suite (which keeps one core busy) instead of after it.
 matrix=tests/bench/test_compile_matrix.py::test_every_registry_kernel_compiles_for_every_generation
@@ -87,10 +103,20 @@ wait "$matrix_pid" || matrix_status=$?
 cat "$matrix_log" && rm -f "$matrix_log"
 side_rows+=("$(printf '%-72s %8s' "  beside it: TPU compile matrix (2 workers)" "$(cat "$matrix_time")")")
 rm -f "$matrix_time"
+suite_seconds=$((SECONDS - suite_start))
+side_rows+=("$(printf '%-72s %8s' "  budget for this step (suite_budget_s in scripts/test.sh)" "$suite_budget_s")")
+failed=0
 if [ "$suite" -ne 0 ] || [ "$matrix_status" -ne 0 ]; then
     echo "tests failed (suite: $suite, compile matrix: $matrix_status)" >&2
-    exit 1
+    failed=1
 fi
+if [ "$suite_seconds" -gt "$suite_budget_s" ]; then
+    echo "the tests took ${suite_seconds}s, over their budget of ${suite_budget_s}s" \
+        "(suite_budget_s in scripts/test.sh): find the new slow tests in --durations above" \
+        "and make them smaller" >&2
+    failed=1
+fi
+[ "$failed" -eq 0 ] || exit 1
 
 step "main job from a fresh environment holding only the wheel"
 python3 -m venv .venv-main

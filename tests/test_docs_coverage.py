@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import transformers
+from coverage_runs import coverage_results
 from doc_snippets import ROOT
 
 from kernel_hub.cli.models_cmds import result_rows
-from kernel_hub.models.coverage import run_coverage
 
 COVERAGE = ROOT / "docs" / "coverage.md"
 # attention sinks, MLA, T5 position bias, MoE experts, an encoder with LayerNorm, plain Llama
@@ -34,7 +34,7 @@ def test_generated_with_the_installed_transformers() -> None:
 @pytest.mark.slow
 def test_sample_rows_match_a_fresh_run() -> None:
     table = _table()
-    fresh = {row[0]: row for row in result_rows(run_coverage("inference", model_types=SAMPLE))}
+    fresh = {row[0]: row for row in result_rows(coverage_results("inference", SAMPLE))}
     for model_type in SAMPLE:
         recorded, now = table[model_type], fresh[model_type]
         for column, name in COMPARED.items():

@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from coverage_runs import coverage_results
 
 from kernel_hub.cli import main
 from kernel_hub.models import architectures as archs
@@ -41,7 +42,7 @@ def _selection() -> list[str]:
 
 
 def _check(mode: str) -> None:
-    results = run_coverage(mode, model_types=_selection())
+    results = coverage_results(mode, _selection())
     ran = [r for r in results if r.ran]
     print(summary(results))  # with -s: the line recorded in the issue note
     assert len(ran) >= 40, summary(results)
