@@ -19,8 +19,10 @@ cd "$(dirname "$0")/.."
 root=$PWD
 extras="test,tpu,tokamax,hub,transformers,bench,torchax"
 # The suite's wall-time budget: the test step fails past it (its tests may all pass), so growth
-# shows the day it happens, not the day a run passes the 90-minute limit and nothing lands.
-suite_budget_s=$((35 * 60))
+# shows the day it happens, not the day a run passes the 90-minute limit and nothing lands. It is
+# the landing limit less the other steps (~10 min) and a margin for a slower machine; lower it as
+# the suite shrinks (the aim is 30 minutes).
+suite_budget_s=$((70 * 60))
 
 # Each step's name and start (seconds since the script began); the table of their durations is
 # printed at exit, also when a step fails (its row then runs to the failure). Work running beside
@@ -97,7 +99,7 @@ matrix_time=$(mktemp)
 ) >"$matrix_log" 2>&1 &
 matrix_pid=$!
 suite=0
-.venv/bin/python -P -m pytest --deselect "$matrix" --durations=20 || suite=$?
+.venv/bin/python -P -m pytest --deselect "$matrix" --durations=30 || suite=$?
 matrix_status=0
 wait "$matrix_pid" || matrix_status=$?
 cat "$matrix_log" && rm -f "$matrix_log"
