@@ -81,22 +81,31 @@ def test_production_head_layouts_compile(attention, generation):
     _assert_compiles(attention.manifest.name, case, generation)
 
 
+MASK_BYTES_PER_TOKEN = 256
+"""What a real batch's mask may add to the temporaries per (batch row, token): a few int32 per
+token and per block (the block-range pre-pass), O(S). A dense [B, 1, S, S] mask is S bytes per
+token: 4 KiB at 4k. Since the statistics are stored lane-dense, the unpadded kernel's own
+temporaries are near 0, so a bound relative to them alone would allow nothing."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mask", ["padded", "image-prefix"])
 def test_real_batch_masks_cost_no_more_than_10_percent_temp_memory(attention, mask):
     """Key padding and image-token groups are O(S) kernel inputs: the compiled program's
-    temporary HBM stays within 10% of the unpadded kernel's (v6e, Llama-3-8B heads, 4k; the
-    table at 8k and 32k is in docs/attention-features.md)."""
+    temporary HBM stays within 10% of the unpadded kernel's plus ``MASK_BYTES_PER_TOKEN`` per
+    token (v6e, Llama-3-8B heads, 4k; the table at 8k and 32k is in docs/attention-features.md)."""
     benchmark = attention.benchmark
+    batch, length = 1, 4096
     for direction in ("forward", "backward"):
         figures = {}
         for name in ("unpadded", mask):
             result = compile_case(
-                "attention", benchmark.mask_memory_case(name, 1, 4096), "v6e", direction
+                "attention", benchmark.mask_memory_case(name, batch, length), "v6e", direction
             )
             assert result.ok, f"{name} {direction}: {result.error}"
             figures[name] = result.memory["temp_size"]
-        assert figures[mask] <= 1.1 * figures["unpadded"], (direction, figures)
+        allowance = MASK_BYTES_PER_TOKEN * batch * length
+        assert figures[mask] <= 1.1 * figures["unpadded"] + allowance, (direction, figures)
 
 
 @pytest.mark.slow
