@@ -119,6 +119,12 @@ def test_mini_model_converges_like_stock(name):
 # elementwise). Measured (loss, top-10 log-probs, parameters' max |diff|): see
 # docs/training-kernels.md.
 BF16_LOSS_RTOL, BF16_LOGPROB_TOL, BF16_PARAM_TOL = 1e-2, 1e-1, 1e-2
+# How a bf16 matmul rounds depends on the CPU (AVX512-BF16 accumulates differently), and in
+# Mixtral a top-2 routing flip sends a token to another expert, so a few expert elements drift by
+# AdamW steps: on an AMD EPYC with AVX512-BF16, 3 of 65,536 elements of an expert weight at
+# 0.0118 (the same with the code before this wave). So 99.9% of each tensor's elements stay
+# within Liger's bound and none beyond 5 times it.
+BF16_PARAM_OUTLIERS, BF16_PARAM_OUTLIER_FACTOR = 1e-3, 5
 
 
 @pytest.mark.slow
@@ -129,10 +135,8 @@ def test_mini_model_converges_like_stock_in_bf16(name):
     assert losses[-1] < losses[0] - 0.5
     torch.testing.assert_close(got, want, rtol=BF16_LOGPROB_TOL, atol=BF16_LOGPROB_TOL)
     for n, p, q in params:
-        torch.testing.assert_close(
-            p.float(),
-            q.float(),
-            rtol=BF16_PARAM_TOL,
-            atol=BF16_PARAM_TOL,
-            msg=lambda m, n=n: f"{n}: {m}",
-        )
+        excess = (p.float() - q.float()).abs() / (BF16_PARAM_TOL * (1 + q.float().abs()))
+        outside = float((excess > 1).float().mean())
+        assert outside <= BF16_PARAM_OUTLIERS, f"{n}: {outside:.2%} of elements outside"
+        worst = float(excess.max())
+        assert worst <= BF16_PARAM_OUTLIER_FACTOR, f"{n}: {worst:.2f} times the bound"
