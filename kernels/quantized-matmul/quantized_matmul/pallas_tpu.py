@@ -38,9 +38,10 @@ class BlockSizes:
 
 
 # Weight elements streamed per grid step, per generation (1 byte each for fp8/int8, converted to
-# f32 and the activation dtype in VMEM): v4's scoped VMEM is 16 MiB, v5e's MXU is 128 wide,
-# v5p's and v6e's 256.
-WEIGHT_BLOCK_ELEMENTS = {"v4": 256 * 1024, "v5e": 512 * 1024, "v5p": 1024 * 1024,
+# f32 and the activation dtype in VMEM, beside a [512, tn] f32 accumulator): v4's scoped VMEM is
+# 16 MiB, v5e's MXU is 128 wide; v5p's default scoped VMEM does not hold a 1M-element block with
+# a 512-row accumulator (Llama-3-8B down_proj prefill: CompileTimeScopedVmemOom), v6e's does.
+WEIGHT_BLOCK_ELEMENTS = {"v4": 256 * 1024, "v5e": 512 * 1024, "v5p": 512 * 1024,
                          "v6e": 1024 * 1024}  # fmt: skip
 DEFAULT_WEIGHT_BLOCK_ELEMENTS = 512 * 1024
 MAX_ROW_BLOCK = 512
