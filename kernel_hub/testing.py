@@ -31,6 +31,25 @@ def max_errors(actual: Any, expected: Any) -> tuple[float, float]:
     return float(diff.max()) if diff.numel() else 0.0, float(rel.max()) if rel.numel() else 0.0
 
 
+def count_slot_calls(model: torch.nn.Module, names: Any) -> dict[str, int]:
+    """Wrap the function slots ``names`` that kernelize filled on ``model``'s modules with call
+    counters; the returned dict counts each slot's calls from then on."""
+    calls = dict.fromkeys(names, 0)
+
+    def counted(name: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    for module in model.modules():
+        for name in calls:
+            if name in module.__dict__:
+                module.__dict__[name] = counted(name, module.__dict__[name])
+    return calls
+
+
 def registry_with_ops(directory: Path, *ops: str) -> Path:
     """The registry cut down to ``ops``, written to ``directory/registry.yaml``.
 

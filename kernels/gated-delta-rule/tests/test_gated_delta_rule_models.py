@@ -12,6 +12,7 @@ import torch
 from kernel_hub import kernelize
 from kernel_hub.models.demo import demo_batch, greedy
 from kernel_hub.models.tiny import tiny_model
+from kernel_hub.testing import count_slot_calls
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +62,7 @@ def test_inference_logits_and_greedy_generation_equal_stock():
     assert len(swapped_to(report, "layers.RMSNormGated")) == 2
     slots = [e.module for e in report.entries if e.kind == "function slots" and e.swapped]
     assert slots == ["model.layers.0.linear_attn", "model.layers.2.linear_attn"]
-    calls = count_slot_calls(model)
+    calls = count_slot_calls(model, ("causal_conv1d_fn", "causal_conv1d_update"))
     batch = demo_batch(length=70, padding=5)  # crosses the 64-token chunk; one row left-padded
     with torch.no_grad():
         want, got = stock(**batch).logits, model(**batch).logits
@@ -69,24 +70,6 @@ def test_inference_logits_and_greedy_generation_equal_stock():
     torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-4)
     assert torch.equal(greedy(model, demo_batch(), 12), greedy(stock, demo_batch(), 12))
     assert calls["causal_conv1d_fn"] and calls["causal_conv1d_update"], calls
-
-
-def count_slot_calls(model) -> dict[str, int]:
-    """Wrap the convolution functions kernelize put in the mixers' slots with call counters."""
-    calls = {"causal_conv1d_fn": 0, "causal_conv1d_update": 0}
-
-    def counted(name, fn):
-        def call(*args, **kwargs):
-            calls[name] += 1
-            return fn(*args, **kwargs)
-
-        return call
-
-    for module in model.modules():
-        for name in calls:
-            if name in module.__dict__:
-                module.__dict__[name] = counted(name, module.__dict__[name])
-    return calls
 
 
 def test_stock_mixers_keep_their_convolution_with_the_reason():
@@ -112,7 +95,7 @@ def test_training_gradients_equal_stock():
         "model.layers.2.linear_attn",
     ]
     assert all(e.swapped for e in report.entries if e.kind == "function slots")
-    calls = count_slot_calls(model)
+    calls = count_slot_calls(model, ("causal_conv1d_fn", "causal_conv1d_update"))
     batch = demo_batch(length=70, padding=5)
     labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     stock(**batch, labels=labels).loss.backward()

@@ -15,6 +15,7 @@ import torch
 from kernel_hub import get_kernel, kernelize
 from kernel_hub.models import architectures
 from kernel_hub.models.demo import demo_batch, greedy
+from kernel_hub.testing import count_slot_calls
 
 pytestmark = pytest.mark.slow
 
@@ -36,21 +37,8 @@ def mixers(report) -> list[str]:
 
 
 def count_conv_calls(model) -> dict[str, int]:
-    """Wrap the convolution functions kernelize put in the mixers' slots with call counters."""
-    calls = dict.fromkeys(m2.layers.CONV_SLOTS, 0)
-
-    def counted(name, fn):
-        def call(*args, **kwargs):
-            calls[name] += 1
-            return fn(*args, **kwargs)
-
-        return call
-
-    for module in model.modules():
-        for name in calls:
-            if name in module.__dict__:
-                module.__dict__[name] = counted(name, module.__dict__[name])
-    return calls
+    """Count calls of the convolution functions kernelize put in the mixers' slots."""
+    return count_slot_calls(model, m2.layers.CONV_SLOTS)
 
 
 class Calls:
