@@ -10,22 +10,15 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 import kernel_hub
 from kernel_hub.errors import KernelHubError
+from kernel_hub.models.tiny import tiny_model
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# hidden 256 and intermediate 384: 2 and 3 fp8 blocks, k/v out 128
-CONFIG = dict(
-    vocab_size=128,
-    hidden_size=256,
-    intermediate_size=384,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    tie_word_embeddings=False,
-)
+# The shared tiny sizes but hidden 256 and intermediate 384: 2 and 3 fp8 blocks, k/v out 128
+SIZES = dict(hidden_size=256, intermediate_size=384, tie_word_embeddings=False)
 
 
 def fp8_by_hand(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,8 +40,7 @@ def fp8_by_hand(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.fixture(scope="module")
 def fp8_checkpoint(tmp_path_factory):
     """(path, stock Llama holding the dequantized weights)."""
-    torch.manual_seed(0)
-    stock = LlamaForCausalLM(LlamaConfig(**CONFIG)).eval()
+    stock = tiny_model(LlamaForCausalLM, seed=0, **SIZES)
     tensors = {}
     for name, tensor in stock.state_dict().items():
         module = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
@@ -104,8 +96,7 @@ def test_other_quantization_methods_are_refused_with_the_reason(tmp_path):
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])
 def test_quantize_linear_reports_its_error_and_kernelize_is_exact_against_it(fmt):
-    torch.manual_seed(1)
-    model = LlamaForCausalLM(LlamaConfig(**CONFIG)).eval()
+    model = tiny_model(LlamaForCausalLM, seed=1, **SIZES)
     report = kernel_hub.quantize_linear(model, fmt)
     assert len(report.layers) == 2 * len(PROJECTIONS)
     assert report.left_alone == (("lm_head", "skipped (skip=)"),)
