@@ -89,6 +89,9 @@ def test_a_stolen_key_is_revoked_through_the_index_and_clients_recover_online(
         hub_env.tamper(INDEX_REPO, "main", name, data)
     primary, backup = keys["publisher"], str(keys["rotated"].private_path)
     argv = ["--publisher", "kernel-hub", "--registry", str(registry), "--json"]
+    assert main(["index", "revoke", "ed25519:nonsense", "--sign-key", backup, *argv]) == 2
+    refused = capsys.readouterr().err
+    assert "not a key" in refused and primary.key_id in refused  # it names the pinned keys
     with caplog.at_level(logging.WARNING):
         assert main(["index", "revoke", primary.key_id, "--sign-key", backup, *argv]) == 0
     revocation = json.loads(capsys.readouterr().out)
