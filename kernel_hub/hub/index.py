@@ -263,12 +263,15 @@ def _read_seen(publisher: str) -> Seen | None:
         for key in revoked:
             key_bytes(key)
         seen = document.get("seen")
+        seen = None if seen is None else dt.datetime.fromisoformat(seen)
+        if seen is not None and seen.tzinfo is None:
+            raise ValueError("a time without a zone")
         return Seen(
             base64.b64decode(document["index"], validate=True),
             base64.b64decode(document["signature"], validate=True),
             serials,
             revoked,
-            None if seen is None else dt.datetime.fromisoformat(seen),
+            seen,
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
