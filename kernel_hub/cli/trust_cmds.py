@@ -1,15 +1,18 @@
 """``kernel-hub keygen``: a publisher's ed25519 signing key pair; ``kernel-hub index refresh /
-show``: the publisher's signed, expiring index (docs/trust.md, key rotation)."""
+revoke / show``: the publisher's signed, expiring index, and revoking a stolen key through it
+(docs/trust.md, keys)."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from kernel_hub.errors import KernelHubError
 from kernel_hub.hub.index import DEFAULT_EXPIRY_DAYS, current_index, publish_index
+from kernel_hub.hub.recovery import vet_listed
 from kernel_hub.hub.signing import SigningKey, generate_key_pair
-from kernel_hub.registry.publisher_keys import PublisherKeys
+from kernel_hub.registry.publisher_keys import PublisherKeys, key_bytes, key_id
 from kernel_hub.registry.registry import load_registry
 
 from .output import print_json
@@ -38,20 +41,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="sign and upload the next index (new serial and expiry); run it before it expires, "
         "and with a new key after a rotation",
     )
-    refresh.add_argument("--publisher", required=True, help="hub organisation")
-    refresh.add_argument(
-        "--sign-key",
-        type=Path,
-        action="append",
-        required=True,
-        help="a pinned private key (repeat for a registry threshold)",
+    revoke = actions.add_parser(
+        "revoke",
+        help="revoke a stolen key: sign and upload the next index (with another pinned key, "
+        "e.g. the backup) carrying the revocation; clients refuse the key from their next "
+        "online fetch on",
     )
-    refresh.add_argument(
-        "--expires-days", type=float, default=DEFAULT_EXPIRY_DAYS, help="validity (default 7)"
+    revoke.add_argument(
+        "key",
+        metavar="KEY",
+        help="the key to revoke: ed25519:BASE64, its .pub file, or the id of a key the registry "
+        "pins for the publisher",
     )
+    for sub in (refresh, revoke):
+        sub.add_argument("--publisher", required=True, help="hub organisation")
+        sub.add_argument(
+            "--sign-key",
+            type=Path,
+            action="append",
+            required=True,
+            help="a pinned private key (repeat for a registry threshold); after a compromise, "
+            "the backup key",
+        )
+        sub.add_argument(
+            "--expires-days", type=float, default=DEFAULT_EXPIRY_DAYS, help="validity (default 7)"
+        )
     show = actions.add_parser("show", help="fetch, verify and print the publisher's index")
     show.add_argument("--publisher", required=True, help="hub organisation")
-    for sub in (refresh, show):
+    for sub in (refresh, revoke, show):
         sub.add_argument(
             "--registry",
             help="registry whose pinned keys verify the current index (default: "
@@ -89,24 +106,33 @@ def run_keygen(args: argparse.Namespace) -> int:
 def run_index(args: argparse.Namespace) -> int:
     registry = load_registry(args.registry)
     pinned = registry.publishers.get(args.publisher)
-    if args.action == "refresh":
-        signers = [SigningKey(path) for path in args.sign_key]
-        trusted = PublisherKeys(
-            args.publisher,
-            (*(pinned.keys if pinned else ()), *(k.public_key for k in signers)),
-            pinned.revoked if pinned else (),
-            threshold=pinned.threshold if pinned else 1,
-        )
-        signed = publish_index(args.publisher, signers, trusted, expires_days=args.expires_days)
-    else:
+    if args.action == "show":
         if pinned is None or not pinned.keys:
             raise KernelHubError(f"the registry pins no key for publisher {args.publisher!r}")
         signed = current_index(args.publisher, pinned, online=True, what="kernel-hub index show")
+    else:
+        signers = [SigningKey(path) for path in args.sign_key]
+        signing = tuple(k.public_key for k in signers)
+        trusted = (
+            replace(pinned, keys=tuple(dict.fromkeys((*pinned.keys, *signing))))
+            if pinned is not None
+            else PublisherKeys(args.publisher, signing)
+        )
+        revoke = (_public_key(args.key, trusted),) if args.action == "revoke" else ()
+        signed = publish_index(
+            args.publisher,
+            signers,
+            trusted,
+            revoke=revoke,
+            vet=vet_listed(registry.keys_for, f"kernel-hub index {args.action}"),
+            expires_days=args.expires_days,
+        )
     data = {
         "publisher": signed.publisher,
         "serial": signed.serial,
         "expires": signed.expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "kernels": {r: {str(v): c for v, c in vs.items()} for r, vs in signed.kernels.items()},
+        "revoked": [key_id(k) for k in signed.revoked],
     }
     if args.json:
         print_json(data)
@@ -115,4 +141,24 @@ def run_index(args: argparse.Namespace) -> int:
         for repo, versions in data["kernels"].items():
             for version, commit in versions.items():
                 print(f"  {repo} {version} {commit}")
+        for key in data["revoked"]:
+            print(f"  revoked {key}")
     return 0
+
+
+def _public_key(text: str, keys: PublisherKeys) -> str:
+    """``KEY`` of ``index revoke``: a public key, its .pub file, or a pinned key's id."""
+    known = {key_id(k): k for k in (*keys.keys, *keys.revoked)}
+    if text in known:
+        return known[text]
+    path = Path(text)
+    candidate = path.read_text(encoding="ascii").strip() if path.is_file() else text
+    try:
+        key_bytes(candidate)
+    except ValueError as exc:
+        raise KernelHubError(
+            f"index revoke {text}: not a key ({exc}); give ed25519:BASE64 (what 'kernel-hub "
+            "keygen' prints), its .pub file, or the id of a key pinned for the publisher: "
+            f"{', '.join(sorted(known)) or 'none pinned'}"
+        ) from None
+    return candidate

@@ -11,7 +11,8 @@
   size caps and the fetch deadline of every request), verifies it, and only then moves it into
   the cache; :mod:`.cache` answers the same questions offline.
 * :mod:`.index`: the publisher's signed, expiring index of versions and commits (freshness,
-  rollback and relabel protection; ``kernel-hub index refresh``).
+  rollback and relabel protection, revocation of a stolen key; ``kernel-hub index refresh /
+  revoke``); :mod:`.recovery`: which listed builds an index keeps once a key is revoked.
 * :mod:`.lockfile` / :mod:`.locking`: ``kernel-hub.lock`` pins commits and every file's digest.
 * :mod:`.trust`: downloaded code is imported only from allowlisted publishers.
 * :mod:`.signing`: ed25519 signatures over each variant's metadata.json (``kernel-hub keygen``,

@@ -204,6 +204,7 @@ def fetch_build(
                 request.repo, resolve_offline(request, what), request, keys, False, what
             )
             listing = cache.cached_variants(request.repo, resolved.commit)
+        keys = index.with_learned_revocations(keys)
         chosen = _select(listing, platform, requested_variant, what)
         # One process or thread at a time downloads, verifies or discards this variant.
         with _variant_lock(request.repo, resolved.commit, chosen.name, what):
@@ -288,7 +289,7 @@ def bind_to_index(
     if not keys.index:
         return resolved
     org = repo.split("/", 1)[0]
-    signed = index.current_index(org, keys, online=online, what=what)
+    signed = index.current_index(org, index_keys(repo, keys, what), online=online, what=what)
     listed = signed.kernels.get(repo, {})
     version = next((v for v, commit in listed.items() if commit == resolved.commit), None)
     where = f"{what}: {resolved.ref} is commit {resolved.commit[:12]}"
@@ -314,6 +315,20 @@ def bind_to_index(
     return dataclasses.replace(resolved, version=version)
 
 
+def index_keys(repo: str, keys: PublisherKeys, what: str) -> PublisherKeys:
+    """The keys that sign ``repo``'s organisation's index: the organisation's registry entry
+    only (a key pinned for one repo must not sign what every kernel of the org is checked
+    against)."""
+    if keys.index_keys is None or not keys.index_keys.keys:
+        org = repo.split("/", 1)[0]
+        raise UntrustedSourceError(
+            f"{what}: the registry requires {org}'s signed index for {repo}, but pins no key for "
+            f"the organisation {org!r}; only keys pinned for the organisation sign its index: "
+            f"add 'publishers: {{{org}: {{keys: [ed25519:...]}}}}' to the registry"
+        )
+    return keys.index_keys
+
+
 def _record_ref(repo: str, resolved: Resolved) -> None:
     if resolved.ref != resolved.commit:
         cache.write_ref(repo, resolved.ref, resolved.commit)
@@ -334,6 +349,7 @@ def fetch_all_variants(
 
 def _fetch_all_variants(repo, resolved, keys, what, locked) -> dict[str, VerifiedBuild]:
     resolved = bind_to_index(repo, resolved, None, keys, True, what)
+    keys = index.with_learned_revocations(keys)
     variants = sorted(list_build(repo, resolved.commit, what))
     if not variants:
         raise HubError(f"{what}: {repo} at {resolved.commit[:12]} has no build/<variant>/ folders")

@@ -25,7 +25,14 @@ from kernel_hub.registry.registry import OpEntry, Registry
 
 from . import cache
 from .client import REPO_TYPE, list_refs
-from .fetch import HubRequest, Resolved, fetch_all_variants, require_keys, resolve_online
+from .fetch import (
+    HubRequest,
+    Resolved,
+    fetch_all_variants,
+    index_keys,
+    require_keys,
+    resolve_online,
+)
 from .index import INDEX_FILE, SIGNATURE_FILE, current_index, index_repo
 from .lockfile import LockFile
 from .signing import signature_path
@@ -69,7 +76,7 @@ def mirror_registry(
         check_trusted(entry.repo, trust_remote_code)
         keys = require_keys(entry.repo, registry.keys_for(entry.repo), what)
         if keys.index:
-            indexed[entry.repo.split("/", 1)[0]] = keys
+            indexed[entry.repo.split("/", 1)[0]] = index_keys(entry.repo, keys, what)
         locked = lock.ops.get(entry.name) if lock is not None else None
         versions, branches, tags = list_refs(entry.repo)
         for resolved in _wanted(entry, versions, lock, what):

@@ -20,6 +20,7 @@ from kernel_hub.registry.publisher_keys import PublisherKeys, key_id
 from .build import Build, build_kernel
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
 from .index import publish_index
+from .recovery import vet_listed
 from .signing import SIGNATURE_DIR, SigningKey, sign_variant, signature_path
 from .versions import branch_name, tag_name
 
@@ -96,7 +97,8 @@ def publish_kernel(
     if index is not None:
         org = repo.split("/", 1)[0]
         trusted = replace(index, keys=(*index.keys, *(k.public_key for k in signers)))
-        publish_index(org, signers, trusted, add={repo: (version, commit)}, token=token)
+        vet = vet_listed(lambda _repo: trusted, what)
+        publish_index(org, signers, trusted, add={repo: (version, commit)}, vet=vet, token=token)
     signed_by = key_id(signers[0].public_key) if signers else None
     return Published(repo, version, commit, tag, branch, build, signed_by)
 

@@ -286,9 +286,21 @@ def verify_statement(
     what: str,
     detail: str = "it is not what was signed",
 ) -> str:
+    """The first key of :func:`verify_signers`."""
+    return verify_signers(signed, signatures, keys, what=what, detail=detail)[0]
+
+
+def verify_signers(
+    signed: dict[str, str],
+    signatures: Sequence[tuple[str, bytes]],
+    keys: PublisherKeys,
+    *,
+    what: str,
+    detail: str = "it is not what was signed",
+) -> tuple[str, ...]:
     """At least ``keys.threshold`` distinct keys, pinned for the publisher and not revoked, must
-    have signed ``signed`` (signatures by other keys do not count); returns the first such key's
-    id, or raises an ``IntegrityError`` starting with ``what``."""
+    have signed ``signed`` (signatures by other keys do not count); returns the ids of all such
+    keys, or raises an ``IntegrityError`` starting with ``what``."""
     ed25519, _ = _crypto()
     from cryptography.exceptions import InvalidSignature
 
@@ -313,7 +325,7 @@ def verify_statement(
             except InvalidSignature:
                 problems.append(f"{what}: the signature by key {key} does not verify ({detail})")
     if len(valid) >= keys.threshold:
-        return valid[0]
+        return tuple(valid)
     if keys.threshold == 1:
         raise IntegrityError(problems[0])
     raise IntegrityError(

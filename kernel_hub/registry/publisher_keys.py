@@ -3,6 +3,8 @@
     publishers:
       kernel-hub:                      # a hub organisation, or one repo as 'org/name'
         keys: [ed25519:BASE64...]      # builds signed by any of these are accepted (rotation)
+        backup: [ed25519:BASE64...]    # offline keys: sign like 'keys', and only the registry
+                                       # can revoke them (the signed index cannot)
         revoked: [ed25519:BASE64...]   # builds signed by these are refused, cached ones too
         index: true                    # require the publisher's signed, expiring index
         threshold: 2                   # builds and indexes need this many pinned keys' signatures
@@ -27,7 +29,7 @@ from .yaml_source import FieldReader, line_of
 
 KEY_PREFIX = "ed25519:"
 KEY_BYTES = 32
-_FIELDS = {"keys", "revoked", "index", "threshold"}
+_FIELDS = {"keys", "backup", "revoked", "index", "threshold"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class PublisherKeys:
 
     publisher: str
     keys: tuple[str, ...]
+    """Every pinned key, ``backup`` ones included."""
     revoked: tuple[str, ...] = ()
     source: str = ""
     line: int | None = None
@@ -43,6 +46,12 @@ class PublisherKeys:
     """Loads must check the publisher's signed, expiring index (kernel_hub.hub.index)."""
     threshold: int = 1
     """How many distinct pinned keys must have signed a build or an index."""
+    backup: tuple[str, ...] = ()
+    """The offline backup keys among ``keys``: a signed index can revoke other keys, never these
+    (kernel_hub.hub.index, key compromise recovery)."""
+    index_keys: PublisherKeys | None = None
+    """For a repo's keys (``keys_for``): its organisation's entry, whose keys alone sign the
+    org's index; None when the registry has no entry for the organisation."""
 
     def where(self) -> str:
         return f"{self.source}:{self.line}" if self.line else self.source
@@ -89,21 +98,28 @@ def parse_publishers(path: Path, node: Any, line: int | None = None) -> dict[str
             )
         fields = FieldReader(path, entry, f"publisher {name!r}", _FIELDS, line)
         keys = fields.get_str_list("keys")
+        backup = fields.get_str_list("backup", ())
         revoked = fields.get_str_list("revoked", ())
-        for field, values in (("keys", keys), ("revoked", revoked)):
+        for field, values in (("keys", keys), ("backup", backup), ("revoked", revoked)):
             for value in values:
                 try:
                     key_bytes(value)
                 except ValueError as exc:
                     raise fields.error(field, str(exc)) from None
-        both = sorted(set(keys) & set(revoked))
+        both = sorted(set(keys) & set(backup))
+        if both:
+            raise fields.error("backup", f"key {key_id(both[0])} is in both 'keys' and 'backup'")
+        pinned = (*keys, *backup)
+        both = sorted(set(pinned) & set(revoked))
         if both:
             raise fields.error("revoked", f"key {key_id(both[0])} is both pinned and revoked")
         index = fields.get("index", bool, False)
         threshold = fields.get("threshold", int, 1)
-        if not 1 <= threshold <= max(len(keys), 1):
-            raise fields.error("threshold", f"must be 1 to {len(keys)} (the pinned keys)")
-        publishers[name] = PublisherKeys(name, keys, revoked, str(path), line, index, threshold)
+        if not 1 <= threshold <= max(len(pinned), 1):
+            raise fields.error("threshold", f"must be 1 to {len(pinned)} (the pinned keys)")
+        publishers[name] = PublisherKeys(
+            name, pinned, revoked, str(path), line, index, threshold, backup
+        )
     return publishers
 
 
@@ -115,10 +131,17 @@ def _publisher_name_ok(name: str) -> bool:
 def keys_for(publishers: Mapping[str, PublisherKeys], repo: str) -> PublisherKeys | None:
     """The keys pinned for ``repo``: its own entry, else its organisation's. A key revoked by
     any entry is revoked here too: revocation is about the key, so a repo-level entry can never
-    hide its organisation's ``revoked:`` list."""
+    hide its organisation's ``revoked:`` list. ``index_keys`` is the organisation's entry: a
+    key pinned for one repo never signs the index every kernel of the org is checked against."""
     entry = publishers.get(repo) or publishers.get(repo.split("/", 1)[0])
     if entry is None:
         return None
     revoked = tuple(dict.fromkeys(k for p in publishers.values() for k in p.revoked))
     org = publishers.get(repo.split("/", 1)[0])
-    return replace(entry, revoked=revoked, index=entry.index or (org is not None and org.index))
+    index_keys = None if org is None else replace(org, revoked=revoked)
+    return replace(
+        entry,
+        revoked=revoked,
+        index=entry.index or (org is not None and org.index),
+        index_keys=index_keys,
+    )

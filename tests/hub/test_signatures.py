@@ -167,7 +167,7 @@ def test_publish_needs_a_key_or_an_explicit_unsigned(hub_env, kernel_copy, capsy
         ("  kernel-hub:\n    keys: [ed25519:AAAA]\n", 5, r"has 32 bytes, 'ed25519:AAAA' has 3"),
         ("  kernel-hub:\n    keys: [rsa:xyz]\n", 5, r"field 'keys': expected 'ed25519:'"),
         ("  kernel-hub:\n    keys: [K]\n    revoked: [K]\n", 6, r"both pinned and revoked"),
-        ("  kernel-hub:\n    key: [K]\n", 5, r"unknown field 'key'; valid fields: index, keys"),
+        ("  kernel-hub:\n    key: [K]\n", 5, r"unknown field 'key'; valid fields: backup, index"),
         ("  a/b/c:\n    keys: [K]\n", 4, r"'a/b/c' is not a hub organisation"),
     ],
 )
