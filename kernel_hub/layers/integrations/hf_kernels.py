@@ -30,6 +30,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from kernel_hub.declaration import KernelDeclaration
 from kernel_hub.errors import KernelHubError
 from kernel_hub.registry.registry import load_registry
 
@@ -67,8 +68,11 @@ def transformers_marks_nothing() -> str | None:
         f"Face kernels only with kernels>={low},<{high}; with kernels "
         f"{importlib.metadata.version('kernels')} its use_kernel_forward_from_hub does nothing, "
         "so kernels.kernelize swaps no layer of a Transformers model with this mapping and says "
-        "nothing. kernel_hub.kernelize(model) swaps them without the kernels package; or mark "
-        "each class first with kernels.replace_kernel_forward_from_hub(cls, layer_name)"
+        "nothing; from_pretrained(use_kernels=True) raises ValueError and "
+        'attn_implementation="org/repo" raises ImportError. kernel_hub.kernelize(model) swaps '
+        "them without the kernels package; or mark each class first with "
+        "kernels.replace_kernel_forward_from_hub(cls, layer_name) and load attention with "
+        "kernel_hub.layers.integrations.hf_kernels.hub_attention(repo)"
     )
 
 
@@ -116,3 +120,34 @@ def hub_layer_mapping(
                 for device in devices
             }
     return mapping
+
+
+def hub_attention(
+    repo: str = "kernel-hub/attention",
+    version: int = 1,
+    trust_remote_code: bool = False,
+) -> str:
+    """Load kernel-hub's attention build through ``kernels.get_kernel`` and register its
+    Transformers ``AttentionInterface`` function (with its mask function); returns the name to
+    pass as ``attn_implementation`` / ``model.set_attn_implementation(name)``.
+
+    The route for a Transformers that refuses the installed ``kernels`` (5.24 with 0.17:
+    ``attn_implementation="org/repo"`` raises ``ImportError`` in
+    ``load_and_register_attn_kernel``); it works with a compatible pair too. The name is the repo
+    with ``/`` spelled ``--``: an ``org/repo`` name would send Transformers to its own hub loader.
+    ``trust_remote_code`` as for ``kernels.get_kernel``."""
+    import kernels
+
+    if "/" not in repo:
+        raise KernelHubError(f"attention repo {repo!r}: expected an 'org/name' hub repo id")
+    kernel = kernels.get_kernel(repo, version=version, trust_remote_code=trust_remote_code)
+    label = f"{repo} v{version}"
+    declared = vars(kernel).get("KERNEL")
+    if not isinstance(declared, KernelDeclaration):
+        raise KernelHubError(f"{label} declares no KERNEL: it is not a kernel-hub build")
+    adapter = declared.adapter("transformers", label)
+    if adapter is None:
+        raise KernelHubError(
+            f"{label} has no Transformers integration: it is not an attention build"
+        )
+    return adapter.register(repo.replace("/", "--"))
