@@ -5,10 +5,19 @@
 mapping ``{NAME: {device: LayerRepository(...)}}``. kernel-hub's hub builds carry the layout it
 reads (``build/torch-cpu``, ``build/torch-tpu`` with ``backend: tpu``, branches ``vN``), so the
 mapping below lets ``kernels.kernelize(model, device="tpu" | "cpu")`` (or Transformers'
-``use_kernels=True`` with ``kernel_config``) load them:
+``use_kernels=True`` with ``kernel_config``, where Transformers accepts the installed
+``kernels``) load them, and ``hub_attention`` loads the attention build:
 
     with kernels.use_kernel_mapping(hub_layer_mapping()):
         kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cpu")
+    model.set_attn_implementation(hub_attention("kernel-hub/attention"))
+
+With the pinned pair (transformers 5.24.0 accepts only ``kernels>=0.18.2,<0.19``; 0.17.2 is
+installed) Transformers marks nothing and refuses ``use_kernels=True`` and
+``attn_implementation="org/repo"``; ``hub_layer_mapping`` warns so, and the layers must be
+marked with ``kernels``' own functions first (docs/running-on-tpu.md). Transformers 5.24 marks
+no experts class with ``use_kernel_forward_from_hub`` under any ``kernels`` (they dispatch
+through ``ExpertsInterface``), so the mapping's ``MoEExperts`` reaches them only when marked.
 
 What a user gives up against ``kernel_hub.kernelize``: ``kernels`` checks neither kernel-hub's
 signatures nor the pinned publisher keys (0.17 verifies no file digest on load either; a lock
