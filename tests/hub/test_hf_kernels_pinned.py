@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import re
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -164,17 +165,24 @@ EXPECTED["mixtral"] = {**EXPECTED["llama"], "gmm": 4, "gmm_backward": 4}  # gate
 
 
 def test_tiny_models_kernelized_through_kernels_match_stock(
-    served, marked, clean_attention_registry, hub_env, caplog: pytest.LogCaptureFixture
+    served,
+    marked,
+    clean_attention_registry,
+    hub_env,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     builtin = BUILTIN_DIR / "registry.yaml"  # hub_env's test registry lists rmsnorm alone
     with pytest.warns(UserWarning, match=r"kernels>=0\.18\.2,<0\.19\.0; with kernels 0\.17\.2"):
         mapping = hub_layer_mapping(builtin, trust_remote_code=list(served.values()))
     attention = hub_attention(served["attention"], trust_remote_code=True)
     assert attention == "kernel-hub--attention"
-    with pytest.raises(KernelHubError, match="kernel-hub/rmsnorm v1 has no Transformers integ"):
-        hub_attention(served["rmsnorm"], trust_remote_code=True)
     with pytest.raises(KernelHubError, match="expected an 'org/name' hub repo id"):
         hub_attention("attention")
+    with monkeypatch.context() as patch:  # a build that is not kernel-hub's
+        patch.setattr(kernels, "get_kernel", lambda *args, **kwargs: types.ModuleType("other"))
+        with pytest.raises(KernelHubError, match="org/other v1 declares no KERNEL: it is not a"):
+            hub_attention("org/other")
     for name in ("llama", "mixtral"):
         _check_kernelized_model(name, mapping, attention, served, marked)
     assert "invalid build variant" not in caplog.text  # kernels parses every variant name
