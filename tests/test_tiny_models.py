@@ -80,3 +80,20 @@ def test_tiny_model_command_refuses_an_unknown_arch_and_a_used_directory(tmp_pat
     assert main(["tiny-model", "llama", str(tmp_path / "used")]) == 2
     assert "used is not empty: give a new or empty directory" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "used").iterdir()] == ["notes.txt"]
+
+
+def test_tiny_model_command_writes_no_tokenizer_for_a_model_a_text_tokenizer_cannot_feed(
+    tmp_path, capsys
+):
+    from transformers import ModernBertForMaskedLM
+
+    from kernel_hub.cli import main
+
+    assert main(["tiny-model", "modernbert", str(tmp_path / "mb")]) == 0
+    out = capsys.readouterr().out
+    assert "load it with transformers.ModernBertForMaskedLM.from_pretrained(" in out
+    assert "AutoTokenizer" not in out and not (tmp_path / "mb" / "tokenizer.json").exists()
+    loaded = ModernBertForMaskedLM.from_pretrained(tmp_path / "mb")
+    built = build_tiny_model("modernbert").state_dict()
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, built[name]), name
