@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "mirror_cmds",
     "demo_cmds",
     "models_cmds",
+    "tiny_cmds",
     "bench_cmds",
     "model_bench_cmds",
     "compile_cmds",

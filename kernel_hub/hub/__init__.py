@@ -35,7 +35,7 @@ Environment (read at call time, see :mod:`.settings`):
 ``KERNEL_HUB_LOCAL_KERNELS``    ``op=/path,...``: load these ops from a directory (development)
 ``KERNEL_HUB_LOCK``             lock file to honour (default ``./kernel-hub.lock`` if present)
 ``KERNEL_HUB_TRUSTED_PUBLISHERS``  comma-separated orgs whose code may be imported (``kernel-hub``)
-``KERNEL_HUB_VARIANT``          force a build variant (``torch-cpu``, ``torch-tpu``, ``jax-tpu``)
+``KERNEL_HUB_VARIANT``          force a build variant (``torch-cpu``, ``torch-tpu``)
 ``HF_HUB_DOWNLOAD_TIMEOUT``     connect/read timeout of file downloads (10 s)
 ``HF_HUB_ETAG_TIMEOUT``         connect/read timeout of API answers (10 s)
 ``KERNEL_HUB_FETCH_DEADLINE``   one whole fetch, lock waits included (900 s)

@@ -1,10 +1,11 @@
 """Build variants: which framework and backend a build targets, and which one fits this machine.
 
-Names follow Hugging Face ``kernels``' noarch variants (``torch-tpu``, ``torch-cpu``), so
-``kernels`` can load those two; ``jax-tpu`` is kernel-hub's own (``kernels`` skips folders it
-cannot parse).
-All variants hold the same package (a kernel's ``__init__`` exports the torch ops and the JAX API
-together); they differ in backend, requirements and the implementations that run there.
+Names are Hugging Face ``kernels``' noarch variants (``torch-tpu``, ``torch-cpu``): ``kernels``
+parses a build folder's name as ``torch-<backend>`` (or a compiled ``torchXY-...`` / ``tvm-ffi...``
+name) and logs every other one as an invalid build variant on each load, so there is no JAX-only
+variant. JAX users load the same ones: every variant holds the same package (a kernel's
+``__init__`` exports the torch ops and the JAX API together, and its manifest requires both jax
+and torch); they differ in backend, requirements and the implementations that run there.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from kernel_hub.platform import Platform
 class Variant:
     name: str
     framework: str
-    """``torch`` or ``jax``: the API its users call."""
+    """The framework ``kernels`` reads from the name (``torch``), written to metadata.json."""
     backend: str
     """``kernels`` backend type written to metadata.json (``cpu``, ``tpu``)."""
     platforms: tuple[Platform, ...]
@@ -29,10 +30,9 @@ class Variant:
     """Distributions required on top of the kernel manifest's ``requires``."""
 
 
-# Preference order when picking one for a host: torch before jax on the same platform.
+# Preference order when picking one for a host.
 VARIANTS: tuple[Variant, ...] = (
     Variant("torch-tpu", "torch", "tpu", ("tpu",), {"libtpu": ""}),
-    Variant("jax-tpu", "jax", "tpu", ("tpu",), {"libtpu": ""}),
     # The CPU build carries the portable XLA implementation, which JAX also runs on GPU hosts.
     Variant("torch-cpu", "torch", "cpu", ("cpu", "gpu")),
 )

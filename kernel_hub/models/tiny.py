@@ -231,7 +231,7 @@ def build_tiny_model(name: str, seed: int = 0) -> torch.nn.Module:
     import torch
 
     if name not in TINY_MODELS:
-        raise UnknownNameError("demo model", name, TINY_MODELS)
+        raise UnknownNameError("tiny model", name, TINY_MODELS)
     model = TINY_MODELS[name](seed)
     with torch.no_grad():
         for param in model.parameters():

@@ -17,7 +17,7 @@ def run_json(capsys, *argv: str) -> dict:
 def test_cli_round_trip(hub_env, kernel_copy, capsys, tmp_path, keys):
     sign = ["--sign-key", str(keys["publisher"].private_path)]
     built = run_json(capsys, "build", str(kernel_copy("1.0.0")), "--out", str(tmp_path / "out"))
-    assert sorted(v["variant"] for v in built["variants"]) == ["jax-tpu", "torch-cpu", "torch-tpu"]
+    assert sorted(v["variant"] for v in built["variants"]) == ["torch-cpu", "torch-tpu"]
 
     first = run_json(capsys, "publish", str(kernel_copy("1.0.0")), "--repo", REPO, *sign)
     assert first["signed_by"] == keys["publisher"].key_id

@@ -26,7 +26,7 @@ ATTN = f"{REPO}:flash_attn_varlen_func"
 @pytest.fixture
 def attention_served(hub_env, keys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     """The in-tree attention kernel published (signed) to the local hub; ``kernels`` set to
-    fetch from it into this test's cache (see test_hf_kernels_mapping.py for why each patch)."""
+    fetch from it into this test's cache (see test_hf_kernels_pinned.py for why each patch)."""
     from huggingface_hub import constants
     from transformers import modeling_flash_attention_utils as flash_utils
     from transformers.integrations import hub_kernels

@@ -31,7 +31,6 @@ def test_publish_tags_versions_and_moves_major_branch(publish, hub_env):
     files = hub_env.files(REPO, second.commit)
     assert b"version: 1.1.0" in files["build/torch-cpu/kernel.yaml"]
     assert sorted({p.split("/")[1] for p in files if p.startswith("build/")}) == [
-        "jax-tpu",
         "torch-cpu",
         "torch-tpu",
     ]

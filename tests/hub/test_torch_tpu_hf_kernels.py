@@ -86,7 +86,7 @@ def test_kernels_loads_the_torch_tpu_variant_and_its_layers_reach_jax_op(
     from huggingface_hub import constants
 
     # kernels 0.17.2's User-Agent with telemetry off is refused by huggingface_hub 2.4 (see
-    # test_hf_kernels_mapping.py); every request still goes to the local server
+    # test_hf_kernels_pinned.py); every request still goes to the local server
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", False)
     # kernels downloads into KERNELS_CACHE as read at its import, else huggingface_hub's default
     # cache (~/.cache): point it at this test's cache instead

@@ -5,10 +5,19 @@
 mapping ``{NAME: {device: LayerRepository(...)}}``. kernel-hub's hub builds carry the layout it
 reads (``build/torch-cpu``, ``build/torch-tpu`` with ``backend: tpu``, branches ``vN``), so the
 mapping below lets ``kernels.kernelize(model, device="tpu" | "cpu")`` (or Transformers'
-``use_kernels=True`` with ``kernel_config``) load them:
+``use_kernels=True`` with ``kernel_config``, where Transformers accepts the installed
+``kernels``) load them, and ``hub_attention`` loads the attention build:
 
     with kernels.use_kernel_mapping(hub_layer_mapping()):
         kernels.kernelize(model, mode=kernels.Mode.INFERENCE, device="cpu")
+    model.set_attn_implementation(hub_attention("kernel-hub/attention"))
+
+With the pinned pair (transformers 5.24.0 accepts only ``kernels>=0.18.2,<0.19``; 0.17.2 is
+installed) Transformers marks nothing and refuses ``use_kernels=True`` and
+``attn_implementation="org/repo"``; ``hub_layer_mapping`` warns so, and the layers must be
+marked with ``kernels``' own functions first (docs/running-on-tpu.md). Transformers 5.24 marks
+no experts class with ``use_kernel_forward_from_hub`` under any ``kernels`` (they dispatch
+through ``ExpertsInterface``), so the mapping's ``MoEExperts`` reaches them only when marked.
 
 What a user gives up against ``kernel_hub.kernelize``: ``kernels`` checks neither kernel-hub's
 signatures nor the pinned publisher keys (0.17 verifies no file digest on load either; a lock
@@ -30,6 +39,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from kernel_hub.declaration import KernelDeclaration
 from kernel_hub.errors import KernelHubError
 from kernel_hub.registry.registry import load_registry
 
@@ -67,8 +77,11 @@ def transformers_marks_nothing() -> str | None:
         f"Face kernels only with kernels>={low},<{high}; with kernels "
         f"{importlib.metadata.version('kernels')} its use_kernel_forward_from_hub does nothing, "
         "so kernels.kernelize swaps no layer of a Transformers model with this mapping and says "
-        "nothing. kernel_hub.kernelize(model) swaps them without the kernels package; or mark "
-        "each class first with kernels.replace_kernel_forward_from_hub(cls, layer_name)"
+        "nothing; from_pretrained(use_kernels=True) raises ValueError and "
+        'attn_implementation="org/repo" raises ImportError. kernel_hub.kernelize(model) swaps '
+        "them without the kernels package; or mark each class first with "
+        "kernels.replace_kernel_forward_from_hub(cls, layer_name) and load attention with "
+        "kernel_hub.layers.integrations.hf_kernels.hub_attention(repo)"
     )
 
 
@@ -116,3 +129,34 @@ def hub_layer_mapping(
                 for device in devices
             }
     return mapping
+
+
+def hub_attention(
+    repo: str = "kernel-hub/attention",
+    version: int = 1,
+    trust_remote_code: bool = False,
+) -> str:
+    """Load kernel-hub's attention build through ``kernels.get_kernel`` and register its
+    Transformers ``AttentionInterface`` function (with its mask function); returns the name to
+    pass as ``attn_implementation`` / ``model.set_attn_implementation(name)``.
+
+    The route for a Transformers that refuses the installed ``kernels`` (5.24 with 0.17:
+    ``attn_implementation="org/repo"`` raises ``ImportError`` in
+    ``load_and_register_attn_kernel``); it works with a compatible pair too. The name is the repo
+    with ``/`` spelled ``--``: an ``org/repo`` name would send Transformers to its own hub loader.
+    ``trust_remote_code`` as for ``kernels.get_kernel``."""
+    import kernels
+
+    if "/" not in repo:
+        raise KernelHubError(f"attention repo {repo!r}: expected an 'org/name' hub repo id")
+    kernel = kernels.get_kernel(repo, version=version, trust_remote_code=trust_remote_code)
+    label = f"{repo} v{version}"
+    declared = vars(kernel).get("KERNEL")
+    if not isinstance(declared, KernelDeclaration):
+        raise KernelHubError(f"{label} declares no KERNEL: it is not a kernel-hub build")
+    adapter = declared.adapter("transformers", label)
+    if adapter is None:
+        raise KernelHubError(
+            f"{label} has no Transformers integration: it is not an attention build"
+        )
+    return adapter.register(repo.replace("/", "--"))
