@@ -133,14 +133,99 @@ def test_slot_functions_of_the_other_conventions_match_stock_with_gradients(mode
         torch.testing.assert_close(mine, theirs, **tolerance)
 
 
+def _complex_function(model: str):
+    module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+    return module.apply_rotary_emb
+
+
+@pytest.mark.parametrize(("model", "dim"), [("llama4", 2), ("deepseek_v2", 1)])
+def test_complex_rotary_functions_are_recognised_in_their_layout(model, dim):
+    assert rotary_slot.recognise_complex_rotary(_complex_function(model)).unsqueeze_dim == dim
+
+
+def _pairs(x):
+    return torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+
+
+def complex_conjugate(xq, xk, freqs_cis):
+    """Rotates the other way."""
+    f = freqs_cis.conj()[:, :, None, :]
+    return tuple(torch.view_as_real(_pairs(x) * f).flatten(3).type_as(x) for x in (xq, xk))
+
+
+def complex_halves(xq, xk, freqs_cis):
+    """Pairs the two halves (rotate-half) instead of neighbours."""
+    f = freqs_cis[:, :, None, :]
+
+    def rotate(x):
+        first, second = x.float().chunk(2, dim=-1)
+        out = torch.complex(first, second) * f
+        return torch.cat((out.real, out.imag), dim=-1).type_as(x)
+
+    return rotate(xq), rotate(xk)
+
+
+def complex_not_cast_back(xq, xk, freqs_cis):
+    f = freqs_cis[:, :, None, :]
+    return tuple(torch.view_as_real(_pairs(x) * f).flatten(3) for x in (xq, xk))
+
+
+def complex_unit_magnitude(xq, xk, freqs_cis):
+    """Drops freqs_cis's magnitude (Llama 4's rope scaling lives in it)."""
+    f = torch.polar(torch.ones_like(freqs_cis.real), freqs_cis.angle())[:, :, None, :]
+    return tuple(torch.view_as_real(_pairs(x) * f).flatten(3).type_as(x) for x in (xq, xk))
+
+
+@pytest.mark.parametrize(
+    "fn", [complex_conjugate, complex_halves, complex_not_cast_back, complex_unit_magnitude]
+)
+def test_complex_rotary_near_misses_are_refused(fn):
+    recognition = rotary_slot.recognise_complex_rotary(fn)
+    assert recognition.unsqueeze_dim is None and "within f32 rounding" in recognition.reason
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_complex_slot_function_matches_stock_with_gradients(dtype):
+    """Llama 4's apply_rotary_emb: within one ulp of stock (torch's complex product rounds in
+    another order), the gradients within float tolerance; every call ran on the kernel."""
+    stock = _complex_function("llama4")
+    apply_rotary = get_kernel("rotary").KERNEL.integration("transformers").apply_rotary
+    calls = []
+
+    def kernel_apply(*args, **kwargs):
+        calls.append(args)
+        return apply_rotary(*args, **kwargs)
+
+    slot = rotary_slot.complex_slot_function(stock, kernel_apply, 2)
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 5, h, 16, generator=generator).to(dtype) for h in (4, 2))
+    freqs = torch.polar(0.5 + torch.rand(2, 5, 8, generator=generator), torch.randn(2, 5, 8))
+
+    def run(fn):
+        qi, ki = q.clone().requires_grad_(), k.clone().requires_grad_()
+        out = fn(qi, ki, freqs)
+        sum(o.float().pow(2).sum() for o in out).backward()
+        return [o.detach() for o in out] + [qi.grad, ki.grad]
+
+    want, got = run(stock), run(slot)
+    assert len(calls) == 1
+    ulp = torch.finfo(dtype).eps
+    for mine, theirs in zip(got, want, strict=True):
+        assert mine.dtype == theirs.dtype
+        torch.testing.assert_close(mine, theirs, rtol=2 * ulp, atol=2 * ulp)
+
+
 def test_flagship_models_of_the_other_conventions_match_stock_in_training(tmp_path):
-    """Only the rotary kernel in the registry: GPT-OSS (half-width cos/sin) and Gemma 4 text (one
-    tensor per call) swapped, training outputs and every gradient as stock's."""
+    """Only the rotary kernel in the registry: GPT-OSS (half-width cos/sin), Gemma 4 text (one
+    tensor per call) and Llama 4 text (complex freqs_cis) swapped, training outputs and every
+    gradient as stock's."""
     from kernel_hub.models.coverage import EXACT, run_coverage
     from kernel_hub.testing import registry_with_ops
 
     registry = registry_with_ops(tmp_path, "rotary")
-    results = run_coverage("training", model_types=["gpt_oss", "gemma4_text"], registry=registry)
+    results = run_coverage(
+        "training", model_types=["gpt_oss", "gemma4_text", "llama4_text"], registry=registry
+    )
     for result in results:
         assert result.status == EXACT and result.swapped == {"rotary_pos_emb": 2}, result
 
