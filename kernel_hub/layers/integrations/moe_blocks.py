@@ -238,7 +238,7 @@ def _layout_problem(block: torch.nn.Module) -> str | None:
     top_k = getattr(router, "top_k", None)
     if not isinstance(top_k, int) or not 1 <= top_k <= n:
         return f"its router's top_k is {top_k!r}, not an int in [1, {n}]"
-    if "forward" in block.__dict__:
+    if "forward" in block.__dict__ and not _ours(block):
         return "its forward is already replaced on the instance"
     return None
 
@@ -277,10 +277,16 @@ class InputScaledMoEInterface:
     inference_op: str = "fused-moe"
 
     def dispatches(self, module: torch.nn.Module) -> bool:
-        return _is_candidate(module)
+        return _is_candidate(module) and _block_problem(module) is None
 
     def unreached(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
-        return []
+        """Candidate blocks not of the form (or whose state does not fit it), with the reason:
+        no kernel is tried for them."""
+        return [
+            (name, module, problem)
+            for name, module in model.named_modules()
+            if _is_candidate(module) and (problem := _block_problem(module))
+        ]
 
     def integration(self, kernel: types.ModuleType) -> Any:
         adapter = recording_adapter(kernel, "experts_forward", _FUNCTIONS)
@@ -289,7 +295,7 @@ class InputScaledMoEInterface:
         return replace(adapter, module_problem=functools.partial(_experts_problem, adapter))
 
     def model_problem(self, model: torch.nn.Module, modules: list) -> str | None:
-        return _blocks_problem(modules)
+        return None  # blocks not of the form are unreached, never dispatched
 
     def current(self, model: torch.nn.Module) -> dict[str, Any]:
         state = model.__dict__.get(_STATE)
@@ -328,22 +334,15 @@ def _ours(block: torch.nn.Module) -> bool:
     return getattr(forward, "__func__", None) is _switched_forward and forward.__self__ is block
 
 
-def _blocks_problem(modules: list[tuple[str, torch.nn.Module]]) -> str | None:
-    problems = {}
-    for _, block in modules:
-        recognition = recognise_moe_block(*_classes(block))
-        problem = recognition.reason or _layout_problem(block)
-        if problem:
-            problems.setdefault(type(block).__name__, f"{type(block).__name__}: {problem}")
-    return "; ".join(problems.values()) or None
+def _block_problem(block: torch.nn.Module) -> str | None:
+    """Why a candidate block is not served by any kernel: not of the form, or its state does not
+    fit it."""
+    return recognise_moe_block(*_classes(block)).reason or _layout_problem(block)
 
 
 def _experts_problem(adapter: Any, block: torch.nn.Module) -> str | None:
     """The kernel's own check of the block's experts, seen with the form's layout flags (set
-    for the check only; ``switch`` sets them for good). A block not of the form is the
-    interface's ``model_problem`` to report, not the kernel's."""
-    if _blocks_problem([("", block)]):
-        return None
+    for the check only; ``switch`` sets them for good)."""
     experts = block.experts
     _install_flags(experts)
     try:
