@@ -30,6 +30,12 @@ compares with the form evaluated in f64 and accepts a difference only within the
 f32 arithmetic (and of the cast back); the layout (heads before or after the sequence) is the one
 the function runs on. A function that fails the probe is reported, its attention left alone.
 
+An attention forward that calls neither slot but one other rotary function of its module which
+itself calls the module's ``apply_rotary_pos_emb`` (Gemma 4's vision
+``apply_multidimensional_rope``, one call per position axis) gets a copy of that function whose
+slot is the kernel's: the splitting stays the stock code, each part is a slot call decided by the
+probes above.
+
 At run time the kernel's function serves the calls it takes (4-D q and k, 3-D cos and sin that
 need no gradient); any other call runs the model's own function (the same result).
 """
@@ -468,7 +474,7 @@ def _with_global(fn: types.FunctionType, name: str, value: Any) -> types.Functio
     inner = getattr(fn, "__wrapped__", None)
     closure = fn.__closure__
     new_inner = None
-    reads = name in fn.__code__.co_names
+    reads = _code_reads(fn.__code__, name)
     if not reads and isinstance(inner, types.FunctionType) and closure:
         new_inner = _with_global(inner, name, value)
         closure = tuple(
@@ -514,6 +520,40 @@ def _global_names(cls: type) -> set[str]:
     return names
 
 
+def _code_reads(code: types.CodeType, name: str) -> bool:
+    """Whether ``code`` or code nested in it (a comprehension, run with the function's globals)
+    reads global ``name``."""
+    return name in code.co_names or any(
+        _code_reads(c, name) for c in code.co_consts if isinstance(c, types.CodeType)
+    )
+
+
+@functools.cache
+def _nested(outer: types.FunctionType, function: Callable[..., Any]) -> types.FunctionType:
+    """``outer`` calling ``function`` as its ``apply_rotary_pos_emb`` (one copy per pair, so a
+    later kernelize reuses its shadow globals)."""
+    return _with_global(outer, SLOT, function)
+
+
+def _nested_slot(cls: type) -> tuple[str, types.FunctionType, RotaryRecognition] | None:
+    """(name, function, the recognition of the slot it calls) when every other rotary function a
+    Transformers class's forward calls (and it calls neither slot itself) is a function of its
+    module that applies rotary through that module's ``apply_rotary_pos_emb`` (Gemma 4's vision
+    ``apply_multidimensional_rope``: the input split in parts, each rotated by the slot); None
+    otherwise."""
+    if not cls.__module__.startswith("transformers.") or stock_function(cls) is not None:
+        return None
+    names = _global_names(cls)
+    others = sorted(n for n in names if n != COMPLEX_SLOT and _OTHER_ROTARY.fullmatch(n))
+    if len(others) != 1 or COMPLEX_SLOT in names:
+        return None
+    reader = _innermost_reading(getattr(cls, "forward", None), others[0])
+    fn = reader.__globals__.get(others[0]) if reader is not None else None
+    if not isinstance(fn, types.FunctionType) or not _code_reads(fn.__code__, SLOT):
+        return None
+    return others[0], fn, recognise_rotary(fn.__globals__.get(SLOT))
+
+
 def unserved_rotary(cls: type) -> str | None:
     """Why a Transformers class whose forward applies another rotary function than the slot's
     (``_OTHER_ROTARY``) is not switched, or None."""
@@ -523,6 +563,10 @@ def unserved_rotary(cls: type) -> str | None:
     complex_slot = _complex_slot(cls)
     if complex_slot is not None and complex_slot[1].unsqueeze_dim is None:
         return f"its {COMPLEX_SLOT}: {complex_slot[1].reason}"
+    nested = _nested_slot(cls)
+    if nested is not None:
+        name, _, recognition = nested
+        return None if recognition.form else f"its {name}'s {SLOT}: {recognition.reason}"
     served = {SLOT, *([COMPLEX_SLOT] if complex_slot is not None else [])}
     others = sorted(n for n in names if n not in served and _OTHER_ROTARY.fullmatch(n))
     if not others or SLOT in names:
@@ -567,6 +611,9 @@ class RotarySlotInterface:
         complex_slot = _complex_slot(cls)
         if complex_slot is not None:
             return complex_slot[1].unsqueeze_dim is not None
+        nested = _nested_slot(cls)
+        if nested is not None:
+            return nested[2].form is not None
         return stock_function(cls) is not None
 
     def unreached(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
@@ -587,7 +634,7 @@ class RotarySlotInterface:
             if "forward" in module.__dict__:
                 problems[cls.__name__] = f"{cls.__name__}'s forward is already replaced"
                 continue
-            if _complex_slot(cls) is not None:
+            if _complex_slot(cls) is not None or _nested_slot(cls) is not None:
                 continue  # dispatches only when recognised
             recognition = recognise_rotary(stock_function(cls))
             if recognition.form is None:
@@ -607,8 +654,16 @@ class RotarySlotInterface:
         forms = set()
         for module in modules:
             cls = type(module)
-            complex_slot = _complex_slot(cls)
-            if complex_slot is not None:
+            complex_slot, nested = _complex_slot(cls), _nested_slot(cls)
+            if nested is not None:
+                name_called, outer, recognition = nested
+                stock = outer.__globals__[SLOT]
+                form, call = recognition.form, recognition.call
+                described = ", ".join(filter(None, (form.describe(), call.describe())))
+                forms.add(f"{described}, through {name_called}")
+                function = slot_function(stock, kernel_apply, form, call)
+                forward = _with_global(cls.forward, name_called, _nested(outer, function))
+            elif complex_slot is not None:
                 stock, recognition = complex_slot
                 forms.add(f"{COMPLEX_FORM.describe()}, complex freqs_cis")
                 function = complex_slot_function(stock, kernel_apply, recognition.unsqueeze_dim)
