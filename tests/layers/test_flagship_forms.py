@@ -194,15 +194,16 @@ def test_clippable_linear_projections_are_served_by_calling_them() -> None:
 
 
 def test_flagship_tiny_models_swap_the_new_forms_and_match_stock(tmp_path) -> None:
-    """Only the norm and MLP kernels in the registry: every new form swapped, and each model's
-    training outputs and every gradient as stock's."""
-    registry = registry_with_ops(tmp_path, "rmsnorm", "gated-mlp")
+    """Only the norm, MLP and MoE kernels in the registry: every new form swapped (Llama 4's MoE
+    blocks, top-2 of 4 experts here, on moe-gemm), and each model's training outputs and every
+    gradient as stock's."""
+    registry = registry_with_ops(tmp_path, "rmsnorm", "gated-mlp", "moe-gemm")
     results = run_coverage(
         "training", model_types=["llama4", "gemma4_text", "falcon_h1"], registry=registry
     )
     by_type = {r.model_type: r for r in results}
     want = {
-        "llama4": {"RMSNormOfX": 5, "GatedMLPActivationFn": 2},
+        "llama4": {"RMSNormOfX": 5, "GatedMLPActivationFn": 2, "InputScaledMoE": 2},
         "gemma4_text": {"RMSNormOptionalScale": 18, "GatedMLP": 2},
         "falcon_h1": {"ScaledGatedMLP": 2, "RMSNorm": 5},
     }

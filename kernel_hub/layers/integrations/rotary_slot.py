@@ -22,6 +22,20 @@ value per frequency: GPT-OSS; widened in torch before the kernel), each decided 
 probes. Anything else (a different half rotated, GLM's re-interleaved cos, mRoPE's
 ``apply_multimodal_rotary_pos_emb``, other signatures) is refused with the reason.
 
+A second slot, ``apply_rotary_emb(xq, xk, freqs_cis)`` (Llama 4, DeepSeek-V2: q and k as complex
+pairs times a complex ``freqs_cis``, in f32, cast back), is the interleaved-pairs form in f32 on
+cos = ``freqs_cis.real`` and sin = ``freqs_cis.imag``. torch's complex product rounds its two
+products and their sum in another order than the kernel's formula (1 ulp apart), so this probe
+compares with the form evaluated in f64 and accepts a difference only within the rounding of
+f32 arithmetic (and of the cast back); the layout (heads before or after the sequence) is the one
+the function runs on. A function that fails the probe is reported, its attention left alone.
+
+An attention forward that calls neither slot but one other rotary function of its module which
+itself calls the module's ``apply_rotary_pos_emb`` (Gemma 4's vision
+``apply_multidimensional_rope``, one call per position axis) gets a copy of that function whose
+slot is the kernel's: the splitting stays the stock code, each part is a slot call decided by the
+probes above.
+
 At run time the kernel's function serves the calls it takes (4-D q and k, 3-D cos and sin that
 need no gradient); any other call runs the model's own function (the same result).
 """
@@ -52,6 +66,9 @@ DeepSeek's de-interleaving rotary, ...): reported, not swapped."""
 _SIGNATURES = {"(q, k, cos, sin, unsqueeze_dim=1)": False, "(x, cos, sin, unsqueeze_dim=1)": True}
 """The slot signatures served -> whether the function rotates one tensor per call (Gemma 4)."""
 _STATE = "_kernel_hub_rotary"
+COMPLEX_SLOT = "apply_rotary_emb"
+"""The complex-valued rotary global (Llama 4, DeepSeek-V2): ``(xq, xk, freqs_cis)``."""
+_COMPLEX_SIGNATURE = "(xq, xk, freqs_cis)"
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -103,6 +120,10 @@ ROTARY_FORMS = tuple(
         (False, True), ((False, False), (False, True), (True, True))
     )
 )
+
+
+COMPLEX_FORM = RotaryForm(interleaved=True, upcast=True, cast_back=True)
+"""``view_as_real(view_as_complex(x.float() pairs) * freqs_cis).type_as(x)``, the kernel's way."""
 
 
 def _widen(t: torch.Tensor, form: RotaryForm) -> torch.Tensor:
@@ -309,6 +330,113 @@ def slot_function(
     return apply_rotary_pos_emb
 
 
+@dataclass(frozen=True)
+class ComplexRecognition:
+    """The ``unsqueeze_dim`` of the layout an ``apply_rotary_emb`` rotates (2: [B, S, H, D],
+    1: [B, H, S, D]) when it computes ``COMPLEX_FORM``, else why not."""
+
+    unsqueeze_dim: int | None
+    reason: str | None = None
+
+
+def _complex_probe() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [B, S, H, D], k [B, S, 1, D] and a complex freqs_cis [B, S, D/2] whose magnitudes are
+    not 1 (Llama 4 scales it by the rope's attention factor)."""
+    generator = torch.Generator().manual_seed(2)
+    q, k = (
+        torch.randn(2, 5, 3, 8, generator=generator),
+        torch.randn(2, 5, 1, 8, generator=generator),
+    )
+    magnitude = 0.5 + torch.rand(2, 5, 4, generator=generator)
+    return q, k, torch.polar(magnitude, 3 * torch.randn(2, 5, 4, generator=generator))
+
+
+def _cos_sin(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full-width cos and sin of the interleaved form from complex ``freqs_cis``."""
+    return (
+        freqs_cis.real.repeat_interleave(2, dim=-1),
+        freqs_cis.imag.repeat_interleave(2, dim=-1),
+    )
+
+
+def _within_rounding(out: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int):
+    """Whether ``out`` is ``COMPLEX_FORM`` of x within the rounding of f32 arithmetic (4 f32
+    epsilons of |x| (|cos| + |sin|), row by row) and of the cast to x's dtype (one ulp)."""
+    if not (isinstance(out, torch.Tensor) and out.dtype == x.dtype and out.shape == x.shape):
+        return False
+    x64, cos64, sin64 = x.double(), cos.double(), sin.double()
+    exact = COMPLEX_FORM.reference(x64, x64, cos64, sin64, dim)[0]
+    scale = x64.abs().amax(-1, keepdim=True) * (cos64.abs() + sin64.abs()).unsqueeze(dim)
+    bound = 4 * torch.finfo(torch.float32).eps * scale + torch.finfo(x.dtype).eps * exact.abs()
+    return bool(((out.double() - exact).abs() <= bound).all())
+
+
+@functools.cache
+def recognise_complex_rotary(fn: Callable[..., Any]) -> ComplexRecognition:
+    """Whether ``fn`` is ``COMPLEX_FORM`` (module docstring) on f32 and bf16 probes, in the one
+    layout it runs on."""
+    try:
+        signature = _plain_signature(fn)
+    except (TypeError, ValueError) as exc:
+        return ComplexRecognition(None, f"its signature cannot be read: {exc}")
+    if signature != _COMPLEX_SIGNATURE:
+        return ComplexRecognition(
+            None, f"{COMPLEX_SLOT}{signature} is not {COMPLEX_SLOT}{_COMPLEX_SIGNATURE}"
+        )
+    q, k, freqs_cis = _complex_probe()
+    cos, sin = _cos_sin(freqs_cis)
+    reasons = []
+    for dim in (2, 1):
+        qd, kd = (q, k) if dim == 2 else (q.transpose(1, 2), k.transpose(1, 2))
+        for dtype in (torch.float32, torch.bfloat16):
+            qi, ki = qd.to(dtype), kd.to(dtype)
+            try:
+                with torch.no_grad():
+                    out = fn(qi, ki, freqs_cis)
+            except Exception as exc:  # another layout, or not the form
+                reasons.append(f"[{'B, S, H, D' if dim == 2 else 'B, H, S, D'}]: {exc}")
+                break
+            if not (
+                isinstance(out, tuple)
+                and len(out) == 2
+                and all(
+                    _within_rounding(o, t, cos, sin, dim)
+                    for o, t in zip(out, (qi, ki), strict=True)
+                )
+            ):
+                return ComplexRecognition(
+                    None,
+                    f"on a {dtype} probe its result is not {COMPLEX_FORM.describe()} on "
+                    "cos = freqs_cis.real, sin = freqs_cis.imag, within f32 rounding",
+                )
+        else:
+            return ComplexRecognition(dim)
+    return ComplexRecognition(None, f"it runs on neither layout ({'; '.join(reasons)})")
+
+
+@functools.cache
+def complex_slot_function(stock: Callable[..., Any], kernel_apply: Callable[..., Any], dim: int):
+    """The function put in the ``apply_rotary_emb`` slot: the kernel for calls it serves (full
+    width, a complex freqs_cis needing no gradient), ``stock`` for the rest."""
+
+    def apply_rotary_emb(xq, xk, freqs_cis):
+        if (
+            isinstance(freqs_cis, torch.Tensor)
+            and freqs_cis.is_complex()
+            and freqs_cis.dim() == 3
+            and not freqs_cis.requires_grad
+            and isinstance(xq, torch.Tensor)
+            and 2 * freqs_cis.shape[-1] == xq.shape[-1]
+        ):
+            cos, sin = _cos_sin(freqs_cis)
+            if _served(xq, xk, cos, sin, dim):
+                return kernel_apply(xq, xk, cos, sin, dim, **COMPLEX_FORM.options)
+        return stock(xq, xk, freqs_cis)
+
+    apply_rotary_emb.__wrapped__ = stock
+    return apply_rotary_emb
+
+
 def _innermost_reading(fn: Any, name: str) -> Any | None:
     """The function in ``fn``'s ``__wrapped__`` chain whose code reads global ``name``."""
     while fn is not None:
@@ -346,7 +474,7 @@ def _with_global(fn: types.FunctionType, name: str, value: Any) -> types.Functio
     inner = getattr(fn, "__wrapped__", None)
     closure = fn.__closure__
     new_inner = None
-    reads = name in fn.__code__.co_names
+    reads = _code_reads(fn.__code__, name)
     if not reads and isinstance(inner, types.FunctionType) and closure:
         new_inner = _with_global(inner, name, value)
         closure = tuple(
@@ -363,10 +491,23 @@ def _with_global(fn: types.FunctionType, name: str, value: Any) -> types.Functio
     return copy
 
 
-def stock_function(cls: type) -> Any:
-    """The ``apply_rotary_pos_emb`` ``cls.forward`` calls, or None."""
-    reader = _innermost_reading(getattr(cls, "forward", None), SLOT)
-    return None if reader is None else reader.__globals__.get(SLOT)
+def stock_function(cls: type, slot: str = SLOT) -> Any:
+    """The ``slot`` function (``apply_rotary_pos_emb``) ``cls.forward`` calls, or None."""
+    reader = _innermost_reading(getattr(cls, "forward", None), slot)
+    return None if reader is None else reader.__globals__.get(slot)
+
+
+def _complex_slot(cls: type) -> tuple[Any, ComplexRecognition] | None:
+    """(the ``apply_rotary_emb`` a Transformers class's forward calls, its recognition), or None
+    when it calls none (or also the ``apply_rotary_pos_emb`` slot, which then decides)."""
+    if not cls.__module__.startswith("transformers.") or stock_function(cls) is not None:
+        return None
+    stock = stock_function(cls, COMPLEX_SLOT)
+    if stock is None:
+        return None
+    if not callable(stock):
+        return stock, ComplexRecognition(None, f"{COMPLEX_SLOT} is {type(stock).__name__}")
+    return stock, recognise_complex_rotary(stock)
 
 
 def _global_names(cls: type) -> set[str]:
@@ -379,13 +520,55 @@ def _global_names(cls: type) -> set[str]:
     return names
 
 
+def _code_reads(code: types.CodeType, name: str) -> bool:
+    """Whether ``code`` or code nested in it (a comprehension, run with the function's globals)
+    reads global ``name``."""
+    return name in code.co_names or any(
+        _code_reads(c, name) for c in code.co_consts if isinstance(c, types.CodeType)
+    )
+
+
+@functools.cache
+def _nested(outer: types.FunctionType, function: Callable[..., Any]) -> types.FunctionType:
+    """``outer`` calling ``function`` as its ``apply_rotary_pos_emb`` (one copy per pair, so a
+    later kernelize reuses its shadow globals)."""
+    return _with_global(outer, SLOT, function)
+
+
+def _nested_slot(cls: type) -> tuple[str, types.FunctionType, RotaryRecognition] | None:
+    """(name, function, the recognition of the slot it calls) when every other rotary function a
+    Transformers class's forward calls (and it calls neither slot itself) is a function of its
+    module that applies rotary through that module's ``apply_rotary_pos_emb`` (Gemma 4's vision
+    ``apply_multidimensional_rope``: the input split in parts, each rotated by the slot); None
+    otherwise."""
+    if not cls.__module__.startswith("transformers.") or stock_function(cls) is not None:
+        return None
+    names = _global_names(cls)
+    others = sorted(n for n in names if n != COMPLEX_SLOT and _OTHER_ROTARY.fullmatch(n))
+    if len(others) != 1 or COMPLEX_SLOT in names:
+        return None
+    reader = _innermost_reading(getattr(cls, "forward", None), others[0])
+    fn = reader.__globals__.get(others[0]) if reader is not None else None
+    if not isinstance(fn, types.FunctionType) or not _code_reads(fn.__code__, SLOT):
+        return None
+    return others[0], fn, recognise_rotary(fn.__globals__.get(SLOT))
+
+
 def unserved_rotary(cls: type) -> str | None:
     """Why a Transformers class whose forward applies another rotary function than the slot's
     (``_OTHER_ROTARY``) is not switched, or None."""
     if not cls.__module__.startswith("transformers."):
         return None
     names = _global_names(cls)
-    others = sorted(n for n in names if n != SLOT and _OTHER_ROTARY.fullmatch(n))
+    complex_slot = _complex_slot(cls)
+    if complex_slot is not None and complex_slot[1].unsqueeze_dim is None:
+        return f"its {COMPLEX_SLOT}: {complex_slot[1].reason}"
+    nested = _nested_slot(cls)
+    if nested is not None:
+        name, _, recognition = nested
+        return None if recognition.form else f"its {name}'s {SLOT}: {recognition.reason}"
+    served = {SLOT, *([COMPLEX_SLOT] if complex_slot is not None else [])}
+    others = sorted(n for n in names if n not in served and _OTHER_ROTARY.fullmatch(n))
     if not others or SLOT in names:
         return None
     return (
@@ -423,7 +606,15 @@ class RotarySlotInterface:
 
     def dispatches(self, module: torch.nn.Module) -> bool:
         cls = type(module)
-        return cls.__module__.startswith("transformers.") and stock_function(cls) is not None
+        if not cls.__module__.startswith("transformers."):
+            return False
+        complex_slot = _complex_slot(cls)
+        if complex_slot is not None:
+            return complex_slot[1].unsqueeze_dim is not None
+        nested = _nested_slot(cls)
+        if nested is not None:
+            return nested[2].form is not None
+        return stock_function(cls) is not None
 
     def unreached(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
         found = []
@@ -443,6 +634,8 @@ class RotarySlotInterface:
             if "forward" in module.__dict__:
                 problems[cls.__name__] = f"{cls.__name__}'s forward is already replaced"
                 continue
+            if _complex_slot(cls) is not None or _nested_slot(cls) is not None:
+                continue  # dispatches only when recognised
             recognition = recognise_rotary(stock_function(cls))
             if recognition.form is None:
                 problems[cls.__name__] = f"{cls.__name__}'s {SLOT}: {recognition.reason}"
@@ -461,12 +654,27 @@ class RotarySlotInterface:
         forms = set()
         for module in modules:
             cls = type(module)
-            stock = stock_function(cls)
-            recognition = recognise_rotary(stock)
-            form, call = recognition.form, recognition.call
-            forms.add(", ".join(filter(None, (form.describe(), call.describe()))))
-            function = slot_function(stock, kernel_apply, form, call)
-            forward = _with_global(cls.forward, SLOT, function)
+            complex_slot, nested = _complex_slot(cls), _nested_slot(cls)
+            if nested is not None:
+                name_called, outer, recognition = nested
+                stock = outer.__globals__[SLOT]
+                form, call = recognition.form, recognition.call
+                described = ", ".join(filter(None, (form.describe(), call.describe())))
+                forms.add(f"{described}, through {name_called}")
+                function = slot_function(stock, kernel_apply, form, call)
+                forward = _with_global(cls.forward, name_called, _nested(outer, function))
+            elif complex_slot is not None:
+                stock, recognition = complex_slot
+                forms.add(f"{COMPLEX_FORM.describe()}, complex freqs_cis")
+                function = complex_slot_function(stock, kernel_apply, recognition.unsqueeze_dim)
+                forward = _with_global(cls.forward, COMPLEX_SLOT, function)
+            else:
+                stock = stock_function(cls)
+                recognition = recognise_rotary(stock)
+                form, call = recognition.form, recognition.call
+                forms.add(", ".join(filter(None, (form.describe(), call.describe()))))
+                function = slot_function(stock, kernel_apply, form, call)
+                forward = _with_global(cls.forward, SLOT, function)
             forward.__dict__[_STATE] = name
             module.__dict__["forward"] = types.MethodType(forward, module)
         label = f"{name} ({'; '.join(sorted(forms))})"

@@ -42,6 +42,7 @@ from .causal_lm_loss import CausalLMLossInterface
 from .continuous_batching import ContinuousBatchingInterface
 from .function_slots import FunctionSlotInterface
 from .mlp_forms import MLPRecognition, is_gated_mlp_candidate, recognise_mlp
+from .moe_blocks import InputScaledMoEInterface
 from .rotary_slot import RotarySlotInterface
 
 
@@ -557,6 +558,7 @@ MODEL_INTERFACES = (
         setter="set_experts_implementation",
         registered=_experts_problem,
     ),
+    InputScaledMoEInterface(),
     ContinuousBatchingInterface(attention=ATTENTION_INTERFACE),
     CausalLMLossInterface(),
     FunctionSlotInterface(

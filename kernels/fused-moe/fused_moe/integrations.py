@@ -153,8 +153,13 @@ def _problem(module: torch.nn.Module) -> str | None:
 
 
 def _activation_key(module: torch.nn.Module) -> tuple:
+    """What decides the gate's form: the class, its gate parameters and activation (modules of one
+    class may hold different ``act_fn``s: Llama 4's experts, read from the instance)."""
+    act_fn = getattr(module, "act_fn", None)
     return (
         type(module),
+        type(act_fn),
+        getattr(act_fn, "approximate", None),
         getattr(module, "alpha", None),
         getattr(module, "limit", None),
         getattr(module, "swiglu_alpha", None),

@@ -133,14 +133,169 @@ def test_slot_functions_of_the_other_conventions_match_stock_with_gradients(mode
         torch.testing.assert_close(mine, theirs, **tolerance)
 
 
+def _complex_function(model: str):
+    module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+    return module.apply_rotary_emb
+
+
+@pytest.mark.parametrize(("model", "dim"), [("llama4", 2), ("deepseek_v2", 1)])
+def test_complex_rotary_functions_are_recognised_in_their_layout(model, dim):
+    assert rotary_slot.recognise_complex_rotary(_complex_function(model)).unsqueeze_dim == dim
+
+
+def _pairs(x):
+    return torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+
+
+def complex_conjugate(xq, xk, freqs_cis):
+    """Rotates the other way."""
+    f = freqs_cis.conj()[:, :, None, :]
+    return tuple(torch.view_as_real(_pairs(x) * f).flatten(3).type_as(x) for x in (xq, xk))
+
+
+def complex_halves(xq, xk, freqs_cis):
+    """Pairs the two halves (rotate-half) instead of neighbours."""
+    f = freqs_cis[:, :, None, :]
+
+    def rotate(x):
+        first, second = x.float().chunk(2, dim=-1)
+        out = torch.complex(first, second) * f
+        return torch.cat((out.real, out.imag), dim=-1).type_as(x)
+
+    return rotate(xq), rotate(xk)
+
+
+def complex_not_cast_back(xq, xk, freqs_cis):
+    f = freqs_cis[:, :, None, :]
+    return tuple(torch.view_as_real(_pairs(x) * f).flatten(3) for x in (xq, xk))
+
+
+def complex_unit_magnitude(xq, xk, freqs_cis):
+    """Drops freqs_cis's magnitude (Llama 4's rope scaling lives in it)."""
+    f = torch.polar(torch.ones_like(freqs_cis.real), freqs_cis.angle())[:, :, None, :]
+    return tuple(torch.view_as_real(_pairs(x) * f).flatten(3).type_as(x) for x in (xq, xk))
+
+
+@pytest.mark.parametrize(
+    "fn", [complex_conjugate, complex_halves, complex_not_cast_back, complex_unit_magnitude]
+)
+def test_complex_rotary_near_misses_are_refused(fn):
+    recognition = rotary_slot.recognise_complex_rotary(fn)
+    assert recognition.unsqueeze_dim is None and "within f32 rounding" in recognition.reason
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_complex_slot_function_matches_stock_with_gradients(dtype):
+    """Llama 4's apply_rotary_emb: within one ulp of stock (torch's complex product rounds in
+    another order), the gradients within float tolerance; every call ran on the kernel."""
+    stock = _complex_function("llama4")
+    apply_rotary = get_kernel("rotary").KERNEL.integration("transformers").apply_rotary
+    calls = []
+
+    def kernel_apply(*args, **kwargs):
+        calls.append(args)
+        return apply_rotary(*args, **kwargs)
+
+    slot = rotary_slot.complex_slot_function(stock, kernel_apply, 2)
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 5, h, 16, generator=generator).to(dtype) for h in (4, 2))
+    freqs = torch.polar(0.5 + torch.rand(2, 5, 8, generator=generator), torch.randn(2, 5, 8))
+
+    def run(fn):
+        qi, ki = q.clone().requires_grad_(), k.clone().requires_grad_()
+        out = fn(qi, ki, freqs)
+        sum(o.float().pow(2).sum() for o in out).backward()
+        return [o.detach() for o in out] + [qi.grad, ki.grad]
+
+    want, got = run(stock), run(slot)
+    assert len(calls) == 1
+    ulp = torch.finfo(dtype).eps
+    for mine, theirs in zip(got, want, strict=True):
+        assert mine.dtype == theirs.dtype
+        torch.testing.assert_close(mine, theirs, rtol=2 * ulp, atol=2 * ulp)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_multidimensional_rope_runs_each_part_on_the_kernel(dtype):
+    """Gemma 4's vision apply_multidimensional_rope splits x, cos and sin per position axis and
+    calls the module's apply_rotary_pos_emb on each part: that call is the slot (the copy kernelize
+    gives the vision attention calls the kernel there), results and gradients as stock's."""
+    from transformers.models.gemma4 import modeling_gemma4
+
+    stock = modeling_gemma4.apply_multidimensional_rope
+    recognition = rotary_slot.recognise_rotary(modeling_gemma4.apply_rotary_pos_emb)
+    apply_rotary = get_kernel("rotary").KERNEL.integration("transformers").apply_rotary
+    calls = []
+
+    def kernel_apply(*args, **kwargs):
+        calls.append(args)
+        return apply_rotary(*args, **kwargs)
+
+    slot = rotary_slot.slot_function(
+        modeling_gemma4.apply_rotary_pos_emb, kernel_apply, recognition.form, recognition.call
+    )
+    copy_ = rotary_slot._nested(stock, slot)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, 3, 16, generator=generator).to(dtype)
+    cos, sin = (torch.randn(2, 6, 16, generator=generator).to(dtype) for _ in range(2))
+    position_ids = torch.zeros(2, 6, 2, dtype=torch.long)
+
+    def run(fn):
+        xi = x.clone().requires_grad_()
+        out = fn(xi, cos, sin, position_ids)
+        out.float().pow(2).sum().backward()
+        return out.detach(), xi.grad
+
+    want, got = run(stock), run(copy_)
+    assert len(calls) == 2  # one per position axis
+    tolerance = {"rtol": 2e-2, "atol": 2e-2} if dtype == torch.bfloat16 else {}
+    for mine, theirs in zip(got, want, strict=True):
+        assert mine.dtype == theirs.dtype
+        torch.testing.assert_close(mine, theirs, **tolerance)
+    assert modeling_gemma4.apply_multidimensional_rope is stock  # the model's module untouched
+
+
+def test_gemma4_vision_tower_runs_its_rotary_on_the_kernel(tmp_path, monkeypatch):
+    """kernel-hub models feeds Gemma 4 text only: its vision tower, kernelized (rotary only),
+    on 16 patches; every part of q and k rotated by the kernel, output as stock's."""
+    from kernel_hub.models import architectures as archs
+    from kernel_hub.testing import registry_with_ops
+
+    (arch,) = [a for a in archs.architectures() if a.model_type == "gemma4"]
+    tower = archs.build(arch).model.vision_tower
+    patch = tower.config.patch_size
+    pixels = torch.randn(1, 16, 3 * patch * patch, generator=torch.Generator().manual_seed(0))
+    ys, xs = torch.meshgrid(torch.arange(4), torch.arange(4), indexing="ij")
+    positions = torch.stack([xs.flatten(), ys.flatten()], dim=-1)[None]
+    with torch.no_grad():
+        want = tower(pixel_values=pixels, pixel_position_ids=positions).last_hidden_state
+    integration = get_kernel("rotary").KERNEL.integration("transformers")
+    calls = []
+    apply_rotary = integration.apply_rotary
+    monkeypatch.setattr(
+        integration, "apply_rotary", lambda *a, **k: calls.append(a) or apply_rotary(*a, **k)
+    )
+    report = kernelize(tower, mode="inference", registry=registry_with_ops(tmp_path, "rotary"))
+    swapped = [e.swapped_to for e in report.entries if e.swapped]
+    assert len(swapped) == 2 and "through apply_multidimensional_rope" in swapped[0], str(report)
+    with torch.no_grad():
+        got = tower(pixel_values=pixels, pixel_position_ids=positions).last_hidden_state
+    layers = tower.config.num_hidden_layers
+    assert len(calls) == layers * 2 * 2  # q and k, two position axes each
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
 def test_flagship_models_of_the_other_conventions_match_stock_in_training(tmp_path):
-    """Only the rotary kernel in the registry: GPT-OSS (half-width cos/sin) and Gemma 4 text (one
-    tensor per call) swapped, training outputs and every gradient as stock's."""
+    """Only the rotary kernel in the registry: GPT-OSS (half-width cos/sin), Gemma 4 text (one
+    tensor per call) and Llama 4 text (complex freqs_cis) swapped, training outputs and every
+    gradient as stock's."""
     from kernel_hub.models.coverage import EXACT, run_coverage
     from kernel_hub.testing import registry_with_ops
 
     registry = registry_with_ops(tmp_path, "rotary")
-    results = run_coverage("training", model_types=["gpt_oss", "gemma4_text"], registry=registry)
+    results = run_coverage(
+        "training", model_types=["gpt_oss", "gemma4_text", "llama4_text"], registry=registry
+    )
     for result in results:
         assert result.status == EXACT and result.swapped == {"rotary_pos_emb": 2}, result
 
