@@ -50,6 +50,27 @@ def count_slot_calls(model: torch.nn.Module, names: Any) -> dict[str, int]:
     return calls
 
 
+def pallas_call_outputs(fn: Any, *args: Any) -> list[tuple[str, tuple[tuple[int, ...], ...]]]:
+    """(name, output shapes) of every Pallas call in ``fn``'s traced program, in order, nested
+    programs (jit, custom_vjp primals, loops) included: which buffers the kernels write."""
+    import jax
+
+    found = []
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                found.append((eqn.params["name"], tuple(v.aval.shape for v in eqn.outvars)))
+            for value in eqn.params.values():
+                for item in value if isinstance(value, (tuple, list)) else (value,):
+                    inner = getattr(item, "jaxpr", item)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
 def registry_with_ops(directory: Path, *ops: str) -> Path:
     """The registry cut down to ``ops``, written to ``directory/registry.yaml``.
 

@@ -90,7 +90,7 @@ def attention_calls(monkeypatch):
     """Counts the attention kernel's torch op calls made by the Diffusers backend."""
     ops = get_kernel("attention").torch_ops
     calls = []
-    for name in ("attention_with_lse", "attention_with_dense_mask"):
+    for name in ("attention_with_lse", "attention_forward_only", "attention_with_dense_mask"):
         op = getattr(ops, name)
         monkeypatch.setattr(
             ops, name, lambda *a, _op=op, _n=name, **kw: calls.append(_n) or _op(*a, **kw)

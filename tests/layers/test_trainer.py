@@ -102,6 +102,7 @@ def kernel_calls(monkeypatch):
 
     integrations = get_kernel("attention").KERNEL.integration("transformers")
     count(integrations, "attention_with_lse", "attention")
+    count(integrations, "dot_product_attention", "attention")
     count(integrations, "attention_with_dense_mask", "attention")
     count(get_kernel("layernorm").layers, "layer_norm_any", "layernorm")
     count(get_kernel("rmsnorm").layers, "rms_norm", "rmsnorm")

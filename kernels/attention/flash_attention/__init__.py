@@ -1,10 +1,11 @@
 """flash_attention kernel: blocked online-softmax attention (Pallas TPU), Tokamax and XLA.
 
 Exports the torch ops (``dot_product_attention``, ``attention_with_lse``,
-``attention_with_dense_mask``), ``jax`` (the JAX API), ``ring`` (context-parallel ring attention)
-and, through ``KERNEL``, the Transformers AttentionInterface adapter (``integrations``, with the
-AttentionMaskInterface entry of ``transformers_masks``) and the Diffusers attention backend
-(``diffusers_backend``), imported on first use because they import transformers / diffusers.
+``attention_forward_only``, ``attention_with_dense_mask``), ``jax`` (the JAX API), ``ring``
+(context-parallel ring attention) and, through ``KERNEL``, the Transformers AttentionInterface
+adapter (``integrations``, with the AttentionMaskInterface entry of ``transformers_masks``) and
+the Diffusers attention backend (``diffusers_backend``), imported on first use because they
+import transformers / diffusers.
 ``flash_attn_func`` / ``flash_attn_varlen_func`` (``flash_attn_api``) are flash-attn's entry
 points, which Transformers' hub attention (``attn_implementation="kernel-hub/attention"``) looks
 up on the build's top-level module (not declared in ``KERNEL``: its ``integrations`` slots are
@@ -16,11 +17,17 @@ from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 from . import api as jax
 from . import benchmark, ring
 from .flash_attn_api import flash_attn_func, flash_attn_varlen_func
-from .torch_ops import attention_with_dense_mask, attention_with_lse, dot_product_attention
+from .torch_ops import (
+    attention_forward_only,
+    attention_with_dense_mask,
+    attention_with_lse,
+    dot_product_attention,
+)
 
 KERNEL = KernelDeclaration(
     ops={
         "attention_with_lse": attention_with_lse,
+        "attention_forward_only": attention_forward_only,
         "attention_with_dense_mask": attention_with_dense_mask,
     },
     jax=jax,
@@ -36,6 +43,7 @@ KERNEL = KernelDeclaration(
 
 __all__ = [
     "KERNEL",
+    "attention_forward_only",
     "attention_with_dense_mask",
     "attention_with_lse",
     "benchmark",

@@ -136,8 +136,9 @@ def _kernel_blocks(q, k, v, spec: AttentionSpec) -> pallas_tpu.KernelBlocks:
 
 def _pallas(q, k, v, tokens, sinks, *, spec, with_lse):
     blocks = _kernel_blocks(q, k, v, spec)
-    out, lse = pallas_tpu.attention(q, k, v, tokens, sinks, spec, blocks, _interpret())
-    return (out, lse) if with_lse else out
+    if with_lse:
+        return pallas_tpu.attention(q, k, v, tokens, sinks, spec, blocks, _interpret())
+    return pallas_tpu.attention_out(q, k, v, tokens, sinks, spec, blocks, _interpret())
 
 
 def _pallas_problem(q, k, v, tokens, sinks, *, spec, with_lse):

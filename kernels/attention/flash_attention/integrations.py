@@ -34,7 +34,7 @@ import torch
 from kernel_hub.kernel_api import KernelInputError
 
 from . import keywords
-from .torch_ops import attention_with_dense_mask, attention_with_lse
+from .torch_ops import attention_with_dense_mask, attention_with_lse, dot_product_attention
 from .transformers_masks import (
     MaskDescription,
     describe_nested,
@@ -192,7 +192,7 @@ def attention_forward(
             query, key, value, visible, sinks=s_aux, bias=position_bias, **options
         )
     elif attention_mask is None:
-        out, _ = attention_with_lse(query, key, value, sinks=s_aux, **options)
+        out = dot_product_attention(query, key, value, sinks=s_aux, **options)
     elif attention_mask.shape[-2:] == (q_len, kv_len) and (
         nested := describe_nested(attention_mask)
     ):
@@ -239,27 +239,24 @@ def _described_attention(
             query, key, value, mask.dense(), sinks=sinks, bias=position_bias, **options
         )
     else:
-        out, lse = attention_with_lse(
-            query,
-            key,
-            value,
-            mask.kv_valid,
-            mask.q_segment_ids,
-            mask.kv_segment_ids,
+        arguments = (query, key, value, mask.kv_valid, mask.q_segment_ids, mask.kv_segment_ids)
+        options.update(
             sinks=sinks,
             q_positions=mask.q_positions,
             kv_positions=mask.kv_positions,
             q_groups=mask.q_groups,
             kv_groups=mask.kv_groups,
             window_bounds_groups=mask.window_bounds_groups,
-            **options,
         )
         # only key padding or explicit positions can leave a query row without a key
         may_be_empty = mask.kv_valid is not None or mask.q_positions is not None
         eager = getattr(module, STOCK_IMPLEMENTATION, None) == "eager"
-        if eager and may_be_empty and not torch.compiler.is_compiling():
+        if not (eager and may_be_empty):
+            return dot_product_attention(*arguments, **options).transpose(1, 2).contiguous(), None
+        out, lse = attention_with_lse(*arguments, **options)
+        if not torch.compiler.is_compiling():
             out = _eager_empty_rows(query, key, value, out, lse, scaling, softcap)
-        elif eager and may_be_empty:
+        else:
             out = _traced_eager_empty_rows(query, key, value, out, lse, scaling, softcap, module)
     return out.transpose(1, 2).contiguous(), None
 

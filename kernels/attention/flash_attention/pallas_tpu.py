@@ -531,7 +531,8 @@ def _forward_kernel(
 ):
     ranges, (q_ref, k_ref, v_ref), tokens, rest = _split_refs(refs, 3, fields)
     sink_ref = rest[0] if has_sinks else None
-    o_ref, lse_ref, m_ref, l_ref, acc_ref = rest[1:] if has_sinks else rest
+    # lse_ref is empty in the forward-only variant (``attention_out``'s primal).
+    o_ref, *lse_ref, m_ref, l_ref, acc_ref = rest[1:] if has_sinks else rest
     b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     nt = layout.num_token_blocks
     visible = _in_range(ranges, b, _rem(qi, nt), nt, ki) & _block_visible(
@@ -570,8 +571,9 @@ def _forward_kernel(
         seen = total > 0
         inverse = jnp.where(seen, 1.0 / jnp.where(seen, total, 1.0), 0.0)
         o_ref[...] = (acc * inverse).astype(o_ref.dtype)
-        lse = jnp.where(seen, row_max + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
-        lse_ref[...] = _as_lanes(lse)
+        for ref in lse_ref:
+            lse = jnp.where(seen, row_max + jnp.log(jnp.where(seen, total, 1.0)), -jnp.inf)
+            ref[...] = _as_lanes(lse)
 
 
 def _diagonal(n: int):
@@ -792,9 +794,11 @@ def _cost(layout: Layout, spec: AttentionSpec, itemsize: int, matmul_dims: int, 
     )
 
 
-def _forward(q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interpret: bool):
-    """Packed-layout forward: (out [B, Hkv, rows, Dv], lse [B, Hkv, q blocks, 1, bq]); ``tokens`` is
-    (fields, packed arrays) from ``_pack_tokens``."""
+def _forward(
+    q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interpret: bool, with_lse: bool
+):
+    """Packed-layout forward: [out [B, Hkv, rows, Dv], lse [B, Hkv, q blocks, 1, bq]], or [out]
+    without ``with_lse``; ``tokens`` is (fields, packed arrays) from ``_pack_tokens``."""
     (fields, token_arrays), has_sinks = tokens, sinks is not None
     specs = _specs(layout, spec, fields, kv_outer=False)
     ranges = _block_ranges(fields, token_arrays, layout, spec)[:2] if fields else ()
@@ -816,7 +820,7 @@ def _forward(q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interp
                 *specs.tokens,
                 *([specs.sinks] if has_sinks else []),
             ],
-            out_specs=[specs.out_rows, specs.stats],
+            out_specs=[specs.out_rows, *[specs.stats] * with_lse],
             scratch_shapes=[
                 pltpu.VMEM((layout.block_q, 1), acc),
                 pltpu.VMEM((layout.block_q, 1), acc),
@@ -825,7 +829,8 @@ def _forward(q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interp
         ),
         out_shape=[
             jax.ShapeDtypeStruct((*q.shape[:3], layout.value_dim), q.dtype),
-            jax.ShapeDtypeStruct((*q.shape[:2], layout.num_q_blocks, 1, layout.block_q), acc),
+            *[jax.ShapeDtypeStruct((*q.shape[:2], layout.num_q_blocks, 1, layout.block_q), acc)]
+            * with_lse,
         ],
         compiler_params=_compiler_params(),
         cost_estimate=_cost(
@@ -905,10 +910,11 @@ def _layout(q, k, v, blocks: BlockSizes) -> Layout:
     return make_layout(q.shape, k.shape, blocks, value_dim=v.shape[-1])
 
 
-def attention_forward(q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interpret):
-    """(out [B, Hq, Sq, Dv], logsumexp [B, Hq, Sq] f32); no autodiff rule (see ``attention``)."""
+def attention_forward(q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interpret, with_lse=True):
+    """(out [B, Hq, Sq, Dv], logsumexp [B, Hq, Sq] f32), or out alone without ``with_lse`` (the
+    kernel then writes no statistics); no autodiff rule (see ``attention``)."""
     layout = _layout(q, k, v, blocks.forward)
-    out, lse = _forward(
+    out, *lse = _forward(
         _pack_rows(q, layout),
         _pad_keys(k, layout),
         _pad_keys(v, layout),
@@ -919,8 +925,11 @@ def attention_forward(q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interp
         layout,
         spec,
         interpret,
+        with_lse,
     )
-    lse = lse.reshape(layout.batch, layout.kv_heads, layout.rows)
+    if not with_lse:
+        return _unpack_rows(out, layout)
+    lse = lse[0].reshape(layout.batch, layout.kv_heads, layout.rows)
     return _unpack_rows(out, layout), _unpack_rows(lse, layout)
 
 
@@ -995,12 +1004,31 @@ def _attention_bwd(spec, blocks, interpret, residuals, cotangents):
 attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def attention_out(q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interpret):
+    """``attention``'s out alone: a program that takes no gradient writes no logsumexp."""
+    return attention_forward(q, k, v, tokens, sinks, spec, blocks, interpret, with_lse=False)
+
+
+def _attention_out_fwd(q, k, v, tokens, sinks, spec, blocks, interpret):
+    (out, _), residuals = _attention_fwd(q, k, v, tokens, sinks, spec, blocks, interpret)
+    return out, residuals
+
+
+def _attention_out_bwd(spec, blocks, interpret, residuals, d_out):
+    return _attention_bwd(spec, blocks, interpret, residuals, (d_out, None))
+
+
+attention_out.defvjp(_attention_out_fwd, _attention_out_bwd)
+
+
 __all__ = [
     "BlockSizes",
     "KernelBlocks",
     "attention",
     "attention_backward",
     "attention_forward",
+    "attention_out",
     "blocks_problem",
     "default_blocks",
 ]

@@ -1,5 +1,8 @@
-"""Torch ops, built with kernel-hub's bridge. Both return (out, logsumexp) so the backward reuses
-the forward's saved outputs instead of recomputing it.
+"""Torch ops, built with kernel-hub's bridge. ``attention_with_lse`` and
+``attention_with_dense_mask`` return (out, logsumexp) so the backward reuses the forward's saved
+outputs instead of recomputing it; ``attention_forward_only`` returns out alone, so a program that
+takes no gradient (inference) writes no logsumexp. ``dot_product_attention`` picks between the
+first and the last.
 
 The ops' options are ``AttentionSpec``'s fields (``option_stub`` derives them): the 1.0 options
 follow the 1.0 tensors, tensor arguments added in 1.1 (``sinks``, ``bias``) and 1.2 (positions,
@@ -69,10 +72,55 @@ def attention_with_lse(
     )
 
 
+@jax_op(_NAMESPACE, api.dot_product_attention, differentiable=(*_QKV, "sinks"), autocast=_QKV)
+@option_stub(AttentionSpec, leading=TORCH_1_0, after="kv_segment_ids")
+def attention_forward_only(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_mask: torch.Tensor | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    q_positions: torch.Tensor | None = None,
+    kv_positions: torch.Tensor | None = None,
+    q_groups: torch.Tensor | None = None,
+    kv_groups: torch.Tensor | None = None,
+    *,
+    options: AttentionSpec,
+) -> torch.Tensor:
+    """``attention_with_lse``'s out [B, Hq, Sq, Dv] alone: no logsumexp is written. For programs
+    that take no gradient; its backward (``jax.vjp``) would rerun the forward, so
+    ``dot_product_attention`` sends calls that need one to ``attention_with_lse``."""
+    api.check_inputs(
+        query,
+        key,
+        value,
+        kv_mask,
+        q_segment_ids,
+        kv_segment_ids,
+        sinks,
+        q_positions,
+        kv_positions,
+        q_groups,
+        kv_groups,
+    )
+
+
+def needs_gradient(*args: Any, **kwargs: Any) -> bool:
+    """Whether autograd will differentiate a call with these arguments."""
+    return torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in (*args, *kwargs.values())
+    )
+
+
 def dot_product_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
     """Attention output [B, Hq, Sq, Dv] for q [B, Hq, Sq, D], k [B, Hkv, Sk, D],
-    v [B, Hkv, Sk, Dv]: ``attention_with_lse``'s output, same arguments."""
-    return attention_with_lse(*args, **kwargs)[0]
+    v [B, Hkv, Sk, Dv], same arguments as ``attention_with_lse``: its output when a gradient is
+    needed (the backward reuses the saved logsumexp), else ``attention_forward_only``'s."""
+    if needs_gradient(*args, **kwargs):
+        return attention_with_lse(*args, **kwargs)[0]
+    return attention_forward_only(*args, **kwargs)
 
 
 dot_product_attention.__signature__ = inspect.signature(attention_with_lse)  # type: ignore[attr-defined]

@@ -31,7 +31,11 @@ def op_calls(attention, monkeypatch):
     counting wrappers, so a compiled graph counts each op it holds once per trace)."""
     integrations = attention.KERNEL.integration("transformers")
     calls = {"flash": 0, "dense": 0, "segments": 0}
-    for key, name in (("flash", "attention_with_lse"), ("dense", "attention_with_dense_mask")):
+    for key, name in (
+        ("flash", "attention_with_lse"),
+        ("flash", "dot_product_attention"),
+        ("dense", "attention_with_dense_mask"),
+    ):
         op = getattr(integrations, name)
 
         def counting(*args, _op=op, _key=key, **kwargs):

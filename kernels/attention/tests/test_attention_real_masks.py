@@ -138,10 +138,15 @@ def op_calls(attention, monkeypatch):
     integrations = attention.KERNEL.integration("transformers")
     calls = {"flash": 0, "described": 0, "dense": 0}
     flash, dense = integrations.attention_with_lse, integrations.attention_with_dense_mask
+    flash_out = integrations.dot_product_attention
 
     def counting_flash(*args, **kwargs):
         calls["flash"] += 1
         return flash(*args, **kwargs)
+
+    def counting_flash_out(*args, **kwargs):
+        calls["flash"] += 1
+        return flash_out(*args, **kwargs)
 
     def counting_dense(*args, **kwargs):
         calls["dense"] += 1
@@ -154,6 +159,7 @@ def op_calls(attention, monkeypatch):
         return described(*args, **kwargs)
 
     monkeypatch.setattr(integrations, "attention_with_lse", counting_flash)
+    monkeypatch.setattr(integrations, "dot_product_attention", counting_flash_out)
     monkeypatch.setattr(integrations, "attention_with_dense_mask", counting_dense)
     monkeypatch.setattr(integrations, "_described_attention", counting_described)
     return calls

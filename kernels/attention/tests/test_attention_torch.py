@@ -85,8 +85,9 @@ def test_schemas_keep_earlier_positions(attention):
     meaning, and the derived layout cannot drift unnoticed."""
     names = {
         op: [a.name for a in getattr(attention, op).op._schema.arguments]
-        for op in ("attention_with_lse", "attention_with_dense_mask")
+        for op in ("attention_with_lse", "attention_forward_only", "attention_with_dense_mask")
     }
+    assert names["attention_forward_only"] == names["attention_with_lse"]
     v1_0 = ["causal", "sliding_window", "softcap", "scale", "implementation"]
     assert names["attention_with_lse"] == [
         "query", "key", "value", "kv_mask", "q_segment_ids", "kv_segment_ids", *v1_0, "block_q",
@@ -120,6 +121,45 @@ def test_backward_reuses_saved_outputs(attention, monkeypatch):
     ).sum().backward()
     error = _max_error(q.grad, want_q.grad)
     assert error <= 1e-4, f"dq max abs error {error:.3g}"
+
+
+def test_no_logsumexp_is_written_without_a_gradient(attention, monkeypatch):
+    """The JAX forward-only program's kernel writes out alone (a gradient's forward also writes
+    the logsumexp its backward reads); the torch function picks the forward-only op unless
+    autograd will differentiate the call."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernel_hub.testing import pallas_call_outputs
+
+    q, k, v = _qkv(q_len=40, kv_len=40)
+
+    def forward(q, k, v):
+        return attention.jax.dot_product_attention(
+            q, k, v, causal=True, implementation="pallas", block_q=16, block_k=16
+        )
+
+    arrays = [jnp.asarray(t.numpy()) for t in (q, k, v)]
+    assert [(name, len(out)) for name, out in pallas_call_outputs(forward, *arrays)] == [
+        ("flash_attention_forward", 1)
+    ]
+    grad = jax.grad(lambda *a: forward(*a).sum(), argnums=(0, 1, 2))
+    kernels = pallas_call_outputs(grad, *arrays)
+    assert [len(out) for name, out in kernels if name == "flash_attention_forward"] == [2]
+
+    ran = []
+    functions = attention.dot_product_attention.__globals__
+    for name in ("attention_with_lse", "attention_forward_only"):
+        op = functions[name]
+        monkeypatch.setitem(
+            functions, name, lambda *a, _n=name, _op=op, **kw: (ran.append(_n), _op(*a, **kw))[1]
+        )
+    q.requires_grad_(True)
+    with torch.no_grad():
+        inference = attention.dot_product_attention(q, k, v, causal=True)
+    training = attention.dot_product_attention(q, k, v, causal=True)
+    assert ran == ["attention_forward_only", "attention_with_lse"]
+    torch.testing.assert_close(inference, training.detach(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(

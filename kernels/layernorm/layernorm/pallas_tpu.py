@@ -1,10 +1,12 @@
 """Pallas LayerNorm for TPU: row blocks with the whole hidden dimension in VMEM.
 
 One pass over HBM each way. The forward saves each row's mean and reciprocal standard deviation
-(f32), so the backward needs no recomputation of the statistics. dweight and dbias are reduced per
-row block into partial sums (summed by XLA afterwards), so every grid step is independent and the
-grid can be split across TensorCores ("parallel"). Weight and bias are optional: a missing one is
-neither read nor differentiated (``elementwise_affine=False``, ``bias=False``).
+(f32), so the backward needs no recomputation of the statistics; a forward-only program (the
+primal of ``layer_norm_2d``: no gradient taken) runs a variant that writes no statistics. dweight
+and dbias are reduced per row block into partial sums (summed by XLA afterwards), so every grid
+step is independent and the grid can be split across TensorCores ("parallel"). Weight and bias
+are optional: a missing one is neither read nor differentiated (``elementwise_affine=False``,
+``bias=False``).
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ def _split_refs(refs, affine: Affine):
 
 
 def _forward_kernel(*refs, eps: float, affine: Affine):
-    x_ref, w_ref, b_ref, (y_ref, mean_ref, rstd_ref) = _split_refs(refs, affine)
-    acc = rstd_ref.dtype
+    """The statistics outputs (mean, rstd) are absent in the forward-only variant."""
+    x_ref, w_ref, b_ref, (y_ref, *stat_refs) = _split_refs(refs, affine)
+    acc = statistics_dtype(x_ref.dtype)
     x = x_ref[...].astype(acc)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     centered = x - mean
@@ -76,8 +79,8 @@ def _forward_kernel(*refs, eps: float, affine: Affine):
     if b_ref is not None:
         y = y + b_ref[...].astype(acc)
     y_ref[...] = y.astype(y_ref.dtype)
-    mean_ref[...] = mean
-    rstd_ref[...] = rstd
+    for ref, value in zip(stat_refs, (mean, rstd), strict=False):
+        ref[...] = value
 
 
 def _backward_kernel(*refs, rows: int, affine: Affine):
@@ -114,7 +117,8 @@ def _row_stat_spec(block: int) -> pl.BlockSpec:
     return pl.BlockSpec((block, 1), lambda i: (i, 0))
 
 
-def _forward(x, weight, bias, eps, config: BlockConfig, interpret: bool):
+def _forward(x, weight, bias, eps, config: BlockConfig, interpret: bool, *, with_stats: bool):
+    """(y, mean, rstd) with the statistics, else (y,)."""
     rows, hidden = x.shape
     affine = Affine(weight is not None, bias is not None)
     acc = statistics_dtype(x.dtype)
@@ -125,21 +129,19 @@ def _forward(x, weight, bias, eps, config: BlockConfig, interpret: bool):
         transcendentals=rows,
         bytes_accessed=2 * rows * hidden * x.dtype.itemsize
         + sum(p.size * p.dtype.itemsize for p in params)
-        + 2 * rows * 4,
+        + with_stats * 2 * rows * jnp.dtype(acc).itemsize,
     )
     return pl.pallas_call(
         functools.partial(_forward_kernel, eps=eps, affine=affine),
         out_shape=(
             jax.ShapeDtypeStruct((rows, hidden), x.dtype),
-            jax.ShapeDtypeStruct((rows, 1), acc),
-            jax.ShapeDtypeStruct((rows, 1), acc),
+            *[jax.ShapeDtypeStruct((rows, 1), acc)] * (2 * with_stats),
         ),
         grid=(pl.cdiv(rows, block),),
         in_specs=[pl.BlockSpec((block, hidden), lambda i: (i, 0)), *param_specs],
         out_specs=(
             pl.BlockSpec((block, hidden), lambda i: (i, 0)),
-            _row_stat_spec(block),
-            _row_stat_spec(block),
+            *[_row_stat_spec(block)] * (2 * with_stats),
         ),
         compiler_params=tiling.compiler_params("parallel"),
         cost_estimate=cost,
@@ -192,12 +194,14 @@ def _backward(x, weight, bias, mean, rstd, grad, config: BlockConfig, interpret:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def layer_norm_2d(x, weight, bias, eps: float, config: BlockConfig, interpret: bool):
-    """LayerNorm of a [rows, hidden] array; ``weight`` and ``bias`` are [hidden] or None."""
-    return _forward(x, weight, bias, eps, config, interpret)[0]
+    """LayerNorm of a [rows, hidden] array; ``weight`` and ``bias`` are [hidden] or None. Without a
+    gradient no statistics are written."""
+    (y,) = _forward(x, weight, bias, eps, config, interpret, with_stats=False)
+    return y
 
 
 def _layer_norm_fwd(x, weight, bias, eps, config, interpret):
-    y, mean, rstd = _forward(x, weight, bias, eps, config, interpret)
+    y, mean, rstd = _forward(x, weight, bias, eps, config, interpret, with_stats=True)
     return y, (x, weight, bias, mean, rstd)
 
 

@@ -1,8 +1,9 @@
 """Pallas RMSNorm for TPU: row blocks with the whole hidden dimension in VMEM.
 
-The forward saves the per-row reciprocal RMS, so the backward is one pass. dweight is reduced per
-row block into a partial sum (summed by XLA afterwards) so every grid step stays independent and
-the grid can be split across TensorCores ("parallel").
+The forward saves the per-row reciprocal RMS, so the backward is one pass; a forward-only program
+(the primal of ``rms_norm_2d``: no gradient taken) runs a variant that writes no statistics.
+dweight is reduced per row block into a partial sum (summed by XLA afterwards) so every grid step
+stays independent and the grid can be split across TensorCores ("parallel").
 """
 
 from __future__ import annotations
@@ -53,14 +54,15 @@ def config_problem(rows: int, dtype, config: BlockConfig) -> str | None:
     return tiling.row_block_problem(rows, config.block_rows, dtype)
 
 
-def _forward_kernel(x_ref, w_ref, y_ref, rstd_ref, *, eps: float, form: Form):
-    acc = rstd_ref.dtype
-    x = x_ref[...].astype(acc)
+def _forward_kernel(x_ref, w_ref, y_ref, *rstd_ref, eps: float, form: Form):
+    """``rstd_ref`` is empty in the forward-only variant."""
+    x = x_ref[...].astype(statistics_dtype(x_ref.dtype))
     rstd = jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
     y_ref[...] = scale_and_round(
         x * rstd, w_ref[...], x_ref.dtype, y_ref.dtype, form.weight_offset, form.rounding
     )
-    rstd_ref[...] = rstd
+    for ref in rstd_ref:
+        ref[...] = rstd
 
 
 def _backward_kernel(
@@ -81,7 +83,8 @@ def _backward_kernel(
     dw_ref[...] = jnp.sum(contribution, axis=0, keepdims=True)
 
 
-def _forward(x, weight, eps, config: BlockConfig, form: Form, interpret: bool):
+def _forward(x, weight, eps, config: BlockConfig, form: Form, interpret: bool, *, with_stats: bool):
+    """(y, rstd) with the statistics, else (y,)."""
     rows, hidden = x.shape
     acc = statistics_dtype(x.dtype)
     out_dtype = output_dtype(x.dtype, weight.dtype, form.rounding)
@@ -92,13 +95,13 @@ def _forward(x, weight, eps, config: BlockConfig, form: Form, interpret: bool):
         transcendentals=rows,
         bytes_accessed=rows * hidden * (itemsize + jnp.dtype(out_dtype).itemsize)
         + hidden * weight.dtype.itemsize
-        + rows * 4,
+        + with_stats * rows * jnp.dtype(acc).itemsize,
     )
     return pl.pallas_call(
         functools.partial(_forward_kernel, eps=eps, form=form),
         out_shape=(
             jax.ShapeDtypeStruct((rows, hidden), out_dtype),
-            jax.ShapeDtypeStruct((rows, 1), acc),
+            *[jax.ShapeDtypeStruct((rows, 1), acc)] * with_stats,
         ),
         grid=(pl.cdiv(rows, block),),
         in_specs=[
@@ -107,7 +110,7 @@ def _forward(x, weight, eps, config: BlockConfig, form: Form, interpret: bool):
         ],
         out_specs=(
             pl.BlockSpec((block, hidden), lambda i: (i, 0)),
-            pl.BlockSpec((block, 1), lambda i: (i, 0)),
+            *[pl.BlockSpec((block, 1), lambda i: (i, 0))] * with_stats,
         ),
         compiler_params=tiling.compiler_params("parallel"),
         cost_estimate=cost,
@@ -157,12 +160,13 @@ def _backward(x, weight, rstd, grad, config: BlockConfig, form: Form, interpret:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
 def rms_norm_2d(x, weight, eps: float, config: BlockConfig, form: Form, interpret: bool):
     """RMSNorm of a [rows, hidden] array. The backward treats ``normalized`` rounding as the
-    identity (as autograd treats a cast)."""
-    return _forward(x, weight, eps, config, form, interpret)[0]
+    identity (as autograd treats a cast). Without a gradient no statistics are written."""
+    (y,) = _forward(x, weight, eps, config, form, interpret, with_stats=False)
+    return y
 
 
 def _rms_norm_fwd(x, weight, eps, config, form, interpret):
-    y, rstd = _forward(x, weight, eps, config, form, interpret)
+    y, rstd = _forward(x, weight, eps, config, form, interpret, with_stats=True)
     return y, (x, weight, rstd)
 
 

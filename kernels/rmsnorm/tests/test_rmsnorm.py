@@ -15,7 +15,7 @@ from kernel_hub import get_kernel
 from kernel_hub.errors import KernelInputError, NoImplementationError
 from kernel_hub.kernel_api import tiling
 from kernel_hub.models.tiny import tiny_model
-from kernel_hub.testing import max_errors
+from kernel_hub.testing import max_errors, pallas_call_outputs
 
 k = get_kernel("rmsnorm")
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
@@ -79,6 +79,19 @@ def test_pallas_ragged_row_blocks_match_reference(block_rows):
     got = jax.grad(loss("pallas", block_rows=block_rows), argnums=(0, 1))(x, w)
     for got_part, want_part in zip(got, want, strict=True):
         np.testing.assert_allclose(got_part, want_part, rtol=1e-4, atol=1e-4)
+
+
+def test_forward_only_program_writes_no_statistics():
+    """Inference writes y alone; the forward of a gradient also writes the rows' rstd."""
+    x, w = jnp.ones((37, 256), jnp.float32), jnp.ones(256, jnp.float32)
+
+    def norm(x, w):
+        return k.jax.rms_norm(x, w, implementation="pallas", block_rows=16)
+
+    assert pallas_call_outputs(norm, x, w) == [("rms_norm_forward", ((37, 256),))]
+    grad = jax.grad(lambda x, w: norm(x, w).sum(), argnums=(0, 1))
+    forwards = [out for name, out in pallas_call_outputs(grad, x, w) if name == "rms_norm_forward"]
+    assert forwards == [((37, 256), (37, 1))]
 
 
 def test_default_block_fits_budget_and_tiling():
