@@ -122,6 +122,7 @@ def test_the_table_names_both_variants(train):
         (["llama-9"], "unknown model preset 'llama-9'"),
         ([], "exactly one of PRESET"),
         (["--model-type=llama", "--set=tie_word_embeddings=maybe"], "cannot build a 'llama'"),
+        (["--model-type=gemma3_text"], "mixes decoder layer types (full_attention, sliding"),
     ],
 )
 def test_bad_input_is_refused_before_any_compile(args, message, capsys):

@@ -327,6 +327,13 @@ def _shape_note(spec: BenchSpec) -> str:
 
 
 def run_model_bench(spec: BenchSpec) -> list[VariantResult]:
-    """Both variants; a config Transformers refuses is reported before any compile."""
-    _config(spec, spec.layers)
+    """Both variants; a config Transformers refuses, or one whose decoder layers differ, is
+    reported before any compile."""
+    kinds = sorted(set(getattr(_config(spec, spec.full_layers), "layer_types", None) or ()))
+    if len(kinds) > 1:
+        raise KernelInputError(
+            f"{spec.name} mixes decoder layer types ({', '.join(kinds)}): model-bench scales one "
+            "layer's figures to the full depth, which needs identical layers (per-layer-type "
+            "scaling is not built yet)"
+        )
     return [bench_variant(spec, variant) for variant in VARIANTS]
