@@ -1,5 +1,6 @@
-"""``kernel-hub model-bench`` end to end on one small cell: a narrow Llama, stock and kernelized,
-traced through torchax and compiled deviceless for v6e.
+"""``kernel-hub model-bench`` end to end on two small cells (a training step and a paged decode
+step): a narrow Llama, stock and kernelized, traced through torchax and compiled deviceless for
+v6e.
 
 torchax renames torch's PrivateUse1 device for the rest of a process, so the command runs in a
 subprocess; the real-size cells are in docs/model-bench.md.
@@ -40,6 +41,7 @@ TRAIN_KERNELS = {
 
 
 def model_bench(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """The command on the small Llama in a subprocess of its own; its table and JSON rows."""
     out = tmp_path / "out.json"
     settings = [f"--set={key}={json.dumps(value)}" for key, value in SMALL_LLAMA.items()]
     command = [sys.executable, "-m", "kernel_hub.cli", "model-bench", "--model-type=llama"]
@@ -53,11 +55,31 @@ def model_bench(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, list
     return result, json.loads(out.read_text())
 
 
-@pytest.fixture(scope="module")
-def train(tmp_path_factory):
+def needs_torchax_and_libtpu() -> None:
     if importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None:
         pytest.skip("model-bench needs torchax and libtpu (the torchax and tpu extras)")
+
+
+@pytest.fixture(scope="module")
+def train(tmp_path_factory):
+    needs_torchax_and_libtpu()
     return model_bench(tmp_path_factory.mktemp("train"), "--mode=train", "--seq=128")
+
+
+# Two pages of 256 tokens per sequence, more than one block per axis for the paged kernel.
+DECODE_BATCH, DECODE_CONTEXT = 4, 512
+
+
+@pytest.fixture(scope="module")
+def decode(tmp_path_factory):
+    needs_torchax_and_libtpu()
+    return model_bench(
+        tmp_path_factory.mktemp("decode"),
+        "--mode=decode",
+        f"--batch={DECODE_BATCH}",
+        f"--context={DECODE_CONTEXT}",
+        "--cache=paged",
+    )
 
 
 def test_both_variants_at_full_depth(train):
@@ -100,6 +122,7 @@ def test_the_table_names_both_variants(train):
         (["llama-9"], "unknown model preset 'llama-9'"),
         ([], "exactly one of PRESET"),
         (["--model-type=llama", "--set=tie_word_embeddings=maybe"], "cannot build a 'llama'"),
+        (["--model-type=gemma3_text"], "mixes decoder layer types (full_attention, sliding"),
     ],
 )
 def test_bad_input_is_refused_before_any_compile(args, message, capsys):
@@ -108,9 +131,41 @@ def test_bad_input_is_refused_before_any_compile(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_decode_is_not_offered():
-    with pytest.raises(SystemExit):
-        main(["model-bench", "llama-3-8b", "--mode=decode", "--tpu=v6e"])
+def _weight_bytes(layers: int) -> int:
+    from kernel_hub.models.model_bench import _build, spec_for_model_type
+
+    spec = spec_for_model_type("llama", mode="decode", tpu="v6e", overrides=SMALL_LLAMA)
+    return sum(2 * p.numel() for p in _build(spec, layers).parameters())
+
+
+def test_a_paged_decode_step_runs_the_paged_kernel_over_the_donated_cache(decode):
+    result, (stock, kernelized) = decode
+    assert [stock["variant"], kernelized["variant"]] == ["stock", "kernelized"]
+    assert stock["kernels"] == [] and "paged_attention" in kernelized["kernels"]
+    assert "ragged-attention x2" in kernelized["replaced"]["ContinuousBatching"]
+    assert "paged KV cache of 512 tokens" in result.stdout
+    for row in (stock, kernelized):
+        assert row["mode"] == "decode" and row["compiled"]["alias_bytes"] > 0  # cache in place
+        assert row["peak_hbm_bytes"] > row["compiled"]["peak_hbm_bytes"]
+
+
+def test_the_decode_hand_count_is_weights_live_kv_new_tokens_and_logits(decode):
+    _, (stock, kernelized) = decode
+    layers, kv_heads, head_dim = 3, 1, 128
+    token = 2 * layers * kv_heads * head_dim * 2  # K and V of every layer, bf16
+    kv = DECODE_BATCH * DECODE_CONTEXT * token + DECODE_BATCH * token  # read once + new written
+    logits = DECODE_BATCH * SMALL_LLAMA["vocab_size"] * 2
+    b = DECODE_BATCH
+    # ids, positions, cu_seq_lens q and k, write indices (int32), then the path's own inputs
+    batch_inputs = 4 * (b + b + 2 * (b + 1) + b)
+    stock_inputs = 4 * b * DECODE_CONTEXT + 2 * b * b * DECODE_CONTEXT  # read index, CB's mask
+    kernelized_inputs = 4 * b * (DECODE_CONTEXT // 256)  # the block table
+    base = _weight_bytes(layers) + kv + logits + batch_inputs
+    # above it only the rotary buffer and the TPU layout padding of the small integer inputs
+    # (under the new tokens' K/V: leaving those out, or counting the paged buffer's spare pages,
+    # would break the bounds)
+    for row, inputs in ((stock, stock_inputs), (kernelized, kernelized_inputs)):
+        assert 0 <= row["min_bytes"] - (base + inputs) < DECODE_BATCH * token, row["variant"]
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

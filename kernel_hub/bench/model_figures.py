@@ -34,6 +34,9 @@ class ProgramFigures:
     alias_bytes: float
     bytes_accessed: float
     flops: float
+    min_bytes_correction: float = 0.0
+    """What the hand count of least traffic adds to arguments + outputs - aliased outputs (a
+    decode step: the new tokens' K/V written, less a cache buffer's unused room)."""
 
     @property
     def peak_hbm_bytes(self) -> float:
@@ -43,9 +46,12 @@ class ProgramFigures:
     @property
     def min_bytes(self) -> float:
         """Hand count of the least traffic: every argument read once, every output written once
-        (weights, tokens, gradients or logits); activations and caches moved in between are not
-        counted, so it is a lower bound."""
-        return self.argument_bytes + self.output_bytes
+        (weights, tokens, gradients or logits; an output updating an argument in place once),
+        plus ``min_bytes_correction``; activations moved in between are not counted, so it is a
+        lower bound."""
+        return (
+            self.argument_bytes + self.output_bytes - self.alias_bytes + self.min_bytes_correction
+        )
 
     def __sub__(self, other: ProgramFigures) -> ProgramFigures:
         return ProgramFigures(
@@ -59,7 +65,7 @@ class ProgramFigures:
         )
 
 
-def program_figures(compiled: Any) -> ProgramFigures:
+def program_figures(compiled: Any, *, min_bytes_correction: float = 0.0) -> ProgramFigures:
     """Figures of a ``jax.stages.Compiled`` (deviceless or on a TPU)."""
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis() or {}
@@ -72,6 +78,7 @@ def program_figures(compiled: Any) -> ProgramFigures:
         alias_bytes=float(memory.alias_size_in_bytes),
         bytes_accessed=float(cost.get("bytes accessed", 0.0)),
         flops=float(cost.get("flops", 0.0)),
+        min_bytes_correction=min_bytes_correction,
     )
 
 

@@ -44,9 +44,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="override a config field (repeatable)",
     )
-    parser.add_argument("--mode", choices=("train", "prefill"), required=True)
-    parser.add_argument("--seq", type=int, default=4096, help="tokens per sequence (default 4096)")
+    parser.add_argument("--mode", choices=("train", "prefill", "decode"), required=True)
+    parser.add_argument(
+        "--seq", type=int, default=4096, help="train/prefill: tokens per sequence (default 4096)"
+    )
     parser.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=4096,
+        help="decode: tokens per sequence in the KV cache, the new one included (default 4096)",
+    )
+    parser.add_argument(
+        "--cache",
+        choices=("paged", "static"),
+        default="paged",
+        help="decode: continuous batching's paged cache (generate_batch) or Transformers' "
+        "StaticCache (default paged)",
+    )
     parser.add_argument(
         "--layers", type=int, default=2, help="decoder layers compiled (default 2; then scaled)"
     )
@@ -67,6 +82,8 @@ def _spec(args: argparse.Namespace) -> Any:
         "tpu": args.tpu,
         "seq": args.seq,
         "batch": args.batch,
+        "context": args.context,
+        "cache": args.cache,
         "layers": args.layers,
         "overrides": dict(args.set),
     }

@@ -37,10 +37,12 @@ from kernel_hub.bench.roofline import TPU_CHIPS
 from kernel_hub.errors import KernelInputError, UnknownNameError
 from kernel_hub.topologies import TOPOLOGIES, filtered_libtpu_stderr, tpu_device
 
+from .decode_bench import CACHES, DecodeShape, decode_step
 from .presets import preset
 
-MODES = ("train", "prefill")
+MODES = ("train", "prefill", "decode")
 VARIANTS = ("stock", "kernelized")
+STOCK_EXPERTS = "batched_mm"
 
 
 @dataclass(frozen=True)
@@ -56,13 +58,19 @@ class BenchSpec:
     seq: int = 4096
     layers: int = 2
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    context: int = 4096
+    """decode: tokens per sequence in the KV cache after the step (the new one included)."""
+    cache: str = "paged"
+    """decode: ``static`` (Transformers' StaticCache) or ``paged`` (continuous batching)."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise UnknownNameError("model-bench mode", self.mode, MODES)
+        if self.cache not in CACHES:
+            raise UnknownNameError("decode cache", self.cache, CACHES)
         if self.tpu not in TOPOLOGIES or self.tpu not in TPU_CHIPS:
             raise UnknownNameError("TPU generation", self.tpu, set(TOPOLOGIES) & set(TPU_CHIPS))
-        for name in ("batch", "seq"):
+        for name in ("batch", "seq", "context"):
             if getattr(self, name) < 1:
                 raise KernelInputError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if self.layers < 2:
@@ -132,6 +140,10 @@ def _build(spec: BenchSpec, layers: int) -> Any:
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(_config(spec, layers), dtype=torch.bfloat16)
+    if model._can_set_experts_implementation():
+        # Transformers' default MoE experts, grouped_mm, is aten::_grouped_mm, which torchax
+        # cannot lower: the stock TPU program runs batched_mm (kernelize replaces either)
+        model.set_experts_implementation(STOCK_EXPERTS)
     model.train(spec.mode == "train")
     return model
 
@@ -221,19 +233,29 @@ def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
 
     device = tpu_device(spec.tpu)
     sharding = SingleDeviceSharding(device)
-    arguments = (
+    weights = (
         _abstract(dict(model.named_parameters()), sharding),
         _abstract(dict(model.named_buffers()), sharding),
-        jax.ShapeDtypeStruct((spec.batch, spec.seq), jax.numpy.int32, sharding=sharding),
     )
-    function = _step(model, spec)
+    correction, donated = 0.0, ()
+    if spec.mode == "decode":
+        decode = decode_step(
+            model,
+            DecodeShape(spec.batch, spec.context, spec.cache),
+            lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding),
+        )
+        function, arguments = decode.function, (*weights, decode.cache, *decode.inputs)
+        correction, donated = decode.min_bytes_correction, (2,)  # the cache, updated in place
+    else:
+        ids = jax.ShapeDtypeStruct((spec.batch, spec.seq), jax.numpy.int32, sharding=sharding)
+        function, arguments = _step(model, spec), (*weights, ids)
     with filtered_libtpu_stderr(), no_persistent_cache():
         with jax.default_device(device):
-            traced = jax.jit(function).trace(*arguments)
+            traced = jax.jit(function, donate_argnums=donated, keep_unused=True).trace(*arguments)
             lowered = traced.lower()
         compiled = lowered.compile()
     return CompiledStep(
-        program_figures(compiled),
+        program_figures(compiled, min_bytes_correction=correction),
         pallas_kernels(str(traced.jaxpr)),
         has_loops(compiled.as_text() or ""),
         function,
@@ -286,15 +308,32 @@ def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
         replaced=replaced,
         loops=deep.loops,
         measured_ms=_measured_ms(deep, spec.tpu),
-        notes=(
-            f"batch {spec.batch} x seq {spec.seq}, bf16 weights"
-            + (", loss and bf16 gradients (no optimizer state)" if spec.mode == "train" else "")
-            + (", logits of the last token only" if spec.mode == "prefill" else ""),
-        ),
+        notes=(_shape_note(spec),),
+    )
+
+
+def _shape_note(spec: BenchSpec) -> str:
+    if spec.mode == "decode":
+        return (
+            f"one new token for each of {spec.batch} sequences over a {spec.cache} KV cache of "
+            f"{spec.context} tokens each (the new one included), bf16 weights and cache; the "
+            "cache is donated and returned updated"
+        )
+    return f"batch {spec.batch} x seq {spec.seq}, bf16 weights" + (
+        ", loss and bf16 gradients (no optimizer state)"
+        if spec.mode == "train"
+        else ", logits of the last token only"
     )
 
 
 def run_model_bench(spec: BenchSpec) -> list[VariantResult]:
-    """Both variants; a config Transformers refuses is reported before any compile."""
-    _config(spec, spec.layers)
+    """Both variants; a config Transformers refuses, or one whose decoder layers differ, is
+    reported before any compile."""
+    kinds = sorted(set(getattr(_config(spec, spec.full_layers), "layer_types", None) or ()))
+    if len(kinds) > 1:
+        raise KernelInputError(
+            f"{spec.name} mixes decoder layer types ({', '.join(kinds)}): model-bench scales one "
+            "layer's figures to the full depth, which needs identical layers (per-layer-type "
+            "scaling is not built yet)"
+        )
     return [bench_variant(spec, variant) for variant in VARIANTS]

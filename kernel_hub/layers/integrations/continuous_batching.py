@@ -154,8 +154,7 @@ class ContinuousBatchingInterface:
 
     def current(self, model: torch.nn.Module) -> dict[str, Any]:
         """{"": the serving attention name kernel-hub's entry point switches to, or None}."""
-        entry = model.__dict__.get(_ENTRY)
-        return {"": entry.args[1] if isinstance(entry, functools.partial) else None}
+        return {"": serving_attention(model)}
 
     def switch(self, model: torch.nn.Module, name: Any) -> str:
         problem = self.attention.registered(name) if isinstance(name, str) else "is not a name"
@@ -171,6 +170,13 @@ class ContinuousBatchingInterface:
 
     def restore(self, model: torch.nn.Module, previous: dict[str, Any]) -> None:
         model.__dict__.pop(_ENTRY, None)
+
+
+def serving_attention(model: torch.nn.Module) -> str | None:
+    """The attention name kernelize's ``init_continuous_batching`` switches ``model`` to for a
+    batching session; None when kernelize installed none."""
+    entry = model.__dict__.get(_ENTRY)
+    return entry.args[1] if isinstance(entry, functools.partial) else None
 
 
 def generate_batch(model: torch.nn.Module, inputs: list[list[int]], **kwargs: Any) -> dict:

@@ -1,0 +1,241 @@
+"""One decode step for ``kernel-hub model-bench --mode decode``: a new token for each of B
+sequences over a KV cache holding C tokens per sequence (the new one included), in the cache the
+model would use.
+
+* ``static``: Transformers' ``StaticCache`` (``generate`` with ``cache_implementation="static"``),
+  ``[B, Hkv, C, D]`` keys and values per layer. Stock attention is SDPA over the whole cache under
+  the causal mask; kernelized attention gets the mask as a description (key positions) and runs the
+  flash kernel.
+* ``paged``: Transformers' continuous-batching ``PagedAttentionCache`` (what ``generate_batch``
+  runs), one flat buffer of pages. Stock continuous batching on a TPU takes the index path: the
+  new K/V written at ``write_index``, every sequence's history gathered at ``read_index`` into one
+  packed row, SDPA with CB's additive mask ``[1, 1, B, B*C + B]``. Kernelized, the block-table
+  decode path: kernel-hub's serving attention writes the new K/V into the pages and runs the paged
+  kernel on the pages in place.
+
+The cache is an argument of the traced step and donated: the step returns it updated, as the
+serving loop reuses it. ``min_bytes_correction`` makes the hand count of least traffic the
+weights read once + the live KV (B x C tokens) read once + the new tokens' K/V written + the
+logits: the cache buffer's unused room (a paged cache's spare pages) is not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kernel_hub.errors import KernelInputError
+
+CACHES = ("static", "paged")
+PAGE_SIZE = 256
+"""Tokens per page of the paged cache (continuous batching's default)."""
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """Batch, context (tokens per sequence in the cache after this step) and the cache kind."""
+
+    batch: int
+    context: int
+    cache: str
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """A traced-ready decode step: ``function(params, buffers, cache, *inputs)`` returns
+    ``(logits, cache)``; ``inputs`` are abstract (shape and dtype) like the rest."""
+
+    function: Callable[..., Any]
+    cache: Any
+    inputs: tuple[Any, ...]
+    min_bytes_correction: float
+    """Added to arguments + outputs - aliased outputs to give the hand count (see module doc)."""
+
+
+def _kv_geometry(config: Any) -> tuple[int, int, int]:
+    """(decoder layers, KV heads, head dim) of a Transformers config."""
+    text = config.get_text_config(decoder=True)
+    heads = text.num_key_value_heads or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return text.num_hidden_layers, heads, head_dim
+
+
+def _token_kv_bytes(config: Any) -> int:
+    """Bytes of one token's keys and values over every layer (bf16)."""
+    layers, heads, head_dim = _kv_geometry(config)
+    return 2 * layers * heads * head_dim * 2
+
+
+def decode_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -> DecodeStep:
+    """The step for ``shape.cache``; ``abstract(shape, dtype)`` makes an abstract argument."""
+    build = {"static": _static_step, "paged": _paged_step}[shape.cache]
+    return build(model, shape, abstract)
+
+
+def _static_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -> DecodeStep:
+    import jax.numpy as jnp
+    import torch
+    import torchax
+    from transformers import StaticCache
+
+    env = torchax.default_env()
+    batch, context = shape.batch, shape.context
+    _, heads, head_dim = _kv_geometry(model.config)
+    # A sliding-window layer keeps min(window, C) tokens; a full one C.
+    lengths = [layer.max_cache_len for layer in StaticCache(model.config, context).layers]
+    kv = [abstract((batch, heads, length, head_dim), jnp.bfloat16) for length in lengths]
+    cache = {"keys": kv, "values": kv}
+    inputs = (abstract((batch, 1), jnp.int32), abstract((), jnp.int32))
+
+    def forward(params: Any, buffers: Any, kv_cache: Any, ids: Any, past: Any) -> Any:
+        t_params, t_buffers, t_cache, t_ids, t_past = env.j2t_iso(
+            (params, buffers, kv_cache, ids, past)
+        )
+        with env:
+            static = StaticCache(config=model.config, max_cache_len=context)
+            for layer, keys, values in zip(
+                static.layers, t_cache["keys"], t_cache["values"], strict=True
+            ):
+                layer.keys, layer.values = keys, values
+                layer.device, layer.batch_size, layer.num_heads = keys.device, batch, heads
+                layer.k_head_dim = layer.v_head_dim = head_dim
+                layer.cumulative_length = t_past.clone()
+                if hasattr(layer, "cumulative_length_int"):  # sliding: its ring is full or not
+                    layer.cumulative_length_int = context - 1
+                layer.is_initialized = True
+            out = torch.func.functional_call(
+                model, {**t_params, **t_buffers}, (t_ids,), {"cache": static, "use_cache": True}
+            )
+            updated = {
+                "keys": [layer.keys for layer in static.layers],
+                "values": [layer.values for layer in static.layers],
+            }
+            return env.t2j_iso((out.logits, updated))
+
+    # The whole buffer is live (C tokens a sequence in a full layer, min(window, C) in a sliding
+    # one) and read once; the new token's K/V is written.
+    return DecodeStep(forward, cache, inputs, batch * _token_kv_bytes(model.config))
+
+
+def _paged_cache(config: Any, shape: DecodeShape) -> Any:
+    """Continuous batching's cache on the meta device, sized to hold B x C tokens; its buffer is
+    replaced by the traced argument (``_bind``)."""
+    import torch
+    from transformers import ContinuousBatchingConfig
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+    from transformers.generation.continuous_batching.distributed import DistributedHelper
+
+    pages = -(-shape.context // PAGE_SIZE)
+    settings = ContinuousBatchingConfig(
+        page_size=PAGE_SIZE,
+        num_blocks=shape.batch * pages,
+        max_batch_tokens=shape.batch,
+        max_blocks_per_request=pages,
+        max_memory_percent=1.0,  # sizes are given; only checked against host memory
+    )
+    return PagedAttentionCache(
+        config,
+        settings,
+        device="meta",
+        distributed_helper=DistributedHelper(None, None),
+        dtype=torch.bfloat16,
+    )
+
+
+class _BytesView:
+    """The traced bf16 cache buffer where ``register_cache_tensor`` expects continuous
+    batching's uint8 one (torchax has no dtype-reinterpreting view): its view as the cache dtype
+    is the buffer itself; the byte rows it keeps for forking requests are not used by a step."""
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+
+    def view(self, *shape: Any) -> Any:
+        return self.tensor if shape == (self.tensor.dtype,) else None
+
+
+def _bind(cache: Any, buffer: Any) -> None:
+    """Point every allocator of ``cache`` at ``buffer`` (the traced flat cache, bf16), through
+    Transformers' own layout code."""
+    non_trash = cache.num_sectors * cache.bytes_per_sector
+    for allocator in cache.cache_allocators.values():
+        allocator.register_cache_tensor(
+            cache.bytes_per_sector, non_trash, _BytesView(buffer), cache.pool
+        )
+
+
+def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -> DecodeStep:
+    import jax.numpy as jnp
+    import torch
+    import torchax
+
+    from kernel_hub.layers.integrations.continuous_batching import serving_attention
+
+    env = torchax.default_env()
+    batch, context = shape.batch, shape.context
+    paged = _paged_cache(model.config, shape)
+    kinds = list(paged.cache_allocators)
+    if kinds != ["full_attention"]:
+        raise KernelInputError(
+            f"--cache paged: model-bench builds the paged decode step for full-attention layers "
+            f"only; this model's continuous-batching cache has {', '.join(kinds)} groups (a "
+            "sliding-window ring takes no block table); use --cache static"
+        )
+    groups = len(kinds)
+    # Kernelized: kernelize's continuous-batching entry point switches the model to the serving
+    # attention, which takes the block-table path. Stock continuous batching on a TPU runs SDPA on
+    # the index path (Transformers keeps block tables for FlashAttention on CUDA).
+    serving = serving_attention(model)
+    block_table = serving is not None
+    buffer = abstract((paged.cache_tensor.numel() // 2,), jnp.bfloat16)
+    ids = abstract((1, batch), jnp.int32)
+    lengths = abstract((batch + 1,), jnp.int32)  # cu_seq_lens_q, then cu_seq_lens_k
+    if block_table:
+        tables = abstract((groups, batch, paged.max_blocks_per_request), jnp.int32)
+        inputs = (ids, ids, lengths, lengths, abstract((groups, batch), jnp.int32), tables)
+    else:
+        reads = abstract((groups, batch * context), jnp.int32)
+        mask = abstract((1, 1, batch, batch * context), jnp.bfloat16)
+        inputs = (ids, ids, lengths, lengths, abstract((groups, batch), jnp.int32), reads, mask)
+
+    def forward(params: Any, buffers: Any, cache: Any, *batch_inputs: Any) -> Any:
+        t_params, t_buffers, t_cache, t_inputs = env.j2t_iso((params, buffers, cache, batch_inputs))
+        input_ids, position_ids, cu_q, cu_k, writes, *rest = t_inputs
+        with env:
+            _bind(paged, t_cache)
+            kwargs = {
+                "position_ids": position_ids,
+                "cu_seq_lens_q": cu_q,
+                "max_length_q": 1,
+                "cu_seq_lens_k": {"full_attention": cu_k},
+                "max_length_k": {"full_attention": context},
+                "write_index": list(writes),
+                "cache": paged,
+                "logits_indices": torch.arange(batch),
+                "use_cache": False,
+            }
+            if block_table:
+                kwargs.update(block_table=rest[0], read_index=[], is_causal=True)
+                kwargs["max_length_k"] = {"full_attention": 1}
+            else:
+                kwargs.update(read_index=list(rest[0]), attention_mask=rest[1], is_causal=False)
+            out = torch.func.functional_call(model, {**t_params, **t_buffers}, (input_ids,), kwargs)
+            return env.t2j_iso((out.logits, t_cache))
+
+    previous = model.config._attn_implementation
+    function = forward
+    if block_table:
+
+        def function(*args: Any) -> Any:
+            model.config._attn_implementation = serving
+            try:
+                return forward(*args)
+            finally:
+                model.config._attn_implementation = previous
+
+    # Live KV: B x C tokens (read once), the B new tokens written; the rest of the buffer
+    # (trash sectors, spare pages) is not traffic.
+    token = _token_kv_bytes(model.config)
+    correction = batch * context * token + batch * token - paged.cache_tensor.numel()
+    return DecodeStep(function, buffer, inputs, correction)
