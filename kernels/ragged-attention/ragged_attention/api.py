@@ -24,7 +24,7 @@ from kernel_hub.kernel_api import (
 )
 
 from . import blocks as block_sizes
-from . import pallas_paged, pallas_ragged, reference, sharding
+from . import kv_quant, pallas_paged, pallas_ragged, reference, sharding
 from .options import PAGED_UNUSED, RAGGED_UNUSED, RaggedSpec
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float64")
@@ -120,19 +120,16 @@ def check_paged_inputs(
     block_table,
     kv_lens,
     sinks=None,
+    k_scales=None,
+    v_scales=None,
 ) -> None:
     """Shape and dtype rules of ``paged_attention``."""
     op = "paged_attention"
     check_rank(op, "query", query, 3)
     check_rank(op, "k_pages", k_pages, 4)
     check_rank(op, "v_pages", v_pages, 4)
-    for name, array in (("query", query), ("k_pages", k_pages), ("v_pages", v_pages)):
-        check_dtype(op, name, array, FLOAT_DTYPES)
-    require(
-        dtype_name(query.dtype) == dtype_name(k_pages.dtype) == dtype_name(v_pages.dtype),
-        f"{op}: query and the pages must share a dtype; got {dtype_name(query.dtype)}, "
-        f"{dtype_name(k_pages.dtype)}, {dtype_name(v_pages.dtype)}",
-    )
+    check_dtype(op, "query", query, FLOAT_DTYPES)
+    _page_dtypes(op, query, k_pages, v_pages, k_scales, v_scales)
     seqs, q_heads, head_dim = query.shape
     num_pages, page_size, kv_heads, page_dim = k_pages.shape
     require(
@@ -145,6 +142,13 @@ def check_paged_inputs(
         f"{op}: pages {tuple(k_pages.shape)} are [P, page, Hkv, D] with D={page_dim}, but the "
         f"query's head_dim is {head_dim}",
     )
+    scale_shape = (num_pages, kv_heads, page_size)
+    for name, scales in (("k_scales", k_scales), ("v_scales", v_scales)):
+        require(
+            scales is None or tuple(scales.shape) == scale_shape,
+            f"{op}: {name} {tuple(scales.shape) if scales is not None else ()} must be "
+            f"[P, Hkv, page] = {scale_shape}, one scale per cached token and kv head",
+        )
     _heads(op, q_heads, kv_heads)
     check_rank(op, "block_table", block_table, 2)
     check_dtype(op, "block_table", block_table, INT_DTYPES)
@@ -157,6 +161,28 @@ def check_paged_inputs(
         f"{tuple(kv_lens.shape)} [{seqs}]",
     )
     _sinks(op, sinks, q_heads)
+
+
+def _page_dtypes(op: str, query, k_pages, v_pages, k_scales, v_scales) -> None:
+    """Pages in the query's dtype without scales, or 8-bit pages (``kv_quant``) with both."""
+    q_name, k_name, v_name = (dtype_name(a.dtype) for a in (query, k_pages, v_pages))
+    require(
+        k_name == v_name,
+        f"{op}: k_pages are {k_name} but v_pages are {v_name}; they must share a dtype",
+    )
+    valid = (
+        f"valid page dtypes: the query's ({q_name}) without scales, or "
+        f"{', '.join(kv_quant.KV_CACHE_DTYPES)} with k_scales and v_scales "
+        f"({kv_quant.SCALE_DTYPE})"
+    )
+    scaled = (k_scales is not None, v_scales is not None)
+    if kv_quant.is_quantized(k_name):
+        require(all(scaled), f"{op}: {k_name} pages need k_scales and v_scales; {valid}")
+        for name, scales in (("k_scales", k_scales), ("v_scales", v_scales)):
+            check_dtype(op, name, scales, (kv_quant.SCALE_DTYPE,))
+    else:
+        require(k_name == q_name, f"{op}: pages are {k_name}, the query {q_name}; {valid}")
+        require(not any(scaled), f"{op}: scales came with {k_name} pages; {valid}")
 
 
 def check_paged_values(block_table, kv_lens, num_pages: int, page_size: int) -> None:
@@ -224,7 +250,8 @@ RAGGED_TABLE = pallas_and_xla(
 
 
 # --------------------------------------------------------------------------------------------
-# paged_attention implementations: fn(q, k_pages, v_pages, table, lens, sinks, *, spec)
+# paged_attention implementations: fn(q, k_pages, v_pages, table, lens, sinks, k_scales,
+# v_scales, *, spec)
 
 
 def _paged_blocks(k_pages, block_table, spec: RaggedSpec) -> pallas_paged.PagedBlocks:
@@ -233,24 +260,26 @@ def _paged_blocks(k_pages, block_table, spec: RaggedSpec) -> pallas_paged.PagedB
     return block_sizes.paged_blocks(k_pages.shape[1], block_table.shape[1], interpret=_interpret())
 
 
-def _paged_pallas(q, k_pages, v_pages, table, lens, sinks, *, spec):
+def _paged_pallas(q, k_pages, v_pages, table, lens, sinks, k_scales, v_scales, *, spec):
     blocks = _paged_blocks(k_pages, table, spec)
     return pallas_paged.paged_attention(
-        q, k_pages, v_pages, table, lens, sinks, spec, blocks, _interpret()
+        q, k_pages, v_pages, table, lens, sinks, spec, blocks, _interpret(), k_scales, v_scales
     )
 
 
-def _paged_pallas_problem(q, k_pages, v_pages, table, lens, sinks, *, spec):
+def _paged_pallas_problem(q, k_pages, v_pages, table, lens, sinks, k_scales, v_scales, *, spec):
     if q.dtype == jnp.float64 and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
     blocks = _paged_blocks(k_pages, table, spec)
     return pallas_paged.blocks_problem(
-        q.shape, k_pages.shape, q.dtype, blocks, interpret=_interpret()
+        q.shape, k_pages.shape, k_pages.dtype, blocks, interpret=_interpret()
     )
 
 
-def _paged_xla(q, k_pages, v_pages, table, lens, sinks, *, spec):
-    return reference.paged_attention(q, k_pages, v_pages, table, lens, sinks, spec)
+def _paged_xla(q, k_pages, v_pages, table, lens, sinks, k_scales, v_scales, *, spec):
+    return reference.paged_attention(
+        q, k_pages, v_pages, table, lens, sinks, spec, k_scales, v_scales
+    )
 
 
 PAGED_TABLE = pallas_and_xla("paged_attention", _paged_pallas, _paged_xla, _paged_pallas_problem)
@@ -299,17 +328,21 @@ def paged_attention(
     block_table: jax.Array,
     kv_lens: jax.Array,
     sinks: jax.Array | None = None,
+    k_scales: jax.Array | None = None,
+    v_scales: jax.Array | None = None,
     *,
     options: RaggedSpec,
 ) -> jax.Array:
     """Decode attention over a paged cache: one query per sequence, q [S, Hq, D]; pages
-    [P, page, Hkv, D] (one layer's page views of Transformers' cache);
+    [P, page, Hkv, D] (one layer's page views of Transformers' cache) in q's dtype, or 8-bit
+    (float8_e4m3fn, int8) with ``k_scales``/``v_scales`` f32 [P, Hkv, page], one scale per
+    cached token and kv head (``kv_quant``: dequantized inside the kernel);
     ``block_table`` [S, max_pages] page ids (-1 after the pages in use); ``kv_lens`` [S] keys
     per sequence, the new token included (0: a padding sequence, zero output) -> [S, Hq, D].
     The keyword options are ``RaggedSpec``'s fields (see there) less ``causal`` (decode is
     causal), ``block_q`` and ``block_k``.
     """
-    check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks)
+    check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks, k_scales, v_scales)
     spec = options.resolved(query.shape[-1])
     table = jnp.asarray(block_table, jnp.int32)
     lens = jnp.asarray(kv_lens, jnp.int32)
@@ -320,6 +353,8 @@ def paged_attention(
         table,
         lens,
         sinks,
+        k_scales,
+        v_scales,
         spec=spec,
         implementation=spec.implementation,
     )

@@ -14,6 +14,8 @@ The options (ops' schemas and entry points' keywords) are ``RaggedSpec``'s field
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 import torch.nn.functional as F
 
@@ -23,6 +25,8 @@ from . import api
 from .options import PAGED_UNUSED, RAGGED_UNUSED, RaggedSpec
 
 _NAMESPACE = op_namespace(__name__)
+PAGED_OPTIONS = tuple(f.name for f in fields(RaggedSpec) if f.name not in PAGED_UNUSED)
+"""paged_attention_op's options, all right after ``sinks`` (their 1.0 positions)."""
 
 
 @jax_op(_NAMESPACE, api.ragged_attention)
@@ -42,7 +46,7 @@ def ragged_attention_op(
 
 
 @jax_op(_NAMESPACE, api.paged_attention)
-@option_stub(RaggedSpec, exclude=PAGED_UNUSED)
+@option_stub(RaggedSpec, exclude=PAGED_UNUSED, leading=PAGED_OPTIONS, after="sinks")
 def paged_attention_op(
     query: torch.Tensor,
     k_pages: torch.Tensor,
@@ -50,11 +54,14 @@ def paged_attention_op(
     block_table: torch.Tensor,
     kv_lens: torch.Tensor,
     sinks: torch.Tensor | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
     *,
     options: RaggedSpec,
 ) -> torch.Tensor:
-    """[S, Hq, D]; see ``api.paged_attention`` (no bucketing, no value checks)."""
-    api.check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks)
+    """[S, Hq, D]; see ``api.paged_attention`` (no bucketing, no value checks). The 8-bit
+    cache's scales (1.1) follow the options, so 1.0's positional calls keep their meaning."""
+    api.check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks, k_scales, v_scales)
 
 
 # Smallest buckets: below them padding costs less than another compilation (a TPU computes in
@@ -125,12 +132,15 @@ def paged_attention(
     block_table: torch.Tensor,
     kv_lens: torch.Tensor,
     sinks: torch.Tensor | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
     *,
     options: RaggedSpec,
 ) -> torch.Tensor:
-    """q [S, Hq, D], pages [P, page, Hkv, D], block_table [S, max_pages], kv_lens [S]
-    -> [S, Hq, D], with S and max_pages bucketed."""
-    api.check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks)
+    """q [S, Hq, D], pages [P, page, Hkv, D] (8-bit with scales [P, Hkv, page]: see
+    ``api.paged_attention``), block_table [S, max_pages], kv_lens [S] -> [S, Hq, D], with S and
+    max_pages bucketed."""
+    api.check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks, k_scales, v_scales)
     table, lens = block_table.to(torch.int32), kv_lens.to(torch.int32)
     check_paged_values(table, lens, k_pages)
     seqs, max_pages = table.shape
@@ -143,6 +153,8 @@ def paged_attention(
         table,
         F.pad(lens, (0, extra_seqs)),
         sinks,
+        k_scales=k_scales,
+        v_scales=v_scales,
         **option_values(options, PAGED_UNUSED),
     )
     return out[:seqs]

@@ -92,7 +92,8 @@ def test_page_size_the_tpu_kernel_cannot_tile(ragged):
 
 def test_schemas_keep_their_positions(ragged):
     """The op schemas derived from ``RaggedSpec`` are those of 1.0 (positional calls keep their
-    meaning): the tensors, then each op's options in the dataclass's order."""
+    meaning): the tensors, then each op's options in the dataclass's order, then (1.1) the
+    paged op's 8-bit cache scales."""
     ops = ragged.torch_ops
     names = {
         op: [a.name for a in getattr(ops, op).op._schema.arguments]
@@ -105,7 +106,7 @@ def test_schemas_keep_their_positions(ragged):
     ]  # fmt: skip
     assert names["paged_attention_op"] == [
         "query", "k_pages", "v_pages", "block_table", "kv_lens", "sinks", *common,
-        "pages_per_block",
+        "pages_per_block", "k_scales", "v_scales",  # 1.1: the 8-bit cache's scales, last
     ]  # fmt: skip
 
 
