@@ -62,35 +62,54 @@ def ragged_decode_case(
     head_dim=HEAD_DIM,
     dtype=jnp.bfloat16,
     tags=(),
+    kv_dtype=None,
 ) -> KernelCase:
+    """``kv_dtype`` (float8_e4m3fn, int8): 8-bit keys and values with f32 scales [Hkv, N]."""
     keys = batch * context
+    kv_kind = dtype if kv_dtype is None else jnp.dtype(kv_dtype)
 
     def make_args(rng):
-        def draw(*shape):
-            return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+        def draw(*shape, kind=dtype):
+            return rng.standard_normal(shape, dtype=np.float32).astype(kind)
 
         cu_q = np.arange(batch + 1, dtype=np.int32)
-        return (
+        args = (
             draw(batch, q_heads, head_dim),
-            draw(keys, kv_heads, head_dim),
-            draw(keys, kv_heads, head_dim),
+            draw(keys, kv_heads, head_dim, kind=kv_kind),
+            draw(keys, kv_heads, head_dim, kind=kv_kind),
             cu_q,
             cu_q * context,
         )
+        if kv_dtype is None:
+            return args
+        scales = [np.abs(draw(kv_heads, keys, kind=np.float32)) / 64 for _ in range(2)]
+        return (*args, None, *scales)
 
     flops, bytes_accessed = _cost(
-        batch, context, q_heads, kv_heads, head_dim, jnp.dtype(dtype).itemsize
+        batch,
+        context,
+        q_heads,
+        kv_heads,
+        head_dim,
+        jnp.dtype(dtype).itemsize,
+        jnp.dtype(kv_kind).itemsize,
+        0 if kv_dtype is None else 4,
     )
+    args = (
+        _struct((batch, q_heads, head_dim), dtype),
+        _struct((keys, kv_heads, head_dim), kv_kind),
+        _struct((keys, kv_heads, head_dim), kv_kind),
+        _struct((batch + 1,), jnp.int32),
+        _struct((batch + 1,), jnp.int32),
+    )
+    if kv_dtype is not None:
+        scales = _struct((kv_heads, keys), jnp.float32)
+        args = (*args, None, scales, scales)
     return KernelCase(
-        name=f"ragged-decode-b{batch}-ctx{_tokens(context)}",
+        name=f"ragged-decode-b{batch}-ctx{_tokens(context)}"
+        + ("" if kv_dtype is None else f"-kv-{jnp.dtype(kv_dtype).name}"),
         fn=ragged_attention,
-        args=(
-            _struct((batch, q_heads, head_dim), dtype),
-            _struct((keys, kv_heads, head_dim), dtype),
-            _struct((keys, kv_heads, head_dim), dtype),
-            _struct((batch + 1,), jnp.int32),
-            _struct((batch + 1,), jnp.int32),
-        ),
+        args=args,
         kwargs={"causal": True},
         flops=flops,
         bytes_accessed=bytes_accessed,
@@ -180,8 +199,11 @@ SERVING_CASES = [
     for batch in BATCHES
     for context in CONTEXTS
 ] + [paged_decode_case(256, 32768, cache_pages=8192)]
-# The 8-bit cache at the bytes-goal shape (batch 64, 32k context): fp8 and int8 pages.
-KV8_CASES = [paged_decode_case(64, 32768, kv_dtype=kind) for kind in ("float8_e4m3fn", "int8")]
+# The 8-bit cache: paged decode at the bytes-goal shape (batch 64, 32k context), fp8 and int8
+# pages, and the ragged kernel over an 8-bit history read back (Transformers' index path).
+KV8_CASES = [paged_decode_case(64, 32768, kv_dtype=kind) for kind in ("float8_e4m3fn", "int8")] + [
+    ragged_decode_case(64, 2048, kv_dtype="float8_e4m3fn")
+]
 
 # The registry's compile matrix (every generation, in CI): shapes that fit one chip, and CPU
 # cases for kernel-hub bench.

@@ -18,8 +18,8 @@ holds float8_e4m3fn or int8 K/V and f32 scale pages [P, Hkv, page], ``kv_quant``
 update hands over ``k_scale_cache``/``v_scale_cache`` and, on the index path, the layer's token
 views ``k_cache``/``v_cache`` with ``kv_write_index``/``kv_read_index`` instead of writing: this
 function quantizes the new K/V on write (``kv_quant.quantize``) on both paths; the index path
-reads each request's history back dequantized for ``ragged_attention``, the block-table path
-runs ``paged_attention`` on the 8-bit pages (dequantized inside the kernel).
+reads each request's 8-bit history and its scales back for ``ragged_attention``, the
+block-table path runs ``paged_attention`` on the 8-bit pages (both kernels dequantize inside).
 
 Outside a continuous-batching call (no ``cu_seq_lens_q``) the function refuses: kernel-hub
 switches a model to it only for the life of a batching manager (see kernel-hub's Transformers
@@ -124,12 +124,13 @@ def write_tokens(
 
 
 def read_tokens(
-    cache: torch.Tensor, scales: torch.Tensor, index: torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
-    """[len(index), Hkv, D] tokens ``index`` of an 8-bit token view, dequantized to ``dtype``."""
+    cache: torch.Tensor, scales: torch.Tensor, index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens ``index`` of an 8-bit token view: values [len(index), Hkv, D] and their scales
+    [Hkv, len(index)] (``ragged_attention``'s layout)."""
     page = scales.shape[2]
     values = cache.view(torch.uint8).index_select(0, index).view(cache.dtype)
-    return kv_quant.dequantize_torch(values, scales[index // page, :, index % page], dtype)
+    return values, scales[index // page, :, index % page].T.contiguous()
 
 
 def decode_slots(block_table: torch.Tensor, kv_lens: torch.Tensor, page: int) -> torch.Tensor:
@@ -216,14 +217,14 @@ def continuous_batching_attention(
         out = paged_attention(q, k_cache, v_cache, block_table, kv_lens, sinks, **scales, **options)
         return out.unsqueeze(0), None
     if kwargs.get("kv_write_index") is not None:  # 8-bit cache, index path: write, read back
-        key, value = _quantized_history(k_cache, v_cache, key, value, q.dtype, scales, kwargs)
-    out = ragged_attention(q, key, value, cu_q, cu_k, sinks, causal=causal, **options)
+        key, value, scales = _quantized_history(k_cache, v_cache, key, value, scales, kwargs)
+    out = ragged_attention(q, key, value, cu_q, cu_k, sinks, **scales, causal=causal, **options)
     return out.unsqueeze(0), None
 
 
-def _quantized_history(k_cache, v_cache, key, value, dtype, scales, kwargs):
-    """Write the new tokens into the 8-bit cache, then read every request's keys and values
-    (``kv_read_index``; the new tokens alone when it is empty) back dequantized."""
+def _quantized_history(k_cache, v_cache, key, value, scales, kwargs):
+    """Write the new tokens into the 8-bit cache, then read every request's 8-bit keys and
+    values with their scales (``kv_read_index``; the new tokens alone when it is empty)."""
     if scales["k_scales"] is None or scales["v_scales"] is None:
         raise KernelInputError(
             "continuous_batching_attention: kv_write_index came without k_scale_cache/"
@@ -232,10 +233,9 @@ def _quantized_history(k_cache, v_cache, key, value, dtype, scales, kwargs):
     write, read = kwargs["kv_write_index"], kwargs.get("kv_read_index")
     write_tokens(k_cache, v_cache, key, value, write, **scales)
     index = write if read is None or read.numel() == 0 else read
-    return (
-        read_tokens(k_cache, scales["k_scales"], index, dtype),
-        read_tokens(v_cache, scales["v_scales"], index, dtype),
-    )
+    key, k_scales = read_tokens(k_cache, scales["k_scales"], index)
+    value, v_scales = read_tokens(v_cache, scales["v_scales"], index)
+    return key, value, {"k_scales": k_scales, "v_scales": v_scales}
 
 
 def register(name: str = DEFAULT_NAME) -> str:

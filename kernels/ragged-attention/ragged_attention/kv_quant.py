@@ -12,8 +12,8 @@ most half a step of its own row: e4m3 keeps 3 mantissa bits (relative error <= 2
 step of max|row| / 127. The scales cost 4 bytes per D bytes of 8-bit data (3.1% at D = 128).
 
 ``float8_e4m3fn`` and ``int8`` are the cache dtypes (``KV_CACHE_DTYPES``). ``quantize`` runs in
-torch (the cache write); ``dequantize`` is the same math in JAX (the XLA reference and, per
-block in VMEM, the Pallas kernel).
+torch (the cache write); ``dequantize`` is what the values stand for, in JAX (the XLA
+references; the Pallas kernels apply the same scales on the score side).
 """
 
 from __future__ import annotations
@@ -50,11 +50,6 @@ def quantize(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.T
     if dtype == torch.int8:
         y = y.round()
     return y.clamp(-largest, largest).to(dtype), scale
-
-
-def dequantize_torch(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype):
-    """``values * scales`` in f32, rounded once to ``dtype`` (as ``dequantize``)."""
-    return (values.float() * scales.float()[..., None]).to(dtype)
 
 
 def dequantize(values, scales, dtype):

@@ -52,8 +52,12 @@ def _scores(q, k, spec: RaggedSpec):
     return s
 
 
-def ragged_attention(q, k, v, cu_q, cu_k, sinks, spec: RaggedSpec):
-    """[T, Hq, D] for q [T, Hq, D], k/v [N, Hkv, D], cu_q/cu_k [S+1], sinks [Hq] or None."""
+def ragged_attention(q, k, v, cu_q, cu_k, sinks, spec: RaggedSpec, k_scales=None, v_scales=None):
+    """[T, Hq, D] for q [T, Hq, D], k/v [N, Hkv, D], cu_q/cu_k [S+1], sinks [Hq] or None;
+    8-bit k/v come with scales [Hkv, N] and are dequantized to q's dtype first."""
+    if k_scales is not None:
+        k = kv_quant.dequantize(k, k_scales.T, q.dtype)
+        v = kv_quant.dequantize(v, v_scales.T, q.dtype)
     num_tokens, q_heads, head_dim = q.shape
     num_keys, kv_heads, _ = k.shape
     groups = q_heads // kv_heads

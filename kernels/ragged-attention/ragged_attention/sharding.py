@@ -2,7 +2,8 @@
 shard keeps whole GQA groups and its slice of the sinks); packed tokens, keys and their offsets
 stay whole (a sequence's rows must sit with its offsets), and so do pages (the block table holds
 global page ids). Paged decode may also split its sequences: each shard reads its sequences'
-pages from the whole cache. An 8-bit cache's scales [P, Hkv, page] follow their pages' heads."""
+pages from the whole cache. An 8-bit cache's scales ([Hkv, N] ragged, [P, Hkv, page] paged)
+follow their heads."""
 
 from kernel_hub.kernel_api import ShardingRule, sharded
 
@@ -10,7 +11,7 @@ _DIMS = ("head_dim", "value_dim")
 RAGGED = ShardingRule.parse(
     "ragged_attention",
     "tokens heads head_dim, keys kv_heads head_dim, keys kv_heads value_dim, offsets, offsets, "
-    "heads -> tokens heads value_dim",
+    "heads, kv_heads keys, kv_heads keys -> tokens heads value_dim",
     whole=("tokens", "keys", "offsets", *_DIMS),
     together=(("heads", "kv_heads"),),
     handled_by={

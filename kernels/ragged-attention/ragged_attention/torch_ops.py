@@ -25,12 +25,13 @@ from . import api
 from .options import PAGED_UNUSED, RAGGED_UNUSED, RaggedSpec
 
 _NAMESPACE = op_namespace(__name__)
+RAGGED_OPTIONS = tuple(f.name for f in fields(RaggedSpec) if f.name not in RAGGED_UNUSED)
 PAGED_OPTIONS = tuple(f.name for f in fields(RaggedSpec) if f.name not in PAGED_UNUSED)
-"""paged_attention_op's options, all right after ``sinks`` (their 1.0 positions)."""
+"""Each op's options, all right after ``sinks`` (their 1.0 positions)."""
 
 
 @jax_op(_NAMESPACE, api.ragged_attention)
-@option_stub(RaggedSpec, exclude=RAGGED_UNUSED)
+@option_stub(RaggedSpec, exclude=RAGGED_UNUSED, leading=RAGGED_OPTIONS, after="sinks")
 def ragged_attention_op(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -38,11 +39,16 @@ def ragged_attention_op(
     cu_seq_lens_q: torch.Tensor,
     cu_seq_lens_k: torch.Tensor,
     sinks: torch.Tensor | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
     *,
     options: RaggedSpec,
 ) -> torch.Tensor:
-    """[T, Hq, D]; see ``api.ragged_attention`` (no bucketing, no value checks)."""
-    api.check_ragged_inputs(query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks)
+    """[T, Hq, D]; see ``api.ragged_attention`` (no bucketing, no value checks). The 8-bit
+    K/V scales (1.1) follow the options, so 1.0's positional calls keep their meaning."""
+    api.check_ragged_inputs(
+        query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks, k_scales, v_scales
+    )
 
 
 @jax_op(_NAMESPACE, api.paged_attention)
@@ -85,6 +91,14 @@ def _pad_offsets(cu: torch.Tensor, sequences: int) -> torch.Tensor:
     return torch.cat([cu, cu[-1:].expand(extra)]) if extra else cu
 
 
+def _pad_keys(x: torch.Tensor, extra: int) -> torch.Tensor:
+    """[N, Hkv, D] with ``extra`` zero keys appended (8-bit K/V padded as bytes: torch's CPU pad
+    takes no float8; a zero byte is zero in both 8-bit formats)."""
+    if x.element_size() == 1 and x.dtype != torch.uint8:
+        return F.pad(x.view(torch.uint8), (0, 0, 0, 0, 0, extra)).view(x.dtype)
+    return F.pad(x, (0, 0, 0, 0, 0, extra))
+
+
 @takes_options(RaggedSpec, exclude=RAGGED_UNUSED)
 def ragged_attention(
     query: torch.Tensor,
@@ -93,24 +107,35 @@ def ragged_attention(
     cu_seq_lens_q: torch.Tensor,
     cu_seq_lens_k: torch.Tensor,
     sinks: torch.Tensor | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
     *,
     options: RaggedSpec,
 ) -> torch.Tensor:
-    """q [T, Hq, D], k/v [N, Hkv, D], offsets [S+1] -> [T, Hq, D], with T, N and S bucketed."""
-    api.check_ragged_inputs(query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks)
+    """q [T, Hq, D], k/v [N, Hkv, D] (8-bit with scales [Hkv, N]: see
+    ``api.ragged_attention``), offsets [S+1] -> [T, Hq, D], with T, N and S bucketed."""
+    api.check_ragged_inputs(
+        query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks, k_scales, v_scales
+    )
     tokens, keys = query.shape[0], key.shape[0]
     cu_q, cu_k = cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32)
     if _readable(cu_q, cu_k):
         api.check_ragged_values(cu_q.numpy(), cu_k.numpy(), tokens, keys, options.causal)
     sequences = _bucket(cu_q.shape[0] - 1, MIN_SEQUENCES)
     padded_tokens, padded_keys = _bucket(tokens, MIN_TOKENS), _bucket(keys, MIN_KEYS)
+    k_scales, v_scales = (
+        None if s is None else F.pad(s, (0, padded_keys - keys), value=1.0)
+        for s in (k_scales, v_scales)
+    )
     out = ragged_attention_op(
         F.pad(query, (0, 0, 0, 0, 0, padded_tokens - tokens)),
-        F.pad(key, (0, 0, 0, 0, 0, padded_keys - keys)),
-        F.pad(value, (0, 0, 0, 0, 0, padded_keys - keys)),
+        _pad_keys(key, padded_keys - keys),
+        _pad_keys(value, padded_keys - keys),
         _pad_offsets(cu_q, sequences),
         _pad_offsets(cu_k, sequences),
         sinks,
+        k_scales=k_scales,
+        v_scales=v_scales,
         **option_values(options, RAGGED_UNUSED),
     )
     return out[:tokens]

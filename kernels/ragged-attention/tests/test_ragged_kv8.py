@@ -1,8 +1,10 @@
-"""The 8-bit KV cache (``kv_quant``): quantize-on-write error, and paged decode over 8-bit pages.
+"""The 8-bit KV cache (``kv_quant``): quantize-on-write error, paged decode over 8-bit pages and
+ragged attention over 8-bit keys and values.
 
-Pages of 32 tokens (an 8-bit TPU tile's rows), head_dim 128 (one lane tile) and two pages per
-grid step, so each sequence that needs them spans several steps; lengths are ragged (an empty
-sequence, one token, page boundaries inside and at the end of a page).
+Paged: pages of 32 tokens (an 8-bit TPU tile's rows), head_dim 128 (one lane tile) and two pages
+per grid step, so each sequence that needs them spans several steps; lengths are ragged (an
+empty sequence, one token, page boundaries inside and at the end of a page). Ragged: 128-key
+and 32-row blocks, three of each, over prefill chunks, decode and an empty sequence.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def test_quantize_error_is_half_a_step(ragged, dtype_name):
     x[5, 1] = 0.0  # a zero row: scale 1, zeros back
     values, scale = kv_quant.quantize(x, kv_quant.kv_cache_dtype(dtype_name))
     assert values.dtype == getattr(torch, dtype_name) and scale.dtype == torch.float32
-    back = kv_quant.dequantize_torch(values, scale, torch.float64)
+    back = values.double() * scale[..., None].double()
     error = (back - x).abs()
     if dtype_name == "int8":  # half a step of max|row| / 127 (and f32 rounding of the scale)
         bound = scale[..., None].double() * (0.5 + 1e-5)
@@ -104,6 +106,42 @@ def test_paged_8bit_matches_reference(ragged, dtype_name, q_dtype):
             )  # fmt: skip
         error = float(np.abs(np.asarray(reference) - np.asarray(exact)).max())
         assert error < 1e-5, f"reference vs float64 on the dequantized cache: {error:.2e}"
+
+
+def test_ragged_8bit_matches_reference(ragged):
+    kv_quant = ragged.jax.kv_quant
+    rng = np.random.default_rng(1)
+    new, past = np.array([1, 40, 0, 3, 1]), np.array([150, 0, 60, 100, 0])
+    cu_q = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(new + past)]).astype(np.int32)
+    q = rng.standard_normal((int(cu_q[-1]), Q_HEADS, HEAD_DIM)).astype(np.float32)
+    kv, scales = [], []
+    for _ in range(2):
+        x = rng.standard_normal((int(cu_k[-1]), KV_HEADS, HEAD_DIM))
+        x *= 10.0 ** rng.uniform(-2, 1, (x.shape[0], KV_HEADS, 1))
+        values, scale = kv_quant.quantize(torch.tensor(x), torch.float8_e4m3fn)
+        kv.append(_jax(values))
+        scales.append(_jax(scale.T.contiguous()))  # [Hkv, N]
+    args = (jnp.asarray(q), *kv, jnp.asarray(cu_q), jnp.asarray(cu_k))
+    kwargs = {"k_scales": scales[0], "v_scales": scales[1], "causal": True}
+    out = ragged.jax.ragged_attention(
+        *args, **kwargs, implementation="pallas", block_q=32, block_k=128
+    )
+    reference = ragged.jax.ragged_attention(*args, **kwargs, implementation="xla")
+    error = float(jnp.abs(out - reference).max() / jnp.abs(reference).max())
+    assert error < 1e-5, f"pallas vs reference: {error:.2e} of the largest output"
+    dequantized = [
+        np.asarray(v, np.float64) * np.asarray(s, np.float64).T[..., None]
+        for v, s in zip(kv, scales, strict=True)
+    ]
+    with jax.enable_x64(True):
+        exact = np.asarray(
+            ragged.jax.ragged_attention(
+                jnp.asarray(q, jnp.float64), *dequantized, cu_q, cu_k, implementation="xla"
+            )
+        )
+    error = float(np.abs(np.asarray(reference) - exact).max() / np.abs(exact).max())
+    assert error < 1e-5, f"reference vs float64 on the dequantized keys: {error:.2e}"
 
 
 def test_8bit_pages_need_scales_and_bad_dtypes_are_named(ragged):

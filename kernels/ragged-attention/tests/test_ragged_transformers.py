@@ -50,7 +50,7 @@ class PallasTraces(dict):
     """{"ragged": [...], "paged": [...]}: the query shape of each trace of each Pallas kernel."""
 
     def __init__(self, tables):
-        super().__init__(ragged=[], paged=[], page_dtypes=[])
+        super().__init__(ragged=[], paged=[], key_dtypes={"ragged": set(), "paged": set()})
         self.tables = tables
 
     def prefer_pallas(self) -> None:
@@ -76,8 +76,7 @@ def pallas_traces(ragged):
     def recording(kind, original):
         def record(*args, **kwargs):
             traces[kind].append(tuple(args[0].shape))
-            if kind == "paged":  # the dtype of the pages the kernel reads
-                traces["page_dtypes"].append(args[1].dtype.name)
+            traces["key_dtypes"][kind].add(args[1].dtype.name)  # keys or pages it reads
             return original(*args, **kwargs)
 
         return record
@@ -144,11 +143,12 @@ def test_generate_batch_matches_generate(pallas_traces, name):
 
 
 def test_generate_batch_with_an_fp8_kv_cache(pallas_traces):
-    """Prefill and mixed batches write and read the fp8 cache on the index path, decode batches
-    run the paged kernel on fp8 pages. Bound: every cached element is within e4m3's unit
-    roundoff 2**-4 of its value (``kv_quant``); attention mixes values with weights summing to
-    one, so to first order its outputs, and the logits of this 2-layer model, move by at most
-    that fraction of their scale. The measured error is printed."""
+    """Prefill and mixed batches write the fp8 cache and run the ragged kernel on each
+    request's fp8 history (the index path), decode batches run the paged kernel on fp8 pages.
+    Bound: every cached element is within e4m3's unit roundoff 2**-4 of its value
+    (``kv_quant``); attention mixes values with weights summing to one, so to first order its
+    outputs, and the logits of this 2-layer model, move by at most that fraction of their
+    scale. The measured error is printed."""
     model = build_tiny_model("llama")
     kh.kernelize(model)
     pallas_traces.prefer_pallas()
@@ -161,7 +161,8 @@ def test_generate_batch_with_an_fp8_kv_cache(pallas_traces):
         tokens = _generate_batch(model, kv_cache_dtype=kind, max_blocks_per_request=4)
         runs[kind] = (tokens, list(logits))
     (tokens, exact), (fp8_tokens, fp8) = runs[None], runs["float8_e4m3fn"]
-    assert set(pallas_traces["page_dtypes"]) == {"float32", "float8_e4m3fn"}, pallas_traces
+    seen = pallas_traces["key_dtypes"]
+    assert seen["ragged"] == seen["paged"] == {"float32", "float8_e4m3fn"}, seen
     assert [x.shape for x in exact] == [x.shape for x in fp8], "the same batches ran"
     error = max(float((a - b).abs().max() / a.abs().max()) for a, b in zip(exact, fp8, strict=True))
     print(f"fp8 KV cache: max logit error {error:.2e} of the largest logit, per step")
