@@ -149,8 +149,12 @@ def paged_attention(
             acc_ref[...] = jnp.zeros(acc_ref.shape, acc_ref.dtype)
 
         def head(refs, slot, h):
-            """Head h's [page, D] keys or values of this slot's page, in q's dtype."""
-            return refs[slot][:, h, :].astype(q.dtype)
+            """Head h's [page, D] keys or values of this slot's page, in q's dtype. An 8-bit
+            page is converted whole, then sliced (Mosaic cannot slice one head out of a packed
+            int8 page on v6e)."""
+            if not quantized:
+                return refs[slot][:, h, :]
+            return refs[slot][...].astype(q.dtype)[:, h, :]
 
         def scales(scale_refs, slot, h):
             """[1, page]: head h's per-token scales of this slot's page (1 when unquantized)."""

@@ -188,8 +188,11 @@ def _kernel(
         def scales(ref, h):  # [1, block_k] per-key scales of head h (1 for unquantized K/V)
             return 1.0 if ref is None else ref[h : h + 1, :].astype(m_ref.dtype)
 
+        def head(ref, h):  # [block_k, D]; 8-bit blocks converted whole (see pallas_paged)
+            return ref[:, h, :] if ks_ref is None else ref[...].astype(dtype)[:, h, :]
+
         for h in range(k_ref.shape[1]):
-            s = _dot(q_ref[h], k_ref[:, h, :].astype(dtype), 1, 1) * scales(ks_ref, h)
+            s = _dot(q_ref[h], head(k_ref, h), 1, 1) * scales(ks_ref, h)
             s = s * spec.scale
             if spec.softcap is not None:
                 s = spec.softcap * jnp.tanh(s / spec.softcap)
@@ -200,7 +203,7 @@ def _kernel(
             alpha = jnp.exp(m_prev - m_new)
             p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
             l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=1, keepdims=True)
-            v = v_ref[:, h, :].astype(dtype)
+            v = head(v_ref, h)
             pv = _dot((p * scales(vs_ref, h)).astype(dtype), v, 1, 0)
             acc_ref[h] = alpha * acc_ref[h] + pv
             m_ref[h] = m_new

@@ -147,13 +147,13 @@ def test_ragged_8bit_matches_reference(ragged):
 def test_8bit_pages_need_scales_and_bad_dtypes_are_named(ragged):
     q, pages, scales, table, lens = _quantized_batch(ragged, "int8")
     torch_args = (torch.tensor(q), *pages, torch.tensor(table), torch.tensor(lens))
-    with pytest.raises(KernelInputError, match="int8 pages need k_scales and v_scales; valid"):
+    with pytest.raises(KernelInputError, match="int8 k_pages need k_scales and v_scales; valid k_pages dtypes"):
         ragged.paged_attention(*torch_args)
     wrong = scales[0].transpose(1, 2)  # [P, page, Hkv]
     with pytest.raises(KernelInputError, match=r"k_scales \(11, 32, 2\) must be \[P, Hkv, page\]"):
         ragged.paged_attention(*torch_args, k_scales=wrong, v_scales=scales[1])
     half = [p.to(torch.float16) for p in pages]
-    with pytest.raises(KernelInputError, match=re.escape("pages are float16, the query float32")):
+    with pytest.raises(KernelInputError, match=re.escape("k_pages are float16, the query float32")):
         ragged.paged_attention(torch_args[0], *half, *torch_args[3:])
     with pytest.raises(KernelInputError, match="valid: float8_e4m3fn, int8"):
         ragged.jax.kv_quant.kv_cache_dtype("float16")
