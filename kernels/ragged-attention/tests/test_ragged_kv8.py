@@ -147,7 +147,8 @@ def test_ragged_8bit_matches_reference(ragged):
 def test_8bit_pages_need_scales_and_bad_dtypes_are_named(ragged):
     q, pages, scales, table, lens = _quantized_batch(ragged, "int8")
     torch_args = (torch.tensor(q), *pages, torch.tensor(table), torch.tensor(lens))
-    with pytest.raises(KernelInputError, match="int8 k_pages need k_scales and v_scales; valid k_pages dtypes"):
+    needs = "int8 k_pages need k_scales and v_scales; valid k_pages dtypes"
+    with pytest.raises(KernelInputError, match=needs):
         ragged.paged_attention(*torch_args)
     wrong = scales[0].transpose(1, 2)  # [P, page, Hkv]
     with pytest.raises(KernelInputError, match=r"k_scales \(11, 32, 2\) must be \[P, Hkv, page\]"):
