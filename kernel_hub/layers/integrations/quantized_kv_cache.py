@@ -144,6 +144,11 @@ def use_quantized_cache(manager: Any, dtype: torch.dtype) -> None:
     """Make ``manager`` (a ``ContinuousBatchingManager``, not yet started) build its cache as a
     ``QuantizedPagedAttentionCache`` in ``dtype``: its ``_create_batch_processor`` runs as
     Transformers wrote it, on this instance only, with the cache class it names swapped."""
+    if getattr(manager, "batch_processor", None) is not None:
+        raise KernelHubError(
+            "kv_cache_dtype: this continuous-batching manager (a persistent one) already built "
+            "its cache; call model.destroy_cached_continuous_batching_manager() first"
+        )
     stock = type(manager)._create_batch_processor
     name = _base().__name__
     if name not in stock.__code__.co_names:

@@ -7,6 +7,8 @@ them first and records each trace, so a test shows which kernel ran, not a fallb
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -181,6 +183,9 @@ def test_kv_cache_dtype_is_checked(ragged):
         generate_batch(model, PROMPTS, kv_cache_dtype="float16")
     kernel_side = ragged.jax.kv_quant.KV_CACHE_DTYPES
     assert tuple(quantized_kv_cache.KV_CACHE_DTYPES) == kernel_side
+    built = types.SimpleNamespace(batch_processor=object())  # a persistent manager, reused
+    with pytest.raises(KernelHubError, match="already built its cache"):
+        quantized_kv_cache.use_quantized_cache(built, torch.int8)
 
 
 def test_errors_in_the_batching_thread_are_raised(ragged, monkeypatch):
