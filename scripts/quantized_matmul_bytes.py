@@ -37,10 +37,14 @@ PROJECTIONS = {
 BATCHES = (1, 16, 64, 256)
 
 
-def _bytes(fn, args, device) -> float:
+def compiled_bytes(fn, args, device) -> float:
+    """XLA's cost_analysis() bytes of ``fn`` compiled for ``device`` (deviceless)."""
     placed = [
-        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=SingleDeviceSharding(device)) for a in args
-    ]
+        None
+        if a is None
+        else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=SingleDeviceSharding(device))
+        for a in args
+    ]  # None: an optional argument left out
     with jax.default_device(device):
         compiled = jax.jit(fn).trace(*placed).lower().compile()
     cost = compiled.cost_analysis()
@@ -57,10 +61,10 @@ def step_bytes(generation: str, batch: int) -> dict[str, float]:
         w8 = jax.ShapeDtypeStruct((out, inner), jnp.float8_e4m3fn)
         scale = jax.ShapeDtypeStruct((-(-out // 128), -(-inner // 128)), jnp.float32)
         io = 2 * batch * (inner + out)
-        totals["bf16"] += LAYERS * _bytes(lambda a, w: a @ w.T, (x, w16), device)
+        totals["bf16"] += LAYERS * compiled_bytes(lambda a, w: a @ w.T, (x, w16), device)
         totals["bf16 bound"] += LAYERS * (io + 2 * out * inner)
         fp8 = lambda a, w, s: qmm.jax.quantized_matmul(a, w, s, implementation="pallas")
-        totals["fp8"] += LAYERS * _bytes(fp8, (x, w8, scale), device)
+        totals["fp8"] += LAYERS * compiled_bytes(fp8, (x, w8, scale), device)
         totals["fp8 bound"] += LAYERS * (io + out * inner + 4 * scale.shape[0] * scale.shape[1])
     return totals
 

@@ -19,6 +19,11 @@ recurrent and a conv state per request next to the paged KV cache: Transformers 
 is left alone with that reason: stock ``generate_batch`` refuses it ("Invalid layer type"), and
 so would the switched one.
 
+An 8-bit KV cache is opt-in: ``generate_batch(model, inputs, kv_cache_dtype="float8_e4m3fn")``
+(or "int8"; also ``model.init_continuous_batching(..., kv_cache_dtype=...)`` on a kernelized
+model) makes the manager build ``quantized_kv_cache.QuantizedPagedAttentionCache``, which the
+serving attention quantizes on write and reads 8-bit (paged decode dequantizes in the kernel).
+
 ``unkernelize`` removes the instance attribute. Transformers swallows an exception raised in
 the batching thread into each result's ``error`` field; ``generate_batch`` here raises it.
 Written against Transformers 5.24's continuous batching (it reads the manager's
@@ -30,6 +35,7 @@ from __future__ import annotations
 import functools
 import logging
 import types
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +43,15 @@ import torch
 
 from kernel_hub.errors import KernelHubError
 
+from .quantized_kv_cache import kv_cache_dtype as _kv_dtype
+from .quantized_kv_cache import use_quantized_cache
+
 log = logging.getLogger(__name__)
 
 _ENTRY = "init_continuous_batching"
 """The model method wrapped on the instance."""
+_KV_CACHE_DTYPE: ContextVar[str | None] = ContextVar("kernel_hub_kv_cache_dtype", default=None)
+"""``generate_batch``'s ``kv_cache_dtype``, for the manager Transformers starts inside it."""
 
 
 class ContinuousBatchingError(KernelHubError, RuntimeError):
@@ -79,9 +90,15 @@ def start_manager(
     generation_config: Any = None,
     continuous_batching_config: Any = None,
     workload_hints: Any = None,
+    kv_cache_dtype: str | None = None,
 ) -> Any:
     """The stock ``init_continuous_batching`` with the model on attention ``name`` (see the
-    module docstring); the manager restores the previous attention when it stops."""
+    module docstring); the manager restores the previous attention when it stops.
+    ``kv_cache_dtype`` (default: ``generate_batch``'s) "float8_e4m3fn" or "int8": an 8-bit
+    KV cache."""
+    if kv_cache_dtype is None:
+        kv_cache_dtype = _KV_CACHE_DTYPE.get()
+    quantized = None if kv_cache_dtype is None else _kv_dtype(kv_cache_dtype)
     stock = type(model).init_continuous_batching
     requested = getattr(continuous_batching_config, "max_blocks_per_request", None)
     if requested:  # asked for: stock would turn it off (with a warning), it is put back below
@@ -100,6 +117,8 @@ def start_manager(
         raise
     if manager._original_attn_impl is None and previous != name:
         manager._original_attn_impl = previous
+    if quantized is not None:
+        use_quantized_cache(manager, quantized)
     if requested:
         if block_tables_supported(model.config):
             manager.continuous_batching_config.max_blocks_per_request = requested
@@ -179,10 +198,31 @@ def serving_attention(model: torch.nn.Module) -> str | None:
     return entry.args[1] if isinstance(entry, functools.partial) else None
 
 
-def generate_batch(model: torch.nn.Module, inputs: list[list[int]], **kwargs: Any) -> dict:
+def generate_batch(
+    model: torch.nn.Module,
+    inputs: list[list[int]],
+    *,
+    kv_cache_dtype: str | None = None,
+    **kwargs: Any,
+) -> dict:
     """``model.generate_batch(inputs, **kwargs)``, raising ``ContinuousBatchingError`` when a
-    request failed (Transformers returns such requests with an ``error`` and no tokens)."""
-    results = model.generate_batch(inputs, **kwargs)
+    request failed (Transformers returns such requests with an ``error`` and no tokens).
+
+    ``kv_cache_dtype`` "float8_e4m3fn" or "int8" (opt-in, lossy): the batch's KV cache holds
+    8-bit keys and values with one f32 scale per token and kv head (see ``quantized_kv_cache``);
+    the model must be kernelized (kernel-hub's serving attention reads that cache)."""
+    if kv_cache_dtype is not None:
+        _kv_dtype(kv_cache_dtype)
+        if serving_attention(model) is None:
+            raise KernelHubError(
+                f"kv_cache_dtype={kv_cache_dtype!r} needs a kernelized model: only kernel-hub's "
+                "serving attention reads an 8-bit KV cache (kernelize(model) first)"
+            )
+    token = _KV_CACHE_DTYPE.set(kv_cache_dtype)
+    try:
+        results = model.generate_batch(inputs, **kwargs)
+    finally:
+        _KV_CACHE_DTYPE.reset(token)
     failed = {rid: out.error for rid, out in results.items() if out.error is not None}
     if failed:
         listing = "; ".join(f"{rid}: {error}" for rid, error in sorted(failed.items()))

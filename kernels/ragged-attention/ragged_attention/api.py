@@ -24,7 +24,7 @@ from kernel_hub.kernel_api import (
 )
 
 from . import blocks as block_sizes
-from . import pallas_paged, pallas_ragged, reference, sharding
+from . import kv_quant, pallas_paged, pallas_ragged, reference, sharding
 from .options import PAGED_UNUSED, RAGGED_UNUSED, RaggedSpec
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float64")
@@ -57,6 +57,8 @@ def check_ragged_inputs(
     cu_seq_lens_q,
     cu_seq_lens_k,
     sinks=None,
+    k_scales=None,
+    v_scales=None,
 ) -> None:
     """Shape and dtype rules of ``ragged_attention`` (torch tensors or JAX arrays; the options
     check themselves, see ``RaggedSpec``)."""
@@ -64,20 +66,16 @@ def check_ragged_inputs(
     check_rank(op, "query", query, 3)
     check_rank(op, "key", key, 3)
     check_rank(op, "value", value, 3)
-    for name, array in (("query", query), ("key", key), ("value", value)):
-        check_dtype(op, name, array, FLOAT_DTYPES)
-    require(
-        dtype_name(query.dtype) == dtype_name(key.dtype) == dtype_name(value.dtype),
-        f"{op}: query, key and value must share a dtype; got {dtype_name(query.dtype)}, "
-        f"{dtype_name(key.dtype)}, {dtype_name(value.dtype)}",
-    )
+    check_dtype(op, "query", query, FLOAT_DTYPES)
+    _kv_dtypes(op, ("key", "value"), query, key, value, k_scales, v_scales)
     _, q_heads, head_dim = query.shape
-    _, kv_heads, key_dim = key.shape
+    num_keys, kv_heads, key_dim = key.shape
     require(
         key_dim == head_dim and tuple(value.shape) == tuple(key.shape),
         f"{op}: key {tuple(key.shape)} and value {tuple(value.shape)} must both be "
         f"[total_keys, kv_heads, head_dim={head_dim}]",
     )
+    _scale_shapes(op, k_scales, v_scales, (kv_heads, num_keys), "[Hkv, total_keys]")
     _heads(op, q_heads, kv_heads)
     for name, cu in (("cu_seq_lens_q", cu_seq_lens_q), ("cu_seq_lens_k", cu_seq_lens_k)):
         check_rank(op, name, cu, 1)
@@ -120,19 +118,16 @@ def check_paged_inputs(
     block_table,
     kv_lens,
     sinks=None,
+    k_scales=None,
+    v_scales=None,
 ) -> None:
     """Shape and dtype rules of ``paged_attention``."""
     op = "paged_attention"
     check_rank(op, "query", query, 3)
     check_rank(op, "k_pages", k_pages, 4)
     check_rank(op, "v_pages", v_pages, 4)
-    for name, array in (("query", query), ("k_pages", k_pages), ("v_pages", v_pages)):
-        check_dtype(op, name, array, FLOAT_DTYPES)
-    require(
-        dtype_name(query.dtype) == dtype_name(k_pages.dtype) == dtype_name(v_pages.dtype),
-        f"{op}: query and the pages must share a dtype; got {dtype_name(query.dtype)}, "
-        f"{dtype_name(k_pages.dtype)}, {dtype_name(v_pages.dtype)}",
-    )
+    check_dtype(op, "query", query, FLOAT_DTYPES)
+    _kv_dtypes(op, ("k_pages", "v_pages"), query, k_pages, v_pages, k_scales, v_scales)
     seqs, q_heads, head_dim = query.shape
     num_pages, page_size, kv_heads, page_dim = k_pages.shape
     require(
@@ -145,6 +140,7 @@ def check_paged_inputs(
         f"{op}: pages {tuple(k_pages.shape)} are [P, page, Hkv, D] with D={page_dim}, but the "
         f"query's head_dim is {head_dim}",
     )
+    _scale_shapes(op, k_scales, v_scales, (num_pages, kv_heads, page_size), "[P, Hkv, page]")
     _heads(op, q_heads, kv_heads)
     check_rank(op, "block_table", block_table, 2)
     check_dtype(op, "block_table", block_table, INT_DTYPES)
@@ -157,6 +153,37 @@ def check_paged_inputs(
         f"{tuple(kv_lens.shape)} [{seqs}]",
     )
     _sinks(op, sinks, q_heads)
+
+
+def _kv_dtypes(op: str, names, query, key, value, k_scales, v_scales) -> None:
+    """K/V in the query's dtype without scales, or 8-bit (``kv_quant``) with both scales."""
+    q_name, k_name, v_name = (dtype_name(a.dtype) for a in (query, key, value))
+    require(
+        k_name == v_name,
+        f"{op}: {names[0]} are {k_name} but {names[1]} are {v_name}; they must share a dtype",
+    )
+    valid = (
+        f"valid {names[0]} dtypes: the query's ({q_name}) without scales, or "
+        f"{', '.join(kv_quant.KV_CACHE_DTYPES)} with k_scales and v_scales "
+        f"({kv_quant.SCALE_DTYPE})"
+    )
+    scaled = (k_scales is not None, v_scales is not None)
+    if kv_quant.is_quantized(k_name):
+        require(all(scaled), f"{op}: {k_name} {names[0]} need k_scales and v_scales; {valid}")
+        for name, scales in (("k_scales", k_scales), ("v_scales", v_scales)):
+            check_dtype(op, name, scales, (kv_quant.SCALE_DTYPE,))
+    else:
+        require(k_name == q_name, f"{op}: {names[0]} are {k_name}, the query {q_name}; {valid}")
+        require(not any(scaled), f"{op}: scales came with {k_name} {names[0]}; {valid}")
+
+
+def _scale_shapes(op: str, k_scales, v_scales, shape: tuple, layout: str) -> None:
+    for name, scales in (("k_scales", k_scales), ("v_scales", v_scales)):
+        require(
+            scales is None or tuple(scales.shape) == shape,
+            f"{op}: {name} {tuple(scales.shape) if scales is not None else ()} must be "
+            f"{layout} = {shape}, one scale per cached token and kv head",
+        )
 
 
 def check_paged_values(block_table, kv_lens, num_pages: int, page_size: int) -> None:
@@ -194,7 +221,8 @@ def _generation() -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
-# ragged_attention implementations: fn(q, k, v, cu_q, cu_k, sinks, *, spec), ``spec`` resolved
+# ragged_attention implementations: fn(q, k, v, cu_q, cu_k, sinks, k_scales, v_scales, *, spec),
+# ``spec`` resolved
 
 
 def _ragged_blocks(q, spec: RaggedSpec) -> pallas_ragged.RaggedBlocks:
@@ -202,20 +230,22 @@ def _ragged_blocks(q, spec: RaggedSpec) -> pallas_ragged.RaggedBlocks:
     return pallas_ragged.RaggedBlocks(spec.block_q or default.q, spec.block_k or default.k)
 
 
-def _ragged_pallas(q, k, v, cu_q, cu_k, sinks, *, spec):
+def _ragged_pallas(q, k, v, cu_q, cu_k, sinks, k_scales, v_scales, *, spec):
     blocks = _ragged_blocks(q, spec)
-    return pallas_ragged.ragged_attention(q, k, v, cu_q, cu_k, sinks, spec, blocks, _interpret())
+    return pallas_ragged.ragged_attention(
+        q, k, v, cu_q, cu_k, sinks, spec, blocks, _interpret(), k_scales, v_scales
+    )
 
 
-def _ragged_pallas_problem(q, k, v, cu_q, cu_k, sinks, *, spec):
+def _ragged_pallas_problem(q, k, v, cu_q, cu_k, sinks, k_scales, v_scales, *, spec):
     if q.dtype == jnp.float64 and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
     blocks = _ragged_blocks(q, spec)
     return pallas_ragged.blocks_problem(q.shape, k.shape, q.dtype, blocks, interpret=_interpret())
 
 
-def _ragged_xla(q, k, v, cu_q, cu_k, sinks, *, spec):
-    return reference.ragged_attention(q, k, v, cu_q, cu_k, sinks, spec)
+def _ragged_xla(q, k, v, cu_q, cu_k, sinks, k_scales, v_scales, *, spec):
+    return reference.ragged_attention(q, k, v, cu_q, cu_k, sinks, spec, k_scales, v_scales)
 
 
 RAGGED_TABLE = pallas_and_xla(
@@ -224,7 +254,8 @@ RAGGED_TABLE = pallas_and_xla(
 
 
 # --------------------------------------------------------------------------------------------
-# paged_attention implementations: fn(q, k_pages, v_pages, table, lens, sinks, *, spec)
+# paged_attention implementations: fn(q, k_pages, v_pages, table, lens, sinks, k_scales,
+# v_scales, *, spec)
 
 
 def _paged_blocks(k_pages, block_table, spec: RaggedSpec) -> pallas_paged.PagedBlocks:
@@ -233,24 +264,26 @@ def _paged_blocks(k_pages, block_table, spec: RaggedSpec) -> pallas_paged.PagedB
     return block_sizes.paged_blocks(k_pages.shape[1], block_table.shape[1], interpret=_interpret())
 
 
-def _paged_pallas(q, k_pages, v_pages, table, lens, sinks, *, spec):
+def _paged_pallas(q, k_pages, v_pages, table, lens, sinks, k_scales, v_scales, *, spec):
     blocks = _paged_blocks(k_pages, table, spec)
     return pallas_paged.paged_attention(
-        q, k_pages, v_pages, table, lens, sinks, spec, blocks, _interpret()
+        q, k_pages, v_pages, table, lens, sinks, spec, blocks, _interpret(), k_scales, v_scales
     )
 
 
-def _paged_pallas_problem(q, k_pages, v_pages, table, lens, sinks, *, spec):
+def _paged_pallas_problem(q, k_pages, v_pages, table, lens, sinks, k_scales, v_scales, *, spec):
     if q.dtype == jnp.float64 and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
     blocks = _paged_blocks(k_pages, table, spec)
     return pallas_paged.blocks_problem(
-        q.shape, k_pages.shape, q.dtype, blocks, interpret=_interpret()
+        q.shape, k_pages.shape, k_pages.dtype, blocks, interpret=_interpret()
     )
 
 
-def _paged_xla(q, k_pages, v_pages, table, lens, sinks, *, spec):
-    return reference.paged_attention(q, k_pages, v_pages, table, lens, sinks, spec)
+def _paged_xla(q, k_pages, v_pages, table, lens, sinks, k_scales, v_scales, *, spec):
+    return reference.paged_attention(
+        q, k_pages, v_pages, table, lens, sinks, spec, k_scales, v_scales
+    )
 
 
 PAGED_TABLE = pallas_and_xla("paged_attention", _paged_pallas, _paged_xla, _paged_pallas_problem)
@@ -265,6 +298,8 @@ def ragged_attention(
     cu_seq_lens_q: jax.Array,
     cu_seq_lens_k: jax.Array,
     sinks: jax.Array | None = None,
+    k_scales: jax.Array | None = None,
+    v_scales: jax.Array | None = None,
     *,
     options: RaggedSpec,
 ) -> jax.Array:
@@ -272,9 +307,13 @@ def ragged_attention(
     ``cu_seq_lens_q/k`` [S+1] -> [T, Hq, D]; see ``masking`` for which pairs attend. The keyword
     options are ``RaggedSpec``'s fields (see there) less ``pages_per_block``.
 
+    k/v in q's dtype, or 8-bit (float8_e4m3fn, int8: an 8-bit cache read back, ``kv_quant``)
+    with ``k_scales``/``v_scales`` f32 [Hkv, N], one per key and kv head, dequantized inside the
+    kernel.
+
     ``sinks`` [Hq] adds exp(sink) to each query's softmax denominator (attention sinks).
     """
-    check_ragged_inputs(query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks)
+    check_ragged_inputs(query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks, k_scales, v_scales)
     spec = options.resolved(query.shape[-1])
     cu_q = jnp.asarray(cu_seq_lens_q, jnp.int32)
     cu_k = jnp.asarray(cu_seq_lens_k, jnp.int32)
@@ -285,6 +324,8 @@ def ragged_attention(
         cu_q,
         cu_k,
         sinks,
+        k_scales,
+        v_scales,
         spec=spec,
         implementation=spec.implementation,
     )
@@ -299,17 +340,21 @@ def paged_attention(
     block_table: jax.Array,
     kv_lens: jax.Array,
     sinks: jax.Array | None = None,
+    k_scales: jax.Array | None = None,
+    v_scales: jax.Array | None = None,
     *,
     options: RaggedSpec,
 ) -> jax.Array:
     """Decode attention over a paged cache: one query per sequence, q [S, Hq, D]; pages
-    [P, page, Hkv, D] (one layer's page views of Transformers' cache);
+    [P, page, Hkv, D] (one layer's page views of Transformers' cache) in q's dtype, or 8-bit
+    (float8_e4m3fn, int8) with ``k_scales``/``v_scales`` f32 [P, Hkv, page], one scale per
+    cached token and kv head (``kv_quant``: dequantized inside the kernel);
     ``block_table`` [S, max_pages] page ids (-1 after the pages in use); ``kv_lens`` [S] keys
     per sequence, the new token included (0: a padding sequence, zero output) -> [S, Hq, D].
     The keyword options are ``RaggedSpec``'s fields (see there) less ``causal`` (decode is
     causal), ``block_q`` and ``block_k``.
     """
-    check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks)
+    check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks, k_scales, v_scales)
     spec = options.resolved(query.shape[-1])
     table = jnp.asarray(block_table, jnp.int32)
     lens = jnp.asarray(kv_lens, jnp.int32)
@@ -320,6 +365,8 @@ def paged_attention(
         table,
         lens,
         sinks,
+        k_scales,
+        v_scales,
         spec=spec,
         implementation=spec.implementation,
     )

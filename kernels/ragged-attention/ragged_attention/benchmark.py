@@ -35,10 +35,23 @@ def _struct(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _cost(batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int, itemsize: int):
+def _cost(
+    batch: int,
+    context: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    itemsize: int,
+    kv_itemsize: int | None = None,
+    scale_bytes: int = 0,
+):
+    """FLOPs and bytes of one decode step: K and V (``kv_itemsize`` bytes an element, plus
+    ``scale_bytes`` per token and kv head for an 8-bit cache) read once, q read and the output
+    written once."""
+    kv_itemsize = itemsize if kv_itemsize is None else kv_itemsize
     flops = 4 * batch * context * q_heads * head_dim
-    bytes_accessed = (2 * batch * context * kv_heads + 2 * batch * q_heads) * head_dim * itemsize
-    return flops, bytes_accessed
+    kv_bytes = 2 * batch * context * kv_heads * (head_dim * kv_itemsize + scale_bytes)
+    return flops, kv_bytes + 2 * batch * q_heads * head_dim * itemsize
 
 
 def ragged_decode_case(
@@ -49,35 +62,54 @@ def ragged_decode_case(
     head_dim=HEAD_DIM,
     dtype=jnp.bfloat16,
     tags=(),
+    kv_dtype=None,
 ) -> KernelCase:
+    """``kv_dtype`` (float8_e4m3fn, int8): 8-bit keys and values with f32 scales [Hkv, N]."""
     keys = batch * context
+    kv_kind = dtype if kv_dtype is None else jnp.dtype(kv_dtype)
 
     def make_args(rng):
-        def draw(*shape):
-            return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+        def draw(*shape, kind=dtype):
+            return rng.standard_normal(shape, dtype=np.float32).astype(kind)
 
         cu_q = np.arange(batch + 1, dtype=np.int32)
-        return (
+        args = (
             draw(batch, q_heads, head_dim),
-            draw(keys, kv_heads, head_dim),
-            draw(keys, kv_heads, head_dim),
+            draw(keys, kv_heads, head_dim, kind=kv_kind),
+            draw(keys, kv_heads, head_dim, kind=kv_kind),
             cu_q,
             cu_q * context,
         )
+        if kv_dtype is None:
+            return args
+        scales = [np.abs(draw(kv_heads, keys, kind=np.float32)) / 64 for _ in range(2)]
+        return (*args, None, *scales)
 
     flops, bytes_accessed = _cost(
-        batch, context, q_heads, kv_heads, head_dim, jnp.dtype(dtype).itemsize
+        batch,
+        context,
+        q_heads,
+        kv_heads,
+        head_dim,
+        jnp.dtype(dtype).itemsize,
+        jnp.dtype(kv_kind).itemsize,
+        0 if kv_dtype is None else 4,
     )
+    args = (
+        _struct((batch, q_heads, head_dim), dtype),
+        _struct((keys, kv_heads, head_dim), kv_kind),
+        _struct((keys, kv_heads, head_dim), kv_kind),
+        _struct((batch + 1,), jnp.int32),
+        _struct((batch + 1,), jnp.int32),
+    )
+    if kv_dtype is not None:
+        scales = _struct((kv_heads, keys), jnp.float32)
+        args = (*args, None, scales, scales)
     return KernelCase(
-        name=f"ragged-decode-b{batch}-ctx{_tokens(context)}",
+        name=f"ragged-decode-b{batch}-ctx{_tokens(context)}"
+        + ("" if kv_dtype is None else f"-kv-{jnp.dtype(kv_dtype).name}"),
         fn=ragged_attention,
-        args=(
-            _struct((batch, q_heads, head_dim), dtype),
-            _struct((keys, kv_heads, head_dim), dtype),
-            _struct((keys, kv_heads, head_dim), dtype),
-            _struct((batch + 1,), jnp.int32),
-            _struct((batch + 1,), jnp.int32),
-        ),
+        args=args,
         kwargs={"causal": True},
         flops=flops,
         bytes_accessed=bytes_accessed,
@@ -96,41 +128,61 @@ def paged_decode_case(
     dtype=jnp.bfloat16,
     tags=(),
     cache_pages=None,
+    kv_dtype=None,
 ) -> KernelCase:
     """``cache_pages`` < batch x pages per sequence: sequences share pages (prefix sharing), so
-    a table that large fits one chip's HBM."""
+    a table that large fits one chip's HBM. ``kv_dtype`` (float8_e4m3fn, int8): an 8-bit cache
+    with its f32 scales per token and kv head (``kv_quant``)."""
     pages_per_seq = -(-context // page_size)
     num_pages = cache_pages or batch * pages_per_seq + 1
+    page_dtype = dtype if kv_dtype is None else jnp.dtype(kv_dtype)
+    page_shape = (num_pages, page_size, kv_heads, head_dim)
 
     def make_args(rng):
-        def draw(*shape):
-            return rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+        def draw(*shape, kind=dtype):
+            return rng.standard_normal(shape, dtype=np.float32).astype(kind)
 
         table = rng.integers(0, num_pages, (batch, pages_per_seq))
         lens = np.full(batch, context, np.int32)
-        pages = (num_pages, page_size, kv_heads, head_dim)
-        return (
+        args = (
             draw(batch, q_heads, head_dim),
-            draw(*pages),
-            draw(*pages),
+            draw(*page_shape, kind=page_dtype),
+            draw(*page_shape, kind=page_dtype),
             table.astype(np.int32),
             lens,
         )
+        if kv_dtype is None:
+            return args
+        scale_shape = (num_pages, kv_heads, page_size)
+        scales = [np.abs(draw(*scale_shape, kind=np.float32)) / 64 for _ in range(2)]
+        return (*args, None, *scales)
 
     flops, bytes_accessed = _cost(
-        batch, context, q_heads, kv_heads, head_dim, jnp.dtype(dtype).itemsize
+        batch,
+        context,
+        q_heads,
+        kv_heads,
+        head_dim,
+        jnp.dtype(dtype).itemsize,
+        jnp.dtype(page_dtype).itemsize,
+        0 if kv_dtype is None else 4,
     )
+    args = (
+        _struct((batch, q_heads, head_dim), dtype),
+        _struct(page_shape, page_dtype),
+        _struct(page_shape, page_dtype),
+        _struct((batch, pages_per_seq), jnp.int32),
+        _struct((batch,), jnp.int32),
+    )
+    if kv_dtype is not None:
+        scales = _struct((num_pages, kv_heads, page_size), jnp.float32)
+        args = (*args, None, scales, scales)
     return KernelCase(
         name=f"paged-decode-b{batch}-ctx{_tokens(context)}-page{page_size}"
-        + ("-shared-cache" if cache_pages else ""),
+        + ("-shared-cache" if cache_pages else "")
+        + ("" if kv_dtype is None else f"-kv-{jnp.dtype(kv_dtype).name}"),
         fn=paged_attention,
-        args=(
-            _struct((batch, q_heads, head_dim), dtype),
-            _struct((num_pages, page_size, kv_heads, head_dim), dtype),
-            _struct((num_pages, page_size, kv_heads, head_dim), dtype),
-            _struct((batch, pages_per_seq), jnp.int32),
-            _struct((batch,), jnp.int32),
-        ),
+        args=args,
         flops=flops,
         bytes_accessed=bytes_accessed,
         tags=("decode", "paged", *tags),
@@ -147,22 +199,31 @@ SERVING_CASES = [
     for batch in BATCHES
     for context in CONTEXTS
 ] + [paged_decode_case(256, 32768, cache_pages=8192)]
+# The 8-bit cache: paged decode at the bytes-goal shape (batch 64, 32k context), fp8 and int8
+# pages, and the ragged kernel over an 8-bit history read back (Transformers' index path).
+KV8_CASES = [paged_decode_case(64, 32768, kv_dtype=kind) for kind in ("float8_e4m3fn", "int8")] + [
+    ragged_decode_case(64, 2048, kv_dtype="float8_e4m3fn")
+]
 
 # The registry's compile matrix (every generation, in CI): shapes that fit one chip, and CPU
 # cases for kernel-hub bench.
-CASES = [
-    case
-    for case in SERVING_CASES
-    if case.name
-    in (
-        "ragged-decode-b64-ctx2k",
-        "paged-decode-b64-ctx32k-page256",
-        "paged-decode-b256-ctx32k-page256-shared-cache",
-    )
-] + [
-    ragged_decode_case(8, 64, 4, 2, 16, dtype=jnp.float32, tags=(CPU_TAG,)),
-    paged_decode_case(8, 64, 4, 2, 16, page_size=16, dtype=jnp.float32, tags=(CPU_TAG,)),
-]
+CASES = (
+    [
+        case
+        for case in SERVING_CASES
+        if case.name
+        in (
+            "ragged-decode-b64-ctx2k",
+            "paged-decode-b64-ctx32k-page256",
+            "paged-decode-b256-ctx32k-page256-shared-cache",
+        )
+    ]
+    + KV8_CASES
+    + [
+        ragged_decode_case(8, 64, 4, 2, 16, dtype=jnp.float32, tags=(CPU_TAG,)),
+        paged_decode_case(8, 64, 4, 2, 16, page_size=16, dtype=jnp.float32, tags=(CPU_TAG,)),
+    ]
+)
 
 
 def mesh_cases() -> list[MeshCase]:

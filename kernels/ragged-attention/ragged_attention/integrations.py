@@ -13,6 +13,14 @@ Continuous batching (``model.generate_batch``, ``init_continuous_batching``) acc
   ``continuous_batching_attention`` writes them into the pages with ``index_copy_`` (as the index
   path does), then runs ``paged_attention`` on the pages in place.
 
+With an 8-bit KV cache (kernel-hub's ``generate_batch(..., kv_cache_dtype=...)``: its cache
+holds float8_e4m3fn or int8 K/V and f32 scale pages [P, Hkv, page], ``kv_quant``), the cache
+update hands over ``k_scale_cache``/``v_scale_cache`` and, on the index path, the layer's token
+views ``k_cache``/``v_cache`` with ``kv_write_index``/``kv_read_index`` instead of writing: this
+function quantizes the new K/V on write (``kv_quant.quantize``) on both paths; the index path
+reads each request's 8-bit history and its scales back for ``ragged_attention``, the
+block-table path runs ``paged_attention`` on the 8-bit pages (both kernels dequantize inside).
+
 Outside a continuous-batching call (no ``cu_seq_lens_q``) the function refuses: kernel-hub
 switches a model to it only for the life of a batching manager (see kernel-hub's Transformers
 integration). Arguments it does not implement are refused by name, never ignored.
@@ -24,6 +32,7 @@ import torch
 
 from kernel_hub.kernel_api import KernelInputError
 
+from . import kv_quant
 from .torch_ops import check_paged_values, paged_attention, ragged_attention
 
 DEFAULT_NAME = "kernel_hub_flash_serving"
@@ -40,6 +49,10 @@ HONOURED = (
     "block_table",
     "k_cache",
     "v_cache",
+    "k_scale_cache",
+    "v_scale_cache",
+    "kv_write_index",
+    "kv_read_index",
     "s_aux",
 )
 """Keyword arguments this function reads."""
@@ -85,23 +98,47 @@ def _kernel_window(sliding_window: int | None, causal: bool) -> int | None:
     return sliding_window if causal else sliding_window + 1
 
 
-def write_new_tokens(
+def write_tokens(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    block_table: torch.Tensor,
-    kv_lens: torch.Tensor,
+    slots: torch.Tensor,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> None:
-    """Write each sequence's newest token (key/value [S, Hkv, D]) into its page and slot:
-    position ``kv_lens[s] - 1`` lives at ``block_table[s, pos // page] * page + pos % page`` of
-    the layer's flat token view. In place; the pages are views of Transformers' cache."""
-    page = k_cache.shape[1]
+    """Write key/value [T, Hkv, D] at token ``slots`` [T] of the layer's flat token view of
+    ``k_cache``/``v_cache`` (pages [P, page, Hkv, D] or tokens [N, Hkv, D]). With scale pages
+    [P, Hkv, page] the cache is 8-bit: quantize on write (``kv_quant.quantize``), the scale of
+    token ``t`` at ``[t // page, :, t % page]``. In place; these are views of the cache."""
+    for cache, scales, states in ((k_cache, k_scales, key), (v_cache, v_scales, value)):
+        tokens = cache.view(-1, *cache.shape[-2:])
+        if scales is None:
+            tokens.index_copy_(0, slots, states.to(cache.dtype))
+            continue
+        values, scale = kv_quant.quantize(states, cache.dtype)
+        # as bytes: torch's CPU index_copy_ / index_select take no float8
+        tokens.view(torch.uint8).index_copy_(0, slots, values.view(torch.uint8))
+        page = scales.shape[2]
+        scales[slots // page, :, slots % page] = scale
+
+
+def read_tokens(
+    cache: torch.Tensor, scales: torch.Tensor, index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens ``index`` of an 8-bit token view: values [len(index), Hkv, D] and their scales
+    [Hkv, len(index)] (``ragged_attention``'s layout)."""
+    page = scales.shape[2]
+    values = cache.view(torch.uint8).index_select(0, index).view(cache.dtype)
+    return values, scales[index // page, :, index % page].T.contiguous()
+
+
+def decode_slots(block_table: torch.Tensor, kv_lens: torch.Tensor, page: int) -> torch.Tensor:
+    """Token slot of each sequence's newest token: position ``kv_lens[s] - 1`` lives at
+    ``block_table[s, pos // page] * page + pos % page`` of the layer's flat token view."""
     position = kv_lens.to(torch.int64) - 1
     pages = block_table.to(torch.int64).gather(1, (position // page)[:, None])[:, 0]
-    slots = pages * page + position % page
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
+    return pages * page + position % page
 
 
 def _decode_lengths(cu_q: torch.Tensor, cu_k: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -162,30 +199,43 @@ def continuous_batching_attention(
     q = query[0].transpose(0, 1)  # [T, Hq, D]
     options = dict(sliding_window=window, softcap=softcap, scale=scaling)
     block_table = kwargs.get("block_table")
+    key, value = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T or N, Hkv, D]
+    k_cache, v_cache = kwargs.get("k_cache"), kwargs.get("v_cache")
+    scales = {"k_scales": kwargs.get("k_scale_cache"), "v_scales": kwargs.get("v_scale_cache")}
+    if (k_cache is None or v_cache is None) and (
+        block_table is not None or any(s is not None for s in scales.values())
+    ):
+        raise KernelInputError(
+            "continuous_batching_attention: a block_table or cache scales came without "
+            "k_cache/v_cache"
+        )
     if block_table is not None:
-        k_cache, v_cache = kwargs.get("k_cache"), kwargs.get("v_cache")
-        if k_cache is None or v_cache is None:
-            raise KernelInputError(
-                "continuous_batching_attention: a block_table came without k_cache/v_cache"
-            )
         kv_lens = _decode_lengths(cu_q, cu_k, q.shape[0])
         check_paged_values(block_table, kv_lens, k_cache)
-        write_new_tokens(
-            k_cache, v_cache, key[0].transpose(0, 1), value[0].transpose(0, 1), block_table, kv_lens
-        )
-        out = paged_attention(q, k_cache, v_cache, block_table, kv_lens, sinks, **options)
-    else:
-        out = ragged_attention(
-            q,
-            key[0].transpose(0, 1),
-            value[0].transpose(0, 1),
-            cu_q,
-            cu_k,
-            sinks,
-            causal=causal,
-            **options,
-        )
+        slots = decode_slots(block_table, kv_lens, k_cache.shape[1])
+        write_tokens(k_cache, v_cache, key, value, slots, **scales)
+        out = paged_attention(q, k_cache, v_cache, block_table, kv_lens, sinks, **scales, **options)
+        return out.unsqueeze(0), None
+    if kwargs.get("kv_write_index") is not None:  # 8-bit cache, index path: write, read back
+        key, value, scales = _quantized_history(k_cache, v_cache, key, value, scales, kwargs)
+    out = ragged_attention(q, key, value, cu_q, cu_k, sinks, **scales, causal=causal, **options)
     return out.unsqueeze(0), None
+
+
+def _quantized_history(k_cache, v_cache, key, value, scales, kwargs):
+    """Write the new tokens into the 8-bit cache, then read every request's 8-bit keys and
+    values with their scales (``kv_read_index``; the new tokens alone when it is empty)."""
+    if scales["k_scales"] is None or scales["v_scales"] is None:
+        raise KernelInputError(
+            "continuous_batching_attention: kv_write_index came without k_scale_cache/"
+            "v_scale_cache (only an 8-bit cache hands over its write index)"
+        )
+    write, read = kwargs["kv_write_index"], kwargs.get("kv_read_index")
+    write_tokens(k_cache, v_cache, key, value, write, **scales)
+    index = write if read is None or read.numel() == 0 else read
+    key, k_scales = read_tokens(k_cache, scales["k_scales"], index)
+    value, v_scales = read_tokens(v_cache, scales["v_scales"], index)
+    return key, value, {"k_scales": k_scales, "v_scales": v_scales}
 
 
 def register(name: str = DEFAULT_NAME) -> str:

@@ -11,6 +11,14 @@ window can see and stop after the sequence's last page; later steps repeat the l
 index, so they fetch nothing, and compute nothing. Each sequence has one query (the token just
 written, at position ``kv_lens[s] - 1``); its Hq heads are one [Hq, D] block, kv head ``h``
 serving rows ``h * G:(h + 1) * G``. ``kv_lens[s] == 0`` marks a padding sequence: zero output.
+
+8-bit pages (``kv_quant``: float8_e4m3fn or int8, one f32 scale per token and kv head) come with
+scale pages [P, Hkv, page] (lane-dense: a page's scales of one head are one row), fetched with
+their pages. Each head's [page, D] slice is converted to q's dtype in VMEM (exact for both
+formats) and its per-token scales are applied on the [G, page] side, which is the same product
+with fewer multiplies: scores ``q . (s_t k_t) = (q . k_t) s_t``, and ``sum_t p_t (s_t v_t) =
+sum_t (p_t s_t) v_t`` (the softmax denominator takes the unscaled ``p_t``). HBM traffic is one
+byte per cached element plus 4 bytes per token and kv head.
 """
 
 from __future__ import annotations
@@ -43,7 +51,8 @@ def _cdiv(a, b):
 
 
 def blocks_problem(q_shape, pages_shape, dtype, blocks: PagedBlocks, *, interpret: bool):
-    """Why the Pallas kernel cannot tile these shapes, or None (interpret mode takes any)."""
+    """Why the Pallas kernel cannot tile these shapes, or None (interpret mode takes any).
+    ``dtype`` is the pages' dtype."""
     if blocks.pages_per_block < 1:
         return f"pages_per_block={blocks.pages_per_block} must be >= 1"
     if interpret:
@@ -74,9 +83,12 @@ def paged_attention(
     spec: RaggedSpec,
     blocks: PagedBlocks,
     interpret: bool,
+    k_scales=None,
+    v_scales=None,
 ):
     """[S, Hq, D] for q [S, Hq, D], pages [P, page, Hkv, D], block_table [S, max_pages] (-1 =
-    unused), kv_lens [S] (keys per sequence, the new token included), sinks [Hq] or None."""
+    unused), kv_lens [S] (keys per sequence, the new token included), sinks [Hq] or None;
+    ``k_scales``/``v_scales`` [P, Hkv, page] f32 with 8-bit pages, else None."""
     seqs, q_heads, head_dim = q.shape
     _, page, kv_heads, _ = k_pages.shape
     groups = q_heads // kv_heads
@@ -100,9 +112,18 @@ def paged_attention(
             lambda s, j, t, n: (page_index(s, j, slot, t, n), 0, 0, 0),
         )
 
+    def scale_spec(slot):
+        return pl.BlockSpec(
+            (None, kv_heads, page), lambda s, j, t, n: (page_index(s, j, slot, t, n), 0, 0)
+        )
+
+    quantized = k_scales is not None
     q_spec = pl.BlockSpec((None, q_heads, head_dim), lambda s, j, t, n: (s, 0, 0))
     in_specs = [q_spec] + [page_spec(i) for i in range(per_step)] * 2
     operands = [q] + [k_pages] * per_step + [v_pages] * per_step
+    if quantized:
+        in_specs += [scale_spec(i) for i in range(per_step)] * 2
+        operands += [k_scales] * per_step + [v_scales] * per_step
     if sinks is not None:
         in_specs.append(pl.BlockSpec((q_heads, 1), lambda s, j, t, n: (0, 0)))
         operands.append(sinks.astype(acc).reshape(q_heads, 1))
@@ -110,6 +131,10 @@ def paged_attention(
     def kernel(table_ref, lens_ref, q_ref, *refs):
         k_refs, v_refs = refs[:per_step], refs[per_step : 2 * per_step]
         rest = refs[2 * per_step :]
+        ks_refs = vs_refs = None
+        if quantized:
+            ks_refs, vs_refs = rest[:per_step], rest[per_step : 2 * per_step]
+            rest = rest[2 * per_step :]
         sink_ref = rest[0] if sinks is not None else None
         o_ref, m_ref, l_ref, acc_ref = rest[-4:]
         s_id, j = pl.program_id(0), pl.program_id(1)
@@ -123,6 +148,18 @@ def paged_attention(
             l_ref[...] = jnp.zeros(l_ref.shape, l_ref.dtype)
             acc_ref[...] = jnp.zeros(acc_ref.shape, acc_ref.dtype)
 
+        def head(refs, slot, h):
+            """Head h's [page, D] keys or values of this slot's page, in q's dtype. An 8-bit
+            page is converted whole, then sliced (Mosaic cannot slice one head out of a packed
+            int8 page on v6e)."""
+            if not quantized:
+                return refs[slot][:, h, :]
+            return refs[slot][...].astype(q.dtype)[:, h, :]
+
+        def scales(scale_refs, slot, h):
+            """[1, page]: head h's per-token scales of this slot's page (1 when unquantized)."""
+            return scale_refs[slot][h : h + 1, :].astype(acc) if quantized else 1.0
+
         def attend(slot, offset):
             key = (first + offset) * page + jax.lax.broadcasted_iota(jnp.int32, (groups, page), 1)
             ok = key < length
@@ -130,7 +167,8 @@ def paged_attention(
                 ok &= key >= length - spec.sliding_window
             for h in range(kv_heads):
                 rows = slice(h * groups, (h + 1) * groups)
-                s = _dot(q_ref[rows, :], k_refs[slot][:, h, :], 1, 1) * spec.scale
+                s = _dot(q_ref[rows, :], head(k_refs, slot, h), 1, 1)
+                s = s * scales(ks_refs, slot, h) * spec.scale
                 if spec.softcap is not None:
                     s = spec.softcap * jnp.tanh(s / spec.softcap)
                 m_prev = m_ref[rows, :]
@@ -140,8 +178,9 @@ def paged_attention(
                 alpha = jnp.exp(m_prev - m_new)
                 p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
                 l_ref[rows, :] = alpha * l_ref[rows, :] + jnp.sum(p, axis=1, keepdims=True)
-                v = v_refs[slot][:, h, :]
-                acc_ref[rows, :] = alpha * acc_ref[rows, :] + _dot(p.astype(v.dtype), v, 1, 0)
+                v = head(v_refs, slot, h)
+                pv = _dot((p * scales(vs_refs, slot, h)).astype(v.dtype), v, 1, 0)
+                acc_ref[rows, :] = alpha * acc_ref[rows, :] + pv
                 m_ref[rows, :] = m_new
 
         for slot in range(per_step):
@@ -161,8 +200,6 @@ def paged_attention(
             inverse = jnp.where(seen, 1.0 / jnp.where(seen, total, 1.0), 0.0)
             o_ref[...] = (out * inverse).astype(o_ref.dtype)
 
-    itemsize = jnp.dtype(q.dtype).itemsize
-    keys = seqs * max_pages * page
     out = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -178,14 +215,22 @@ def paged_attention(
         ),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=tiling.compiler_params("parallel", "arbitrary"),
-        # An upper bound: every table entry's page read (the lengths are data).
-        cost_estimate=pl.CostEstimate(
-            flops=4 * keys * q_heads * head_dim,
-            transcendentals=keys * q_heads,
-            bytes_accessed=(2 * keys * kv_heads * head_dim + 2 * seqs * q_heads * head_dim)
-            * itemsize,
+        cost_estimate=cost(
+            seqs, max_pages, page, q_heads, kv_heads, head_dim, q.dtype, k_pages.dtype, quantized
         ),
         interpret=interpret,
         name="paged_attention",
     )(table, lengths, *operands)
     return out
+
+
+def cost(seqs, max_pages, page, q_heads, kv_heads, head_dim, q_dtype, page_dtype, quantized):
+    """A hand count and an upper bound (the lengths are data): every table entry's page of K and
+    V read once (with its scales when quantized), q read and the output written once."""
+    keys = seqs * max_pages * page
+    per_key = 2 * kv_heads * (head_dim * jnp.dtype(page_dtype).itemsize + 4 * quantized)
+    return pl.CostEstimate(
+        flops=4 * keys * q_heads * head_dim,
+        transcendentals=keys * q_heads,
+        bytes_accessed=keys * per_key + 2 * seqs * q_heads * head_dim * jnp.dtype(q_dtype).itemsize,
+    )

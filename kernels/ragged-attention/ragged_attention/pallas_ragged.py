@@ -17,6 +17,11 @@ keys, cut by causality and the window) is computed before the kernel and prefetc
 The grid's kv axis has as many steps as the longest possible span; steps past a q block's own
 span are skipped, and their index map repeats the last visited block so they fetch nothing.
 
+8-bit keys and values (an 8-bit cache read back, ``kv_quant``) come with f32 scales [Hkv, N]
+(lane-dense: a kv block's scales of one head are one row). Each head's [block_k, D] slice is
+converted to q's dtype in VMEM (exact) and the per-key scales are applied to the scores and to
+the probabilities before the value dot (``q . (s k) = (q . k) s``), as the paged kernel does.
+
 No backward: serving needs none.
 """
 
@@ -158,6 +163,8 @@ def _kernel(
     k_seq_ref,
     k_pos_ref,
     sink_ref,
+    ks_ref,
+    vs_ref,
     o_ref,
     m_ref,
     l_ref,
@@ -176,8 +183,17 @@ def _kernel(
     @pl.when(ki < count_ref[qi])
     def _step():
         ok = masking.allowed(q_seq_ref[...], q_pos_ref[...], k_seq_ref[...], k_pos_ref[...], spec)
+        dtype = q_ref.dtype
+
+        def scales(ref, h):  # [1, block_k] per-key scales of head h (1 for unquantized K/V)
+            return 1.0 if ref is None else ref[h : h + 1, :].astype(m_ref.dtype)
+
+        def head(ref, h):  # [block_k, D]; 8-bit blocks converted whole (see pallas_paged)
+            return ref[:, h, :] if ks_ref is None else ref[...].astype(dtype)[:, h, :]
+
         for h in range(k_ref.shape[1]):
-            s = _dot(q_ref[h], k_ref[:, h, :], 1, 1) * spec.scale
+            s = _dot(q_ref[h], head(k_ref, h), 1, 1) * scales(ks_ref, h)
+            s = s * spec.scale
             if spec.softcap is not None:
                 s = spec.softcap * jnp.tanh(s / spec.softcap)
             m_prev = m_ref[h]
@@ -187,8 +203,9 @@ def _kernel(
             alpha = jnp.exp(m_prev - m_new)
             p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
             l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=1, keepdims=True)
-            v = v_ref[:, h, :]
-            acc_ref[h] = alpha * acc_ref[h] + _dot(p.astype(v.dtype), v, 1, 0)
+            v = head(v_ref, h)
+            pv = _dot((p * scales(vs_ref, h)).astype(dtype), v, 1, 0)
+            acc_ref[h] = alpha * acc_ref[h] + pv
             m_ref[h] = m_new
 
     @pl.when(ki == pl.num_programs(1) - 1)
@@ -231,23 +248,33 @@ def _key_meta(values, layout: Layout, fill: int):
     return jnp.pad(values, (0, pad), constant_values=fill)[None, :]
 
 
-def _cost(layout: Layout, itemsize: int) -> pl.CostEstimate:
+def _cost(layout: Layout, itemsize: int, kv_itemsize: int, quantized: bool) -> pl.CostEstimate:
     # An upper bound: every row against every key (the spans actually visited are data).
     pairs = layout.kv_heads * layout.rows_padded * layout.keys_padded
+    per_key = 2 * layout.kv_heads * (layout.head_dim * kv_itemsize + 4 * quantized)
     return pl.CostEstimate(
         flops=4 * pairs * layout.head_dim,
         transcendentals=pairs,
-        bytes_accessed=(2 * layout.rows_padded + 2 * layout.keys_padded)
-        * layout.kv_heads
-        * layout.head_dim
-        * itemsize,
+        bytes_accessed=2 * layout.rows_padded * layout.kv_heads * layout.head_dim * itemsize
+        + layout.keys_padded * per_key,
     )
 
 
 def ragged_attention(
-    q, k, v, cu_q, cu_k, sinks, spec: RaggedSpec, blocks: RaggedBlocks, interpret: bool
+    q,
+    k,
+    v,
+    cu_q,
+    cu_k,
+    sinks,
+    spec: RaggedSpec,
+    blocks: RaggedBlocks,
+    interpret: bool,
+    k_scales=None,
+    v_scales=None,
 ):
-    """[T, Hq, D] for q [T, Hq, D], k/v [N, Hkv, D], cu_q/cu_k [S+1], sinks [Hq] or None."""
+    """[T, Hq, D] for q [T, Hq, D], k/v [N, Hkv, D], cu_q/cu_k [S+1], sinks [Hq] or None;
+    ``k_scales``/``v_scales`` f32 [Hkv, N] with 8-bit k/v, else None."""
     tokens = q.shape[0]
     layout = make_layout(q.shape, k.shape, blocks)
     meta = masking.token_meta(cu_q, cu_k, tokens, k.shape[0])
@@ -291,11 +318,19 @@ def ragged_attention(
         sink_rows = jnp.broadcast_to(sinks.astype(acc)[None, :], (tokens, sinks.shape[0]))
         operands.append(_pack_rows(sink_rows[..., None], layout))
         in_specs.append(sink_spec)
+    quantized = k_scales is not None
+    if quantized:
+        pad = layout.keys_padded - layout.keys
+        scale_spec = pl.BlockSpec((heads, bk), lambda qi, ki, lo, n: (0, key_block(qi, ki, lo, n)))
+        operands += [jnp.pad(x, [(0, 0), (0, pad)]) if pad else x for x in (k_scales, v_scales)]
+        in_specs += [scale_spec, scale_spec]
 
     def kernel(lo_ref, count_ref, *refs):
         inputs, outputs = refs[: len(in_specs)], refs[len(in_specs) :]
-        sink_ref = inputs[7] if sinks is not None else None
-        _kernel(lo_ref, count_ref, *inputs[:7], sink_ref, *outputs, spec=spec)
+        extra = list(inputs[7:])
+        sink_ref = extra.pop(0) if sinks is not None else None
+        ks_ref, vs_ref = extra if quantized else (None, None)
+        _kernel(lo_ref, count_ref, *inputs[:7], sink_ref, ks_ref, vs_ref, *outputs, spec=spec)
 
     out = pl.pallas_call(
         kernel,
@@ -312,7 +347,9 @@ def ragged_attention(
         ),
         out_shape=jax.ShapeDtypeStruct((layout.kv_heads, layout.rows_padded, d), q.dtype),
         compiler_params=tiling.compiler_params("parallel", "arbitrary"),
-        cost_estimate=_cost(layout, jnp.dtype(q.dtype).itemsize),
+        cost_estimate=_cost(
+            layout, jnp.dtype(q.dtype).itemsize, jnp.dtype(k.dtype).itemsize, quantized
+        ),
         interpret=interpret,
         name="ragged_attention",
     )(lo, count, *operands)

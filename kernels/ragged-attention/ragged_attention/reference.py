@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from . import masking
+from . import kv_quant, masking
 from .masking import RaggedSpec
 
 
@@ -52,8 +52,12 @@ def _scores(q, k, spec: RaggedSpec):
     return s
 
 
-def ragged_attention(q, k, v, cu_q, cu_k, sinks, spec: RaggedSpec):
-    """[T, Hq, D] for q [T, Hq, D], k/v [N, Hkv, D], cu_q/cu_k [S+1], sinks [Hq] or None."""
+def ragged_attention(q, k, v, cu_q, cu_k, sinks, spec: RaggedSpec, k_scales=None, v_scales=None):
+    """[T, Hq, D] for q [T, Hq, D], k/v [N, Hkv, D], cu_q/cu_k [S+1], sinks [Hq] or None;
+    8-bit k/v come with scales [Hkv, N] and are dequantized to q's dtype first."""
+    if k_scales is not None:
+        k = kv_quant.dequantize(k, k_scales.T, q.dtype)
+        v = kv_quant.dequantize(v, v_scales.T, q.dtype)
     num_tokens, q_heads, head_dim = q.shape
     num_keys, kv_heads, _ = k.shape
     groups = q_heads // kv_heads
@@ -76,14 +80,26 @@ def gather_pages(pages, block_table):
     return seq_pages.reshape(s, max_pages * page, kv_heads, head_dim)
 
 
-def paged_attention(q, k_pages, v_pages, block_table, kv_lens, sinks, spec: RaggedSpec):
+def _token_scales(scales, block_table):
+    """[S, max_pages * page, Hkv] per-token scales of each sequence, from [P, Hkv, page]."""
+    return gather_pages(jnp.swapaxes(scales, 1, 2)[..., None], block_table)[..., 0]
+
+
+def paged_attention(
+    q, k_pages, v_pages, block_table, kv_lens, sinks, spec: RaggedSpec, k_scales=None, v_scales=None
+):
     """[S, Hq, D] decode attention: the one query of sequence s sits at position kv_lens[s] - 1
-    and reads keys 0..kv_lens[s]-1 from pages ``block_table[s]``; kv_lens[s] == 0 gives zeros."""
+    and reads keys 0..kv_lens[s]-1 from pages ``block_table[s]``; kv_lens[s] == 0 gives zeros.
+    8-bit pages come with scales [P, Hkv, page] and are dequantized to q's dtype
+    (``kv_quant.dequantize``) before the attention."""
     seqs, q_heads, head_dim = q.shape
     kv_heads = k_pages.shape[2]
     groups = q_heads // kv_heads
     k = gather_pages(k_pages, block_table)
     v = gather_pages(v_pages, block_table)
+    if k_scales is not None:
+        k = kv_quant.dequantize(k, _token_scales(k_scales, block_table), q.dtype)
+        v = kv_quant.dequantize(v, _token_scales(v_scales, block_table), q.dtype)
     s = _scores(q.reshape(seqs, 1, kv_heads, groups, head_dim), k, spec)  # [S, Hkv, G, 1, K]
     key = jnp.arange(k.shape[1], dtype=jnp.int32)[None, :]
     lens = kv_lens.astype(jnp.int32)[:, None]

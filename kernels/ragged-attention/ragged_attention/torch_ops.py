@@ -14,6 +14,8 @@ The options (ops' schemas and entry points' keywords) are ``RaggedSpec``'s field
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 import torch.nn.functional as F
 
@@ -23,10 +25,13 @@ from . import api
 from .options import PAGED_UNUSED, RAGGED_UNUSED, RaggedSpec
 
 _NAMESPACE = op_namespace(__name__)
+RAGGED_OPTIONS = tuple(f.name for f in fields(RaggedSpec) if f.name not in RAGGED_UNUSED)
+PAGED_OPTIONS = tuple(f.name for f in fields(RaggedSpec) if f.name not in PAGED_UNUSED)
+"""Each op's options, all right after ``sinks`` (their 1.0 positions)."""
 
 
 @jax_op(_NAMESPACE, api.ragged_attention)
-@option_stub(RaggedSpec, exclude=RAGGED_UNUSED)
+@option_stub(RaggedSpec, exclude=RAGGED_UNUSED, leading=RAGGED_OPTIONS, after="sinks")
 def ragged_attention_op(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -34,15 +39,20 @@ def ragged_attention_op(
     cu_seq_lens_q: torch.Tensor,
     cu_seq_lens_k: torch.Tensor,
     sinks: torch.Tensor | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
     *,
     options: RaggedSpec,
 ) -> torch.Tensor:
-    """[T, Hq, D]; see ``api.ragged_attention`` (no bucketing, no value checks)."""
-    api.check_ragged_inputs(query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks)
+    """[T, Hq, D]; see ``api.ragged_attention`` (no bucketing, no value checks). The 8-bit
+    K/V scales (1.1) follow the options, so 1.0's positional calls keep their meaning."""
+    api.check_ragged_inputs(
+        query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks, k_scales, v_scales
+    )
 
 
 @jax_op(_NAMESPACE, api.paged_attention)
-@option_stub(RaggedSpec, exclude=PAGED_UNUSED)
+@option_stub(RaggedSpec, exclude=PAGED_UNUSED, leading=PAGED_OPTIONS, after="sinks")
 def paged_attention_op(
     query: torch.Tensor,
     k_pages: torch.Tensor,
@@ -50,11 +60,14 @@ def paged_attention_op(
     block_table: torch.Tensor,
     kv_lens: torch.Tensor,
     sinks: torch.Tensor | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
     *,
     options: RaggedSpec,
 ) -> torch.Tensor:
-    """[S, Hq, D]; see ``api.paged_attention`` (no bucketing, no value checks)."""
-    api.check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks)
+    """[S, Hq, D]; see ``api.paged_attention`` (no bucketing, no value checks). The 8-bit
+    cache's scales (1.1) follow the options, so 1.0's positional calls keep their meaning."""
+    api.check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks, k_scales, v_scales)
 
 
 # Smallest buckets: below them padding costs less than another compilation (a TPU computes in
@@ -78,6 +91,14 @@ def _pad_offsets(cu: torch.Tensor, sequences: int) -> torch.Tensor:
     return torch.cat([cu, cu[-1:].expand(extra)]) if extra else cu
 
 
+def _pad_keys(x: torch.Tensor, extra: int) -> torch.Tensor:
+    """[N, Hkv, D] with ``extra`` zero keys appended (8-bit K/V padded as bytes: torch's CPU pad
+    takes no float8; a zero byte is zero in both 8-bit formats)."""
+    if x.element_size() == 1 and x.dtype != torch.uint8:
+        return F.pad(x.view(torch.uint8), (0, 0, 0, 0, 0, extra)).view(x.dtype)
+    return F.pad(x, (0, 0, 0, 0, 0, extra))
+
+
 @takes_options(RaggedSpec, exclude=RAGGED_UNUSED)
 def ragged_attention(
     query: torch.Tensor,
@@ -86,24 +107,35 @@ def ragged_attention(
     cu_seq_lens_q: torch.Tensor,
     cu_seq_lens_k: torch.Tensor,
     sinks: torch.Tensor | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
     *,
     options: RaggedSpec,
 ) -> torch.Tensor:
-    """q [T, Hq, D], k/v [N, Hkv, D], offsets [S+1] -> [T, Hq, D], with T, N and S bucketed."""
-    api.check_ragged_inputs(query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks)
+    """q [T, Hq, D], k/v [N, Hkv, D] (8-bit with scales [Hkv, N]: see
+    ``api.ragged_attention``), offsets [S+1] -> [T, Hq, D], with T, N and S bucketed."""
+    api.check_ragged_inputs(
+        query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks, k_scales, v_scales
+    )
     tokens, keys = query.shape[0], key.shape[0]
     cu_q, cu_k = cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32)
     if _readable(cu_q, cu_k):
         api.check_ragged_values(cu_q.numpy(), cu_k.numpy(), tokens, keys, options.causal)
     sequences = _bucket(cu_q.shape[0] - 1, MIN_SEQUENCES)
     padded_tokens, padded_keys = _bucket(tokens, MIN_TOKENS), _bucket(keys, MIN_KEYS)
+    k_scales, v_scales = (
+        None if s is None else F.pad(s, (0, padded_keys - keys), value=1.0)
+        for s in (k_scales, v_scales)
+    )
     out = ragged_attention_op(
         F.pad(query, (0, 0, 0, 0, 0, padded_tokens - tokens)),
-        F.pad(key, (0, 0, 0, 0, 0, padded_keys - keys)),
-        F.pad(value, (0, 0, 0, 0, 0, padded_keys - keys)),
+        _pad_keys(key, padded_keys - keys),
+        _pad_keys(value, padded_keys - keys),
         _pad_offsets(cu_q, sequences),
         _pad_offsets(cu_k, sequences),
         sinks,
+        k_scales=k_scales,
+        v_scales=v_scales,
         **option_values(options, RAGGED_UNUSED),
     )
     return out[:tokens]
@@ -125,12 +157,15 @@ def paged_attention(
     block_table: torch.Tensor,
     kv_lens: torch.Tensor,
     sinks: torch.Tensor | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
     *,
     options: RaggedSpec,
 ) -> torch.Tensor:
-    """q [S, Hq, D], pages [P, page, Hkv, D], block_table [S, max_pages], kv_lens [S]
-    -> [S, Hq, D], with S and max_pages bucketed."""
-    api.check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks)
+    """q [S, Hq, D], pages [P, page, Hkv, D] (8-bit with scales [P, Hkv, page]: see
+    ``api.paged_attention``), block_table [S, max_pages], kv_lens [S] -> [S, Hq, D], with S and
+    max_pages bucketed."""
+    api.check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks, k_scales, v_scales)
     table, lens = block_table.to(torch.int32), kv_lens.to(torch.int32)
     check_paged_values(table, lens, k_pages)
     seqs, max_pages = table.shape
@@ -143,6 +178,8 @@ def paged_attention(
         table,
         F.pad(lens, (0, extra_seqs)),
         sinks,
+        k_scales=k_scales,
+        v_scales=v_scales,
         **option_values(options, PAGED_UNUSED),
     )
     return out[:seqs]

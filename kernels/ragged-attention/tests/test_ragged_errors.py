@@ -92,7 +92,8 @@ def test_page_size_the_tpu_kernel_cannot_tile(ragged):
 
 def test_schemas_keep_their_positions(ragged):
     """The op schemas derived from ``RaggedSpec`` are those of 1.0 (positional calls keep their
-    meaning): the tensors, then each op's options in the dataclass's order."""
+    meaning): the tensors, then each op's options in the dataclass's order, then (1.1) the
+    8-bit K/V's scales."""
     ops = ragged.torch_ops
     names = {
         op: [a.name for a in getattr(ops, op).op._schema.arguments]
@@ -101,11 +102,11 @@ def test_schemas_keep_their_positions(ragged):
     common = ["sliding_window", "softcap", "scale", "implementation"]
     assert names["ragged_attention_op"] == [
         "query", "key", "value", "cu_seq_lens_q", "cu_seq_lens_k", "sinks", "causal", *common,
-        "block_q", "block_k",
+        "block_q", "block_k", "k_scales", "v_scales",  # 1.1: 8-bit K/V's scales, last
     ]  # fmt: skip
     assert names["paged_attention_op"] == [
         "query", "k_pages", "v_pages", "block_table", "kv_lens", "sinks", *common,
-        "pages_per_block",
+        "pages_per_block", "k_scales", "v_scales",  # 1.1: the 8-bit cache's scales, last
     ]  # fmt: skip
 
 

@@ -7,6 +7,8 @@ them first and records each trace, so a test shows which kernel ran, not a fallb
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -19,7 +21,8 @@ from transformers import (  # noqa: E402
 )
 
 import kernel_hub as kh  # noqa: E402
-from kernel_hub.errors import KernelInputError  # noqa: E402
+from kernel_hub.errors import KernelHubError, KernelInputError  # noqa: E402
+from kernel_hub.layers.integrations import quantized_kv_cache  # noqa: E402
 from kernel_hub.layers.integrations.continuous_batching import (  # noqa: E402
     ContinuousBatchingError,
     generate_batch,
@@ -49,7 +52,7 @@ class PallasTraces(dict):
     """{"ragged": [...], "paged": [...]}: the query shape of each trace of each Pallas kernel."""
 
     def __init__(self, tables):
-        super().__init__(ragged=[], paged=[])
+        super().__init__(ragged=[], paged=[], key_dtypes={"ragged": set(), "paged": set()})
         self.tables = tables
 
     def prefer_pallas(self) -> None:
@@ -75,6 +78,7 @@ def pallas_traces(ragged):
     def recording(kind, original):
         def record(*args, **kwargs):
             traces[kind].append(tuple(args[0].shape))
+            traces["key_dtypes"][kind].add(args[1].dtype.name)  # keys or pages it reads
             return original(*args, **kwargs)
 
         return record
@@ -104,12 +108,13 @@ def _batching_config(**extra) -> ContinuousBatchingConfig:
     return ContinuousBatchingConfig(num_blocks=32, max_batch_tokens=24, page_size=16, **extra)
 
 
-def _generate_batch(model, **extra) -> list[list[int]]:
+def _generate_batch(model, kv_cache_dtype=None, **extra) -> list[list[int]]:
     results = generate_batch(
         model,
         PROMPTS,
         generation_config=GREEDY,
         continuous_batching_config=_batching_config(**extra),
+        kv_cache_dtype=kv_cache_dtype,
     )
     return [results[f"req_{i}"].generated_tokens for i in range(len(PROMPTS))]
 
@@ -137,6 +142,50 @@ def test_generate_batch_matches_generate(pallas_traces, name):
     kh.unkernelize(model)
     assert "init_continuous_batching" not in model.__dict__
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_generate_batch_with_an_fp8_kv_cache(pallas_traces):
+    """Prefill and mixed batches write the fp8 cache and run the ragged kernel on each
+    request's fp8 history (the index path), decode batches run the paged kernel on fp8 pages.
+    Bound: every cached element is within e4m3's unit roundoff 2**-4 of its value
+    (``kv_quant``); attention mixes values with weights summing to one, so to first order its
+    outputs, and the logits of this 2-layer model, move by at most that fraction of their
+    scale. The measured error is printed."""
+    model = build_tiny_model("llama")
+    kh.kernelize(model)
+    pallas_traces.prefer_pallas()
+    logits = []
+    model.lm_head.register_forward_hook(lambda module, args, out: logits.append(out.clone()))
+
+    runs = {}
+    for kind in (None, "float8_e4m3fn"):
+        logits.clear()
+        tokens = _generate_batch(model, kv_cache_dtype=kind, max_blocks_per_request=4)
+        runs[kind] = (tokens, list(logits))
+    (tokens, exact), (fp8_tokens, fp8) = runs[None], runs["float8_e4m3fn"]
+    seen = pallas_traces["key_dtypes"]
+    assert seen["ragged"] == seen["paged"] == {"float32", "float8_e4m3fn"}, seen
+    assert [x.shape for x in exact] == [x.shape for x in fp8], "the same batches ran"
+    error = max(float((a - b).abs().max() / a.abs().max()) for a, b in zip(exact, fp8, strict=True))
+    print(f"fp8 KV cache: max logit error {error:.2e} of the largest logit, per step")
+    assert error <= 2.0**-4
+    assert fp8_tokens == tokens
+
+
+def test_kv_cache_dtype_is_checked(ragged):
+    model = build_tiny_model("llama")
+    with pytest.raises(KernelHubError, match="needs a kernelized model"):
+        generate_batch(model, PROMPTS, kv_cache_dtype="int8")
+    kh.kernelize(model)
+    with pytest.raises(
+        KernelHubError, match="'float16' is not supported; valid: float8_e4m3fn, int8"
+    ):
+        generate_batch(model, PROMPTS, kv_cache_dtype="float16")
+    kernel_side = ragged.jax.kv_quant.KV_CACHE_DTYPES
+    assert tuple(quantized_kv_cache.KV_CACHE_DTYPES) == kernel_side
+    built = types.SimpleNamespace(batch_processor=object())  # a persistent manager, reused
+    with pytest.raises(KernelHubError, match="already built its cache"):
+        quantized_kv_cache.use_quantized_cache(built, torch.int8)
 
 
 def test_errors_in_the_batching_thread_are_raised(ragged, monkeypatch):
