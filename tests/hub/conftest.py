@@ -71,6 +71,9 @@ def hub_env(
         hub.url + "/{repo_id}/resolve/{revision}/{filename}",
     )
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    # online, as the environment above says: huggingface_hub's request hook reads the offline flag
+    # it took at import, which an earlier test that set HF_HUB_OFFLINE=1 may have frozen to True
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.chdir(tmp_path)  # no stray ./kernel-hub.lock is picked up
     return hub
 
