@@ -48,12 +48,13 @@ rules: they call ``find_mesh`` and ``shard_map_all`` themselves.
 from .boundary import bypassed, find_mesh, partition_spec, run_sharded, shard_map_all, sharded
 from .cases import MeshCase
 from .context import CONVENTIONAL_AXES, MeshContext, current_mesh_context, use_mesh
-from .rule import ShardingError, ShardingRule
+from .rule import Einsum, ShardingError, ShardingRule
 from .transport import TRANSPORTS, Transport, default_transport, exchange_rows
 
 __all__ = [
     "CONVENTIONAL_AXES",
     "TRANSPORTS",
+    "Einsum",
     "MeshCase",
     "MeshContext",
     "ShardingError",
