@@ -6,7 +6,7 @@ A kernel writes its public JAX function with typed parameters (arrays first, ``j
     @op(
         check=check_inputs,  # called with the op's arguments of the same names
         differentiable=("x", "weight"),
-        sharding=einsum("... hidden, hidden -> ... hidden", whole=("hidden",)),
+        sharding=Einsum("... hidden, hidden -> ... hidden", whole=("hidden",)),
         jax_only=("block_rows",),  # options the torch op does not take
     )
     def rms_norm(x: jax.Array, weight: jax.Array, eps: float = 1e-6, *,
@@ -49,7 +49,7 @@ from .torch_op import JaxOp, jax_op, op_namespace
 __all__ = ["Sharding", "op"]
 
 Sharding = ShardingRule | Einsum | Callable[..., ShardingRule | Einsum]
-"""An op's sharding: a rule, an ``einsum`` text (named after the op), or a function of the call's
+"""An op's sharding: a rule, an ``Einsum`` (named after the op), or a function of the call's
 options (and ``ranks``) returning either (see ``sharding.boundary.choose_rule``)."""
 
 _ARRAY = jax.Array
@@ -83,7 +83,7 @@ def _call_by_name(check: Callable[..., Any] | None) -> Callable[[dict[str, Any]]
 
 
 def _rule_source(name: str, sharding: Sharding) -> RuleSource:
-    """``sharding`` as ``sharded`` takes it, ``einsum`` texts named after the op."""
+    """``sharding`` as ``sharded`` takes it, ``Einsum``s named after the op."""
     if isinstance(sharding, Einsum):
         return sharding.rule(name)
     if isinstance(sharding, ShardingRule):
@@ -144,7 +144,7 @@ def op(
     ``check(**named arguments)``: the input check shared by the JAX function and the torch op.
     ``torch_check``: a check only the torch op runs (on tensors). ``differentiable``,
     ``jax_backward``, ``buckets``, ``autocast`` and ``frozen`` are ``jax_op``'s. ``sharding``: the
-    op's rule (required for an op with array results; ``einsum(...)`` text or a rule function).
+    op's rule (an ``Einsum``, a ``ShardingRule`` or a rule function; None: no boundary).
     ``jax_only``: options the torch op leaves at their defaults (block sizes, configs).
     ``torch_required``: optional arrays the torch op requires (an op per affine form).
     ``name``: the torch op's name (default: the function's). Returns the public JAX function;
