@@ -9,6 +9,7 @@ wheel the tests are meant to exercise. With ``KERNEL_HUB_TEST_INSTALLED=1`` (set
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,21 @@ def count_slot_calls(model: torch.nn.Module, names: Any) -> dict[str, int]:
             if name in module.__dict__:
                 module.__dict__[name] = counted(name, module.__dict__[name])
     return calls
+
+
+def kernel_ops(kernel_module: Any) -> dict[str, Any]:
+    """Every torch op (``JaxOp``) defined in a loaded kernel package's modules, by op name."""
+    from .bridge.torch_op import JaxOp  # not at plugin load: it imports JAX
+
+    prefix = kernel_module.__name__ + "."
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == kernel_module.__name__ or name.startswith(prefix)):
+            continue
+        for value in vars(module).values():
+            if isinstance(value, JaxOp):
+                found[value.qualname.split("::")[1]] = value
+    return found
 
 
 def registry_with_ops(directory: Path, *ops: str) -> Path:

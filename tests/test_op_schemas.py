@@ -10,14 +10,13 @@ derived from the kernels' JAX declarations (``kernel_api.op``): the derived ops 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from kernel_hub import get_kernel
-from kernel_hub.bridge.torch_op import JaxOp
 from kernel_hub.registry.registry import load_registry
+from kernel_hub.testing import kernel_ops
 
 KERNELS = sorted({entry.kernel: op for op, entry in load_registry().ops.items()}.items())
 
@@ -33,18 +32,13 @@ def _recorded() -> dict[str, dict[str, str]]:
 
 
 def _schemas(kernel_module) -> dict[str, str]:
-    """The schema of every torch op (and backward op) defined in the kernel's loaded modules."""
-    prefix = kernel_module.__name__ + "."
+    """The schema of every torch op (and backward op) the kernel's loaded modules define."""
     found = {}
-    for name, module in list(sys.modules.items()):
-        if module is None or not (name == kernel_module.__name__ or name.startswith(prefix)):
-            continue
-        for value in vars(module).values():
-            if isinstance(value, JaxOp):
-                for op in (value.op, value.backward_op):
-                    if op is not None:
-                        qualified, _, rest = str(op._schema).partition("(")
-                        found[qualified.split("::")[1]] = "(" + rest
+    for value in kernel_ops(kernel_module).values():
+        for op in (value.op, value.backward_op):
+            if op is not None:
+                qualified, _, rest = str(op._schema).partition("(")
+                found[qualified.split("::")[1]] = "(" + rest
     return found
 
 
