@@ -67,6 +67,12 @@ formats kernels share (int8 per output channel, fp8 e4m3 in 128 x 128 blocks, in
 And ``transformers_ep`` (``kernel_hub.transformers_ep``), what an experts module under
 Transformers' expert-parallel plan looks like to an integration: ``dispatches`` (the plan
 dispatches its tokens) and ``unsplit`` (the parameters it left whole).
+
+Version 1.5 adds the op declaration: ``op`` (a decorator of a kernel's public JAX function that
+derives its input check, its ``shard_map`` boundary and its torch custom op, schema and DTensor
+strategies included, from the one typed signature; see ``kernel_hub.bridge.declared_op``) and
+``Einsum`` (a sharding rule's text, named by the op it is declared on). Kernels declared this way
+have no ``torch_ops.py`` stubs and no ``sharding.py`` boundary modules.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ import kernel_hub.weight_formats as weight_formats
 
 from .bench.cases import CPU_TAG, KernelCase
 from .bridge.buckets import RowBuckets
+from .bridge.declared_op import op
 from .bridge.torch_op import SavedBackward, jax_op, op_namespace
 from .checks import (
     FLOATS,
@@ -105,6 +112,7 @@ from .options import (
 )
 from .platform import Platform, jax_default_device, jax_platform, tpu_generation
 from .sharding import (
+    Einsum,
     MeshCase,
     ShardingError,
     ShardingRule,
@@ -125,6 +133,7 @@ __all__ = [
     "FLOATS",
     "FLOATS_AND_F64",
     "PALLAS_FIRST_ON_TPU",
+    "Einsum",
     "FrameworkAdapter",
     "Implementation",
     "ImplementationTable",
@@ -152,6 +161,7 @@ __all__ = [
     "jax_default_device",
     "jax_op",
     "jax_platform",
+    "op",
     "op_namespace",
     "option_stub",
     "option_values",

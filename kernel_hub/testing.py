@@ -9,6 +9,7 @@ wheel the tests are meant to exercise. With ``KERNEL_HUB_TEST_INSTALLED=1`` (set
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,21 @@ def pallas_call_outputs(fn: Any, *args: Any) -> list[tuple[str, tuple[tuple[int,
                         walk(inner)
 
     walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found
+
+
+def kernel_ops(kernel_module: Any) -> dict[str, Any]:
+    """Every torch op (``JaxOp``) defined in a loaded kernel package's modules, by op name."""
+    from .bridge.torch_op import JaxOp  # not at plugin load: it imports JAX
+
+    prefix = kernel_module.__name__ + "."
+    found = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == kernel_module.__name__ or name.startswith(prefix)):
+            continue
+        for value in vars(module).values():
+            if isinstance(value, JaxOp):
+                found[value.qualname.split("::")[1]] = value
     return found
 
 

@@ -268,7 +268,6 @@ def render(values: dict[str, str], wrapped: WrappedFunction) -> dict[Path, str]:
         Path("kernel.yaml"): _manifest(values, wrapped),
         package / "__init__.py": _init(values, wrapped),
         package / "api.py": _api(values, wrapped),
-        package / "torch_ops.py": _torch_ops(values, wrapped),
         package / "benchmark.py": _benchmark(values, wrapped),
         Path("tests") / f"test_{values['package']}.py": _tests(values, wrapped),
     }
@@ -282,7 +281,7 @@ BASE_REQUIRES = {"jax": ">=0.7", "torch": ">=2.8"}
 
 
 def _manifest(values: dict[str, str], wrapped: WrappedFunction) -> str:
-    requires = {"kernel-hub": ">=1.3", **BASE_REQUIRES}  # kernel-hub: the kernel API version
+    requires = {"kernel-hub": ">=1.5", **BASE_REQUIRES}  # kernel-hub: the kernel API version
     needs = (
         f"# {wrapped.module} comes from no installed distribution: it must be importable "
         "wherever this kernel loads\n"
@@ -299,7 +298,7 @@ def _manifest(values: dict[str, str], wrapped: WrappedFunction) -> str:
         "summary: >-\n"
         f"  {values['summary']}\n"
         "license: Apache-2.0\n"
-        f"ops: [{values['op']}]  # torch ops (torch_ops.py), as KERNEL.ops names them\n"
+        f"ops: [{values['op']}]  # torch ops (derived from api.py's op declaration)\n"
         "layers: []    # layer classes for kernelize(), as KERNEL.layers names them\n"
         "implementations:\n"
         f"  {IMPLEMENTATION}: [{', '.join(wrapped.platforms)}]   # {wrapped.spec} itself\n"
@@ -316,7 +315,8 @@ from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
 from . import benchmark
-from .torch_ops import {op}
+
+{op} = jax.{op}.torch
 
 KERNEL = KernelDeclaration(
     ops={{"{op}": {op}}},
@@ -351,8 +351,11 @@ def _api(values: dict[str, str], wrapped: WrappedFunction) -> str:
         if wrapped.left_at_default
         else ""
     )
-    return f'''"""The public JAX API: ``{wrapped.spec}`` behind kernel-hub's input checks,
-implementation table and sharding rule (written by ``kernel-hub new-kernel --from-jax``).
+    differentiable = () if wrapped.grad_problem else wrapped.arrays
+    note = f"# No gradients: {wrapped.grad_problem}.\n" if wrapped.grad_problem else ""
+    return f'''"""The op ``{wrapped.spec}``, declared once (written by ``kernel-hub new-kernel
+--from-jax``): its typed JAX function behind kernel-hub's input checks, implementation table and
+sharding rule, from which kernel-hub derives the torch op (``{op}.torch``).
 
 Add implementations (a Pallas kernel, a plain jax.numpy reference) to ``TABLE``; the generated
 tests compare the op with ``{wrapped.spec}`` itself.
@@ -363,13 +366,7 @@ from __future__ import annotations
 import jax
 from {wrapped.module} import {wrapped.name} as wrapped
 
-from kernel_hub.kernel_api import (
-    Implementation,
-    ImplementationTable,
-    ShardingRule,
-    check_rank,
-    sharded,
-)
+from kernel_hub.kernel_api import Einsum, Implementation, ImplementationTable, check_rank, op
 
 OP = "{op}"
 
@@ -390,16 +387,14 @@ TABLE = ImplementationTable(
     default_order={_py(registry_orders(wrapped))},
 )
 
+
 # Every dimension whole: under a mesh the op runs on gathered inputs, replicated. Declare the
 # dimensions that may be split (drop them from whole=) once the function is known to allow it.
-RULE = ShardingRule.parse(
-    OP,
-    "{rule}",
-    whole={_py(whole)},
+{note}@op(
+    check=check_inputs,
+    differentiable={_py(differentiable)},
+    sharding=Einsum("{rule}", whole={_py(whole)}),
 )
-
-
-@sharded(RULE)
 def {op}(
 {_indent([f"{n}: jax.Array," for n in wrapped.arrays], 4)}
     *,
@@ -409,36 +404,7 @@ def {op}(
     """``{wrapped.spec}`` as a kernel-hub op. ``implementation`` forces one; by default the
     platform's order (the registry's) is tried.{left}
     """
-    check_inputs({arrays})
     return TABLE({arrays}, {keywords + ", " if keywords else ""}implementation=implementation)
-'''
-
-
-def _torch_ops(values: dict[str, str], wrapped: WrappedFunction) -> str:
-    op = values["op"]
-    differentiable = () if wrapped.grad_problem else wrapped.arrays
-    note = f"# No gradients: {wrapped.grad_problem}.\n" if wrapped.grad_problem else ""
-    params = [f"{n}: torch.Tensor," for n in wrapped.arrays]
-    params += [f"{o.name}: {o.type_name} = {o.default!r}," for o in wrapped.options]
-    params.append("implementation: str | None = None,")
-    return f'''"""The torch op, built with kernel-hub's bridge: the stub's signature is the op's
-schema (tensors in the order the JAX function takes them, then its options)."""
-
-from __future__ import annotations
-
-import torch
-
-from kernel_hub.kernel_api import jax_op, op_namespace
-
-from . import api
-
-
-{note}@jax_op(op_namespace(__name__), api.{op}, differentiable={_py(differentiable)})
-def {op}(
-{_indent(params, 4)}
-) -> torch.Tensor:
-    """``{wrapped.spec}`` on torch tensors; see ``api.{op}``."""
-    api.check_inputs({", ".join(wrapped.arrays)})
 '''
 
 
@@ -463,7 +429,6 @@ import jax.numpy as jnp
 from kernel_hub.kernel_api import CPU_TAG, KernelCase
 
 from .api import {op}, wrapped
-from .torch_ops import {op} as {op}_op
 
 
 def case(name: str, dtype=jnp.float32, tags=()) -> KernelCase:
@@ -491,7 +456,7 @@ CASES = [
 
 def kernel_hub_{op}({arrays}):
     """kernel-hub's torch op (bridge to JAX, the platform's default implementation)."""
-    return {op}_op({arrays})
+    return {op}.torch({arrays})
 
 
 # Torch callables taking a case's arguments as tensors and its kwargs.

@@ -4,18 +4,23 @@ the op's DTensor strategy (``dtensor``); ``transport`` moves expert-parallel row
 See docs/running-on-a-pod.md.
 
 Giving a new kernel's op a rule (``tests/sharding/test_coverage.py`` fails for a torch op without
-one), in the kernel's ``sharding.py``, importing only ``kernel_hub.kernel_api``::
+one): declare it on the op, importing only ``kernel_hub.kernel_api``::
 
-    from kernel_hub.kernel_api import MeshCase, ShardingRule, sharded
+    from kernel_hub.kernel_api import Einsum, op
 
-    GATED_MLP = ShardingRule.parse(
-        "gated_mlp",
-        "... hidden, hidden inner, hidden inner, inner hidden -> ... hidden",
-        reduced=("inner",),  # split inner: each shard's partial output, summed (psum)
-        whole=("hidden",),
-        handled_by={"hidden": "an all-gather of x first"},
+    @op(
+        sharding=Einsum(
+            "... hidden, hidden inner, hidden inner, inner hidden -> ... hidden",
+            reduced=("inner",),  # split inner: each shard's partial output, summed (psum)
+            whole=("hidden",),
+            handled_by={"hidden": "an all-gather of x first"},
+        ),
+        ...,
     )
-    boundary = sharded(GATED_MLP)  # decorate the public JAX function in api.py
+    def gated_mlp(x: jax.Array, ...) -> jax.Array: ...
+
+(``ShardingRule.parse(op, text, ...)`` and the ``sharded(rule)`` decorator remain for JAX
+functions that are no op of their own, such as a custom backward entry point.)
 
 1. Name every dimension of every array operand, in the JAX function's parameter order (its first
    ``len(operands)`` parameters; an optional one may be None), then every result, einsum style.
@@ -29,7 +34,7 @@ one), in the kernel's ``sharding.py``, importing only ``kernel_hub.kernel_api``:
    results keep is summed over its axes (a weight's gradient). ``factor?`` marks a dimension that
    may have size 1 and broadcast.
 3. A rule that depends on an option (a layout flag) is a function of the keyword options
-   returning one: ``sharded(lambda transpose_rhs=False, **_: ...)``; one that also takes
+   returning one: ``sharding=lambda transpose_rhs=False, **_: Einsum(...)``; one that also takes
    ``ranks`` gets the ranks of the call's array arguments (an operand whose rank depends on a
    format, such as a quantized weight's per-channel or per-block scale; ``choose_rule``).
 4. Decorate the backward entry point too when the torch op has a ``jax_backward``; ops whose JAX
@@ -48,12 +53,13 @@ rules: they call ``find_mesh`` and ``shard_map_all`` themselves.
 from .boundary import bypassed, find_mesh, partition_spec, run_sharded, shard_map_all, sharded
 from .cases import MeshCase
 from .context import CONVENTIONAL_AXES, MeshContext, current_mesh_context, use_mesh
-from .rule import ShardingError, ShardingRule
+from .rule import Einsum, ShardingError, ShardingRule
 from .transport import TRANSPORTS, Transport, default_transport, exchange_rows
 
 __all__ = [
     "CONVENTIONAL_AXES",
     "TRANSPORTS",
+    "Einsum",
     "MeshCase",
     "MeshContext",
     "ShardingError",

@@ -159,3 +159,28 @@ class ShardingRule:
 
         operands = side(self.operands, self.broadcast_operands)
         return f"{operands} -> {side(self.results, self.broadcast_results)}"
+
+
+@dataclass(frozen=True)
+class Einsum:
+    """A rule as ``ShardingRule.parse`` reads it, less the op's name: the op it is declared on
+    (``kernel_api.op``) names it, and parses it then:
+    ``Einsum("... hidden, hidden -> ... hidden", whole=("hidden",))``."""
+
+    text: str
+    whole: Sequence[str] = ()
+    reduced: Sequence[str] = ()
+    combined: Sequence[str] = ()
+    together: Sequence[tuple[str, str]] = ()
+    handled_by: Mapping[str, str] | None = None
+
+    def rule(self, op: str) -> ShardingRule:
+        return ShardingRule.parse(
+            op,
+            self.text,
+            whole=self.whole,
+            reduced=self.reduced,
+            combined=self.combined,
+            together=self.together,
+            handled_by=self.handled_by,
+        )

@@ -5,14 +5,12 @@ meshes). A new kernel without rules fails here; see ``kernel_hub.sharding`` for 
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from kernel_hub import get_kernel
-from kernel_hub.bridge.torch_op import JaxOp
 from kernel_hub.registry.registry import load_registry
 from kernel_hub.sharding.boundary import rule_of
+from kernel_hub.testing import kernel_ops
 
 KERNELS = sorted({entry.kernel: name for name, entry in load_registry().ops.items()}.items())
 LAYERS = {"moe_ep_swiglu": "expert parallelism: a layer that is its own shard_map over 'ep'"}
@@ -22,23 +20,10 @@ NO_RULE_YET: dict[str, str] = {}
 until it is dropped from here."""
 
 
-def _jax_ops(kernel_module) -> dict[str, JaxOp]:
-    """Every JaxOp defined in the kernel package's loaded modules, by op name."""
-    prefix = kernel_module.__name__ + "."
-    found = {}
-    for name, module in list(sys.modules.items()):
-        if module is None or not (name == kernel_module.__name__ or name.startswith(prefix)):
-            continue
-        for value in vars(module).values():
-            if isinstance(value, JaxOp):
-                found[value.qualname.split("::")[1]] = value
-    return found
-
-
 @pytest.mark.parametrize(("kernel", "op"), KERNELS, ids=[k for k, _ in KERNELS])
 def test_every_op_has_a_sharding_rule(kernel: str, op: str) -> None:
     module = get_kernel(op)
-    ops = _jax_ops(module)
+    ops = kernel_ops(module)
     assert ops, f"{kernel}: no torch ops found"
     missing = [
         name

@@ -5,7 +5,9 @@ from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
 from . import benchmark
-from .torch_ops import causal_conv1d, causal_conv1d_update
+
+causal_conv1d = jax.causal_conv1d.torch
+causal_conv1d_update = jax.causal_conv1d_update.torch
 
 KERNEL = KernelDeclaration(
     ops={"causal_conv1d": causal_conv1d, "causal_conv1d_update": causal_conv1d_update},

@@ -8,15 +8,17 @@ import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
+    Einsum,
     check_dtype,
     check_rank,
     float64_problem,
     jax_platform,
+    op,
     pallas_and_xla,
     require,
 )
 
-from . import pallas_tpu, reference, sharding
+from . import pallas_tpu, reference
 
 OP = "causal_conv1d"
 UPDATE_OP = "causal_conv1d_update"
@@ -106,7 +108,19 @@ def _pallas_problem(x, weight, *args, config, **kwargs):
 TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 
 
-@sharding.conv_boundary
+# Sharding: batch and channels split freely (the convolution is depthwise); the sequence and the
+# kernel width stay whole.
+@op(
+    check=check_inputs,
+    differentiable=("x", "weight", "bias", "initial_state"),
+    sharding=Einsum(
+        "batch length channels, channels width, channels, batch history channels, offsets"
+        " -> batch length channels",
+        whole=("length", "width", "history", "offsets"),
+        handled_by={"length": "nothing yet: a split sequence needs the previous shard's tail"},
+    ),
+    jax_only=("config",),
+)
 def causal_conv1d(
     x: jax.Array,
     weight: jax.Array,
@@ -123,7 +137,6 @@ def causal_conv1d(
     ``cu_seqlens`` ``[N + 1]`` packs N sequences into a batch of one. ``initial_state``
     ``[B, W - 1, D]`` (``[N, W - 1, D]`` when packed) holds the inputs before each sequence (zeros
     when None). Returns y in x's dtype (summed in f32). ``config`` overrides the Pallas blocks."""
-    check_inputs(x, weight, bias, initial_state, cu_seqlens, activation)
     if cu_seqlens is not None and initial_state is not None:
         return _packed_with_states(
             x, weight, bias, initial_state, cu_seqlens, activation, config, implementation
@@ -196,7 +209,14 @@ def _update_pallas_problem(x, conv_state, weight, *args, **kwargs):
 UPDATE_TABLE = pallas_and_xla(UPDATE_OP, _update_pallas, _update_xla, _update_pallas_problem)
 
 
-@sharding.update_boundary
+@op(
+    check=check_update_inputs,
+    sharding=Einsum(
+        "batch length channels, batch history channels, channels width, channels"
+        " -> batch length channels, batch history channels",
+        whole=("length", "width", "history"),
+    ),
+)
 def causal_conv1d_update(
     x: jax.Array,
     conv_state: jax.Array,
@@ -209,7 +229,6 @@ def causal_conv1d_update(
     """Decode step: (y ``[B, T, D]``, new conv state ``[B, S, D]``) for a few tokens x after the
     S inputs in ``conv_state`` (Transformers keeps S = W); the new state is the last S inputs of
     state + x, in the state's dtype. The Pallas kernel aliases it to ``conv_state``."""
-    check_update_inputs(x, conv_state, weight, bias, activation)
     return UPDATE_TABLE(
         x, conv_state, weight, bias, activation=activation, implementation=implementation
     )

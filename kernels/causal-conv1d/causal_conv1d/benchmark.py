@@ -11,7 +11,8 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
 from . import api
 from .api import causal_conv1d, causal_conv1d_update
-from .torch_ops import causal_conv1d as conv_op
+
+conv_op = api.causal_conv1d.torch
 
 WIDTH = 4
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from .torch_ops import causal_conv1d, causal_conv1d_update
+from . import api
+
+causal_conv1d = api.causal_conv1d.torch
+causal_conv1d_update = api.causal_conv1d_update.torch
 
 has_backward = True  # causal_conv1d is differentiable; the decode update runs without gradients
 can_torch_compile = False

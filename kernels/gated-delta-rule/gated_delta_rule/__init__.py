@@ -5,7 +5,9 @@ from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
 from . import benchmark, layers
-from .torch_ops import chunk_gated_delta_rule, recurrent_gated_delta_rule
+
+chunk_gated_delta_rule = jax.chunk_gated_delta_rule.torch
+recurrent_gated_delta_rule = jax.recurrent_gated_delta_rule.torch
 
 KERNEL = KernelDeclaration(
     ops={

@@ -4,21 +4,25 @@ checks. Shapes and numerics are Transformers' (see ``reference``)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
+    Einsum,
     check_dtype,
     check_rank,
     float64_problem,
     jax_platform,
+    op,
     pallas_and_xla,
     require,
     tiling,
 )
 
-from . import chunked, layout, pallas_tpu, reference, sharding
+from . import chunked, layout, pallas_tpu, reference
 
 CHUNK_OP = "chunk_gated_delta_rule"
 DECODE_OP = "recurrent_gated_delta_rule"
@@ -120,8 +124,29 @@ def _chunk_pallas_problem(q, *args, chunk_size, **kwargs):
 
 CHUNK_TABLE = pallas_and_xla(CHUNK_OP, _chunk_pallas, _chunk_xla, _chunk_pallas_problem)
 
+# Sharding: batch and heads split (value heads together with their q/k heads, so each shard keeps
+# whole groups); the sequence, head dims and packing offsets stay whole (the state recurrence
+# runs along the sequence). Gradients flow to q, k, v, g, beta and the initial state.
+_QK = "batch length key_heads key_dim"
+_V = "batch length heads value_dim"
+_G = "batch length heads"
+_STATE = "sequences heads key_dim value_dim"
+_SHARDING = {
+    "whole": ("length", "key_dim", "value_dim"),
+    "together": (("heads", "key_heads"), ("batch", "sequences")),
+    "handled_by": {"length": "nothing yet: the recurrence needs the whole sequence per shard"},
+}
+_DIFFERENTIABLE = ("q", "k", "v", "g", "beta", "initial_state")
 
-@sharding.chunk_boundary
+
+@op(
+    check=functools.partial(check_inputs, CHUNK_OP),
+    differentiable=_DIFFERENTIABLE,
+    sharding=Einsum(
+        f"{_QK}, {_QK}, {_V}, {_G}, {_G}, {_STATE}, offsets -> {_V}, {_STATE}",
+        **{**_SHARDING, "whole": (*_SHARDING["whole"], "offsets")},
+    ),
+)
 def chunk_gated_delta_rule(
     q: jax.Array,
     k: jax.Array,
@@ -145,7 +170,6 @@ def chunk_gated_delta_rule(
     inputs). ``use_qk_l2norm`` L2-normalises q and k first; q is scaled by ``scale`` (default
     ``K ** -0.5``). ``chunk_size`` only changes rounding.
     """
-    check_inputs(CHUNK_OP, q, k, v, g, beta, initial_state, cu_seqlens)
     require(
         isinstance(chunk_size, int) and chunk_size > 0,
         f"{CHUNK_OP}: chunk_size={chunk_size!r}; it must be a positive int (64 by default)",
@@ -198,7 +222,11 @@ def _decode_pallas_problem(q, *args, **kwargs):
 DECODE_TABLE = pallas_and_xla(DECODE_OP, _decode_pallas, _decode_xla, _decode_pallas_problem)
 
 
-@sharding.decode_boundary
+@op(
+    check=functools.partial(check_inputs, DECODE_OP),
+    differentiable=_DIFFERENTIABLE,
+    sharding=Einsum(f"{_QK}, {_QK}, {_V}, {_G}, {_G}, {_STATE} -> {_V}, {_STATE}", **_SHARDING),
+)
 def recurrent_gated_delta_rule(
     q: jax.Array,
     k: jax.Array,
@@ -217,7 +245,6 @@ def recurrent_gated_delta_rule(
     ``[B, HV, K, V]``. Returns (o ``[B, T, HV, V]`` in q's dtype, the new state in f32). The Pallas
     kernel aliases the new state to ``initial_state`` (in place when the caller donates it).
     """
-    check_inputs(DECODE_OP, q, k, v, g, beta, initial_state)
     return DECODE_TABLE(
         q,
         k,

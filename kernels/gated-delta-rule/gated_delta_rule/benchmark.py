@@ -11,7 +11,8 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
 from . import api
 from .api import chunk_gated_delta_rule, recurrent_gated_delta_rule
-from .torch_ops import chunk_gated_delta_rule as chunk_op
+
+chunk_op = api.chunk_gated_delta_rule.torch
 
 CHUNK = 64
 

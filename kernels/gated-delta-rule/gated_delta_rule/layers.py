@@ -19,7 +19,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from .torch_ops import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from . import api
+
+chunk_gated_delta_rule = api.chunk_gated_delta_rule.torch
+recurrent_gated_delta_rule = api.recurrent_gated_delta_rule.torch
 
 PACKING_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 CONV_SLOTS = ("causal_conv1d_fn", "causal_conv1d_update")

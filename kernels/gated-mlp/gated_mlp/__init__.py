@@ -5,7 +5,8 @@ from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
 from . import benchmark, layers
-from .torch_ops import gated_activation
+
+gated_activation = jax.gated_activation.torch
 
 KERNEL = KernelDeclaration(
     ops={"gated_activation": gated_activation},

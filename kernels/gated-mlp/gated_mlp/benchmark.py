@@ -11,7 +11,8 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
 from . import api
 from .api import gated_activation
-from .torch_ops import gated_activation as gated_activation_op
+
+gated_activation_op = api.gated_activation.torch
 
 # (name, tokens, intermediate, activation, fused): Llama-3-8B's and Gemma-2-9B's MLPs on a 4k
 # prefill, Phi-3-mini's fused gate_up.

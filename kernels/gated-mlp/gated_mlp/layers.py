@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from .torch_ops import gated_activation
+from . import api
+
+gated_activation = api.gated_activation.torch
 
 ACTIVATION_CLASSES = {
     "SiLU": "silu",

@@ -4,7 +4,11 @@ from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
 from . import benchmark, layers
-from .torch_ops import layer_norm, layer_norm_any, layer_norm_no_affine, layer_norm_no_bias
+from .layers import layer_norm_any
+
+layer_norm = jax.layer_norm.torch
+layer_norm_no_affine = jax.layer_norm_no_affine.torch
+layer_norm_no_bias = jax.layer_norm_no_bias.torch
 
 KERNEL = KernelDeclaration(
     ops={

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
+    Einsum,
+    RowBuckets,
     check_dtype,
     check_rank,
     float64_problem,
     jax_platform,
+    op,
     pallas_and_xla,
     require,
 )
 
-from . import pallas_tpu, reference, sharding
+from . import pallas_tpu, reference
 
 OP = "layer_norm"
 
@@ -67,8 +71,31 @@ def _xla(x, weight, bias, *, eps, block_rows):
 
 TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 
+# Sharding: rows split freely, the normalised axis stays whole (its mean and variance need every
+# column); a replicated weight's and bias's gradients are summed over the shards by the
+# boundary's transpose.
+_WHOLE = {
+    "whole": ("hidden",),
+    "handled_by": {
+        "hidden": "an all-gather of x before the norm (the statistics need every column)"
+    },
+}
+# Rows are independent, so the torch ops flatten leading dims and pad them to power-of-two
+# buckets: varying sequence lengths compile a handful of shapes, not one per length.
+_BUCKETS = RowBuckets(inputs=("x",), outputs=(0,))
+# A torch op's differentiable arguments are tensors, so each affine form is its own torch op:
+# ``layer_norm`` (weight and bias), ``layer_norm_no_bias`` (weight only, e.g. ModernBERT) and
+# ``layer_norm_no_affine`` (``elementwise_affine=False``, e.g. Flux).
 
-@sharding.boundary
+
+@op(
+    check=check_inputs,
+    differentiable=("x", "weight", "bias"),
+    sharding=Einsum("... hidden, hidden, hidden -> ... hidden", **_WHOLE),
+    jax_only=("block_rows",),
+    torch_required=("weight", "bias"),
+    buckets=_BUCKETS,
+)
 def layer_norm(
     x: jax.Array,
     weight: jax.Array | None = None,
@@ -85,11 +112,16 @@ def layer_norm(
     as ``torch.nn.functional.layer_norm``. ``implementation`` forces one ("pallas" or "xla"); by
     default the platform's order is tried. ``block_rows`` overrides the Pallas row block.
     """
-    check_inputs(x, weight, bias)
     return TABLE(x, weight, bias, eps=eps, block_rows=block_rows, implementation=implementation)
 
 
-@sharding.no_bias_boundary
+@op(
+    check=functools.partial(check_inputs, bias=None),
+    differentiable=("x", "weight"),
+    sharding=Einsum("... hidden, hidden -> ... hidden", **_WHOLE),
+    jax_only=("block_rows",),
+    buckets=_BUCKETS,
+)
 def layer_norm_no_bias(
     x: jax.Array,
     weight: jax.Array,
@@ -102,7 +134,13 @@ def layer_norm_no_bias(
     return layer_norm(x, weight, None, eps, implementation=implementation, block_rows=block_rows)
 
 
-@sharding.no_affine_boundary
+@op(
+    check=functools.partial(check_inputs, weight=None, bias=None),
+    differentiable=("x",),
+    sharding=Einsum("... hidden -> ... hidden", **_WHOLE),
+    jax_only=("block_rows",),
+    buckets=_BUCKETS,
+)
 def layer_norm_no_affine(
     x: jax.Array,
     eps: float = 1e-5,

@@ -12,7 +12,7 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
 from . import api
 from .api import layer_norm, layer_norm_no_affine, layer_norm_no_bias
-from .torch_ops import layer_norm_any
+from .layers import layer_norm_any
 
 # (name, tokens, hidden, affine): BERT-large pretraining (batch 8 x 512 tokens, weight and bias);
 # Flux's double/single blocks at 1024x1024 (4096 image + 512 text tokens, hidden 3072,

@@ -14,7 +14,25 @@ import torch
 
 from kernel_hub.kernel_api import FLOATS_AND_F64, dtype_name
 
-from .torch_ops import layer_norm_any
+from .api import layer_norm, layer_norm_no_affine, layer_norm_no_bias
+
+
+def layer_norm_any(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float = 1e-5,
+    implementation: str | None = None,
+) -> torch.Tensor:
+    """The torch op for whichever of weight and bias are given (a bias alone gets a unit
+    weight)."""
+    if bias is not None:
+        if weight is None:
+            weight = torch.ones_like(bias)
+        return layer_norm.torch(x, weight, bias, eps, implementation)
+    if weight is not None:
+        return layer_norm_no_bias.torch(x, weight, eps, implementation)
+    return layer_norm_no_affine.torch(x, eps, implementation)
 
 
 def _flat(param: torch.Tensor | None) -> torch.Tensor | None:

@@ -6,7 +6,9 @@ from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
 from . import benchmark, layers
-from .torch_ops import mamba_chunk_scan_combined, selective_state_update
+
+mamba_chunk_scan_combined = jax.mamba_chunk_scan_combined.torch
+selective_state_update = jax.selective_state_update.torch
 
 KERNEL = KernelDeclaration(
     ops={

@@ -11,16 +11,18 @@ import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
+    Einsum,
     check_dtype,
     check_rank,
     float64_problem,
     jax_platform,
+    op,
     pallas_and_xla,
     require,
     tiling,
 )
 
-from . import chunked, pallas_tpu, reference, sharding
+from . import chunked, pallas_tpu, reference
 
 CHUNK_OP = "mamba_chunk_scan_combined"
 DECODE_OP = "selective_state_update"
@@ -166,8 +168,28 @@ def _chunk_pallas_problem(x, *args, chunk_size, **kwargs):
 
 CHUNK_TABLE = pallas_and_xla(CHUNK_OP, _chunk_pallas, _chunk_xla, _chunk_pallas_problem)
 
+# Sharding: batch and heads split (B/C groups together with their heads, so each shard keeps
+# whole groups); the sequence, head dim and state dim stay whole (the recurrence runs along the
+# sequence).
+_X = "batch length heads head_dim"
+_BC = "batch length groups state"
+_STATE = "batch heads head_dim state"
+_SHARDING = {
+    "whole": ("length", "head_dim", "state"),
+    "together": (("heads", "groups"),),
+    "handled_by": {"length": "nothing yet: the recurrence needs the whole sequence per shard"},
+}
 
-@sharding.chunk_boundary
+
+@op(
+    check=check_chunk_inputs,
+    differentiable=("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_states"),
+    sharding=Einsum(
+        f"{_X}, batch length heads, heads, {_BC}, {_BC}, heads, heads, {_STATE}, "
+        f"batch length -> {_X}, {_STATE}",
+        **_SHARDING,
+    ),
+)
 def mamba_chunk_scan_combined(
     x: jax.Array,
     dt: jax.Array,
@@ -196,7 +218,6 @@ def mamba_chunk_scan_combined(
     and the final states ``[B, H, P, N]``, both float32, or float64 for float64 x), as
     Transformers' fallback does; ``chunk_size`` only changes rounding (and the Pallas block).
     """
-    check_chunk_inputs(x, dt, A, B, C, D, dt_bias, initial_states, seq_idx)
     require(
         isinstance(chunk_size, int) and chunk_size > 0,
         f"{CHUNK_OP}: chunk_size={chunk_size!r}; it must be a positive int",
@@ -248,7 +269,20 @@ def _decode_pallas_problem(state, x, *args, **kwargs):
 DECODE_TABLE = pallas_and_xla(DECODE_OP, _decode_pallas, _decode_xla, _decode_pallas_problem)
 
 
-@sharding.decode_boundary
+_TOKEN = "batch heads head_dim"
+_GROUP = "batch groups state"
+
+
+# The decode step has no backward (decode is inference). It returns the new state; callers
+# holding a cache tensor copy it over (``layers`` does, as Transformers' fallback does in place).
+@op(
+    check=check_decode_inputs,
+    sharding=Einsum(
+        f"{_STATE}, {_TOKEN}, {_TOKEN}, heads head_dim state, {_GROUP}, {_GROUP}, heads head_dim, "
+        f"{_TOKEN}, heads head_dim -> {_TOKEN}, {_STATE}",
+        **{**_SHARDING, "whole": ("head_dim", "state")},
+    ),
+)
 def selective_state_update(
     state: jax.Array,
     x: jax.Array,
@@ -271,7 +305,6 @@ def selective_state_update(
     Transformers, never clamped. Returns (y ``[B, H, P]`` in x's dtype, the new state in state's
     dtype); the Pallas kernel writes the new state over ``state`` when the caller donates it.
     """
-    check_decode_inputs(state, x, dt, A, B, C, D, z, dt_bias)
     return DECODE_TABLE(
         state, x, dt, A, B, C, D, z, dt_bias, dt_softplus=dt_softplus, implementation=implementation
     )

@@ -12,8 +12,9 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
 from . import api
 from .api import mamba_chunk_scan_combined, selective_state_update
-from .torch_ops import mamba_chunk_scan_combined as chunk_op
-from .torch_ops import selective_state_update as decode_op
+
+chunk_op = api.mamba_chunk_scan_combined.torch
+decode_op = api.selective_state_update.torch
 
 
 def prefill_case(

@@ -32,7 +32,10 @@ import types
 
 import torch
 
-from .torch_ops import mamba_chunk_scan_combined, selective_state_update
+from . import api
+
+mamba_chunk_scan_combined = api.mamba_chunk_scan_combined.torch
+selective_state_update = api.selective_state_update.torch
 
 CHUNK_SLOT = "mamba2_chunk_scan"
 DECODE_SLOT = "mamba2_selective_state_update"

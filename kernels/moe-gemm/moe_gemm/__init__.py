@@ -10,7 +10,10 @@ from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
 from . import benchmark, expert_parallel, integrations, layers, routing
-from .torch_ops import gmm, gmm_quantized, tgmm
+
+gmm = jax.gmm.torch
+gmm_quantized = jax.gmm_quantized.torch
+tgmm = jax.tgmm.torch
 
 KERNEL = KernelDeclaration(
     ops={"gmm": gmm, "tgmm": tgmm, "gmm_quantized": gmm_quantized},

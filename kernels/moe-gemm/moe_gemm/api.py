@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from torch._subclasses.fake_tensor import is_fake
 
 from kernel_hub.kernel_api import (
     Implementation,
@@ -26,6 +27,7 @@ from kernel_hub.kernel_api import (
     check_same_dtype,
     dtype_name,
     jax_platform,
+    op,
     require,
     weight_formats,
 )
@@ -253,14 +255,73 @@ TGMM_TABLE = ImplementationTable(
 )
 
 
-@sharding.gmm_boundary
+def _readable_sizes(op_name: str):
+    """The torch ops' check of group size values in real CPU tensors; fake tensors
+    (torch.compile tracing) have none, and reading an accelerator tensor would stall it (see the
+    module doc for what happens then)."""
+
+    def check(lhs, group_sizes) -> None:
+        if group_sizes.device.type == "cpu" and not is_fake(group_sizes):
+            check_group_size_values(op_name, group_sizes.tolist(), lhs.shape[0])
+
+    return check
+
+
+# The torch ops' backward runs only the backward kernels: no forward recomputed (and left to DCE).
+def _gmm_backward(
+    inputs, outputs, cotangents, *, transpose_rhs, preferred_element_type, implementation
+):
+    return gmm_vjp(
+        inputs["lhs"],
+        inputs["rhs"],
+        inputs["group_sizes"],
+        cotangents[0],
+        transpose_rhs=transpose_rhs,
+        implementation=implementation,
+    )
+
+
+def _tgmm_backward(inputs, outputs, cotangents, *, preferred_element_type, implementation):
+    return tgmm_vjp(
+        inputs["lhs"],
+        inputs["grad"],
+        inputs["group_sizes"],
+        cotangents[0],
+        implementation=implementation,
+    )
+
+
+def _gmm_quantized_backward(
+    inputs, outputs, cotangents, *, transpose_rhs, preferred_element_type, implementation
+):
+    return (
+        gmm_quantized_vjp(
+            inputs["lhs"],
+            inputs["weight"],
+            inputs["scale"],
+            inputs["group_sizes"],
+            cotangents[0],
+            transpose_rhs=transpose_rhs,
+            implementation=implementation,
+        ),
+    )
+
+
+@op(
+    check=check_gmm_inputs,
+    torch_check=_readable_sizes("gmm"),
+    differentiable=("lhs", "rhs"),
+    jax_backward=_gmm_backward,
+    sharding=sharding.gmm_rule,
+    jax_only=("tiling",),
+)
 def gmm(
     lhs: jax.Array,
     rhs: jax.Array,
     group_sizes: jax.Array,
     *,
     transpose_rhs: bool = False,
-    preferred_element_type=None,
+    preferred_element_type: jax.typing.DTypeLike | None = None,
     implementation: str | None = None,
     tiling: Tiling | None = None,
 ) -> jax.Array:
@@ -272,7 +333,6 @@ def gmm(
     ``implementation`` forces "pallas", "tokamax", "xla" or "xla_loop" (CPU); ``tiling`` sets the
     Pallas blocks.
     """
-    check_gmm_inputs(lhs, rhs, group_sizes, transpose_rhs)
     _check_concrete_sizes("gmm", group_sizes, lhs.shape[0])
     out_dtype = _out_dtype(lhs.dtype, preferred_element_type)
     n = _gmm_n(rhs, transpose_rhs)
@@ -290,13 +350,20 @@ def gmm(
     )
 
 
-@sharding.tgmm_boundary
+@op(
+    check=check_tgmm_inputs,
+    torch_check=_readable_sizes("tgmm"),
+    differentiable=("lhs", "grad"),
+    jax_backward=_tgmm_backward,
+    sharding=sharding.TGMM,
+    jax_only=("tiling",),
+)
 def tgmm(
     lhs: jax.Array,
     grad: jax.Array,
     group_sizes: jax.Array,
     *,
-    preferred_element_type=None,
+    preferred_element_type: jax.typing.DTypeLike | None = None,
     implementation: str | None = None,
     tiling: Tiling | None = None,
 ) -> jax.Array:
@@ -304,7 +371,6 @@ def tgmm(
     [E, k, n], E = ``len(group_sizes)``. The weight gradient of ``gmm``; groups without rows
     give zeros. Differentiable in ``lhs`` and ``grad``.
     """
-    check_tgmm_inputs(lhs, grad, group_sizes)
     _check_concrete_sizes("tgmm", group_sizes, lhs.shape[0])
     out_dtype = _out_dtype(lhs.dtype, preferred_element_type)
     shape = (group_sizes.shape[0], lhs.shape[1], grad.shape[1])
@@ -396,7 +462,17 @@ GMM_QUANTIZED_TABLE = ImplementationTable(
 )
 
 
-@sharding.gmm_quantized_boundary
+# Quantized weights are frozen: a weight or scale that requires grad (in grad mode) is refused
+# before any kernel runs.
+@op(
+    check=quantized.check_inputs,
+    torch_check=_readable_sizes("gmm_quantized"),
+    differentiable=("lhs",),
+    frozen=("weight", "scale"),
+    jax_backward=_gmm_quantized_backward,
+    sharding=sharding.gmm_quantized_rule,
+    jax_only=("tiling",),
+)
 def gmm_quantized(
     lhs: jax.Array,
     weight: jax.Array,
@@ -404,7 +480,7 @@ def gmm_quantized(
     group_sizes: jax.Array,
     *,
     transpose_rhs: bool = True,
-    preferred_element_type=None,
+    preferred_element_type: jax.typing.DTypeLike | None = None,
     implementation: str | None = None,
     tiling: Tiling | None = None,
 ) -> jax.Array:
@@ -421,7 +497,6 @@ def gmm_quantized(
     ``implementation``: "pallas" or "xla"; ``tiling``: the Pallas blocks (fp8: tk, tn multiples
     of 128).
     """
-    quantized.check_inputs(lhs, weight, scale, group_sizes, transpose_rhs)
     _check_concrete_sizes("gmm_quantized", group_sizes, lhs.shape[0])
     out_dtype = _out_dtype(lhs.dtype, preferred_element_type)
     n = _gmm_n(weight, transpose_rhs)

@@ -19,7 +19,8 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase, weight_formats
 
 from . import api, expert_parallel
 from .api import gmm, gmm_quantized
-from .torch_ops import gmm as gmm_op
+
+gmm_op = api.gmm.torch
 
 
 class MoEShape(NamedTuple):

@@ -24,11 +24,13 @@ import torch
 
 from kernel_hub.kernel_api import transformers_ep
 
-from . import quantized
+from . import api, quantized
 from .expert_parallel import expert_axis
 from .expert_parallel_op import moe_ep_swiglu
 from .routing import Routing, combine, gather_tokens, route
-from .torch_ops import gmm, gmm_quantized
+
+gmm = api.gmm.torch
+gmm_quantized = api.gmm_quantized.torch
 
 DEFAULT_NAME = "kernel_hub_moe_gemm"
 MIN_ROWS = 8

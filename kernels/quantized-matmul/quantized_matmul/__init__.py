@@ -6,7 +6,8 @@ from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
 from . import benchmark, layers
-from .torch_ops import quantized_matmul
+
+quantized_matmul = jax.quantized_matmul.torch
 
 KERNEL = KernelDeclaration(
     ops={"quantized_matmul": quantized_matmul},

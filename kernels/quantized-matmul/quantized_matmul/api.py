@@ -11,19 +11,22 @@ import jax
 import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
+    Einsum,
+    RowBuckets,
     check_dtype,
     check_rank,
     dtype_name,
     float64_problem,
     jax_default_device,
     jax_platform,
+    op,
     pallas_and_xla,
     require,
     tpu_generation,
     weight_formats,
 )
 
-from . import pallas_tpu, reference, sharding
+from . import pallas_tpu, reference
 
 OP = "quantized_matmul"
 FORMATS = {"int8": "int8", "float8_e4m3fn": "fp8"}
@@ -150,14 +153,37 @@ def _matmul_bwd(out_dtype, block_sizes, implementation, residuals, dout):
 
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
+# Sharding: the weight's output dim (``n``, over ``model`` by the conventions) splits freely; its
+# contraction dim ``k`` (over ``data``) splits with partial products summed over the shards.
+# Scales follow their weights: int8's [n] holds the output dim; fp8's block grid
+# [n / 128, k / 128] holds both under the weight's factors, so a split reaches the scale only
+# when its block count divides too (each shard then holds whole blocks).
+_INT8 = Einsum("... k, n k, n -> ... n", reduced=("k",))
+_FP8 = Einsum("... k, n k, n k -> ... n", reduced=("k",))
 
-@sharding.boundary
+
+def sharding_rule(ranks: tuple = (), **options) -> Einsum:
+    """The rule for the scale's rank (1: int8 per channel, 2: fp8 block grid)."""
+    return _FP8 if len(ranks) > 2 and ranks[2] == 2 else _INT8
+
+
+# Rows are independent: the torch op flattens leading dims and pads them to power-of-two buckets,
+# so a decode loop compiles a handful of shapes, not one per length. A weight or scale that
+# requires grad (in grad mode) is refused before any kernel runs.
+@op(
+    check=check_inputs,
+    differentiable=("x",),
+    frozen=("weight", "scale"),
+    sharding=sharding_rule,
+    jax_only=("block_sizes",),
+    buckets=RowBuckets(inputs=("x",), outputs=(0,)),
+)
 def quantized_matmul(
     x: jax.Array,
     weight: jax.Array,
     scale: jax.Array,
     *,
-    preferred_element_type=None,
+    preferred_element_type: jax.typing.DTypeLike | None = None,
     implementation: str | None = None,
     block_sizes: BlockSizes | None = None,
 ) -> jax.Array:
@@ -172,7 +198,6 @@ def quantized_matmul(
     and its scale are frozen (``stop_gradient``). ``implementation``: "pallas" or "xla";
     ``block_sizes``: the Pallas blocks (``BlockSizes``).
     """
-    check_inputs(x, weight, scale)
     out_dtype = _out_dtype(x.dtype, preferred_element_type)
     lead, (n, k) = x.shape[:-1], weight.shape
     rows = math.prod(lead)

@@ -18,7 +18,8 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 from . import api
 from .api import quantized_matmul, scale_shape
 from .reference import dequantize
-from .torch_ops import quantized_matmul as quantized_matmul_op
+
+quantized_matmul_op = api.quantized_matmul.torch
 
 WEIGHT_DTYPES = {"fp8": jnp.float8_e4m3fn, "int8": jnp.int8}
 # projection -> (out, in)

@@ -13,8 +13,10 @@ import torch
 
 from kernel_hub.kernel_api import dtype_name
 
+from . import api
 from .api import ACTIVATION_DTYPES, FORMATS, scale_shape
-from .torch_ops import quantized_matmul
+
+quantized_matmul = api.quantized_matmul.torch
 
 SCALE_NAMES = ("weight_scale_inv", "weight_scale")
 

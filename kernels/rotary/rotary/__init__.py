@@ -7,7 +7,8 @@ from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
 from . import benchmark, layers
-from .torch_ops import rotary_embedding
+
+rotary_embedding = jax.rotary_embedding.torch
 
 KERNEL = KernelDeclaration(
     ops={"rotary_embedding": rotary_embedding},

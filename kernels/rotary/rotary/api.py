@@ -10,16 +10,19 @@ import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
+    Einsum,
+    KernelInputError,
     check_dtype,
     check_rank,
     check_same_dtype,
     float64_problem,
     jax_platform,
+    op,
     pallas_and_xla,
     require,
 )
 
-from . import pallas_tpu, reference, sharding
+from . import pallas_tpu, reference
 
 OP = "rotary_embedding"
 
@@ -133,8 +136,46 @@ def _xla(q, k, cos, sin, *, block_seq, interleaved, unsqueeze_dim, upcast, cast_
 
 TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 
+# Sharding: batch, heads and sequence positions split freely (q's and k's heads together, so
+# grouped-query shards keep whole groups); the head dim and the rotary dim stay whole (a rotation
+# pairs features across them). cos and sin may be shared by the batch (size 1); their gradient is
+# then summed over the batch shards. Factor names as the other rules name them: Auto meshes split
+# ``batch`` and ``heads`` by them (``sharding.context.CONVENTIONAL_AXES``).
+_LAYOUTS = {
+    1: "batch heads seq d, batch kv_heads seq d",
+    2: "batch seq heads d, batch seq kv_heads d",
+}
 
-@sharding.boundary
+
+def sharding_rule(unsqueeze_dim: int = 1, **_options) -> Einsum:
+    """The rule for q and k laid out as ``unsqueeze_dim`` says (heads at axis 1 or 2)."""
+    tensors = _LAYOUTS.get(unsqueeze_dim, _LAYOUTS[1])  # a bad value is refused by the checks
+    return Einsum(
+        f"{tensors}, batch? seq r, batch? seq r -> {tensors}",
+        whole=("d", "r"),
+        together=(("heads", "kv_heads"),),
+        handled_by={"d": "nothing: a rotation pairs head-dim features"},
+    )
+
+
+def no_table_gradients(cos, sin) -> None:
+    """cos and sin come from buffers in every model; the torch op does not return their
+    gradients, so it refuses to drop one silently (checked whatever the grad mode: the check runs
+    below autograd, where grad mode is always off)."""
+    if cos.requires_grad or sin.requires_grad:
+        raise KernelInputError(
+            f"{OP}: cos or sin requires grad; the torch op gives gradients for q and k only "
+            "(compute cos and sin under torch.no_grad() or detach them)"
+        )
+
+
+@op(
+    check=check_inputs,
+    torch_check=no_table_gradients,
+    differentiable=("q", "k"),
+    sharding=sharding_rule,
+    jax_only=("block_seq",),
+)
 def rotary_embedding(
     q: jax.Array,
     k: jax.Array,
@@ -156,7 +197,6 @@ def rotary_embedding(
     ``promote(x, cos)``, as torch does); ``cast_back``: results in q's and k's own dtypes.
     ``block_seq`` overrides the Pallas sequence block.
     """
-    check_inputs(q, k, cos, sin, unsqueeze_dim)
     return TABLE(
         q,
         k,

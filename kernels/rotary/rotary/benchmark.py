@@ -11,7 +11,8 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
 from . import api
 from .api import rotary_embedding
-from .torch_ops import rotary_embedding as rotary_embedding_op
+
+rotary_embedding_op = api.rotary_embedding.torch
 
 # (name, batch, q heads, kv heads, seq, head dim, rotary dim, options): Llama-3-8B's attention on
 # a 4k prefill, a partial rotary (64 of 128 features: partial_rotary_factor 0.5), Cohere's pairs.

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from .torch_ops import rotary_embedding
+from . import api
+
+rotary_embedding = api.rotary_embedding.torch
 
 NAME = "kernel-hub-rotary"
 can_torch_compile = True

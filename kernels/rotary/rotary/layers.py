@@ -13,7 +13,9 @@ import torch
 
 from kernel_hub.kernel_api import require
 
-from .torch_ops import rotary_embedding
+from . import api
+
+rotary_embedding = api.rotary_embedding.torch
 
 
 def _check_full_width(q: torch.Tensor, cos: torch.Tensor) -> None:
