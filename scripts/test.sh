@@ -85,15 +85,8 @@ export KERNEL_HUB_COMPILATION_CACHE_DIR=$run_cache
 
 step "tests against the installed wheel"
 suite_start=$SECONDS
-# One pytest process keeps one core busy (JAX's CPU compiles and interpret-mode kernels run on one
-# thread), so the suite runs in one worker process per core, at most 4 (pytest-xdist; each worker
-# holds a few GB of models and compiled programs). --dist loadfile hands each worker whole test
-# files, so a module's fixtures (the SPMD subprocess, tiny models) are built once. Each worker runs
-# torch on one thread: the cores are already all busy, and torch's OpenMP threads spin after every
-# parallel region. The all-kernels TPU compile matrix is the longest test and runs in its own two
-# worker processes beside the suite, from the start: whichever finishes first leaves both cores to
-# the other.
-suite_workers=$(($(nproc) < 4 ? $(nproc) : 4))
+# The all-kernels TPU compile matrix is the longest test and runs in its own worker processes;
+# it runs beside the rest of the suite (which keeps one core busy) instead of after it.
 matrix=tests/bench/test_compile_matrix.py::test_every_registry_kernel_compiles_for_every_generation
 matrix_log=$(mktemp)
 matrix_time=$(mktemp)
@@ -106,8 +99,7 @@ matrix_time=$(mktemp)
 ) >"$matrix_log" 2>&1 &
 matrix_pid=$!
 suite=0
-OMP_NUM_THREADS=1 .venv/bin/python -P -m pytest -n "$suite_workers" --dist loadfile \
-    --deselect "$matrix" --durations=30 || suite=$?
+.venv/bin/python -P -m pytest --deselect "$matrix" --durations=30 || suite=$?
 matrix_status=0
 wait "$matrix_pid" || matrix_status=$?
 cat "$matrix_log" && rm -f "$matrix_log"
