@@ -8,6 +8,7 @@ tensors hold no data until read, so the kernels' full benchmark shapes cost noth
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,9 +85,25 @@ def inputs_on(device: torch.device | str, op_case: OpCase) -> list[torch.Tensor 
     return tensors
 
 
+def call_op(op_case: OpCase, inputs: list[torch.Tensor | None]) -> Any:
+    """The op on the case's arguments: positionally while the torch schema's parameter names
+    follow the JAX function's, by name from the first that does not (an op may take tensors
+    after its options in torch, e.g. ragged attention's 8-bit KV scales)."""
+    jax_names = list(inspect.signature(op_case.case.fn).parameters)
+    torch_names = [argument.name for argument in op_case.op.op._schema.arguments]
+    positional: list[torch.Tensor | None] = []
+    named: dict[str, torch.Tensor] = {}
+    for position, tensor in enumerate(inputs):
+        if not named and torch_names[position : position + 1] == [jax_names[position]]:
+            positional.append(tensor)
+        elif tensor is not None:
+            named[jax_names[position]] = tensor
+    return op_case.op(*positional, **named, **op_case.case.kwargs)
+
+
 def run_forward_and_backward(op_case: OpCase, inputs: list[torch.Tensor]) -> tuple[Any, Any]:
     """Call the op, then its backward for the case's differentiable arguments (if any)."""
-    outputs = op_case.op(*inputs, **op_case.case.kwargs)
+    outputs = call_op(op_case, inputs)
     if not op_case.case.differentiable:
         return outputs, None
     leaves = tensor_leaves(outputs)
@@ -103,5 +120,5 @@ def fake_outputs(op_case: OpCase) -> list[tuple[tuple[int, ...], torch.dtype]]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
-        outputs = op_case.op(*inputs_on("cpu", op_case), **op_case.case.kwargs)
+        outputs = call_op(op_case, inputs_on("cpu", op_case))
     return [(tuple(t.shape), t.dtype) for t in tensor_leaves(outputs)]
