@@ -93,9 +93,11 @@ PERSIMMON_BIAS = "model.layers.1.self_attn.q_layernorm.bias"
 
 
 def test_rounding_allowance_passes_conditioning_and_still_catches_defects() -> None:
-    """Persimmon's q-LayerNorm bias gradient is ill-conditioned: stock f32 happens to land 8e-5
-    off f64, stock runs moved by one rounding land ~2e-4 off, the kernels 1.7e-4. That passes on
-    the rounding runs' error; a 1% error on that gradient or a well-conditioned one fails."""
+    """Persimmon's q-LayerNorm bias gradient is ill-conditioned: stock runs moved by one rounding
+    land ~1.4e-4 off f64 (the largest gradient: under 1e-5), the kernels 1.7e-4, and stock f32
+    itself lands 8e-5 or 1.8e-4 off depending on the CPU's f32 kernels (AVX512 machines differ),
+    so how stock f32 lands is not asserted. The kernels pass on the rounding runs' error; a 1%
+    error on that gradient or on a well-conditioned one fails."""
     arch = next(a for a in archs.architectures() if a.model_type == "persimmon")
     model = archs.build(arch, archs.CONFIG_VARIANTS[0]).train()
     inputs = archs.batch(arch, model)
@@ -104,9 +106,7 @@ def test_rounding_allowance_passes_conditioning_and_still_catches_defects() -> N
     largest = max(exact, key=lambda n: coverage._largest(exact[n]))
     rounding = coverage._rounding_errors(model, inputs, exact, [PERSIMMON_BIAS, largest])
 
-    assert rounding[PERSIMMON_BIAS] > 2 * coverage._relative(
-        stock.grads[PERSIMMON_BIAS], exact[PERSIMMON_BIAS]
-    )
+    assert rounding[PERSIMMON_BIAS] > 10 * rounding[largest]  # ill- vs well-conditioned
     assert rounding[largest] < 1e-5  # the allowance is the problem's, not a blanket one
     for name in (PERSIMMON_BIAS, largest):
         off = {**stock.grads, name: stock.grads[name] * 1.01}
