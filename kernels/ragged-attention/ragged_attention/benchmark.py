@@ -31,6 +31,17 @@ def _tokens(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
+def _draw(rng, shape, kind):
+    """Standard normal values drawn in f32, cast to ``kind``."""
+    return rng.standard_normal(shape, dtype=np.float32).astype(kind)
+
+
+def _with_kv_scales(rng, args, scale_shape):
+    """``args`` followed by no sinks and the 8-bit cache's positive f32 key and value scales."""
+    scales = [np.abs(_draw(rng, scale_shape, np.float32)) / 64 for _ in range(2)]
+    return (*args, None, *scales)
+
+
 def _struct(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
 
@@ -69,21 +80,15 @@ def ragged_decode_case(
     kv_kind = dtype if kv_dtype is None else jnp.dtype(kv_dtype)
 
     def make_args(rng):
-        def draw(*shape, kind=dtype):
-            return rng.standard_normal(shape, dtype=np.float32).astype(kind)
-
         cu_q = np.arange(batch + 1, dtype=np.int32)
         args = (
-            draw(batch, q_heads, head_dim),
-            draw(keys, kv_heads, head_dim, kind=kv_kind),
-            draw(keys, kv_heads, head_dim, kind=kv_kind),
+            _draw(rng, (batch, q_heads, head_dim), dtype),
+            _draw(rng, (keys, kv_heads, head_dim), kv_kind),
+            _draw(rng, (keys, kv_heads, head_dim), kv_kind),
             cu_q,
             cu_q * context,
         )
-        if kv_dtype is None:
-            return args
-        scales = [np.abs(draw(kv_heads, keys, kind=np.float32)) / 64 for _ in range(2)]
-        return (*args, None, *scales)
+        return args if kv_dtype is None else _with_kv_scales(rng, args, (kv_heads, keys))
 
     flops, bytes_accessed = _cost(
         batch,
@@ -139,23 +144,17 @@ def paged_decode_case(
     page_shape = (num_pages, page_size, kv_heads, head_dim)
 
     def make_args(rng):
-        def draw(*shape, kind=dtype):
-            return rng.standard_normal(shape, dtype=np.float32).astype(kind)
-
         table = rng.integers(0, num_pages, (batch, pages_per_seq))
         lens = np.full(batch, context, np.int32)
         args = (
-            draw(batch, q_heads, head_dim),
-            draw(*page_shape, kind=page_dtype),
-            draw(*page_shape, kind=page_dtype),
+            _draw(rng, (batch, q_heads, head_dim), dtype),
+            _draw(rng, page_shape, page_dtype),
+            _draw(rng, page_shape, page_dtype),
             table.astype(np.int32),
             lens,
         )
-        if kv_dtype is None:
-            return args
         scale_shape = (num_pages, kv_heads, page_size)
-        scales = [np.abs(draw(*scale_shape, kind=np.float32)) / 64 for _ in range(2)]
-        return (*args, None, *scales)
+        return args if kv_dtype is None else _with_kv_scales(rng, args, scale_shape)
 
     flops, bytes_accessed = _cost(
         batch,
