@@ -108,9 +108,11 @@ def _config(hidden, weight, block_tokens, block_vocab) -> pallas_tpu.BlockConfig
     default = pallas_tpu.default_config(
         hidden.shape[0], weight.shape[0], hidden.shape[1], hidden.dtype, _generation()
     )
-    return pallas_tpu.BlockConfig(
-        block_tokens or default.block_tokens, block_vocab or default.block_vocab
-    )
+    if block_tokens or block_vocab:  # an explicit block: the forward takes the same token block
+        return pallas_tpu.BlockConfig(
+            block_tokens or default.block_tokens, block_vocab or default.block_vocab
+        )
+    return default
 
 
 def _pallas(hidden, weight, bias, targets, *, form, block_tokens, block_vocab):

@@ -7,9 +7,18 @@ accumulation), applies the logit form and folds the tile into an online log-sum-
 logit and the sum of logits. Only those three per-token statistics reach HBM.
 
 Backward, from the statistics' cotangents (``dz = g_lse * softmax + g_target * onehot + g_sum``):
-two kernels recompute the tile. One keeps the token block and runs over the vocabulary,
-accumulating ``dh = dz @ W`` in VMEM; the other keeps the vocabulary block and runs over the
-tokens, accumulating ``dW = dz^T @ h`` (and the bias gradient). HBM temporaries stay O(tokens).
+one kernel, grid (vocab blocks, token blocks), tokens innermost, recomputes each tile once and
+feeds both gradient products from it. The running ``dW`` (and bias gradient) block stays in VMEM
+while the tokens stream past; ``dh = dz @ W`` is accumulated over the vocabulary blocks in an f32
+[tokens, hidden] array in HBM (read, added to and written back once per vocabulary block; Pallas
+TPU has no atomic adds, so one of the two gradients must travel). Three [tokens, vocab, hidden]
+matmuls in the backward, one in the forward: four in all, the floor when only per-token
+statistics are kept (the backward needs each logit again before it can form ``dz``).
+
+The forward's token block (``forward_block_tokens``) is its own: a larger one re-reads the head
+less often, and the forward holds no [tokens, hidden] accumulator. The backward's vocabulary block
+sets how often the hidden states and the f32 dh travel (once per vocabulary block each), so it is
+as large as VMEM allows next to the resident f32 dW block.
 
 Ragged edges (tokens or vocabulary not a multiple of the block) are masked in the kernels, so
 the weight is never padded (a copy of a 152k x 4096 head would be 1.2 GiB).
@@ -30,56 +39,109 @@ from kernel_hub.kernel_api import tiling
 from .reference import LogitForm, accumulation_dtype, transform
 
 DEFAULT_BUDGET_BYTES = 40 << 20
-"""What the default blocks may use off TPU, and at most on one (12 MiB on v4, whose default
-scoped VMEM is 16 MiB); the compiler limit is set a little above the estimate."""
-_BLOCKS = ((512, 512), (256, 512), (256, 256), (128, 256), (128, 128))
-"""Default (tokens, vocab) blocks, largest first: a bigger token block re-reads W less often."""
+"""What the default blocks may use off TPU (interpret mode: the blocks need only be legal)."""
+_CAP_BYTES = 96 << 20
+"""At most this much VMEM on a TPU (v5e/v6e have 128 MiB; 12 MiB on v4, 60 MiB on v5p, their
+default scoped VMEM less a reserve); the compiler limit is set a little above the estimate."""
+_BLOCKS = ((256, 1024), (256, 512), (128, 512), (128, 256), (64, 256), (64, 128))
+"""Default backward (tokens, vocab) blocks, largest vocabulary first: the hidden states and the
+f32 dh travel once per vocabulary block. 256 tokens fill the v6e MXU's contraction for dW."""
+_FORWARD_TOKENS = (2048, 1024, 512, 256, 128, 64)
+"""Default forward token blocks, largest first: the forward re-reads the head once per block."""
 
 
 @dataclass(frozen=True)
 class BlockConfig:
     """Tokens and vocabulary rows per grid step: multiples of the tile (8/16 tokens, 128
-    vocabulary rows), or the whole axis."""
+    vocabulary rows), or the whole axis. ``forward_block_tokens`` is the forward's token block
+    (``block_tokens`` when None); the backward uses ``block_tokens``, both ``block_vocab``."""
 
     block_tokens: int
     block_vocab: int
+    forward_block_tokens: int | None = None
+
+    @property
+    def forward_tokens(self) -> int:
+        return self.forward_block_tokens or self.block_tokens
+
+
+def forward_vmem_bytes(
+    tokens_block: int, vocab_block: int, hidden: int, itemsize: int, acc_itemsize: int = 4
+) -> int:
+    """The forward's VMEM: double-buffered h and W blocks, and four f32 tiles of logits."""
+    return 2 * (tokens_block + vocab_block) * hidden * itemsize + (
+        4 * tokens_block * vocab_block * acc_itemsize
+    )
+
+
+def backward_vmem_bytes(
+    tokens_block: int, vocab_block: int, hidden: int, itemsize: int, acc_itemsize: int = 4
+) -> int:
+    """The backward's VMEM: double-buffered h and W blocks, the f32 dh block in and out (double
+    buffered), the resident f32 dW block and its output block, and four f32 tiles."""
+    inputs = 2 * (tokens_block + vocab_block) * hidden * itemsize
+    dh = 4 * tokens_block * hidden * acc_itemsize
+    dw = vocab_block * hidden * (acc_itemsize + 2 * itemsize)
+    return inputs + dh + dw + 4 * tokens_block * vocab_block * acc_itemsize
 
 
 def vmem_bytes(config: BlockConfig, hidden: int, itemsize: int, acc_itemsize: int = 4) -> int:
-    """Largest VMEM footprint of the three kernels (double-buffered blocks + accumulators)."""
-    bn, bv = config.block_tokens, config.block_vocab
-    tile = 4 * bn * bv * acc_itemsize  # logits, probabilities, dz and a cast copy
-    inputs = 2 * (bn + bv) * hidden * itemsize
-    dh = inputs + bn * hidden * (acc_itemsize + 2 * itemsize)
-    dw = inputs + bv * hidden * (acc_itemsize + 2 * itemsize)
-    return max(dh, dw) + tile
+    """Largest VMEM footprint of the two kernels (double-buffered blocks + accumulators)."""
+    return max(
+        forward_vmem_bytes(
+            config.forward_tokens, config.block_vocab, hidden, itemsize, acc_itemsize
+        ),
+        backward_vmem_bytes(
+            config.block_tokens, config.block_vocab, hidden, itemsize, acc_itemsize
+        ),
+    )
 
 
 def budget(generation: str | None) -> int:
     if generation is None:  # not on a TPU (interpret mode): the blocks need only be legal
         return DEFAULT_BUDGET_BYTES
-    return tiling.vmem_budget(generation, reserve=4 << 20, cap=DEFAULT_BUDGET_BYTES)
+    return tiling.vmem_budget(generation, reserve=4 << 20, cap=_CAP_BYTES)
 
 
 def default_config(
     tokens: int, vocab: int, hidden: int, dtype, generation: str | None = None
 ) -> BlockConfig:
-    """The largest default block pair that fits the generation's VMEM budget (whole axes when
-    smaller)."""
+    """The largest default blocks that fit the generation's VMEM budget (whole axes when
+    smaller): the backward's pair first, then the largest forward token block with its vocabulary
+    block."""
     itemsize = jnp.dtype(dtype).itemsize
     acc = accumulation_dtype(dtype).itemsize
+    limit = budget(generation)
+    bn, bv = _BLOCKS[-1]
     for bn, bv in _BLOCKS:
-        config = BlockConfig(min(bn, tokens), min(bv, vocab))
-        if vmem_bytes(config, hidden, itemsize, acc) <= budget(generation):
-            return config
-    return BlockConfig(min(_BLOCKS[-1][0], tokens), min(_BLOCKS[-1][1], vocab))
+        if backward_vmem_bytes(min(bn, tokens), min(bv, vocab), hidden, itemsize, acc) <= limit:
+            break
+    bn, bv = min(bn, tokens), min(bv, vocab)
+    forward = next(
+        (
+            min(fbn, tokens)
+            for fbn in _FORWARD_TOKENS
+            if fbn >= bn
+            and forward_vmem_bytes(min(fbn, tokens), bv, hidden, itemsize, acc) <= limit
+        ),
+        bn,
+    )
+    return BlockConfig(bn, bv, forward)
 
 
 def config_problem(tokens: int, vocab: int, dtype, config: BlockConfig) -> str | None:
     """Why a block config is illegal for TPU tiling, or None."""
     bn, bv = config.block_tokens, config.block_vocab
-    tokens_problem = tiling.row_block_problem(tokens, bn, dtype, name="block_tokens", axis="tokens")
-    problems = [] if tokens_problem is None else [tokens_problem]
+    problems = [
+        problem
+        for problem in (
+            tiling.row_block_problem(tokens, bn, dtype, name="block_tokens", axis="tokens"),
+            tiling.row_block_problem(
+                tokens, config.forward_tokens, dtype, name="forward_block_tokens", axis="tokens"
+            ),
+        )
+        if problem is not None
+    ]
     if not (bv == vocab or (bv > 0 and bv % 128 == 0)):
         problems.append(f"block_vocab={bv} must equal vocab ({vocab}) or be a multiple of 128")
     return "; ".join(problems) or None
@@ -209,32 +271,12 @@ def _dz(h, w, b_ref, t_ref, lse_ref, g_ref, ti, vi, shape: _Shape, acc):
     return jnp.where(inside, dz, 0.0)
 
 
-def _dh_kernel(*refs, shape: _Shape):
+def _backward_kernel(*refs, shape: _Shape, token_blocks: int):
     if shape.has_bias:
-        h_ref, w_ref, b_ref, t_ref, lse_ref, g_ref, dh_ref, acc_sc = refs
+        (h_ref, w_ref, b_ref, t_ref, lse_ref, g_ref, dh_in_ref) = refs[:7]
+        dh_ref, dw_ref, db_ref, acc_sc, bias_sc = refs[7:]
     else:
-        h_ref, w_ref, t_ref, lse_ref, g_ref, dh_ref, acc_sc = refs
-        b_ref = None
-    ti, vi = pl.program_id(0), pl.program_id(1)
-
-    @pl.when(vi == 0)
-    def _init():
-        acc_sc[...] = jnp.zeros(acc_sc.shape, acc_sc.dtype)
-
-    w = _weight_block(w_ref, vi, shape)
-    dz = _dz(h_ref[...], w, b_ref, t_ref, lse_ref, g_ref, ti, vi, shape, acc_sc.dtype)
-    acc_sc[...] += _dot(dz.astype(w.dtype), w, 1, 0, acc_sc.dtype)
-
-    @pl.when(vi == pl.num_programs(1) - 1)
-    def _finish():
-        dh_ref[...] = acc_sc[...].astype(dh_ref.dtype)
-
-
-def _dw_kernel(*refs, shape: _Shape):
-    if shape.has_bias:
-        h_ref, w_ref, b_ref, t_ref, lse_ref, g_ref, dw_ref, db_ref, acc_sc, bias_sc = refs
-    else:
-        h_ref, w_ref, t_ref, lse_ref, g_ref, dw_ref, acc_sc = refs
+        h_ref, w_ref, t_ref, lse_ref, g_ref, dh_in_ref, dh_ref, dw_ref, acc_sc = refs
         b_ref = db_ref = bias_sc = None
     vi, ti = pl.program_id(0), pl.program_id(1)
 
@@ -245,10 +287,23 @@ def _dw_kernel(*refs, shape: _Shape):
             bias_sc[...] = jnp.zeros(bias_sc.shape, bias_sc.dtype)
 
     h = _hidden_block(h_ref, ti, shape)
-    dz = _dz(h, w_ref[...], b_ref, t_ref, lse_ref, g_ref, ti, vi, shape, acc_sc.dtype)
-    acc_sc[...] += _dot(dz.astype(h.dtype), h, 0, 0, acc_sc.dtype)
+    w = _weight_block(w_ref, vi, shape)
+    dz_acc = _dz(h, w, b_ref, t_ref, lse_ref, g_ref, ti, vi, shape, acc_sc.dtype)
+    dz = dz_acc.astype(h.dtype)  # both products share the one recomputed tile
+    acc_sc[...] += _dot(dz, h, 0, 0, acc_sc.dtype)
+    dh = _dot(dz, w, 1, 0, dh_ref.dtype)
     if shape.has_bias:
-        bias_sc[...] += jnp.sum(dz, axis=0, keepdims=True)
+        bias_sc[...] += jnp.sum(dz_acc, axis=0, keepdims=True)
+    if token_blocks == 1:
+        # One token block: the dh block never leaves VMEM, so it accumulates in place.
+        @pl.when(vi == 0)
+        def _first():
+            dh_ref[...] = jnp.zeros(dh_ref.shape, dh_ref.dtype)
+
+        dh_ref[...] += dh
+    else:
+        # dh_in aliases dh: this block as the previous vocabulary block left it in HBM.
+        dh_ref[...] = dh_in_ref[...] + dh
 
     @pl.when(ti == pl.num_programs(1) - 1)
     def _finish():
@@ -257,21 +312,15 @@ def _dw_kernel(*refs, shape: _Shape):
             db_ref[...] = bias_sc[...].astype(db_ref.dtype)
 
 
-def _params(semantics, config: BlockConfig, hidden: int, dtype) -> pltpu.CompilerParams:
-    need = vmem_bytes(config, hidden, jnp.dtype(dtype).itemsize, accumulation_dtype(dtype).itemsize)
+def _params(semantics, need: int) -> pltpu.CompilerParams:
     return pltpu.CompilerParams(
         dimension_semantics=semantics, vmem_limit_bytes=max(16 << 20, need * 5 // 4)
     )
 
 
-def _shape(hidden, weight, bias, config: BlockConfig, form: LogitForm) -> _Shape:
+def _shape(hidden, weight, bias, block_tokens: int, block_vocab: int, form: LogitForm) -> _Shape:
     return _Shape(
-        hidden.shape[0],
-        weight.shape[0],
-        config.block_tokens,
-        config.block_vocab,
-        form,
-        bias is not None,
+        hidden.shape[0], weight.shape[0], block_tokens, block_vocab, form, bias is not None
     )
 
 
@@ -328,12 +377,15 @@ def forward(hidden, weight, bias, targets, form: LogitForm, config: BlockConfig,
     """(lse, target logit, sum of logits), each [tokens] in the accumulation dtype."""
     tokens, hidden_dim = hidden.shape
     vocab = weight.shape[0]
-    shape = _shape(hidden, weight, bias, config, form)
+    shape = _shape(hidden, weight, bias, config.forward_tokens, config.block_vocab, form)
     acc = accumulation_dtype(hidden.dtype)
     grid = (pl.cdiv(tokens, shape.block_tokens), pl.cdiv(vocab, shape.block_vocab))
     h, w, b, per_token = _operand_specs(shape, hidden_dim, 0, 1)
     operands = (hidden, weight, *(() if bias is None else (bias.reshape(1, vocab),)))
     stats = jax.ShapeDtypeStruct((tokens, 1), acc)
+    need = forward_vmem_bytes(
+        shape.block_tokens, shape.block_vocab, hidden_dim, hidden.dtype.itemsize, acc.itemsize
+    )
     lse, target, total = pl.pallas_call(
         functools.partial(_forward_kernel, shape=shape),
         grid=grid,
@@ -341,7 +393,7 @@ def forward(hidden, weight, bias, targets, form: LogitForm, config: BlockConfig,
         out_specs=[per_token(), per_token(), per_token()],
         out_shape=[stats, stats, stats],
         scratch_shapes=[pltpu.VMEM((shape.block_tokens, 1), acc) for _ in range(4)],
-        compiler_params=_params(("parallel", "arbitrary"), config, hidden_dim, hidden.dtype),
+        compiler_params=_params(("parallel", "arbitrary"), need),
         cost_estimate=_cost(
             shape,
             hidden_dim,
@@ -361,73 +413,71 @@ def forward(hidden, weight, bias, targets, form: LogitForm, config: BlockConfig,
 def backward(
     hidden, weight, bias, targets, lse, cotangents, form, config: BlockConfig, interpret: bool
 ):
-    """(dh, dW, db or None) from the cotangents [tokens, 3] of (lse, target logit, sum)."""
+    """(dh, dW, db or None) from the cotangents [tokens, 3] of (lse, target logit, sum).
+
+    One pass over a (vocab blocks, token blocks) grid: three matmuls per tile (the logits again,
+    dz @ W and dz^T @ h). dW and db stay in VMEM over the token sweep; dh is an f32 array in
+    HBM that each vocabulary block reads and writes back (an input aliased to the output).
+    """
     tokens, hidden_dim = hidden.shape
     vocab = weight.shape[0]
-    shape = _shape(hidden, weight, bias, config, form)
+    shape = _shape(hidden, weight, bias, config.block_tokens, config.block_vocab, form)
     acc = accumulation_dtype(hidden.dtype)
     token_blocks = pl.cdiv(tokens, shape.block_tokens)
     vocab_blocks = pl.cdiv(vocab, shape.block_vocab)
-    operands = (
-        hidden,
-        weight,
-        *(() if bias is None else (bias.reshape(1, vocab),)),
+    with_bias = bias is not None
+    side = (
         targets.reshape(tokens, 1),
         lse.reshape(tokens, 1).astype(acc),
         cotangents.astype(acc),
     )
-    with_bias = bias is not None
-    weights = _nbytes(weight) + _nbytes(bias)
-    side = sum(_nbytes(a) for a in operands[-3:])  # targets, lse, cotangents: [tokens, k]
-    work = {"matmuls": 2, "transcendentals": _exps(form)}
-
-    h, w, b, per_token = _operand_specs(shape, hidden_dim, 0, 1)
-    dh = pl.pallas_call(
-        functools.partial(_dh_kernel, shape=shape),
-        grid=(token_blocks, vocab_blocks),
-        in_specs=[h, w, *([b] if with_bias else []), per_token(), per_token(), per_token(3)],
-        out_specs=h,
-        out_shape=jax.ShapeDtypeStruct(hidden.shape, hidden.dtype),
-        scratch_shapes=[pltpu.VMEM((shape.block_tokens, hidden_dim), acc)],
-        compiler_params=_params(("parallel", "arbitrary"), config, hidden_dim, hidden.dtype),
-        cost_estimate=_cost(
-            shape,
-            hidden_dim,
-            **work,
-            bytes_accessed=2 * _nbytes(hidden)  # read, and dh written
-            + _reads(token_blocks, vocab_blocks) * weights
-            + side,
-        ),
-        interpret=interpret,
-        name="linear_cross_entropy_backward_dh",
-    )(*operands)
-
+    # Whole blocks (the TPU interpreter cannot alias a ragged output); sliced off below.
+    dh_acc = jnp.zeros((token_blocks * shape.block_tokens, hidden_dim), acc)
+    operands = (
+        hidden,
+        weight,
+        *(() if bias is None else (bias.reshape(1, vocab),)),
+        *side,
+        dh_acc,
+    )
     h, w, b, per_token = _operand_specs(shape, hidden_dim, 1, 0)
-    out_shape = [jax.ShapeDtypeStruct(weight.shape, weight.dtype)]
+    out_shape = [dh_acc, jax.ShapeDtypeStruct(weight.shape, weight.dtype)]
     scratch = [pltpu.VMEM((shape.block_vocab, hidden_dim), acc)]
     if with_bias:
         out_shape.append(jax.ShapeDtypeStruct((1, vocab), bias.dtype))
         scratch.append(pltpu.VMEM((1, shape.block_vocab), acc))
+    h_acc = pl.BlockSpec((shape.block_tokens, hidden_dim), lambda vi, ti: (ti, 0))
+    # Per-token operands, the hidden states and dh travel once per vocabulary block (once in
+    # all when there is one token block); the head and its gradients once.
+    per_sweep = _reads(vocab_blocks, token_blocks)
+    weights = _nbytes(weight) + _nbytes(bias)
+    need = backward_vmem_bytes(
+        shape.block_tokens, shape.block_vocab, hidden_dim, hidden.dtype.itemsize, acc.itemsize
+    )
     grads = pl.pallas_call(
-        functools.partial(_dw_kernel, shape=shape),
+        functools.partial(_backward_kernel, shape=shape, token_blocks=token_blocks),
         grid=(vocab_blocks, token_blocks),
-        in_specs=[h, w, *([b] if with_bias else []), per_token(), per_token(), per_token(3)],
-        out_specs=[w, b][: len(out_shape)],
-        out_shape=out_shape,
+        in_specs=[h, w, *([b] if with_bias else []), per_token(), per_token(), per_token(3), h_acc],
+        out_specs=[h_acc, w, b][: len(out_shape)],
+        out_shape=[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_shape],
         scratch_shapes=scratch,
-        compiler_params=_params(("parallel", "arbitrary"), config, hidden_dim, hidden.dtype),
+        input_output_aliases={len(operands) - 1: 0},
+        compiler_params=_params(("arbitrary", "arbitrary"), need),
         cost_estimate=_cost(
             shape,
             hidden_dim,
-            **work,
+            matmuls=3,
+            transcendentals=_exps(form),
             bytes_accessed=2 * weights  # read, and dW (db) written
-            + _reads(vocab_blocks, token_blocks) * (_nbytes(hidden) + side),
+            + per_sweep * (_nbytes(hidden) + sum(_nbytes(a) for a in side) + 2 * _nbytes(dh_acc)),
         ),
-        interpret=interpret,
-        name="linear_cross_entropy_backward_dw",
+        # The TPU interpreter, not the generic one: it models the aliased dh as one HBM buffer
+        # and output blocks that start unread, as Mosaic runs them.
+        interpret=pltpu.InterpretParams() if interpret else False,
+        name="linear_cross_entropy_backward",
     )(*operands)
-    dbias = grads[1].reshape(vocab) if with_bias else None
-    return dh, grads[0], dbias
+    dbias = grads[2].reshape(vocab) if with_bias else None
+    return grads[0][:tokens].astype(hidden.dtype), grads[1], dbias
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
