@@ -271,7 +271,7 @@ def _dz(h, w, b_ref, t_ref, lse_ref, g_ref, ti, vi, shape: _Shape, acc):
     return jnp.where(inside, dz, 0.0)
 
 
-def _backward_kernel(*refs, shape: _Shape, token_blocks: int):
+def _backward_kernel(*refs, shape: _Shape, in_place: bool):
     if shape.has_bias:
         (h_ref, w_ref, b_ref, t_ref, lse_ref, g_ref, dh_in_ref) = refs[:7]
         dh_ref, dw_ref, db_ref, acc_sc, bias_sc = refs[7:]
@@ -294,8 +294,9 @@ def _backward_kernel(*refs, shape: _Shape, token_blocks: int):
     dh = _dot(dz, w, 1, 0, dh_ref.dtype)
     if shape.has_bias:
         bias_sc[...] += jnp.sum(dz_acc, axis=0, keepdims=True)
-    if token_blocks == 1:
-        # One token block: the dh block never leaves VMEM, so it accumulates in place.
+    if in_place:
+        # One token block (the dh block never leaves VMEM), or the generic interpreter (which
+        # loads output blocks from the output array): dh accumulates in its output block.
         @pl.when(vi == 0)
         def _first():
             dh_ref[...] = jnp.zeros(dh_ref.shape, dh_ref.dtype)
@@ -410,6 +411,21 @@ def forward(hidden, weight, bias, targets, form: LogitForm, config: BlockConfig,
     return lse[:, 0], target[:, 0], total[:, 0]
 
 
+def backward_token_block(tokens: int, block_tokens: int, dtype) -> int:
+    """The backward's token block: ``block_tokens``, unless that makes exactly two blocks.
+
+    Each dh block is read back (prefetched) ``token_blocks - 1`` grid steps after the previous
+    vocabulary block's write of it began, and the pipeline waits for an output copy one step
+    after starting it: with two token blocks the read could overtake the write. Two blocks become
+    three or more (a quarter of the tokens, rounded up to the sublane tile), else one.
+    """
+    if pl.cdiv(tokens, block_tokens) != 2:
+        return block_tokens
+    multiple = tiling.sublane_multiple(dtype)
+    smaller = pl.cdiv(pl.cdiv(tokens, 4), multiple) * multiple
+    return smaller if pl.cdiv(tokens, smaller) >= 3 else tokens
+
+
 def backward(
     hidden, weight, bias, targets, lse, cotangents, form, config: BlockConfig, interpret: bool
 ):
@@ -421,7 +437,8 @@ def backward(
     """
     tokens, hidden_dim = hidden.shape
     vocab = weight.shape[0]
-    shape = _shape(hidden, weight, bias, config.block_tokens, config.block_vocab, form)
+    block_tokens = backward_token_block(tokens, config.block_tokens, hidden.dtype)
+    shape = _shape(hidden, weight, bias, block_tokens, config.block_vocab, form)
     acc = accumulation_dtype(hidden.dtype)
     token_blocks = pl.cdiv(tokens, shape.block_tokens)
     vocab_blocks = pl.cdiv(vocab, shape.block_vocab)
@@ -450,12 +467,16 @@ def backward(
     # Per-token operands, the hidden states and dh travel once per vocabulary block (once in
     # all when there is one token block); the head and its gradients once.
     per_sweep = _reads(vocab_blocks, token_blocks)
+    # Off TPU, the TPU interpreter: it models the aliased dh as one HBM buffer and output blocks
+    # that start unread, as Mosaic runs them. It has no float64, which takes the generic one.
+    tpu_interpreter = interpret and acc != jnp.float64
+    in_place = token_blocks == 1 or (interpret and not tpu_interpreter)
     weights = _nbytes(weight) + _nbytes(bias)
     need = backward_vmem_bytes(
         shape.block_tokens, shape.block_vocab, hidden_dim, hidden.dtype.itemsize, acc.itemsize
     )
     grads = pl.pallas_call(
-        functools.partial(_backward_kernel, shape=shape, token_blocks=token_blocks),
+        functools.partial(_backward_kernel, shape=shape, in_place=in_place),
         grid=(vocab_blocks, token_blocks),
         in_specs=[h, w, *([b] if with_bias else []), per_token(), per_token(), per_token(3), h_acc],
         out_specs=[h_acc, w, b][: len(out_shape)],
@@ -471,9 +492,7 @@ def backward(
             bytes_accessed=2 * weights  # read, and dW (db) written
             + per_sweep * (_nbytes(hidden) + sum(_nbytes(a) for a in side) + 2 * _nbytes(dh_acc)),
         ),
-        # The TPU interpreter, not the generic one: it models the aliased dh as one HBM buffer
-        # and output blocks that start unread, as Mosaic runs them.
-        interpret=pltpu.InterpretParams() if interpret else False,
+        interpret=pltpu.InterpretParams() if tpu_interpreter else interpret,
         name="linear_cross_entropy_backward",
     )(*operands)
     dbias = grads[2].reshape(vocab) if with_bias else None
