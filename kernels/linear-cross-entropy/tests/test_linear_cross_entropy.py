@@ -297,9 +297,10 @@ class TestErrors:
 
 @pytest.mark.slow
 @pytest.mark.tpu_compile
-def test_temporaries_at_32k_tokens_qwen3_head_stay_under_64_mib():
-    """The issue's bar: <= 64 MiB of temporaries for fwd+bwd at 32k tokens x 152k vocabulary
-    (a deviceless v6e compile; the stock XLA loss needs ~19 GiB there)."""
+def test_temporaries_at_32k_tokens_qwen3_head_are_the_dh_accumulator_and_64_mib():
+    """fwd+bwd at 32k tokens x 152k vocabulary (a deviceless v6e compile; the stock XLA loss
+    needs ~28 GiB there): the one-pass backward's f32 [tokens, hidden] dh accumulator (512 MiB:
+    it trades a fifth matmul pass for it) plus at most 64 MiB, the earlier issue's bar."""
     import importlib.util
     from pathlib import Path
 
@@ -311,4 +312,5 @@ def test_temporaries_at_32k_tokens_qwen3_head_stay_under_64_mib():
     spec.loader.exec_module(memory)
     fn, _ = memory._losses()["kernel-hub"]
     temp = memory.temp_bytes(fn, "v6e", 32768, 151936)
-    assert temp <= 64 * 1024 * 1024, f"{temp / 2**20:.1f} MiB of temporaries"
+    accumulator = 32768 * memory.HIDDEN * 4
+    assert temp <= accumulator + 64 * 1024 * 1024, f"{temp / 2**20:.1f} MiB of temporaries"
