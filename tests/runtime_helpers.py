@@ -72,7 +72,7 @@ def torch_dtype(dtype: Any) -> torch.dtype:
     return getattr(torch, jax.numpy.dtype(dtype).name)
 
 
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """Zeros that stay a lazy node on the lazy device: it materializes ``torch.zeros`` (6.3 GB of
     host memory for GPT-OSS-120B's expert weights) but not ``torch.full``, whose fill value it
     cannot hash for 8-bit floats (zero bytes viewed as one are +0.0)."""
@@ -89,7 +89,7 @@ def inputs_on(device: torch.device | str, op_case: OpCase) -> list[torch.Tensor 
         if struct is None:
             tensors.append(None)
             continue
-        tensor = _zeros(struct.shape, torch_dtype(struct.dtype), device)
+        tensor = zeros(struct.shape, torch_dtype(struct.dtype), device)
         tensors.append(tensor.requires_grad_(position in op_case.case.differentiable))
     return tensors
 
