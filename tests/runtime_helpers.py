@@ -72,6 +72,15 @@ def torch_dtype(dtype: Any) -> torch.dtype:
     return getattr(torch, jax.numpy.dtype(dtype).name)
 
 
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Zeros that stay a lazy node on the lazy device: it materializes ``torch.zeros`` (6.3 GB of
+    host memory for GPT-OSS-120B's expert weights) but not ``torch.full``, whose fill value it
+    cannot hash for 8-bit floats (zero bytes viewed as one are +0.0)."""
+    if dtype.is_floating_point and dtype.itemsize == 1:
+        return torch.full(shape, 0, dtype=torch.uint8, device=device).view(dtype)
+    return torch.full(shape, 0, dtype=dtype, device=device)
+
+
 def inputs_on(device: torch.device | str, op_case: OpCase) -> list[torch.Tensor | None]:
     """Zero tensors shaped like the case's arguments (an absent optional one stays None);
     differentiable ones require grad."""
@@ -80,7 +89,7 @@ def inputs_on(device: torch.device | str, op_case: OpCase) -> list[torch.Tensor 
         if struct is None:
             tensors.append(None)
             continue
-        tensor = torch.zeros(struct.shape, dtype=torch_dtype(struct.dtype), device=device)
+        tensor = zeros(struct.shape, torch_dtype(struct.dtype), device)
         tensors.append(tensor.requires_grad_(position in op_case.case.differentiable))
     return tensors
 

@@ -27,6 +27,7 @@ from runtime_helpers import (
     op_cases,
     run_forward_and_backward,
     torch_dtype,
+    zeros,
 )
 
 from kernel_hub import get_kernel
@@ -66,10 +67,7 @@ class StandInTorchXla:
             self.runs.append(computation)
             result = shape.result_shape()
             results = result.tuple_shapes() if result.is_tuple() else [result]
-            return [
-                torch.zeros(r.dimensions(), dtype=torch_dtype(r.numpy_dtype()), device=LAZY)
-                for r in results
-            ]
+            return [zeros(r.dimensions(), torch_dtype(r.numpy_dtype()), LAZY) for r in results]
 
         return run
 
