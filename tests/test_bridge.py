@@ -126,9 +126,7 @@ class _Block(torch.nn.Module):
 def test_torch_compile_fullgraph_no_graph_breaks(rmsnorm):
     block = _Block(rmsnorm.rms_norm)
     x = torch.randn(2, 7, 32)
-    explanation = torch._dynamo.explain(block)(x)
-    assert explanation.graph_break_count == 0, explanation.break_reasons
-    assert explanation.graph_count == 1
+    # fullgraph=True: one graph; a graph break raises, naming its reason
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
     out = compiled(x)
     assert_close_to(out, block(x), 1e-5)

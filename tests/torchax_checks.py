@@ -1,11 +1,14 @@
 """A tiny model on torchax's "jax" device with kernel-hub's layers; prints a JSON report.
 
-Run in its own process by test_torchax.py, once per model: importing torchax renames torch's
-PrivateUse1 device and breaks torch.compile for the rest of a process. JAX runs on the CPU here,
-so the Pallas kernels run in interpret mode (each kernel's CPU order is set to try Pallas first).
+Run in its own process by test_torchax.py, once for all models (the models share their small
+JAX programs: the same sizes, so the second one reuses what the first compiled): importing torchax
+renames torch's PrivateUse1 device and breaks torch.compile for the rest of a process. JAX runs on
+the CPU here, so the Pallas kernels run in interpret mode (each kernel's CPU order is set to try
+Pallas first).
 
-The report holds measured differences against the stock CPU model and what was seen inside the
-kernel ops; test_torchax.py holds the thresholds and what each model should show.
+Each model's report holds measured differences against the stock CPU model and what was seen
+inside the kernel ops while that model ran; test_torchax.py holds the thresholds and what each
+model should show.
 """
 
 from __future__ import annotations
@@ -190,6 +193,11 @@ class OpWatch:
                 setattr(owner, name, self._counting(getattr(owner, name)))
         array_type._value = property(self._counting(array_type._value.fget))
 
+    def reset(self) -> None:
+        """Forget what earlier models' ops showed: each report holds its own model's."""
+        self.calls = {}
+        self.host_copies = self.copied_inputs = self.copied_outputs = self.not_jitted = 0
+
     def _counting(self, function):
         def counted(*args, **kwargs):
             if self.inside:
@@ -272,14 +280,32 @@ class RecordingSelection:
         return implementation
 
 
-def main(model_name: str) -> None:
-    case = MODELS[model_name]
+def main(model_names: list[str]) -> None:
+    cases = [MODELS[name] for name in model_names]
     # Kernels load before torchax exists: their ops are registered on torchax's import.
-    ops = {op for op, _ in case.swaps.values()} | {OP_PROBES[p].kernel for p in case.probes}
+    ops = {op for case in cases for op, _ in case.swaps.values()}
+    ops |= {OP_PROBES[p].kernel for case in cases for p in case.probes}
     kernels = {op: get_kernel(op) for op in sorted(ops)}
     tables = [table for kernel in kernels.values() for table in kernel.KERNEL.implementation_tables]
     selections = [RecordingSelection(table) for table in tables]
 
+    import torchax
+
+    from kernel_hub.bridge.runtimes import torchax as torchax_runtime
+
+    watch = OpWatch(torchax_runtime.RUNTIME, torchax)
+    reports = {}
+    for name in model_names:
+        watch.reset()
+        for selection in selections:
+            selection.chosen.clear()
+        reports[name] = check(name, kernels, tables, selections, watch)
+    print(json.dumps(reports))
+
+
+def check(model_name: str, kernels, tables, selections, watch: OpWatch) -> dict:
+    """One model's report; ``watch`` and ``selections`` start empty."""
+    case = MODELS[model_name]
     stock = build_tiny_model(model_name)
     ours = copy.deepcopy(stock)
     kernelized = copy.deepcopy(stock)
@@ -291,9 +317,6 @@ def main(model_name: str) -> None:
     import torchax
     import torchax.interop
 
-    from kernel_hub.bridge.runtimes import torchax as torchax_runtime
-
-    watch = OpWatch(torchax_runtime.RUNTIME, torchax)
     env = torchax.default_env()
     torchax.enable_globally()
     ours.to("jax")
@@ -410,8 +433,9 @@ def main(model_name: str) -> None:
         # the ops the model ran (a kernel's other tables, e.g. rmsnorm's gated_rms_norm, idle)
         "implementations": {s.op: sorted(s.chosen) for s in selections if s.chosen},
     }
-    print(json.dumps(report))
+    torchax.disable_globally()  # the next model starts from a process without torchax modes
+    return report
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

@@ -318,8 +318,7 @@ def test_kernelized_flux_compiles_fullgraph_with_backward(attention_calls):
     model, inputs = tiny_flux()
     stock_out, stock_grads = run(model, inputs)
     kernelize(model, mode="training+torch_compile")
-    explanation = torch._dynamo.explain(model)(**inputs)
-    assert explanation.graph_break_count == 0, explanation.break_reasons
+    # fullgraph=True: a graph break raises, naming its reason
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     model.zero_grad()
     out = compiled(**inputs, return_dict=False)[0]
