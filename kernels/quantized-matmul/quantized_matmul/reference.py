@@ -1,8 +1,9 @@
 """Plain JAX quantized matmul: the numerics oracle and the XLA implementation.
 
-What a quantized weight stands for is ``kernel_api.weight_formats.dequantize`` (``weight *
+What a quantized weight stands for is ``kernel_api.weight_formats``'s dequantize (``weight *
 scale`` in f32, rounded once to the activation dtype, Transformers' order); the product
-accumulates in f32 (f64 for f64 activations) and is rounded once to the output dtype.
+accumulates in f32 (f64 for f64 activations) and is rounded once to the output dtype. int8 and
+fp8 weights are [out, in]; int4 weights are GPTQ-packed [in / 8, out], dequantized to [in, out].
 """
 
 from __future__ import annotations
@@ -12,20 +13,30 @@ import jax.numpy as jnp
 
 from kernel_hub.kernel_api import weight_formats
 
+from . import int4
+
 
 def dequantize(weight: jax.Array, scale: jax.Array, fmt: str, dtype) -> jax.Array:
-    """The [out, in] weight a quantized ``weight`` and its ``scale`` stand for, in ``dtype``."""
+    """The weight a quantized ``weight`` and its ``scale`` stand for, in ``dtype``: [out, in]
+    for int8 and fp8, [in, out] for int4 (its stored orientation)."""
+    if fmt == "int4":
+        return int4.dequantize(weight, scale, dtype)
     return weight_formats.dequantize(weight[None], scale[None], fmt, dtype)[0]
 
 
+def _in_axis(fmt: str) -> int:
+    """The dequantized weight's ``in`` axis."""
+    return 0 if fmt == "int4" else 1
+
+
 def quantized_matmul(x: jax.Array, weight: jax.Array, scale: jax.Array, fmt: str, out_dtype):
-    """``x [m, in] @ W^T`` with ``W = dequantize(weight, scale)`` in x's dtype -> [m, out]."""
+    """``x [m, in] @ W`` with ``W = dequantize(weight, scale)`` in x's dtype -> [m, out]."""
     acc = jnp.promote_types(x.dtype, jnp.float32)
     w = dequantize(weight, scale, fmt, x.dtype)
     y = jax.lax.dot_general(
         x,
         w,
-        (((1,), (1,)), ((), ())),
+        (((1,), (_in_axis(fmt),)), ((), ())),
         precision=jax.lax.Precision.HIGHEST,
         preferred_element_type=acc,
     )
@@ -40,7 +51,7 @@ def input_gradient(weight: jax.Array, scale: jax.Array, fmt: str, dout: jax.Arra
     dx = jax.lax.dot_general(
         dout.astype(dtype),
         w,
-        (((1,), (0,)), ((), ())),
+        (((1,), (1 - _in_axis(fmt),)), ((), ())),
         precision=jax.lax.Precision.HIGHEST,
         preferred_element_type=acc,
     )

@@ -25,12 +25,21 @@ CASE_PER_GENERATION = {
     "v5p": "llama3-8b-down_proj-int8-decode64",
     "v6e": "llama3-8b-gate_proj-fp8-prefill8192",
 }
+# int4 (its own op): the prefill on v4 and v6e (the widest blocks), decode on v5e and v5p.
+INT4_CASE_PER_GENERATION = {
+    "v4": "llama3-8b-down_proj-int4-prefill8192",
+    "v5e": "llama3-8b-q_proj-int4-decode256",
+    "v5p": "llama3-8b-gate_proj-int4-decode64",
+    "v6e": "llama3-8b-down_proj-int4-prefill8192",
+}
 
 
 @pytest.mark.parametrize("generation", DEFAULT_GENERATIONS)
 @pytest.mark.parametrize("direction", ["forward", "backward"])
-def test_pallas_compiles_for_generation(generation, direction, record_property):
-    case = CASES[CASE_PER_GENERATION[generation]]
+@pytest.mark.parametrize("table", [CASE_PER_GENERATION, INT4_CASE_PER_GENERATION],
+                         ids=["8bit", "int4"])  # fmt: skip
+def test_pallas_compiles_for_generation(generation, direction, table, record_property):
+    case = CASES[table[generation]]
     result = compile_case("quantized-matmul", case, generation, direction, implementation="pallas")
     assert result.ok, f"{generation} {case.name} {direction}: {result.error}"
     record_property("compile_seconds", round(result.seconds, 2))
@@ -49,7 +58,13 @@ def _compiled(case, generation):
 
 @pytest.mark.parametrize("generation", ["v5e", "v6e"])
 @pytest.mark.parametrize(
-    "name", ["llama3-8b-down_proj-fp8-decode256", "llama3-8b-q_proj-int8-decode64"]
+    "name",
+    [
+        "llama3-8b-down_proj-fp8-decode256",
+        "llama3-8b-q_proj-int8-decode64",
+        "llama3-8b-down_proj-int4-decode256",
+        "llama3-8b-q_proj-int4-decode1",
+    ],
 )
 def test_decode_reads_weights_in_place_near_the_bound(generation, name):
     case = CASES[name]
