@@ -15,6 +15,11 @@ Supported ``quantization_config``s:
   becomes its f32 ``weight_scale`` (f16 -> f32, exact); ``<module>.qzeros`` must hold the
   symmetric zero point (8; stored as 7 in the "gptq" format, which adds 1) and ``g_idx``, when
   stored, the trivial order (input i in group i // 128), and are then dropped.
+- ``quant_method: compressed-tensors`` (llm-compressor's W8A16), ``format: int-quantized``, every
+  config group's ``weights`` int, 8 bits, symmetric, ``strategy: channel``, no
+  ``input_activations``: ``<module>.weight`` int8 [out, in] loaded as stored;
+  ``<module>.weight_scale`` [out, 1] becomes the f32 [out] ``weight_scale`` (exact from f16,
+  bf16 or f32); ``weight_zero_point``, when stored, must be all zero, and is dropped.
 
 Anything else (other methods, bit widths, group sizes, asymmetric zeros, act-order, AWQ's own
 packing) is refused with the reason before anything is built.
@@ -42,6 +47,7 @@ from .quantized_linear import (
 METHODS = {
     "fp8": "fine-grained FP8, 128x128 block scales",
     "gptq": "4-bit, group 128, symmetric, no act-order",
+    "compressed-tensors": "int8 weights per output channel, W8A16",
 }
 REFUSED_METHODS = {
     "awq": (
@@ -50,8 +56,12 @@ REFUSED_METHODS = {
         "input dim with the symmetric zero point"
     ),
 }
-SCALE_SUFFIX = ".weight_scale_inv"
-QWEIGHT_SUFFIX = ".qweight"
+LAYOUTS = {
+    "fp8": (".weight_scale_inv", "fp8"),
+    "gptq": (".qweight", "int4"),
+    "compressed-tensors": (".weight_scale", "int8"),
+}
+"""method -> (the suffix of the tensor that marks a quantized layer, its QuantizedLinear format)."""
 GPTQ_FORMATS = {"gptq": INT4_ZERO - 1, "gptq_v2": INT4_ZERO}
 """GPTQ ``checkpoint_format`` -> the symmetric zero point as stored in ``qzeros``."""
 
@@ -78,6 +88,9 @@ def quantization_config(path: str | Path) -> dict[str, Any] | None:
         )
     if method == "gptq":
         _check_gptq(path, quantization)
+        return quantization
+    if method == "compressed-tensors":
+        _check_compressed_tensors(path, quantization)
         return quantization
     block = list(quantization.get("weight_block_size") or ())
     if block != [FP8_BLOCK, FP8_BLOCK]:
@@ -112,6 +125,54 @@ def _check_gptq(path: str | Path, quantization: dict[str, Any]) -> None:
         raise KernelHubError(
             f"{path}: gptq checkpoint_format={fmt!r}; kernel-hub reads {', '.join(GPTQ_FORMATS)}"
         )
+
+
+COMPRESSED_WEIGHTS = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
+COMPRESSED_FORMAT = "int-quantized"
+
+
+def _check_compressed_tensors(path: str | Path, quantization: dict[str, Any]) -> None:
+    fmt = quantization.get("format")
+    if fmt != COMPRESSED_FORMAT:
+        raise KernelHubError(
+            f"{path}: compressed-tensors format={fmt!r}; kernel-hub reads {COMPRESSED_FORMAT!r} "
+            f"(int8 weights stored as int8)"
+        )
+    groups = quantization.get("config_groups") or {}
+    if not groups:
+        raise KernelHubError(f"{path}: compressed-tensors config has no config_groups")
+    for name, group in groups.items():
+        weights = group.get("weights") or {}
+        wrong = {k: weights.get(k) for k, v in COMPRESSED_WEIGHTS.items() if weights.get(k) != v}
+        if wrong:
+            valid = ", ".join(f"{k}={v!r}" for k, v in COMPRESSED_WEIGHTS.items())
+            raise KernelHubError(
+                f"{path}: compressed-tensors group {name!r} has weights "
+                f"{', '.join(f'{k}={v!r}' for k, v in wrong.items())}; kernel-hub reads {valid}"
+            )
+        if group.get("input_activations") is not None:
+            raise KernelHubError(
+                f"{path}: compressed-tensors group {name!r} quantizes input_activations "
+                f"({group['input_activations']}); kernel-hub reads weight-only int8 (W8A16)"
+            )
+
+
+def _compressed_tensors(path: Path, name: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Rewrite layer ``name``'s compressed-tensors scale ([out, 1]) as the f32 [out]
+    ``weight_scale`` ``QuantizedLinear`` holds; a stored zero point must be all zero."""
+    weight, scale = tensors[f"{name}.weight"], tensors[f"{name}.weight_scale"]
+    zero = tensors.pop(f"{name}.weight_zero_point", None)
+    out = weight.shape[0]
+    if tuple(scale.shape) not in ((out, 1), (out,)):
+        raise KernelHubError(
+            f"{path}: {name}.weight_scale {tuple(scale.shape)}; per-channel int8 takes "
+            f"[{out}, 1] (one per output channel)"
+        )
+    if zero is not None and bool(zero.any()):
+        raise KernelHubError(
+            f"{path}: {name}.weight_zero_point is not all zero; asymmetric int8 is not implemented"
+        )
+    tensors[f"{name}.weight_scale"] = scale.reshape(out).float()
 
 
 def _gptq_tensors(path: Path, name: str, tensors: dict[str, torch.Tensor], zero: int) -> None:
@@ -163,7 +224,8 @@ def _tensors(path: Path) -> dict[str, torch.Tensor]:
 def load_quantized(model_class: Any, path: str | Path) -> Any:
     """``model_class`` (a Transformers model or auto class) built from the checkpoint at ``path``
     with its quantized linear layers as ``QuantizedLinear`` holding the stored weights (e4m3 with
-    block scales; GPTQ int4 packed, scales in f32); every other tensor keeps its stored dtype."""
+    block scales; GPTQ int4 packed and compressed-tensors int8, scales in f32); every other
+    tensor keeps its stored dtype."""
     from transformers import AutoConfig
 
     path = Path(path)
@@ -174,14 +236,15 @@ def load_quantized(model_class: Any, path: str | Path) -> Any:
     from_config = getattr(model_class, "from_config", None) or model_class._from_config
     model = from_config(config)
     tensors = _tensors(path)
-    suffix, fmt = (QWEIGHT_SUFFIX, "int4") if method == "gptq" else (SCALE_SUFFIX, "fp8")
+    suffix, fmt = LAYOUTS[method]
     for key in [k for k in tensors if k.endswith(suffix)]:
         name = key.removesuffix(suffix)
         linear = model.get_submodule(name)
         if fmt == "int4":
-            _gptq_tensors(
-                path, name, tensors, GPTQ_FORMATS[quantization.get("checkpoint_format", "gptq")]
-            )
+            zero = GPTQ_FORMATS[quantization.get("checkpoint_format", "gptq")]
+            _gptq_tensors(path, name, tensors, zero)
+        elif method == "compressed-tensors":
+            _compressed_tensors(path, name, tensors)
         weight = tensors[f"{name}.weight"]
         if not isinstance(linear, torch.nn.Linear) or weight.dtype != FORMATS[fmt][0]:
             raise KernelHubError(

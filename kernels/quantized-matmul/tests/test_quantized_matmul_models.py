@@ -1,8 +1,9 @@
 """Quantized linear layers in a model: a tiny Llama saved by hand as a fine-grained FP8 checkpoint
-(and as a GPTQ int4 one) loads on this CPU with its weights still float8_e4m3fn (packed int32),
-kernelize swaps every projection for the quantized-matmul layer, and logits and greedy tokens
-match the stock Llama holding the dequantized weights; layouts the kernel does not read are
-refused with the reason; ``quantize_linear`` reports its measured error."""
+(and as GPTQ int4 and compressed-tensors int8 ones) loads on this CPU with its weights still
+float8_e4m3fn (packed int32, int8), kernelize swaps every projection for the quantized-matmul
+layer, and logits and greedy tokens match the stock Llama holding the dequantized weights;
+layouts the kernel does not read are refused with the reason; ``quantize_linear`` reports its
+measured error."""
 
 from __future__ import annotations
 
@@ -92,6 +93,36 @@ def fp8_tensors(weight: torch.Tensor):
     return {"weight": q, "weight_scale_inv": scale}, dequantized.float()
 
 
+def compressed_int8_by_hand(weight: torch.Tensor):
+    """compressed-tensors' int-quantized per-channel int8, written out here: int8 ``weight``
+    [out, in], bf16 ``weight_scale`` [out, 1] (the model's dtype in real checkpoints), an all-zero
+    int8 ``weight_zero_point`` [out, 1]; and the weight they stand for."""
+    scale = (weight.abs().amax(dim=1, keepdim=True) / 127).bfloat16()
+    q = (weight.double() / scale.double()).round().clamp(-127, 127)
+    zero = torch.zeros_like(scale, dtype=torch.int8)
+    stored = {"weight": q.to(torch.int8), "weight_scale": scale, "weight_zero_point": zero}
+    return stored, (q * scale.double()).float()
+
+
+COMPRESSED_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "int-quantized",
+    "quantization_status": "compressed",
+    "ignore": ["lm_head"],
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {
+                "num_bits": 8,
+                "type": "int",
+                "symmetric": True,
+                "strategy": "channel",
+                "dynamic": False,
+            },
+            "input_activations": None,
+        }
+    },
+}
 GPTQ_CONFIG = {
     "quant_method": "gptq",
     "bits": 4,
@@ -125,11 +156,21 @@ def gptq_checkpoint(tmp_path_factory):
     return path, stock
 
 
+@pytest.fixture(scope="module")
+def compressed_int8_checkpoint(tmp_path_factory):
+    """(path, stock Llama holding the dequantized weights)."""
+    stock = tiny_model(LlamaForCausalLM, seed=3, **SIZES)
+    path = tmp_path_factory.mktemp("llama-compressed-int8")
+    save_checkpoint(path, stock, compressed_int8_by_hand, COMPRESSED_CONFIG)
+    return path, stock
+
+
 @pytest.mark.parametrize(
     ("checkpoint", "dtype", "op"),
     [
         ("fp8_checkpoint", torch.float8_e4m3fn, "quantized_matmul"),
         ("gptq_checkpoint", torch.int32, "quantized_matmul_int4"),
+        ("compressed_int8_checkpoint", torch.int8, "quantized_matmul"),
     ],
 )
 def test_checkpoint_kept_quantized_kernelized_and_exact(checkpoint, dtype, op, request):
@@ -154,6 +195,22 @@ def test_checkpoint_kept_quantized_kernelized_and_exact(checkpoint, dtype, op, r
     assert torch.equal(model.generate(ids, **kwargs), stock.generate(ids, **kwargs))
 
 
+def compressed_weights(**weights) -> dict:
+    """COMPRESSED_CONFIG with its weights scheme changed."""
+    group = COMPRESSED_CONFIG["config_groups"]["group_0"]
+    changed = {**group, "weights": {**group["weights"], **weights}}
+    return {**COMPRESSED_CONFIG, "config_groups": {"group_0": changed}}
+
+
+def compressed_activations() -> dict:
+    """COMPRESSED_CONFIG with dynamic per-token int8 activations (W8A8)."""
+    group = COMPRESSED_CONFIG["config_groups"]["group_0"]
+    activations = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+                   "dynamic": True}  # fmt: skip
+    changed = {**group, "input_activations": activations}
+    return {**COMPRESSED_CONFIG, "config_groups": {"group_0": changed}}
+
+
 @pytest.mark.parametrize(
     ("quantization", "reason"),
     [
@@ -164,6 +221,12 @@ def test_checkpoint_kept_quantized_kernelized_and_exact(checkpoint, dtype, op, r
         ({**GPTQ_CONFIG, "sym": False}, r"sym=False \(asymmetric, per-group zero points\)"),
         ({**GPTQ_CONFIG, "desc_act": True}, r"desc_act=True \(act-order"),
         ({**GPTQ_CONFIG, "checkpoint_format": "marlin"}, r"checkpoint_format='marlin'"),
+        ({**COMPRESSED_CONFIG, "format": "pack-quantized"}, r"format='pack-quantized'; kernel"),
+        (compressed_weights(strategy="group", group_size=128), r"strategy='group'; kernel-hub"),
+        (compressed_weights(num_bits=4), r"num_bits=4; kernel-hub reads num_bits=8"),
+        (compressed_weights(symmetric=False), r"symmetric=False; kernel-hub reads"),
+        (compressed_weights(type="float"), r"type='float'; kernel-hub reads"),
+        (compressed_activations(), r"quantizes input_activations .* weight-only int8 \(W8A16\)"),
     ],
 )
 def test_layouts_the_kernel_does_not_read_are_refused_with_the_reason(
