@@ -11,7 +11,9 @@ f32 [ceil(out / 128), ceil(in / 128)], fine-grained FP8 checkpoints' names and l
 (int8 [out, in] with ``weight_scale`` f32 [out], symmetric per output channel) and "int4"
 (GPTQ's packing, loaded from GPTQ checkpoints: ``weight`` int32 [in / 8, out], eight 4-bit values
 per word along ``in``, with ``weight_scale`` f32 [in / 128, out], one per group of 128 inputs;
-symmetric, zero point 8).
+symmetric, zero point 8). "w8a8" holds what "int8" holds and also quantizes its input
+activations, each token's row to int8 with its own scale (largest magnitude at 127, rounded half
+to even), before the product: opt-in and lossy (``quantize_linear(model, "w8a8")``).
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ FORMATS = {
     "fp8": (torch.float8_e4m3fn, "weight_scale_inv"),
     "int8": (torch.int8, "weight_scale"),
     "int4": (torch.int32, "weight_scale"),
+    "w8a8": (torch.int8, "weight_scale"),
 }
 """format -> (stored weight dtype, the scale's attribute and checkpoint name)."""
-QUANTIZE_FORMATS = ("fp8", "int8")
+QUANTIZE_FORMATS = ("fp8", "int8", "w8a8")
 """The formats ``quantize_linear`` writes (int4 comes from GPTQ checkpoints)."""
 
 
@@ -76,6 +79,16 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
     return (weight.to(acc) * full).to(dtype)
 
 
+def quantize_rows(x: torch.Tensor) -> torch.Tensor:
+    """W8A8's activations as the layer sees them: each row of ``x`` (last dim) quantized to int8
+    with scale ``max |row| / 127`` (1 for an all-zero row), rounded half to even, and multiplied
+    back, in f32, rounded once to x's dtype."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    return ((xf / scale).round().clamp(-127, 127) * scale).to(x.dtype)
+
+
 class QuantizedLinear(torch.nn.Module):
     """A Linear with a frozen 8-bit weight and its scale (see the module docstring)."""
 
@@ -105,6 +118,8 @@ class QuantizedLinear(torch.nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight = dequantize(self.weight, self.scale, input.dtype)
+        if self.format == "w8a8":
+            input = quantize_rows(input)
         return torch.nn.functional.linear(input, weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -119,7 +134,7 @@ def quantize_weight(weight: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch
     largest magnitude to e4m3's 448, int8 each output channel's to 127."""
     w = weight.detach().float()
     out, inner = w.shape
-    if fmt == "int8":
+    if fmt in ("int8", "w8a8"):
         scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
         return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
     rows, cols = scale_shape(fmt, out, inner)
@@ -156,9 +171,11 @@ def quantize_linear(
     model: torch.nn.Module, format: str, *, skip: Sequence[str] = ("lm_head",)
 ) -> LinearQuantizationReport:
     """Replace every ``torch.nn.Linear`` of ``model`` (but those whose name ends with an entry
-    of ``skip``) by a ``QuantizedLinear`` in ``format`` ("fp8" or "int8"), in place; ``kernelize``
-    then runs them on the quantized-matmul kernel. A lossy, explicit choice: the report gives
-    each layer's measured weight error (also logged) and its bytes before and after."""
+    of ``skip``) by a ``QuantizedLinear`` in ``format`` ("fp8", "int8" or "w8a8": int8 weights
+    and dynamic per-token int8 activations), in place; ``kernelize`` then runs them on the
+    quantized-matmul kernel. A lossy, explicit choice: the report gives each layer's measured
+    weight error (also logged) and its bytes before and after (w8a8's activation error depends
+    on the inputs: docs/quantized-linear.md gives it measured)."""
     if format not in QUANTIZE_FORMATS:
         raise KernelHubError(
             f"quantize_linear: format {format!r}; valid: {', '.join(QUANTIZE_FORMATS)} (int4 "

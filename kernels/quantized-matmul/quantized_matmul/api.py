@@ -119,6 +119,12 @@ def _generation() -> str | None:
     return tpu_generation(device) if jax_platform() == "tpu" else None
 
 
+ACTIVATIONS = ("int8",)
+NO_INT8_MXU = ("v4",)
+"""Generations whose Mosaic rejects int8 matmul operands (measured: v4, E2001)."""
+"""``activations`` values: "int8" quantizes each token's row dynamically (W8A8, int8 weights)."""
+
+
 def _blocks(x, weight, block_sizes: BlockSizes | None) -> BlockSizes:
     if block_sizes is not None:
         return block_sizes
@@ -128,7 +134,18 @@ def _blocks(x, weight, block_sizes: BlockSizes | None) -> BlockSizes:
     return pallas_tpu.default_block_sizes(m, n, k, x.dtype, _generation(), weight_format(weight))
 
 
-def _pallas(x, weight, scale, *, out_dtype, block_sizes):
+def _pallas(x, weight, scale, *, out_dtype, block_sizes, activations):
+    if activations == "int8":
+        q, x_scale = reference.quantize_rows(x)
+        return pallas_tpu.w8a8_matmul(
+            q,
+            x_scale,
+            weight,
+            scale,
+            out_dtype=out_dtype,
+            blocks=_blocks(q, weight, block_sizes),
+            interpret=jax_platform() == "cpu",
+        )
     return pallas_tpu.quantized_matmul(
         x,
         weight,
@@ -140,16 +157,21 @@ def _pallas(x, weight, scale, *, out_dtype, block_sizes):
     )
 
 
-def _pallas_problem(x, weight, scale, *, out_dtype, block_sizes):
+def _pallas_problem(x, weight, scale, *, out_dtype, block_sizes, activations):
     if problem := float64_problem(x):
         return problem
+    if activations == "int8" and _generation() in NO_INT8_MXU:
+        return f"Mosaic has no int8 x int8 matmul on {_generation()} (W8A8 runs in XLA there)"
     if block_sizes is None:
         return None
     (m, k), (n, _) = x.shape, weight_dims(weight)
-    return pallas_tpu.block_problem(m, n, k, x.dtype, block_sizes, weight_format(weight))
+    dtype = jnp.int8 if activations == "int8" else x.dtype
+    return pallas_tpu.block_problem(m, n, k, dtype, block_sizes, weight_format(weight))
 
 
-def _xla(x, weight, scale, *, out_dtype, block_sizes):
+def _xla(x, weight, scale, *, out_dtype, block_sizes, activations):
+    if activations == "int8":
+        return reference.w8a8_matmul(x, weight, scale, out_dtype)
     return reference.quantized_matmul(x, weight, scale, weight_format(weight), out_dtype)
 
 
@@ -175,23 +197,31 @@ def _out_dtype(dtype, preferred_element_type) -> jnp.dtype:
     return out
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _matmul(x, weight, scale, out_dtype: Any, block_sizes: Any, implementation: Any):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _matmul(x, weight, scale, out_dtype: Any, block_sizes: Any, implementation: Any,
+            activations: Any):  # fmt: skip
     return TABLES[OP_INT4 if weight_format(weight) == "int4" else OP](
         x,
         weight,
         scale,
         out_dtype=out_dtype,
         block_sizes=block_sizes,
+        activations=activations,
         implementation=implementation,
     )
 
 
-def _matmul_fwd(x, weight, scale, out_dtype, block_sizes, implementation):
-    return _matmul(x, weight, scale, out_dtype, block_sizes, implementation), (x, weight, scale)
+def _matmul_fwd(x, weight, scale, out_dtype, block_sizes, implementation, activations):
+    y = _matmul(x, weight, scale, out_dtype, block_sizes, implementation, activations)
+    return y, (x, weight, scale)
 
 
-def _matmul_bwd(out_dtype, block_sizes, implementation, residuals, dout):
+def _matmul_bwd(out_dtype, block_sizes, implementation, activations, residuals, dout):
+    require(
+        activations is None,
+        f"{OP}: activations={activations!r} (W8A8) has no gradient: rounding the activations "
+        f"is inference only; use activations=None (W8A16) to train through the layer",
+    )
     x, weight, scale = residuals
     dx = reference.input_gradient(weight, scale, weight_format(weight), dout, x.dtype)
     return dx, None, None
@@ -215,8 +245,15 @@ def sharding_rule(ranks: tuple = (), **options) -> Einsum:
     return _FP8 if len(ranks) > 2 and ranks[2] == 2 else _INT8
 
 
-def _apply(x, weight, scale, preferred_element_type, implementation, block_sizes) -> jax.Array:
+def _apply(x, weight, scale, preferred_element_type, implementation, block_sizes,
+           activations=None) -> jax.Array:  # fmt: skip
     out_dtype = _out_dtype(x.dtype, preferred_element_type)
+    if activations is not None:
+        require(
+            activations in ACTIVATIONS and weight_format(weight) == "int8",
+            f"{OP}: activations={activations!r} with a {weight_format(weight)} weight; valid: "
+            f"None, or 'int8' (W8A8: dynamic per-token int8 activations) with an int8 weight",
+        )
     lead, (n, k) = x.shape[:-1], weight_dims(weight)
     rows = math.prod(lead)
     if 0 in (rows, n, k):
@@ -228,6 +265,7 @@ def _apply(x, weight, scale, preferred_element_type, implementation, block_sizes
         out_dtype,
         block_sizes,
         implementation,
+        activations,
     )
     return y.reshape(*lead, n)
 
@@ -250,6 +288,7 @@ def quantized_matmul(
     *,
     preferred_element_type: jax.typing.DTypeLike | None = None,
     implementation: str | None = None,
+    activations: str | None = None,
     block_sizes: BlockSizes | None = None,
 ) -> jax.Array:
     """A linear layer's ``x [..., in] @ W^T`` -> [..., out] with ``W = weight * scale`` kept
@@ -262,8 +301,15 @@ def quantized_matmul(
     Differentiable in ``x`` only (the backward dequantizes the whole weight in XLA); the weight
     and its scale are frozen (``stop_gradient``). ``implementation``: "pallas" or "xla";
     ``block_sizes``: the Pallas blocks (``BlockSizes``).
+
+    ``activations="int8"`` (int8 weights only; opt-in, lossy) is W8A8: each token's row of x is
+    quantized to int8 with its own scale (largest magnitude at 127, rounded half to even), the
+    product accumulated exactly in int32 and rescaled once in f32; exact against ``x'`` @
+    ``dequantize(weight, scale)^T`` with ``x'`` the dequantized int8 rows. No gradient.
     """
-    return _apply(x, weight, scale, preferred_element_type, implementation, block_sizes)
+    return _apply(
+        x, weight, scale, preferred_element_type, implementation, block_sizes, activations
+    )
 
 
 @op(

@@ -22,7 +22,7 @@ from .reference import dequantize
 quantized_matmul_op = api.quantized_matmul.torch
 quantized_matmul_int4_op = api.quantized_matmul_int4.torch
 
-WEIGHT_DTYPES = {"fp8": jnp.float8_e4m3fn, "int8": jnp.int8, "int4": jnp.int32}
+WEIGHT_DTYPES = {"fp8": jnp.float8_e4m3fn, "int8": jnp.int8, "int4": jnp.int32, "w8a8": jnp.int8}
 # projection -> (out, in)
 LLAMA3_8B = {
     "q_proj": (4096, 4096),
@@ -40,8 +40,8 @@ def weight_shape(fmt: str, out: int, inner: int) -> tuple[int, int]:
 
 def case(name: str, rows: int, out: int, inner: int, fmt: str, dtype=jnp.bfloat16, tags=()):
     """One ``quantized_matmul`` (``quantized_matmul_int4``) of an [out, in] ``fmt`` weight over
-    ``rows`` tokens."""
-    scales = scale_shape(fmt, out, inner)
+    ``rows`` tokens; "w8a8": int8 weights with ``activations="int8"`` (forward only)."""
+    scales = scale_shape("int8" if fmt == "w8a8" else fmt, out, inner)
     stored = weight_shape(fmt, out, inner)
     itemsize = jnp.dtype(dtype).itemsize
 
@@ -52,7 +52,7 @@ def case(name: str, rows: int, out: int, inner: int, fmt: str, dtype=jnp.bfloat1
             scale = np.full(scales, 1 / 4 / np.sqrt(inner), np.float32)
             return x, jnp.asarray(q), scale
         w = rng.standard_normal((out, inner), dtype=np.float32)
-        q = np.clip(np.round(w * 32), -127, 127) if fmt == "int8" else w
+        q = np.clip(np.round(w * 32), -127, 127) if fmt in ("int8", "w8a8") else w
         scale = np.full(scales, 1 / 32 / np.sqrt(inner), np.float32)
         return x, jnp.asarray(q).astype(WEIGHT_DTYPES[fmt]), scale
 
@@ -68,7 +68,8 @@ def case(name: str, rows: int, out: int, inner: int, fmt: str, dtype=jnp.bfloat1
         bytes_accessed=(rows * inner + rows * out) * itemsize
         + (out * inner // 2 if fmt == "int4" else out * inner)
         + 4 * int(np.prod(scales)),
-        differentiable=(0,),
+        kwargs={"activations": "int8"} if fmt == "w8a8" else {},
+        differentiable=() if fmt == "w8a8" else (0,),
         tags=(fmt, *tags),
         make_args=make_args,
     )
@@ -88,6 +89,7 @@ SELECTED += [
     ("int4", proj, "decode", rows) for proj in ("q_proj", "down_proj") for rows in (1, 256)
 ]
 SELECTED += [("int4", "gate_proj", "decode", 64), ("int4", "down_proj", "prefill", PREFILL)]
+SELECTED += [("w8a8", "q_proj", "decode", 64), ("w8a8", "down_proj", "prefill", PREFILL)]
 
 CASES = [
     case(_name(proj, fmt, phase, rows), rows, *LLAMA3_8B[proj], fmt, tags=(phase,))

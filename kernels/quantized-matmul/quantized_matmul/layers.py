@@ -3,7 +3,8 @@
 ``kernel_hub.from_pretrained``: fine-grained FP8 and GPTQ int4), reading the host's quantized
 ``weight`` and its scale (``weight_scale_inv`` for fp8 blocks, ``weight_scale`` for int8
 channels and int4 groups) in place; an int32 weight (GPTQ-packed int4) goes to
-``quantized_matmul_int4``.
+``quantized_matmul_int4``; a host whose ``format`` is "w8a8" also has its activations quantized
+per token (``activations="int8"``).
 
 The product is kept in f32 until the bias is added, then rounded once to the activation dtype,
 as ``F.linear`` of the dequantized weight rounds.
@@ -36,11 +37,16 @@ class QuantizedLinear(torch.nn.Module):
     """``input @ (weight * scale)^T + bias`` with the weight read quantized."""
 
     can_torch_compile = True
-    has_backward = True  # the activations' gradient; the weight is frozen
+    has_backward = True  # the activations' gradient; the weight is frozen (w8a8: refused)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        op = quantized_matmul_int4 if self.weight.dtype == torch.int32 else quantized_matmul
-        out = op(input, self.weight, _scale(self), torch.float32)
+        if self.weight.dtype == torch.int32:
+            out = quantized_matmul_int4(input, self.weight, _scale(self), torch.float32)
+        else:
+            activations = "int8" if getattr(self, "format", None) == "w8a8" else None
+            out = quantized_matmul(
+                input, self.weight, _scale(self), torch.float32, None, activations
+            )
         if self.bias is not None:
             out = out + self.bias.float()
         return out.to(input.dtype)

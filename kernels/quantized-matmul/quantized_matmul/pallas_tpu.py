@@ -326,3 +326,52 @@ def _int4_matmul(x, weight, scale, *, out_dtype, blocks: BlockSizes, interpret: 
         interpret=interpret,
         name="quantized_matmul_int4",
     )(x, weight, scale)
+
+
+def _w8a8_kernel(x_ref, xs_ref, w_ref, s_ref, out_ref, acc_ref, *, k: int):
+    k_step = pl.program_id(2)
+
+    @pl.when(k_step == 0)
+    def _():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    x, w = x_ref[...], w_ref[...]
+    tk = x.shape[1]
+    if k % tk:  # the last contraction block reads past k: keep its garbage out of the sum
+        valid = k_step * tk + jax.lax.broadcasted_iota(jnp.int32, (1, tk), 1) < k
+        x = jnp.where(valid, x, jnp.zeros_like(x))
+        w = jnp.where(valid, w, jnp.zeros_like(w))
+    acc_ref[...] += jax.lax.dot_general(
+        x, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32
+    )
+
+    @pl.when(k_step == pl.num_programs(2) - 1)
+    def _():
+        result = acc_ref[...].astype(jnp.float32) * xs_ref[...] * s_ref[...]
+        out_ref[...] = result.astype(out_ref.dtype)
+
+
+def w8a8_matmul(x, x_scale, weight, scale, *, out_dtype, blocks: BlockSizes, interpret: bool):
+    """``(x [m, k] int8 * x_scale [m, 1]) @ (weight [n, k] int8 * scale [n])^T`` -> [m, n]:
+    int8 x int8 products accumulated exactly in int32 on the MXU, rescaled once in f32."""
+    (m, k), n = x.shape, weight.shape[0]
+    tm, tn, tk = blocks.tm, blocks.tn, blocks.tk
+    return pl.pallas_call(
+        functools.partial(_w8a8_kernel, k=k),
+        out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
+        grid=(pl.cdiv(m, tm), pl.cdiv(n, tn), pl.cdiv(k, tk)),
+        in_specs=[
+            pl.BlockSpec((tm, tk), lambda i, j, kk: (i, kk)),
+            pl.BlockSpec((tm, 1), lambda i, j, kk: (i, 0)),
+            pl.BlockSpec((tn, tk), lambda i, j, kk: (j, kk)),
+            pl.BlockSpec((1, tn), lambda i, j, kk: (0, j)),
+        ],
+        out_specs=pl.BlockSpec((tm, tn), lambda i, j, kk: (i, j)),
+        scratch_shapes=[pltpu.VMEM((tm, tn), jnp.int32)],
+        compiler_params=tiling.compiler_params("parallel", "parallel", "arbitrary"),
+        cost_estimate=cost(
+            m, n, k, x.dtype, out_dtype, weight.size + 4 * m, 4 * scale.size, blocks
+        ),
+        interpret=interpret,
+        name="quantized_matmul_w8a8",
+    )(x, x_scale, weight, scale.reshape(1, n))

@@ -56,3 +56,20 @@ def input_gradient(weight: jax.Array, scale: jax.Array, fmt: str, dout: jax.Arra
         preferred_element_type=acc,
     )
     return dx.astype(dtype)
+
+
+def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Dynamic per-token int8 activations: (int8 [m, k], f32 scale [m, 1]) with each row's
+    largest magnitude at 127 (``round(x / scale)``, half to even; an all-zero row has scale 1)."""
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=1, keepdims=True)
+    scale = jnp.where(amax > 0, amax / 127, 1.0)
+    q = jnp.clip(jnp.round(x.astype(jnp.float32) / scale), -127, 127).astype(jnp.int8)
+    return q, scale
+
+
+def w8a8_matmul(x: jax.Array, weight: jax.Array, scale: jax.Array, out_dtype):
+    """W8A8: ``x`` quantized per token, ``int8 x int8 -> int32`` exactly, then rescaled by the
+    token's and the output channel's scales in f32 -> [m, out]."""
+    q, x_scale = quantize_rows(x)
+    acc = jax.lax.dot_general(q, weight, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+    return (acc.astype(jnp.float32) * x_scale * scale[None, :]).astype(out_dtype)

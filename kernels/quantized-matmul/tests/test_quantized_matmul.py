@@ -197,3 +197,47 @@ def test_int4_tk_must_hold_whole_scale_tiles():
         k.jax.quantized_matmul_int4(
             x, w, s, implementation="pallas", block_sizes=k.jax.BlockSizes(8, 128, 512)
         )
+
+
+def fake_quantized_rows(x: torch.Tensor) -> torch.Tensor:
+    """float64 rows of x quantized per token to int8 (max |row| at 127, half to even) and back:
+    what W8A8's activations stand for, written out here."""
+    amax = x.double().abs().amax(-1, keepdim=True)
+    scale = torch.where(amax > 0, amax.float() / 127, 1.0).double()
+    return (x.double() / scale).round().clamp(-127, 127) * scale
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_w8a8_is_exact_against_quantized_activations_and_weights(implementation):
+    """At TPU blocks (tm 32, an int8 sublane tile; tn and tk 256): 2 x 2 x 2 blocks with ragged
+    tails (m 40, out 320, in 384), an all-zero row; the twin is the dequantized weight times
+    the per-token quantized activations. Its error against W8A16 is measured, not zero."""
+    weight, scale = quantized("int8", 320, 384, seed=4)
+    x = torch.randn(40, 384)
+    x[3] = 0
+    blocks = {"block_sizes": k.jax.BlockSizes(32, 256, 256)} if implementation == "pallas" else {}
+    got = k.jax.quantized_matmul(
+        jnp.asarray(x.numpy()),
+        jnp.asarray(weight.numpy()),
+        jnp.asarray(scale.numpy()),
+        implementation=implementation,
+        activations="int8",
+        **blocks,
+    )
+    got = torch.from_numpy(np.asarray(got)).double()
+    want = fake_quantized_rows(x) @ dequantized64(weight, scale).T
+    assert_close(got, want, 2e-6)
+    assert bool((got[3] == 0).all())
+    w8a16 = oracle(x, weight, scale, torch.float32)
+    error = float((got - w8a16).abs().max() / w8a16.abs().max())
+    assert 1e-4 < error < 3e-2, error  # lossy (int8 activations), not broken
+
+
+def test_w8a8_is_refused_for_other_weights_and_for_gradients():
+    weight, scale = quantized("fp8", 128, 256)
+    with pytest.raises(KernelInputError, match=r"activations='int8' with a fp8 weight; valid"):
+        k.quantized_matmul(torch.randn(4, 256), weight, scale, None, None, "int8")
+    weight, scale = quantized("int8", 128, 256)
+    x = torch.randn(4, 256, requires_grad=True)
+    with pytest.raises(KernelInputError, match=r"\(W8A8\) has no gradient"):
+        k.quantized_matmul(x, weight, scale, None, "xla", "int8").sum().backward()

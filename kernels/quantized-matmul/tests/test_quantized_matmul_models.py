@@ -259,13 +259,13 @@ def test_gptq_tensors_the_kernel_does_not_read_are_refused(
         kernel_hub.from_pretrained(AutoModelForCausalLM, tmp_path)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+@pytest.mark.parametrize("fmt", ["int8", "fp8", "w8a8"])
 def test_quantize_linear_reports_its_error_and_kernelize_is_exact_against_it(fmt):
     model = tiny_model(LlamaForCausalLM, seed=1, **SIZES)
     report = kernel_hub.quantize_linear(model, fmt)
     assert len(report.layers) == 2 * len(PROJECTIONS)
     assert report.left_alone == (("lm_head", "skipped (skip=)"),)
-    bound = 1 / 254 if fmt == "int8" else 1 / 16  # half a step of 127 levels; e4m3's 3 bits
+    bound = 1 / 16 if fmt == "fp8" else 1 / 254  # e4m3's 3 bits; half a step of 127 levels
     assert all(0 < layer.max_rel_error <= bound for layer in report.layers)
     assert all(layer.bytes_after < layer.bytes_before / 3 for layer in report.layers)
     ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
@@ -276,3 +276,23 @@ def test_quantize_linear_reports_its_error_and_kernelize_is_exact_against_it(fmt
     swapped = [e for e in kernel_hub.kernelize_report(model).entries if e.op == "quantized-matmul"]
     assert len(swapped) == 2 * len(PROJECTIONS) and all(e.swapped_to for e in swapped)
     assert float((got - want).abs().max() / want.abs().max()) <= 1e-5
+
+
+def w8a8_logit_error(seed: int = 1) -> float:
+    """W8A8's logits against W8A16's (the same int8 weights), kernelized, relative to the
+    largest logit: the error the per-token int8 activations add."""
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42, 7, 99]])
+    logits = []
+    for fmt in ("int8", "w8a8"):
+        model = tiny_model(LlamaForCausalLM, seed=seed, **SIZES)
+        kernel_hub.quantize_linear(model, fmt)
+        kernel_hub.kernelize(model, mode="inference")
+        with torch.no_grad():
+            logits.append(model(ids).logits.double())
+    w8a16, w8a8 = logits
+    return float((w8a8 - w8a16).abs().max() / w8a16.abs().max())
+
+
+def test_w8a8_error_against_w8a16_is_measured_and_small():
+    error = w8a8_logit_error()
+    assert 1e-5 < error < 2e-2, error

@@ -34,6 +34,17 @@ INT4_CASE_PER_GENERATION = {
 }
 
 
+@pytest.mark.parametrize(
+    ("generation", "name"),
+    [("v5e", "llama3-8b-q_proj-w8a8-decode64"), ("v6e", "llama3-8b-down_proj-w8a8-prefill8192")],
+)
+def test_w8a8_compiles_int8_matmul(generation, name):
+    """W8A8's int8 x int8 -> int32 MXU product (forward only; v4 refuses int8 operands and
+    runs XLA)."""
+    result = compile_case("quantized-matmul", CASES[name], generation, "forward", "pallas")
+    assert result.ok, f"{generation} {name}: {result.error}"
+
+
 @pytest.mark.parametrize("generation", DEFAULT_GENERATIONS)
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 @pytest.mark.parametrize("table", [CASE_PER_GENERATION, INT4_CASE_PER_GENERATION],
