@@ -1,6 +1,7 @@
 """Deviceless decode-step bytes of Llama-3-8B's linear layers: bf16 weights (XLA's dot) against
-fp8 weights (the quantized-matmul Pallas kernel), per TPU generation and batch, beside the
-hand-count bound (activations, weights with their scales and outputs, each read or written once).
+fp8, int8 and int4 weights (the quantized-matmul Pallas kernels), per TPU generation and batch,
+beside the hand-count bound (activations, weights with their scales and outputs, each read or
+written once).
 
     PYTHONPATH=. python scripts/quantized_matmul_bytes.py [v5e v6e]
 
@@ -51,37 +52,60 @@ def compiled_bytes(fn, args, device) -> float:
     return float((cost[0] if isinstance(cost, list) else cost)["bytes accessed"])
 
 
-def step_bytes(generation: str, batch: int) -> dict[str, float]:
+def _quantized(fmt: str, out: int, inner: int):
+    """(weight, scale) shapes of an [out, in] layer in ``fmt``, and the op that reads them."""
     qmm = get_kernel("quantized-matmul")
+    struct = jax.ShapeDtypeStruct
+    if fmt == "int4":
+        args = struct((inner // 8, out), jnp.int32), struct((inner // 128, out), jnp.float32)
+        return args, qmm.jax.quantized_matmul_int4
+    if fmt == "int8":
+        args = struct((out, inner), jnp.int8), struct((out,), jnp.float32)
+    else:
+        scales = (-(-out // 128), -(-inner // 128))
+        args = struct((out, inner), jnp.float8_e4m3fn), struct(scales, jnp.float32)
+    return args, qmm.jax.quantized_matmul
+
+
+def step_bytes(generation: str, batch: int, formats: tuple[str, ...] = ("fp8",)) -> dict:
+    """Compiled and bound bytes of one decode step's projections: "bf16" and each of
+    ``formats`` ("fp8", "int8", "int4"), with "<fmt> bound" beside each."""
     device = tpu_device(generation)
-    totals = {"bf16": 0.0, "bf16 bound": 0.0, "fp8": 0.0, "fp8 bound": 0.0}
+    totals = {key: 0.0 for f in ("bf16", *formats) for key in (f, f"{f} bound")}
     for out, inner in PROJECTIONS.values():
         x = jax.ShapeDtypeStruct((batch, inner), jnp.bfloat16)
         w16 = jax.ShapeDtypeStruct((out, inner), jnp.bfloat16)
-        w8 = jax.ShapeDtypeStruct((out, inner), jnp.float8_e4m3fn)
-        scale = jax.ShapeDtypeStruct((-(-out // 128), -(-inner // 128)), jnp.float32)
         io = 2 * batch * (inner + out)
         totals["bf16"] += LAYERS * compiled_bytes(lambda a, w: a @ w.T, (x, w16), device)
         totals["bf16 bound"] += LAYERS * (io + 2 * out * inner)
-        fp8 = lambda a, w, s: qmm.jax.quantized_matmul(a, w, s, implementation="pallas")
-        totals["fp8"] += LAYERS * compiled_bytes(fp8, (x, w8, scale), device)
-        totals["fp8 bound"] += LAYERS * (io + out * inner + 4 * scale.shape[0] * scale.shape[1])
+        for fmt in formats:
+            (weight, scale), op = _quantized(fmt, out, inner)
+            call = lambda a, w, s, op=op: op(a, w, s, implementation="pallas")
+            totals[fmt] += LAYERS * compiled_bytes(call, (x, weight, scale), device)
+            stored = weight.size * weight.dtype.itemsize + 4 * scale.size
+            totals[f"{fmt} bound"] += LAYERS * (io + stored)
     return totals
 
 
+FORMATS = ("fp8", "int8", "int4")
+
+
 def main(generations: list[str]) -> None:
-    print("| gen | batch | bf16 MB | bf16 / bound | fp8 MB | fp8 / bound | fp8 / bf16 |")
-    print("|---|---|---|---|---|---|---|")
+    header = "| gen | batch | bf16 MB | bf16 / bound |"
+    for fmt in FORMATS:
+        header += f" {fmt} MB | {fmt} / bound | {fmt} / bf16 |"
+    print(header)
+    print("|---" * (4 + 3 * len(FORMATS)) + "|")
     for generation in generations:
         for batch in BATCHES:
             with filtered_libtpu_stderr(), no_persistent_cache():
-                t = step_bytes(generation, batch)
-            print(
-                f"| {generation} | {batch} | {t['bf16'] / 1e6:,.0f} | "
-                f"{t['bf16'] / t['bf16 bound']:.3f} | {t['fp8'] / 1e6:,.0f} | "
-                f"{t['fp8'] / t['fp8 bound']:.3f} | {t['fp8'] / t['bf16']:.3f} |",
-                flush=True,
-            )
+                t = step_bytes(generation, batch, FORMATS)
+            row = f"| {generation} | {batch} | {t['bf16'] / 1e6:,.0f} | "
+            row += f"{t['bf16'] / t['bf16 bound']:.3f} |"
+            for fmt in FORMATS:
+                row += f" {t[fmt] / 1e6:,.0f} | {t[fmt] / t[f'{fmt} bound']:.3f} | "
+                row += f"{t[fmt] / t['bf16']:.3f} |"
+            print(row, flush=True)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,7 @@ XLA_BACKWARDS = {
     "gated_rms_norm",
     "mamba_chunk_scan_combined",
     "quantized_matmul",  # the activations' gradient through the dequantized weight (issue 37)
+    "quantized_matmul_int4",  # the same, through the unpacked int4 weight
 }
 """Ops whose backward is XLA, not a Pallas kernel (issue 26's kernels, as built)."""
 

@@ -628,17 +628,19 @@ def from_pretrained(
     """``model_class.from_pretrained(path, **kwargs)``, kernelized (the report is logged).
 
     ``model_class`` is a Transformers model or auto class (``AutoModelForCausalLM``). A local
-    fine-grained FP8 checkpoint (``quantization_config`` ``quant_method: fp8``, 128x128 blocks)
-    is loaded by kernel-hub instead, its linear weights kept in float8_e4m3fn (Transformers
-    refuses FP8 without a GPU; see ``quantized_checkpoint``); it takes no ``kwargs``.
+    quantized checkpoint kernel-hub reads (``quantization_config`` ``quant_method: fp8`` with
+    128x128 blocks, ``gptq`` 4-bit symmetric in groups of 128, or ``compressed-tensors`` int8 per
+    channel) is loaded by kernel-hub
+    instead, its linear weights kept in their stored format (Transformers refuses FP8 without a
+    GPU; see ``quantized_checkpoint``); it takes no ``kwargs``.
     """
-    if quantized_checkpoint.fp8_config(path) is not None:
+    if quantized_checkpoint.quantization_config(path) is not None:
         if kwargs:
             raise KernelHubError(
-                f"from_pretrained of the fine-grained FP8 checkpoint {path}: kernel-hub loads it "
+                f"from_pretrained of the quantized checkpoint {path}: kernel-hub loads it "
                 f"itself and does not implement {sorted(kwargs)}; call it without them"
             )
-        model = quantized_checkpoint.load_fp8(model_class, path)
+        model = quantized_checkpoint.load_quantized(model_class, path)
     else:
         model = model_class.from_pretrained(path, **kwargs)
     kernelize(model, mode=mode, device=device, registry=registry)

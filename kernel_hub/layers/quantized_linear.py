@@ -7,8 +7,13 @@ The module's own ``forward`` is the stock computation: the whole weight dequanti
 replaces that forward with the quantized-matmul kernel's layer, which reads the weight quantized.
 
 Formats (``kernel_api.weight_formats``): "fp8" (float8_e4m3fn [out, in] with ``weight_scale_inv``
-f32 [ceil(out / 128), ceil(in / 128)], fine-grained FP8 checkpoints' names and layout) and "int8"
-(int8 [out, in] with ``weight_scale`` f32 [out], symmetric per output channel).
+f32 [ceil(out / 128), ceil(in / 128)], fine-grained FP8 checkpoints' names and layout), "int8"
+(int8 [out, in] with ``weight_scale`` f32 [out], symmetric per output channel) and "int4"
+(GPTQ's packing, loaded from GPTQ checkpoints: ``weight`` int32 [in / 8, out], eight 4-bit values
+per word along ``in``, with ``weight_scale`` f32 [in / 128, out], one per group of 128 inputs;
+symmetric, zero point 8). "w8a8" holds what "int8" holds and also quantizes its input
+activations, each token's row to int8 with its own scale (largest magnitude at 127, rounded half
+to even), before the product: opt-in and lossy (``quantize_linear(model, "w8a8")``).
 """
 
 from __future__ import annotations
@@ -24,19 +29,47 @@ from kernel_hub.errors import KernelHubError
 log = logging.getLogger(__name__)
 
 FP8_BLOCK = 128
-FORMATS = {"fp8": (torch.float8_e4m3fn, "weight_scale_inv"), "int8": (torch.int8, "weight_scale")}
+INT4_GROUP = 128
+INT4_PER_WORD = 8
+INT4_ZERO = 8
+FORMATS = {
+    "fp8": (torch.float8_e4m3fn, "weight_scale_inv"),
+    "int8": (torch.int8, "weight_scale"),
+    "int4": (torch.int32, "weight_scale"),
+    "w8a8": (torch.int8, "weight_scale"),
+}
 """format -> (stored weight dtype, the scale's attribute and checkpoint name)."""
+QUANTIZE_FORMATS = ("fp8", "int8", "w8a8")
+"""The formats ``quantize_linear`` writes (int4 comes from GPTQ checkpoints)."""
 
 
 def scale_shape(fmt: str, out: int, inner: int) -> tuple[int, ...]:
     if fmt == "int8":
         return (out,)
+    if fmt == "int4":
+        return (inner // INT4_GROUP, out)
     return (-(-out // FP8_BLOCK), -(-inner // FP8_BLOCK))
 
 
+def weight_shape(fmt: str, out: int, inner: int) -> tuple[int, int]:
+    """The stored weight's shape: [out, in], int4 packed [in / 8, out]."""
+    return (inner // INT4_PER_WORD, out) if fmt == "int4" else (out, inner)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The [in, out] values 0..15 of GPTQ-packed [in / 8, out] int32 words."""
+    rows, out = packed.shape
+    shifts = 4 * torch.arange(INT4_PER_WORD, device=packed.device, dtype=torch.int32)
+    return ((packed[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(rows * INT4_PER_WORD, out)
+
+
 def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``weight * scale`` in f32 (f64 for f64), rounded once to ``dtype``."""
+    """``weight * scale`` [out, in] in f32 (f64 for f64), rounded once to ``dtype``; int4:
+    ``(value - 8) * scale`` of its group."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if weight.dtype == torch.int32:
+        values = (unpack_int4(weight) - INT4_ZERO).to(acc)
+        return (values * scale.to(acc).repeat_interleave(INT4_GROUP, 0)).T.to(dtype)
     out, inner = weight.shape
     if weight.dtype == torch.int8:
         full = scale.to(acc)[:, None]
@@ -44,6 +77,16 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) ->
         full = scale.to(acc).repeat_interleave(FP8_BLOCK, 0).repeat_interleave(FP8_BLOCK, 1)
         full = full[:out, :inner]
     return (weight.to(acc) * full).to(dtype)
+
+
+def quantize_rows(x: torch.Tensor) -> torch.Tensor:
+    """W8A8's activations as the layer sees them: each row of ``x`` (last dim) quantized to int8
+    with scale ``max |row| / 127`` (1 for an all-zero row), rounded half to even, and multiplied
+    back, in f32, rounded once to x's dtype."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    return ((xf / scale).round().clamp(-127, 127) * scale).to(x.dtype)
 
 
 class QuantizedLinear(torch.nn.Module):
@@ -58,7 +101,8 @@ class QuantizedLinear(torch.nn.Module):
         dtype, scale_name = FORMATS[fmt]
         self.in_features, self.out_features, self.format = in_features, out_features, fmt
         self.weight = torch.nn.Parameter(
-            torch.zeros(out_features, in_features, dtype=dtype), requires_grad=False
+            torch.zeros(weight_shape(fmt, out_features, in_features), dtype=dtype),
+            requires_grad=False,
         )
         shape = scale_shape(fmt, out_features, in_features)
         self.register_parameter(
@@ -74,6 +118,8 @@ class QuantizedLinear(torch.nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight = dequantize(self.weight, self.scale, input.dtype)
+        if self.format == "w8a8":
+            input = quantize_rows(input)
         return torch.nn.functional.linear(input, weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -88,7 +134,7 @@ def quantize_weight(weight: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch
     largest magnitude to e4m3's 448, int8 each output channel's to 127."""
     w = weight.detach().float()
     out, inner = w.shape
-    if fmt == "int8":
+    if fmt in ("int8", "w8a8"):
         scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
         return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
     rows, cols = scale_shape(fmt, out, inner)
@@ -125,11 +171,16 @@ def quantize_linear(
     model: torch.nn.Module, format: str, *, skip: Sequence[str] = ("lm_head",)
 ) -> LinearQuantizationReport:
     """Replace every ``torch.nn.Linear`` of ``model`` (but those whose name ends with an entry
-    of ``skip``) by a ``QuantizedLinear`` in ``format`` ("fp8" or "int8"), in place; ``kernelize``
-    then runs them on the quantized-matmul kernel. A lossy, explicit choice: the report gives
-    each layer's measured weight error (also logged) and its bytes before and after."""
-    if format not in FORMATS:
-        raise KernelHubError(f"quantize_linear: format {format!r}; valid: {', '.join(FORMATS)}")
+    of ``skip``) by a ``QuantizedLinear`` in ``format`` ("fp8", "int8" or "w8a8": int8 weights
+    and dynamic per-token int8 activations), in place; ``kernelize`` then runs them on the
+    quantized-matmul kernel. A lossy, explicit choice: the report gives each layer's measured
+    weight error (also logged) and its bytes before and after (w8a8's activation error depends
+    on the inputs: docs/quantized-linear.md gives it measured)."""
+    if format not in QUANTIZE_FORMATS:
+        raise KernelHubError(
+            f"quantize_linear: format {format!r}; valid: {', '.join(QUANTIZE_FORMATS)} (int4 "
+            f"layers come from GPTQ checkpoints: kernel_hub.from_pretrained)"
+        )
     done, left = [], []
     for name, module in list(model.named_modules()):
         if type(module) is not torch.nn.Linear:

@@ -16,12 +16,13 @@ import torch
 from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
 from . import api
-from .api import quantized_matmul, scale_shape
+from .api import quantized_matmul, quantized_matmul_int4, scale_shape, weight_format
 from .reference import dequantize
 
 quantized_matmul_op = api.quantized_matmul.torch
+quantized_matmul_int4_op = api.quantized_matmul_int4.torch
 
-WEIGHT_DTYPES = {"fp8": jnp.float8_e4m3fn, "int8": jnp.int8}
+WEIGHT_DTYPES = {"fp8": jnp.float8_e4m3fn, "int8": jnp.int8, "int4": jnp.int32, "w8a8": jnp.int8}
 # projection -> (out, in)
 LLAMA3_8B = {
     "q_proj": (4096, 4096),
@@ -32,31 +33,43 @@ LLAMA3_8B = {
 PREFILL = 8192
 
 
+def weight_shape(fmt: str, out: int, inner: int) -> tuple[int, int]:
+    """The stored weight shape of an [out, in] layer: int4 GPTQ-packed [in / 8, out]."""
+    return (inner // 8, out) if fmt == "int4" else (out, inner)
+
+
 def case(name: str, rows: int, out: int, inner: int, fmt: str, dtype=jnp.bfloat16, tags=()):
-    """One ``quantized_matmul`` of an [out, in] ``fmt`` weight over ``rows`` tokens."""
-    scales = scale_shape(fmt, out, inner)
+    """One ``quantized_matmul`` (``quantized_matmul_int4``) of an [out, in] ``fmt`` weight over
+    ``rows`` tokens; "w8a8": int8 weights with ``activations="int8"`` (forward only)."""
+    scales = scale_shape("int8" if fmt == "w8a8" else fmt, out, inner)
+    stored = weight_shape(fmt, out, inner)
     itemsize = jnp.dtype(dtype).itemsize
 
     def make_args(rng: np.random.Generator):
         x = rng.standard_normal((rows, inner), dtype=np.float32).astype(dtype)
+        if fmt == "int4":  # uniform nibbles, any bit pattern of the packed words
+            q = rng.integers(-(2**31), 2**31, stored, dtype=np.int64).astype(np.int32)
+            scale = np.full(scales, 1 / 4 / np.sqrt(inner), np.float32)
+            return x, jnp.asarray(q), scale
         w = rng.standard_normal((out, inner), dtype=np.float32)
-        q = np.clip(np.round(w * 32), -127, 127) if fmt == "int8" else w
+        q = np.clip(np.round(w * 32), -127, 127) if fmt in ("int8", "w8a8") else w
         scale = np.full(scales, 1 / 32 / np.sqrt(inner), np.float32)
         return x, jnp.asarray(q).astype(WEIGHT_DTYPES[fmt]), scale
 
     return KernelCase(
         name=name,
-        fn=quantized_matmul,
+        fn=quantized_matmul_int4 if fmt == "int4" else quantized_matmul,
         args=(
             jax.ShapeDtypeStruct((rows, inner), dtype),
-            jax.ShapeDtypeStruct((out, inner), WEIGHT_DTYPES[fmt]),
+            jax.ShapeDtypeStruct(stored, WEIGHT_DTYPES[fmt]),
             jax.ShapeDtypeStruct(scales, jnp.float32),
         ),
         flops=2 * rows * out * inner,
         bytes_accessed=(rows * inner + rows * out) * itemsize
-        + out * inner
+        + (out * inner // 2 if fmt == "int4" else out * inner)
         + 4 * int(np.prod(scales)),
-        differentiable=(0,),
+        kwargs={"activations": "int8"} if fmt == "w8a8" else {},
+        differentiable=() if fmt == "w8a8" else (0,),
         tags=(fmt, *tags),
         make_args=make_args,
     )
@@ -72,6 +85,11 @@ SELECTED = [("fp8", proj, "decode", rows) for proj in LLAMA3_8B for rows in (1, 
 SELECTED += [("fp8", proj, "prefill", PREFILL) for proj in ("gate_proj", "down_proj")]
 SELECTED += [("int8", proj, "decode", 64) for proj in ("q_proj", "down_proj")]
 SELECTED += [("int8", "down_proj", "prefill", PREFILL)]
+SELECTED += [
+    ("int4", proj, "decode", rows) for proj in ("q_proj", "down_proj") for rows in (1, 256)
+]
+SELECTED += [("int4", "gate_proj", "decode", 64), ("int4", "down_proj", "prefill", PREFILL)]
+SELECTED += [("w8a8", "q_proj", "decode", 64), ("w8a8", "down_proj", "prefill", PREFILL)]
 
 CASES = [
     case(_name(proj, fmt, phase, rows), rows, *LLAMA3_8B[proj], fmt, tags=(phase,))
@@ -80,20 +98,24 @@ CASES = [
     # small enough for Pallas interpret mode on a 2-core CPU; ragged fp8 blocks (out 576)
     case("small-fp8-576x512-f32", 8, 576, 512, "fp8", jnp.float32, tags=(CPU_TAG,)),
     case("small-int8-256x384-bf16", 16, 256, 384, "int8", tags=(CPU_TAG,)),
+    case("small-int4-256x1024-bf16", 16, 256, 1024, "int4", tags=(CPU_TAG,)),
 ]
 
 
 def torch_dequantized_linear(x, weight, scale) -> torch.Tensor:
     """What a torch user runs without the kernel: dequantize the whole weight, then a Linear."""
-    fmt = "int8" if weight.dtype == torch.int8 else "fp8"
-    w = dequantize(
-        jnp.asarray(weight.float().numpy()), jnp.asarray(scale.numpy()), fmt, jnp.float32
-    )
-    return torch.nn.functional.linear(x, torch.from_numpy(np.asarray(w)).to(x.dtype))
+    fmt = weight_format(weight)
+    stored = weight.numpy() if fmt == "int4" else weight.float().numpy()
+    w = np.asarray(dequantize(jnp.asarray(stored), jnp.asarray(scale.numpy()), fmt, jnp.float32))
+    w = torch.from_numpy(w.T.copy() if fmt == "int4" else w)
+    return torch.nn.functional.linear(x, w.to(x.dtype))
 
 
 def kernel_hub_quantized_matmul(x, weight, scale) -> torch.Tensor:
-    """kernel-hub's quantized_matmul torch op (DLPack bridge to JAX, the platform's default)."""
+    """kernel-hub's quantized_matmul torch op (quantized_matmul_int4 for int4; DLPack bridge to
+    JAX, the platform's default)."""
+    if weight.dtype == torch.int32:
+        return quantized_matmul_int4_op(x, weight, scale)
     return quantized_matmul_op(x, weight, scale)
 
 

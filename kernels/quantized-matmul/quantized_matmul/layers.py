@@ -1,7 +1,10 @@
 """The ``QuantizedLinear`` layer: its ``forward`` replaces kernel-hub's ``QuantizedLinear``
 (``kernel_hub.quantize_linear``, fine-grained FP8 checkpoints loaded by
-``kernel_hub.from_pretrained``), reading the host's quantized ``weight`` and its scale
-(``weight_scale_inv`` for fp8 blocks, ``weight_scale`` for int8 channels) in place.
+``kernel_hub.from_pretrained``: fine-grained FP8 and GPTQ int4), reading the host's quantized
+``weight`` and its scale (``weight_scale_inv`` for fp8 blocks, ``weight_scale`` for int8
+channels and int4 groups) in place; an int32 weight (GPTQ-packed int4) goes to
+``quantized_matmul_int4``; a host whose ``format`` is "w8a8" also has its activations quantized
+per token (``activations="int8"``).
 
 The product is kept in f32 until the bias is added, then rounded once to the activation dtype,
 as ``F.linear`` of the dequantized weight rounds.
@@ -14,9 +17,10 @@ import torch
 from kernel_hub.kernel_api import dtype_name
 
 from . import api
-from .api import ACTIVATION_DTYPES, FORMATS, scale_shape
+from .api import ACTIVATION_DTYPES, FORMATS, scale_shape, weight_dims
 
 quantized_matmul = api.quantized_matmul.torch
+quantized_matmul_int4 = api.quantized_matmul_int4.torch
 
 SCALE_NAMES = ("weight_scale_inv", "weight_scale")
 
@@ -33,10 +37,16 @@ class QuantizedLinear(torch.nn.Module):
     """``input @ (weight * scale)^T + bias`` with the weight read quantized."""
 
     can_torch_compile = True
-    has_backward = True  # the activations' gradient; the weight is frozen
+    has_backward = True  # the activations' gradient; the weight is frozen (w8a8: refused)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        out = quantized_matmul(input, self.weight, _scale(self), torch.float32)
+        if self.weight.dtype == torch.int32:
+            out = quantized_matmul_int4(input, self.weight, _scale(self), torch.float32)
+        else:
+            activations = "int8" if getattr(self, "format", None) == "w8a8" else None
+            out = quantized_matmul(
+                input, self.weight, _scale(self), torch.float32, None, activations
+            )
         if self.bias is not None:
             out = out + self.bias.float()
         return out.to(input.dtype)
@@ -51,7 +61,9 @@ def _problem(module: torch.nn.Module) -> str | None:
         return f"its weight is {dtype_name(weight.dtype)}; valid: {', '.join(FORMATS)}"
     if scale is None:
         return f"it has none of the scales {', '.join(SCALE_NAMES)}"
-    expected = scale_shape(FORMATS[dtype_name(weight.dtype)], *weight.shape)
+    if weight.dtype == torch.int32 and weight.shape[0] * 8 % 128:
+        return f"its int4 weight {tuple(weight.shape)} holds no whole groups of 128 inputs"
+    expected = scale_shape(FORMATS[dtype_name(weight.dtype)], *weight_dims(weight))
     if tuple(scale.shape) != expected or scale.dtype != torch.float32:
         return f"its scale is {scale.dtype} {tuple(scale.shape)}; it needs float32 {expected}"
     if weight.device.type == "meta":

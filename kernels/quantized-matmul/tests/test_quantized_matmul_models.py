@@ -1,7 +1,9 @@
-"""Quantized linear layers in a model: a tiny Llama saved by hand as a fine-grained FP8
-checkpoint loads on this CPU with its weights still float8_e4m3fn, kernelize swaps every
-projection for the quantized-matmul layer, and logits and greedy tokens match the stock Llama
-holding the dequantized weights; ``quantize_linear`` reports its measured error."""
+"""Quantized linear layers in a model: a tiny Llama saved by hand as a fine-grained FP8 checkpoint
+(and as GPTQ int4 and compressed-tensors int8 ones) loads on this CPU with its weights still
+float8_e4m3fn (packed int32, int8), kernelize swaps every projection for the quantized-matmul
+layer, and logits and greedy tokens match the stock Llama holding the dequantized weights;
+layouts the kernel does not read are refused with the reason; ``quantize_linear`` reports its
+measured error."""
 
 from __future__ import annotations
 
@@ -37,46 +39,153 @@ def fp8_by_hand(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-@pytest.fixture(scope="module")
-def fp8_checkpoint(tmp_path_factory):
-    """(path, stock Llama holding the dequantized weights)."""
-    stock = tiny_model(LlamaForCausalLM, seed=0, **SIZES)
+def as_int32(words: torch.Tensor) -> torch.Tensor:
+    """int64 words < 2**32 as the int32 with the same bits."""
+    return (words - (words >= 2**31).long() * 2**32).to(torch.int32)
+
+
+def gptq_by_hand(weight: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """GPTQ's stored tensors of one [out, in] Linear weight (4 bits, group 128, symmetric,
+    checkpoint_format "gptq"), written out here, and the weight they stand for: ``qweight``
+    int32 [in / 8, out] (row 8r + j in bits 4j.. of word r), ``qzeros`` int32 [in / 128, out / 8]
+    (the zero point 8 stored as 7, packed along out), ``scales`` f16 [in / 128, out], ``g_idx``."""
+    w = weight.T.double()  # [in, out]
+    inner, out = w.shape
+    scales = (w.reshape(inner // 128, 128, out).abs().amax(1) / 7).half()
+    full = scales.double().repeat_interleave(128, 0)
+    q = ((w / full).round().clamp(-8, 7) + 8).long()  # 0..15
+    words = torch.zeros(inner // 8, out, dtype=torch.int64)
+    for j in range(8):
+        words |= q[j::8] << (4 * j)
+    zeros = torch.full((inner // 128, out // 8), sum(7 << (4 * j) for j in range(8)))
+    tensors = {
+        "qweight": as_int32(words),
+        "qzeros": as_int32(zeros),
+        "scales": scales,
+        "g_idx": torch.arange(inner, dtype=torch.int32) // 128,
+    }
+    return tensors, ((q - 8).double() * full).T.float()
+
+
+def save_checkpoint(path, stock, quantize, quantization_config):
+    """Save ``stock`` with each projection's weight replaced by ``quantize(weight)``'s tensors
+    (suffix -> tensor; "weight" keeps the name), and its weight by what they stand for."""
     tensors = {}
     for name, tensor in stock.state_dict().items():
         module = name.rsplit(".", 2)[-2] if name.endswith(".weight") else ""
         if module in PROJECTIONS:
-            q, scale = fp8_by_hand(tensor)
-            tensors[name], tensors[name.replace(".weight", ".weight_scale_inv")] = q, scale
-            full = scale.double().repeat_interleave(128, 0).repeat_interleave(128, 1)
-            dequantized = q.double() * full[: q.shape[0], : q.shape[1]]
-            tensor.copy_(dequantized.float())  # the stock model's weight: what fp8 stands for
+            stored, dequantized = quantize(tensor)
+            prefix = name.removesuffix(".weight")
+            tensors.update({f"{prefix}.{suffix}": t for suffix, t in stored.items()})
+            tensor.copy_(dequantized)  # the stock model's weight: what the format stands for
         else:
             tensors[name] = tensor.clone()
-    path = tmp_path_factory.mktemp("llama-fp8")
     save_file(tensors, path / "model.safetensors")
     config = stock.config.to_dict()
-    config["quantization_config"] = {
+    config["quantization_config"] = quantization_config
+    (path / "config.json").write_text(json.dumps(config))
+
+
+def fp8_tensors(weight: torch.Tensor):
+    q, scale = fp8_by_hand(weight)
+    full = scale.double().repeat_interleave(128, 0).repeat_interleave(128, 1)
+    dequantized = q.double() * full[: q.shape[0], : q.shape[1]]
+    return {"weight": q, "weight_scale_inv": scale}, dequantized.float()
+
+
+def compressed_int8_by_hand(weight: torch.Tensor):
+    """compressed-tensors' int-quantized per-channel int8, written out here: int8 ``weight``
+    [out, in], bf16 ``weight_scale`` [out, 1] (the model's dtype in real checkpoints), an all-zero
+    int8 ``weight_zero_point`` [out, 1]; and the weight they stand for."""
+    scale = (weight.abs().amax(dim=1, keepdim=True) / 127).bfloat16()
+    q = (weight.double() / scale.double()).round().clamp(-127, 127)
+    zero = torch.zeros_like(scale, dtype=torch.int8)
+    stored = {"weight": q.to(torch.int8), "weight_scale": scale, "weight_zero_point": zero}
+    return stored, (q * scale.double()).float()
+
+
+COMPRESSED_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "int-quantized",
+    "quantization_status": "compressed",
+    "ignore": ["lm_head"],
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {
+                "num_bits": 8,
+                "type": "int",
+                "symmetric": True,
+                "strategy": "channel",
+                "dynamic": False,
+            },
+            "input_activations": None,
+        }
+    },
+}
+GPTQ_CONFIG = {
+    "quant_method": "gptq",
+    "bits": 4,
+    "group_size": 128,
+    "sym": True,
+    "desc_act": False,
+    "checkpoint_format": "gptq",
+}
+
+
+@pytest.fixture(scope="module")
+def fp8_checkpoint(tmp_path_factory):
+    """(path, stock Llama holding the dequantized weights)."""
+    stock = tiny_model(LlamaForCausalLM, seed=0, **SIZES)
+    path = tmp_path_factory.mktemp("llama-fp8")
+    config = {
         "quant_method": "fp8",
         "activation_scheme": "dynamic",
         "weight_block_size": [128, 128],
     }
-    (path / "config.json").write_text(json.dumps(config))
+    save_checkpoint(path, stock, fp8_tensors, config)
     return path, stock
 
 
-def test_fp8_checkpoint_kept_quantized_kernelized_and_exact(fp8_checkpoint):
-    path, stock = fp8_checkpoint
+@pytest.fixture(scope="module")
+def gptq_checkpoint(tmp_path_factory):
+    """(path, stock Llama holding the dequantized weights)."""
+    stock = tiny_model(LlamaForCausalLM, seed=2, **SIZES)
+    path = tmp_path_factory.mktemp("llama-gptq")
+    save_checkpoint(path, stock, gptq_by_hand, GPTQ_CONFIG)
+    return path, stock
+
+
+@pytest.fixture(scope="module")
+def compressed_int8_checkpoint(tmp_path_factory):
+    """(path, stock Llama holding the dequantized weights)."""
+    stock = tiny_model(LlamaForCausalLM, seed=3, **SIZES)
+    path = tmp_path_factory.mktemp("llama-compressed-int8")
+    save_checkpoint(path, stock, compressed_int8_by_hand, COMPRESSED_CONFIG)
+    return path, stock
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "dtype", "op"),
+    [
+        ("fp8_checkpoint", torch.float8_e4m3fn, "quantized_matmul"),
+        ("gptq_checkpoint", torch.int32, "quantized_matmul_int4"),
+        ("compressed_int8_checkpoint", torch.int8, "quantized_matmul"),
+    ],
+)
+def test_checkpoint_kept_quantized_kernelized_and_exact(checkpoint, dtype, op, request):
+    path, stock = request.getfixturevalue(checkpoint)
     model = kernel_hub.from_pretrained(AutoModelForCausalLM, path, mode="inference")
     linears = {n: m for n, m in model.named_modules() if type(m).__name__ == "QuantizedLinear"}
     assert len(linears) == 2 * len(PROJECTIONS)
-    assert all(m.weight.dtype == torch.float8_e4m3fn for m in linears.values())
+    assert all(m.weight.dtype == dtype for m in linears.values())
     report = kernel_hub.kernelize_report(model)
     swapped = {e.module for e in report.entries if e.swapped_to and e.op == "quantized-matmul"}
     assert swapped == set(linears), report
     ids = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3]])
     with torch.no_grad(), torch.profiler.profile() as profile:
         got = model(ids).logits
-    calls = [e for e in profile.events() if e.name.endswith("::quantized_matmul")]
+    calls = [e for e in profile.events() if e.name.endswith(f"::{op}")]
     assert len(calls) == len(linears)  # the op ran for every projection
     with torch.no_grad():
         want = stock(ids).logits
@@ -86,21 +195,77 @@ def test_fp8_checkpoint_kept_quantized_kernelized_and_exact(fp8_checkpoint):
     assert torch.equal(model.generate(ids, **kwargs), stock.generate(ids, **kwargs))
 
 
-def test_other_quantization_methods_are_refused_with_the_reason(tmp_path):
-    (tmp_path / "config.json").write_text(
-        json.dumps({"quantization_config": {"quant_method": "gptq"}})
-    )
-    with pytest.raises(KernelHubError, match="quant_method='gptq'; kernel-hub loads 'fp8'"):
+def compressed_weights(**weights) -> dict:
+    """COMPRESSED_CONFIG with its weights scheme changed."""
+    group = COMPRESSED_CONFIG["config_groups"]["group_0"]
+    changed = {**group, "weights": {**group["weights"], **weights}}
+    return {**COMPRESSED_CONFIG, "config_groups": {"group_0": changed}}
+
+
+def compressed_activations() -> dict:
+    """COMPRESSED_CONFIG with dynamic per-token int8 activations (W8A8)."""
+    group = COMPRESSED_CONFIG["config_groups"]["group_0"]
+    activations = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
+                   "dynamic": True}  # fmt: skip
+    changed = {**group, "input_activations": activations}
+    return {**COMPRESSED_CONFIG, "config_groups": {"group_0": changed}}
+
+
+@pytest.mark.parametrize(
+    ("quantization", "reason"),
+    [
+        ({"quant_method": "bitsandbytes"}, r"quant_method='bitsandbytes'; kernel-hub loads 'fp8'"),
+        ({"quant_method": "awq", "bits": 4}, r"AWQ packs its 4-bit values along the output dim"),
+        ({**GPTQ_CONFIG, "bits": 8}, r"gptq bits=8, group_size=128; the int4 kernel reads bits 4"),
+        ({**GPTQ_CONFIG, "group_size": 64}, r"group_size=64; .* group_size 128"),
+        ({**GPTQ_CONFIG, "sym": False}, r"sym=False \(asymmetric, per-group zero points\)"),
+        ({**GPTQ_CONFIG, "desc_act": True}, r"desc_act=True \(act-order"),
+        ({**GPTQ_CONFIG, "checkpoint_format": "marlin"}, r"checkpoint_format='marlin'"),
+        ({**COMPRESSED_CONFIG, "format": "pack-quantized"}, r"format='pack-quantized'; kernel"),
+        (compressed_weights(strategy="group", group_size=128), r"strategy='group'; kernel-hub"),
+        (compressed_weights(num_bits=4), r"num_bits=4; kernel-hub reads num_bits=8"),
+        (compressed_weights(symmetric=False), r"symmetric=False; kernel-hub reads"),
+        (compressed_weights(type="float"), r"type='float'; kernel-hub reads"),
+        (compressed_activations(), r"quantizes input_activations .* weight-only int8 \(W8A16\)"),
+    ],
+)
+def test_layouts_the_kernel_does_not_read_are_refused_with_the_reason(
+    quantization, reason, tmp_path
+):
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quantization}))
+    with pytest.raises(KernelHubError, match=reason):
         kernel_hub.from_pretrained(AutoModelForCausalLM, tmp_path)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+@pytest.mark.parametrize(
+    ("tensor", "change", "reason"),
+    [
+        ("qzeros", lambda t: t + 1, r"qzeros is not the constant symmetric zero point 7"),
+        ("g_idx", lambda t: t.flip(0), r"g_idx is not input i -> group i // 128 \(act-order\)"),
+    ],
+)
+def test_gptq_tensors_the_kernel_does_not_read_are_refused(
+    gptq_checkpoint, tensor, change, reason, tmp_path
+):
+    from safetensors.torch import load_file
+
+    path, _ = gptq_checkpoint
+    tensors = load_file(path / "model.safetensors")
+    key = f"model.layers.1.mlp.down_proj.{tensor}"
+    tensors[key] = change(tensors[key])
+    save_file(tensors, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    with pytest.raises(KernelHubError, match=reason):
+        kernel_hub.from_pretrained(AutoModelForCausalLM, tmp_path)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8", "w8a8"])
 def test_quantize_linear_reports_its_error_and_kernelize_is_exact_against_it(fmt):
     model = tiny_model(LlamaForCausalLM, seed=1, **SIZES)
     report = kernel_hub.quantize_linear(model, fmt)
     assert len(report.layers) == 2 * len(PROJECTIONS)
     assert report.left_alone == (("lm_head", "skipped (skip=)"),)
-    bound = 1 / 254 if fmt == "int8" else 1 / 16  # half a step of 127 levels; e4m3's 3 bits
+    bound = 1 / 16 if fmt == "fp8" else 1 / 254  # e4m3's 3 bits; half a step of 127 levels
     assert all(0 < layer.max_rel_error <= bound for layer in report.layers)
     assert all(layer.bytes_after < layer.bytes_before / 3 for layer in report.layers)
     ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
@@ -111,3 +276,23 @@ def test_quantize_linear_reports_its_error_and_kernelize_is_exact_against_it(fmt
     swapped = [e for e in kernel_hub.kernelize_report(model).entries if e.op == "quantized-matmul"]
     assert len(swapped) == 2 * len(PROJECTIONS) and all(e.swapped_to for e in swapped)
     assert float((got - want).abs().max() / want.abs().max()) <= 1e-5
+
+
+def w8a8_logit_error(seed: int = 1) -> float:
+    """W8A8's logits against W8A16's (the same int8 weights), kernelized, relative to the
+    largest logit: the error the per-token int8 activations add."""
+    ids = torch.tensor([[4, 8, 15, 16, 23, 42, 7, 99]])
+    logits = []
+    for fmt in ("int8", "w8a8"):
+        model = tiny_model(LlamaForCausalLM, seed=seed, **SIZES)
+        kernel_hub.quantize_linear(model, fmt)
+        kernel_hub.kernelize(model, mode="inference")
+        with torch.no_grad():
+            logits.append(model(ids).logits.double())
+    w8a16, w8a8 = logits
+    return float((w8a8 - w8a16).abs().max() / w8a16.abs().max())
+
+
+def test_w8a8_error_against_w8a16_is_measured_and_small():
+    error = w8a8_logit_error()
+    assert 1e-5 < error < 2e-2, error
