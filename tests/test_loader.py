@@ -111,7 +111,7 @@ REGISTRY_EDITS = [
             "      cpu: [palas, xla]\n    layers: [RMSNorm,",
         ),
         "implementations.cpu",
-        "op 'rmsnorm': kernel rmsnorm 1.2.1 has no implementation 'palas'; "
+        "op 'rmsnorm': kernel rmsnorm 1.2.2 has no implementation 'palas'; "
         "valid on cpu: pallas, xla",
     ),
     (
@@ -125,7 +125,7 @@ REGISTRY_EDITS = [
     (
         ("layers: [RMSNorm, RMSNormF32Scale", "layers: [RMSNorm, RMSNormF32", 1),
         "layers",
-        "op 'rmsnorm': kernel rmsnorm 1.2.1 has no layer 'RMSNormF32'; its layers: RMSNorm, ",
+        "op 'rmsnorm': kernel rmsnorm 1.2.2 has no layer 'RMSNormF32'; its layers: RMSNorm, ",
     ),
 ]
 
@@ -179,7 +179,7 @@ def test_unmet_requirement_is_reported(tmp_path):
     ("edit", "message"),
     [
         (
-            ("version: 1.2.1", "version: 1.0"),
+            ("version: 1.2.2", "version: 1.0"),
             "kernel.yaml:2: manifest: field 'version': expected a semantic version",
         ),
         (("package: rmsnorm", "package: rms-norm"), "kernel.yaml:3: manifest: field 'package'"),
