@@ -56,6 +56,31 @@ def test_registry_order_is_applied():
     assert kernel.jax.TABLE.order("cpu") == ("xla", "pallas")
 
 
+def test_without_a_registry_order_the_kernels_own_applies(tmp_path):
+    """The registry's ``implementations`` is an optional override: without it ``get_kernel`` and
+    ``kernel-hub list`` use the order the kernel's tables state."""
+    from kernel_hub.cli.registry_cmds import list_ops
+
+    registry = tmp_path / "registry.yaml"
+    text = Path(registry_path()).read_text()
+    stated = "".join(
+        f"{line}\n"
+        for line in (
+            "    implementations:",
+            "      tpu: [pallas, xla]",
+            "      gpu: [xla]",
+            "      cpu: [xla, pallas]",
+        )
+    )
+    head, _, rest = text.partition("  rmsnorm:\n")
+    assert stated in rest
+    registry.write_text(head + "  rmsnorm:\n" + rest.replace(stated, "", 1))
+    assert not load_registry(registry).get("rmsnorm").overrides_order
+    assert get_kernel("rmsnorm", registry=registry).jax.TABLE.order("cpu") == ("xla", "pallas")
+    row = next(row for row in list_ops(str(registry)) if row["op"] == "rmsnorm")
+    assert row["implementations"] == ["xla", "pallas"] and row["would_run"] == "xla"
+
+
 def test_failed_import_leaves_nothing_in_sys_modules(tmp_path):
     target = copy_with_version(tmp_path, "1.0.2")
     (target / "rmsnorm" / "layers.py").write_text("raise ImportError('broken build')\n")

@@ -28,7 +28,6 @@ from kernel_hub.registry.registry import parse_registry
 TEMPLATE_DIR = Path(__file__).parent / "new_kernel_template"
 TEMPLATE_SUFFIX = ".tmpl"
 SCAFFOLD_SUMMARY = "x * weight along the last axis (the kernel-hub scaffold, to be replaced)"
-SCAFFOLD_ORDERS = {"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")}
 RENAMED = {
     "package": "{package}",
     "kernel_tests": "tests",  # not "tests/" in the wheel, where only kernel tests would be
@@ -83,10 +82,10 @@ def scaffold(
     registry = Path(registry)
     target = registry.parent / KERNELS_NAME / kernel
     if wrapped is None:
-        files, values, orders = render(kernel), names(kernel), SCAFFOLD_ORDERS
+        files, values = render(kernel), names(kernel)
     else:
         values = names(kernel, f"{wrapped.spec} as a kernel-hub op")
-        files, orders = from_jax.render(values, wrapped), from_jax.registry_orders(wrapped)
+        files = from_jax.render(values, wrapped)
     if target.exists():
         raise KernelHubError(f"{target} already exists; choose another name")
     if not registry.parent.is_dir():
@@ -95,7 +94,7 @@ def scaffold(
             "create it or name a registry in an existing directory"
         )
     original = _read(registry) if registry.exists() else None
-    entry = registry_entry(values, orders)
+    entry = registry_entry(values)
     updated = registry_with(registry, original or _read(BUILTIN_DIR / REGISTRY_NAME), entry)
     made_kernels_dir = not target.parent.exists()
     try:
@@ -133,9 +132,10 @@ def _write_atomically(path: Path, text: str) -> None:
     partial.replace(path)
 
 
-def registry_entry(values: dict[str, str], orders: dict[str, tuple[str, ...]]) -> str:
-    """The ``registry.yaml`` entry (under ``ops:``) that makes the kernel's op loadable, trying
-    its implementations in ``orders`` (platform -> names)."""
+def registry_entry(values: dict[str, str]) -> str:
+    """The ``registry.yaml`` entry (under ``ops:``) that makes the kernel's op loadable; the
+    implementation order is the kernel's own (its table), which an ``implementations`` entry
+    could override per platform."""
     kernel = values["kernel"]
     aliases = f"    aliases: [{values['op']}]\n" if values["op"] != kernel else ""
     return (
@@ -145,8 +145,6 @@ def registry_entry(values: dict[str, str], orders: dict[str, tuple[str, ...]]) -
         f"    kernel: {kernel}\n"
         f"    repo: kernel-hub/{kernel}\n"
         f'    version: ">=1.0,<2"\n'
-        f"    implementations:\n"
-        + "".join(f"      {platform}: [{', '.join(order)}]\n" for platform, order in orders.items())
     )
 
 
