@@ -83,7 +83,8 @@ def takes_options(
     names = option_fields(options, exclude)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(fn)
+        # evaluated annotations: ``kernel_api.op`` reads the torch schema from this signature
+        signature = inspect.signature(fn, eval_str=True)
         params = _split(signature, fn.__name__)
         signature = signature.replace(
             parameters=[*params, *_parameters(options, names, inspect.Parameter.KEYWORD_ONLY)]
