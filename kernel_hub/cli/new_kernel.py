@@ -201,8 +201,36 @@ def run_new_kernel(args: argparse.Namespace) -> int:
     kernel = path.relative_to(project)
     print(
         f"\nnext (from {project}, the kernel project; see docs/writing-a-kernel.md):\n{go}"
-        f"  python -m pytest {kernel}/tests\n"
-        f"  kernel-hub build {kernel}\n"
-        f"  kernel-hub compile-check {args.name} --tpu v5e"
+        + "".join(f"  {step}\n" for step in next_steps(args.name, kernel, registry.name)),
+        end="",
     )
     return 0
+
+
+LOCAL_HUB_PORT = 8765
+"""The port the printed steps serve a local hub store on (``kernel-hub serve``)."""
+
+
+def next_steps(name: str, kernel: Path, registry: str) -> list[str]:
+    """The shell commands ``new-kernel`` prints: test, build and compile-check the kernel, then
+    publish a signed build to a local ``kernel-hub serve`` store (its write token inline, the
+    signing key pinned in ``registry``) and load it by version as ``get_kernel`` does."""
+    token = "local-hub-write-token"  # the local store's; a real hub takes HF_TOKEN
+    hub = f"HF_ENDPOINT=http://127.0.0.1:{LOCAL_HUB_PORT}"
+    org = "kernel-hub"  # the registry entry's repo is kernel-hub/<name>, trusted by default
+    load = (
+        f"k = kernel_hub.get_kernel('{name}', version='==1.0.0'); "
+        "print(k.origin.source, k.origin.repo, k.manifest.version)"
+    )
+    return [
+        f"python -m pytest {kernel}/tests",
+        f"kernel-hub build {kernel}",
+        f"kernel-hub compile-check {name} --tpu v5e",
+        f"kernel-hub keygen --out {name}.key --publisher {org} --pin {registry}",
+        "mkdir hub-store",
+        f"KERNEL_HUB_SERVE_WRITE_TOKEN={token} kernel-hub serve hub-store "
+        f"--port {LOCAL_HUB_PORT} &",
+        f"{hub} HF_TOKEN={token} kernel-hub publish {kernel} --repo {org}/{name} --sign-key "
+        f"{name}.key",
+        f'{hub} python -c "import kernel_hub; {load}"',
+    ]
