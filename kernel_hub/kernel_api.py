@@ -53,7 +53,7 @@ see kernels/rmsnorm/rmsnorm/pallas_tpu.py.
 
 Version 1.3 also offers option dataclasses (``kernel_hub.options``): a kernel declares its static
 options once, as a frozen dataclass, and derives its JAX functions' keyword parameters
-(``takes_options``) and its torch op schemas (``option_stub``) from it, and passes an instance
+(``takes_options``) from it, and passes an instance
 on as keywords (``option_values``); attention-like kernels share the value rules of the score
 options causal/sliding_window/softcap/scale (``check_score_options``) and their resolved values
 (``resolved_scores``); and ``SavedBackward``, a ``jax_op`` backward taking the
@@ -72,7 +72,8 @@ Version 1.5 adds the op declaration: ``op`` (a decorator of a kernel's public JA
 derives its input check, its ``shard_map`` boundary and its torch custom op, schema and DTensor
 strategies included, from the one typed signature; see ``kernel_hub.bridge.declared_op``) and
 ``Einsum`` (a sharding rule's text, named by the op it is declared on). Kernels declared this way
-have no ``torch_ops.py`` stubs and no ``sharding.py`` boundary modules.
+have no ``torch_ops.py`` stubs and no ``sharding.py`` boundary modules. Every in-tree kernel is;
+``option_stub`` (1.3's derived stub signature) is gone with the last stub that used it.
 """
 
 from __future__ import annotations
@@ -105,7 +106,6 @@ from .dispatch import (
 from .errors import KernelHubError, KernelInputError, NoImplementationError, UnsupportedDeviceError
 from .options import (
     check_score_options,
-    option_stub,
     option_values,
     resolved_scores,
     takes_options,
@@ -163,7 +163,6 @@ __all__ = [
     "jax_platform",
     "op",
     "op_namespace",
-    "option_stub",
     "option_values",
     "pallas_and_xla",
     "partition_spec",

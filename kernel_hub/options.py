@@ -2,18 +2,12 @@
 from it.
 
 An attention-like kernel has a dozen static options (causal, window, soft-cap, scale, block
-sizes, ...) that its public JAX functions take as keywords and its torch op stubs take as schema
-parameters. Written out by hand, each list repeats the others, and adding an option means editing
-every one of them. Instead the kernel declares the options as a frozen dataclass and derives:
-
-* ``takes_options(Options)``: a JAX function written as ``fn(*arrays, options)`` gets the public
-  signature ``fn(*arrays, *, <field>=<default>, ...)`` and receives one ``Options`` instance;
-* ``option_stub(Options)``: a torch op stub written as ``stub(*tensors, options)`` gets the
-  signature the bridge (``jax_op``) reads as the op's schema: the tensors and then the fields as
-  plain parameters, and receives one ``Options`` instance.
-
-The op then passes the fields to its JAX function as keywords, which ``jax_op`` checks by name
-when the op is defined. A new field, declared last, becomes every op's last schema parameter, so
+sizes, ...) that its public JAX functions take as keywords. Written out by hand, each list repeats
+the others, and adding an option means editing every one of them. Instead the kernel declares the
+options as a frozen dataclass, and ``takes_options(Options)`` gives a JAX function written as
+``fn(*arrays, options)`` the public signature ``fn(*arrays, *, <field>=<default>, ...)``; it
+receives one ``Options`` instance. Declared with ``kernel_api.op``, that signature is also the
+torch op's schema: a new field, declared last, becomes the op's last schema parameter, so
 positional calls written against an earlier schema keep their meaning.
 
 Attention-like kernels share the score options ``causal``, ``sliding_window``, ``softcap`` and
@@ -36,7 +30,6 @@ from .errors import KernelInputError
 __all__ = [
     "check_score_options",
     "option_fields",
-    "option_stub",
     "option_values",
     "resolved_scores",
     "takes_options",
@@ -83,7 +76,8 @@ def takes_options(
     names = option_fields(options, exclude)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(fn)
+        # evaluated annotations: ``kernel_api.op`` reads the torch schema from this signature
+        signature = inspect.signature(fn, eval_str=True)
         params = _split(signature, fn.__name__)
         signature = signature.replace(
             parameters=[*params, *_parameters(options, names, inspect.Parameter.KEYWORD_ONLY)]
@@ -93,54 +87,6 @@ def takes_options(
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             chosen = {n: kwargs.pop(n) for n in names if n in kwargs}
             return fn(*args, **kwargs, options=options(**chosen))
-
-        wrapper.__signature__ = signature  # type: ignore[attr-defined]
-        return wrapper
-
-    return decorate
-
-
-def option_stub(
-    options: type,
-    *,
-    exclude: Sequence[str] = (),
-    leading: Sequence[str] = (),
-    after: str | None = None,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator of a torch op stub ``stub(*tensors, options)``: the returned stub's parameters
-    (the op's schema) are the tensors and ``options``' fields (less ``exclude``) as plain
-    parameters. The fields of ``leading`` the op takes, in that order, follow the argument
-    ``after`` (positions an earlier schema fixed); every other field follows the last argument,
-    in declaration order."""
-    names = option_fields(options, exclude)
-    option_fields(options, exclude=leading)  # a leading name that is no field raises here
-    leading = [n for n in leading if n in names]
-    trailing = [n for n in names if n not in leading]
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-
-    def decorate(stub: Callable[..., Any]) -> Callable[..., Any]:
-        # evaluated annotations: the bridge reads the schema's types from this signature
-        signature = inspect.signature(stub, eval_str=True)
-        own = _split(signature, stub.__name__)
-        own_names = [p.name for p in own]
-        if after is not None and after not in own_names:
-            raise TypeError(f"{stub.__name__}: after={after!r} names none of {own_names}")
-        cut = len(own) if after is None else own_names.index(after) + 1
-        params = [
-            *own[:cut],
-            *_parameters(options, leading, kind),
-            *own[cut:],
-            *_parameters(options, trailing, kind),
-        ]
-        signature = signature.replace(parameters=params)
-
-        @functools.wraps(stub)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            values = bound.arguments
-            chosen = options(**{n: values[n] for n in names})
-            return stub(**{n: values[n] for n in own_names}, options=chosen)
 
         wrapper.__signature__ = signature  # type: ignore[attr-defined]
         return wrapper

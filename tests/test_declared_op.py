@@ -46,6 +46,21 @@ def test_the_torch_schema_is_the_jax_signature_less_jax_only_options():
     )
 
 
+def test_torch_after_keeps_published_positions_of_options():
+    @op(name="declared_after", torch_after={"x": ("trial",)}, jax_only=("block",))
+    def declared_after(
+        x: jax.Array,
+        weight: jax.Array | None = None,
+        *,
+        block: int | None = None,
+        trial: bool = False,
+    ) -> jax.Array:
+        return x
+
+    schema = str(declared_after.torch.op._schema).partition("(")[2]
+    assert schema == "Tensor x, bool trial=False, Tensor? weight=None) -> Tensor"
+
+
 def test_the_check_runs_for_jax_and_torch_callers():
     for call, array in ((declared_scale, jnp.ones), (declared_scale.torch, torch.ones)):
         with pytest.raises(KernelInputError, match=r"weight must have shape"):
@@ -64,6 +79,7 @@ def test_options_reach_the_sharding_rule_named_after_the_op():
         ({"jax_only": ("x",)}, "x: jax.Array", "jax_only parameter x needs a default"),
         ({"torch_required": ("x",)}, "x: jax.Array", "torch_required names x, not an optional"),
         ({"jax_only": ("y",)}, "x: jax.Array", r"name no parameter: \['y'\]"),
+        ({"torch_after": {"x": ("y",)}}, "x: jax.Array", r"torch_after names no torch .*\['y'\]"),
         ({}, "x", r"declared_bad\(x\) has no type annotation"),
     ],
 )

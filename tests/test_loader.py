@@ -56,6 +56,31 @@ def test_registry_order_is_applied():
     assert kernel.jax.TABLE.order("cpu") == ("xla", "pallas")
 
 
+def test_without_a_registry_order_the_kernels_own_applies(tmp_path):
+    """The registry's ``implementations`` is an optional override: without it ``get_kernel`` and
+    ``kernel-hub list`` use the order the kernel's tables state."""
+    from kernel_hub.cli.registry_cmds import list_ops
+
+    registry = tmp_path / "registry.yaml"
+    text = Path(registry_path()).read_text()
+    stated = "".join(
+        f"{line}\n"
+        for line in (
+            "    implementations:",
+            "      tpu: [pallas, xla]",
+            "      gpu: [xla]",
+            "      cpu: [xla, pallas]",
+        )
+    )
+    head, _, rest = text.partition("  rmsnorm:\n")
+    assert stated in rest
+    registry.write_text(head + "  rmsnorm:\n" + rest.replace(stated, "", 1))
+    assert not load_registry(registry).get("rmsnorm").overrides_order
+    assert get_kernel("rmsnorm", registry=registry).jax.TABLE.order("cpu") == ("xla", "pallas")
+    row = next(row for row in list_ops(str(registry)) if row["op"] == "rmsnorm")
+    assert row["implementations"] == ["xla", "pallas"] and row["would_run"] == "xla"
+
+
 def test_failed_import_leaves_nothing_in_sys_modules(tmp_path):
     target = copy_with_version(tmp_path, "1.0.2")
     (target / "rmsnorm" / "layers.py").write_text("raise ImportError('broken build')\n")
@@ -111,7 +136,7 @@ REGISTRY_EDITS = [
             "      cpu: [palas, xla]\n    layers: [RMSNorm,",
         ),
         "implementations.cpu",
-        "op 'rmsnorm': kernel rmsnorm 1.2.1 has no implementation 'palas'; "
+        "op 'rmsnorm': kernel rmsnorm 1.2.2 has no implementation 'palas'; "
         "valid on cpu: pallas, xla",
     ),
     (
@@ -125,7 +150,7 @@ REGISTRY_EDITS = [
     (
         ("layers: [RMSNorm, RMSNormF32Scale", "layers: [RMSNorm, RMSNormF32", 1),
         "layers",
-        "op 'rmsnorm': kernel rmsnorm 1.2.1 has no layer 'RMSNormF32'; its layers: RMSNorm, ",
+        "op 'rmsnorm': kernel rmsnorm 1.2.2 has no layer 'RMSNormF32'; its layers: RMSNorm, ",
     ),
 ]
 
@@ -179,7 +204,7 @@ def test_unmet_requirement_is_reported(tmp_path):
     ("edit", "message"),
     [
         (
-            ("version: 1.2.1", "version: 1.0"),
+            ("version: 1.2.2", "version: 1.0"),
             "kernel.yaml:2: manifest: field 'version': expected a semantic version",
         ),
         (("package: rmsnorm", "package: rms-norm"), "kernel.yaml:3: manifest: field 'package'"),

@@ -31,36 +31,52 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, env=_user_env(), cwd=cwd)
 
 
+def run_printed_steps(steps: list[str], cwd: Path, tmp_path: Path) -> str:
+    """The printed steps run verbatim, in order, in one bash shell (``&`` and inline variables as
+    typed), ``python`` and ``kernel-hub`` being this interpreter and this kernel-hub; a fresh
+    Hugging Face cache; the background jobs (``kernel-hub serve``) ended when the shell exits.
+    Their output; a failed step fails the test with it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for program, argv in (("python", "-P"), ("kernel-hub", "-P -m kernel_hub.cli")):
+        (bin_dir / program).write_text(f'#!/bin/sh\nexec {sys.executable} {argv} "$@"\n')
+        (bin_dir / program).chmod(0o755)
+    script = "set -e\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + "\n".join(steps)
+    env = {
+        **_user_env(),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+    done = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env=env, cwd=cwd, timeout=1500
+    )
+    assert done.returncode == 0, f"{done.stdout[-4000:]}{done.stderr[-3000:]}"
+    return done.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.tpu_compile
 def test_new_kernel_in_an_empty_directory_runs_its_printed_next_steps(tmp_path, monkeypatch):
     """As a user would: an empty directory outside the checkout, no kernel-hub variables, the
-    printed steps run verbatim (``python``/``kernel-hub`` as this interpreter)."""
-    made = _cli("new-kernel", "demo-op", cwd=tmp_path)
+    printed steps run verbatim: tests, build, compile-check, publish to a local ``kernel-hub
+    serve`` and ``get_kernel`` by version."""
+    project = tmp_path / "project"
+    project.mkdir()
+    made = _cli("new-kernel", "demo-op", cwd=project)
     assert made.returncode == 0, made.stderr
     steps = [line.strip() for line in made.stdout.splitlines() if line.startswith("  ")]
-    assert steps == [
-        "python -m pytest kernels/demo-op/tests",
-        "kernel-hub build kernels/demo-op",
-        "kernel-hub compile-check demo-op --tpu v5e",
-    ]
-    commands = {
-        "python": [sys.executable, "-P"],
-        "kernel-hub": [sys.executable, "-P", "-m", "kernel_hub.cli"],
-    }
-    outputs = []
-    for step in steps:
-        program, *args = step.split()
-        done = _run([*commands[program], *args], tmp_path)
-        assert done.returncode == 0, f"{step}:\n{done.stdout[-3000:]}{done.stderr[-2000:]}"
-        outputs.append(done.stdout)
-    assert " passed" in outputs[0] and "failed" not in outputs[0]
-    assert "0 fail" in outputs[2] and " ok " in outputs[2]
+    assert steps == new_kernel.next_steps("demo-op", Path("kernels/demo-op"), "registry.yaml")
+    out = run_printed_steps(steps, project, tmp_path)
+    assert " passed" in out and " failed" not in out
+    assert "0 fail" in out and " ok " in out  # compile-check
+    assert "hub kernel-hub/demo-op 1.0.0" in out, out[-3000:]  # loaded from the local hub
 
-    kernel_dir = tmp_path / "kernels" / "demo-op"
+    kernel_dir = project / "kernels" / "demo-op"
     for key in [k for k in os.environ if k.startswith("KERNEL_HUB_")]:
         monkeypatch.delenv(key)
-    monkeypatch.chdir(tmp_path)  # the project's registry is the default here
+    monkeypatch.chdir(project)  # the project's registry is the default here
     for local_dir in (None, kernel_dir / "build"):  # the project's kernel, then its build
         kernel = get_kernel("demo-op", local_dir=local_dir)
         assert kernel.origin.source == ("in-tree" if local_dir is None else "local")

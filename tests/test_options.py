@@ -13,7 +13,6 @@ import torch
 from kernel_hub.kernel_api import (
     SavedBackward,
     jax_op,
-    option_stub,
     option_values,
     takes_options,
 )
@@ -48,42 +47,14 @@ def test_takes_options_derives_keyword_parameters_and_passes_one_instance():
     assert params["scale"].kind is inspect.Parameter.KEYWORD_ONLY
     assert params["scale"].annotation == float | None and params["causal"].default is False
     assert fn(1, causal=True) == 1 and seen[-1] == Options(causal=True)
+    assert option_values(seen[-1], exclude=("block",)) == {"causal": True, "scale": None}
     with pytest.raises(TypeError, match="block"):
         fn(1, block=8)  # excluded: not a keyword of fn
-
-
-def test_option_stub_places_earlier_options_after_their_argument_and_new_ones_last():
-    def stub(x: torch.Tensor, mask: torch.Tensor | None = None, *, options): ...
-
-    for options, expected in (
-        (Options, ["x", "causal", "scale", "mask", "block"]),
-        (Grown, ["x", "causal", "scale", "mask", "block", "offset"]),
-    ):
-        derived = option_stub(options, leading=("causal", "scale"), after="x")(stub)
-        assert list(inspect.signature(derived).parameters) == expected
-    plain = option_stub(Grown, exclude=("causal",))(stub)
-    assert list(inspect.signature(plain).parameters) == ["x", "mask", "scale", "block", "offset"]
-
-
-def test_option_stub_passes_the_tensors_and_one_instance():
-    calls = []
-
-    @option_stub(Options, leading=("causal",), after="x")
-    def stub(x: torch.Tensor, mask: torch.Tensor | None = None, *, options: Options):
-        calls.append((x, mask, options))
-
-    stub(1, True, 2, scale=0.5)
-    assert calls == [(1, 2, Options(causal=True, scale=0.5))]
-    assert option_values(calls[0][2], exclude=("block",)) == {"causal": True, "scale": 0.5}
 
 
 def test_bad_declarations_are_refused():
     with pytest.raises(TypeError, match=r"has no fields \['bogus'\]"):
         takes_options(Options, exclude=("bogus",))
-    with pytest.raises(TypeError, match=r"has no fields \['bogus'\]"):
-        option_stub(Options, leading=("bogus",))
-    with pytest.raises(TypeError, match="after='y' names none of"):
-        option_stub(Options, after="y")(lambda x, *, options: x)
     with pytest.raises(TypeError, match="last parameter must be 'options'"):
         takes_options(Options)(lambda x, y: x)
 

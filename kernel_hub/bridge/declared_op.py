@@ -25,7 +25,12 @@ From it come
 * the op's DTensor strategies, from the same rule (``jax_op`` registers them).
 
 A new option added last to the JAX signature is therefore the torch op's last parameter (positional
-callers keep their meaning) and reaches the sharding rule among the call's options.
+callers keep their meaning) and reaches the sharding rule among the call's options. Where a
+published torch schema put parameters elsewhere (options before arrays added later),
+``torch_after={"argument": ("option", ...)}`` keeps them right after ``argument`` in the torch op.
+
+A JAX function taking an options dataclass (``takes_options``) is declared the same way: its
+public signature lists the dataclass's fields as keyword parameters.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -97,8 +102,29 @@ def _rule_source(name: str, sharding: Sharding) -> RuleSource:
     return chosen
 
 
+def _moved(
+    name: str, params: list[inspect.Parameter], torch_after: Mapping[str, Sequence[str]]
+) -> list[inspect.Parameter]:
+    """``params`` with each ``torch_after`` entry's parameters right after the named one."""
+    by_name = {p.name: p for p in params}
+    moved = [n for names in torch_after.values() for n in names]
+    unknown = (set(torch_after) | set(moved)) - set(by_name)
+    if unknown:
+        raise TypeError(f"{name}: torch_after names no torch parameter: {sorted(unknown)}")
+    ordered = []
+    for p in params:
+        if p.name not in moved:
+            ordered.append(p)
+            ordered.extend(by_name[n] for n in torch_after.get(p.name, ()))
+    return ordered
+
+
 def _torch_signature(
-    name: str, signature: inspect.Signature, jax_only: Sequence[str], torch_required: Sequence[str]
+    name: str,
+    signature: inspect.Signature,
+    jax_only: Sequence[str],
+    torch_required: Sequence[str],
+    torch_after: Mapping[str, Sequence[str]],
 ) -> inspect.Signature:
     params = list(signature.parameters.values())
     unknown = (set(jax_only) | set(torch_required)) - {p.name for p in params}
@@ -122,7 +148,7 @@ def _torch_signature(
             )
         )
     returns = _torch_type(signature.return_annotation, f"{name}'s result")
-    return inspect.Signature(kept, return_annotation=returns)
+    return inspect.Signature(_moved(name, kept, torch_after), return_annotation=returns)
 
 
 def op(
@@ -133,6 +159,7 @@ def op(
     sharding: Sharding | None = None,
     jax_only: Sequence[str] = (),
     torch_required: Sequence[str] = (),
+    torch_after: Mapping[str, Sequence[str]] | None = None,
     jax_backward: JaxBackward | None = None,
     buckets: RowBuckets | None = None,
     autocast: Sequence[str] = (),
@@ -147,6 +174,8 @@ def op(
     op's rule (an ``Einsum``, a ``ShardingRule`` or a rule function; None: no boundary).
     ``jax_only``: options the torch op leaves at their defaults (block sizes, configs).
     ``torch_required``: optional arrays the torch op requires (an op per affine form).
+    ``torch_after``: ``{argument: names}``, torch parameters kept right after ``argument`` (where a
+    published schema has them); the others keep the JAX order.
     ``name``: the torch op's name (default: the function's). Returns the public JAX function;
     its ``.torch`` is the torch op.
     """
@@ -165,7 +194,9 @@ def op(
             return fn(*args, **kwargs)
 
         public = checked if sharding is None else sharded(_rule_source(op_name, sharding))(checked)
-        torch_signature = _torch_signature(op_name, signature, jax_only, torch_required)
+        torch_signature = _torch_signature(
+            op_name, signature, jax_only, torch_required, torch_after or {}
+        )
 
         def stub(*args: Any, **kwargs: Any) -> None:
             bound = torch_signature.bind(*args, **kwargs)

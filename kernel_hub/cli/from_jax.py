@@ -273,7 +273,7 @@ def render(values: dict[str, str], wrapped: WrappedFunction) -> dict[Path, str]:
     }
 
 
-def registry_orders(wrapped: WrappedFunction) -> dict[str, tuple[str, ...]]:
+def table_orders(wrapped: WrappedFunction) -> dict[str, tuple[str, ...]]:
     return dict.fromkeys(wrapped.platforms, (IMPLEMENTATION,))
 
 
@@ -384,7 +384,7 @@ def _{IMPLEMENTATION}({implementation_params}):
 TABLE = ImplementationTable(
     OP,
     [Implementation("{IMPLEMENTATION}", _{IMPLEMENTATION}, {_py(wrapped.platforms)})],
-    default_order={_py(registry_orders(wrapped))},
+    default_order={_py(table_orders(wrapped))},
 )
 
 

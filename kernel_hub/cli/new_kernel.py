@@ -28,7 +28,6 @@ from kernel_hub.registry.registry import parse_registry
 TEMPLATE_DIR = Path(__file__).parent / "new_kernel_template"
 TEMPLATE_SUFFIX = ".tmpl"
 SCAFFOLD_SUMMARY = "x * weight along the last axis (the kernel-hub scaffold, to be replaced)"
-SCAFFOLD_ORDERS = {"tpu": ("pallas", "xla"), "gpu": ("xla",), "cpu": ("xla", "pallas")}
 RENAMED = {
     "package": "{package}",
     "kernel_tests": "tests",  # not "tests/" in the wheel, where only kernel tests would be
@@ -83,10 +82,10 @@ def scaffold(
     registry = Path(registry)
     target = registry.parent / KERNELS_NAME / kernel
     if wrapped is None:
-        files, values, orders = render(kernel), names(kernel), SCAFFOLD_ORDERS
+        files, values = render(kernel), names(kernel)
     else:
         values = names(kernel, f"{wrapped.spec} as a kernel-hub op")
-        files, orders = from_jax.render(values, wrapped), from_jax.registry_orders(wrapped)
+        files = from_jax.render(values, wrapped)
     if target.exists():
         raise KernelHubError(f"{target} already exists; choose another name")
     if not registry.parent.is_dir():
@@ -95,7 +94,7 @@ def scaffold(
             "create it or name a registry in an existing directory"
         )
     original = _read(registry) if registry.exists() else None
-    entry = registry_entry(values, orders)
+    entry = registry_entry(values)
     updated = registry_with(registry, original or _read(BUILTIN_DIR / REGISTRY_NAME), entry)
     made_kernels_dir = not target.parent.exists()
     try:
@@ -133,9 +132,10 @@ def _write_atomically(path: Path, text: str) -> None:
     partial.replace(path)
 
 
-def registry_entry(values: dict[str, str], orders: dict[str, tuple[str, ...]]) -> str:
-    """The ``registry.yaml`` entry (under ``ops:``) that makes the kernel's op loadable, trying
-    its implementations in ``orders`` (platform -> names)."""
+def registry_entry(values: dict[str, str]) -> str:
+    """The ``registry.yaml`` entry (under ``ops:``) that makes the kernel's op loadable; the
+    implementation order is the kernel's own (its table), which an ``implementations`` entry
+    could override per platform."""
     kernel = values["kernel"]
     aliases = f"    aliases: [{values['op']}]\n" if values["op"] != kernel else ""
     return (
@@ -145,8 +145,6 @@ def registry_entry(values: dict[str, str], orders: dict[str, tuple[str, ...]]) -
         f"    kernel: {kernel}\n"
         f"    repo: kernel-hub/{kernel}\n"
         f'    version: ">=1.0,<2"\n'
-        f"    implementations:\n"
-        + "".join(f"      {platform}: [{', '.join(order)}]\n" for platform, order in orders.items())
     )
 
 
@@ -203,8 +201,36 @@ def run_new_kernel(args: argparse.Namespace) -> int:
     kernel = path.relative_to(project)
     print(
         f"\nnext (from {project}, the kernel project; see docs/writing-a-kernel.md):\n{go}"
-        f"  python -m pytest {kernel}/tests\n"
-        f"  kernel-hub build {kernel}\n"
-        f"  kernel-hub compile-check {args.name} --tpu v5e"
+        + "".join(f"  {step}\n" for step in next_steps(args.name, kernel, registry.name)),
+        end="",
     )
     return 0
+
+
+LOCAL_HUB_PORT = 8765
+"""The port the printed steps serve a local hub store on (``kernel-hub serve``)."""
+
+
+def next_steps(name: str, kernel: Path, registry: str) -> list[str]:
+    """The shell commands ``new-kernel`` prints: test, build and compile-check the kernel, then
+    publish a signed build to a local ``kernel-hub serve`` store (its write token inline, the
+    signing key pinned in ``registry``) and load it by version as ``get_kernel`` does."""
+    token = "local-hub-write-token"  # the local store's; a real hub takes HF_TOKEN
+    hub = f"HF_ENDPOINT=http://127.0.0.1:{LOCAL_HUB_PORT}"
+    org = "kernel-hub"  # the registry entry's repo is kernel-hub/<name>, trusted by default
+    load = (
+        f"k = kernel_hub.get_kernel('{name}', version='==1.0.0'); "
+        "print(k.origin.source, k.origin.repo, k.manifest.version)"
+    )
+    return [
+        f"python -m pytest {kernel}/tests",
+        f"kernel-hub build {kernel}",
+        f"kernel-hub compile-check {name} --tpu v5e",
+        f"kernel-hub keygen --out {name}.key --publisher {org} --pin {registry}",
+        "mkdir hub-store",
+        f"KERNEL_HUB_SERVE_WRITE_TOKEN={token} kernel-hub serve hub-store "
+        f"--port {LOCAL_HUB_PORT} &",
+        f"{hub} HF_TOKEN={token} kernel-hub publish {kernel} --repo {org}/{name} --sign-key "
+        f"{name}.key",
+        f'{hub} python -c "import kernel_hub; {load}"',
+    ]

@@ -1,13 +1,18 @@
-"""``kernel-hub list``: the ops of the registry and what would run here."""
+"""``kernel-hub list``: the ops of the registry and what would run here.
+
+The order comes from the registry's ``implementations`` override when it has one (read with the
+kernel's manifest, no JAX import); otherwise from the kernel's own implementation tables, which
+means importing that kernel (and so JAX).
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from kernel_hub.loading.resolver import in_tree_dir
-from kernel_hub.platform import host_platform
+from kernel_hub.loading.resolver import get_kernel, in_tree_dir
+from kernel_hub.platform import Platform, host_platform
 from kernel_hub.registry.manifest import load_manifest
-from kernel_hub.registry.registry import load_registry
+from kernel_hub.registry.registry import OpEntry, Registry, load_registry
 
 from .output import print_json, print_table
 
@@ -19,6 +24,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_list)
 
 
+def _kernel_order(entry: OpEntry, registry: Registry, platform: Platform) -> list[str]:
+    """The order the kernel's implementation tables state on ``platform`` (imports the kernel)."""
+    order: list[str] = []
+    for table in get_kernel(entry.name, registry=registry.path).KERNEL.implementation_tables:
+        order += [name for name in table.order(platform) if name not in order]
+    return order
+
+
 def list_ops(registry_path: str | None = None) -> list[dict]:
     registry = load_registry(registry_path)
     platform = host_platform()
@@ -26,7 +39,14 @@ def list_ops(registry_path: str | None = None) -> list[dict]:
     for entry in registry:
         manifest = load_manifest(in_tree_dir(entry))
         available = manifest.implementations_on(platform)
-        order = [name for name in entry.implementations_for(platform) if name in available]
+        stated = (
+            entry.implementations_for(platform)
+            if entry.overrides_order
+            else _kernel_order(entry, registry, platform)
+            if available
+            else ()
+        )
+        order = [name for name in stated if name in available]
         rows.append(
             {
                 "op": entry.name,

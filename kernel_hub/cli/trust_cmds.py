@@ -5,6 +5,7 @@ revoke / show``: the publisher's signed, expiring index, and revoking a stolen k
 from __future__ import annotations
 
 import argparse
+import base64
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,6 +30,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="private key file to write (mode 0600); the public key goes to OUT.pub",
     )
     parser.add_argument("--publisher", help="org to show in the registry snippet")
+    parser.add_argument(
+        "--pin",
+        type=Path,
+        metavar="REGISTRY",
+        help="pin the public key for --publisher in this registry file (a publishers: section "
+        "is added before its ops:; a registry that already has a publishers: section is refused)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run_keygen)
 
@@ -78,14 +86,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub.set_defaults(func=run_index)
 
 
+def pinned_text(path: Path, text: str, publisher: str, public_key: str) -> str:
+    """Registry ``text`` (of ``path``) with ``public_key`` pinned for ``publisher``: a
+    ``publishers:`` section inserted before the top-level ``ops:`` line (which stays last, as
+    ``new-kernel`` appends to it). Refused when the registry already has a ``publishers:``
+    section; the result must parse and pin the key."""
+    from kernel_hub.registry.registry import parse_registry
+
+    lines = text.splitlines(keepends=True)
+    if any(line.startswith("publishers:") for line in lines):
+        raise KernelHubError(
+            f"--pin {path}: it already has a publishers: section; add the key there by hand"
+        )
+    at = next((i for i, line in enumerate(lines) if line.startswith("ops:")), None)
+    if at is None:
+        raise KernelHubError(f"--pin {path}: no top-level 'ops:' line to pin the key before")
+    section = f"publishers:\n  {publisher}:\n    keys: [{public_key}]\n"
+    updated = "".join([*lines[:at], section, *lines[at:]])
+    parse_registry(path, updated)
+    return updated
+
+
 def run_keygen(args: argparse.Namespace) -> int:
     if not args.out.parent.is_dir():
         raise KernelHubError(
             f"keygen --out {args.out}: directory {args.out.parent} does not exist; create it "
             "first (keys are written only where you chose)"
         )
+    if args.pin is not None and not args.publisher:
+        raise KernelHubError("keygen --pin needs --publisher: the org whose builds the key signs")
+    original = args.pin.read_text() if args.pin is not None else None
+    if original is not None:  # refused before a key is written: pinning a well-formed key works
+        pinned_text(
+            args.pin, original, args.publisher, "ed25519:" + base64.b64encode(bytes(32)).decode()
+        )
     pair = generate_key_pair(args.out)
     publisher = args.publisher or "YOUR-ORG"
+    if args.pin is not None:
+        args.pin.write_text(pinned_text(args.pin, original, publisher, pair.public_key))
     if args.json:
         print_json(
             {
@@ -98,6 +136,9 @@ def run_keygen(args: argparse.Namespace) -> int:
         return 0
     print(f"private key  {pair.private_path}  (keep it secret: whoever holds it can publish)")
     print(f"public key   {pair.public_path}  id {pair.key_id}")
+    if args.pin is not None:
+        print(f"pinned for {publisher} in {args.pin}")
+        return 0
     print("\npin it in registry.yaml:\n")
     print(f"publishers:\n  {publisher}:\n    keys: [{pair.public_key}]")
     return 0

@@ -243,8 +243,8 @@ class _KernelSource:
         if self.device_problem:
             raise _LeftAlone(self.device_problem)
         entry = self.registry.get(op)
-        if not entry.implementations_for(self.platform):
-            runs_on = ", ".join(entry.implementations) or "nothing"
+        if entry.overrides_order and not entry.implementations_for(self.platform):
+            runs_on = ", ".join(entry.implementations)
             raise _LeftAlone(f"op {op!r} has no kernel for {self.platform} (it runs on: {runs_on})")
         try:
             kernel = get_kernel(

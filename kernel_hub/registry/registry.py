@@ -1,4 +1,5 @@
-"""registry.yaml: op names -> kernels, version ranges, implementations per platform, layers."""
+"""registry.yaml: op names -> kernels, version ranges, layers, and optionally an override of the
+kernel's implementation order per platform."""
 
 from __future__ import annotations
 
@@ -41,7 +42,9 @@ class OpEntry:
     """Directory name under ``kernels/`` holding the in-tree build."""
     version: SpecifierSet
     implementations: Mapping[Platform, tuple[str, ...]]
-    """Preferred implementation order per platform."""
+    """The registry's override of the kernel's implementation order, per platform; empty when the
+    registry leaves the order to the kernel (its implementation tables). With an override, a
+    platform it does not name runs nothing."""
     summary: str = ""
     aliases: tuple[str, ...] = ()
     repo: str | None = None
@@ -60,7 +63,14 @@ class OpEntry:
         """The line of field ``key`` (see ``lines``), else the op's own line."""
         return self.lines.get(key, self.line)
 
+    @property
+    def overrides_order(self) -> bool:
+        """Whether the registry states the implementation order (else the kernel's applies)."""
+        return bool(self.implementations)
+
     def implementations_for(self, platform: Platform) -> tuple[str, ...]:
+        """The override's order on ``platform`` (empty without an override, see
+        ``overrides_order``)."""
         return self.implementations.get(platform, ())
 
 
@@ -108,7 +118,7 @@ def _parse_op(path: Path, name: str, node: object, line: int | None) -> OpEntry:
         raise fields.error(
             "version", f"invalid version range {raw_version!r} (expected e.g. '>=1.0,<2')"
         ) from None
-    impl_node = fields.get("implementations", dict)
+    impl_node = fields.get("implementations", dict, {})
     impl_fields = FieldReader(
         path,
         impl_node,
@@ -121,7 +131,7 @@ def _parse_op(path: Path, name: str, node: object, line: int | None) -> OpEntry:
         for platform in PLATFORMS
         if platform in impl_node
     }
-    if not implementations:
+    if "implementations" in fields.node and not implementations:
         raise fields.error(
             "implementations", f"name at least one platform of {', '.join(PLATFORMS)}"
         )

@@ -155,6 +155,23 @@ def test_keygen_writes_a_private_key_only_its_owner_reads(tmp_path, capsys):
     assert parse_registry(tmp_path / "r.yaml", registry).keys_for("my-org/x").keys == (public,)
 
 
+def test_keygen_pins_the_key_in_a_registry_before_its_ops(tmp_path, capsys):
+    registry = tmp_path / "registry.yaml"
+    registry.write_text("schema: 1\n# the ops\nops:\n  x:\n    kernel: x\n    version: '>=1'\n")
+    out = tmp_path / "publisher.key"
+    assert main(["keygen", "--out", str(out), "--pin", str(registry)]) == 2
+    assert "--pin needs --publisher" in capsys.readouterr().err and not out.exists()
+    assert main(["keygen", "--out", str(out), "--publisher", "my-org", "--pin", str(registry)]) == 0
+    public = (tmp_path / "publisher.key.pub").read_text().strip()
+    text = registry.read_text()
+    assert text.index("publishers:") < text.index("ops:")  # ops stay last for new-kernel
+    assert parse_registry(registry).keys_for("my-org/x").keys == (public,)
+    again = tmp_path / "second.key"
+    assert main(["keygen", "--out", str(again), "--publisher", "b", "--pin", str(registry)]) == 2
+    assert "already has a publishers: section" in capsys.readouterr().err
+    assert not again.exists() and registry.read_text() == text
+
+
 def test_publish_needs_a_key_or_an_explicit_unsigned(hub_env, kernel_copy, capsys):
     with pytest.raises(SystemExit):
         main(["publish", str(kernel_copy("1.0.0")), "--repo", REPO])

@@ -88,7 +88,7 @@ def run(model, inputs):
 @pytest.fixture
 def attention_calls(monkeypatch):
     """Counts the attention kernel's torch op calls made by the Diffusers backend."""
-    ops = get_kernel("attention").torch_ops
+    ops = get_kernel("attention").torch_api
     calls = []
     for name in ("attention_with_lse", "attention_forward_only", "attention_with_dense_mask"):
         op = getattr(ops, name)

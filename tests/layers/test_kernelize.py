@@ -219,6 +219,17 @@ def test_op_without_an_implementation_for_this_platform(tmp_hub: TmpHub) -> None
     assert "op 'rmsnorm' has no kernel for cpu (it runs on: tpu)" in report.entries[0].reason
 
 
+def test_op_without_a_registry_order_runs_in_the_kernels_order(tmp_hub: TmpHub) -> None:
+    """``implementations`` is an optional override: without it the kernel's own order applies."""
+    tmp_hub.add_kernel("rmsnorm", torch_rmsnorm_kernel(), layers=("RMSNorm",))
+    registry = tmp_hub.write_registry({"rmsnorm": {"layers": ["RMSNorm"]}})
+    text = registry.read_text()
+    registry.write_text(text.replace("    implementations:\n      cpu:\n      - torch\n", ""))
+    assert "implementations" not in registry.read_text()
+    report = kernelize(build_tiny_model("llama"), registry=registry)
+    assert report.swapped, [entry.reason for entry in report.entries]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [

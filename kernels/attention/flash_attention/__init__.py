@@ -17,7 +17,7 @@ from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 from . import api as jax
 from . import benchmark, ring
 from .flash_attn_api import flash_attn_func, flash_attn_varlen_func
-from .torch_ops import (
+from .torch_api import (
     attention_forward_only,
     attention_with_dense_mask,
     attention_with_lse,

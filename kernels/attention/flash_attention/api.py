@@ -13,20 +13,24 @@ import jax.numpy as jnp
 from kernel_hub.kernel_api import (
     Implementation,
     ImplementationTable,
+    SavedBackward,
+    ShardingRule,
     check_dtype,
     check_rank,
     dtype_name,
     jax_default_device,
     jax_platform,
+    op,
     require,
+    sharded,
     takes_options,
     tpu_generation,
 )
 
-from . import masking, pallas_tpu, reference, sharding
+from . import masking, pallas_tpu, reference
 from . import tokamax as tokamax_impl
 from .masking import TokenMask
-from .options import AttentionSpec
+from .options import TORCH_1_0, AttentionSpec
 
 OP = "dot_product_attention"
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -236,7 +240,6 @@ def _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids, *token_arrays):
 
 def _attention(*arrays, options: AttentionSpec, with_lse: bool):
     """The forward of ``arrays`` (the public functions' array arguments, in order)."""
-    check_inputs(*arrays)
     query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, *token_arrays = arrays
     spec = options.resolved(query.shape[-1])
     tokens = _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids, *token_arrays)
@@ -252,7 +255,68 @@ def _attention(*arrays, options: AttentionSpec, with_lse: bool):
     )
 
 
-@sharding.attention_boundary
+def check_call(
+    query,
+    key,
+    value,
+    kv_mask=None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    sinks=None,
+    q_positions=None,
+    kv_positions=None,
+    q_groups=None,
+    kv_groups=None,
+    causal: bool = False,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+) -> None:
+    """The ops' input check: the score options' value rules (``AttentionSpec``), then
+    ``check_inputs``."""
+    AttentionSpec(causal=causal, sliding_window=sliding_window, softcap=softcap, scale=scale)
+    check_inputs(
+        query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, q_positions,
+        kv_positions, q_groups, kv_groups,
+    )  # fmt: skip
+
+
+# Sharding: batch and heads split (query and kv heads together, so each shard keeps whole GQA
+# groups); sequences and head_dim stay whole. A split sequence is context parallelism:
+# ``ring.ring_attention`` over a ``cp`` axis.
+_INPUTS = (
+    "batch heads q_len head_dim, batch kv_heads kv_len head_dim, batch kv_heads kv_len value_dim, "
+    "batch kv_len, batch q_len, batch kv_len, heads, "  # ..., sinks
+    "batch q_len, batch kv_len, batch q_len, batch kv_len"  # positions, groups
+)
+OUT = "batch heads q_len value_dim"
+LSE = "batch heads q_len"
+GRADIENTS = (
+    "batch heads q_len head_dim, batch kv_heads kv_len head_dim, batch kv_heads kv_len value_dim"
+)
+"""dq, dk, dv: the factors of query, key and value."""
+_RING = "context parallelism: flash_attention.ring.ring_attention over a 'cp' mesh axis"
+RULE_OPTIONS = {
+    "whole": ("q_len", "kv_len", "head_dim", "value_dim"),
+    "together": (("heads", "kv_heads"),),
+    "handled_by": {"q_len": _RING, "kv_len": _RING},
+}
+"""The factors every attention rule keeps whole or splits together (also ``dense_mask``'s)."""
+_QKV = ("query", "key", "value")
+# The torch ops' 1.0 options follow the 1.0 tensors; tensors added since (sinks, positions,
+# groups) and options added since come last, so positional calls written for 1.0 keep their
+# meaning. Under ``torch.autocast`` query, key and value are cast to the autocast dtype, as
+# autocast casts SDPA's inputs; masks and sinks keep theirs (scores and softmax run in f32).
+_TORCH = {"torch_after": {"kv_segment_ids": TORCH_1_0}, "autocast": _QKV}
+
+
+@op(
+    name="attention_forward_only",
+    check=check_call,
+    differentiable=(*_QKV, "sinks"),
+    sharding=ShardingRule.parse("dot_product_attention", f"{_INPUTS} -> {OUT}", **RULE_OPTIONS),
+    **_TORCH,
+)
 @takes_options(AttentionSpec)
 def dot_product_attention(
     query: jax.Array,
@@ -289,32 +353,15 @@ def dot_product_attention(
     )  # fmt: skip
 
 
-@sharding.with_lse_boundary
-@takes_options(AttentionSpec)
-def dot_product_attention_with_lse(
-    query: jax.Array,
-    key: jax.Array,
-    value: jax.Array,
-    kv_mask: jax.Array | None = None,
-    q_segment_ids: jax.Array | None = None,
-    kv_segment_ids: jax.Array | None = None,
-    sinks: jax.Array | None = None,
-    q_positions: jax.Array | None = None,
-    kv_positions: jax.Array | None = None,
-    q_groups: jax.Array | None = None,
-    kv_groups: jax.Array | None = None,
-    *,
-    options: AttentionSpec,
-) -> tuple[jax.Array, jax.Array]:
-    """``dot_product_attention`` plus the f32 logsumexp of each query's scores [B, Hq, Sq]
-    (-inf for a row with no visible key). Differentiable in both outputs."""
-    return _attention(
-        query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, q_positions,
-        kv_positions, q_groups, kv_groups, options=options, with_lse=True,
-    )  # fmt: skip
-
-
-@sharding.backward_boundary
+@sharded(
+    ShardingRule.parse(
+        "attention_backward",
+        # d_sinks ("heads") sums over batch and queries: with batch split, the boundary sums it
+        # over the batch axes (a result lacking a split factor is summed, einsum-style).
+        f"{_INPUTS}, {OUT}, {LSE}, {OUT}, {LSE} -> {GRADIENTS}, heads",
+        **RULE_OPTIONS,
+    )
+)
 @takes_options(AttentionSpec)
 def attention_backward(
     query,
@@ -385,3 +432,38 @@ def attention_backward(
 
     _, pullback = jax.vjp(forward, query, key, value, sinks)
     return pullback((d_out, d_lse))
+
+
+@op(
+    name="attention_with_lse",
+    check=check_call,
+    differentiable=(*_QKV, "sinks"),
+    sharding=ShardingRule.parse(
+        "dot_product_attention_with_lse", f"{_INPUTS} -> {OUT}, {LSE}", **RULE_OPTIONS
+    ),
+    # the backward reuses the forward's saved outputs instead of recomputing it
+    jax_backward=SavedBackward(attention_backward, ("out", "lse", "d_out", "d_lse")),
+    **_TORCH,
+)
+@takes_options(AttentionSpec)
+def dot_product_attention_with_lse(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    kv_mask: jax.Array | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    q_positions: jax.Array | None = None,
+    kv_positions: jax.Array | None = None,
+    q_groups: jax.Array | None = None,
+    kv_groups: jax.Array | None = None,
+    *,
+    options: AttentionSpec,
+) -> tuple[jax.Array, jax.Array]:
+    """``dot_product_attention`` plus the f32 logsumexp of each query's scores [B, Hq, Sq]
+    (-inf for a row with no visible key). Differentiable in both outputs."""
+    return _attention(
+        query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, q_positions,
+        kv_positions, q_groups, kv_groups, options=options, with_lse=True,
+    )  # fmt: skip

@@ -18,7 +18,7 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase, NoImplementatio
 from . import api, masking, ring
 from .api import dot_product_attention_with_lse
 from .options import AttentionSpec
-from .torch_ops import dot_product_attention as dot_product_attention_op
+from .torch_api import dot_product_attention as dot_product_attention_op
 
 # (name, batch, q_heads, kv_heads, q_len, kv_len, head_dim, options, extra inputs, dtype, tags)
 # extra inputs: "kv_mask" adds key padding; "segments" adds key padding and segment ids.

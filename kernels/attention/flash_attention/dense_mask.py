@@ -25,10 +25,21 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from kernel_hub.kernel_api import check_dtype, check_rank, option_values, require, takes_options
+from kernel_hub.kernel_api import (
+    SavedBackward,
+    ShardingRule,
+    check_dtype,
+    check_rank,
+    op,
+    option_values,
+    require,
+    sharded,
+    takes_options,
+)
 
-from . import api, masking, reference, sharding
-from .options import AttentionSpec
+from . import api, masking, reference
+from .api import GRADIENTS, LSE, OUT, RULE_OPTIONS
+from .options import TORCH_1_0, AttentionSpec
 
 log = logging.getLogger(__name__)
 
@@ -176,48 +187,45 @@ def _combined_bias(mask_bias, bias):
     return bias if mask_bias is None else mask_bias.astype(bias.dtype) + bias
 
 
-@sharding.dense_mask_boundary
-@takes_options(AttentionSpec, exclude=UNUSED_OPTIONS)
-def attention_with_dense_mask(
+def _check_call(
     query,
     key,
     value,
     attention_mask,
     sinks=None,
     bias=None,
-    *,
-    options: AttentionSpec,
-):
-    """(out, logsumexp) of attention where ``attention_mask`` (bool, True = attend; or additive)
-    decides visibility. ``causal``/``sliding_window`` describe the rule the mask is expected to
-    follow (end-aligned, see ``masking``); a mask that does not still gives exact results.
-    ``sinks`` [Hq] as in ``api.dot_product_attention``; ``bias`` [B|1, H|1, Sq, Sk] is added to
-    the scores (see the module docstring)."""
-    api.check_inputs(query, key, value, sinks=sinks)
+    causal: bool = False,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+) -> None:
+    """The op's input check: the score options, q/k/v and sinks, the mask and the bias."""
+    api.check_call(
+        query, key, value, sinks=sinks, causal=causal, sliding_window=sliding_window,
+        softcap=softcap, scale=scale,
+    )  # fmt: skip
+    check_mask(query, key, attention_mask)
     if bias is not None:
         check_bias(query, key, bias)
-    spec, allowed, mask_bias, binary, structures, choice = _analyse(
-        query, key, attention_mask, options
+
+
+# Sharding: as ``api``'s rules. The mask and the additive bias are [B|1, H|1, Sq, Sk]; a size-1
+# batch or head dimension broadcasts (each shard reads it whole) and the bias gradient there is
+# summed over the shards splitting that factor.
+_MASKED = "batch? heads? q_len kv_len"
+_INPUTS = (
+    "batch heads q_len head_dim, batch kv_heads kv_len head_dim, "
+    f"batch kv_heads kv_len value_dim, {_MASKED}, heads, {_MASKED}"  # mask, sinks, bias
+)
+
+
+@sharded(
+    ShardingRule.parse(
+        "attention_with_dense_mask_backward",
+        f"{_INPUTS}, {OUT}, {LSE}, {OUT}, {LSE} -> {GRADIENTS}, heads, {_MASKED}",
+        **RULE_OPTIONS,
     )
-    if bias is not None:
-        jax.debug.callback(functools.partial(_warn_once, _BIAS_REASON))
-        return _reference(query, key, value, sinks, allowed, _combined_bias(mask_bias, bias), spec)
-    keywords = option_values(options)
-
-    def structured(ids):
-        return lambda q, k, v, s: api.dot_product_attention_with_lse(
-            q, k, v, None, *ids, s, **keywords
-        )
-
-    def fallback(q, k, v, s):
-        jax.debug.callback(_log_fallback, binary)
-        return _reference(q, k, v, s, allowed, mask_bias, spec)
-
-    branches = _branches(structures, query.shape[0], structured, fallback)
-    return jax.lax.switch(choice, branches, query, key, value, sinks)
-
-
-@sharding.dense_mask_backward_boundary
+)
 @takes_options(AttentionSpec, exclude=UNUSED_OPTIONS)
 def attention_with_dense_mask_backward(
     query,
@@ -259,3 +267,52 @@ def attention_with_dense_mask_backward(
 
     branches = _branches(structures, query.shape[0], structured, fallback)
     return (*jax.lax.switch(choice, branches, query, key, value, sinks), None)
+
+
+@op(
+    check=_check_call,
+    differentiable=("query", "key", "value", "sinks", "bias"),
+    sharding=ShardingRule.parse(
+        "attention_with_dense_mask", f"{_INPUTS} -> {OUT}, {LSE}", **RULE_OPTIONS
+    ),
+    torch_after={"attention_mask": tuple(n for n in TORCH_1_0 if n not in UNUSED_OPTIONS)},
+    jax_backward=SavedBackward(
+        attention_with_dense_mask_backward, ("out", "lse", "d_out", "d_lse")
+    ),
+    autocast=("query", "key", "value"),
+)
+@takes_options(AttentionSpec, exclude=UNUSED_OPTIONS)
+def attention_with_dense_mask(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    attention_mask: jax.Array,
+    sinks: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    *,
+    options: AttentionSpec,
+) -> tuple[jax.Array, jax.Array]:
+    """(out, logsumexp) of attention where ``attention_mask`` (bool, True = attend; or additive)
+    decides visibility. ``causal``/``sliding_window`` describe the rule the mask is expected to
+    follow (end-aligned, see ``masking``); a mask that does not still gives exact results.
+    ``sinks`` [Hq] as in ``api.dot_product_attention``; ``bias`` [B|1, H|1, Sq, Sk] is added to
+    the scores (see the module docstring)."""
+    spec, allowed, mask_bias, binary, structures, choice = _analyse(
+        query, key, attention_mask, options
+    )
+    if bias is not None:
+        jax.debug.callback(functools.partial(_warn_once, _BIAS_REASON))
+        return _reference(query, key, value, sinks, allowed, _combined_bias(mask_bias, bias), spec)
+    keywords = option_values(options)
+
+    def structured(ids):
+        return lambda q, k, v, s: api.dot_product_attention_with_lse(
+            q, k, v, None, *ids, s, **keywords
+        )
+
+    def fallback(q, k, v, s):
+        jax.debug.callback(_log_fallback, binary)
+        return _reference(q, k, v, s, allowed, mask_bias, spec)
+
+    branches = _branches(structures, query.shape[0], structured, fallback)
+    return jax.lax.switch(choice, branches, query, key, value, sinks)

@@ -23,7 +23,7 @@ from diffusers.models.attention_dispatch import AttentionBackendName, _Attention
 
 from kernel_hub.kernel_api import KernelInputError
 
-from . import torch_ops
+from . import torch_api
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +150,12 @@ def attention(
 def _kernel_attention(q, k, v, attn_mask, causal, scale):
     """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] through the kernel's torch ops."""
     if attn_mask is None:
-        return torch_ops.dot_product_attention(q, k, v, causal=causal, scale=scale)
+        return torch_api.dot_product_attention(q, k, v, causal=causal, scale=scale)
     batch, heads, q_len, kv_len = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     mask = _sdpa_mask_4d(attn_mask, batch, kv_len)
     if mask.dtype == torch.bool and mask.shape[1] == mask.shape[2] == 1:
         kv_mask = mask[:, 0, 0, :].expand(batch, kv_len)  # key padding: the kernel's own mask
-        return torch_ops.dot_product_attention(q, k, v, kv_mask, scale=scale)
+        return torch_api.dot_product_attention(q, k, v, kv_mask, scale=scale)
     m_batch, m_heads = mask.shape[0], mask.shape[1]
     dense = mask.expand(m_batch, heads if m_heads != 1 else 1, q_len, kv_len)
-    return torch_ops.attention_with_dense_mask(q, k, v, dense, scale=scale)[0]
+    return torch_api.attention_with_dense_mask(q, k, v, dense, scale=scale)[0]

@@ -21,7 +21,7 @@ import torch
 
 from kernel_hub.kernel_api import KernelInputError
 
-from .torch_ops import dot_product_attention
+from .torch_api import dot_product_attention
 
 _NAME = "kernel-hub attention (flash-attn API)"
 

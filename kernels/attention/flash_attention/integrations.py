@@ -34,7 +34,7 @@ import torch
 from kernel_hub.kernel_api import KernelInputError
 
 from . import keywords
-from .torch_ops import attention_with_dense_mask, attention_with_lse, dot_product_attention
+from .torch_api import attention_with_dense_mask, attention_with_lse, dot_product_attention
 from .transformers_masks import (
     MaskDescription,
     describe_nested,

@@ -1,8 +1,8 @@
 """The attention options: one frozen dataclass every attention function takes.
 
-The public JAX functions' keyword parameters (``api``, ``dense_mask``) and the torch ops' schemas
-(``torch_ops``) are derived from ``AttentionSpec`` (``kernel_api.takes_options`` /
-``option_stub``), and the kernels receive it resolved (``AttentionSpec.resolved``): an option is
+The public JAX functions' keyword parameters (``api``, ``dense_mask``; ``kernel_api.takes_options``)
+and so the torch ops' schemas (``kernel_api.op``) are derived from ``AttentionSpec``, and the
+kernels receive it resolved (``AttentionSpec.resolved``): an option is
 declared here, last, and used where the math needs it; nothing else lists it.
 """
 

@@ -238,44 +238,22 @@ def test_order_change_takes_effect_for_shapes_that_already_ran(attention, monkey
         table.set_order("cpu", saved)
 
 
-def test_positional_contract_is_checked_by_name_at_definition(attention):
-    """The bridge passes the stub's tensors to the JAX forward and backward by position (the
-    backward also the saved outputs and cotangents), and the sharding rules describe them by
-    position: a reordered or missing tensor fails when the op is defined (``jax_op``)."""
-    from kernel_hub.kernel_api import SavedBackward, jax_op, option_stub
+def test_backward_contract_is_checked_by_name_at_definition(attention):
+    """The bridge passes the op's tensors to the JAX backward by position, then the saved outputs
+    and cotangents: a reordered or missing one fails when the op is declared (``op``)."""
+    import inspect
+
+    from kernel_hub.kernel_api import SavedBackward, op, takes_options
 
     api = attention.jax
-    saved = ("out", "lse", "d_out", "d_lse")
+    forward = takes_options(api.AttentionSpec)(inspect.unwrap(api.dot_product_attention_with_lse))
 
-    def define(stub, backward=saved):
-        backward = SavedBackward(api.attention_backward, backward)
-        jax_op("kh_test_contract", api.dot_product_attention_with_lse, jax_backward=backward)(
-            option_stub(api.AttentionSpec)(stub)
-        )
+    def declare(saved):
+        backward = SavedBackward(api.attention_backward, saved)
+        op(name="kh_test_contract", jax_backward=backward)(forward)
 
-    def swapped(query: torch.Tensor, value: torch.Tensor, key: torch.Tensor, *, options): ...
-
-    with pytest.raises(TypeError, match=r"JAX function disagree: .*\(query, key, value\), the"):
-        define(swapped)
     with pytest.raises(TypeError, match=r"JAX backward disagree: .*\(.*, lse, out, d_out"):
-        define(_stub_like_attention_with_lse, ("lse", "out", "d_out", "d_lse"))
+        declare(("lse", "out", "d_out", "d_lse"))
     with pytest.raises(TypeError, match=r"attention_backward.* has 15 operands, the stub 14"):
-        define(_stub_like_attention_with_lse, saved[:3])
-    define(_stub_like_attention_with_lse)  # agrees
-
-
-def _stub_like_attention_with_lse(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    kv_mask: torch.Tensor | None = None,
-    q_segment_ids: torch.Tensor | None = None,
-    kv_segment_ids: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    q_positions: torch.Tensor | None = None,
-    kv_positions: torch.Tensor | None = None,
-    q_groups: torch.Tensor | None = None,
-    kv_groups: torch.Tensor | None = None,
-    *,
-    options,
-) -> tuple[torch.Tensor, torch.Tensor]: ...
+        declare(("out", "lse", "d_out"))
+    declare(("out", "lse", "d_out", "d_lse"))  # agrees

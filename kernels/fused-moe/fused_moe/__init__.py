@@ -10,7 +10,9 @@ from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
 from . import benchmark, expert_parallel, layers, quant, routing
-from .torch_ops import fused_experts, fused_moe
+
+fused_experts = jax.fused_experts.torch
+fused_moe = jax.fused_moe.torch
 
 KERNEL = KernelDeclaration(
     ops={"fused_experts": fused_experts, "fused_moe": fused_moe},

@@ -15,17 +15,19 @@ import jax
 import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
+    Einsum,
     check_dtype,
     check_rank,
     dtype_name,
     jax_default_device,
     jax_platform,
+    op,
     pallas_and_xla,
     require,
     tpu_generation,
 )
 
-from . import pallas_tpu, quant, reference, sharding
+from . import pallas_tpu, quant, reference
 from .activations import KINDS, Activation
 from .blocks import MAX_TOKENS, Blocks, blocks_problem, default_blocks, vmem_capacity
 from .config import ExpertsConfig
@@ -218,7 +220,128 @@ def _pallas_problem(x, idx, w, w1, w2, b1, b2, s1, s2, *, config, out_dtype, blo
 TABLE = pallas_and_xla("fused_experts", _pallas, _xla, _pallas_problem)
 
 
-@sharding.experts_boundary
+def _check_experts(
+    hidden_states, top_k_index, top_k_weights, w_gate_up, w_down, gate_up_bias, down_bias,
+    gate_up_scale, down_scale, activation, alpha, limit, transposed, interleaved, quantization,
+) -> None:  # fmt: skip
+    """``fused_experts``' options and inputs, by the op's parameter names."""
+    config = make_config(activation, alpha, limit, transposed, interleaved, quantization)
+    check_inputs(
+        hidden_states, top_k_index, top_k_weights, w_gate_up, w_down, gate_up_bias, down_bias,
+        gate_up_scale, down_scale, config,
+    )  # fmt: skip
+
+
+def _check_moe(
+    hidden_states, router_logits, w_gate_up, w_down, gate_up_bias, down_bias, gate_up_scale,
+    down_scale, routing_bias, top_k, scoring, renormalize, groups, top_groups, routed_scale,
+    activation, alpha, limit, transposed, interleaved, quantization,
+) -> None:  # fmt: skip
+    """``fused_moe``'s routing and, for the top-k ids it will route to, ``fused_experts``'
+    checks."""
+    check_rank("fused_moe", "router_logits", router_logits, 2)
+    check_dtype("fused_moe", "router_logits", router_logits, FLOAT_DTYPES)
+    check_rank("fused_experts", "w_gate_up", w_gate_up, 3)
+    experts = w_gate_up.shape[0]
+    require(
+        tuple(router_logits.shape) == (hidden_states.shape[0], experts),
+        f"fused_moe: router_logits {tuple(router_logits.shape)} must be "
+        f"[{hidden_states.shape[0]}, {experts}] (tokens, experts)",
+    )
+    require(
+        routing_bias is None or tuple(routing_bias.shape) == (experts,),
+        f"fused_moe: routing_bias must be [{experts}], got "
+        f"{None if routing_bias is None else tuple(routing_bias.shape)}",
+    )
+    router = Router(top_k, scoring, renormalize, groups, top_groups, routed_scale)
+    problem = router.problem(experts)
+    require(problem is None, f"fused_moe: {problem}")
+    ids = jax.ShapeDtypeStruct((hidden_states.shape[0], min(top_k, experts)), jnp.int32)
+    _check_experts(
+        hidden_states, ids, jax.ShapeDtypeStruct(ids.shape, jnp.float32), w_gate_up, w_down,
+        gate_up_bias, down_bias, gate_up_scale, down_scale, activation, alpha, limit, transposed,
+        interleaved, quantization,
+    )  # fmt: skip
+
+
+# Sharding: tokens split freely (each token's experts are its own), expert weights stay whole.
+# Splitting experts over devices is expert parallelism (``expert_parallel.fused_experts_ep`` for
+# decode, the moe-gemm kernel's ``moe_ep``); splitting the intermediate dimension would need the
+# gate and up halves split alike, which the stacked [gate; up] layout does not allow.
+_EP = "expert parallelism: the moe-gemm kernel's moe_ep over an 'ep' mesh axis"
+_WEIGHT_FACTORS = ("k", "experts", "gu", "h", "i", "gu_s", "h_s", "i_s", "h_p", "i_p", "h_g",
+                   "i_g", "o", "p")  # fmt: skip
+
+
+def _weights(transposed: bool, quantization: str | None) -> str:
+    w = "experts h gu, experts i h" if transposed else "experts gu h, experts h i"
+    if quantization == "mxfp4":  # two values per byte along the contraction
+        w = "experts gu h_p, experts h i_p"
+    bias = "experts gu, experts h"
+    scales = {
+        "int8": "experts gu, experts h",
+        "w8a8": "experts gu, experts h",
+        "fp8": "experts gu_s h_s, experts h_s i_s",
+        "mxfp4": "experts gu h_g, experts h i_g",
+    }.get(quantization, "experts o, experts p")  # None: absent operands (checked by the op)
+    return f"{w}, {bias}, {scales}"
+
+
+def _einsum(text: str) -> Einsum:
+    factors = {f for side in text.replace("->", ",").split(",") for f in side.split()}
+    whole = [f for f in _WEIGHT_FACTORS if f in factors]
+    return Einsum(text, whole=whole, handled_by={"experts": _EP})
+
+
+def _experts_rule(transposed: bool = False, quantization: str | None = None, **options) -> Einsum:
+    weights = _weights(transposed, quantization)
+    return _einsum(f"tokens h, tokens k, tokens k, {weights} -> tokens h")
+
+
+def _moe_rule(transposed: bool = False, quantization: str | None = None, **options) -> Einsum:
+    weights = _weights(transposed, quantization)
+    return _einsum(f"tokens h, tokens experts, {weights}, experts -> tokens h")
+
+
+# The torch op's backward differentiates the XLA path (sorted rows and ``ragged_dot``) at the
+# same inputs, recomputing its forward: gradients are exact, and training steps that happen to
+# run through a model kernelized for inference stay correct. Quantized weights get no gradient
+# (they are not trainable).
+_DIFFERENTIABLE = (
+    "hidden_states", "top_k_weights", "w_gate_up", "w_down", "gate_up_bias", "down_bias",
+)  # fmt: skip
+
+
+def _experts_backward(inputs, outputs, cotangents, **static):
+    """Gradients of the XLA implementation for every differentiable input: zeros for quantized
+    weights, None for absent optional inputs."""
+    static = {k: v for k, v in static.items() if k != "implementation"}
+    frozen = ("w_gate_up", "w_down") if static.get("quantization") else ()
+    names = [n for n in _DIFFERENTIABLE if inputs[n] is not None and n not in frozen]
+
+    def forward(*values):
+        a = {**inputs, **dict(zip(names, values, strict=True))}
+        return fused_experts(
+            a["hidden_states"], a["top_k_index"], a["top_k_weights"], a["w_gate_up"],
+            a["w_down"], a["gate_up_bias"], a["down_bias"], a["gate_up_scale"], a["down_scale"],
+            implementation="xla", **static,
+        )  # fmt: skip
+
+    _, pullback = jax.vjp(forward, *(inputs[n] for n in names))
+    grads = dict(zip(names, pullback(cotangents[0]), strict=True))
+    return tuple(
+        None if inputs[n] is None else grads.get(n, jnp.zeros_like(inputs[n]))
+        for n in _DIFFERENTIABLE
+    )
+
+
+@op(
+    check=_check_experts,
+    differentiable=_DIFFERENTIABLE,
+    sharding=_experts_rule,
+    jax_only=("blocks",),
+    jax_backward=_experts_backward,
+)
 def fused_experts(
     hidden_states: jax.Array,
     top_k_index: jax.Array,
@@ -251,7 +374,6 @@ def fused_experts(
     config = make_config(activation, alpha, limit, transposed, interleaved, quantization)
     args = (hidden_states, top_k_index, top_k_weights, w_gate_up, w_down, gate_up_bias,
             down_bias, gate_up_scale, down_scale)  # fmt: skip
-    check_inputs(*args, config)
     tokens, hidden = hidden_states.shape
     if tokens == 0 or top_k_index.shape[1] == 0:
         return jnp.zeros((tokens, hidden), hidden_states.dtype)
@@ -264,7 +386,7 @@ def fused_experts(
     )
 
 
-@sharding.moe_boundary
+@op(check=_check_moe, sharding=_moe_rule, jax_only=("blocks",))
 def fused_moe(
     hidden_states: jax.Array,
     router_logits: jax.Array,
@@ -276,7 +398,7 @@ def fused_moe(
     down_scale: jax.Array | None = None,
     routing_bias: jax.Array | None = None,
     *,
-    top_k: int,
+    top_k: int = 2,
     scoring: str = "softmax",
     renormalize: bool = True,
     groups: int | None = None,
@@ -295,22 +417,7 @@ def fused_moe(
     (``routing.Router``: softmax or sigmoid, ``renormalize``, grouped top-k, ``routing_bias``
     [E] that only chooses, ``routed_scale``), then ``fused_experts``. Shared experts are the
     caller's."""
-    check_rank("fused_moe", "router_logits", router_logits, 2)
-    check_dtype("fused_moe", "router_logits", router_logits, FLOAT_DTYPES)
-    experts = w_gate_up.shape[0]
-    require(
-        tuple(router_logits.shape) == (hidden_states.shape[0], experts),
-        f"fused_moe: router_logits {tuple(router_logits.shape)} must be "
-        f"[{hidden_states.shape[0]}, {experts}] (tokens, experts)",
-    )
-    require(
-        routing_bias is None or tuple(routing_bias.shape) == (experts,),
-        f"fused_moe: routing_bias must be [{experts}], got "
-        f"{None if routing_bias is None else tuple(routing_bias.shape)}",
-    )
     router = Router(top_k, scoring, renormalize, groups, top_groups, routed_scale)
-    problem = router.problem(experts)
-    require(problem is None, f"fused_moe: {problem}")
     weights, ids = route(router_logits, router, routing_bias)
     return fused_experts.__wrapped__(
         hidden_states, ids, weights, w_gate_up, w_down, gate_up_bias, down_bias,

@@ -18,7 +18,8 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 from . import api, expert_parallel, quant
 from .api import fused_experts
 from .blocks import lane_padded
-from .torch_ops import fused_experts as fused_experts_op
+
+fused_experts_op = api.fused_experts.torch
 
 
 class MoEShape(NamedTuple):

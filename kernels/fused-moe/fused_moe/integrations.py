@@ -28,18 +28,18 @@ import torch
 
 from kernel_hub.kernel_api import KernelInputError, transformers_ep
 
-from . import padding, quantized
-from .torch_ops import fused_experts
+from . import api, padding, quantized
 
 log = logging.getLogger(__name__)
+fused_experts = api.fused_experts.torch
 
 DEFAULT_NAME = "kernel_hub_fused_moe"
 MIN_TOKENS = 8
 can_torch_compile = True
 """Checked: fullgraph aot_eager compiles of kernelized Mixtral and MXFP4 GPT-OSS, no graph break."""
 has_backward = True
-"""The backward differentiates the XLA path (see ``torch_ops``); kernelize in training mode still
-picks moe-gemm, whose gmm/tgmm backward kernels are the training path."""
+"""The backward differentiates the XLA path (see ``api.fused_experts``); kernelize in training
+mode still picks moe-gemm, whose gmm/tgmm backward kernels are the training path."""
 
 _PROBE_ROWS = 4
 

@@ -8,14 +8,18 @@ import jax.numpy as jnp
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
+    Einsum,
+    ShardingRule,
     check_dtype,
     check_rank,
     dtype_name,
     float64_problem,
     jax_default_device,
     jax_platform,
+    op,
     pallas_and_xla,
     require,
+    sharded,
     tpu_generation,
 )
 
@@ -146,7 +150,20 @@ def _xla(hidden, weight, bias, targets, *, form, block_tokens, block_vocab):
 TABLE = pallas_and_xla("token_statistics", _pallas, _xla, _pallas_problem)
 
 
-@sharding.statistics_boundary
+# Sharding: tokens split freely (data parallel, the ``batch`` factor), the LM head
+# vocabulary-parallel (``vocab``, ``combined``): each shard computes its block's log-sum-exp,
+# target logit (only the shard owning the label picks one) and logit sum, and
+# ``sharding.combine_vocab_shards`` merges them exactly. Only [tokens] vectors cross chips, never
+# the weight; the backward is the shard_map's transpose (hidden's gradient summed over the
+# vocabulary shards, the head's local).
+@sharded(
+    ShardingRule.parse(
+        "token_statistics",
+        "batch hidden, vocab hidden, vocab, batch -> batch, batch, batch",
+        whole=("hidden",),
+        combined=("vocab",),
+    )
+)
 def token_statistics(
     hidden: jax.Array,
     weight: jax.Array,
@@ -181,7 +198,24 @@ def token_statistics(
     return sharding.combine_vocab_shards(*stats, axes) if axes else stats
 
 
-@sharding.loss_boundary
+def _loss_rule(reduction: str = "mean", **_) -> Einsum:
+    """The loss: per-token results keep the token split; a sum or mean over split tokens is
+    combined by the function (a mean is the total over the count, both summed over shards)."""
+    per_token = reduction == "none"
+    return Einsum(
+        "batch hidden, vocab hidden, batch, vocab -> " + ("batch" if per_token else ""),
+        whole=("hidden",),
+        combined=("vocab",) if per_token else ("vocab", "batch"),
+    )
+
+
+@op(
+    check=check_inputs,
+    differentiable=("hidden", "weight", "bias"),
+    sharding=_loss_rule,
+    jax_only=("block_tokens", "block_vocab", "split_axes"),
+    autocast=("hidden", "weight", "bias"),
+)
 def linear_cross_entropy(
     hidden: jax.Array,
     weight: jax.Array,
@@ -208,20 +242,9 @@ def linear_cross_entropy(
     accumulated in f32 for bf16 inputs. ``implementation`` forces "pallas" or "xla" (a scan over
     vocabulary chunks, ``xla_chunked``); ``block_tokens`` / ``block_vocab`` override the Pallas
     blocks (``block_vocab``: the XLA chunk too). Sharded inputs run vocabulary- and
-    token-parallel (``sharding``; ``split_axes`` is the boundary's).
+    token-parallel (``split_axes`` is the boundary's). The torch op takes neither the blocks nor
+    ``split_axes``.
     """
-    check_inputs(
-        hidden,
-        weight,
-        labels,
-        bias,
-        ignore_index=ignore_index,
-        reduction=reduction,
-        label_smoothing=label_smoothing,
-        logit_scale=logit_scale,
-        softcap=softcap,
-        z_loss=z_loss,
-    )
     labels = labels.astype(jnp.int32)
     targets = jnp.where(labels == ignore_index, reference.NO_TARGET, labels)
     form = LogitForm(float(logit_scale), None if softcap is None else float(softcap))

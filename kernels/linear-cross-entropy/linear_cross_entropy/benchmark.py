@@ -12,7 +12,8 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
 from . import api
 from .api import linear_cross_entropy
-from .torch_ops import linear_cross_entropy as linear_cross_entropy_op
+
+linear_cross_entropy_op = api.linear_cross_entropy.torch
 
 # (name, tokens, hidden, vocab): a training micro-batch through Llama-3-8B's and Qwen3-8B's heads
 # (the compile matrix compiles these; the 8k/32k memory study is

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from .torch_ops import linear_cross_entropy
+from . import api
+
+linear_cross_entropy = api.linear_cross_entropy.torch
 
 DEFAULT_NAME = "kernel_hub_linear_cross_entropy"
 # What kernelize() checks before switching a model in a given mode (tested: fullgraph compile

@@ -10,7 +10,7 @@ from kernel_hub.kernel_api import KernelDeclaration, submodule_loader
 
 from . import api as jax
 from . import benchmark
-from .torch_ops import (
+from .torch_api import (
     paged_attention,
     paged_attention_op,
     ragged_attention,

@@ -7,16 +7,20 @@ through them raises); the torch ops register no autograd.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from kernel_hub.kernel_api import (
+    ShardingRule,
     check_dtype,
     check_rank,
     dtype_name,
     jax_default_device,
     jax_platform,
+    op,
     pallas_and_xla,
     require,
     takes_options,
@@ -24,7 +28,7 @@ from kernel_hub.kernel_api import (
 )
 
 from . import blocks as block_sizes
-from . import kv_quant, pallas_paged, pallas_ragged, reference, sharding
+from . import kv_quant, pallas_paged, pallas_ragged, reference
 from .options import PAGED_UNUSED, RAGGED_UNUSED, RaggedSpec
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float64")
@@ -289,7 +293,50 @@ def _paged_xla(q, k_pages, v_pages, table, lens, sinks, k_scales, v_scales, *, s
 PAGED_TABLE = pallas_and_xla("paged_attention", _paged_pallas, _paged_xla, _paged_pallas_problem)
 
 
-@sharding.ragged_boundary
+def _check_ragged_call(
+    query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks=None, k_scales=None, v_scales=None,
+    sliding_window=None, softcap=None, scale=None,
+) -> None:  # fmt: skip
+    """``ragged_attention``'s check: the score options' value rules, then the inputs."""
+    RaggedSpec(sliding_window=sliding_window, softcap=softcap, scale=scale)
+    check_ragged_inputs(query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks, k_scales, v_scales)
+
+
+def _check_paged_call(
+    query, k_pages, v_pages, block_table, kv_lens, sinks=None, k_scales=None, v_scales=None,
+    sliding_window=None, softcap=None, scale=None,
+) -> None:  # fmt: skip
+    """``paged_attention``'s check: the score options' value rules, then the inputs."""
+    RaggedSpec(sliding_window=sliding_window, softcap=softcap, scale=scale)
+    check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks, k_scales, v_scales)
+
+
+# Sharding: query heads split with their kv heads (each shard keeps whole GQA groups and its slice
+# of the sinks); packed tokens, keys and their offsets stay whole (a sequence's rows must sit with
+# its offsets), and so do pages (the block table holds global page ids). Paged decode may also
+# split its sequences: each shard reads its sequences' pages from the whole cache. An 8-bit
+# cache's scales ([Hkv, N] ragged, [P, Hkv, page] paged) follow their heads.
+_DIMS = ("head_dim", "value_dim")
+_WHOLE_SEQUENCES = "data parallelism over whole sequences (one ragged batch per shard)"
+# The torch ops (the raw ops under ``torch_api``'s bucketing entry points) take each op's options
+# right after ``sinks`` (their 1.0 positions), the 8-bit K/V scales (1.1) last.
+_RAGGED_OPTIONS = tuple(f.name for f in fields(RaggedSpec) if f.name not in RAGGED_UNUSED)
+_PAGED_OPTIONS = tuple(f.name for f in fields(RaggedSpec) if f.name not in PAGED_UNUSED)
+
+
+@op(
+    name="ragged_attention_op",
+    check=_check_ragged_call,
+    sharding=ShardingRule.parse(
+        "ragged_attention",
+        "tokens heads head_dim, keys kv_heads head_dim, keys kv_heads value_dim, offsets, "
+        "offsets, heads, kv_heads keys, kv_heads keys -> tokens heads value_dim",
+        whole=("tokens", "keys", "offsets", *_DIMS),
+        together=(("heads", "kv_heads"),),
+        handled_by={"tokens": _WHOLE_SEQUENCES, "keys": _WHOLE_SEQUENCES},
+    ),
+    torch_after={"sinks": _RAGGED_OPTIONS},
+)
 @takes_options(RaggedSpec, exclude=RAGGED_UNUSED)
 def ragged_attention(
     query: jax.Array,
@@ -313,7 +360,6 @@ def ragged_attention(
 
     ``sinks`` [Hq] adds exp(sink) to each query's softmax denominator (attention sinks).
     """
-    check_ragged_inputs(query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks, k_scales, v_scales)
     spec = options.resolved(query.shape[-1])
     cu_q = jnp.asarray(cu_seq_lens_q, jnp.int32)
     cu_k = jnp.asarray(cu_seq_lens_k, jnp.int32)
@@ -331,7 +377,20 @@ def ragged_attention(
     )
 
 
-@sharding.paged_boundary
+@op(
+    name="paged_attention_op",
+    check=_check_paged_call,
+    sharding=ShardingRule.parse(
+        "paged_attention",
+        "seqs heads head_dim, pages page kv_heads head_dim, pages page kv_heads value_dim, "
+        "seqs max_pages, seqs, heads, pages kv_heads page, pages kv_heads page -> "
+        "seqs heads value_dim",
+        whole=("pages", "page", "max_pages", *_DIMS),
+        together=(("heads", "kv_heads"),),
+        handled_by={"pages": "a cache per shard with shard-local page ids (not implemented)"},
+    ),
+    torch_after={"sinks": _PAGED_OPTIONS},
+)
 @takes_options(RaggedSpec, exclude=PAGED_UNUSED)
 def paged_attention(
     query: jax.Array,
@@ -354,7 +413,6 @@ def paged_attention(
     The keyword options are ``RaggedSpec``'s fields (see there) less ``causal`` (decode is
     causal), ``block_q`` and ``block_k``.
     """
-    check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks, k_scales, v_scales)
     spec = options.resolved(query.shape[-1])
     table = jnp.asarray(block_table, jnp.int32)
     lens = jnp.asarray(kv_lens, jnp.int32)

@@ -33,7 +33,7 @@ import torch
 from kernel_hub.kernel_api import KernelInputError
 
 from . import kv_quant
-from .torch_ops import check_paged_values, paged_attention, ragged_attention
+from .torch_api import check_paged_values, paged_attention, ragged_attention
 
 DEFAULT_NAME = "kernel_hub_flash_serving"
 """Contains "flash": the only custom names continuous batching accepts."""

@@ -1,9 +1,9 @@
 """The ragged/paged attention options: one frozen dataclass both functions take.
 
-The public JAX functions' keyword parameters (``api``), the torch ops' schemas and the torch entry
-points' keywords (``torch_ops``) are derived from ``RaggedSpec`` (``kernel_api.takes_options`` /
-``option_stub``), and the kernels receive it resolved (``RaggedSpec.resolved``): an option is
-declared here, last, and used where the math needs it; nothing else lists it.
+The public JAX functions' keyword parameters (``api``; ``kernel_api.takes_options``), and so the
+raw torch ops' schemas (``kernel_api.op``) and the torch entry points' keywords (``torch_api``),
+are derived from ``RaggedSpec``, and the kernels receive it resolved (``RaggedSpec.resolved``):
+an option is declared here, last, and used where the math needs it; nothing else lists it.
 """
 
 from __future__ import annotations

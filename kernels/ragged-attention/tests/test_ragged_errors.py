@@ -94,7 +94,7 @@ def test_schemas_keep_their_positions(ragged):
     """The op schemas derived from ``RaggedSpec`` are those of 1.0 (positional calls keep their
     meaning): the tensors, then each op's options in the dataclass's order, then (1.1) the
     8-bit K/V's scales."""
-    ops = ragged.torch_ops
+    ops = ragged
     names = {
         op: [a.name for a in getattr(ops, op).op._schema.arguments]
         for op in ("ragged_attention_op", "paged_attention_op")

@@ -5,7 +5,9 @@ from kernel_hub.kernel_api import KernelDeclaration
 
 from . import api as jax
 from . import benchmark, layers
-from .torch_ops import gated_rms_norm, rms_norm
+
+rms_norm = jax.rms_norm.torch
+gated_rms_norm = jax.gated_rms_norm.torch
 
 KERNEL = KernelDeclaration(
     ops={"rms_norm": rms_norm, "gated_rms_norm": gated_rms_norm},

@@ -8,15 +8,18 @@ import jax
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
+    Einsum,
+    RowBuckets,
     check_dtype,
     check_rank,
     float64_problem,
     jax_platform,
+    op,
     pallas_and_xla,
     require,
 )
 
-from . import pallas_tpu, reference, sharding
+from . import pallas_tpu, reference
 from .gated import TABLE as GATED_TABLE
 from .gated import gated_rms_norm
 
@@ -75,7 +78,22 @@ def _xla(x, weight, *, eps, block_rows, weight_offset, rounding):
 TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 
 
-@sharding.boundary
+# Sharding: rows split freely, the normalised axis stays whole. Rows are independent, so the torch
+# op flattens leading dims and pads them to power-of-two buckets: a decode loop or varying prompt
+# lengths compile a handful of shapes, not one per length.
+@op(
+    check=check_inputs,
+    differentiable=("x", "weight"),
+    sharding=Einsum(
+        "... hidden, hidden -> ... hidden",
+        whole=("hidden",),
+        handled_by={
+            "hidden": "an all-gather of x before the norm (the statistics need every column)"
+        },
+    ),
+    jax_only=("block_rows",),
+    buckets=RowBuckets(inputs=("x",), outputs=(0,)),
+)
 def rms_norm(
     x: jax.Array,
     weight: jax.Array,
@@ -95,7 +113,6 @@ def rms_norm(
     ``implementation`` forces one ("pallas" or "xla"); by default the platform's order is tried.
     ``block_rows`` overrides the Pallas row block.
     """
-    check_inputs(x, weight, weight_offset, rounding)
     return TABLE(
         x,
         weight,

@@ -12,7 +12,8 @@ from kernel_hub.kernel_api import CPU_TAG, KernelCase, MeshCase
 
 from . import api, gated
 from .api import rms_norm
-from .torch_ops import rms_norm as rms_norm_op
+
+rms_norm_op = api.rms_norm.torch
 
 # (name, tokens, hidden): decode batch, prefill chunks of Llama-3-8B/70B-sized models.
 SHAPES = (

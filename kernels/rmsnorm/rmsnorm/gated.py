@@ -19,15 +19,17 @@ import jax
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
+    Einsum,
     check_dtype,
     check_rank,
     float64_problem,
     jax_platform,
+    op,
     pallas_and_xla,
     require,
 )
 
-from . import gated_pallas, sharding
+from . import gated_pallas
 from .reference import gated_rms_norm as reference
 
 OP = "gated_rms_norm"
@@ -87,7 +89,15 @@ def _pallas_problem(x, gate, weight, *, eps, norm_before_gate, group_size):
 TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 
 
-@sharding.gated_boundary
+@op(
+    check=check_inputs,
+    differentiable=("x", "gate", "weight"),
+    sharding=Einsum(
+        "... hidden, ... hidden, hidden -> ... hidden",
+        whole=("hidden",),
+        handled_by={"hidden": "an all-gather of x and the gate before the norm"},
+    ),
+)
 def gated_rms_norm(
     x: jax.Array,
     gate: jax.Array | None,
@@ -100,7 +110,6 @@ def gated_rms_norm(
 ) -> jax.Array:
     """Gated RMSNorm over the last axis (any leading shape); see the module docstring for the
     two forms. ``group_size`` (norm after gate only) normalises groups of channels separately."""
-    check_inputs(x, gate, weight, norm_before_gate, group_size)
     return TABLE(
         x,
         gate,

@@ -21,7 +21,10 @@ import torch
 
 from kernel_hub.kernel_api import FLOATS_AND_F64, dtype_name
 
-from .torch_ops import gated_rms_norm, rms_norm
+from . import api
+
+rms_norm = api.rms_norm.torch
+gated_rms_norm = api.gated_rms_norm.torch
 
 
 def _epsilon(module: torch.nn.Module) -> float:

@@ -1,4 +1,4 @@
-"""Torch ops (forward only), and the torch entry points that bucket shapes and check values.
+"""The torch entry points (forward only) that bucket shapes and check values around the raw ops.
 
 A serving step changes the number of tokens, sequences, keys and pages every time; a JAX
 function compiles once per input shape. ``ragged_attention`` and ``paged_attention`` therefore
@@ -8,66 +8,22 @@ at most a few times per bucket. Offsets and block tables are data: on CPU tensor
 checked before any kernel runs (cheap there); on an accelerator they are not read back, which
 would stall every layer.
 
-The options (ops' schemas and entry points' keywords) are ``RaggedSpec``'s fields, derived with
-``option_stub`` / ``takes_options``.
+The raw ops are declared with their JAX functions (``api``); the entry points' keywords are
+``RaggedSpec``'s fields (``takes_options``).
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import torch
 import torch.nn.functional as F
 
-from kernel_hub.kernel_api import jax_op, op_namespace, option_stub, option_values, takes_options
+from kernel_hub.kernel_api import option_values, takes_options
 
 from . import api
 from .options import PAGED_UNUSED, RAGGED_UNUSED, RaggedSpec
 
-_NAMESPACE = op_namespace(__name__)
-RAGGED_OPTIONS = tuple(f.name for f in fields(RaggedSpec) if f.name not in RAGGED_UNUSED)
-PAGED_OPTIONS = tuple(f.name for f in fields(RaggedSpec) if f.name not in PAGED_UNUSED)
-"""Each op's options, all right after ``sinks`` (their 1.0 positions)."""
-
-
-@jax_op(_NAMESPACE, api.ragged_attention)
-@option_stub(RaggedSpec, exclude=RAGGED_UNUSED, leading=RAGGED_OPTIONS, after="sinks")
-def ragged_attention_op(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    cu_seq_lens_q: torch.Tensor,
-    cu_seq_lens_k: torch.Tensor,
-    sinks: torch.Tensor | None = None,
-    k_scales: torch.Tensor | None = None,
-    v_scales: torch.Tensor | None = None,
-    *,
-    options: RaggedSpec,
-) -> torch.Tensor:
-    """[T, Hq, D]; see ``api.ragged_attention`` (no bucketing, no value checks). The 8-bit
-    K/V scales (1.1) follow the options, so 1.0's positional calls keep their meaning."""
-    api.check_ragged_inputs(
-        query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks, k_scales, v_scales
-    )
-
-
-@jax_op(_NAMESPACE, api.paged_attention)
-@option_stub(RaggedSpec, exclude=PAGED_UNUSED, leading=PAGED_OPTIONS, after="sinks")
-def paged_attention_op(
-    query: torch.Tensor,
-    k_pages: torch.Tensor,
-    v_pages: torch.Tensor,
-    block_table: torch.Tensor,
-    kv_lens: torch.Tensor,
-    sinks: torch.Tensor | None = None,
-    k_scales: torch.Tensor | None = None,
-    v_scales: torch.Tensor | None = None,
-    *,
-    options: RaggedSpec,
-) -> torch.Tensor:
-    """[S, Hq, D]; see ``api.paged_attention`` (no bucketing, no value checks). The 8-bit
-    cache's scales (1.1) follow the options, so 1.0's positional calls keep their meaning."""
-    api.check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks, k_scales, v_scales)
+ragged_attention_op = api.ragged_attention.torch
+paged_attention_op = api.paged_attention.torch
 
 
 # Smallest buckets: below them padding costs less than another compilation (a TPU computes in
