@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import os
 
-# 8 CPU devices; LLVM at -O0: the checks compile many small interpret-mode programs and run each
-# once, so LLVM's optimization passes were half their CPU time (the three heaviest checks: 100 ->
-# 50 CPU-s). Both sides of every comparison are compiled alike; the tolerances are unchanged.
+# 8 CPU devices, added to the flags checks_runner gives every checks script
 os.environ["XLA_FLAGS"] = (
-    "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-)
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 
 import functools
 import importlib
