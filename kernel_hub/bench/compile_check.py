@@ -108,7 +108,13 @@ def _placed(tree: Any, device: Any) -> Any:
 
 
 def no_persistent_cache() -> contextlib.AbstractContextManager:
-    """Deviceless executables cannot be read back from JAX's persistent cache: keep them out."""
+    """Deviceless executables cannot be read back from JAX's persistent cache: keep them out.
+
+    libtpu's compile-only client compiles but cannot load an executable ("PjRtCompiler must be
+    constructed with a Client to call DeserializeLoadedExecutable", jax 0.10.2 / libtpu 0.0.42):
+    an entry written would cost a serialization and a file per compile, and each later read a
+    warning and the same compile again. So a deviceless program is compiled once per process
+    that asks for it; none is shared between processes."""
     from jax._src import config  # the scoped switch has no public name in jax 0.10
 
     state = getattr(config, "enable_compilation_cache", None)

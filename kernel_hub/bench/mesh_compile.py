@@ -108,7 +108,9 @@ def _staged(case: MeshCase, direction: str, mesh: Any):
     return forward_and_backward, args
 
 
-def _problems(case: MeshCase, direction: str, kind: str, counts: dict[str, int]) -> list[str]:
+def cell_problems(case: MeshCase, direction: str, kind: str, counts: dict[str, int]) -> list[str]:
+    """Why a compiled cell (not the control) fails, from its program's ``count_collectives``:
+    a collective the case expects is missing, or no Mosaic kernel ran; [] when it passes."""
     backward = direction == "backward"
     wanted = case.backward_collectives if backward else case.forward_collectives
     if kind == "auto":
@@ -195,7 +197,7 @@ def compile_mesh_case(
             collectives=counts,
             error="the control compiled: the boundary is not what makes it work",
         )
-    problems = _problems(case, direction, kind, counts)
+    problems = cell_problems(case, direction, kind, counts)
     return cell(
         ok=not problems, seconds=seconds, collectives=counts, error="; ".join(problems) or None
     )
