@@ -18,7 +18,7 @@ from kernel_hub.hub.build import build_kernel
 from kernel_hub.hub.signing import signature_path
 from kernel_hub.loading.resolver import get_kernel
 
-from .hub_helpers import REPO, cache_dir
+from .hub_helpers import GAVE_UP_WAITS, REPO, cache_dir
 from .hub_server import Fault
 
 FILE_RE = r"/resolve/.*/build/torch-cpu/rmsnorm/api\.py$"
@@ -37,12 +37,12 @@ def assert_nothing_half_written(tmp_path, commit: str) -> None:
     assert not list(repo_cache(tmp_path).glob(".staging*"))
 
 
-@pytest.mark.slow
-def test_server_dying_mid_download(publish, hub_env, tmp_path):
+def test_server_dying_mid_download(publish, hub_env, tmp_path, retry_waits):
     new = publish("1.1.0")
     hub_env.inject_fault(Fault("GET", FILE_RE, truncate_at=100, die=True, times=1))
     with pytest.raises(HubError, match=r"op rmsnorm: downloading kernel-hub/rmsnorm v1\.1\.0"):
         get_kernel("rmsnorm", version="1.1.0")  # the client retries, then gives up
+    assert retry_waits == GAVE_UP_WAITS
     assert hub_env.stopped.wait(10)
     assert_nothing_half_written(tmp_path, new.commit)
     hub_env.start()  # the server comes back on the same port
@@ -83,12 +83,13 @@ def test_unavailable_listing_is_retried_with_backoff(publish, hub_env):
     ],
 )
 def test_hub_errors_are_clear_and_leave_nothing(
-    publish, hub_env, tmp_path, method, path, status, message
+    publish, hub_env, tmp_path, method, path, status, message, retry_waits
 ):
     new = publish("1.1.0")
     hub_env.inject_fault(Fault(method, path, status=status))
     with pytest.raises(HubError, match=message):
         get_kernel("rmsnorm", version="1.1.0")
+    assert retry_waits == GAVE_UP_WAITS
     assert_nothing_half_written(tmp_path, new.commit)
 
 
