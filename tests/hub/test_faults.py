@@ -188,7 +188,7 @@ def test_planted_bytecode_is_deleted_before_import(publish, hub_env, tmp_path):
 _RACE = textwrap.dedent(
     """
     import json, os, sys, threading, time
-    from kernel_hub.loading.resolver import fetch_op_build
+    from kernel_hub.hub.fetch import HubRequest, fetch_build
     from kernel_hub.registry.registry import load_registry
 
     registry = load_registry()
@@ -202,7 +202,12 @@ _RACE = textwrap.dedent(
     def fetch():
         barrier.wait()
         try:
-            build = fetch_op_build(entry, version="1.1.0", keys=registry.keys_for(entry.repo))
+            build = fetch_build(  # platform given: the race needs no JAX (seconds per process)
+                HubRequest.for_op(entry, "1.1.0"),
+                what="op rmsnorm",
+                platform="cpu",
+                keys=registry.keys_for(entry.repo),
+            )
             results.append([build.commit, str(build.path), build.signed_by])
         except Exception as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
@@ -238,6 +243,7 @@ def test_two_processes_and_eight_threads_each_fetch_one_build_once(publish, hub_
         time.sleep(0.05)  # both processes imported and waiting: release them together
     go.touch()
     outputs = [child.communicate(timeout=240) for child in children]
+    assert [child.returncode for child in children] == [0, 0], [err[-2000:] for _, err in outputs]
     reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     for report, (_, err) in zip(reports, outputs, strict=True):
         assert report["errors"] == [] and report["alive"] == 0, err[-2000:]
