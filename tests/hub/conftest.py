@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,6 +77,27 @@ def hub_env(
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.chdir(tmp_path)  # no stray ./kernel-hub.lock is picked up
     return hub
+
+
+@pytest.fixture
+def retry_waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The waits kernel-hub's hub client takes between retries (kernel_hub/hub/network.py),
+    recorded here instead of slept: a test that lets every try fail asserts the backoff it
+    would have waited (1 + 2 + 4 + 8 s) without spending it. Everything else on the module's
+    clock (``monotonic``: the fetch deadline) is the real one."""
+    from kernel_hub.hub import network
+
+    waits: list[float] = []
+
+    class Clock:
+        def __getattr__(self, name: str):
+            return getattr(time, name)
+
+        def sleep(self, seconds: float) -> None:
+            waits.append(seconds)
+
+    monkeypatch.setattr(network, "time", Clock())
+    return waits
 
 
 @pytest.fixture

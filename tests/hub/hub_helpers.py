@@ -11,6 +11,8 @@ from kernel_hub.paths import BUILTIN_DIR, kernels_dir
 
 RMSNORM = kernels_dir() / "rmsnorm"
 REPO = "kernel-hub/rmsnorm"
+GAVE_UP_WAITS = [1.0, 2.0, 4.0, 8.0]
+"""The waits between five failed tries of one request: a 1 s backoff doubling up to 8 s."""
 
 
 def cache_dir(tmp_path: Path) -> Path:

@@ -10,7 +10,7 @@ from kernel_hub.hub.versions import parse_range
 from kernel_hub.loading.resolver import get_kernel
 from kernel_hub.registry.registry import parse_registry
 
-from .hub_helpers import REPO, cache_dir, publishers_yaml
+from .hub_helpers import GAVE_UP_WAITS, REPO, cache_dir, publishers_yaml
 from .hub_server import Fault
 
 REGISTRY_HEAD = "schema: 1\nops:\n  rmsnorm:\n    kernel: rmsnorm\n    version: '>=1,<2'\n"
@@ -82,11 +82,12 @@ def test_missing_repo_is_a_clear_404(hub_env, tmp_path, keys):
         get_kernel("rmsnorm", registry=registry, source="hub")
 
 
-def test_server_error_is_reported_with_status(publish, hub_env):
+def test_server_error_is_reported_with_status(publish, hub_env, retry_waits):
     publish("1.0.0")
     hub_env.inject_fault(Fault("GET", r"/refs$", status=500))
     with pytest.raises(HubError, match=rf"listing versions of {REPO}: .*answered HTTP 500"):
         get_kernel("rmsnorm", version=">=1,<2")
+    assert retry_waits == GAVE_UP_WAITS
 
 
 def test_file_missing_on_server_is_a_clear_error_and_leaves_nothing(publish, hub_env, tmp_path):
@@ -98,11 +99,12 @@ def test_file_missing_on_server_is_a_clear_error_and_leaves_nothing(publish, hub
     assert not (repo_cache / "snapshots" / new.commit / "build" / "torch-cpu").exists()
 
 
-def test_interrupted_download_leaves_nothing_half_written(publish, hub_env, tmp_path):
+def test_interrupted_download_leaves_nothing_half_written(publish, hub_env, tmp_path, retry_waits):
     new = publish("1.1.0")
     fault = hub_env.inject_fault(Fault("GET", r"/resolve/.*/rmsnorm/api\.py$", truncate_at=100))
     with pytest.raises(HubError, match=r"op rmsnorm: downloading kernel-hub/rmsnorm v1\.1\.0"):
         get_kernel("rmsnorm", version=">=1,<2")
+    assert retry_waits == GAVE_UP_WAITS
     repo_cache = cache_dir(tmp_path) / "kernels--kernel-hub--rmsnorm"
     assert not (repo_cache / "snapshots" / new.commit / "build" / "torch-cpu").exists()
     assert not [p for p in repo_cache.rglob("*") if p.name.endswith(".incomplete")]

@@ -18,7 +18,7 @@ from kernel_hub.hub.build import build_kernel
 from kernel_hub.hub.signing import signature_path
 from kernel_hub.loading.resolver import get_kernel
 
-from .hub_helpers import REPO, cache_dir
+from .hub_helpers import GAVE_UP_WAITS, REPO, cache_dir
 from .hub_server import Fault
 
 FILE_RE = r"/resolve/.*/build/torch-cpu/rmsnorm/api\.py$"
@@ -37,12 +37,12 @@ def assert_nothing_half_written(tmp_path, commit: str) -> None:
     assert not list(repo_cache(tmp_path).glob(".staging*"))
 
 
-@pytest.mark.slow
-def test_server_dying_mid_download(publish, hub_env, tmp_path):
+def test_server_dying_mid_download(publish, hub_env, tmp_path, retry_waits):
     new = publish("1.1.0")
     hub_env.inject_fault(Fault("GET", FILE_RE, truncate_at=100, die=True, times=1))
     with pytest.raises(HubError, match=r"op rmsnorm: downloading kernel-hub/rmsnorm v1\.1\.0"):
         get_kernel("rmsnorm", version="1.1.0")  # the client retries, then gives up
+    assert retry_waits == GAVE_UP_WAITS
     assert hub_env.stopped.wait(10)
     assert_nothing_half_written(tmp_path, new.commit)
     hub_env.start()  # the server comes back on the same port
@@ -83,12 +83,13 @@ def test_unavailable_listing_is_retried_with_backoff(publish, hub_env):
     ],
 )
 def test_hub_errors_are_clear_and_leave_nothing(
-    publish, hub_env, tmp_path, method, path, status, message
+    publish, hub_env, tmp_path, method, path, status, message, retry_waits
 ):
     new = publish("1.1.0")
     hub_env.inject_fault(Fault(method, path, status=status))
     with pytest.raises(HubError, match=message):
         get_kernel("rmsnorm", version="1.1.0")
+    assert retry_waits == GAVE_UP_WAITS
     assert_nothing_half_written(tmp_path, new.commit)
 
 
@@ -187,7 +188,7 @@ def test_planted_bytecode_is_deleted_before_import(publish, hub_env, tmp_path):
 _RACE = textwrap.dedent(
     """
     import json, os, sys, threading, time
-    from kernel_hub.loading.resolver import fetch_op_build
+    from kernel_hub.hub.fetch import HubRequest, fetch_build
     from kernel_hub.registry.registry import load_registry
 
     registry = load_registry()
@@ -201,7 +202,12 @@ _RACE = textwrap.dedent(
     def fetch():
         barrier.wait()
         try:
-            build = fetch_op_build(entry, version="1.1.0", keys=registry.keys_for(entry.repo))
+            build = fetch_build(  # platform given: the race needs no JAX (seconds per process)
+                HubRequest.for_op(entry, "1.1.0"),
+                what="op rmsnorm",
+                platform="cpu",
+                keys=registry.keys_for(entry.repo),
+            )
             results.append([build.commit, str(build.path), build.signed_by])
         except Exception as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
@@ -237,6 +243,7 @@ def test_two_processes_and_eight_threads_each_fetch_one_build_once(publish, hub_
         time.sleep(0.05)  # both processes imported and waiting: release them together
     go.touch()
     outputs = [child.communicate(timeout=240) for child in children]
+    assert [child.returncode for child in children] == [0, 0], [err[-2000:] for _, err in outputs]
     reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     for report, (_, err) in zip(reports, outputs, strict=True):
         assert report["errors"] == [] and report["alive"] == 0, err[-2000:]

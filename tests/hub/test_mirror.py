@@ -21,7 +21,7 @@ from kernel_hub.loading.resolver import get_kernel
 from kernel_hub.paths import kernels_dir
 from kernel_hub.registry.registry import load_registry
 
-from .hub_helpers import REPO, signed_registry
+from .hub_helpers import GAVE_UP_WAITS, REPO, signed_registry
 from .hub_server import TestHub
 
 API_FILE = "build/torch-cpu/rmsnorm/api.py"
@@ -185,7 +185,9 @@ def test_a_publisher_index_is_mirrored_and_checked_behind_the_mirror(
             get_kernel("rmsnorm", version=">=1,<2")
 
 
-def test_mirror_blob_changed_on_disk_is_not_served(publish, hub_env, tmp_path, monkeypatch):
+def test_mirror_blob_changed_on_disk_is_not_served(
+    publish, hub_env, tmp_path, monkeypatch, retry_waits
+):
     publish("1.1.0")
     from kernel_hub.hub.mirror import mirror_registry
 
@@ -199,6 +201,7 @@ def test_mirror_blob_changed_on_disk_is_not_served(publish, hub_env, tmp_path, m
         point_at(monkeypatch, mirror.url, tmp_path / "pod-cache")
         with pytest.raises(KernelHubError, match=r"answered HTTP 500"):
             get_kernel("rmsnorm", version="1.1.0")
+        assert retry_waits == GAVE_UP_WAITS  # the mirror refuses the blob on every try
 
 
 def test_serve_refuses_a_folder_that_is_not_a_store(tmp_path):
