@@ -168,6 +168,56 @@ def test_the_decode_hand_count_is_weights_live_kv_new_tokens_and_logits(decode):
         assert 0 <= row["min_bytes"] - (base + inputs) < DECODE_BATCH * token, row["variant"]
 
 
+# Traces (no compile) the paged decode step of both variants at the small cell; per variant:
+# whether the cache it returns is its input unchanged, and every equation's primitive whose output
+# is at least a quarter of the cache buffer (a layer's K or V pages are a sixth of it here).
+_TRACE_PAGED_DECODE = """
+import json, math, sys
+from jax._src import core
+from kernel_hub.models import model_bench as mb
+
+spec = mb.spec_for_model_type("llama", overrides=json.loads(sys.argv[1]), mode="decode",
+                              batch=int(sys.argv[2]), context=int(sys.argv[3]), tpu="v6e")
+def large(jaxpr, size):
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            if math.prod(getattr(var.aval, "shape", ())) * 4 >= size:
+                yield eqn.primitive.name
+        for sub in core.jaxprs_in_params(eqn.params):
+            yield from large(sub, size)
+found = {}
+for variant in mb.VARIANTS:
+    model = mb._build(spec, 2)
+    if variant == "kernelized":
+        mb._kernelize(model, "decode")
+    step = mb.trace_step(model, spec)
+    jaxpr = step.traced.jaxpr.jaxpr
+    cache = jaxpr.invars[len(step.arguments[0]) + len(step.arguments[1])]
+    size = math.prod(cache.aval.shape)
+    found[variant] = {"unchanged": jaxpr.outvars[-1] is cache, "large": list(large(jaxpr, size))}
+print(json.dumps(found))
+"""
+
+
+def test_the_paged_decode_program_writes_the_cache_and_copies_no_buffer():
+    """Kernelized: the returned cache is the input with the new tokens scattered in (K and V of
+    each compiled layer), and nothing else the size of the buffer (no per-layer view of it
+    copied in front of the kernel). Stock under torchax: Transformers writes through per-layer
+    views, which torchax's ``Tensor.view`` copies, so its step returns the cache unchanged."""
+    needs_torchax_and_libtpu()
+    args = [json.dumps(SMALL_LLAMA), str(DECODE_BATCH), str(DECODE_CONTEXT)]
+    result = subprocess.run(
+        [sys.executable, "-c", _TRACE_PAGED_DECODE, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["kernelized"] == {"unchanged": False, "large": ["scatter"] * 4}
+    assert found["stock"]["unchanged"], "stock's write reaches the cache under torchax now"
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_builds_at_real_width_on_meta(name):
     from kernel_hub.models.model_bench import _build, spec_for_preset

@@ -226,8 +226,17 @@ class CompiledStep:
     arguments: tuple[Any, ...]
 
 
-def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
-    """Trace ``model``'s step for the spec's TPU, deviceless, and compile it."""
+@dataclass(frozen=True)
+class TracedStep:
+    traced: Any
+    """``jax.jit(function).trace(*arguments)`` on the spec's deviceless TPU."""
+    function: Callable[..., Any]
+    arguments: tuple[Any, ...]
+    min_bytes_correction: float
+
+
+def trace_step(model: Any, spec: BenchSpec) -> TracedStep:
+    """Trace ``model``'s step for the spec's TPU, deviceless (no compile)."""
     import jax
     from jax.sharding import SingleDeviceSharding
 
@@ -249,17 +258,26 @@ def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
     else:
         ids = jax.ShapeDtypeStruct((spec.batch, spec.seq), jax.numpy.int32, sharding=sharding)
         function, arguments = _step(model, spec), (*weights, ids)
+    with filtered_libtpu_stderr(), jax.default_device(device):
+        traced = jax.jit(function, donate_argnums=donated, keep_unused=True).trace(*arguments)
+    return TracedStep(traced, function, arguments, correction)
+
+
+def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
+    """Trace ``model``'s step for the spec's TPU, deviceless, and compile it."""
+    import jax
+
+    step = trace_step(model, spec)
     with filtered_libtpu_stderr(), no_persistent_cache():
-        with jax.default_device(device):
-            traced = jax.jit(function, donate_argnums=donated, keep_unused=True).trace(*arguments)
-            lowered = traced.lower()
+        with jax.default_device(tpu_device(spec.tpu)):
+            lowered = step.traced.lower()
         compiled = lowered.compile()
     return CompiledStep(
-        program_figures(compiled, min_bytes_correction=correction),
-        pallas_kernels(str(traced.jaxpr)),
+        program_figures(compiled, min_bytes_correction=step.min_bytes_correction),
+        pallas_kernels(str(step.traced.jaxpr)),
         has_loops(compiled.as_text() or ""),
-        function,
-        arguments,
+        step.function,
+        step.arguments,
     )
 
 
