@@ -84,10 +84,11 @@ def _allocated_layer_types() -> set[str]:
 
 
 def _layer_types(config: Any) -> set[str]:
-    """The attention types of the model's layers, as continuous batching groups them."""
+    """The attention types of the model's layers, as continuous batching's cache groups them
+    (from the text config, as the manager builds the cache)."""
     from transformers.generation.continuous_batching.cache import group_layers_by_attn_type
 
-    return set(group_layers_by_attn_type(config))
+    return set(group_layers_by_attn_type(config.get_text_config()))
 
 
 def unbatchable_layer_types(config: Any) -> list[str]:
