@@ -226,7 +226,7 @@ def test_the_paged_decode_program_writes_the_cache_and_copies_no_buffer():
 
 # The layer structure of the presets whose layers differ, at tiny width (head_dim 128, 2 query
 # heads per KV head, 4 experts): Gemma 3's 5 sliding : 1 full attention, gpt-oss's alternating
-# sliding/full attention with MoE and sinks, Qwen3-Next's 3 gated-delta-rule : 1 attention, MoE.
+# sliding/full attention with MoE and sinks (Qwen3-Next's hybrid is not run here yet).
 _TINY = {"vocab_size": 1024, "hidden_size": 256, "num_attention_heads": 2, "head_dim": 128}
 _TINY_KV = {**_TINY, "num_key_value_heads": 1}
 TINY_STRUCTURES = {
@@ -245,24 +245,10 @@ TINY_STRUCTURES = {
         "sliding_window": 128,
         "num_hidden_layers": 4,
     },
-    "qwen3_next": {
-        **_TINY_KV,
-        "intermediate_size": 512,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 2,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "moe_intermediate_size": 128,
-        "shared_expert_intermediate_size": 128,
-        "num_hidden_layers": 8,
-    },
 }
 TYPE_COUNTS = {
     "gemma3_text": "10 sliding_attention, 2 full_attention",
     "gpt_oss": "2 sliding_attention, 2 full_attention",
-    "qwen3_next": "6 linear_attention, 2 full_attention",
 }
 
 
@@ -271,7 +257,7 @@ def test_models_with_differing_layers_scale_by_layer_type(model_type, tmp_path):
     needs_torchax_and_libtpu()
     fields = TINY_STRUCTURES[model_type]
     _, rows = model_bench(
-        tmp_path, "--mode=train", "--seq=256", model_type=model_type, fields=fields
+        tmp_path, "--mode=train", "--seq=256", "--batch=2", model_type=model_type, fields=fields
     )
     stock, kernelized = rows
     assert (stock["variant"], kernelized["variant"]) == ("stock", "kernelized")
