@@ -142,6 +142,9 @@ def spec_for_model_type(model_type: str, **kwargs: Any) -> BenchSpec:
     except ValueError as exc:
         raise KernelInputError(f"unknown Transformers model type {model_type!r}: {exc}") from None
     defaults.pop("model_type", None)
+    # derived from the default depth (a sliding-window pattern): derived again for the depth
+    # the overrides set
+    defaults.pop("layer_types", None)
     return BenchSpec(model_type, model_type, defaults, **kwargs)
 
 
