@@ -40,11 +40,14 @@ TRAIN_KERNELS = {
 }
 
 
-def model_bench(tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """The command on the small Llama in a subprocess of its own; its table and JSON rows."""
+def model_bench(
+    tmp_path, *args: str, model_type: str = "llama", fields: dict = SMALL_LLAMA
+) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """The command on a small model (the Llama by default) in a subprocess of its own; its
+    table and JSON rows."""
     out = tmp_path / "out.json"
-    settings = [f"--set={key}={json.dumps(value)}" for key, value in SMALL_LLAMA.items()]
-    command = [sys.executable, "-m", "kernel_hub.cli", "model-bench", "--model-type=llama"]
+    settings = [f"--set={key}={json.dumps(value)}" for key, value in fields.items()]
+    command = [sys.executable, "-m", "kernel_hub.cli", "model-bench", f"--model-type={model_type}"]
     result = subprocess.run(
         [*command, *settings, *args, "--tpu=v6e", f"--json={out}"],
         capture_output=True,
@@ -122,7 +125,10 @@ def test_the_table_names_both_variants(train):
         (["llama-9"], "unknown model preset 'llama-9'"),
         ([], "exactly one of PRESET"),
         (["--model-type=llama", "--set=tie_word_embeddings=maybe"], "cannot build a 'llama'"),
-        (["--model-type=gemma3_text"], "mixes decoder layer types (full_attention, sliding"),
+        (
+            ["--model-type=gemma3_text", "--set=num_hidden_layers=6"],
+            "the model has 1 full_attention layers; scaling compiles up to 2 of each type",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_any_compile(args, message, capsys):
@@ -135,7 +141,7 @@ def _weight_bytes(layers: int) -> int:
     from kernel_hub.models.model_bench import _build, spec_for_model_type
 
     spec = spec_for_model_type("llama", mode="decode", tpu="v6e", overrides=SMALL_LLAMA)
-    return sum(2 * p.numel() for p in _build(spec, layers).parameters())
+    return sum(2 * p.numel() for p in _build(spec, spec.layer_types()[:layers]).parameters())
 
 
 def test_a_paged_decode_step_runs_the_paged_kernel_over_the_donated_cache(decode):
@@ -168,12 +174,109 @@ def test_the_decode_hand_count_is_weights_live_kv_new_tokens_and_logits(decode):
         assert 0 <= row["min_bytes"] - (base + inputs) < DECODE_BATCH * token, row["variant"]
 
 
+# Traces (no compile) the paged decode step of both variants at the small cell; per variant:
+# whether the cache it returns is its input unchanged, and every equation's primitive whose output
+# is at least a quarter of the cache buffer (a layer's K or V pages are a sixth of it here).
+_TRACE_PAGED_DECODE = """
+import json, math, sys
+from jax._src import core
+from kernel_hub.models import model_bench as mb
+
+spec = mb.spec_for_model_type("llama", overrides=json.loads(sys.argv[1]), mode="decode",
+                              batch=int(sys.argv[2]), context=int(sys.argv[3]), tpu="v6e")
+def large(jaxpr, size):
+    for eqn in jaxpr.eqns:
+        for var in eqn.outvars:
+            if math.prod(getattr(var.aval, "shape", ())) * 4 >= size:
+                yield eqn.primitive.name
+        for sub in core.jaxprs_in_params(eqn.params):
+            yield from large(sub, size)
+found = {}
+for variant in mb.VARIANTS:
+    model = mb._build(spec, spec.layer_types()[:2])
+    if variant == "kernelized":
+        mb._kernelize(model, "decode")
+    step = mb.trace_step(model, spec)
+    jaxpr = step.traced.jaxpr.jaxpr
+    cache = jaxpr.invars[len(step.arguments[0]) + len(step.arguments[1])]
+    size = math.prod(cache.aval.shape)
+    found[variant] = {"unchanged": jaxpr.outvars[-1] is cache, "large": list(large(jaxpr, size))}
+print(json.dumps(found))
+"""
+
+
+def test_the_paged_decode_program_writes_the_cache_and_copies_no_buffer():
+    """Kernelized: the returned cache is the input with the new tokens scattered in (K and V of
+    each compiled layer), and nothing else the size of the buffer (no per-layer view of it
+    copied in front of the kernel). Stock under torchax: Transformers writes through per-layer
+    views, which torchax's ``Tensor.view`` copies, so its step returns the cache unchanged."""
+    needs_torchax_and_libtpu()
+    args = [json.dumps(SMALL_LLAMA), str(DECODE_BATCH), str(DECODE_CONTEXT)]
+    result = subprocess.run(
+        [sys.executable, "-c", _TRACE_PAGED_DECODE, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["kernelized"] == {"unchanged": False, "large": ["scatter"] * 4}
+    assert found["stock"]["unchanged"], "stock's write reaches the cache under torchax now"
+
+
+# The layer structure of the presets whose layers differ, at tiny width (head_dim 128, 2 query
+# heads per KV head, 4 experts): Gemma 3's 5 sliding : 1 full attention, gpt-oss's alternating
+# sliding/full attention with MoE and sinks (Qwen3-Next's hybrid is not run here yet).
+_TINY = {"vocab_size": 1024, "hidden_size": 256, "num_attention_heads": 2, "head_dim": 128}
+_TINY_KV = {**_TINY, "num_key_value_heads": 1}
+TINY_STRUCTURES = {
+    "gemma3_text": {
+        **_TINY_KV,
+        "intermediate_size": 512,
+        "query_pre_attn_scalar": 128,
+        "sliding_window": 128,
+        "num_hidden_layers": 12,
+    },
+    "gpt_oss": {
+        **_TINY_KV,
+        "intermediate_size": 256,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 128,
+        "num_hidden_layers": 4,
+    },
+}
+TYPE_COUNTS = {
+    "gemma3_text": "10 sliding_attention, 2 full_attention",
+    "gpt_oss": "2 sliding_attention, 2 full_attention",
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY_STRUCTURES))
+def test_models_with_differing_layers_scale_by_layer_type(model_type, tmp_path):
+    needs_torchax_and_libtpu()
+    fields = TINY_STRUCTURES[model_type]
+    _, rows = model_bench(
+        tmp_path, "--mode=train", "--seq=256", "--batch=2", model_type=model_type, fields=fields
+    )
+    stock, kernelized = rows
+    assert (stock["variant"], kernelized["variant"]) == ("stock", "kernelized")
+    for row in rows:
+        assert row["full_layers"] == fields["num_hidden_layers"] and row["compiled_layers"] == 3
+        assert (
+            f"scaled by layer type to {row['full_layers']} layers ({TYPE_COUNTS[model_type]})"
+            in (row["notes"][0])
+        )
+    assert stock["kernels"] == [] and "flash_attention_forward" in kernelized["kernels"]
+    assert kernelized["peak_hbm_bytes"] <= stock["peak_hbm_bytes"]
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_builds_at_real_width_on_meta(name):
     from kernel_hub.models.model_bench import _build, spec_for_preset
 
     spec = spec_for_preset(name, mode="train", tpu="v6e")
-    model = _build(spec, 2)
+    model = _build(spec, spec.layer_types()[:2])
     assert {p.device.type for p in model.parameters()} == {"meta"}
     assert model.config.hidden_size == PRESETS[name].config["hidden_size"]
     assert len(model.model.layers) == 2

@@ -1,8 +1,11 @@
 """Whole-model figures of a compiled TPU program: peak HBM, bytes, FLOPs, roofline, full depth.
 
-``kernel-hub model-bench`` compiles a model's step with a few decoder layers, at N and N - 1
-layers; decoder layers are identical, so the difference is one layer's cost and the full model is
-``figures(N) + (L - N) * (figures(N) - figures(N - 1))`` (``scale_to_depth``). Everything here is
+``kernel-hub model-bench`` compiles a model's step with a few decoder layers: a base of N - 1
+layers of each layer type the model has (sliding or full attention, linear attention, ...), and
+for each type the base plus one layer of that type; layers of one type are identical, so each
+difference is one layer's cost of that type and the full model is ``base + sum over types of
+(count - (N - 1)) * (figures(base + one) - base)`` (``scale_by_type``; with one type, ``figures(N)
++ (L - N) * (figures(N) - figures(N - 1))``). Everything here is
 what the deviceless compiler reports (``memory_analysis``, ``cost_analysis``), plus the timing of
 a compiled program when a TPU is present (``median_ms``).
 """
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -82,13 +85,28 @@ def program_figures(compiled: Any, *, min_bytes_correction: float = 0.0) -> Prog
     )
 
 
-def scale_to_depth(
-    shallow: ProgramFigures, deep: ProgramFigures, compiled_layers: int, full_layers: int
+def scale_by_type(
+    base: ProgramFigures,
+    one_more: Mapping[str, ProgramFigures],
+    per_type_in_base: int,
+    counts: Mapping[str, int],
 ) -> ProgramFigures:
-    """The model at ``full_layers`` from compiles at ``compiled_layers`` (deep) and one fewer."""
-    if compiled_layers < 2:
-        raise KernelInputError(f"scaling needs at least 2 compiled layers, got {compiled_layers}")
-    return deep.plus(deep - shallow, full_layers - compiled_layers)
+    """The full model from a base program holding ``per_type_in_base`` layers of each type and,
+    per type, the base plus one layer of it (``one_more``); ``counts``: the full model's layers
+    per type."""
+    if set(one_more) != set(counts):
+        raise KernelInputError(
+            f"layer types compiled ({', '.join(sorted(one_more))}) are not the model's "
+            f"({', '.join(sorted(counts))})"
+        )
+    full = base
+    for kind, program in one_more.items():
+        if counts[kind] < per_type_in_base + 1:
+            raise KernelInputError(
+                f"{counts[kind]} {kind} layers: scaling compiles {per_type_in_base + 1} of them"
+            )
+        full = full.plus(program - base, counts[kind] - per_type_in_base)
+    return full
 
 
 def pallas_kernels(jaxpr_text: str) -> list[str]:
@@ -151,7 +169,7 @@ class VariantResult:
     """Median on a real TPU of this generation; None when none is present."""
     notes: list[str] = field(default_factory=list)
     compiled: dict[str, float] = field(default_factory=dict)
-    """The program as compiled (``compiled_layers`` layers), unscaled."""
+    """The largest program compiled (``compiled_layers`` layers), unscaled."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,25 +181,36 @@ def variant_result(
     mode: str,
     tpu: str,
     variant: str,
-    shallow: ProgramFigures,
-    deep: ProgramFigures,
-    compiled_layers: int,
-    full_layers: int,
+    base: ProgramFigures,
+    one_more: Mapping[str, ProgramFigures],
+    per_type_in_base: int,
+    counts: Mapping[str, int],
     kernels: list[str],
     replaced: dict[str, str],
     loops: bool,
     measured_ms: float | None = None,
     notes: tuple[str, ...] = (),
 ) -> VariantResult:
-    """A row at full depth, with the notes that say which figures to distrust and why."""
-    full = scale_to_depth(shallow, deep, compiled_layers, full_layers)
-    notes = [
-        f"scaled from {compiled_layers} compiled decoder layers to {full_layers}: "
-        f"figures({compiled_layers}) + {full_layers - compiled_layers} x one layer's "
-        f"(figures({compiled_layers}) - figures({compiled_layers - 1}))",
-        "libtpu's deviceless compiler model, not a run on a chip",
-        *notes,
-    ]
+    """A row at full depth, with the notes that say which figures to distrust and why; the
+    programs as ``scale_by_type`` takes them. ``compiled`` keeps the last program of
+    ``one_more`` unscaled."""
+    full = scale_by_type(base, one_more, per_type_in_base, counts)
+    full_layers = sum(counts.values())
+    compiled_layers = per_type_in_base * len(counts) + 1
+    if len(counts) == 1:
+        scaling = (
+            f"scaled from {compiled_layers} compiled decoder layers to {full_layers}: "
+            f"figures({compiled_layers}) + {full_layers - compiled_layers} x one layer's "
+            f"(figures({compiled_layers}) - figures({compiled_layers - 1}))"
+        )
+    else:
+        scaling = (
+            f"scaled by layer type to {full_layers} layers "
+            f"({', '.join(f'{n} {kind}' for kind, n in counts.items())}): a base of "
+            f"{per_type_in_base} layer(s) of each type, plus per type (its count - "
+            f"{per_type_in_base}) x one layer's (figures(base + one of it) - figures(base))"
+        )
+    notes = [scaling, "libtpu's deviceless compiler model, not a run on a chip", *notes]
     if kernels:
         notes.append(
             "bytes and FLOPs of the Pallas kernels are only their declared CostEstimate "
@@ -189,6 +218,7 @@ def variant_result(
         )
     if loops:
         notes.append("the program has while loops: XLA counts a loop body once (undercount)")
+    deep = list(one_more.values())[-1]
     return VariantResult(
         model=model,
         mode=mode,

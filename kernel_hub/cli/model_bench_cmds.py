@@ -63,7 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "StaticCache (default paged)",
     )
     parser.add_argument(
-        "--layers", type=int, default=2, help="decoder layers compiled (default 2; then scaled)"
+        "--layers",
+        type=int,
+        default=2,
+        help="decoder layers compiled per layer type (default 2; then scaled)",
     )
     parser.add_argument("--tpu", choices=("v5e", "v6e"), required=True)
     parser.add_argument("--json", metavar="PATH", help="write one object per variant")

@@ -9,9 +9,12 @@ model would use.
 * ``paged``: Transformers' continuous-batching ``PagedAttentionCache`` (what ``generate_batch``
   runs), one flat buffer of pages. Stock continuous batching on a TPU takes the index path: the
   new K/V written at ``write_index``, every sequence's history gathered at ``read_index`` into one
-  packed row, SDPA with CB's additive mask ``[1, 1, B, B*C + B]``. Kernelized, the block-table
-  decode path: kernel-hub's serving attention writes the new K/V into the pages and runs the paged
-  kernel on the pages in place.
+  packed row, SDPA with CB's additive mask ``[1, 1, B, B*C + B]``; torchax's ``Tensor.view``
+  returns a copy, so Transformers' write through its per-layer views never reaches the buffer
+  (stock's behaviour under torchax: its program holds no cache write). Kernelized, the
+  block-table decode path on kernel-hub's serving cache (what ``generate_batch`` on a kernelized
+  model builds): the serving attention writes the new K/V into the buffer by index, gathers the
+  pages the block table names and runs the paged kernel on them; no per-layer copy of the buffer.
 
 The cache is an argument of the traced step and donated: the step returns it updated, as the
 serving loop reuses it. ``min_bytes_correction`` makes the hand count of least traffic the
@@ -21,6 +24,7 @@ logits: the cache buffer's unused room (a paged cache's spare pages) is not coun
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -118,13 +122,16 @@ def _static_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -
     return DecodeStep(forward, cache, inputs, batch * _token_kv_bytes(model.config))
 
 
-def _paged_cache(config: Any, shape: DecodeShape) -> Any:
-    """Continuous batching's cache on the meta device, sized to hold B x C tokens; its buffer is
-    replaced by the traced argument (``_bind``)."""
+def _paged_cache(config: Any, shape: DecodeShape, serving: bool) -> Any:
+    """Continuous batching's cache on the meta device, sized to hold B x C tokens: Transformers'
+    own, or kernel-hub's serving cache (``serving``); its buffer is replaced by the traced
+    argument (``_bind``)."""
     import torch
     from transformers import ContinuousBatchingConfig
     from transformers.generation.continuous_batching.cache import PagedAttentionCache
     from transformers.generation.continuous_batching.distributed import DistributedHelper
+
+    from kernel_hub.layers.integrations.serving_cache import serving_cache_class
 
     pages = -(-shape.context // PAGE_SIZE)
     settings = ContinuousBatchingConfig(
@@ -134,7 +141,8 @@ def _paged_cache(config: Any, shape: DecodeShape) -> Any:
         max_blocks_per_request=pages,
         max_memory_percent=1.0,  # sizes are given; only checked against host memory
     )
-    return PagedAttentionCache(
+    kind = serving_cache_class() if serving else PagedAttentionCache
+    return kind(
         config,
         settings,
         device="meta",
@@ -156,8 +164,12 @@ class _BytesView:
 
 
 def _bind(cache: Any, buffer: Any) -> None:
-    """Point every allocator of ``cache`` at ``buffer`` (the traced flat cache, bf16), through
-    Transformers' own layout code."""
+    """Point ``cache`` at ``buffer`` (the traced cache, bf16): a serving cache reads and writes
+    its pages, ``buffer`` itself; Transformers' cache, every allocator through its own layout
+    code."""
+    if hasattr(cache, "kv_pages"):
+        cache.kv_pages = buffer
+        return
     non_trash = cache.num_sectors * cache.bytes_per_sector
     for allocator in cache.cache_allocators.values():
         allocator.register_cache_tensor(
@@ -174,7 +186,13 @@ def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
 
     env = torchax.default_env()
     batch, context = shape.batch, shape.context
-    paged = _paged_cache(model.config, shape)
+    # Kernelized: kernelize's continuous-batching entry point switches the model to the serving
+    # attention, which takes the block-table path on kernel-hub's serving cache. Stock continuous
+    # batching on a TPU runs SDPA on the index path (Transformers keeps block tables for
+    # FlashAttention on CUDA).
+    serving = serving_attention(model)
+    block_table = serving is not None
+    paged = _paged_cache(model.config, shape, block_table)
     kinds = list(paged.cache_allocators)
     if kinds != ["full_attention"]:
         raise KernelInputError(
@@ -183,12 +201,10 @@ def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
             "sliding-window ring takes no block table); use --cache static"
         )
     groups = len(kinds)
-    # Kernelized: kernelize's continuous-batching entry point switches the model to the serving
-    # attention, which takes the block-table path. Stock continuous batching on a TPU runs SDPA on
-    # the index path (Transformers keeps block tables for FlashAttention on CUDA).
-    serving = serving_attention(model)
-    block_table = serving is not None
-    buffer = abstract((paged.cache_tensor.numel() // 2,), jnp.bfloat16)
+    if block_table:  # the serving cache's pages: the buffer itself, written by index
+        buffer = abstract(tuple(paged.kv_pages.shape), jnp.bfloat16)
+    else:
+        buffer = abstract((paged.cache_tensor.numel() // 2,), jnp.bfloat16)
     ids = abstract((1, batch), jnp.int32)
     lengths = abstract((batch + 1,), jnp.int32)  # cu_seq_lens_q, then cu_seq_lens_k
     if block_table:
@@ -237,5 +253,6 @@ def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
     # Live KV: B x C tokens (read once), the B new tokens written; the rest of the buffer
     # (trash sectors, spare pages) is not traffic.
     token = _token_kv_bytes(model.config)
-    correction = batch * context * token + batch * token - paged.cache_tensor.numel()
+    buffer_bytes = 2 * math.prod(buffer.shape)
+    correction = batch * context * token + batch * token - buffer_bytes
     return DecodeStep(function, buffer, inputs, correction)

@@ -1,11 +1,13 @@
 """What kernelize buys a whole model on a TPU: the same model compiled stock and kernelized.
 
-The model is built at real width on the meta device (no weights), with N and N - 1 decoder layers.
+The model is built at real width on the meta device (no weights), with a few decoder layers: N - 1
+of each layer type the model has (sliding or full attention, linear attention: Transformers'
+``layer_types``), and that base plus one layer of each type in turn.
 torchax turns it into one JAX function of its parameters, the way torchax runs a torch model on a
 TPU (``torch.func.functional_call`` over "jax" tensors); the function is traced with
 ``ShapeDtypeStruct`` arguments on a deviceless TPU of the chosen generation, so the kernels'
 implementation tables pick their Pallas TPU implementations, and compiled by libtpu. The figures
-of the two compiles are scaled to the full depth (``kernel_hub.bench.model_figures``).
+of the compiles are scaled to the full depth per layer type (``kernel_hub.bench.model_figures``).
 
 Importing torchax renames torch's PrivateUse1 device for the rest of the process (torch.compile
 breaks there): run this in a process of its own, as the ``kernel-hub model-bench`` command does.
@@ -42,6 +44,8 @@ from .presets import preset
 
 MODES = ("train", "prefill", "decode")
 VARIANTS = ("stock", "kernelized")
+UNNAMED_TYPE = "decoder"
+"""The layer type of a model whose config names none (all its decoder layers alike)."""
 STOCK_EXPERTS = "batched_mm"
 
 
@@ -83,6 +87,28 @@ class BenchSpec:
                 f"--layers {self.layers} is more than the model's {self.full_layers} layers"
             )
 
+    def layer_types(self) -> list[str]:
+        """The full model's layer type per decoder layer (``decoder`` for a model that names
+        none)."""
+        kinds = self.fields().get("layer_types")
+        if kinds is None:
+            kinds = getattr(_config(self, None), "layer_types", None)
+        return list(kinds) if kinds is not None else [UNNAMED_TYPE] * self.full_layers
+
+    def plan(self) -> tuple[list[str], dict[str, list[str]]]:
+        """The layer types of the base program (N - 1 of each type, in order of first use) and,
+        per type, of the base plus one of it."""
+        kinds = self.layer_types()
+        order = list(dict.fromkeys(kinds))
+        base = order * (self.layers - 1)
+        for kind in order:
+            if kinds.count(kind) < self.layers:
+                raise KernelInputError(
+                    f"--layers {self.layers}: the model has {kinds.count(kind)} {kind} layers; "
+                    f"scaling compiles up to {self.layers} of each type"
+                )
+        return base, {kind: [*base, kind] for kind in order}
+
     @property
     def full_layers(self) -> int:
         return int(self.fields()["num_hidden_layers"])
@@ -116,16 +142,22 @@ def spec_for_model_type(model_type: str, **kwargs: Any) -> BenchSpec:
     except ValueError as exc:
         raise KernelInputError(f"unknown Transformers model type {model_type!r}: {exc}") from None
     defaults.pop("model_type", None)
+    # derived from the default depth (a sliding-window pattern): derived again for the depth
+    # the overrides set
+    defaults.pop("layer_types", None)
     return BenchSpec(model_type, model_type, defaults, **kwargs)
 
 
-def _config(spec: BenchSpec, layers: int) -> Any:
+def _config(spec: BenchSpec, kinds: list[str] | None) -> Any:
+    """The model's config with decoder layers of types ``kinds`` (None: the full model)."""
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
-    fields = {**spec.fields(), "num_hidden_layers": layers}
-    if "layer_types" in fields:
-        fields["layer_types"] = list(fields["layer_types"])[:layers]
+    fields = dict(spec.fields())
+    if kinds is not None:
+        fields["num_hidden_layers"] = len(kinds)
+        if UNNAMED_TYPE not in kinds:
+            fields["layer_types"] = list(kinds)
     try:
         return AutoConfig.for_model(spec.model_type, **fields)
     except (ValueError, KeyError, TypeError, StrictDataclassError) as exc:
@@ -134,12 +166,13 @@ def _config(spec: BenchSpec, layers: int) -> Any:
         ) from None
 
 
-def _build(spec: BenchSpec, layers: int) -> Any:
+def _build(spec: BenchSpec, kinds: list[str]) -> Any:
+    """The model on the meta device with decoder layers of types ``kinds``."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(_config(spec, layers), dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(_config(spec, kinds), dtype=torch.bfloat16)
     if model._can_set_experts_implementation():
         # Transformers' default MoE experts, grouped_mm, is aten::_grouped_mm, which torchax
         # cannot lower: the stock TPU program runs batched_mm (kernelize replaces either)
@@ -226,8 +259,17 @@ class CompiledStep:
     arguments: tuple[Any, ...]
 
 
-def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
-    """Trace ``model``'s step for the spec's TPU, deviceless, and compile it."""
+@dataclass(frozen=True)
+class TracedStep:
+    traced: Any
+    """``jax.jit(function).trace(*arguments)`` on the spec's deviceless TPU."""
+    function: Callable[..., Any]
+    arguments: tuple[Any, ...]
+    min_bytes_correction: float
+
+
+def trace_step(model: Any, spec: BenchSpec) -> TracedStep:
+    """Trace ``model``'s step for the spec's TPU, deviceless (no compile)."""
     import jax
     from jax.sharding import SingleDeviceSharding
 
@@ -249,17 +291,26 @@ def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
     else:
         ids = jax.ShapeDtypeStruct((spec.batch, spec.seq), jax.numpy.int32, sharding=sharding)
         function, arguments = _step(model, spec), (*weights, ids)
+    with filtered_libtpu_stderr(), jax.default_device(device):
+        traced = jax.jit(function, donate_argnums=donated, keep_unused=True).trace(*arguments)
+    return TracedStep(traced, function, arguments, correction)
+
+
+def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
+    """Trace ``model``'s step for the spec's TPU, deviceless, and compile it."""
+    import jax
+
+    step = trace_step(model, spec)
     with filtered_libtpu_stderr(), no_persistent_cache():
-        with jax.default_device(device):
-            traced = jax.jit(function, donate_argnums=donated, keep_unused=True).trace(*arguments)
-            lowered = traced.lower()
+        with jax.default_device(tpu_device(spec.tpu)):
+            lowered = step.traced.lower()
         compiled = lowered.compile()
     return CompiledStep(
-        program_figures(compiled, min_bytes_correction=correction),
-        pallas_kernels(str(traced.jaxpr)),
+        program_figures(compiled, min_bytes_correction=step.min_bytes_correction),
+        pallas_kernels(str(step.traced.jaxpr)),
         has_loops(compiled.as_text() or ""),
-        function,
-        arguments,
+        step.function,
+        step.arguments,
     )
 
 
@@ -284,29 +335,34 @@ def _measured_ms(step: CompiledStep, tpu: str) -> float | None:
 
 
 def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
-    """Compile one variant at ``spec.layers`` and one fewer layers; the row at full depth."""
+    """Compile one variant's programs (``BenchSpec.plan``); the row at full depth."""
     if variant not in VARIANTS:
         raise UnknownNameError("model-bench variant", variant, VARIANTS)
-    steps, replaced = [], {}
-    for layers in (spec.layers - 1, spec.layers):
-        model = _build(spec, layers)
+    base_types, plans = spec.plan()
+    steps: dict[str, CompiledStep] = {}
+    replaced: dict[str, str] = {}
+    for name, kinds in {"": base_types, **plans}.items():
+        model = _build(spec, kinds)
         if variant == "kernelized":
-            replaced = _kernelize(model, spec.mode)
-        steps.append(compile_step(model, spec))
+            found = _kernelize(model, spec.mode)
+            replaced = replaced | found
+        steps[name] = compile_step(model, spec)
         del model
-    shallow, deep = steps
+    base = steps.pop("")
+    deep = list(steps.values())[-1]
+    kinds = spec.layer_types()
     return variant_result(
         model=spec.name,
         mode=spec.mode,
         tpu=spec.tpu,
         variant=variant,
-        shallow=shallow.figures,
-        deep=deep.figures,
-        compiled_layers=spec.layers,
-        full_layers=spec.full_layers,
-        kernels=deep.kernels,
+        base=base.figures,
+        one_more={kind: step.figures for kind, step in steps.items()},
+        per_type_in_base=spec.layers - 1,
+        counts={kind: kinds.count(kind) for kind in steps},
+        kernels=sorted({k for step in steps.values() for k in step.kernels}),
         replaced=replaced,
-        loops=deep.loops,
+        loops=any(step.loops for step in steps.values()),
         measured_ms=_measured_ms(deep, spec.tpu),
         notes=(_shape_note(spec),),
     )
@@ -327,13 +383,7 @@ def _shape_note(spec: BenchSpec) -> str:
 
 
 def run_model_bench(spec: BenchSpec) -> list[VariantResult]:
-    """Both variants; a config Transformers refuses, or one whose decoder layers differ, is
-    reported before any compile."""
-    kinds = sorted(set(getattr(_config(spec, spec.full_layers), "layer_types", None) or ()))
-    if len(kinds) > 1:
-        raise KernelInputError(
-            f"{spec.name} mixes decoder layer types ({', '.join(kinds)}): model-bench scales one "
-            "layer's figures to the full depth, which needs identical layers (per-layer-type "
-            "scaling is not built yet)"
-        )
+    """Both variants; a config Transformers refuses, or too few layers of a type for the
+    scaling, is reported before any compile."""
+    spec.plan()
     return [bench_variant(spec, variant) for variant in VARIANTS]

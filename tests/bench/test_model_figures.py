@@ -13,7 +13,7 @@ from kernel_hub.bench.model_figures import (
     model_bench_row,
     pallas_kernels,
     roofline_ms,
-    scale_to_depth,
+    scale_by_type,
     variant_result,
 )
 from kernel_hub.bench.roofline import TPU_CHIPS
@@ -33,13 +33,28 @@ def figures(layers: int) -> ProgramFigures:
 
 
 def test_scaling_from_two_compiles_gives_the_full_depth():
-    assert scale_to_depth(figures(1), figures(2), 2, 32) == figures(32)
-    assert scale_to_depth(figures(3), figures(4), 4, 48) == figures(48)
+    assert scale_by_type(figures(1), {"decoder": figures(2)}, 1, {"decoder": 32}) == figures(32)
+    assert scale_by_type(figures(3), {"decoder": figures(4)}, 3, {"decoder": 48}) == figures(48)
 
 
-def test_scaling_needs_two_compiled_layers():
-    with pytest.raises(KernelInputError, match="at least 2"):
-        scale_to_depth(figures(0), figures(1), 1, 32)
+def two_types(sliding: int, full: int) -> ProgramFigures:
+    """A program whose sliding layers cost less than its full ones."""
+    one = figures(sliding + full)
+    return one.plus(figures(1) - figures(0), full)  # a full layer costs two sliding ones
+
+
+def test_scaling_by_layer_type_adds_each_types_own_layer_cost():
+    base = two_types(1, 1)
+    one_more = {"sliding": two_types(2, 1), "full": two_types(1, 2)}
+    counts = {"sliding": 40, "full": 8}
+    assert scale_by_type(base, one_more, 1, counts) == two_types(40, 8)
+
+
+def test_scaling_needs_every_type_and_enough_layers_of_it():
+    with pytest.raises(KernelInputError, match=r"compiled \(decoder\) are not the model's"):
+        scale_by_type(figures(1), {"decoder": figures(2)}, 1, {"sliding": 4, "full": 1})
+    with pytest.raises(KernelInputError, match="1 full layers: scaling compiles 2"):
+        scale_by_type(figures(1), {"full": figures(2)}, 1, {"full": 1})
 
 
 def test_peak_counts_aliased_outputs_once_and_min_bytes_reads_and_writes_once():
@@ -102,10 +117,10 @@ def test_a_row_scales_says_so_and_flags_declared_costs_and_loops():
         mode="train",
         tpu="v5e",
         variant="kernelized",
-        shallow=figures(1),
-        deep=figures(2),
-        compiled_layers=2,
-        full_layers=10,
+        base=figures(1),
+        one_more={"decoder": figures(2)},
+        per_type_in_base=1,
+        counts={"decoder": 10},
         kernels=["rms_norm_forward"],
         replaced={"RMSNorm": "rmsnorm x5"},
         loops=True,

@@ -19,10 +19,16 @@ recurrent and a conv state per request next to the paged KV cache: Transformers 
 is left alone with that reason: stock ``generate_batch`` refuses it ("Invalid layer type"), and
 so would the switched one.
 
+3. makes the manager of a model whose layers are all full attention build
+   ``serving_cache.ServingPagedAttentionCache``: Transformers' layout, but the serving attention
+   writes the new K/V into the one buffer by index and reads it without per-layer views (under
+   torchax a view is a copy: writes through one are lost, and one in front of a kernel copies
+   the whole buffer). Other models keep Transformers' cache (index path only).
+
 An 8-bit KV cache is opt-in: ``generate_batch(model, inputs, kv_cache_dtype="float8_e4m3fn")``
 (or "int8"; also ``model.init_continuous_batching(..., kv_cache_dtype=...)`` on a kernelized
-model) makes the manager build ``quantized_kv_cache.QuantizedPagedAttentionCache``, which the
-serving attention quantizes on write and reads 8-bit (paged decode dequantizes in the kernel).
+model) makes that serving cache 8-bit, which the serving attention quantizes on write and reads
+8-bit (the kernels dequantize).
 
 ``unkernelize`` removes the instance attribute. Transformers swallows an exception raised in
 the batching thread into each result's ``error`` field; ``generate_batch`` here raises it.
@@ -43,8 +49,8 @@ import torch
 
 from kernel_hub.errors import KernelHubError
 
-from .quantized_kv_cache import kv_cache_dtype as _kv_dtype
-from .quantized_kv_cache import use_quantized_cache
+from .serving_cache import FULL_ATTENTION, use_serving_cache
+from .serving_cache import kv_cache_dtype as _kv_dtype
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +81,14 @@ def _allocated_layer_types() -> set[str]:
     from transformers.generation.continuous_batching.cache import ATTN_TYPE_TO_ALLOCATOR
 
     return set(ATTN_TYPE_TO_ALLOCATOR)
+
+
+def _layer_types(config: Any) -> set[str]:
+    """The attention types of the model's layers, as continuous batching's cache groups them
+    (from the text config, as the manager builds the cache)."""
+    from transformers.generation.continuous_batching.cache import group_layers_by_attn_type
+
+    return set(group_layers_by_attn_type(config.get_text_config()))
 
 
 def unbatchable_layer_types(config: Any) -> list[str]:
@@ -117,8 +131,8 @@ def start_manager(
         raise
     if manager._original_attn_impl is None and previous != name:
         manager._original_attn_impl = previous
-    if quantized is not None:
-        use_quantized_cache(manager, quantized)
+    if quantized is not None or _layer_types(model.config) == {FULL_ATTENTION}:
+        use_serving_cache(manager, quantized)
     if requested:
         if block_tables_supported(model.config):
             manager.continuous_batching_config.max_blocks_per_request = requested
@@ -209,7 +223,7 @@ def generate_batch(
     request failed (Transformers returns such requests with an ``error`` and no tokens).
 
     ``kv_cache_dtype`` "float8_e4m3fn" or "int8" (opt-in, lossy): the batch's KV cache holds
-    8-bit keys and values with one f32 scale per token and kv head (see ``quantized_kv_cache``);
+    8-bit keys and values with one f32 scale per token and kv head (see ``serving_cache``);
     the model must be kernelized (kernel-hub's serving attention reads that cache)."""
     if kv_cache_dtype is not None:
         _kv_dtype(kv_cache_dtype)

@@ -5,21 +5,23 @@ Continuous batching (``model.generate_batch``, ``init_continuous_batching``) acc
 ``attention_mask=None`` and the batch described by keyword arguments. Two call shapes arrive:
 
 * index path (every prefill, mixed and decode batch by default): q [1, Hq, T, D] with all
-  requests packed, k/v [1, Hkv, N, D] each request's whole history read back from the cache,
-  ``cu_seq_lens_q/k`` [S+1]; this runs ``ragged_attention``.
+  requests packed, ``cu_seq_lens_q/k`` [S+1]; this runs ``ragged_attention``.
 * block-table path (decode batches, when ``max_blocks_per_request > 0``): one new token per
-  request, the cache's per-layer page views ``k_cache``/``v_cache`` [P, page, Hkv, D] and this
-  layer group's ``block_table`` [S, max_blocks]; Transformers does NOT write the new K/V here.
-  ``continuous_batching_attention`` writes them into the pages with ``index_copy_`` (as the index
-  path does), then runs ``paged_attention`` on the pages in place.
+  request and this layer group's ``block_table`` [S, max_blocks]; this runs ``paged_attention``.
 
-With an 8-bit KV cache (kernel-hub's ``generate_batch(..., kv_cache_dtype=...)``: its cache
-holds float8_e4m3fn or int8 K/V and f32 scale pages [P, Hkv, page], ``kv_quant``), the cache
-update hands over ``k_scale_cache``/``v_scale_cache`` and, on the index path, the layer's token
-views ``k_cache``/``v_cache`` with ``kv_write_index``/``kv_read_index`` instead of writing: this
-function quantizes the new K/V on write (``kv_quant.quantize``) on both paths; the index path
-reads each request's 8-bit history and its scales back for ``ragged_attention``, the
-block-table path runs ``paged_attention`` on the 8-bit pages (both kernels dequantize inside).
+On Transformers' own cache (models with sliding-window layers) only the index path arrives, and
+k/v [1, Hkv, N, D] are each request's whole history, already written and read back by the cache.
+On kernel-hub's serving cache (``kernel_hub.layers.integrations.serving_cache``) the cache writes
+nothing: it hands over the whole buffer as pages, ``kv_pages`` [P, page, Hkv, D], the layer's page
+offsets ``kv_page_offsets`` (keys, values) and, 8-bit, the scale pages ``kv_scale_pages`` [P,
+Hkv, page]; this function writes the new K/V into the buffer by index (token ``t`` of the layer's
+keys is row ``t % page`` of page ``t // page`` + the keys' offset), quantizing them when the cache
+is 8-bit (``kv_quant.quantize``), and reads them back the same way: the index path gathers each
+request's history (``kv_read_index``) for ``ragged_attention``; the block-table path gathers the
+pages the block table names (keys and values live in pages of one buffer at offsets 2i and
+2i + 1; ``paged_attention`` takes one page id for both, so their pages are gathered, never the
+whole buffer) and runs ``paged_attention`` on them. Nothing is written through a view of the
+buffer: under torchax ``Tensor.view`` returns a copy, and a write through it would be lost.
 
 Outside a continuous-batching call (no ``cu_seq_lens_q``) the function refuses: kernel-hub
 switches a model to it only for the life of a batching manager (see kernel-hub's Transformers
@@ -47,10 +49,9 @@ HONOURED = (
     "cu_seq_lens_k",
     "is_causal",
     "block_table",
-    "k_cache",
-    "v_cache",
-    "k_scale_cache",
-    "v_scale_cache",
+    "kv_pages",
+    "kv_page_offsets",
+    "kv_scale_pages",
     "kv_write_index",
     "kv_read_index",
     "s_aux",
@@ -98,44 +99,82 @@ def _kernel_window(sliding_window: int | None, causal: bool) -> int | None:
     return sliding_window if causal else sliding_window + 1
 
 
+def _rows(pages: torch.Tensor, offset: int, tokens: torch.Tensor):
+    """(page, row) in ``pages`` of token ``tokens`` of the layer view starting at page
+    ``offset``."""
+    page = pages.shape[1]
+    return tokens // page + offset, tokens % page
+
+
+def _take(pages: torch.Tensor, *index: torch.Tensor) -> torch.Tensor:
+    """``pages[index]``; 8-bit pages indexed as bytes (torch's CPU indexing takes no float8)."""
+    if pages.dtype.itemsize != 1:
+        return pages[index]
+    return pages.view(torch.uint8)[index].view(pages.dtype)
+
+
 def write_tokens(
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv_pages: torch.Tensor,
+    offsets: tuple[int, int],
     key: torch.Tensor,
     value: torch.Tensor,
-    slots: torch.Tensor,
-    k_scales: torch.Tensor | None = None,
-    v_scales: torch.Tensor | None = None,
+    tokens: torch.Tensor,
+    scale_pages: torch.Tensor | None = None,
 ) -> None:
-    """Write key/value [T, Hkv, D] at token ``slots`` [T] of the layer's flat token view of
-    ``k_cache``/``v_cache`` (pages [P, page, Hkv, D] or tokens [N, Hkv, D]). With scale pages
-    [P, Hkv, page] the cache is 8-bit: quantize on write (``kv_quant.quantize``), the scale of
-    token ``t`` at ``[t // page, :, t % page]``. In place; these are views of the cache."""
-    for cache, scales, states in ((k_cache, k_scales, key), (v_cache, v_scales, value)):
-        tokens = cache.view(-1, *cache.shape[-2:])
-        if scales is None:
-            tokens.index_copy_(0, slots, states.to(cache.dtype))
+    """Write key/value [T, Hkv, D] at token ``tokens`` [T] of the layer's keys/values, whose
+    pages start at ``offsets`` in ``kv_pages`` [P, page, Hkv, D], in place by index. With
+    ``scale_pages`` [P, Hkv, page] the cache is 8-bit: quantize on write (``kv_quant``), the
+    scale of a token at ``[its page, :, its row]``."""
+    for offset, states in zip(offsets, (key, value), strict=True):
+        pages, rows = _rows(kv_pages, offset, tokens)
+        if scale_pages is None:
+            kv_pages.index_put_((pages, rows), states.to(kv_pages.dtype))
             continue
-        values, scale = kv_quant.quantize(states, cache.dtype)
-        # as bytes: torch's CPU index_copy_ / index_select take no float8
-        tokens.view(torch.uint8).index_copy_(0, slots, values.view(torch.uint8))
-        page = scales.shape[2]
-        scales[slots // page, :, slots % page] = scale
+        values, scale = kv_quant.quantize(states, kv_pages.dtype)
+        kv_pages.view(torch.uint8).index_put_((pages, rows), values.view(torch.uint8))
+        scale_pages[pages, :, rows] = scale
 
 
 def read_tokens(
-    cache: torch.Tensor, scales: torch.Tensor, index: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens ``index`` of an 8-bit token view: values [len(index), Hkv, D] and their scales
-    [Hkv, len(index)] (``ragged_attention``'s layout)."""
-    page = scales.shape[2]
-    values = cache.view(torch.uint8).index_select(0, index).view(cache.dtype)
-    return values, scales[index // page, :, index % page].T.contiguous()
+    kv_pages: torch.Tensor,
+    offset: int,
+    tokens: torch.Tensor,
+    scale_pages: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Tokens ``tokens`` of the layer view starting at page ``offset``: values [len(tokens),
+    Hkv, D] and, 8-bit, their scales [Hkv, len(tokens)] (``ragged_attention``'s layout)."""
+    pages, rows = _rows(kv_pages, offset, tokens)
+    values = _take(kv_pages, pages, rows)
+    if scale_pages is None:
+        return values, None
+    return values, scale_pages[pages, :, rows].T.contiguous()
+
+
+def gather_pages(
+    kv_pages: torch.Tensor,
+    offsets: tuple[int, int],
+    block_table: torch.Tensor,
+    scale_pages: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor | None], torch.Tensor]:
+    """The pages ``block_table`` [S, M] names, of the layer's keys and of its values: K and V
+    pages [S * M, page, Hkv, D], their scales (8-bit) and the table over them (entry ``s * M +
+    j``, -1 where ``block_table`` has -1)."""
+    table = block_table.to(torch.int64)
+    ids = table.clamp(min=0).reshape(-1)
+    scales: dict[str, torch.Tensor | None] = {"k_scales": None, "v_scales": None}
+    gathered = []
+    for offset, name in zip(offsets, ("k_scales", "v_scales"), strict=True):
+        gathered.append(_take(kv_pages, ids + offset))
+        if scale_pages is not None:
+            scales[name] = scale_pages[ids + offset]
+    positions = torch.arange(ids.shape[0], device=table.device).view(table.shape)
+    compact = torch.where(table >= 0, positions, -1).to(block_table.dtype)
+    return gathered[0], gathered[1], scales, compact
 
 
 def decode_slots(block_table: torch.Tensor, kv_lens: torch.Tensor, page: int) -> torch.Tensor:
-    """Token slot of each sequence's newest token: position ``kv_lens[s] - 1`` lives at
-    ``block_table[s, pos // page] * page + pos % page`` of the layer's flat token view."""
+    """Token of each sequence's newest token in the layer's view: position ``kv_lens[s] - 1``
+    lives at ``block_table[s, pos // page] * page + pos % page``."""
     position = kv_lens.to(torch.int64) - 1
     pages = block_table.to(torch.int64).gather(1, (position // page)[:, None])[:, 0]
     return pages * page + position % page
@@ -200,41 +239,48 @@ def continuous_batching_attention(
     options = dict(sliding_window=window, softcap=softcap, scale=scaling)
     block_table = kwargs.get("block_table")
     key, value = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T or N, Hkv, D]
-    k_cache, v_cache = kwargs.get("k_cache"), kwargs.get("v_cache")
-    scales = {"k_scales": kwargs.get("k_scale_cache"), "v_scales": kwargs.get("v_scale_cache")}
-    if (k_cache is None or v_cache is None) and (
-        block_table is not None or any(s is not None for s in scales.values())
-    ):
+    kv_pages, offsets = kwargs.get("kv_pages"), kwargs.get("kv_page_offsets")
+    scale_pages = kwargs.get("kv_scale_pages")
+    if kv_pages is None and (block_table is not None or scale_pages is not None):
         raise KernelInputError(
             "continuous_batching_attention: a block_table or cache scales came without "
-            "k_cache/v_cache"
+            "kv_pages; the block-table path and the 8-bit cache need kernel-hub's serving cache "
+            "(kernel_hub.layers.integrations.serving_cache, installed by kernelize's "
+            "init_continuous_batching)"
+        )
+    if kv_pages is not None and (offsets is None or len(offsets) != 2):
+        raise KernelInputError(
+            f"continuous_batching_attention: kv_pages needs kv_page_offsets (the layer's key "
+            f"and value page offsets), got {offsets!r}"
         )
     if block_table is not None:
         kv_lens = _decode_lengths(cu_q, cu_k, q.shape[0])
-        check_paged_values(block_table, kv_lens, k_cache)
-        slots = decode_slots(block_table, kv_lens, k_cache.shape[1])
-        write_tokens(k_cache, v_cache, key, value, slots, **scales)
-        out = paged_attention(q, k_cache, v_cache, block_table, kv_lens, sinks, **scales, **options)
+        slots = decode_slots(block_table, kv_lens, kv_pages.shape[1])
+        write_tokens(kv_pages, offsets, key, value, slots, scale_pages)
+        k_pages, v_pages, scales, table = gather_pages(kv_pages, offsets, block_table, scale_pages)
+        check_paged_values(table, kv_lens, k_pages)
+        out = paged_attention(q, k_pages, v_pages, table, kv_lens, sinks, **scales, **options)
         return out.unsqueeze(0), None
-    if kwargs.get("kv_write_index") is not None:  # 8-bit cache, index path: write, read back
-        key, value, scales = _quantized_history(k_cache, v_cache, key, value, scales, kwargs)
+    scales = {"k_scales": None, "v_scales": None}
+    if kv_pages is not None:  # kernel-hub's serving cache: write, read back
+        key, value, scales = _history(kv_pages, offsets, key, value, scale_pages, kwargs)
     out = ragged_attention(q, key, value, cu_q, cu_k, sinks, **scales, causal=causal, **options)
     return out.unsqueeze(0), None
 
 
-def _quantized_history(k_cache, v_cache, key, value, scales, kwargs):
-    """Write the new tokens into the 8-bit cache, then read every request's 8-bit keys and
-    values with their scales (``kv_read_index``; the new tokens alone when it is empty)."""
-    if scales["k_scales"] is None or scales["v_scales"] is None:
+def _history(kv_pages, offsets, key, value, scale_pages, kwargs):
+    """Write the new tokens into the cache, then read every request's keys and values (with
+    their scales, 8-bit) at ``kv_read_index`` (the new tokens alone when it is empty)."""
+    write, read = kwargs.get("kv_write_index"), kwargs.get("kv_read_index")
+    if write is None:
         raise KernelInputError(
-            "continuous_batching_attention: kv_write_index came without k_scale_cache/"
-            "v_scale_cache (only an 8-bit cache hands over its write index)"
+            "continuous_batching_attention: kv_pages came without kv_write_index or a "
+            "block_table (kernel-hub's serving cache hands over one of them)"
         )
-    write, read = kwargs["kv_write_index"], kwargs.get("kv_read_index")
-    write_tokens(k_cache, v_cache, key, value, write, **scales)
+    write_tokens(kv_pages, offsets, key, value, write, scale_pages)
     index = write if read is None or read.numel() == 0 else read
-    key, k_scales = read_tokens(k_cache, scales["k_scales"], index)
-    value, v_scales = read_tokens(v_cache, scales["v_scales"], index)
+    key, k_scales = read_tokens(kv_pages, offsets[0], index, scale_pages)
+    value, v_scales = read_tokens(kv_pages, offsets[1], index, scale_pages)
     return key, value, {"k_scales": k_scales, "v_scales": v_scales}
 
 

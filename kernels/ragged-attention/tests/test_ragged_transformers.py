@@ -22,7 +22,7 @@ from transformers import (  # noqa: E402
 
 import kernel_hub as kh  # noqa: E402
 from kernel_hub.errors import KernelHubError, KernelInputError  # noqa: E402
-from kernel_hub.layers.integrations import quantized_kv_cache  # noqa: E402
+from kernel_hub.layers.integrations import serving_cache  # noqa: E402
 from kernel_hub.layers.integrations.continuous_batching import (  # noqa: E402
     ContinuousBatchingError,
     generate_batch,
@@ -182,10 +182,10 @@ def test_kv_cache_dtype_is_checked(ragged):
     ):
         generate_batch(model, PROMPTS, kv_cache_dtype="float16")
     kernel_side = ragged.jax.kv_quant.KV_CACHE_DTYPES
-    assert tuple(quantized_kv_cache.KV_CACHE_DTYPES) == kernel_side
+    assert tuple(serving_cache.KV_CACHE_DTYPES) == kernel_side
     built = types.SimpleNamespace(batch_processor=object())  # a persistent manager, reused
     with pytest.raises(KernelHubError, match="already built its cache"):
-        quantized_kv_cache.use_quantized_cache(built, torch.int8)
+        serving_cache.use_serving_cache(built, torch.int8)
 
 
 def test_errors_in_the_batching_thread_are_raised(ragged, monkeypatch):
