@@ -188,6 +188,12 @@ ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     # Mamba-2: heads x head_dim must equal expand (2) x hidden_size
     "mamba2": {"num_heads": 8},
+    # hybrids' linear mixers keep default head counts and widths the shared sizes do not name,
+    # and their stock chunked scans then cost more than the rest of a sweep's architecture:
+    # Bamba's Mamba-2 mixer (128 heads of width 1) as Mamba-2's 8 heads of 16, Kimi Linear's
+    # delta attention (32 heads of 128) as the attention's 4 heads of 16
+    "bamba": {"mamba_n_heads": 8, "mamba_d_head": 16},
+    "kimi_linear": {"linear_num_heads": 4, "linear_head_dim": 16},
     # ZAYA routes each token to one expert only
     "zaya": {"num_experts_per_tok": 1},
     # the assistant (drafter) of Gemma 4 has no per-layer input embeddings
