@@ -9,9 +9,13 @@ replaces that forward with the quantized-matmul kernel's layer, which reads the 
 Formats (``kernel_api.weight_formats``): "fp8" (float8_e4m3fn [out, in] with ``weight_scale_inv``
 f32 [ceil(out / 128), ceil(in / 128)], fine-grained FP8 checkpoints' names and layout), "int8"
 (int8 [out, in] with ``weight_scale`` f32 [out], symmetric per output channel) and "int4"
-(GPTQ's packing, loaded from GPTQ checkpoints: ``weight`` int32 [in / 8, out], eight 4-bit values
-per word along ``in``, with ``weight_scale`` f32 [in / 128, out], one per group of 128 inputs;
-symmetric, zero point 8). "w8a8" holds what "int8" holds and also quantizes its input
+(GPTQ's packing, loaded from GPTQ and AWQ checkpoints: ``weight`` int32 [in / 8, out], eight
+4-bit values per word along ``in``, with ``weight_scale`` f32 [in / 128, out], one per group of
+128 inputs; symmetric with zero point 8, or, built with ``zeros=True``, ``weight_zeros`` int32
+[in / 128, out], the zero point subtracted per group and output column; built with
+``input_order=True``, the ``input_order`` buffer int64 [in] says which input column each stored
+row multiplies: ``x[..., input_order]`` is the activation the stored rows take, the form GPTQ's
+act-order checkpoints are loaded in). "w8a8" holds what "int8" holds and also quantizes its input
 activations, each token's row to int8 with its own scale (largest magnitude at 127, rounded half
 to even), before the product: opt-in and lossy (``quantize_linear(model, "w8a8")``).
 """
@@ -63,12 +67,18 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return ((packed[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(rows * INT4_PER_WORD, out)
 
 
-def dequantize(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def dequantize(
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    dtype: torch.dtype,
+    zeros: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``weight * scale`` [out, in] in f32 (f64 for f64), rounded once to ``dtype``; int4:
-    ``(value - 8) * scale`` of its group."""
+    ``(value - zero) * scale`` of its group (zero: ``zeros``' entry, or 8)."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     if weight.dtype == torch.int32:
-        values = (unpack_int4(weight) - INT4_ZERO).to(acc)
+        zero = INT4_ZERO if zeros is None else zeros.repeat_interleave(INT4_GROUP, 0)
+        values = (unpack_int4(weight) - zero).to(acc)
         return (values * scale.to(acc).repeat_interleave(INT4_GROUP, 0)).T.to(dtype)
     out, inner = weight.shape
     if weight.dtype == torch.int8:
@@ -94,10 +104,24 @@ class QuantizedLinear(torch.nn.Module):
 
     kernel_layer_name = "QuantizedLinear"
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, fmt: str) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        fmt: str,
+        *,
+        zeros: bool = False,
+        input_order: bool = False,
+    ) -> None:
         super().__init__()
         if fmt not in FORMATS:
             raise KernelHubError(f"QuantizedLinear: format {fmt!r}; valid: {', '.join(FORMATS)}")
+        if (zeros or input_order) and fmt != "int4":
+            raise KernelHubError(
+                f"QuantizedLinear: zeros / input_order are int4's (group zero points, act-order); "
+                f"format {fmt!r} has neither"
+            )
         dtype, scale_name = FORMATS[fmt]
         self.in_features, self.out_features, self.format = in_features, out_features, fmt
         self.weight = torch.nn.Parameter(
@@ -111,13 +135,22 @@ class QuantizedLinear(torch.nn.Module):
         self.register_parameter(
             "bias", torch.nn.Parameter(torch.zeros(out_features)) if bias else None
         )
+        zero_points = torch.full(shape, INT4_ZERO, dtype=torch.int32)
+        self.register_parameter(
+            "weight_zeros",
+            torch.nn.Parameter(zero_points, requires_grad=False) if zeros else None,
+        )
+        order = torch.arange(in_features) if input_order else None
+        self.register_buffer("input_order", order)
 
     @property
     def scale(self) -> torch.Tensor:
         return getattr(self, FORMATS[self.format][1])
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        weight = dequantize(self.weight, self.scale, input.dtype)
+        weight = dequantize(self.weight, self.scale, input.dtype, self.weight_zeros)
+        if self.input_order is not None:
+            input = input.index_select(-1, self.input_order)
         if self.format == "w8a8":
             input = quantize_rows(input)
         return torch.nn.functional.linear(input, weight, self.bias)
