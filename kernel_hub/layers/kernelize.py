@@ -629,10 +629,10 @@ def from_pretrained(
 
     ``model_class`` is a Transformers model or auto class (``AutoModelForCausalLM``). A local
     quantized checkpoint kernel-hub reads (``quantization_config`` ``quant_method: fp8`` with
-    128x128 blocks, ``gptq`` 4-bit symmetric in groups of 128, or ``compressed-tensors`` int8 per
-    channel) is loaded by kernel-hub
-    instead, its linear weights kept in their stored format (Transformers refuses FP8 without a
-    GPU; see ``quantized_checkpoint``); it takes no ``kwargs``.
+    128x128 blocks, ``gptq`` or ``awq`` 4-bit in groups of 128, or ``compressed-tensors`` int8
+    per channel) is loaded by kernel-hub instead, its linear weights kept in their stored format
+    (Transformers refuses FP8 without a GPU; see ``quantized_checkpoint``); it takes no
+    ``kwargs``.
     """
     if quantized_checkpoint.quantization_config(path) is not None:
         if kwargs:

@@ -67,6 +67,16 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return ((packed[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(rows * INT4_PER_WORD, out)
 
 
+def pack_int4(values: torch.Tensor) -> torch.Tensor:
+    """GPTQ's packing of [in, out] values 0..15: int32 [in / 8, out], input row 8r + j in bits
+    4j..4j+3 of word r (``unpack_int4``'s inverse)."""
+    inner, out = values.shape
+    shifts = 4 * torch.arange(INT4_PER_WORD, device=values.device, dtype=torch.int64)
+    nibbles = values.to(torch.int64).reshape(inner // INT4_PER_WORD, INT4_PER_WORD, out)
+    words = (nibbles << shifts[None, :, None]).sum(1)
+    return (words - (words >= 2**31).long() * 2**32).to(torch.int32)  # the same 32 bits
+
+
 def dequantize(
     weight: torch.Tensor,
     scale: torch.Tensor,
