@@ -9,15 +9,16 @@ replaces that forward with the quantized-matmul kernel's layer, which reads the 
 Formats (``kernel_api.weight_formats``): "fp8" (float8_e4m3fn [out, in] with ``weight_scale_inv``
 f32 [ceil(out / 128), ceil(in / 128)], fine-grained FP8 checkpoints' names and layout), "int8"
 (int8 [out, in] with ``weight_scale`` f32 [out], symmetric per output channel) and "int4"
-(GPTQ's packing, loaded from GPTQ and AWQ checkpoints: ``weight`` int32 [in / 8, out], eight
-4-bit values per word along ``in``, with ``weight_scale`` f32 [in / 128, out], one per group of
-128 inputs; symmetric with zero point 8, or, built with ``zeros=True``, ``weight_zeros`` int32
-[in / 128, out], the zero point subtracted per group and output column; built with
-``input_order=True``, the ``input_order`` buffer int64 [in] says which input column each stored
-row multiplies: ``x[..., input_order]`` is the activation the stored rows take, the form GPTQ's
-act-order checkpoints are loaded in). "w8a8" holds what "int8" holds and also quantizes its input
-activations, each token's row to int8 with its own scale (largest magnitude at 127, rounded half
-to even), before the product: opt-in and lossy (``quantize_linear(model, "w8a8")``).
+(GPTQ's packing, from GPTQ and AWQ checkpoints or ``quantize_linear``: ``weight`` int32
+[in / 8, out], eight 4-bit values per word along ``in``, with ``weight_scale`` f32
+[in / 128, out], one per group of 128 inputs; symmetric with zero point 8, or, built with
+``zeros=True``, ``weight_zeros`` int32 [in / 128, out], the zero point subtracted per group and
+output column; built with ``input_order=True``, the ``input_order`` buffer int64 [in] says which
+input column each stored row multiplies: ``x[..., input_order]`` is the activation the stored
+rows take, the form GPTQ's act-order checkpoints are loaded in). "w8a8" holds what "int8" holds
+and also quantizes its input activations, each token's row to int8 with its own scale (largest
+magnitude at 127, rounded half to even), before the product: opt-in and lossy
+(``quantize_linear(model, "w8a8")``).
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ FORMATS = {
     "w8a8": (torch.int8, "weight_scale"),
 }
 """format -> (stored weight dtype, the scale's attribute and checkpoint name)."""
-QUANTIZE_FORMATS = ("fp8", "int8", "w8a8")
-"""The formats ``quantize_linear`` writes (int4 comes from GPTQ checkpoints)."""
+QUANTIZE_FORMATS = ("fp8", "int8", "w8a8", "int4", "int4-asym")
+"""The formats ``quantize_linear`` writes: "int4" is symmetric (zero point 8), "int4-asym" has a
+zero point per group and output column; both in groups of 128 inputs."""
 
 
 def scale_shape(fmt: str, out: int, inner: int) -> tuple[int, ...]:
@@ -172,6 +174,28 @@ class QuantizedLinear(torch.nn.Module):
         )
 
 
+def quantize_int4(
+    weight: torch.Tensor, symmetric: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(GPTQ-packed weight, scale [in / 128, out], zeros or None) of a float [out, in] weight in
+    groups of 128 inputs per output column: symmetric, each group's largest magnitude at 7 steps
+    of ``scale = amax / 7`` (values -8..7 stored + 8); asymmetric, ``scale = (max - min) / 15``
+    and ``zero = round(-min / scale)`` in 0..15, ``q = round(w / scale) + zero`` in 0..15."""
+    w = weight.detach().float().T  # [in, out]
+    inner, out = w.shape
+    groups = w.reshape(inner // INT4_GROUP, INT4_GROUP, out)
+    if symmetric:
+        scale = groups.abs().amax(1).clamp_min(1e-12) / 7
+        zero = torch.full_like(scale, INT4_ZERO)
+    else:
+        lo, hi = groups.amin(1).clamp(max=0), groups.amax(1).clamp(min=0)
+        scale = ((hi - lo) / 15).clamp_min(1e-12)
+        zero = (-lo / scale).round().clamp(0, 15)
+    q = (groups / scale[:, None]).round() + zero[:, None]
+    packed = pack_int4(q.clamp(0, 15).reshape(inner, out).to(torch.int32))
+    return packed, scale, None if symmetric else zero.to(torch.int32)
+
+
 def quantize_weight(weight: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(quantized weight, scale) of a float [out, in] weight: fp8 scales each 128 x 128 block's
     largest magnitude to e4m3's 448, int8 each output channel's to 127."""
@@ -214,16 +238,17 @@ def quantize_linear(
     model: torch.nn.Module, format: str, *, skip: Sequence[str] = ("lm_head",)
 ) -> LinearQuantizationReport:
     """Replace every ``torch.nn.Linear`` of ``model`` (but those whose name ends with an entry
-    of ``skip``) by a ``QuantizedLinear`` in ``format`` ("fp8", "int8" or "w8a8": int8 weights
-    and dynamic per-token int8 activations), in place; ``kernelize`` then runs them on the
-    quantized-matmul kernel. A lossy, explicit choice: the report gives each layer's measured
+    of ``skip``) by a ``QuantizedLinear`` in ``format`` ("fp8", "int8", "w8a8": int8 weights
+    and dynamic per-token int8 activations, "int4": symmetric 4-bit in groups of 128 inputs,
+    "int4-asym": the same with a zero point per group), in place; ``kernelize`` then runs them
+    on the quantized-matmul kernel. A lossy, explicit choice: the report gives each layer's measured
     weight error (also logged) and its bytes before and after (w8a8's activation error depends
     on the inputs: docs/quantized-linear.md gives it measured)."""
     if format not in QUANTIZE_FORMATS:
         raise KernelHubError(
-            f"quantize_linear: format {format!r}; valid: {', '.join(QUANTIZE_FORMATS)} (int4 "
-            f"layers come from GPTQ checkpoints: kernel_hub.from_pretrained)"
+            f"quantize_linear: format {format!r}; valid: {', '.join(QUANTIZE_FORMATS)}"
         )
+    int4 = format.startswith("int4")
     done, left = [], []
     for name, module in list(model.named_modules()):
         if type(module) is not torch.nn.Linear:
@@ -234,19 +259,32 @@ def quantize_linear(
         if module.weight.device.type == "meta":
             left.append((name, "its weight is on the meta device"))
             continue
+        if int4 and module.in_features % INT4_GROUP:
+            left.append((name, f"its {module.in_features} inputs are not whole int4 groups of 128"))
+            continue
         weight = module.weight.detach()
-        q, scale = quantize_weight(weight, format)
-        layer = QuantizedLinear(module.in_features, module.out_features, False, format)
+        zeros = None
+        if int4:
+            q, scale, zeros = quantize_int4(weight, format == "int4")
+        else:
+            q, scale = quantize_weight(weight, format)
+        fmt = "int4" if int4 else format
+        layer = QuantizedLinear(
+            module.in_features, module.out_features, False, fmt, zeros=zeros is not None
+        )
         layer.weight.data = q.to(weight.device)
         layer.scale.data = scale.to(weight.device)
+        if zeros is not None:
+            layer.weight_zeros.data = zeros.to(weight.device)
         layer.bias = module.bias
-        error = (dequantize(q, scale, torch.float64) - weight.double()).abs().max().item()
+        dequantized = dequantize(q, scale, torch.float64, zeros)
+        error = (dequantized - weight.double()).abs().max().item()
         top = weight.double().abs().max().item() or 1.0
         done.append(
             QuantizedLayer(
                 name,
                 weight.numel() * weight.element_size(),
-                q.numel() * q.element_size() + scale.numel() * scale.element_size(),
+                sum(t.numel() * t.element_size() for t in (q, scale, zeros) if t is not None),
                 error,
                 error / top,
             )

@@ -367,13 +367,17 @@ def test_gptq_tensors_the_kernel_does_not_read_are_refused(
         kernel_hub.from_pretrained(AutoModelForCausalLM, tmp_path)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp8", "w8a8"])
+# e4m3's 3 bits; half a step of 127 levels; int4: half a step of 7 (asym: of 15 over the range)
+BOUNDS = {"fp8": 1 / 16, "int8": 1 / 254, "w8a8": 1 / 254, "int4": 1 / 14, "int4-asym": 1 / 15}
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8", "w8a8", "int4", "int4-asym"])
 def test_quantize_linear_reports_its_error_and_kernelize_is_exact_against_it(fmt):
     model = tiny_model(LlamaForCausalLM, seed=1, **SIZES)
     report = kernel_hub.quantize_linear(model, fmt)
     assert len(report.layers) == 2 * len(PROJECTIONS)
     assert report.left_alone == (("lm_head", "skipped (skip=)"),)
-    bound = 1 / 16 if fmt == "fp8" else 1 / 254  # e4m3's 3 bits; half a step of 127 levels
+    bound = BOUNDS[fmt]
     assert all(0 < layer.max_rel_error <= bound for layer in report.layers)
     assert all(layer.bytes_after < layer.bytes_before / 3 for layer in report.layers)
     ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
