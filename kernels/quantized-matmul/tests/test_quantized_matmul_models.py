@@ -408,3 +408,20 @@ def w8a8_logit_error(seed: int = 1) -> float:
 def test_w8a8_error_against_w8a16_is_measured_and_small():
     error = w8a8_logit_error()
     assert 1e-5 < error < 2e-2, error
+
+
+def test_transformers_fp8_linear_is_left_alone_with_the_reason():
+    """Transformers' FP8Linear (built by hand: Transformers builds none without a GPU) quantizes
+    its activations to e4m3 too, which the kernel does not: kernelize reports it, untouched."""
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+
+    model = tiny_model(LlamaForCausalLM, seed=1, **SIZES)
+    name = "model.layers.0.self_attn.q_proj"
+    model.set_submodule(name, FP8Linear(256, 256, block_size=(128, 128)))
+    forward = model.get_submodule(name).forward
+    kernel_hub.kernelize(model, mode="inference")
+    (entry,) = [e for e in kernel_hub.kernelize_report(model).entries if e.module == name]
+    assert entry.target == "QuantizedLinear" and not entry.swapped
+    assert "quantizes its activations to float8_e4m3fn" in entry.reason
+    assert "kernel_hub.from_pretrained" in entry.reason
+    assert model.get_submodule(name).forward == forward
