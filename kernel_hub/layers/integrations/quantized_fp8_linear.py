@@ -5,8 +5,8 @@ float8_e4m3fn too (``activation_scheme`` "dynamic": per token in groups of 128; 
 ``activation_scale``) before an FP8 x FP8 product in its CUDA kernels (DeepGEMM or the
 ``kernels`` hub's Triton finegrained-fp8 build), while the kernel keeps the activations in their
 dtype (W8A16). A swap would not give its results, so kernelize refuses it. On a host without a
-GPU, Transformers 5.24 never builds one (a pre-quantized FP8 checkpoint is dequantized to bf16 at
-load, with a warning; quantizing on the fly raises "No GPU or XPU found"), and one built by hand
+GPU, Transformers 5.24 never builds one (a pre-quantized FP8 checkpoint is dequantized at load,
+with a warning; quantizing on the fly raises "No GPU or XPU found"), and one built by hand
 cannot run its forward there (the CUDA kernel build is missing); ``kernel_hub.from_pretrained``
 loads the same checkpoint with its e4m3 weights kept, as ``QuantizedLinear`` layers the kernel
 serves. Measured with transformers 5.24 on this CPU.
