@@ -30,11 +30,14 @@ Supported ``quantization_config``s:
   order (column 8c + (0, 2, 4, 6, 1, 3, 5, 7)[j] in bits 4j.. of word c), ``scales`` f16
   [in / 128, out]; ``w = (q - zero) * scale``. The 4-bit values are repacked once at load into
   GPTQ's packing along ``in`` (same bytes, still int4), zeros unpacked to ``weight_zeros``.
-- ``quant_method: compressed-tensors`` (llm-compressor's W8A16), ``format: int-quantized``, every
-  config group's ``weights`` int, 8 bits, symmetric, ``strategy: channel``, no
-  ``input_activations``: ``<module>.weight`` int8 [out, in] loaded as stored;
-  ``<module>.weight_scale`` [out, 1] becomes the f32 [out] ``weight_scale`` (exact from f16,
-  bf16 or f32); ``weight_zero_point``, when stored, must be all zero, and is dropped.
+- ``quant_method: compressed-tensors`` (llm-compressor's W8A16 and W8A8), ``format:
+  int-quantized``, every config group's ``weights`` int, 8 bits, symmetric, ``strategy:
+  channel``: ``<module>.weight`` int8 [out, in] loaded as stored; ``<module>.weight_scale``
+  [out, 1] becomes the f32 [out] ``weight_scale`` (exact from f16, bf16 or f32);
+  ``weight_zero_point``, when stored, must be all zero, and is dropped. Every group has no
+  ``input_activations`` (W8A16: "int8" layers) or every group has int, 8 bits, symmetric,
+  ``strategy: token``, ``dynamic: true`` ones (W8A8: "w8a8" layers, each token's activation row
+  quantized to int8 with scale ``max |row| / 127``, rounded half to even, before the product).
 
 Anything else (other methods, bit widths, group sizes, AWQ's GEMV/Marlin/ExLlama packings) is
 refused with the reason before anything is built.
@@ -148,7 +151,22 @@ def _check_awq(path: str | Path, quantization: dict[str, Any]) -> None:
 
 
 COMPRESSED_WEIGHTS = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
+COMPRESSED_ACTIVATIONS = {
+    "num_bits": 8,
+    "type": "int",
+    "symmetric": True,
+    "strategy": "token",
+    "dynamic": True,
+}
+"""The input activations kernel-hub reads as W8A8 (dynamic per-token int8)."""
 COMPRESSED_FORMAT = "int-quantized"
+
+
+def compressed_layer_format(quantization: dict[str, Any]) -> str:
+    """The ``QuantizedLinear`` format of a checked compressed-tensors config: "w8a8" when its
+    groups quantize input activations, else "int8"."""
+    groups = quantization["config_groups"].values()
+    return "w8a8" if any(g.get("input_activations") is not None for g in groups) else "int8"
 
 
 def _check_compressed_tensors(path: str | Path, quantization: dict[str, Any]) -> None:
@@ -170,11 +188,27 @@ def _check_compressed_tensors(path: str | Path, quantization: dict[str, Any]) ->
                 f"{path}: compressed-tensors group {name!r} has weights "
                 f"{', '.join(f'{k}={v!r}' for k, v in wrong.items())}; kernel-hub reads {valid}"
             )
-        if group.get("input_activations") is not None:
+        activations = group.get("input_activations")
+        if activations is None:
+            continue
+        wrong = {
+            k: activations.get(k)
+            for k, v in COMPRESSED_ACTIVATIONS.items()
+            if activations.get(k) != v
+        }
+        if wrong:
+            valid = ", ".join(f"{k}={v!r}" for k, v in COMPRESSED_ACTIVATIONS.items())
             raise KernelHubError(
-                f"{path}: compressed-tensors group {name!r} quantizes input_activations "
-                f"({group['input_activations']}); kernel-hub reads weight-only int8 (W8A16)"
+                f"{path}: compressed-tensors group {name!r} has input_activations "
+                f"{', '.join(f'{k}={v!r}' for k, v in wrong.items())}; kernel-hub reads none "
+                f"(W8A16) or {valid} (W8A8)"
             )
+    with_activations = {g.get("input_activations") is not None for g in groups.values()}
+    if len(with_activations) > 1:
+        raise KernelHubError(
+            f"{path}: compressed-tensors groups mix W8A8 (input_activations) and W8A16 (none); "
+            f"kernel-hub reads a checkpoint whose groups are all one or all the other"
+        )
 
 
 def _compressed_tensors(path: Path, name: str, tensors: dict[str, torch.Tensor]) -> None:
@@ -313,6 +347,7 @@ def load_quantized(model_class: Any, path: str | Path) -> Any:
     model = from_config(config)
     tensors = _tensors(path)
     suffix, fmt = LAYOUTS[method]
+    layer_format = compressed_layer_format(quantization) if method == "compressed-tensors" else fmt
     for key in [k for k in tensors if k.endswith(suffix)]:
         name = key.removesuffix(suffix)
         linear = model.get_submodule(name)
@@ -329,7 +364,11 @@ def load_quantized(model_class: Any, path: str | Path) -> Any:
                 f"Linear weights"
             )
         layer = QuantizedLinear(
-            linear.in_features, linear.out_features, linear.bias is not None, fmt, **options
+            linear.in_features,
+            linear.out_features,
+            linear.bias is not None,
+            layer_format,
+            **options,
         )
         model.set_submodule(name, layer)
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)

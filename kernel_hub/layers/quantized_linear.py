@@ -50,7 +50,7 @@ zero point per group and output column; both in groups of 128 inputs."""
 
 
 def scale_shape(fmt: str, out: int, inner: int) -> tuple[int, ...]:
-    if fmt == "int8":
+    if fmt in ("int8", "w8a8"):
         return (out,)
     if fmt == "int4":
         return (inner // INT4_GROUP, out)

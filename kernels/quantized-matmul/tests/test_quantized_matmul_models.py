@@ -289,6 +289,38 @@ def test_checkpoint_kept_quantized_kernelized_and_exact(checkpoint, dtype, op, r
     assert torch.equal(model.generate(ids, **kwargs), stock.generate(ids, **kwargs))
 
 
+def test_compressed_tensors_w8a8_checkpoint_is_loaded_as_w8a8(tmp_path):
+    """llm-compressor's W8A8 (int8 weights per channel, dynamic per-token int8 activations):
+    loaded as "w8a8" layers; each kernelized layer is exact against its own forward (the
+    dequantized weight times the activations quantized per token) on the input it got. The
+    model's logits are not compared with that twin model's: per-token rounding is discontinuous,
+    so the f32-level differences of the other swapped layers (norms, attention) flip a few int8
+    roundings (measured: up to 6e-3 of the largest logit). Its error against the stock Llama
+    holding the dequantized weights (W8A16) is measured: small, not zero."""
+    from kernel_hub.layers.quantized_checkpoint import load_quantized
+
+    stock = tiny_model(LlamaForCausalLM, seed=3, **SIZES)
+    save_checkpoint(tmp_path, stock, compressed_int8_by_hand, compressed_activations())
+    model = load_quantized(AutoModelForCausalLM, tmp_path)
+    linears = [m for m in model.modules() if type(m).__name__ == "QuantizedLinear"]
+    assert len(linears) == 2 * len(PROJECTIONS)
+    assert all(m.format == "w8a8" and m.weight.dtype == torch.int8 for m in linears)
+    kernel_hub.kernelize(model, mode="inference")
+    seen = []
+    for m in linears:
+        m.register_forward_hook(lambda m, args, out: seen.append((m, args[0], out)))
+    ids = torch.tensor([[1, 5, 9, 33, 2, 77, 100, 3]])
+    with torch.no_grad():
+        got = model(ids).logits
+        for m, x, out in seen:
+            twin = type(m).forward(m, x)  # the class's own forward: the stock computation
+            assert float((out - twin).abs().max() / twin.abs().max()) <= 1e-5
+        w8a16 = stock(ids).logits
+    assert len(seen) == len(linears)
+    error = float((got - w8a16).abs().max() / w8a16.abs().max())
+    assert 1e-5 < error < 2e-2, error
+
+
 def compressed_weights(**weights) -> dict:
     """COMPRESSED_CONFIG with its weights scheme changed."""
     group = COMPRESSED_CONFIG["config_groups"]["group_0"]
@@ -296,13 +328,21 @@ def compressed_weights(**weights) -> dict:
     return {**COMPRESSED_CONFIG, "config_groups": {"group_0": changed}}
 
 
-def compressed_activations() -> dict:
-    """COMPRESSED_CONFIG with dynamic per-token int8 activations (W8A8)."""
+def compressed_activations(**changes) -> dict:
+    """COMPRESSED_CONFIG with dynamic per-token int8 activations (W8A8), ``changes`` applied to
+    the activations' scheme."""
     group = COMPRESSED_CONFIG["config_groups"]["group_0"]
     activations = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token",
-                   "dynamic": True}  # fmt: skip
+                   "dynamic": True, **changes}  # fmt: skip
     changed = {**group, "input_activations": activations}
     return {**COMPRESSED_CONFIG, "config_groups": {"group_0": changed}}
+
+
+def mixed_activations() -> dict:
+    """A W8A8 group beside a W8A16 one."""
+    w8a8 = compressed_activations()["config_groups"]["group_0"]
+    groups = {"group_0": w8a8, "group_1": COMPRESSED_CONFIG["config_groups"]["group_0"]}
+    return {**COMPRESSED_CONFIG, "config_groups": groups}
 
 
 @pytest.mark.parametrize(
@@ -323,7 +363,9 @@ def compressed_activations() -> dict:
         (compressed_weights(num_bits=4), r"num_bits=4; kernel-hub reads num_bits=8"),
         (compressed_weights(symmetric=False), r"symmetric=False; kernel-hub reads"),
         (compressed_weights(type="float"), r"type='float'; kernel-hub reads"),
-        (compressed_activations(), r"quantizes input_activations .* weight-only int8 \(W8A16\)"),
+        (compressed_activations(dynamic=False), r"input_activations dynamic=False; kernel-hub"),
+        (compressed_activations(strategy="tensor"), r"input_activations strategy='tensor'; kern"),
+        (mixed_activations(), r"groups mix W8A8 \(input_activations\) and W8A16"),
     ],
 )
 def test_layouts_the_kernel_does_not_read_are_refused_with_the_reason(
