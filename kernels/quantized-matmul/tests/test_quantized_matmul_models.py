@@ -467,3 +467,11 @@ def test_transformers_fp8_linear_is_left_alone_with_the_reason():
     assert "quantizes its activations to float8_e4m3fn" in entry.reason
     assert "kernel_hub.from_pretrained" in entry.reason
     assert model.get_submodule(name).forward == forward
+
+
+def test_quantize_linear_int4_leaves_layers_without_whole_groups_alone():
+    model = torch.nn.Sequential(torch.nn.Linear(100, 8), torch.nn.Linear(128, 8))
+    report = kernel_hub.quantize_linear(model, "int4-asym", skip=())
+    assert [layer.module for layer in report.layers] == ["1"]
+    assert report.left_alone == (("0", "its 100 inputs are not whole int4 groups of 128"),)
+    assert type(model[0]) is torch.nn.Linear and model[1].weight_zeros is not None
