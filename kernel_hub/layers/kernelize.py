@@ -58,6 +58,7 @@ from kernel_hub.platform import TORCH_DEVICE_PLATFORMS, Platform
 from kernel_hub.registry.registry import Registry, load_registry
 
 from . import quantized_checkpoint, swaps
+from .integrations import quantized_fp8_linear
 from .modes import Mode
 from .report import KernelizeReport, ReportEntry
 
@@ -156,6 +157,8 @@ def _unrecognised(name: str, module: torch.nn.Module) -> ReportEntry | None:
         target, reason = "GatedMLP", hf.recognise_gated_mlp(cls).reason
     elif hf is not None and hf.is_transformers_norm(cls):
         target, reason = "RMSNorm", hf.recognise_norm(cls).reason
+    elif hf is not None and quantized_fp8_linear.is_fp8_linear(cls):
+        target, reason = "QuantizedLinear", quantized_fp8_linear.REASON
     else:
         return None
     return ReportEntry(
@@ -629,10 +632,10 @@ def from_pretrained(
 
     ``model_class`` is a Transformers model or auto class (``AutoModelForCausalLM``). A local
     quantized checkpoint kernel-hub reads (``quantization_config`` ``quant_method: fp8`` with
-    128x128 blocks, ``gptq`` 4-bit symmetric in groups of 128, or ``compressed-tensors`` int8 per
-    channel) is loaded by kernel-hub
-    instead, its linear weights kept in their stored format (Transformers refuses FP8 without a
-    GPU; see ``quantized_checkpoint``); it takes no ``kwargs``.
+    128x128 blocks, ``gptq`` or ``awq`` 4-bit in groups of 128, or ``compressed-tensors`` int8
+    per channel) is loaded by kernel-hub instead, its linear weights kept in their stored format
+    (Transformers refuses FP8 without a GPU; see ``quantized_checkpoint``); it takes no
+    ``kwargs``.
     """
     if quantized_checkpoint.quantization_config(path) is not None:
         if kwargs:

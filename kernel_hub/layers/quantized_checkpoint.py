@@ -9,20 +9,38 @@ Supported ``quantization_config``s:
 
 - ``quant_method: fp8`` with ``weight_block_size: [128, 128]`` (DeepSeek-V3, Qwen3-*-FP8): e4m3
   ``<module>.weight`` and f32 ``<module>.weight_scale_inv``, loaded as stored.
-- ``quant_method: gptq`` with ``bits: 4``, ``group_size: 128``, ``sym: true``, ``desc_act:
-  false``, ``checkpoint_format`` "gptq" (the default) or "gptq_v2": ``<module>.qweight`` int32
-  [in / 8, out] is kept packed as the layer's ``weight``; ``<module>.scales`` [in / 128, out]
-  becomes its f32 ``weight_scale`` (f16 -> f32, exact); ``<module>.qzeros`` must hold the
-  symmetric zero point (8; stored as 7 in the "gptq" format, which adds 1) and ``g_idx``, when
-  stored, the trivial order (input i in group i // 128), and are then dropped.
-- ``quant_method: compressed-tensors`` (llm-compressor's W8A16), ``format: int-quantized``, every
-  config group's ``weights`` int, 8 bits, symmetric, ``strategy: channel``, no
-  ``input_activations``: ``<module>.weight`` int8 [out, in] loaded as stored;
-  ``<module>.weight_scale`` [out, 1] becomes the f32 [out] ``weight_scale`` (exact from f16,
-  bf16 or f32); ``weight_zero_point``, when stored, must be all zero, and is dropped.
+- ``quant_method: gptq`` with ``bits: 4``, ``group_size: 128``, ``checkpoint_format`` "gptq"
+  (the default) or "gptq_v2", ``sym`` true or false, ``desc_act`` true or false:
+  ``<module>.qweight`` int32 [in / 8, out] is kept packed as the layer's ``weight``;
+  ``<module>.scales`` [in / 128, out] becomes its f32 ``weight_scale`` (f16 -> f32, exact);
+  ``<module>.qzeros`` int32 [in / 128, out / 8] (packed along ``out``, column 8c + j in bits
+  4j.. of word c) is unpacked to the int32 [in / 128, out] ``weight_zeros`` the kernel
+  subtracts, or dropped when every zero point is the symmetric 8. The "gptq" (v1) format stores
+  each zero point minus 1 (AutoGPTQ's historical offset; "gptq_v2" stores it as is): kernel-hub
+  adds the 1 back per nibble, modulo 16, as GPTQModel's v1 -> v2 conversion does (a v1 zero point
+  of 0 cannot be stored: its -1 overflows into the neighbouring nibbles). ``g_idx`` [in], when
+  stored, names each input row's group: input i -> group i // 128 needs nothing; act-order
+  (``desc_act: true``: any order in which every group holds 128 rows) has the rows repacked
+  once at load in group order and the layer's ``input_order`` set to that order, so the layer
+  gathers x's columns (exact: the same products, summed in another order); a ``g_idx`` whose
+  groups do not each hold 128 rows is refused.
+- ``quant_method: awq`` with ``bits: 4``, ``group_size: 128``, ``zero_point: true``, GEMM
+  packing (``version``/``format`` "gemm", the default): ``<module>.qweight`` int32 [in, out / 8]
+  and ``qzeros`` int32 [in / 128, out / 8] pack eight values along ``out`` in AWQ's interleaved
+  order (column 8c + (0, 2, 4, 6, 1, 3, 5, 7)[j] in bits 4j.. of word c), ``scales`` f16
+  [in / 128, out]; ``w = (q - zero) * scale``. The 4-bit values are repacked once at load into
+  GPTQ's packing along ``in`` (same bytes, still int4), zeros unpacked to ``weight_zeros``.
+- ``quant_method: compressed-tensors`` (llm-compressor's W8A16 and W8A8), ``format:
+  int-quantized``, every config group's ``weights`` int, 8 bits, symmetric, ``strategy:
+  channel``: ``<module>.weight`` int8 [out, in] loaded as stored; ``<module>.weight_scale``
+  [out, 1] becomes the f32 [out] ``weight_scale`` (exact from f16, bf16 or f32);
+  ``weight_zero_point``, when stored, must be all zero, and is dropped. Every group has no
+  ``input_activations`` (W8A16: "int8" layers) or every group has int, 8 bits, symmetric,
+  ``strategy: token``, ``dynamic: true`` ones (W8A8: "w8a8" layers, each token's activation row
+  quantized to int8 with scale ``max |row| / 127``, rounded half to even, before the product).
 
-Anything else (other methods, bit widths, group sizes, asymmetric zeros, act-order, AWQ's own
-packing) is refused with the reason before anything is built.
+Anything else (other methods, bit widths, group sizes, AWQ's GEMV/Marlin/ExLlama packings) is
+refused with the reason before anything is built.
 """
 
 from __future__ import annotations
@@ -42,28 +60,28 @@ from .quantized_linear import (
     INT4_PER_WORD,
     INT4_ZERO,
     QuantizedLinear,
+    pack_int4,
+    unpack_int4,
 )
 
 METHODS = {
     "fp8": "fine-grained FP8, 128x128 block scales",
-    "gptq": "4-bit, group 128, symmetric, no act-order",
+    "gptq": "4-bit, group 128, symmetric or with zero points, act-order or not",
+    "awq": "4-bit, group 128, zero points, GEMM packing",
     "compressed-tensors": "int8 weights per output channel, W8A16",
-}
-REFUSED_METHODS = {
-    "awq": (
-        "AWQ packs its 4-bit values along the output dim ([in, out / 8], interleaved order "
-        "0 2 4 6 1 3 5 7) with asymmetric zeros; the int4 kernel reads GPTQ's packing along the "
-        "input dim with the symmetric zero point"
-    ),
 }
 LAYOUTS = {
     "fp8": (".weight_scale_inv", "fp8"),
     "gptq": (".qweight", "int4"),
+    "awq": (".qweight", "int4"),
     "compressed-tensors": (".weight_scale", "int8"),
 }
 """method -> (the suffix of the tensor that marks a quantized layer, its QuantizedLinear format)."""
-GPTQ_FORMATS = {"gptq": INT4_ZERO - 1, "gptq_v2": INT4_ZERO}
-"""GPTQ ``checkpoint_format`` -> the symmetric zero point as stored in ``qzeros``."""
+GPTQ_FORMATS = {"gptq": 1, "gptq_v2": 0}
+"""GPTQ ``checkpoint_format`` -> what is added to each stored ``qzeros`` nibble (modulo 16)."""
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+"""AWQ GEMM packing: bits 4j.. of a word hold column 8c + AWQ_ORDER[j]."""
+AWQ_FORMATS = ("gemm",)
 
 
 def quantization_config(path: str | Path) -> dict[str, Any] | None:
@@ -76,10 +94,6 @@ def quantization_config(path: str | Path) -> dict[str, Any] | None:
     if quantization is None:
         return None
     method = quantization.get("quant_method")
-    if method in REFUSED_METHODS:
-        raise KernelHubError(
-            f"{path}: quant_method={method!r} is not loaded: {REFUSED_METHODS[method]}"
-        )
     if method not in METHODS:
         valid = "; ".join(f"{m!r} ({what})" for m, what in METHODS.items())
         raise KernelHubError(
@@ -88,6 +102,9 @@ def quantization_config(path: str | Path) -> dict[str, Any] | None:
         )
     if method == "gptq":
         _check_gptq(path, quantization)
+        return quantization
+    if method == "awq":
+        _check_awq(path, quantization)
         return quantization
     if method == "compressed-tensors":
         _check_compressed_tensors(path, quantization)
@@ -101,25 +118,17 @@ def quantization_config(path: str | Path) -> dict[str, Any] | None:
     return quantization
 
 
+def _check_int4(path: str | Path, method: str, quantization: dict[str, Any]) -> None:
+    bits, group = quantization.get("bits"), quantization.get("group_size")
+    if bits != 4 or group != INT4_GROUP:
+        raise KernelHubError(
+            f"{path}: {method} bits={bits}, group_size={group}; the int4 kernel reads bits 4, "
+            f"group_size {INT4_GROUP}"
+        )
+
+
 def _check_gptq(path: str | Path, quantization: dict[str, Any]) -> None:
-    wanted = {"bits": 4, "group_size": INT4_GROUP, "sym": True, "desc_act": False}
-    wrong = {k: quantization.get(k) for k, v in wanted.items() if quantization.get(k, v) != v}
-    if "bits" in wrong or "group_size" in wrong:
-        raise KernelHubError(
-            f"{path}: gptq bits={quantization.get('bits')}, group_size="
-            f"{quantization.get('group_size')}; the int4 kernel reads bits 4, group_size "
-            f"{INT4_GROUP}"
-        )
-    if "sym" in wrong:
-        raise KernelHubError(
-            f"{path}: gptq sym={wrong['sym']} (asymmetric, per-group zero points); the int4 "
-            f"kernel implements the symmetric layout (sym: true, zero point {INT4_ZERO})"
-        )
-    if "desc_act" in wrong:
-        raise KernelHubError(
-            f"{path}: gptq desc_act={wrong['desc_act']} (act-order: g_idx permutes the groups); "
-            f"the int4 kernel reads inputs in their order (desc_act: false)"
-        )
+    _check_int4(path, "gptq", quantization)
     fmt = quantization.get("checkpoint_format", "gptq")
     if fmt not in GPTQ_FORMATS:
         raise KernelHubError(
@@ -127,8 +136,37 @@ def _check_gptq(path: str | Path, quantization: dict[str, Any]) -> None:
         )
 
 
+def _check_awq(path: str | Path, quantization: dict[str, Any]) -> None:
+    _check_int4(path, "awq", quantization)
+    fmt = str(quantization.get("version", quantization.get("format", "gemm"))).lower()
+    if fmt not in AWQ_FORMATS:
+        raise KernelHubError(
+            f"{path}: awq version/format {fmt!r}; kernel-hub reads the GEMM packing ('gemm')"
+        )
+    if quantization.get("zero_point", True) is not True:
+        raise KernelHubError(
+            f"{path}: awq zero_point={quantization['zero_point']}; kernel-hub reads AWQ with "
+            f"zero points (zero_point: true)"
+        )
+
+
 COMPRESSED_WEIGHTS = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
+COMPRESSED_ACTIVATIONS = {
+    "num_bits": 8,
+    "type": "int",
+    "symmetric": True,
+    "strategy": "token",
+    "dynamic": True,
+}
+"""The input activations kernel-hub reads as W8A8 (dynamic per-token int8)."""
 COMPRESSED_FORMAT = "int-quantized"
+
+
+def compressed_layer_format(quantization: dict[str, Any]) -> str:
+    """The ``QuantizedLinear`` format of a checked compressed-tensors config: "w8a8" when its
+    groups quantize input activations, else "int8"."""
+    groups = quantization["config_groups"].values()
+    return "w8a8" if any(g.get("input_activations") is not None for g in groups) else "int8"
 
 
 def _check_compressed_tensors(path: str | Path, quantization: dict[str, Any]) -> None:
@@ -150,11 +188,27 @@ def _check_compressed_tensors(path: str | Path, quantization: dict[str, Any]) ->
                 f"{path}: compressed-tensors group {name!r} has weights "
                 f"{', '.join(f'{k}={v!r}' for k, v in wrong.items())}; kernel-hub reads {valid}"
             )
-        if group.get("input_activations") is not None:
+        activations = group.get("input_activations")
+        if activations is None:
+            continue
+        wrong = {
+            k: activations.get(k)
+            for k, v in COMPRESSED_ACTIVATIONS.items()
+            if activations.get(k) != v
+        }
+        if wrong:
+            valid = ", ".join(f"{k}={v!r}" for k, v in COMPRESSED_ACTIVATIONS.items())
             raise KernelHubError(
-                f"{path}: compressed-tensors group {name!r} quantizes input_activations "
-                f"({group['input_activations']}); kernel-hub reads weight-only int8 (W8A16)"
+                f"{path}: compressed-tensors group {name!r} has input_activations "
+                f"{', '.join(f'{k}={v!r}' for k, v in wrong.items())}; kernel-hub reads none "
+                f"(W8A16) or {valid} (W8A8)"
             )
+    with_activations = {g.get("input_activations") is not None for g in groups.values()}
+    if len(with_activations) > 1:
+        raise KernelHubError(
+            f"{path}: compressed-tensors groups mix W8A8 (input_activations) and W8A16 (none); "
+            f"kernel-hub reads a checkpoint whose groups are all one or all the other"
+        )
 
 
 def _compressed_tensors(path: Path, name: str, tensors: dict[str, torch.Tensor]) -> None:
@@ -175,38 +229,94 @@ def _compressed_tensors(path: Path, name: str, tensors: dict[str, torch.Tensor])
     tensors[f"{name}.weight_scale"] = scale.reshape(out).float()
 
 
-def _gptq_tensors(path: Path, name: str, tensors: dict[str, torch.Tensor], zero: int) -> None:
-    """Rewrite layer ``name``'s GPTQ tensors in ``tensors`` as ``QuantizedLinear``'s: the packed
-    ``qweight`` kept as ``weight``, ``scales`` as f32 ``weight_scale``; ``qzeros`` and ``g_idx``
-    checked to be the symmetric, in-order layout, then dropped."""
+def _unpack_columns(words: torch.Tensor, order: tuple[int, ...]) -> torch.Tensor:
+    """[rows, cols * 8] values 0..15 of int32 words packed along the last dim: bits 4j.. of
+    word c hold column 8c + order[j]."""
+    rows, cols = words.shape
+    shifts = 4 * torch.arange(INT4_PER_WORD, dtype=torch.int32)
+    nibbles = (words[:, :, None] >> shifts) & 0xF  # [rows, cols, j]
+    columns = torch.empty_like(nibbles)
+    columns[:, :, list(order)] = nibbles
+    return columns.reshape(rows, cols * INT4_PER_WORD)
+
+
+SEQUENTIAL = tuple(range(INT4_PER_WORD))
+
+
+def _int4_tensors(
+    path: Path, name: str, tensors: dict[str, torch.Tensor], quantization: dict[str, Any]
+) -> dict[str, bool]:
+    """Rewrite layer ``name``'s GPTQ or AWQ tensors in ``tensors`` as ``QuantizedLinear``'s:
+    ``weight`` packed GPTQ-style [in / 8, out], f32 ``weight_scale``, int32 ``weight_zeros``
+    (unless every zero point is 8) and ``input_order`` (act-order); returns the
+    ``QuantizedLinear`` options (``zeros``, ``input_order``) they need."""
+    awq = quantization["quant_method"] == "awq"
     qweight = tensors.pop(f"{name}.qweight")
     scales = tensors.pop(f"{name}.scales")
     qzeros = tensors.pop(f"{name}.qzeros", None)
     g_idx = tensors.pop(f"{name}.g_idx", None)
-    inner, out = qweight.shape[0] * INT4_PER_WORD, qweight.shape[1]
+    if awq:
+        inner, out = qweight.shape[0], qweight.shape[1] * INT4_PER_WORD
+        layout = f"AWQ int4 is int32 [in, out / 8] (in a multiple of {INT4_GROUP})"
+    else:
+        inner, out = qweight.shape[0] * INT4_PER_WORD, qweight.shape[1]
+        layout = f"GPTQ int4 is int32 [in / 8, out] (in a multiple of {INT4_GROUP})"
     groups = inner // INT4_GROUP
     if qweight.dtype != torch.int32 or inner % INT4_GROUP or tuple(scales.shape) != (groups, out):
         raise KernelHubError(
             f"{path}: {name}.qweight {qweight.dtype} {tuple(qweight.shape)} with scales "
-            f"{tuple(scales.shape)}; GPTQ int4 is int32 [in / 8, out] (in a multiple of "
-            f"{INT4_GROUP}) with scales [in / {INT4_GROUP}, out]"
+            f"{tuple(scales.shape)}; {layout} with scales [in / {INT4_GROUP}, out]"
         )
-    word = sum(zero << (4 * j) for j in range(INT4_PER_WORD))
-    word = word - (1 << 32) if word >= 1 << 31 else word
-    if qzeros is None or not bool((qzeros == word).all()):
+    packed_zeros = (groups, out // INT4_PER_WORD)
+    if qzeros is None or qzeros.dtype != torch.int32 or tuple(qzeros.shape) != packed_zeros:
+        found = "missing" if qzeros is None else f"{qzeros.dtype} {tuple(qzeros.shape)}"
         raise KernelHubError(
-            f"{path}: {name}.qzeros is {'missing' if qzeros is None else 'not the constant'} "
-            f"symmetric zero point {zero} in every nibble; asymmetric zero points are not "
-            f"implemented (the int4 kernel subtracts {INT4_ZERO})"
+            f"{path}: {name}.qzeros is {found}; int4 zero points are int32 {packed_zeros} "
+            f"(eight per word along out)"
         )
-    trivial = torch.arange(inner, dtype=torch.int64) // INT4_GROUP
-    if g_idx is not None and not torch.equal(g_idx.long(), trivial):
-        raise KernelHubError(
-            f"{path}: {name}.g_idx is not input i -> group i // {INT4_GROUP} (act-order); the "
-            f"int4 kernel reads groups in input order"
-        )
+    if awq:
+        values = _unpack_columns(qweight, AWQ_ORDER)  # [in, out]
+        zeros = _unpack_columns(qzeros, AWQ_ORDER)
+        qweight = pack_int4(values)
+    else:
+        offset = GPTQ_FORMATS[quantization.get("checkpoint_format", "gptq")]
+        zeros = (_unpack_columns(qzeros, SEQUENTIAL) + offset) & 0xF
+    options = {"zeros": not bool((zeros == INT4_ZERO).all()), "input_order": False}
+    if options["zeros"]:
+        tensors[f"{name}.weight_zeros"] = zeros.to(torch.int32)
+    if g_idx is not None and not torch.equal(
+        g_idx.long(), torch.arange(inner, dtype=torch.int64) // INT4_GROUP
+    ):
+        qweight = _act_order(path, name, qweight, g_idx, tensors)
+        options["input_order"] = True
     tensors[f"{name}.weight"] = qweight
     tensors[f"{name}.weight_scale"] = scales.float()
+    return options
+
+
+def _act_order(
+    path: Path, name: str, qweight: torch.Tensor, g_idx: torch.Tensor, tensors: dict
+) -> torch.Tensor:
+    """Act-order: the packed rows repacked in group order (``input_order``, which the layer
+    gathers x's columns in), when every group holds ``INT4_GROUP`` rows."""
+    inner = qweight.shape[0] * INT4_PER_WORD
+    groups = inner // INT4_GROUP
+    g_idx = g_idx.long()
+    counts = torch.bincount(g_idx.clamp(0, groups), minlength=groups + 1)
+    if (
+        g_idx.shape != (inner,)
+        or g_idx.min() < 0
+        or g_idx.max() >= groups
+        or counts.ne(torch.tensor([INT4_GROUP] * groups + [0])).any()
+    ):
+        raise KernelHubError(
+            f"{path}: {name}.g_idx does not put {INT4_GROUP} of the {inner} input rows in each of "
+            f"the {groups} groups; the int4 kernel reads whole groups of {INT4_GROUP} rows "
+            f"(act-order is read by regrouping the rows, which needs that)"
+        )
+    order = torch.sort(g_idx, stable=True).indices
+    tensors[f"{name}.input_order"] = order
+    return pack_int4(unpack_int4(qweight)[order])
 
 
 def _tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -237,12 +347,13 @@ def load_quantized(model_class: Any, path: str | Path) -> Any:
     model = from_config(config)
     tensors = _tensors(path)
     suffix, fmt = LAYOUTS[method]
+    layer_format = compressed_layer_format(quantization) if method == "compressed-tensors" else fmt
     for key in [k for k in tensors if k.endswith(suffix)]:
         name = key.removesuffix(suffix)
         linear = model.get_submodule(name)
+        options = {}
         if fmt == "int4":
-            zero = GPTQ_FORMATS[quantization.get("checkpoint_format", "gptq")]
-            _gptq_tensors(path, name, tensors, zero)
+            options = _int4_tensors(path, name, tensors, quantization)
         elif method == "compressed-tensors":
             _compressed_tensors(path, name, tensors)
         weight = tensors[f"{name}.weight"]
@@ -253,7 +364,11 @@ def load_quantized(model_class: Any, path: str | Path) -> Any:
                 f"Linear weights"
             )
         layer = QuantizedLinear(
-            linear.in_features, linear.out_features, linear.bias is not None, fmt
+            linear.in_features,
+            linear.out_features,
+            linear.bias is not None,
+            layer_format,
+            **options,
         )
         model.set_submodule(name, layer)
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
@@ -267,6 +382,7 @@ def load_quantized(model_class: Any, path: str | Path) -> Any:
         model.tie_weights()
     for module in model.modules():
         if isinstance(module, QuantizedLinear):
-            for p in (module.weight, module.scale):
-                p.requires_grad_(False)
+            for p in (module.weight, module.scale, module.weight_zeros):
+                if p is not None:
+                    p.requires_grad_(False)
     return model.eval()

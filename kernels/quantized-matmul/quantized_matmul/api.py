@@ -81,9 +81,18 @@ def check_inputs(x, weight, scale) -> None:
     _check(OP, x, weight, scale)
 
 
-def check_int4_inputs(x, weight, scale) -> None:
-    """Shape and dtype rules shared by the JAX function and the torch op (int4)."""
+def check_int4_inputs(x, weight, scale, zeros=None) -> None:
+    """Shape and dtype rules shared by the JAX function and the torch op (int4): ``zeros``,
+    when given, is int32 shaped as the scale."""
     _check(OP_INT4, x, weight, scale)
+    if zeros is not None:
+        check_dtype(OP_INT4, "zeros", zeros, ("int32",))
+        require(
+            tuple(zeros.shape) == tuple(scale.shape),
+            f"{OP_INT4}: zeros {tuple(zeros.shape)} must have the scale's shape "
+            f"{tuple(scale.shape)} (one zero point per group of {int4.GROUP} inputs and output "
+            f"column)",
+        )
 
 
 def _check(op_name: str, x, weight, scale) -> None:
@@ -134,7 +143,7 @@ def _blocks(x, weight, block_sizes: BlockSizes | None) -> BlockSizes:
     return pallas_tpu.default_block_sizes(m, n, k, x.dtype, _generation(), weight_format(weight))
 
 
-def _pallas(x, weight, scale, *, out_dtype, block_sizes, activations):
+def _pallas(x, weight, scale, zeros, *, out_dtype, block_sizes, activations):
     if activations == "int8":
         q, x_scale = reference.quantize_rows(x)
         return pallas_tpu.w8a8_matmul(
@@ -154,10 +163,11 @@ def _pallas(x, weight, scale, *, out_dtype, block_sizes, activations):
         out_dtype=out_dtype,
         blocks=_blocks(x, weight, block_sizes),
         interpret=jax_platform() == "cpu",
+        zeros=zeros,
     )
 
 
-def _pallas_problem(x, weight, scale, *, out_dtype, block_sizes, activations):
+def _pallas_problem(x, weight, scale, zeros, *, out_dtype, block_sizes, activations):
     if problem := float64_problem(x):
         return problem
     if activations == "int8" and _generation() in NO_INT8_MXU:
@@ -169,10 +179,10 @@ def _pallas_problem(x, weight, scale, *, out_dtype, block_sizes, activations):
     return pallas_tpu.block_problem(m, n, k, dtype, block_sizes, weight_format(weight))
 
 
-def _xla(x, weight, scale, *, out_dtype, block_sizes, activations):
+def _xla(x, weight, scale, zeros, *, out_dtype, block_sizes, activations):
     if activations == "int8":
         return reference.w8a8_matmul(x, weight, scale, out_dtype)
-    return reference.quantized_matmul(x, weight, scale, weight_format(weight), out_dtype)
+    return reference.quantized_matmul(x, weight, scale, weight_format(weight), out_dtype, zeros)
 
 
 TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
@@ -197,13 +207,14 @@ def _out_dtype(dtype, preferred_element_type) -> jnp.dtype:
     return out
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def _matmul(x, weight, scale, out_dtype: Any, block_sizes: Any, implementation: Any,
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _matmul(x, weight, scale, zeros, out_dtype: Any, block_sizes: Any, implementation: Any,
             activations: Any):  # fmt: skip
     return TABLES[OP_INT4 if weight_format(weight) == "int4" else OP](
         x,
         weight,
         scale,
+        zeros,
         out_dtype=out_dtype,
         block_sizes=block_sizes,
         activations=activations,
@@ -211,9 +222,9 @@ def _matmul(x, weight, scale, out_dtype: Any, block_sizes: Any, implementation: 
     )
 
 
-def _matmul_fwd(x, weight, scale, out_dtype, block_sizes, implementation, activations):
-    y = _matmul(x, weight, scale, out_dtype, block_sizes, implementation, activations)
-    return y, (x, weight, scale)
+def _matmul_fwd(x, weight, scale, zeros, out_dtype, block_sizes, implementation, activations):
+    y = _matmul(x, weight, scale, zeros, out_dtype, block_sizes, implementation, activations)
+    return y, (x, weight, scale, zeros)
 
 
 def _matmul_bwd(out_dtype, block_sizes, implementation, activations, residuals, dout):
@@ -222,9 +233,9 @@ def _matmul_bwd(out_dtype, block_sizes, implementation, activations, residuals, 
         f"{OP}: activations={activations!r} (W8A8) has no gradient: rounding the activations "
         f"is inference only; use activations=None (W8A16) to train through the layer",
     )
-    x, weight, scale = residuals
-    dx = reference.input_gradient(weight, scale, weight_format(weight), dout, x.dtype)
-    return dx, None, None
+    x, weight, scale, zeros = residuals
+    dx = reference.input_gradient(weight, scale, weight_format(weight), dout, x.dtype, zeros)
+    return dx, None, None, None
 
 
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
@@ -234,10 +245,11 @@ _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 # Scales follow their weights: int8's [n] holds the output dim; fp8's block grid
 # [n / 128, k / 128] holds both under the weight's factors, so a split reaches the scale only
 # when its block count divides too (each shard then holds whole blocks). int4's packed rows and
-# scale groups are k at 1/8 and 1/128 (factors of their own): k stays whole, n splits.
+# scale (and zero-point) groups are k at 1/8 and 1/128 (factors of their own): k stays whole,
+# n splits.
 _INT8 = Einsum("... k, n k, n -> ... n", reduced=("k",))
 _FP8 = Einsum("... k, n k, n k -> ... n", reduced=("k",))
-_INT4 = Einsum("... k, p n, g n -> ... n", whole=("k", "p", "g"))
+_INT4 = Einsum("... k, p n, g n, g n -> ... n", whole=("k", "p", "g"))
 
 
 def sharding_rule(ranks: tuple = (), **options) -> Einsum:
@@ -246,7 +258,7 @@ def sharding_rule(ranks: tuple = (), **options) -> Einsum:
 
 
 def _apply(x, weight, scale, preferred_element_type, implementation, block_sizes,
-           activations=None) -> jax.Array:  # fmt: skip
+           activations=None, zeros=None) -> jax.Array:  # fmt: skip
     out_dtype = _out_dtype(x.dtype, preferred_element_type)
     if activations is not None:
         require(
@@ -262,6 +274,7 @@ def _apply(x, weight, scale, preferred_element_type, implementation, block_sizes
         x.reshape(rows, k),
         jax.lax.stop_gradient(weight),
         jax.lax.stop_gradient(scale),
+        None if zeros is None else jax.lax.stop_gradient(zeros),
         out_dtype,
         block_sizes,
         implementation,
@@ -315,15 +328,17 @@ def quantized_matmul(
 @op(
     check=check_int4_inputs,
     differentiable=("x",),
-    frozen=("weight", "scale"),
+    frozen=("weight", "scale", "zeros"),
     sharding=_INT4,
     jax_only=("block_sizes",),
     buckets=RowBuckets(inputs=("x",), outputs=(0,)),
+    torch_after={"implementation": ("zeros",)},  # added in 1.2: last in the torch op
 )
 def quantized_matmul_int4(
     x: jax.Array,
     weight: jax.Array,
     scale: jax.Array,
+    zeros: jax.Array | None = None,
     *,
     preferred_element_type: jax.typing.DTypeLike | None = None,
     implementation: str | None = None,
@@ -332,10 +347,15 @@ def quantized_matmul_int4(
     """A linear layer's ``x [..., in] @ W`` -> [..., out] with W int4 group-wise, kept packed:
     ``weight`` int32 [in / 8, out] in GPTQ's packing (eight 4-bit values per word along ``in``,
     value j of word r in bits 4j..4j+3 is input row 8r + j) and ``scale`` f32 [in / 128, out]
-    (one per group of 128 inputs and output column); symmetric with zero point 8:
-    ``W[i, o] = (nibble - 8) * scale[i // 128, o]``. ``in`` is a multiple of 128.
+    (one per group of 128 inputs and output column); ``zeros`` int32 [in / 128, out] (the zero
+    point subtracted, 0..15, per group and output column: asymmetric, GPTQ ``sym: false`` and
+    AWQ) or None (symmetric, zero point 8):
+    ``W[i, o] = (nibble - zeros[i // 128, o]) * scale[i // 128, o]``. ``in`` is a multiple of
+    128.
 
-    Exact against ``x @ dequantize(weight, scale)`` up to f32 rounding; the rest as
+    Exact against ``x @ dequantize(weight, scale, zeros)`` up to f32 rounding; the rest as
     ``quantized_matmul``.
     """
-    return _apply(x, weight, scale, preferred_element_type, implementation, block_sizes)
+    return _apply(
+        x, weight, scale, preferred_element_type, implementation, block_sizes, zeros=zeros
+    )

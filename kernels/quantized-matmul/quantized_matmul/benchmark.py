@@ -22,7 +22,11 @@ from .reference import dequantize
 quantized_matmul_op = api.quantized_matmul.torch
 quantized_matmul_int4_op = api.quantized_matmul_int4.torch
 
-WEIGHT_DTYPES = {"fp8": jnp.float8_e4m3fn, "int8": jnp.int8, "int4": jnp.int32, "w8a8": jnp.int8}
+WEIGHT_DTYPES = {"fp8": jnp.float8_e4m3fn, "int8": jnp.int8, "int4": jnp.int32, "w8a8": jnp.int8,
+                 "int4z": jnp.int32}  # fmt: skip
+BASE_FORMATS = {"w8a8": "int8", "int4z": "int4"}
+"""case format -> the weight format it stores (w8a8: int8 with int8 activations; int4z: int4
+with per-group zero points)."""
 # projection -> (out, in)
 LLAMA3_8B = {
     "q_proj": (4096, 4096),
@@ -35,22 +39,26 @@ PREFILL = 8192
 
 def weight_shape(fmt: str, out: int, inner: int) -> tuple[int, int]:
     """The stored weight shape of an [out, in] layer: int4 GPTQ-packed [in / 8, out]."""
-    return (inner // 8, out) if fmt == "int4" else (out, inner)
+    return (inner // 8, out) if BASE_FORMATS.get(fmt, fmt) == "int4" else (out, inner)
 
 
 def case(name: str, rows: int, out: int, inner: int, fmt: str, dtype=jnp.bfloat16, tags=()):
     """One ``quantized_matmul`` (``quantized_matmul_int4``) of an [out, in] ``fmt`` weight over
-    ``rows`` tokens; "w8a8": int8 weights with ``activations="int8"`` (forward only)."""
-    scales = scale_shape("int8" if fmt == "w8a8" else fmt, out, inner)
+    ``rows`` tokens; "w8a8": int8 weights with ``activations="int8"`` (forward only); "int4z":
+    int4 with per-group zero points."""
+    base = BASE_FORMATS.get(fmt, fmt)
+    scales = scale_shape(base, out, inner)
     stored = weight_shape(fmt, out, inner)
     itemsize = jnp.dtype(dtype).itemsize
+    zeros = (jax.ShapeDtypeStruct(scales, jnp.int32),) if fmt == "int4z" else ()
 
     def make_args(rng: np.random.Generator):
         x = rng.standard_normal((rows, inner), dtype=np.float32).astype(dtype)
-        if fmt == "int4":  # uniform nibbles, any bit pattern of the packed words
+        if base == "int4":  # uniform nibbles, any bit pattern of the packed words
             q = rng.integers(-(2**31), 2**31, stored, dtype=np.int64).astype(np.int32)
             scale = np.full(scales, 1 / 4 / np.sqrt(inner), np.float32)
-            return x, jnp.asarray(q), scale
+            z = (rng.integers(0, 16, scales, dtype=np.int32),) if zeros else ()
+            return x, jnp.asarray(q), scale, *z
         w = rng.standard_normal((out, inner), dtype=np.float32)
         q = np.clip(np.round(w * 32), -127, 127) if fmt in ("int8", "w8a8") else w
         scale = np.full(scales, 1 / 32 / np.sqrt(inner), np.float32)
@@ -58,16 +66,17 @@ def case(name: str, rows: int, out: int, inner: int, fmt: str, dtype=jnp.bfloat1
 
     return KernelCase(
         name=name,
-        fn=quantized_matmul_int4 if fmt == "int4" else quantized_matmul,
+        fn=quantized_matmul_int4 if base == "int4" else quantized_matmul,
         args=(
             jax.ShapeDtypeStruct((rows, inner), dtype),
             jax.ShapeDtypeStruct(stored, WEIGHT_DTYPES[fmt]),
             jax.ShapeDtypeStruct(scales, jnp.float32),
+            *zeros,
         ),
         flops=2 * rows * out * inner,
         bytes_accessed=(rows * inner + rows * out) * itemsize
-        + (out * inner // 2 if fmt == "int4" else out * inner)
-        + 4 * int(np.prod(scales)),
+        + (out * inner // 2 if base == "int4" else out * inner)
+        + 4 * int(np.prod(scales)) * (1 + len(zeros)),
         kwargs={"activations": "int8"} if fmt == "w8a8" else {},
         differentiable=() if fmt == "w8a8" else (0,),
         tags=(fmt, *tags),
@@ -89,6 +98,7 @@ SELECTED += [
     ("int4", proj, "decode", rows) for proj in ("q_proj", "down_proj") for rows in (1, 256)
 ]
 SELECTED += [("int4", "gate_proj", "decode", 64), ("int4", "down_proj", "prefill", PREFILL)]
+SELECTED += [("int4z", "down_proj", "decode", 64)]  # zero points: their own program
 SELECTED += [("w8a8", "q_proj", "decode", 64), ("w8a8", "down_proj", "prefill", PREFILL)]
 
 CASES = [
@@ -102,20 +112,22 @@ CASES = [
 ]
 
 
-def torch_dequantized_linear(x, weight, scale) -> torch.Tensor:
+def torch_dequantized_linear(x, weight, scale, zeros=None) -> torch.Tensor:
     """What a torch user runs without the kernel: dequantize the whole weight, then a Linear."""
     fmt = weight_format(weight)
     stored = weight.numpy() if fmt == "int4" else weight.float().numpy()
-    w = np.asarray(dequantize(jnp.asarray(stored), jnp.asarray(scale.numpy()), fmt, jnp.float32))
+    z = None if zeros is None else jnp.asarray(zeros.numpy())
+    w = dequantize(jnp.asarray(stored), jnp.asarray(scale.numpy()), fmt, jnp.float32, z)
+    w = np.asarray(w)
     w = torch.from_numpy(w.T.copy() if fmt == "int4" else w)
     return torch.nn.functional.linear(x, w.to(x.dtype))
 
 
-def kernel_hub_quantized_matmul(x, weight, scale) -> torch.Tensor:
+def kernel_hub_quantized_matmul(x, weight, scale, zeros=None) -> torch.Tensor:
     """kernel-hub's quantized_matmul torch op (quantized_matmul_int4 for int4; DLPack bridge to
     JAX, the platform's default)."""
     if weight.dtype == torch.int32:
-        return quantized_matmul_int4_op(x, weight, scale)
+        return quantized_matmul_int4_op(x, weight, scale, None, None, zeros)
     return quantized_matmul_op(x, weight, scale)
 
 

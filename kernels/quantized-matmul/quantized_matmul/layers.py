@@ -3,8 +3,10 @@
 ``kernel_hub.from_pretrained``: fine-grained FP8 and GPTQ int4), reading the host's quantized
 ``weight`` and its scale (``weight_scale_inv`` for fp8 blocks, ``weight_scale`` for int8
 channels and int4 groups) in place; an int32 weight (GPTQ-packed int4) goes to
-``quantized_matmul_int4``; a host whose ``format`` is "w8a8" also has its activations quantized
-per token (``activations="int8"``).
+``quantized_matmul_int4`` with the host's ``weight_zeros`` (per-group zero points, when it holds
+them), its activation columns first taken in the host's ``input_order`` when it holds one
+(act-order checkpoints: an exact gather); a host whose ``format`` is "w8a8" also has its
+activations quantized per token (``activations="int8"``).
 
 The product is kept in f32 until the bias is added, then rounded once to the activation dtype,
 as ``F.linear`` of the dequantized weight rounds.
@@ -41,7 +43,13 @@ class QuantizedLinear(torch.nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.weight.dtype == torch.int32:
-            out = quantized_matmul_int4(input, self.weight, _scale(self), torch.float32)
+            order = getattr(self, "input_order", None)
+            if order is not None:
+                input = input.index_select(-1, order)
+            zeros = getattr(self, "weight_zeros", None)
+            out = quantized_matmul_int4(
+                input, self.weight, _scale(self), torch.float32, None, zeros
+            )
         else:
             activations = "int8" if getattr(self, "format", None) == "w8a8" else None
             out = quantized_matmul(
@@ -66,11 +74,30 @@ def _problem(module: torch.nn.Module) -> str | None:
     expected = scale_shape(FORMATS[dtype_name(weight.dtype)], *weight_dims(weight))
     if tuple(scale.shape) != expected or scale.dtype != torch.float32:
         return f"its scale is {scale.dtype} {tuple(scale.shape)}; it needs float32 {expected}"
+    if (problem := _int4_extras_problem(module, weight, expected)) is not None:
+        return problem
     if weight.device.type == "meta":
         return "its weight is on the meta device"
     bias = getattr(module, "bias", None)
     if bias is not None and dtype_name(bias.dtype) not in ACTIVATION_DTYPES:
         return f"its bias is {dtype_name(bias.dtype)}"
+    return None
+
+
+def _int4_extras_problem(module: torch.nn.Module, weight: torch.Tensor, scale_shape) -> str | None:
+    """Why the host's int4 zero points or input order cannot be read, or None."""
+    zeros, order = getattr(module, "weight_zeros", None), getattr(module, "input_order", None)
+    if weight.dtype != torch.int32:
+        if zeros is not None or order is not None:
+            return "it holds int4 zero points or an input order but its weight is not int4"
+        return None
+    if zeros is not None and (zeros.dtype != torch.int32 or tuple(zeros.shape) != scale_shape):
+        return (
+            f"its weight_zeros is {zeros.dtype} {tuple(zeros.shape)}; it needs int32 {scale_shape}"
+        )
+    inner = weight.shape[0] * 8
+    if order is not None and (order.dtype != torch.int64 or tuple(order.shape) != (inner,)):
+        return f"its input_order is {order.dtype} {tuple(order.shape)}; it needs int64 ({inner},)"
     return None
 
 

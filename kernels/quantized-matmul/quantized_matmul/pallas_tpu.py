@@ -9,7 +9,8 @@ int8: the weight block converts exactly to the activation dtype and its per-outp
 multiplies the finished f32 accumulator (one multiply per output instead of per weight).
 int4 (GPTQ packing, [in / 8, out] int32, eight values per word along ``in``): each packed block
 is split into its eight nibble planes ([tk / 8, tn] each, plane j holding input rows 8r + j),
-each plane shifted by the zero point 8, multiplied by its group scales (a plane row r lies in
+each plane shifted by its zero point (8, or the per-group, per-output ``zeros`` block [tk / 128,
+tn] int32 read beside the scales), multiplied by its group scales (a plane row r lies in
 group r // 16 of the block) in f32 and rounded to the activation dtype. The matching activation
 columns (x[:, j::8]) are picked by exact 0/1 matmuls with permutation blocks built once per
 output block in VMEM, so neither the weight nor the activations are relaid in HBM.
@@ -160,7 +161,8 @@ def _kernel(x_ref, w_ref, s_ref, out_ref, acc_ref, *, fmt: str, k: int):
         out_ref[...] = result.astype(out_ref.dtype)
 
 
-def _int4_kernel(x_ref, w_ref, s_ref, out_ref, acc_ref, pick_ref, *, k: int):
+def _int4_kernel(x_ref, w_ref, s_ref, *refs, k: int, zeros: bool):
+    z_ref, out_ref, acc_ref, pick_ref = refs if zeros else (None, *refs)
     k_step = pl.program_id(2)
     x = x_ref[...]
     tk = x.shape[1]
@@ -180,10 +182,12 @@ def _int4_kernel(x_ref, w_ref, s_ref, out_ref, acc_ref, pick_ref, *, k: int):
         rows_valid = k_step * rows + iota(jnp.int32, (rows, 1), 0) < k // PER_WORD
     packed, scale = w_ref[...], s_ref[...].astype(jnp.float32)
     groups = rows * PER_WORD // GROUP
+    per_group = rows // groups
+    zero = int4.ZERO if z_ref is None else z_ref[...][:, None, :]
 
     def plane(j, carry):  # one loop step per nibble plane keeps Mosaic's program small
-        values = ((packed >> (4 * j)) & 0xF) - int4.ZERO
-        w = values.astype(jnp.float32).reshape(groups, rows // groups, tn) * scale[:, None, :]
+        nibbles = ((packed >> (4 * j)) & 0xF).reshape(groups, per_group, tn)
+        w = (nibbles - zero).astype(jnp.float32) * scale[:, None, :]
         w = w.reshape(rows, tn).astype(x.dtype)
         if k % tk:
             w = jnp.where(rows_valid, w, jnp.zeros_like(w))
@@ -229,12 +233,12 @@ def cost(m: int, n: int, k: int, x_dtype, out_dtype, weight_bytes: int, scale_by
 
 
 def quantized_matmul(x, weight, scale, *, fmt: str, out_dtype, blocks: BlockSizes,
-                     interpret: bool):  # fmt: skip
+                     interpret: bool, zeros=None):  # fmt: skip
     """``x [m, k] @ dequantize(weight [n, k], scale)^T`` -> [m, n] in ``out_dtype``; ``scale``
     in the format's stored layout (int8 [n], fp8 [ceil(n / 128), ceil(k / 128)]); int4:
-    ``x @ dequantize(weight [k / 8, n], scale [k / 128, n])``."""
+    ``x @ dequantize(weight [k / 8, n], scale [k / 128, n], zeros [k / 128, n] or None)``."""
     if fmt == "int4":
-        return _int4_matmul(x, weight, scale, out_dtype=out_dtype, blocks=blocks,
+        return _int4_matmul(x, weight, scale, zeros, out_dtype=out_dtype, blocks=blocks,
                             interpret=interpret)  # fmt: skip
     (m, k), n = x.shape, weight.shape[0]
     tm, tn, tk = blocks.tm, blocks.tn, blocks.tk
@@ -276,33 +280,36 @@ MIB = 1 << 20
 DEFAULT_SCOPED_VMEM = 16 * MIB  # v4's and v5e's default scoped limit
 
 
-def int4_vmem_bytes(tm: int, tn: int, tk: int, x_dtype, out_dtype) -> int:
-    """VMEM an int4 grid step holds: double-buffered x, packed weight, scale and output blocks,
-    the f32 accumulator, the 8 column-picking blocks and one nibble plane's temporaries (its
-    int32 values, f32 and activation-dtype weights, the picked x columns)."""
+def int4_vmem_bytes(tm: int, tn: int, tk: int, x_dtype, out_dtype, zeros: bool = False) -> int:
+    """VMEM an int4 grid step holds: double-buffered x, packed weight, scale (and zeros) and
+    output blocks, the f32 accumulator, the 8 column-picking blocks and one nibble plane's
+    temporaries (its int32 values, f32 and activation-dtype weights, the picked x columns)."""
     x_size, out_size = jnp.dtype(x_dtype).itemsize, jnp.dtype(out_dtype).itemsize
     rows = tk // PER_WORD
-    buffers = tm * tk * x_size + rows * tn * 4 + tk // GROUP * tn * 4 + tm * tn * out_size
+    group_blocks = (2 if zeros else 1) * tk // GROUP * tn * 4
+    buffers = tm * tk * x_size + rows * tn * 4 + group_blocks + tm * tn * out_size
     plane = rows * tn * (4 + 4 + x_size) + tm * rows * 4
     return 2 * buffers + tm * tn * 4 + PER_WORD * tk * rows * x_size + plane
 
 
-def _int4_matmul(x, weight, scale, *, out_dtype, blocks: BlockSizes, interpret: bool):
+def _int4_matmul(x, weight, scale, zeros, *, out_dtype, blocks: BlockSizes, interpret: bool):
     (m, k), n = x.shape, weight.shape[1]
     tm, tn, tk = blocks.tm, blocks.tn, min(blocks.tk, k)
     acc = jnp.promote_types(x.dtype, jnp.float32)
+    group_spec = pl.BlockSpec((tk // GROUP, tn), lambda i, j, kk: (kk, j))
+    group_operands = (scale,) if zeros is None else (scale, zeros)
     # beyond the default scoped limit (wide decode blocks on v5e/v5p/v6e, whose VMEM is 95-128
     # MiB): ask for what the step holds plus half for Mosaic's own temporaries
-    vmem = int4_vmem_bytes(tm, tn, tk, x.dtype, out_dtype)
+    vmem = int4_vmem_bytes(tm, tn, tk, x.dtype, out_dtype, zeros is not None)
     vmem_limit = None if 2 * vmem <= DEFAULT_SCOPED_VMEM else vmem * 3 // 2
     return pl.pallas_call(
-        functools.partial(_int4_kernel, k=k),
+        functools.partial(_int4_kernel, k=k, zeros=zeros is not None),
         out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
         grid=(pl.cdiv(m, tm), pl.cdiv(n, tn), pl.cdiv(k, tk)),
         in_specs=[
             pl.BlockSpec((tm, tk), lambda i, j, kk: (i, kk)),
             pl.BlockSpec((tk // PER_WORD, tn), lambda i, j, kk: (kk, j)),
-            pl.BlockSpec((tk // GROUP, tn), lambda i, j, kk: (kk, j)),
+            *[group_spec] * len(group_operands),
         ],
         out_specs=pl.BlockSpec((tm, tn), lambda i, j, kk: (i, j)),
         scratch_shapes=[
@@ -319,13 +326,13 @@ def _int4_matmul(x, weight, scale, *, out_dtype, blocks: BlockSizes, interpret: 
             x.dtype,
             out_dtype,
             weight.size * weight.dtype.itemsize,
-            scale.size * scale.dtype.itemsize,
+            sum(a.size * a.dtype.itemsize for a in group_operands),
             blocks,
             "int4",
         ),
         interpret=interpret,
-        name="quantized_matmul_int4",
-    )(x, weight, scale)
+        name="quantized_matmul_int4" if zeros is None else "quantized_matmul_int4_zeros",
+    )(x, weight, *group_operands)
 
 
 def _w8a8_kernel(x_ref, xs_ref, w_ref, s_ref, out_ref, acc_ref, *, k: int):

@@ -3,7 +3,8 @@
 What a quantized weight stands for is ``kernel_api.weight_formats``'s dequantize (``weight *
 scale`` in f32, rounded once to the activation dtype, Transformers' order); the product
 accumulates in f32 (f64 for f64 activations) and is rounded once to the output dtype. int8 and
-fp8 weights are [out, in]; int4 weights are GPTQ-packed [in / 8, out], dequantized to [in, out].
+fp8 weights are [out, in]; int4 weights are GPTQ-packed [in / 8, out], dequantized to [in, out]
+with their group zero points (``zeros``; None: the symmetric 8).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from kernel_hub.kernel_api import weight_formats
 from . import int4
 
 
-def dequantize(weight: jax.Array, scale: jax.Array, fmt: str, dtype) -> jax.Array:
-    """The weight a quantized ``weight`` and its ``scale`` stand for, in ``dtype``: [out, in]
-    for int8 and fp8, [in, out] for int4 (its stored orientation)."""
+def dequantize(weight: jax.Array, scale: jax.Array, fmt: str, dtype,
+               zeros: jax.Array | None = None) -> jax.Array:  # fmt: skip
+    """The weight a quantized ``weight`` and its ``scale`` (int4: and ``zeros``) stand for, in
+    ``dtype``: [out, in] for int8 and fp8, [in, out] for int4 (its stored orientation)."""
     if fmt == "int4":
-        return int4.dequantize(weight, scale, dtype)
+        return int4.dequantize(weight, scale, dtype, zeros)
     return weight_formats.dequantize(weight[None], scale[None], fmt, dtype)[0]
 
 
@@ -29,10 +31,11 @@ def _in_axis(fmt: str) -> int:
     return 0 if fmt == "int4" else 1
 
 
-def quantized_matmul(x: jax.Array, weight: jax.Array, scale: jax.Array, fmt: str, out_dtype):
-    """``x [m, in] @ W`` with ``W = dequantize(weight, scale)`` in x's dtype -> [m, out]."""
+def quantized_matmul(x: jax.Array, weight: jax.Array, scale: jax.Array, fmt: str, out_dtype,
+                     zeros: jax.Array | None = None):  # fmt: skip
+    """``x [m, in] @ W`` with ``W = dequantize(weight, scale, zeros)`` in x's dtype -> [m, out]."""
     acc = jnp.promote_types(x.dtype, jnp.float32)
-    w = dequantize(weight, scale, fmt, x.dtype)
+    w = dequantize(weight, scale, fmt, x.dtype, zeros)
     y = jax.lax.dot_general(
         x,
         w,
@@ -43,11 +46,12 @@ def quantized_matmul(x: jax.Array, weight: jax.Array, scale: jax.Array, fmt: str
     return y.astype(out_dtype)
 
 
-def input_gradient(weight: jax.Array, scale: jax.Array, fmt: str, dout: jax.Array, dtype):
+def input_gradient(weight: jax.Array, scale: jax.Array, fmt: str, dout: jax.Array, dtype,
+                   zeros: jax.Array | None = None):  # fmt: skip
     """``d x = d out @ W`` [m, in] in ``dtype``: the activations' gradient, through the whole
     dequantized weight (a temporary the size of the weight in ``dtype``)."""
     acc = jnp.promote_types(dtype, jnp.float32)
-    w = dequantize(weight, scale, fmt, dtype)
+    w = dequantize(weight, scale, fmt, dtype, zeros)
     dx = jax.lax.dot_general(
         dout.astype(dtype),
         w,

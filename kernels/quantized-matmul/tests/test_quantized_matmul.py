@@ -1,10 +1,12 @@
 """quantized_matmul's values against a float64 oracle of the dequantized weight (fp8 128x128
-blocks, int8 per channel, GPTQ-packed int4 in groups of 128; f32, bf16), Pallas interpret mode
+blocks, int8 per channel, GPTQ-packed int4 in groups of 128, symmetric and with per-group zero
+points; f32, bf16), Pallas interpret mode
 at TPU block sizes with several blocks and ragged tails, the activations' gradient, the torch
 op's contract, and errors."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jax
@@ -49,13 +51,20 @@ def quantized(fmt: str, out: int, inner: int, seed: int = 0):
     return weight, scale
 
 
-def dequantized64(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def zero_points(scale: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """Random int4 zero points 0..15, one per entry of an int4 weight's group scale."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 16, scale.shape, generator=gen, dtype=torch.int32)
+
+
+def dequantized64(weight: torch.Tensor, scale: torch.Tensor, zeros=None) -> torch.Tensor:
     """float64 ``weight * scale`` [out, in] (the format's meaning), independent of the kernel's
     code."""
-    if weight.dtype == torch.int32:  # int4: unpack nibble j of every word, zero point 8
+    if weight.dtype == torch.int32:  # int4: unpack nibble j of every word, zero point 8 or zeros
         words = weight.long() & 0xFFFFFFFF
         nibbles = torch.stack([(words >> (4 * j)) & 0xF for j in range(8)], dim=1)
-        values = nibbles.reshape(-1, weight.shape[1]).double() - 8
+        zero = 8 if zeros is None else zeros.double().repeat_interleave(128, 0)
+        values = nibbles.reshape(-1, weight.shape[1]).double() - zero
         return (values * scale.double().repeat_interleave(128, 0)).T
     out, inner = weight.shape
     if weight.dtype == torch.int8:
@@ -64,9 +73,9 @@ def dequantized64(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return weight.double() * full[:out, :inner]
 
 
-def oracle(x, weight, scale, dtype):
+def oracle(x, weight, scale, dtype, zeros=None):
     """x @ W^T in float64, with W rounded to the activation dtype as a dequantized layer's is."""
-    w = dequantized64(weight, scale).to(dtype).double()
+    w = dequantized64(weight, scale, zeros).to(dtype).double()
     return x.double() @ w.T
 
 
@@ -93,21 +102,43 @@ def test_forward_matches_float64_oracle(fmt, dtype, implementation):
     assert_close(out, oracle(x, weight, scale, dtype), TOL[dtype])
 
 
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_zero_points_match_float64_oracle(dtype, implementation):
+    """Asymmetric int4 (GPTQ sym=False, AWQ): each group and output column subtracts its own
+    zero point."""
+    weight, scale = quantized("int4", 200, 256)
+    zeros = zero_points(scale)
+    x = torch.randn(2, 3, 256).to(dtype)
+    out = k.quantized_matmul_int4(x, weight, scale, None, implementation, zeros)
+    assert out.dtype == dtype and out.shape == (2, 3, 200)
+    assert_close(out, oracle(x, weight, scale, dtype, zeros), TOL[dtype])
+    symmetric = oracle(x, weight, scale, dtype)  # the zeros are read: not the constant 8
+    assert float((out.double() - symmetric).abs().max() / symmetric.abs().max()) > 0.1
+
+
 @pytest.mark.parametrize(
-    ("fmt", "dtype"), [("fp8", jnp.bfloat16), ("int8", jnp.float32), ("int4", jnp.bfloat16)]
+    ("fmt", "dtype"),
+    [("fp8", jnp.bfloat16), ("int8", jnp.float32), ("int4z", jnp.bfloat16)],
 )
 def test_pallas_several_blocks_with_ragged_tails(fmt, dtype):
     """TPU block sizes (tm one bf16 sublane tile, tn and tk 256; int4: tk 1024, its smallest
     split): 2 x 2 x 2 blocks, each axis's last one partly past the end (m 20, out 320 = 2.5 fp8
-    blocks, in 384; int4 in 1536), forward and gradient."""
-    inner, tk = (1536, 1024) if fmt == "int4" else (384, 256)
-    weight, scale = quantized(fmt, 320, inner, seed=1)
-    stored = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn, "int4": jnp.int32}[fmt]
-    weight = jnp.asarray(weight.numpy() if fmt == "int4" else weight.float().numpy()).astype(stored)
+    blocks, in 384; int4 in 1536, with zero points: the symmetric form differs only by its
+    constant zero), forward and gradient."""
+    int4 = fmt.startswith("int4")
+    inner, tk = (1536, 1024) if int4 else (384, 256)
+    weight, scale = quantized("int4" if int4 else fmt, 320, inner, seed=1)
+    zeros = jnp.asarray(zero_points(scale, seed=1).numpy()) if fmt == "int4z" else None
+    stored = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}.get(fmt, jnp.int32)
+    weight = jnp.asarray(weight.numpy() if int4 else weight.float().numpy()).astype(stored)
     scale = jnp.asarray(scale.numpy())
     x = jax.random.normal(jax.random.key(0), (20, inner), dtype)
     blocks = k.jax.BlockSizes(tm=16, tn=256, tk=tk)
-    fn = k.jax.quantized_matmul_int4 if fmt == "int4" else k.jax.quantized_matmul
+    if int4:
+        fn = functools.partial(k.jax.quantized_matmul_int4, zeros=zeros)
+    else:
+        fn = k.jax.quantized_matmul
 
     def loss(implementation, **options):
         def total(a):
@@ -126,24 +157,27 @@ def test_pallas_several_blocks_with_ragged_tails(fmt, dtype):
     assert bool(jnp.all(jnp.isfinite(out)))
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "int4", "int4z"])
 def test_activation_gradient_matches_float64_oracle(fmt):
-    inner = 256 if fmt == "int4" else 260
-    weight, scale = quantized(fmt, 130, inner)
+    inner = 256 if fmt.startswith("int4") else 260
+    weight, scale = quantized(fmt.removesuffix("z"), 130, inner)
+    zeros = zero_points(scale) if fmt == "int4z" else None
     x = torch.randn(5, inner, requires_grad=True)
     grad = torch.randn(5, 130)
-    matmul(x, weight, scale, None, "pallas").backward(grad)
-    want = grad.double() @ dequantized64(weight, scale).float().double()
+    extra = (zeros,) if zeros is not None else ()
+    matmul(x, weight, scale, None, "pallas", *extra).backward(grad)
+    want = grad.double() @ dequantized64(weight, scale, zeros).float().double()
     assert_close(x.grad, want, 2e-6)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int4z"])
 def test_opcheck(fmt):
-    """int8 and int4: torch's checks multiply every tensor argument, which torch cannot for fp8
-    (the fp8 op shares every code path but the weight's dtype)."""
-    weight, scale = quantized(fmt, 128, 256)
-    op = k.quantized_matmul_int4 if fmt == "int4" else k.quantized_matmul
-    torch.library.opcheck(op.op, (torch.randn(4, 256), weight, scale, None, "xla"))
+    """int8 and int4 (int4z: with zero points): torch's checks multiply every tensor argument,
+    which torch cannot for fp8 (the fp8 op shares every code path but the weight's dtype)."""
+    weight, scale = quantized(fmt.removesuffix("z"), 128, 256)
+    op = k.quantized_matmul_int4 if fmt.startswith("int4") else k.quantized_matmul
+    extra = (zero_points(scale),) if fmt == "int4z" else ()
+    torch.library.opcheck(op.op, (torch.randn(4, 256), weight, scale, None, "xla", *extra))
 
 
 def test_compile_fullgraph_fp8():
@@ -188,6 +222,12 @@ def test_int4_needs_whole_groups_and_its_own_op():
         k.quantized_matmul(torch.randn(4, 256), weight, scale)
     with pytest.raises(KernelInputError, match=r"needs scale of shape \(2, 128\).*group of 128"):
         k.quantized_matmul_int4(torch.randn(4, 256), weight, scale.T.contiguous())
+    with pytest.raises(KernelInputError, match=r"zeros \(1, 128\) must have the scale's shape"):
+        k.quantized_matmul_int4(
+            torch.randn(4, 256), weight, scale, None, None, zero_points(scale)[:1]
+        )
+    with pytest.raises(KernelInputError, match=r"zeros.*int32"):
+        k.quantized_matmul_int4(torch.randn(4, 256), weight, scale, None, None, scale)
 
 
 def test_int4_tk_must_hold_whole_scale_tiles():

@@ -31,19 +31,26 @@ def _compiled(case, generation):
 
 @pytest.mark.parametrize("generation", ["v5e", "v6e"])
 @pytest.mark.parametrize(
-    "name", ["llama3-8b-down_proj-fp8-decode256", "llama3-8b-q_proj-int8-decode64"]
+    "name",
+    [
+        "llama3-8b-down_proj-fp8-decode256",
+        "llama3-8b-q_proj-int8-decode64",
+        "llama3-8b-down_proj-int4z-decode64",  # packed weight, scales and zero points
+    ],
 )
 def test_decode_reads_weights_in_place_near_the_bound(generation, name):
     case = CASES[name]
     compiled = _compiled(case, generation)
     text = compiled.as_text()
     weight = case.args[1]
-    weight_shape = re.escape(f"[{','.join(map(str, weight.shape))}]")
-    # only the kernel touches the weight: no copy, transpose, convert or fusion of it
+    # only the kernel touches the weight (and int4's zero points): no copy, transpose, convert
+    # or fusion of them
+    shapes = {re.escape(f"[{','.join(map(str, a.shape))}]") for a in (weight, *case.args[3:])}
     touching = [
         line.strip()
         for line in text.splitlines()
-        if re.search(rf"= \w+{weight_shape}", line) and "parameter(" not in line
+        for shape in shapes
+        if re.search(rf"= \w+{shape}", line) and "parameter(" not in line
     ]
     assert not touching, touching
     assert compiled.memory_analysis().temp_size_in_bytes < weight.size // 100
