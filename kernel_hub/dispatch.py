@@ -22,13 +22,16 @@ _order_watchers: weakref.WeakSet = weakref.WeakSet()
 
 
 def order_generation() -> int:
-    """Bumped whenever any table's order changes: traced and compiled kernels depend on it."""
+    """Bumped whenever the order of a table that has chosen an implementation by its order
+    changes: traced and compiled kernels depend on it. A table nothing has consulted yet (a
+    kernel just loaded, its order being set from the registry) cannot have shaped any program,
+    so setting its order invalidates nothing."""
     return _order_generation
 
 
 def watch_order(watcher: Any) -> None:
-    """Call ``watcher.order_changed()`` whenever any table's order changes, for as long as the
-    watcher lives (a cache that would otherwise check ``order_generation`` on every call)."""
+    """Call ``watcher.order_changed()`` whenever ``order_generation`` is bumped, for as long as
+    the watcher lives (a cache that would otherwise check ``order_generation`` on every call)."""
     _order_watchers.add(watcher)
 
 
@@ -59,6 +62,9 @@ class ImplementationTable:
         self.op = op
         self.implementations = {impl.name: impl for impl in implementations}
         self._order: dict[Platform, tuple[str, ...]] = {}
+        # set (never cleared) the first time a selection goes by the order: from then on a
+        # program may depend on it, and each change of the order bumps ``order_generation``
+        self._consulted = False
         for platform, names in default_order.items():
             self.set_order(platform, names)
 
@@ -70,13 +76,20 @@ class ImplementationTable:
         return self._order.get(platform, ())
 
     def set_order(self, platform: Platform, names: Sequence[str]) -> None:
-        """Preferred order on a platform (the registry sets it when the kernel is loaded)."""
+        """Preferred order on a platform (the registry sets it when the kernel is loaded).
+
+        Invalidates the compiled programs (``order_generation``) only when the order changes
+        and some selection has gone by this table's order before: the flag is set before the
+        order is read (``explain``) and read after the order is written here, so a trace
+        either sees the new order or its program is invalidated."""
         global _order_generation
         for name in names:
             if name not in self.implementations:
                 raise UnknownNameError(f"implementation of {self.op}", name, self.implementations)
         if self._order.get(platform) != tuple(names):
             self._order[platform] = tuple(names)
+            if not self._consulted:
+                return
             _order_generation += 1
             for watcher in list(_order_watchers):
                 watcher.order_changed()
@@ -97,6 +110,7 @@ class ImplementationTable:
                 )
             candidates: tuple[str, ...] = (implementation,)
         else:
+            self._consulted = True  # before reading the order: see ``set_order``
             candidates = self.order(platform)
         return [
             (name, self.implementations[name].rejection(platform, *args, **kwargs))

@@ -429,6 +429,58 @@ def test_cached_direct_calls_follow_implementation_order_changes():
         assert torch.equal(ordered(x), x * 2)
 
 
+_TRACED: list[str] = []  # which inner implementation each trace of ``nested`` picked
+
+
+def _traced(name: str, add: int):
+    return lambda x: _TRACED.append(name) or x + add
+
+
+_INNER_TABLE = ImplementationTable(
+    "test_inner_op",
+    [
+        Implementation("plus_one", _traced("plus_one", 1), ("cpu",)),
+        Implementation("plus_two", _traced("plus_two", 2), ("cpu",)),
+    ],
+    default_order={"cpu": ("plus_one", "plus_two")},
+)
+_OUTER_TABLE = ImplementationTable(
+    "test_outer_op",
+    [Implementation("scaled", lambda x: _INNER_TABLE(x) * 10, ("cpu",))],
+    default_order={"cpu": ("scaled",)},
+)
+
+
+@jax_op(NS, lambda x: _OUTER_TABLE(x))
+def nested(x: torch.Tensor) -> torch.Tensor: ...
+
+
+def test_only_an_order_a_trace_consulted_invalidates_its_program():
+    """A table made and ordered after a program was traced (a kernel loaded later) leaves the
+    program compiled; a new order of a table the trace consulted, nested in another table's
+    implementation, traces it again with the new choice."""
+    x = torch.ones(2, 3)
+    with torch.no_grad():
+        assert torch.equal(nested(x), x * 20)
+        assert _TRACED[-1] == "plus_one"
+        traced = len(_TRACED)
+        loaded = ImplementationTable(
+            "test_loaded_op",
+            [Implementation(n, lambda x: x, ("cpu",)) for n in ("a", "b")],
+            default_order={"cpu": ("a", "b")},
+        )
+        loaded.set_order("cpu", ("b", "a"))  # as the registry does on a kernel's load
+        assert torch.equal(nested(x), x * 20)
+        assert len(_TRACED) == traced, "an unrelated kernel's load made the program trace again"
+        try:
+            _INNER_TABLE.set_order("cpu", ("plus_two", "plus_one"))
+            assert torch.equal(nested(x), x * 30)
+            assert _TRACED[traced:] == ["plus_two"]
+        finally:
+            _INNER_TABLE.set_order("cpu", ("plus_one", "plus_two"))
+        assert torch.equal(nested(x), x * 20)
+
+
 def test_cached_direct_calls_keep_their_guards(rmsnorm):
     """What a cached call was bound for: another dtype, a fake tensor, a gradient or a mode
     after it misses the cache and gets its own checks."""

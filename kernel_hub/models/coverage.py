@@ -30,8 +30,6 @@ import torch
 from ..errors import UnknownNameError
 from ..layers.kernelize import kernelize, unkernelize
 from ..layers.modes import Mode
-from ..loading.resolver import get_kernel
-from ..registry.registry import load_registry
 from . import architectures as archs
 
 TOLERANCE = 1e-4
@@ -341,23 +339,6 @@ def check_architecture(
     )
 
 
-def _load_kernels(registry: str | Path | None) -> None:
-    """Every kernel of ``registry`` imported before the first architecture runs.
-
-    Loading a kernel sets its implementation tables' order, which invalidates every program the
-    bridge compiled so far (``dispatch.order_generation`` is part of each executable's key). Loaded
-    lazily, each kernel's first use in the sweep would make the architectures after it compile
-    the ops they share with earlier ones again; loaded up front, an op compiled for one tiny
-    architecture serves every later one with the same shapes. A kernel that fails to load is not
-    kept (the loader drops it), so ``kernelize`` meets the same error again and reports it for
-    each architecture that asks for that kernel, as without this warm-up."""
-    for op in load_registry(registry).ops:
-        try:
-            get_kernel(op, registry=registry)
-        except Exception:  # kernelize reports it where an architecture needs that kernel
-            continue
-
-
 @contextmanager
 def _quiet(threads: int | None) -> Iterator[None]:
     """Transformers' and torch's warnings off, torch threads pinned, for the run's duration."""
@@ -403,7 +384,6 @@ def run_coverage(
         found = [a for a in found if a.model_type in set(model_types)]
     results = []
     with _quiet(threads):
-        _load_kernels(registry)
         for arch in found:
             result = check_architecture(arch, mode, registry)
             results.append(result)
