@@ -125,3 +125,44 @@ def test_a_bad_reduction_is_refused_in_training_too():
     hidden, weight, labels, _ = tensors(bias=False)
     with pytest.raises(KernelInputError, match="reduction='avg'; valid: mean, sum, none"):
         k.linear_cross_entropy(hidden, weight, labels, reduction="avg")
+
+
+def test_the_torch_programs_hold_four_matmul_passes():
+    """The two programs torch runs, as traced: the per-token op's forward holds the forward
+    kernel (one N x V x H pass), its backward only the backward kernel (three)."""
+    import jax
+    import jax.numpy as jnp
+
+    from kernel_hub.bench import block_schedule
+
+    hidden, weight, labels = (
+        jnp.zeros((TOKENS, HIDDEN)),
+        jnp.zeros((VOCAB, HIDDEN)),
+        jnp.zeros(TOKENS, jnp.int32),
+    )
+    stats = jnp.zeros(TOKENS)
+
+    def forward(h, w, y):
+        return api.linear_cross_entropy_per_token(h, w, y, implementation="pallas")
+
+    def backward(h, w, y, losses, lse, d):
+        return api.linear_cross_entropy_backward(
+            h, w, y, None, losses, lse, d, d, implementation="pallas"
+        )
+
+    one_pass = 2 * TOKENS * VOCAB * HIDDEN  # the default blocks are the whole axes here
+    programs = (
+        (forward, (hidden, weight, labels)),
+        (backward, (hidden, weight, labels, stats, stats, stats)),
+    )
+    found = [
+        [
+            (str(call.params["name"]), block_schedule.matmul_flops(call))
+            for call in block_schedule.pallas_calls(jax.jit(fn), *args)
+        ]
+        for fn, args in programs
+    ]
+    assert found == [
+        [("linear_cross_entropy_forward", one_pass)],
+        [("linear_cross_entropy_backward", 3 * one_pass)],
+    ]
