@@ -1229,6 +1229,52 @@ def lce_vocab_parallel_auto():
     )
 
 
+@check
+def lce_saved_backward_vocab_parallel():
+    """The torch training path's backward (from the per-token op's saved log-sum-exp) with tokens
+    over data and the head's vocabulary over model: dh, dW, db equal one device's, dW and db stay
+    split; both implementations, every option."""
+    lce = get_kernel("linear_cross_entropy").jax
+    hidden, weight, bias, labels = lce_inputs()  # every 7th label ignored (-100)
+    options = {"label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 3.0, "logit_scale": 0.5}
+    cotangent = jnp.linspace(0.5, 1.5, hidden.shape[0])
+
+    def step(h, w, b, y, d, implementation):
+        losses, lse = lce.linear_cross_entropy_per_token(
+            h, w, y, b, implementation=implementation, **options
+        )
+        grads = lce.linear_cross_entropy_backward(
+            h, w, y, b, losses, lse, d, 0.1 * d, implementation=implementation, **options
+        )
+        return losses, grads
+
+    m = mesh((2, 4), ("data", "model"))
+    specs = [P("data", None), P("model", None), P("model"), P("data"), P("data")]
+    results = []
+    for implementation in ("pallas", "xla"):
+        run = jax.jit(functools.partial(step, implementation=implementation))
+        arrays = (hidden, weight, bias, labels, cotangent)
+        want = run(*arrays)
+        got = run(*[put(m, np.asarray(a), s) for a, s in zip(arrays, specs, strict=True)])
+        grad_specs = [str(g.sharding.spec) for g in got[1]]
+        results.append(
+            {
+                "implementation": implementation,
+                "forward_err": max_err(got[0], want[0]),
+                "grad_err": max_err(got[1], want[1]),
+                "grad_specs": grad_specs,
+            }
+        )
+    ok = all(
+        r["forward_err"] <= FORWARD_TOL
+        and r["grad_err"] <= GRAD_TOL
+        and r["grad_specs"][1:] == [str(P("model", None)), str(P("model"))]
+        for r in results
+    )
+    return {"name": "linear CE: saved-statistics backward, vocab over model", "ok": ok,
+            "by_implementation": results}  # fmt: skip
+
+
 # --- torchax ----------------------------------------------------------------------------------
 
 

@@ -39,7 +39,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernel_hub.kernel_api import tiling
 
-from . import masking
+from . import dropout, masking
 from .masking import AttentionSpec, TokenMask
 
 # Score given to masked entries while tracking the running row maximum: finite, so a row with no
@@ -526,14 +526,34 @@ def _split_refs(refs, num_inputs: int, fields: tuple[str, ...]):
     return ranges, inputs, tokens, rest
 
 
+def _kept(seed_ref, b, h, qi, ki, shape, layout: Layout, rate: float):
+    """``dropout.keep`` for block pair (qi, ki) of batch ``b``, kv head ``h`` (program ids, read
+    at the kernel's top: the interpreter has none inside ``pl.when``): the rows' query heads and
+    queries from their packed index, the seed from its [1, 128] block."""
+    rows = qi * layout.block_q + jax.lax.broadcasted_iota(jnp.int32, (shape[0], 1), 0)
+    group = _div(rows, layout.q_len_padded)
+    query = rows - group * layout.q_len_padded
+    seed = seed_ref[...][:, :1]
+    row_keys = dropout.row_key(seed, b, h * layout.groups + group, query)
+    keys = ki * layout.block_k + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+    return dropout.keep(row_keys, keys, rate)
+
+
 def _forward_kernel(
-    *refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], has_sinks: bool
+    *refs,
+    layout: Layout,
+    spec: AttentionSpec,
+    fields: tuple[str, ...],
+    has_sinks: bool,
+    dropout_rate: float,
 ):
     ranges, (q_ref, k_ref, v_ref), tokens, rest = _split_refs(refs, 3, fields)
+    extra = has_sinks + (dropout_rate > 0)
     sink_ref = rest[0] if has_sinks else None
+    seed_ref = rest[extra - 1] if dropout_rate > 0 else None
     # lse_ref is empty in the forward-only variant (``attention_out``'s primal).
-    o_ref, *lse_ref, m_ref, l_ref, acc_ref = rest[1:] if has_sinks else rest
-    b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    o_ref, *lse_ref, m_ref, l_ref, acc_ref = rest[extra:]
+    b, h, qi, ki = (pl.program_id(axis) for axis in range(4))
     nt = layout.num_token_blocks
     visible = _in_range(ranges, b, _rem(qi, nt), nt, ki) & _block_visible(
         qi, ki, tokens, layout, spec
@@ -555,6 +575,9 @@ def _forward_kernel(
         alpha = jnp.exp(m_prev - m_new)
         p = jnp.where(allowed, jnp.exp(s - m_new), 0.0)
         l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+        if seed_ref is not None:  # the denominator keeps every probability, the values do not
+            kept = _kept(seed_ref, b, h, qi, ki, s.shape, layout, dropout_rate)
+            p = jnp.where(kept, p * dropout.scale(dropout_rate), 0.0)
         v = v_ref[...]
         acc_ref[...] = alpha * acc_ref[...] + _dot(p.astype(v.dtype), v, 1, 0)
         m_ref[...] = m_new
@@ -607,20 +630,35 @@ def _as_column(row):
     return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=0)
 
 
-def _probabilities_and_dscores(q, k, v, do, lse, delta, qi, ki, tokens, layout, spec):
-    """p = softmax probabilities and ds = dL/d(raw scaled scores) for one block pair."""
+def _probabilities_and_dscores(
+    q, k, v, do, lse, delta, qi, ki, tokens, layout, spec, dropped=None, rate: float = 0.0
+):
+    """p = softmax probabilities (dropped and scaled as the forward applied them when
+    ``dropped`` = (seed ref, batch, kv head) is given) and ds = dL/d(raw scaled scores) for one
+    block pair."""
     s, allowed, capped = _block_scores(q, k, qi, ki, tokens, layout, spec)
     p = jnp.where(allowed, jnp.exp(s - lse), 0.0)
-    ds = p * (_dot(do, v, 1, 1) - delta)
+    dp = _dot(do, v, 1, 1)
+    if dropped is not None:  # out = (p * mask / (1 - rate)) v: dp and p through the mask
+        kept = _kept(*dropped, qi, ki, s.shape, layout, rate)
+        dp = jnp.where(kept, dp * dropout.scale(rate), 0.0)
+        ds = p * (dp - delta)
+        p = jnp.where(kept, p * dropout.scale(rate), 0.0)
+    else:
+        ds = p * (dp - delta)
     if capped is not None:
         ds = ds * (1.0 - capped * capped)
     return p, ds
 
 
-def _dq_kernel(*refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ...]):
-    ranges, inputs, tokens, (dq_ref, dq_acc_ref) = _split_refs(refs, 6, fields)
-    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = inputs
-    b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+def _dq_kernel(
+    *refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], dropout_rate: float
+):
+    count = 6 + (dropout_rate > 0)
+    ranges, inputs, tokens, (dq_ref, dq_acc_ref) = _split_refs(refs, count, fields)
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *seed_ref = inputs
+    b, h, qi, ki = (pl.program_id(axis) for axis in range(4))
+    dropped = (seed_ref[0], b, h) if seed_ref else None
     nt = layout.num_token_blocks
     visible = _in_range(ranges, b, _rem(qi, nt), nt, ki) & _block_visible(
         qi, ki, tokens, layout, spec
@@ -645,6 +683,8 @@ def _dq_kernel(*refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ..
             tokens,
             layout,
             spec,
+            dropped,
+            dropout_rate,
         )
         dq_acc_ref[...] += _dot(ds.astype(k.dtype), k, 1, 0)
 
@@ -653,10 +693,15 @@ def _dq_kernel(*refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ..
         dq_ref[...] = (dq_acc_ref[...] * spec.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(*refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ...]):
-    ranges, inputs, tokens, (dk_ref, dv_ref, dk_acc_ref, dv_acc_ref) = _split_refs(refs, 6, fields)
-    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref = inputs
-    b, ki, qi = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+def _dkv_kernel(
+    *refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], dropout_rate: float
+):
+    count = 6 + (dropout_rate > 0)
+    ranges, inputs, tokens, rest = _split_refs(refs, count, fields)
+    dk_ref, dv_ref, dk_acc_ref, dv_acc_ref = rest
+    q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *seed_ref = inputs
+    b, h, ki, qi = (pl.program_id(axis) for axis in range(4))
+    dropped = (seed_ref[0], b, h) if seed_ref else None
     in_range = _in_range(ranges, b, ki, layout.num_k_blocks, _rem(qi, layout.num_token_blocks))
     visible = in_range & _block_visible(qi, ki, tokens, layout, spec)
 
@@ -680,6 +725,8 @@ def _dkv_kernel(*refs, layout: Layout, spec: AttentionSpec, fields: tuple[str, .
             tokens,
             layout,
             spec,
+            dropped,
+            dropout_rate,
         )
         dv_acc_ref[...] += _dot(p.astype(do.dtype), do, 0, 0)
         dk_acc_ref[...] += _dot(ds.astype(q.dtype), q, 0, 0)
@@ -705,6 +752,7 @@ class _Specs:
     stats: pl.BlockSpec  # per-row statistics (logsumexp, delta), a row [1, bq] per q block
     tokens: list  # per-token (q [bq, 1], kv [1, bk]) pairs, one per field
     sinks: pl.BlockSpec  # packed sinks [Hkv, rows, 1]
+    seed: pl.BlockSpec  # the dropout seed in every lane of a [1, 128] block
 
 
 def _specs(layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], *, kv_outer: bool):
@@ -756,6 +804,7 @@ def _specs(layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], *, kv_o
         stats=pl.BlockSpec((None, None, None, 1, bq), lambda *idx: (*q_block(*idx), 0)),
         tokens=tokens,
         sinks=pl.BlockSpec((None, bq, 1), lambda *idx: (q_block(*idx)[1], q_block(*idx)[2], 0)),
+        seed=pl.BlockSpec((1, _LANES), lambda *idx: (0, 0)),
     )
 
 
@@ -795,10 +844,21 @@ def _cost(layout: Layout, spec: AttentionSpec, itemsize: int, matmul_dims: int, 
 
 
 def _forward(
-    q, k, v, tokens, sinks, layout: Layout, spec: AttentionSpec, interpret: bool, with_lse: bool
+    q,
+    k,
+    v,
+    tokens,
+    sinks,
+    seed,
+    layout: Layout,
+    spec: AttentionSpec,
+    interpret: bool,
+    with_lse: bool,
+    dropout_rate: float,
 ):
     """Packed-layout forward: [out [B, Hkv, rows, Dv], lse [B, Hkv, q blocks, 1, bq]], or [out]
-    without ``with_lse``; ``tokens`` is (fields, packed arrays) from ``_pack_tokens``."""
+    without ``with_lse``; ``tokens`` is (fields, packed arrays) from ``_pack_tokens``; ``seed``
+    the [1, 128] dropout seed block (None without dropout)."""
     (fields, token_arrays), has_sinks = tokens, sinks is not None
     specs = _specs(layout, spec, fields, kv_outer=False)
     ranges = _block_ranges(fields, token_arrays, layout, spec)[:2] if fields else ()
@@ -806,7 +866,12 @@ def _forward(
     acc = jnp.promote_types(q.dtype, jnp.float32)
     rule = masking.block_rule(spec, _token_mask_shape(fields))
     kernel = functools.partial(
-        _forward_kernel, layout=layout, spec=spec, fields=fields, has_sinks=has_sinks
+        _forward_kernel,
+        layout=layout,
+        spec=spec,
+        fields=fields,
+        has_sinks=has_sinks,
+        dropout_rate=dropout_rate,
     )
     return pl.pallas_call(
         kernel,
@@ -819,6 +884,7 @@ def _forward(
                 specs.values,
                 *specs.tokens,
                 *([specs.sinks] if has_sinks else []),
+                *([specs.seed] if seed is not None else []),
             ],
             out_specs=[specs.out_rows, *[specs.stats] * with_lse],
             scratch_shapes=[
@@ -838,16 +904,30 @@ def _forward(
         ),
         interpret=interpret,
         name="flash_attention_forward",
-    )(*ranges, q, k, v, *token_arrays, *(() if sinks is None else (sinks,)))
+    )(*ranges, q, k, v, *token_arrays, *(x for x in (sinks, seed) if x is not None))
 
 
-def _backward(q, k, v, tokens, do, lse, delta, layout: Layout, spec: AttentionSpec, interpret):
-    """Packed-layout backward: (dq, dk, dv)."""
+def _backward(
+    q,
+    k,
+    v,
+    tokens,
+    do,
+    lse,
+    delta,
+    seed,
+    layout: Layout,
+    spec: AttentionSpec,
+    interpret,
+    dropout_rate: float,
+):
+    """Packed-layout backward: (dq, dk, dv); ``seed`` as in ``_forward``."""
     fields, token_arrays = tokens
     acc = jnp.promote_types(q.dtype, jnp.float32)
     rule = masking.block_rule(spec, _token_mask_shape(fields))
-    kernel_args = dict(layout=layout, spec=spec, fields=fields)
-    operands = (q, k, v, do, lse, delta, *token_arrays)
+    kernel_args = dict(layout=layout, spec=spec, fields=fields, dropout_rate=dropout_rate)
+    seeds = () if seed is None else (seed,)
+    operands = (q, k, v, do, lse, delta, *seeds, *token_arrays)
     ranges = _block_ranges(fields, token_arrays, layout, spec) if fields else ()
 
     d, dv = layout.head_dim, layout.value_dim
@@ -860,6 +940,7 @@ def _backward(q, k, v, tokens, do, lse, delta, layout: Layout, spec: AttentionSp
             specs.out_rows,
             specs.stats,
             specs.stats,
+            *[specs.seed] * len(seeds),
             *specs.tokens,
         ]
 
@@ -910,9 +991,29 @@ def _layout(q, k, v, blocks: BlockSizes) -> Layout:
     return make_layout(q.shape, k.shape, blocks, value_dim=v.shape[-1])
 
 
-def attention_forward(q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interpret, with_lse=True):
+def _seed_block(seed, dropout_rate: float):
+    """The dropout seed (int32 []) in every lane of a [1, 128] block; None without dropout."""
+    if not dropout_rate:
+        return None
+    return jnp.full((1, _LANES), seed, jnp.int32)
+
+
+def attention_forward(
+    q,
+    k,
+    v,
+    tokens,
+    sinks,
+    spec,
+    blocks: KernelBlocks,
+    interpret,
+    with_lse=True,
+    seed=None,
+    dropout_rate: float = 0.0,
+):
     """(out [B, Hq, Sq, Dv], logsumexp [B, Hq, Sq] f32), or out alone without ``with_lse`` (the
-    kernel then writes no statistics); no autodiff rule (see ``attention``)."""
+    kernel then writes no statistics); no autodiff rule (see ``attention``). ``dropout_rate`` >
+    0 drops probabilities as ``dropout.keep`` marks them for ``seed`` (int32 [])."""
     layout = _layout(q, k, v, blocks.forward)
     out, *lse = _forward(
         _pack_rows(q, layout),
@@ -922,10 +1023,12 @@ def attention_forward(q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interp
         None
         if sinks is None
         else _pack_sinks(sinks, layout, jnp.promote_types(q.dtype, jnp.float32)),
+        _seed_block(seed, dropout_rate),
         layout,
         spec,
         interpret,
         with_lse,
+        dropout_rate,
     )
     if not with_lse:
         return _unpack_rows(out, layout)
@@ -952,9 +1055,13 @@ def attention_backward(
     spec: AttentionSpec,
     blocks: KernelBlocks,
     interpret: bool,
+    seed=None,
+    dropout_rate: float = 0.0,
 ):
     """(dq, dk, dv, d_sinks) from the forward's outputs and the cotangents of out and logsumexp;
-    d_sinks is None without sinks."""
+    d_sinks is None without sinks. With dropout, the forward's ``seed`` and ``dropout_rate``:
+    the mask is computed again, and delta = rowsum(out * d_out) still holds (out is the dropped
+    probabilities times v)."""
     layout = _layout(q, k, v, blocks.backward)
     acc = jnp.promote_types(q.dtype, jnp.float32)
     delta = jnp.sum(out.astype(acc) * d_out.astype(acc), axis=-1)
@@ -968,9 +1075,11 @@ def attention_backward(
         _pack_rows(d_out.astype(q.dtype), layout),
         _pack_row_stats(lse.astype(acc), layout),
         _pack_row_stats(delta, layout),
+        _seed_block(seed, dropout_rate),
         layout,
         spec,
         interpret,
+        dropout_rate,
     )
     kv_len = layout.kv_len
     d_sinks = None
@@ -981,42 +1090,54 @@ def attention_backward(
     return _unpack_rows(dq, layout), dk[:, :, :kv_len], dv[:, :, :kv_len], d_sinks
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def attention(q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 9))
+def attention(
+    q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interpret, seed=None, dropout_rate=0.0
+):
     """Differentiable (out, logsumexp); q [B, Hq, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv],
-    tokens ``masking.TokenMask`` | None, sinks [Hq] | None."""
-    return attention_forward(q, k, v, tokens, sinks, spec, blocks, interpret)
-
-
-def _attention_fwd(q, k, v, tokens, sinks, spec, blocks, interpret):
-    out, lse = attention_forward(q, k, v, tokens, sinks, spec, blocks, interpret)
-    return (out, lse), (q, k, v, tokens, sinks, out, lse)
-
-
-def _attention_bwd(spec, blocks, interpret, residuals, cotangents):
-    q, k, v, tokens, sinks, out, lse = residuals
-    dq, dk, dv, d_sinks = attention_backward(
-        q, k, v, tokens, sinks, out, lse, *cotangents, spec, blocks, interpret
+    tokens ``masking.TokenMask`` | None, sinks [Hq] | None; dropout as ``attention_forward``."""
+    return attention_forward(
+        q, k, v, tokens, sinks, spec, blocks, interpret, True, seed, dropout_rate
     )
-    return dq, dk, dv, None, d_sinks
+
+
+def _attention_fwd(q, k, v, tokens, sinks, spec, blocks, interpret, seed, dropout_rate):
+    out, lse = attention_forward(
+        q, k, v, tokens, sinks, spec, blocks, interpret, True, seed, dropout_rate
+    )
+    return (out, lse), (q, k, v, tokens, sinks, out, lse, seed)
+
+
+def _attention_bwd(spec, blocks, interpret, dropout_rate, residuals, cotangents):
+    q, k, v, tokens, sinks, out, lse, seed = residuals
+    dq, dk, dv, d_sinks = attention_backward(
+        q, k, v, tokens, sinks, out, lse, *cotangents, spec, blocks, interpret, seed, dropout_rate
+    )
+    return dq, dk, dv, None, d_sinks, None
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def attention_out(q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 9))
+def attention_out(
+    q, k, v, tokens, sinks, spec, blocks: KernelBlocks, interpret, seed=None, dropout_rate=0.0
+):
     """``attention``'s out alone: a program that takes no gradient writes no logsumexp."""
-    return attention_forward(q, k, v, tokens, sinks, spec, blocks, interpret, with_lse=False)
+    return attention_forward(
+        q, k, v, tokens, sinks, spec, blocks, interpret, False, seed, dropout_rate
+    )
 
 
-def _attention_out_fwd(q, k, v, tokens, sinks, spec, blocks, interpret):
-    (out, _), residuals = _attention_fwd(q, k, v, tokens, sinks, spec, blocks, interpret)
+def _attention_out_fwd(q, k, v, tokens, sinks, spec, blocks, interpret, seed, dropout_rate):
+    (out, _), residuals = _attention_fwd(
+        q, k, v, tokens, sinks, spec, blocks, interpret, seed, dropout_rate
+    )
     return out, residuals
 
 
-def _attention_out_bwd(spec, blocks, interpret, residuals, d_out):
-    return _attention_bwd(spec, blocks, interpret, residuals, (d_out, None))
+def _attention_out_bwd(spec, blocks, interpret, dropout_rate, residuals, d_out):
+    return _attention_bwd(spec, blocks, interpret, dropout_rate, residuals, (d_out, None))
 
 
 attention_out.defvjp(_attention_out_fwd, _attention_out_bwd)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from . import dropout as dropout_mask
 from . import masking
 from .masking import AttentionSpec
 
@@ -40,14 +41,18 @@ def _grouped(x, kv_heads: int):
     return x.reshape(x.shape[0], kv_heads, x.shape[1] // kv_heads, *x.shape[2:])
 
 
-def attention(q, k, v, tokens, spec: AttentionSpec, *, sinks=None, mask=None, bias=None):
+def attention(
+    q, k, v, tokens, spec: AttentionSpec, *, sinks=None, mask=None, bias=None, dropout=None
+):
     """(out [B, Hq, Sq, Dv], logsumexp [B, Hq, Sq]) for q [B, Hq, Sq, D], k [B, Hkv, Sk, D] and
     v [B, Hkv, Sk, Dv].
 
     ``sinks`` [Hq] is a per-head logit that joins every row's softmax denominator (attention
     sinks; it attends to a zero value). ``mask`` (boolean, True = attend) and ``bias`` (added to
     the scores) broadcast to [B, Hq, Sq, Sk] and combine with the rules of ``spec`` and the
-    per-token arrays ``tokens`` (``masking.TokenMask`` or None).
+    per-token arrays ``tokens`` (``masking.TokenMask`` or None). ``dropout`` (seed int32 [],
+    rate) drops the probabilities ``dropout.mask`` marks and scales the others by 1 / (1 - rate);
+    the logsumexp is the undropped softmax's.
     """
     kv_heads = k.shape[1]
     q_len, kv_len = q.shape[2], k.shape[2]
@@ -71,9 +76,15 @@ def attention(q, k, v, tokens, spec: AttentionSpec, *, sinks=None, mask=None, bi
     if sink is not None:
         total = total + jnp.exp(sink - row_max)
     safe_total = jnp.where(total > 0, total, 1.0)
+    probabilities = p / safe_total
+    if dropout is not None:
+        seed, rate = dropout
+        kept = dropout_mask.mask(seed, q.shape[0], q.shape[1], q_len, kv_len, rate)
+        kept = _grouped(kept, kv_heads)
+        probabilities = jnp.where(kept, probabilities * dropout_mask.scale(rate), 0.0)
     out = jnp.einsum(
         "bhgqk,bhkd->bhgqd",
-        p / safe_total,
+        probabilities,
         v.astype(s.dtype),
         precision=jax.lax.Precision.HIGHEST,
     )

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
     Einsum,
+    SavedBackward,
     ShardingRule,
     check_dtype,
     check_rank,
@@ -209,13 +210,60 @@ def _loss_rule(reduction: str = "mean", **_) -> Einsum:
     )
 
 
-@op(
-    check=check_inputs,
-    differentiable=("hidden", "weight", "bias"),
-    sharding=_loss_rule,
-    jax_only=("block_tokens", "block_vocab", "split_axes"),
-    autocast=("hidden", "weight", "bias"),
-)
+def _targets_and_form(labels, ignore_index: int, logit_scale: float, softcap: float | None):
+    """(labels as int32, the kernels' targets: ``NO_TARGET`` where ignored, the logit form)."""
+    labels = labels.astype(jnp.int32)
+    targets = jnp.where(labels == ignore_index, reference.NO_TARGET, labels)
+    return (
+        labels,
+        targets,
+        LogitForm(float(logit_scale), None if softcap is None else float(softcap)),
+    )
+
+
+def _loss_and_lse(
+    hidden, weight, labels, bias, *, ignore_index, reduction, label_smoothing, logit_scale,
+    softcap, z_loss, implementation, block_tokens, block_vocab, split_axes,
+):  # fmt: skip
+    """(the loss, the log-sum-exp of each token's logits over the whole vocabulary)."""
+    labels, targets, form = _targets_and_form(labels, ignore_index, logit_scale, softcap)
+    lse, target, total = token_statistics(
+        hidden,
+        weight,
+        bias,
+        targets,
+        form=form,
+        implementation=implementation,
+        block_tokens=block_tokens,
+        block_vocab=block_vocab,
+        split_axes=split_axes,
+    )
+    vocab_axes = sharding.vocab_axes(split_axes)
+    vocab_shards = jax.lax.axis_size(vocab_axes) if vocab_axes else 1
+    loss = reference.loss_from_statistics(
+        lse,
+        target,
+        total,
+        labels,
+        weight.shape[0] * vocab_shards,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        label_smoothing=float(label_smoothing),
+        z_loss=float(z_loss),
+        token_axes=sharding.token_axes(split_axes),
+    )
+    return loss, lse
+
+
+_OP_OPTIONS = {
+    "check": check_inputs,
+    "differentiable": ("hidden", "weight", "bias"),
+    "jax_only": ("block_tokens", "block_vocab", "split_axes"),
+    "autocast": ("hidden", "weight", "bias"),
+}
+
+
+@op(sharding=_loss_rule, **_OP_OPTIONS)
 def linear_cross_entropy(
     hidden: jax.Array,
     weight: jax.Array,
@@ -243,33 +291,163 @@ def linear_cross_entropy(
     vocabulary chunks, ``xla_chunked``); ``block_tokens`` / ``block_vocab`` override the Pallas
     blocks (``block_vocab``: the XLA chunk too). Sharded inputs run vocabulary- and
     token-parallel (``split_axes`` is the boundary's). The torch op takes neither the blocks nor
-    ``split_axes``.
+    ``split_axes``; its backward differentiates this function (the forward kernel runs again), so
+    the kernel's torch ``linear_cross_entropy`` calls ``linear_cross_entropy_per_token`` when it
+    takes a gradient.
     """
-    labels = labels.astype(jnp.int32)
-    targets = jnp.where(labels == ignore_index, reference.NO_TARGET, labels)
-    form = LogitForm(float(logit_scale), None if softcap is None else float(softcap))
-    lse, target, total = token_statistics(
+    return _loss_and_lse(
+        hidden, weight, labels, bias, ignore_index=ignore_index, reduction=reduction,
+        label_smoothing=label_smoothing, logit_scale=logit_scale, softcap=softcap, z_loss=z_loss,
+        implementation=implementation, block_tokens=block_tokens, block_vocab=block_vocab,
+        split_axes=split_axes,
+    )[0]  # fmt: skip
+
+
+# The backward from the saved log-sum-exp. Tokens and vocabulary split freely: a shard
+# recomputes its block's logits against the whole-vocabulary log-sum-exp (so its softmax is the
+# global one) and picks only the labels it owns (``columns``: the vocabulary ids, split with the
+# head, tell a shard where its block starts); dh sums over vocabulary shards and dW over token
+# shards (results lacking a split factor are summed at the boundary).
+@sharded(
+    ShardingRule.parse(
+        "statistics_backward",
+        "batch hidden, vocab hidden, vocab, vocab, batch, batch, batch, batch, batch "
+        "-> batch hidden, vocab hidden, vocab",
+        whole=("hidden",),
+    )
+)
+def statistics_backward(
+    hidden: jax.Array,
+    weight: jax.Array,
+    bias: jax.Array | None,
+    columns: jax.Array,
+    targets: jax.Array,
+    lse: jax.Array,
+    d_lse: jax.Array,
+    d_target: jax.Array,
+    d_total: jax.Array,
+    *,
+    vocab: int,
+    form: LogitForm = PLAIN,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """(dh, dW, db) of ``token_statistics`` from its saved whole-vocabulary log-sum-exp and the
+    cotangents of its three outputs; ``columns`` is ``arange(vocab)`` (the whole vocabulary's
+    size). The Pallas implementation recomputes each logits tile once (its one backward kernel,
+    no forward); the XLA one differentiates its forward."""
+    local = targets - columns[0]
+    owned = (targets >= 0) & (local >= 0) & (local < weight.shape[0])
+    targets = jnp.where(owned, local, reference.NO_TARGET)
+    blocks = {"form": form, "block_tokens": None, "block_vocab": None}
+    chosen = TABLE.select(hidden, weight, bias, targets, implementation=implementation, **blocks)
+    if chosen.name == "pallas":
+        config = _config(hidden, weight, None, None)
+        cotangents = jnp.stack([d_lse, d_target, d_total], axis=1)
+        return pallas_tpu.backward(
+            hidden, weight, bias, targets, lse, cotangents, form, config, jax_platform() == "cpu"
+        )
+
+    def forward(h, w, b):
+        return chosen.fn(h, w, b, targets, **blocks)
+
+    (local_lse, _, _), pullback = jax.vjp(forward, hidden, weight, bias)
+    if weight.shape[0] != vocab:  # a shard's log-sum-exp enters the whole one as exp(its - whole)
+        d_lse = d_lse * jnp.exp(local_lse - lse)
+    return pullback((d_lse, d_target, d_total))
+
+
+def linear_cross_entropy_backward(
+    hidden: jax.Array,
+    weight: jax.Array,
+    labels: jax.Array,
+    bias: jax.Array | None,
+    losses: jax.Array,
+    lse: jax.Array,
+    d_losses: jax.Array,
+    d_lse: jax.Array,
+    *,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
+    z_loss: float = 0.0,
+    implementation: str | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """(dh, dW, db) of ``linear_cross_entropy_per_token`` from its saved outputs: the statistics'
+    cotangents from the O(N) loss (which is affine in the target logit and the logit sum, so
+    their values do not enter), then ``statistics_backward``. No forward kernel runs."""
+    labels, targets, form = _targets_and_form(labels, ignore_index, logit_scale, softcap)
+
+    def loss_of(lse, target, total):
+        return reference.loss_from_statistics(
+            lse,
+            target,
+            total,
+            labels,
+            weight.shape[0],
+            ignore_index=ignore_index,
+            reduction="none",
+            label_smoothing=float(label_smoothing),
+            z_loss=float(z_loss),
+        )
+
+    _, pullback = jax.vjp(loss_of, lse, jnp.zeros_like(lse), jnp.zeros_like(lse))
+    g_lse, g_target, g_total = pullback(d_losses.astype(lse.dtype))
+    vocab = weight.shape[0]
+    return statistics_backward(
         hidden,
         weight,
         bias,
+        jnp.arange(vocab, dtype=jnp.int32),
         targets,
+        lse,
+        g_lse + d_lse.astype(lse.dtype),
+        g_target,
+        g_total,
+        vocab=vocab,
         form=form,
         implementation=implementation,
-        block_tokens=block_tokens,
-        block_vocab=block_vocab,
+    )
+
+
+@op(
+    name="linear_cross_entropy_per_token",
+    sharding=Einsum(
+        "batch hidden, vocab hidden, batch, vocab -> batch, batch",
+        whole=("hidden",),
+        combined=("vocab",),
+    ),
+    # the backward starts from the saved log-sum-exp instead of running the forward again
+    jax_backward=SavedBackward(
+        linear_cross_entropy_backward, ("losses", "lse", "d_losses", "d_lse")
+    ),
+    **_OP_OPTIONS,
+)
+def linear_cross_entropy_per_token(
+    hidden: jax.Array,
+    weight: jax.Array,
+    labels: jax.Array,
+    bias: jax.Array | None = None,
+    *,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
+    z_loss: float = 0.0,
+    implementation: str | None = None,
+    block_tokens: int | None = None,
+    block_vocab: int | None = None,
+    split_axes: dict[str, tuple[str, ...]] | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """(``linear_cross_entropy(..., reduction="none")``, the log-sum-exp of each token's logits
+    over the whole vocabulary), each [N], f32 (f64 for f64 inputs). Differentiable in both; the
+    torch op's backward (``linear_cross_entropy_backward``) starts from the saved log-sum-exp, so
+    a torch training step runs the forward kernel once, as a JAX one does. The torch
+    ``linear_cross_entropy`` reduces its losses (a sum or mean over split tokens is then the
+    partitioner's, not the function's)."""
+    return _loss_and_lse(
+        hidden, weight, labels, bias, ignore_index=ignore_index, reduction="none",
+        label_smoothing=label_smoothing, logit_scale=logit_scale, softcap=softcap, z_loss=z_loss,
+        implementation=implementation, block_tokens=block_tokens, block_vocab=block_vocab,
         split_axes=split_axes,
-    )
-    vocab_axes = sharding.vocab_axes(split_axes)
-    vocab_shards = jax.lax.axis_size(vocab_axes) if vocab_axes else 1
-    return reference.loss_from_statistics(
-        lse,
-        target,
-        total,
-        labels,
-        weight.shape[0] * vocab_shards,
-        ignore_index=ignore_index,
-        reduction=reduction,
-        label_smoothing=float(label_smoothing),
-        z_loss=float(z_loss),
-        token_axes=sharding.token_axes(split_axes),
-    )
+    )  # fmt: skip

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import api
-
-linear_cross_entropy = api.linear_cross_entropy.torch
+from .torch_api import linear_cross_entropy
 
 DEFAULT_NAME = "kernel_hub_linear_cross_entropy"
 # What kernelize() checks before switching a model in a given mode (tested: fullgraph compile
