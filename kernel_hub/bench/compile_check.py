@@ -49,6 +49,9 @@ class CompileResult:
     generation: str
     ok: bool
     seconds: float
+    """Wall seconds to trace, lower and compile (inflated on a loaded machine)."""
+    cpu_seconds: float
+    """CPU seconds this process spent on it (the compile's cost, whatever the load)."""
     error: str | None = None
     """The compiler's message on failure; the implementation's reason when skipped."""
     vmem_overflow: bool = False
@@ -151,7 +154,15 @@ def compile_case(
     cell = functools.partial(
         CompileResult, kernel, case.name, implementation, case_dtype(case), direction, generation
     )
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
+
+    def timed(**fields):
+        return cell(
+            seconds=time.perf_counter() - start,
+            cpu_seconds=time.process_time() - cpu_start,
+            **fields,
+        )
+
     try:
         with filtered_libtpu_stderr(), no_persistent_cache(), jax.default_device(device):
             # Output shapes for the backward are traced for the TPU too: what an implementation
@@ -159,13 +170,12 @@ def compile_case(
             fn, args = _staged_function(case, direction, implementation)
             compiled = jax.jit(fn).trace(*_placed(args, device)).lower().compile()
     except NoImplementationError as exc:  # the implementation declines these inputs on TPU
-        return cell(ok=False, seconds=time.perf_counter() - start, error=str(exc), skipped=True)
+        return timed(ok=False, error=str(exc), skipped=True)
     except Exception as exc:  # the compiler's message is the result
         message = f"{type(exc).__name__}: {exc}".strip()
         overflow = memory_overflow(message)
-        return cell(
+        return timed(
             ok=False,
-            seconds=time.perf_counter() - start,
             error=message[:2000],
             vmem_overflow=overflow is not None and overflow.space == "VMEM",
             overflow=None if overflow is None else asdict(overflow),
@@ -173,9 +183,8 @@ def compile_case(
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, list):
         cost = cost[0] if cost else {}
-    return cell(
+    return timed(
         ok=True,
-        seconds=time.perf_counter() - start,
         memory=_memory_figures(compiled),
         flops=cost.get("flops"),
         bytes_accessed=cost.get("bytes accessed"),

@@ -87,7 +87,11 @@ def run_compile_check(args: argparse.Namespace) -> int:
     failures = compile_failures(results)
     passed = sum(r["status"] == "pass" for r in results)
     skipped = sum(r["status"] == "skip" for r in results)
-    print(f"\n{len(results)} cells: {passed} pass, {len(failures)} fail, {skipped} skipped")
+    cpu = sum(r["cpu_seconds"] for r in results)
+    print(
+        f"\n{len(results)} cells: {passed} pass, {len(failures)} fail, {skipped} skipped; "
+        f"{cpu:.0f} CPU-s compiling"
+    )
     for failure in failures:
         print(f"FAIL {failure}")
     if args.json:
