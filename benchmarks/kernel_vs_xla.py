@@ -14,6 +14,16 @@ schedule (tested against ``kernel_hub.bench.block_schedule``), attention's is it
   logits, f32 log-softmax).
 * attention, Llama-3-8B heads (32 q / 8 kv, D 128, bf16, causal), batch 2 x 8192, forward and
   forward + backward: the kernel; ``jax.nn.dot_product_attention`` (XLA).
+* causal conv1d, Qwen3-Next-80B-A3B's short convolution (8192 channels, width 4, SiLU, no bias,
+  bf16), one 8192-token sequence, forward + backward in (x, weight) with the gradient from
+  above an argument: the Pallas kernel; its XLA implementation.
+* gated RMSNorm, Qwen3-Next's mixer norm (8192 tokens x 32 value heads = 262,144 rows of 128,
+  bf16 x and gate, f32 weight, norm before gate), forward + backward in (x, gate, weight) with
+  the gradient from above an argument: the Pallas kernel; its XLA implementation.
+* Mamba-2 scan, Mamba-2 2.7B's layer (80 heads of 64, one group, state 128, chunk 256, bf16,
+  dt softplus, D and dt_bias), one 8192-token sequence, forward + backward in (x, dt, A, B, C,
+  D, dt_bias) with the gradients from above (y and the final state) arguments: the Pallas
+  kernel; its XLA implementation (the chunked form).
 
 When XLA refuses a program because its temporaries exceed the chip's HBM, the figure it reports
 is recorded instead. Compiler figures for a deviceless topology: a model of the TPU, not a
@@ -33,6 +43,9 @@ from typing import Any
 
 TOKENS, HIDDEN, VOCAB = 32768, 4096, 151936
 BATCH, LENGTH, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8192, 32, 8, 128
+CONV_LENGTH, CONV_CHANNELS, CONV_WIDTH = 8192, 8192, 4
+NORM_ROWS, NORM_HIDDEN = 8192 * 32, 128
+SCAN_LENGTH, SCAN_HEADS, SCAN_HEAD_DIM, SCAN_STATE = 8192, 80, 64, 128
 _TOO_BIG = re.compile(r"required for HLO temporaries \(([\d.]+)([MG])\)")
 
 
@@ -46,6 +59,9 @@ def _programs() -> dict[str, tuple[Callable[..., Any], tuple, tuple[int, ...]]]:
 
     lce = get_kernel("linear-cross-entropy").KERNEL.jax
     attention = get_kernel("attention").KERNEL.jax
+    conv = get_kernel("causal-conv1d").KERNEL.jax
+    norm = get_kernel("rmsnorm").KERNEL.jax
+    scan = get_kernel("mamba2-scan").KERNEL.jax
     struct = jax.ShapeDtypeStruct
     head = (
         struct((TOKENS, HIDDEN), jnp.bfloat16),
@@ -82,6 +98,51 @@ def _programs() -> dict[str, tuple[Callable[..., Any], tuple, tuple[int, ...]]]:
         )
         return out.swapaxes(1, 2)
 
+    # The last argument of the conv and norm programs is the gradient arriving from above (the
+    # output times it is summed): a step's dy is an array, not the constant a plain sum gives.
+    conv_tokens = struct((1, CONV_LENGTH, CONV_CHANNELS), jnp.bfloat16)
+    conv_args = (conv_tokens, struct((CONV_CHANNELS, CONV_WIDTH), jnp.bfloat16), conv_tokens)
+
+    def conv_with(implementation: str):
+        def run(x, weight, upstream):
+            y = conv.causal_conv1d(x, weight, activation="silu", implementation=implementation)
+            return y * upstream
+
+        return run
+
+    norm_rows = struct((NORM_ROWS, NORM_HIDDEN), jnp.bfloat16)
+    norm_args = (norm_rows, norm_rows, struct((NORM_HIDDEN,), jnp.float32), norm_rows)
+
+    def norm_with(implementation: str):
+        def run(x, gate, weight, upstream):
+            y = norm.gated_rms_norm(x, gate, weight, 1e-6, implementation=implementation)
+            return y * upstream
+
+        return run
+
+    heads = struct((SCAN_HEADS,), jnp.float32)
+    scan_y = struct((1, SCAN_LENGTH, SCAN_HEADS, SCAN_HEAD_DIM), jnp.float32)
+    scan_args = (
+        struct((1, SCAN_LENGTH, SCAN_HEADS, SCAN_HEAD_DIM), jnp.bfloat16),
+        struct((1, SCAN_LENGTH, SCAN_HEADS), jnp.bfloat16),
+        heads,
+        struct((1, SCAN_LENGTH, 1, SCAN_STATE), jnp.bfloat16),
+        struct((1, SCAN_LENGTH, 1, SCAN_STATE), jnp.bfloat16),
+        heads,
+        heads,
+        scan_y,
+        struct((1, SCAN_HEADS, SCAN_HEAD_DIM, SCAN_STATE), jnp.float32),
+    )
+
+    def scan_with(implementation: str):
+        def run(x, dt, A, B, C, D, dt_bias, upstream, upstream_final):
+            y, final = scan.mamba_chunk_scan_combined(
+                x, dt, A, B, C, D, dt_bias, dt_softplus=True, implementation=implementation
+            )
+            return jnp.sum(y * upstream) + jnp.sum(final * upstream_final)
+
+        return run
+
     return {
         "linear-cross-entropy kernel": (kernel_loss, head, (0, 1)),
         "linear-cross-entropy optax (f32 logits)": (optax_loss, head, (0, 1)),
@@ -90,6 +151,12 @@ def _programs() -> dict[str, tuple[Callable[..., Any], tuple, tuple[int, ...]]]:
         "attention XLA, forward": (xla_attention, qkv, ()),
         "attention kernel, fwd+bwd": (kernel_attention, qkv, (0, 1, 2)),
         "attention XLA, fwd+bwd": (xla_attention, qkv, (0, 1, 2)),
+        "causal-conv1d kernel, fwd+bwd": (conv_with("pallas"), conv_args, (0, 1)),
+        "causal-conv1d XLA, fwd+bwd": (conv_with("xla"), conv_args, (0, 1)),
+        "gated RMSNorm kernel, fwd+bwd": (norm_with("pallas"), norm_args, (0, 1, 2)),
+        "gated RMSNorm XLA, fwd+bwd": (norm_with("xla"), norm_args, (0, 1, 2)),
+        "Mamba-2 scan kernel, fwd+bwd": (scan_with("pallas"), scan_args, tuple(range(7))),
+        "Mamba-2 scan XLA, fwd+bwd": (scan_with("xla"), scan_args, tuple(range(7))),
     }
 
 

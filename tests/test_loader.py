@@ -136,7 +136,7 @@ REGISTRY_EDITS = [
             "      cpu: [palas, xla]\n    layers: [RMSNorm,",
         ),
         "implementations.cpu",
-        "op 'rmsnorm': kernel rmsnorm 1.2.2 has no implementation 'palas'; "
+        "op 'rmsnorm': kernel rmsnorm 1.3.0 has no implementation 'palas'; "
         "valid on cpu: pallas, xla",
     ),
     (
@@ -150,7 +150,7 @@ REGISTRY_EDITS = [
     (
         ("layers: [RMSNorm, RMSNormF32Scale", "layers: [RMSNorm, RMSNormF32", 1),
         "layers",
-        "op 'rmsnorm': kernel rmsnorm 1.2.2 has no layer 'RMSNormF32'; its layers: RMSNorm, ",
+        "op 'rmsnorm': kernel rmsnorm 1.3.0 has no layer 'RMSNormF32'; its layers: RMSNorm, ",
     ),
 ]
 
