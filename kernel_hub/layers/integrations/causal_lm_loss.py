@@ -25,10 +25,10 @@ Gemma 2/3/4's ``final_logit_softcapping``, Cohere's ``logit_scale``, Granite's
 ``logits_scaling``, Falcon-H1's ``lm_head_multiplier``), checked on values, (c) pass those
 logits, the labels, the vocabulary size and the loss keywords to ``self.loss_function`` and
 return its result as ``loss``, plus nothing or ``router_aux_loss_coef * aux_loss`` (checked on
-values with the router logits asked for, where the forward takes ``output_router_logits``), and
-(d) project no position for an empty ``logits_to_keep``. The model's ``loss_function`` must be
-Transformers' ``ForCausalLMLoss`` and its head a plain ``nn.Linear``. Anything else leaves the
-model alone with the reason.
+values with the router logits asked for, where the forward or config takes
+``output_router_logits``), and (d) project no position for an empty ``logits_to_keep``. The
+model's ``loss_function`` must be Transformers' ``ForCausalLMLoss`` and its head a plain
+``nn.Linear``. Anything else leaves the model alone with the reason.
 """
 
 from __future__ import annotations
@@ -339,10 +339,9 @@ def probe(model: torch.nn.Module) -> tuple[str, LogitForm, bool | None]:
             "loss_function unchanged"
         )
     runs = [(labeled, prober.fused_route())]
-    parameters = inspect.signature(cls.forward).parameters
-    if "output_router_logits" in parameters or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-    ):
+    if "output_router_logits" in inspect.signature(cls.forward).parameters or hasattr(
+        model.config.get_text_config(), "output_router_logits"
+    ):  # a MoE model: its aux loss asked for (elsewhere a call returning one runs stock)
         routed = {"output_router_logits": True}
         runs.append((prober.run(labels=labels, **routed), prober.fused_route(**routed)))
     policies = {True, False}
