@@ -124,8 +124,6 @@ def assert_registry_fully_used(report: KernelizeReport) -> None:
         for e in report.left_alone
         if e.op is not None
         and not (e.kind == "continuous batching" and any(m in e.reason for m in mode_bound))
-        # MoE causal LMs: the fused loss lacks the router's auxiliary loss (a stated limit)
-        and not (e.kind == "causal LM loss" and "output_router_logits" in e.reason)
     ]
     assert not unused, "\n".join(unused)
     assert report.swapped

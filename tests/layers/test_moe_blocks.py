@@ -14,7 +14,7 @@ from transformers.models.llama4.modeling_llama4 import (
     Llama4TextMoe,
 )
 
-from kernel_hub import kernelize, unkernelize
+from kernel_hub import get_kernel, kernelize, unkernelize
 from kernel_hub.layers.integrations import moe_blocks
 
 
@@ -148,3 +148,30 @@ def test_activation_fused_moe_lacks_falls_back_to_moe_gemm() -> None:
     (entry,) = [e for e in report.entries if e.target == "InputScaledMoE"]
     assert entry.swapped_to.startswith("moe-gemm"), entry
     assert "fused-moe left it" in entry.swapped_to and "matches none" in entry.swapped_to
+
+
+def test_switched_block_compiles_fullgraph_and_matches_stock() -> None:
+    """The switched forward traces with no graph break (moe-gemm in training+torch_compile, top-2
+    of 4 experts), and the compiled block gives stock's outputs and gradients (f64)."""
+    model = _block(2).to(torch.float64)
+    x = torch.randn(2, 5, 64, dtype=torch.float64)
+    stock, stock_grads = _run(model, x, True)
+    report = kernelize(model, mode="training+torch_compile")
+    (entry,) = [e for e in report.entries if e.target == "InputScaledMoE"]
+    assert entry.swapped_to and entry.swapped_to.startswith("moe-gemm"), str(report)
+    graphs = []
+
+    def recording_backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=recording_backend, fullgraph=True)
+    got, got_grads = _run(compiled, x, True)
+    kernel = get_kernel("moe-gemm")
+    ops = [getattr(kernel, n).qualname.replace("::", ".") for n in kernel.manifest.ops]
+    assert len(graphs) == 1 and any(f"torch.ops.{op}" in graphs[0].code for op in ops), ops
+    torch.testing.assert_close(got, stock, rtol=1e-12, atol=1e-12)
+    assert len(got_grads) == len(stock_grads)
+    for mine, theirs in zip(got_grads, stock_grads, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-12, atol=1e-12)

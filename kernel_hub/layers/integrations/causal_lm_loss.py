@@ -9,18 +9,25 @@ training with ``labels`` (and the default ``logits_to_keep=0``),
    projects no position, while a forward hook on the decoder keeps its ``last_hidden_state``;
 2. computes the loss with the ``linear-cross-entropy`` kernel's ``causal_lm_loss`` from those
    hidden states and the head (label shift, ``shift_labels``, ``ignore_index`` and
-   ``num_items_in_batch`` as ``ForCausalLMLoss``);
+   ``num_items_in_batch`` as ``ForCausalLMLoss``), plus ``router_aux_loss_coef * aux_loss`` where
+   the stock forward adds the router's load-balancing loss (MoE models asked for router logits;
+   the stock forward computes ``aux_loss`` without labels too, so step 1 returns it);
 3. returns the stock output with that loss and **``logits=None``** (the logits are skipped:
    that is the point). Evaluation (``model.eval()``), calls without labels and calls with another
    ``logits_to_keep`` run the stock forward unchanged and return logits.
 
 Exact or says no: before installing, the class's forward runs on a probe copy of the model whose
-children are recorders, and must (a) call one child once and feed its ``last_hidden_state``
+children are recorders (a child's plain attributes, such as Falcon-H1's ``lm_head_multiplier``,
+read through; its output gives ``None`` for fields other decoders add, such as Gemma 4's
+``shared_kv_states``), and must (a) call one child once and feed its ``last_hidden_state``
 unchanged to the head, (b) post-process the logits only in a way the kernel implements (nothing,
-Gemma 2/3's ``final_logit_softcapping``, Cohere's ``logit_scale``), checked on values, (c) pass
-those logits, the labels, the vocabulary size and the loss keywords to ``self.loss_function``
-and return its result as ``loss``, and (d) project no position for an empty ``logits_to_keep``.
-The model's ``loss_function`` must be Transformers' ``ForCausalLMLoss`` and its head a plain
+Gemma 2/3/4's ``final_logit_softcapping``, Cohere's ``logit_scale``, Granite's
+``logits_scaling``, Falcon-H1's ``lm_head_multiplier``), checked on values, (c) pass those
+logits, the labels, the vocabulary size and the loss keywords to ``self.loss_function`` and
+return its result as ``loss``, plus nothing or ``router_aux_loss_coef * aux_loss`` (checked on
+values with the router logits asked for, where the forward or config takes
+``output_router_logits``), and (d) project no position for an empty ``logits_to_keep``. The
+model's ``loss_function`` must be Transformers' ``ForCausalLMLoss`` and its head a plain
 ``nn.Linear``. Anything else leaves the model alone with the reason.
 """
 
@@ -78,6 +85,8 @@ def candidate_forms(config: Any) -> list[LogitForm]:
         scales.append(float(config.logit_scale))
     if isinstance(getattr(config, "logits_scaling", None), (int, float)) and config.logits_scaling:
         scales.append(1.0 / float(config.logits_scaling))
+    if isinstance(getattr(config, "lm_head_multiplier", None), (int, float)):
+        scales.append(float(config.lm_head_multiplier))
     caps: list[float | None] = [None]
     if isinstance(softcap, (int, float)) and softcap > 0:
         caps.append(float(softcap))
@@ -96,18 +105,47 @@ def is_causal_lm(module: torch.nn.Module) -> bool:
 
 
 class _Decoder(torch.nn.Module):
-    """Stands in for a child of the probed model: records calls, returns fixed hidden states."""
+    """Stands in for a child of the probed model: records calls, returns fixed hidden states
+    (and router logits); reads through to the child's plain attributes (numbers, flags, text)."""
 
-    def __init__(self, hidden: torch.Tensor):
+    def __init__(self, child: torch.nn.Module, output: Any):
         super().__init__()
-        self.hidden = hidden
+        object.__setattr__(self, "_child", child)
+        object.__setattr__(self, "_output", output)
         self.calls = 0
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        from transformers.modeling_outputs import BaseModelOutputWithPast
-
         self.calls += 1
-        return BaseModelOutputWithPast(last_hidden_state=self.hidden)
+        return self._output
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            pass
+        value = getattr(self.__dict__["_child"], name)
+        if value is not None and not isinstance(value, (bool, int, float, str)):
+            raise AttributeError(
+                f"the probe's stand-in for {type(self._child).__name__} offers its plain "
+                f"attributes only, not {name!r} ({type(value).__name__})"
+            )
+        return value
+
+
+def _decoder_output(hidden: torch.Tensor, router_logits: tuple | None) -> Any:
+    """The stand-in decoder's output: ``last_hidden_state`` and ``router_logits``; ``None`` for
+    any other field a model's decoder output has (Gemma 4's ``shared_kv_states``)."""
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+
+    class _Output(BaseModelOutputWithPast):
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return None
+
+    out = _Output(last_hidden_state=hidden)
+    out.router_logits = router_logits
+    return out
 
 
 class _Head(torch.nn.Linear):
@@ -118,10 +156,15 @@ class _Head(torch.nn.Linear):
         return super().forward(x)
 
 
+_PROBE_LOSS = 1.25
+"""What the probe's ``loss_function`` returns (a fresh tensor per call)."""
+_PROBE_AUX_COEF = 0.375
+"""The probe copy's ``router_aux_loss_coef``, so a forward adding ``coef * aux_loss`` shows it."""
+
+
 class _LossRecorder:
     def __init__(self):
         self.calls: list[inspect.BoundArguments] = []
-        self.result = torch.tensor(1.25)
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         from transformers.loss.loss_utils import ForCausalLMLoss
@@ -129,7 +172,7 @@ class _LossRecorder:
         bound = inspect.signature(ForCausalLMLoss).bind(*args, **kwargs)
         bound.apply_defaults()
         self.calls.append(bound)
-        return self.result
+        return torch.tensor(_PROBE_LOSS)
 
 
 def head_of(model: torch.nn.Module) -> tuple[str, torch.nn.Linear]:
@@ -147,17 +190,103 @@ def head_of(model: torch.nn.Module) -> tuple[str, torch.nn.Linear]:
     return name, head
 
 
-def probe(model: torch.nn.Module) -> tuple[str, LogitForm]:
-    """(decoder child name, logit form) of a causal LM whose forward the interface can serve,
-    or ``Refused`` with the reason (see the module docstring)."""
+@dataclass
+class _ProbeRun:
+    out: Any
+    children: dict[str, _Decoder]
+    head: _Head
+    loss: _LossRecorder
+
+
+class _Prober:
+    """Runs the class's forward on probe copies of ``model`` (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.head_name, self.real_head = head_of(model)
+        generator = torch.Generator().manual_seed(0)
+        self.hidden = torch.randn(2, 3, 4, generator=generator)
+        self.labels = torch.randint(0, 8, (2, 3), generator=generator)
+        self.head_weight = torch.randn(8, 4, generator=generator)
+        self.head_bias = torch.randn(8, generator=generator)
+        experts = getattr(model, "num_experts", None)
+        self.router_logits = (
+            (torch.randn(6, experts, generator=generator),)
+            if isinstance(experts, int) and not isinstance(experts, bool) and experts > 0
+            else None
+        )
+
+    def run(self, **kwargs: Any) -> _ProbeRun:
+        cls, model = type(self.model), self.model
+        copy = object.__new__(cls)
+        copy.__dict__.update(model.__dict__)
+        output = _decoder_output(self.hidden, self.router_logits)
+        children = {
+            n: _Decoder(child, output) for n, child in model.named_children() if n != self.head_name
+        }
+        with torch.random.fork_rng(devices=[]):  # kernelize leaves the global RNG alone
+            head = _Head(4, 8, bias=self.real_head.bias is not None)
+        with torch.no_grad():
+            head.weight.copy_(self.head_weight)
+            if head.bias is not None:
+                head.bias.copy_(self.head_bias)
+        head.inputs = []
+        copy.__dict__["_modules"] = OrderedDict({**children, self.head_name: head})
+        for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks"):
+            copy.__dict__[hooks] = OrderedDict()
+        copy.__dict__.pop("forward", None)
+        if "router_aux_loss_coef" in model.__dict__:
+            copy.__dict__["router_aux_loss_coef"] = _PROBE_AUX_COEF
+        recorder = _LossRecorder()
+        copy.__dict__["_loss_function"] = recorder
+        copy.__dict__["training"] = True
+        try:
+            with torch.no_grad():
+                out = cls.forward(copy, input_ids=self.labels, return_dict=True, **kwargs)
+        except Exception as exc:  # the forward needs more than the probe offers
+            raise Refused(
+                f"{cls.__name__}.forward does not run on the probe: {type(exc).__name__}: {exc}"
+            ) from None
+        return _ProbeRun(out, children, head, recorder)
+
+    def fused_route(self, **kwargs: Any) -> _ProbeRun:
+        """The run ``fused_forward`` makes: no labels, no position projected."""
+        run = self.run(labels=None, logits_to_keep=_no_positions(self.hidden.device), **kwargs)
+        if len(run.head.inputs) != 1 or run.head.inputs[0].numel() != 0 or run.loss.calls:
+            raise Refused("its forward still projects positions with an empty logits_to_keep")
+        return run
+
+    def aux_policies(self, labeled: _ProbeRun, fused: _ProbeRun) -> set[bool]:
+        """The policies this pair of runs agrees with: True, the labelled run's loss is the loss
+        function's result plus ``router_aux_loss_coef * aux_loss`` of the fused route (the result
+        alone where that route has no ``aux_loss``); False, the result alone."""
+        loss = getattr(labeled.out, "loss", None)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            return set()
+        base = torch.tensor(_PROBE_LOSS)
+        aux = getattr(fused.out, "aux_loss", None)
+        forms = {False: base, True: base}
+        if isinstance(aux, torch.Tensor):
+            forms[True] = (
+                base + _PROBE_AUX_COEF * aux.float()
+                if "router_aux_loss_coef" in self.model.__dict__
+                else None
+            )
+        return {
+            policy
+            for policy, want in forms.items()
+            if want is not None and torch.allclose(loss.float(), want, rtol=1e-6, atol=1e-7)
+        }
+
+
+def probe(model: torch.nn.Module) -> tuple[str, LogitForm, bool | None]:
+    """(decoder child name, logit form, router aux policy) of a causal LM whose forward the
+    interface can serve, or ``Refused`` with the reason (see the module docstring). The policy:
+    True, the forward adds ``router_aux_loss_coef * aux_loss`` to the loss; False, it returns an
+    ``aux_loss`` but does not add it; None, no probe run returned an ``aux_loss``."""
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     cls = type(model)
-    if hasattr(model.config, "output_router_logits"):
-        raise Refused(
-            f"{cls.__name__} adds the router's auxiliary loss to the loss (output_router_logits), "
-            "which the fused loss does not compute yet"
-        )
     loss_function = model.loss_function
     if loss_function is not ForCausalLMLoss:
         name = getattr(loss_function, "__qualname__", type(loss_function).__name__)
@@ -165,47 +294,17 @@ def probe(model: torch.nn.Module) -> tuple[str, LogitForm]:
             f"its loss_function is {name}, not Transformers' ForCausalLMLoss (custom class "
             "weights, losses or reductions are not implemented by the kernel)"
         )
-    head_name, head = head_of(model)
-    generator = torch.Generator().manual_seed(0)
-    hidden = torch.randn(2, 3, 4, generator=generator)
-    labels = torch.randint(0, 8, (2, 3), generator=generator)
+    prober = _Prober(model)
+    hidden, labels = prober.hidden, prober.labels
     loss_keywords = {"num_items_in_batch": torch.tensor(5), "ignore_index": -7}
-
-    def run(**kwargs: Any) -> tuple[Any, dict[str, _Decoder], _Head, _LossRecorder]:
-        copy = object.__new__(cls)
-        copy.__dict__.update(model.__dict__)
-        children = {n: _Decoder(hidden) for n, _ in model.named_children() if n != head_name}
-        with torch.random.fork_rng(devices=[]):  # kernelize leaves the global RNG alone
-            probe_head = _Head(4, 8, bias=head.bias is not None)
-        with torch.no_grad():
-            probe_head.weight.copy_(torch.randn(8, 4, generator=generator))
-            if probe_head.bias is not None:
-                probe_head.bias.copy_(torch.randn(8, generator=generator))
-        probe_head.inputs = []
-        copy.__dict__["_modules"] = OrderedDict({**children, head_name: probe_head})
-        for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks"):
-            copy.__dict__[hooks] = OrderedDict()
-        copy.__dict__.pop("forward", None)
-        recorder = _LossRecorder()
-        copy.__dict__["_loss_function"] = recorder
-        copy.__dict__["training"] = True
-        try:
-            with torch.no_grad():
-                out = cls.forward(copy, input_ids=labels, return_dict=True, **kwargs)
-        except Exception as exc:  # the forward needs more than the probe offers
-            raise Refused(
-                f"{cls.__name__}.forward does not run on the probe: {type(exc).__name__}: {exc}"
-            ) from None
-        return out, children, probe_head, recorder
-
-    out, children, probe_head, recorder = run(labels=labels, **loss_keywords)
-    called = [n for n, child in children.items() if child.calls]
-    if len(called) != 1 or children[called[0]].calls != 1:
+    labeled = prober.run(labels=labels, **loss_keywords)
+    called = [n for n, child in labeled.children.items() if child.calls]
+    if len(called) != 1 or labeled.children[called[0]].calls != 1:
         raise Refused(f"its forward calls children {called}, not one decoder once")
-    if len(probe_head.inputs) != 1 or not torch.equal(probe_head.inputs[0], hidden):
+    if len(labeled.head.inputs) != 1 or not torch.equal(labeled.head.inputs[0], hidden):
         raise Refused("its LM head does not get the decoder's last_hidden_state unchanged")
-    raw = torch.nn.functional.linear(hidden, probe_head.weight, probe_head.bias)
-    logits = getattr(out, "logits", None)
+    raw = torch.nn.functional.linear(hidden, labeled.head.weight, labeled.head.bias)
+    logits = getattr(labeled.out, "logits", None)
     form = next(
         (
             f
@@ -222,9 +321,9 @@ def probe(model: torch.nn.Module) -> tuple[str, LogitForm]:
             f"its logits are post-processed in a way the kernel does not implement (it "
             f"implements, for this config: {forms})"
         )
-    if len(recorder.calls) != 1:
-        raise Refused(f"its forward calls loss_function {len(recorder.calls)} times, not once")
-    call = recorder.calls[0].arguments
+    if len(labeled.loss.calls) != 1:
+        raise Refused(f"its forward calls loss_function {len(labeled.loss.calls)} times, not once")
+    call = labeled.loss.calls[0].arguments
     extra = dict(call.get("kwargs", {}))
     if not (
         call["logits"] is logits
@@ -234,17 +333,28 @@ def probe(model: torch.nn.Module) -> tuple[str, LogitForm]:
         and call["ignore_index"] == loss_keywords["ignore_index"]
         and call["shift_labels"] is None
         and not extra
-        and getattr(out, "loss", None) is recorder.result
     ):
         raise Refused(
             "its forward does not pass (logits, labels, vocab_size, loss keywords) to "
-            "loss_function unchanged and return its result as the loss"
+            "loss_function unchanged"
         )
-    decoder = called[0]
-    _, _, probe_head, recorder = run(labels=None, logits_to_keep=_no_positions(hidden.device))
-    if len(probe_head.inputs) != 1 or probe_head.inputs[0].numel() != 0 or recorder.calls:
-        raise Refused("its forward still projects positions with an empty logits_to_keep")
-    return decoder, form
+    runs = [(labeled, prober.fused_route())]
+    if "output_router_logits" in inspect.signature(cls.forward).parameters or hasattr(
+        model.config.get_text_config(), "output_router_logits"
+    ):  # a MoE model: its aux loss asked for (elsewhere a call returning one runs stock)
+        routed = {"output_router_logits": True}
+        runs.append((prober.run(labels=labels, **routed), prober.fused_route(**routed)))
+    policies = {True, False}
+    for with_labels, fused in runs:
+        policies &= prober.aux_policies(with_labels, fused)
+    if not policies:
+        raise Refused(
+            "its loss is not the loss_function's result (plus router_aux_loss_coef * aux_loss "
+            "where it routes): it adds or changes something the fused loss does not compute"
+        )
+    adds = policies == {True}
+    seen = any(isinstance(getattr(f.out, "aux_loss", None), torch.Tensor) for _, f in runs)
+    return called[0], form, adds if seen else None
 
 
 def _no_positions(device: torch.device) -> torch.Tensor:
@@ -275,6 +385,9 @@ class _Installed:
     loss: Any
     """The kernel's ``causal_lm_loss``."""
     form: LogitForm
+    aux: bool | None
+    """The router aux policy ``probe`` found: add ``router_aux_loss_coef * aux_loss`` (True),
+    leave it out (False), or none seen (None: a call that returns one runs the stock forward)."""
     head: str
     capture: _Capture
     hook: Any
@@ -300,6 +413,7 @@ def fused_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     keep = _argument(args, kwargs, state.keep_index, "logits_to_keep", 0)
     if labels is None or not self.training or not (isinstance(keep, int) and keep == 0):
         return stock(self, *args, **kwargs)
+    given = args, kwargs
     args, kwargs = _with(args, kwargs, state.labels_index, "labels", None)
     args, kwargs = _with(
         args, kwargs, state.keep_index, "logits_to_keep", _no_positions(labels.device)
@@ -314,6 +428,9 @@ def fused_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
     finally:
         state.capture.active = False
         state.capture.hidden = None
+    aux = getattr(out, "aux_loss", None)
+    if isinstance(aux, torch.Tensor) and state.aux is None:  # a route the probe did not see
+        return stock(self, *given[0], **given[1])
     loss = state.loss(
         hidden,
         getattr(self, state.head),
@@ -322,6 +439,8 @@ def fused_forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         softcap=state.form.softcap,
         **{k: kwargs[k] for k in _LOSS_KEYWORDS if k in kwargs},
     )
+    if isinstance(aux, torch.Tensor) and state.aux:
+        loss = loss + self.router_aux_loss_coef * aux.to(loss.device)
     fields = {f.name: getattr(out, f.name) for f in dataclasses.fields(out)}
     out = type(out)(**{**fields, "loss": loss, "logits": None})
     return out if return_dict else out.to_tuple()
@@ -382,13 +501,15 @@ class CausalLMLossInterface:
             raise KernelHubError(f"integrations.register() returned {name!r}, not a loss name")
         if "forward" in model.__dict__:
             raise Refused("its forward is already replaced on the instance")
-        decoder, form = probe(model)
+        decoder, form, aux = probe(model)
         head, _ = head_of(model)
         capture = _Capture()
+        router = "; router aux loss added as stock" if aux else ""
         state = _Installed(
-            label=f"{name} ({form.describe()}; logits skipped in training with labels)",
+            label=f"{name} ({form.describe()}{router}; logits skipped in training with labels)",
             loss=loss,
             form=form,
+            aux=aux,
             head=head,
             capture=capture,
             hook=getattr(model, decoder).register_forward_hook(capture.hook),

@@ -30,7 +30,15 @@ compares with the form evaluated in f64 and accepts a difference only within the
 f32 arithmetic (and of the cast back); the layout (heads before or after the sequence) is the one
 the function runs on. A function that fails the probe is reported, its attention left alone.
 
-An attention forward that calls neither slot but one other rotary function of its module which
+A third slot, ``apply_rotary_pos_emb_interleave(q, k, cos, sin[, position_ids], unsqueeze_dim)``
+(DeepSeek-V3, GLM-4-MoE-Lite, GLM-MoE-DSA, Mistral 4, LongCat-Flash, ...: features in
+interleaved pairs ``(x0, x1), (x2, x3), ...`` rotated by the first half of cos and sin, the result
+laid out in halves), is the rotate-half form on q and k de-interleaved in torch
+(``cat(x[..., 0::2], x[..., 1::2])``, a permutation: exact) with cos and sin's first half used
+twice, decided by the same bit-for-bit probes; a forward calling both it and
+``apply_rotary_pos_emb`` (DeepSeek-V3's ``rope_interleave`` switch) gets both swapped.
+
+An attention forward that calls no slot but one other rotary function of its module which
 itself calls the module's ``apply_rotary_pos_emb`` (Gemma 4's vision
 ``apply_multidimensional_rope``, one call per position axis) gets a copy of that function whose
 slot is the kernel's: the splitting stays the stock code, each part is a slot call decided by the
@@ -69,6 +77,13 @@ _STATE = "_kernel_hub_rotary"
 COMPLEX_SLOT = "apply_rotary_emb"
 """The complex-valued rotary global (Llama 4, DeepSeek-V2): ``(xq, xk, freqs_cis)``."""
 _COMPLEX_SIGNATURE = "(xq, xk, freqs_cis)"
+INTERLEAVE_SLOT = "apply_rotary_pos_emb_interleave"
+"""The interleaved-pairs rotary global (DeepSeek-V3 and its derivatives)."""
+_INTERLEAVE_SIGNATURES = {
+    "(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)": True,
+    "(q, k, cos, sin, unsqueeze_dim=1)": False,
+}
+"""The interleaved slot signatures served -> whether it has the (unused) ``position_ids``."""
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -78,6 +93,18 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+def _deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """Features in pairs ``(x0, x1), (x2, x3), ...`` laid out in halves: evens, then odds."""
+    return torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
+
+
+def _first_half_twice(t: torch.Tensor) -> torch.Tensor:
+    """cos or sin as the interleaved slot reads them (its first half, one value per pair) at the
+    width the rotate-half form reads."""
+    half = t[..., : t.shape[-1] // 2]
+    return torch.cat((half, half), dim=-1)
 
 
 @dataclass(frozen=True)
@@ -136,14 +163,20 @@ def _widen(t: torch.Tensor, form: RotaryForm) -> torch.Tensor:
 class RotaryCall:
     """How the model's function is called: ``single``, one tensor per call (``(x, cos, sin,
     unsqueeze_dim)``: Gemma 4) instead of q and k; ``half_width``, cos and sin with one value per
-    frequency (half the rotated width: GPT-OSS), widened in torch before the kernel."""
+    frequency (half the rotated width: GPT-OSS), widened in torch before the kernel; ``pairs``,
+    the interleaved slot (q and k de-interleaved, cos and sin's first half used twice, in torch
+    before the kernel), ``position_ids`` when its signature has that parameter."""
 
     single: bool = False
     half_width: bool = False
+    pairs: bool = False
+    position_ids: bool = False
 
     def describe(self) -> str:
         parts = ["one tensor per call"] if self.single else []
-        return ", ".join([*parts, *(["half-width cos/sin"] if self.half_width else [])])
+        parts += ["half-width cos/sin"] if self.half_width else []
+        parts += ["interleaved pairs de-interleaved before the kernel"] if self.pairs else []
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -225,12 +258,42 @@ def recognise_rotary(fn: Callable[..., Any]) -> RotaryRecognition:
     )
 
 
+@functools.cache
+def recognise_interleaved(fn: Callable[..., Any]) -> RotaryRecognition:
+    """Which of ``ROTARY_FORMS`` the interleaved slot function ``fn`` computes on q and k
+    de-interleaved with cos and sin's first half used twice, on every full-width probe; or why
+    none (module docstring)."""
+    if not callable(fn):
+        return RotaryRecognition(None, f"{INTERLEAVE_SLOT} is {type(fn).__name__}, not a function")
+    try:
+        signature = _plain_signature(fn)
+    except (TypeError, ValueError) as exc:
+        return RotaryRecognition(None, f"its signature cannot be read: {exc}")
+    if signature not in _INTERLEAVE_SIGNATURES:
+        served = " or ".join(f"{INTERLEAVE_SLOT}{s}" for s in _INTERLEAVE_SIGNATURES)
+        return RotaryRecognition(
+            None, f"{INTERLEAVE_SLOT}{signature} is not a slot signature ({served})"
+        )
+    call = RotaryCall(pairs=True, position_ids=_INTERLEAVE_SIGNATURES[signature])
+    outcome = _matching_form(fn, call)
+    if isinstance(outcome, RotaryForm):
+        return RotaryRecognition(outcome, call=call)
+    forms = "; ".join(f.describe() for f in ROTARY_FORMS)
+    return RotaryRecognition(
+        None,
+        f"{outcome}, on q and k de-interleaved with cos and sin's first half (forms kernel-hub "
+        f"serves: {forms})",
+    )
+
+
 def _matching_form(fn: Callable[..., Any], call: RotaryCall) -> RotaryForm | str:
     """The first of ``ROTARY_FORMS`` ``fn`` computes on every probe called as ``call``, or why
     none does."""
     candidates = list(ROTARY_FORMS)
     for index, ((q, k, cos, sin), unsqueeze_dim) in enumerate(_probes()):
         partial = cos.shape[-1] < q.shape[-1]
+        if call.pairs and partial:  # served at full width only
+            continue
         if call.half_width:
             if partial:  # half-width cos/sin already look partial: no partial probe
                 continue
@@ -249,6 +312,9 @@ def _matching_form(fn: Callable[..., Any], call: RotaryCall) -> RotaryForm | str
         def expected(form: RotaryForm, q=q, k=k, cos=cos, sin=sin, unsqueeze_dim=unsqueeze_dim):
             if call.half_width:
                 cos, sin = _widen(cos, form), _widen(sin, form)
+            if call.pairs:
+                q, k = _deinterleave(q), _deinterleave(k)
+                cos, sin = _first_half_twice(cos), _first_half_twice(sin)
             return form.reference(q, k, cos, sin, unsqueeze_dim)
 
         candidates = [f for f in candidates if _same(out, expected(f), call.single)]
@@ -305,6 +371,11 @@ def slot_function(
             cos, sin = _widen(cos, form), _widen(sin, form)
         if not _served(q, k, cos, sin, unsqueeze_dim):
             return None
+        if call.pairs:
+            if cos.shape[-1] != q.shape[-1]:
+                return None
+            q, k = _deinterleave(q), _deinterleave(k)
+            cos, sin = _first_half_twice(cos), _first_half_twice(sin)
         return kernel_apply(q, k, cos, sin, unsqueeze_dim, **options)
 
     if call.single:
@@ -320,14 +391,25 @@ def slot_function(
             )
             return stock(x, cos, sin, unsqueeze_dim) if out is None else out[0]
 
+        function = apply_rotary_pos_emb
+    elif call.position_ids:
+
+        def apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+            # the stock function reads no position_ids: a call passing them runs it (as given)
+            out = None if position_ids is not None else rotate(q, k, cos, sin, unsqueeze_dim)
+            return stock(q, k, cos, sin, position_ids, unsqueeze_dim) if out is None else out
+
+        function = apply_rotary_pos_emb_interleave
     else:
 
         def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
             out = rotate(q, k, cos, sin, unsqueeze_dim)
             return stock(q, k, cos, sin, unsqueeze_dim) if out is None else out
 
-    apply_rotary_pos_emb.__wrapped__ = stock
-    return apply_rotary_pos_emb
+        function = apply_rotary_pos_emb
+
+    function.__wrapped__ = stock
+    return function
 
 
 @dataclass(frozen=True)
@@ -447,40 +529,42 @@ def _innermost_reading(fn: Any, name: str) -> Any | None:
     return None
 
 
-_SHADOWS: dict[tuple[str, Any], types.ModuleType] = {}
-"""(modeling module, slot value) -> its shadow module (see ``_shadow_globals``)."""
+_SHADOWS: dict[tuple[str, tuple], types.ModuleType] = {}
+"""(modeling module, slot values) -> its shadow module (see ``_shadow_globals``)."""
 
 
-def _shadow_globals(scope: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
-    """The globals of a modeling module with ``name`` set to ``value``: the namespace of a shadow
-    module registered in ``sys.modules`` (torch.compile resolves an inlined function's globals by
-    importing its ``__name__``), refreshed from the modeling module on every call."""
+def _shadow_globals(scope: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """The globals of a modeling module with the names of ``values`` set to them: the namespace
+    of a shadow module registered in ``sys.modules`` (torch.compile resolves an inlined
+    function's globals by importing its ``__name__``), refreshed from the modeling module on
+    every call."""
     module_name = scope.get("__name__", "?")
-    shadow = _SHADOWS.get((module_name, value))
+    key = (module_name, tuple(sorted(values.items(), key=lambda item: item[0])))
+    shadow = _SHADOWS.get(key)
     if shadow is None:
         shadow_name = f"_kernel_hub_rotary_slot_{len(_SHADOWS)}_{module_name.replace('.', '_')}"
         shadow = types.ModuleType(shadow_name)
-        _SHADOWS[(module_name, value)] = shadow
+        _SHADOWS[key] = shadow
         sys.modules[shadow_name] = shadow
     shadow_name = shadow.__name__
     shadow.__dict__.update(scope)
-    shadow.__dict__.update({"__name__": shadow_name, name: value})
+    shadow.__dict__.update({"__name__": shadow_name, **values})
     return shadow.__dict__
 
 
-def _with_global(fn: types.FunctionType, name: str, value: Any) -> types.FunctionType:
-    """A copy of ``fn`` whose global ``name`` is ``value``; a decorator's wrapper is copied with
-    its closure pointing at the copy of the function it wraps (``__wrapped__``)."""
+def _with_globals(fn: types.FunctionType, values: dict[str, Any]) -> types.FunctionType:
+    """A copy of ``fn`` whose globals named in ``values`` are those values; a decorator's wrapper
+    is copied with its closure pointing at the copy of the function it wraps (``__wrapped__``)."""
     inner = getattr(fn, "__wrapped__", None)
     closure = fn.__closure__
     new_inner = None
-    reads = _code_reads(fn.__code__, name)
+    reads = any(_code_reads(fn.__code__, name) for name in values)
     if not reads and isinstance(inner, types.FunctionType) and closure:
-        new_inner = _with_global(inner, name, value)
+        new_inner = _with_globals(inner, values)
         closure = tuple(
             types.CellType(new_inner) if cell.cell_contents is inner else cell for cell in closure
         )
-    scope = _shadow_globals(fn.__globals__, name, value) if reads else fn.__globals__
+    scope = _shadow_globals(fn.__globals__, values) if reads else fn.__globals__
     copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, closure)
     copy.__kwdefaults__ = fn.__kwdefaults__
     copy.__dict__.update(fn.__dict__)
@@ -497,10 +581,20 @@ def stock_function(cls: type, slot: str = SLOT) -> Any:
     return None if reader is None else reader.__globals__.get(slot)
 
 
+_RECOGNISERS = {SLOT: recognise_rotary, INTERLEAVE_SLOT: recognise_interleaved}
+"""The slots decided by bit-for-bit probes -> their recogniser."""
+
+
+def _plain_slots(cls: type) -> dict[str, Any]:
+    """Slot -> the function ``cls.forward`` calls there, for each of ``_RECOGNISERS`` it calls."""
+    found = {slot: stock_function(cls, slot) for slot in _RECOGNISERS}
+    return {slot: fn for slot, fn in found.items() if fn is not None}
+
+
 def _complex_slot(cls: type) -> tuple[Any, ComplexRecognition] | None:
     """(the ``apply_rotary_emb`` a Transformers class's forward calls, its recognition), or None
-    when it calls none (or also the ``apply_rotary_pos_emb`` slot, which then decides)."""
-    if not cls.__module__.startswith("transformers.") or stock_function(cls) is not None:
+    when it calls none (or also a plain slot, which then decides)."""
+    if not cls.__module__.startswith("transformers.") or _plain_slots(cls):
         return None
     stock = stock_function(cls, COMPLEX_SLOT)
     if stock is None:
@@ -532,7 +626,7 @@ def _code_reads(code: types.CodeType, name: str) -> bool:
 def _nested(outer: types.FunctionType, function: Callable[..., Any]) -> types.FunctionType:
     """``outer`` calling ``function`` as its ``apply_rotary_pos_emb`` (one copy per pair, so a
     later kernelize reuses its shadow globals)."""
-    return _with_global(outer, SLOT, function)
+    return _with_globals(outer, {SLOT: function})
 
 
 def _nested_slot(cls: type) -> tuple[str, types.FunctionType, RotaryRecognition] | None:
@@ -541,7 +635,7 @@ def _nested_slot(cls: type) -> tuple[str, types.FunctionType, RotaryRecognition]
     module that applies rotary through that module's ``apply_rotary_pos_emb`` (Gemma 4's vision
     ``apply_multidimensional_rope``: the input split in parts, each rotated by the slot); None
     otherwise."""
-    if not cls.__module__.startswith("transformers.") or stock_function(cls) is not None:
+    if not cls.__module__.startswith("transformers.") or _plain_slots(cls):
         return None
     names = _global_names(cls)
     others = sorted(n for n in names if n != COMPLEX_SLOT and _OTHER_ROTARY.fullmatch(n))
@@ -567,13 +661,14 @@ def unserved_rotary(cls: type) -> str | None:
     if nested is not None:
         name, _, recognition = nested
         return None if recognition.form else f"its {name}'s {SLOT}: {recognition.reason}"
-    served = {SLOT, *([COMPLEX_SLOT] if complex_slot is not None else [])}
+    served = {*_RECOGNISERS, *([COMPLEX_SLOT] if complex_slot is not None else [])}
     others = sorted(n for n in names if n not in served and _OTHER_ROTARY.fullmatch(n))
-    if not others or SLOT in names:
+    if not others or names & set(_RECOGNISERS):
         return None
+    slots = ", ".join(_RECOGNISERS)
     return (
-        f"its forward applies rotary through {', '.join(others)}, not the rotary_pos_emb slot "
-        f"({SLOT}); the rotary kernel serves only the slot"
+        f"its forward applies rotary through {', '.join(others)}, not a rotary_pos_emb slot "
+        f"({slots}); the rotary kernel serves only the slots"
     )
 
 
@@ -614,7 +709,7 @@ class RotarySlotInterface:
         nested = _nested_slot(cls)
         if nested is not None:
             return nested[2].form is not None
-        return stock_function(cls) is not None
+        return bool(_plain_slots(cls))
 
     def unreached(self, model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, str]]:
         found = []
@@ -636,9 +731,10 @@ class RotarySlotInterface:
                 continue
             if _complex_slot(cls) is not None or _nested_slot(cls) is not None:
                 continue  # dispatches only when recognised
-            recognition = recognise_rotary(stock_function(cls))
-            if recognition.form is None:
-                problems[cls.__name__] = f"{cls.__name__}'s {SLOT}: {recognition.reason}"
+            for slot, stock in _plain_slots(cls).items():
+                recognition = _RECOGNISERS[slot](stock)
+                if recognition.form is None:
+                    problems[cls.__name__, slot] = f"{cls.__name__}'s {slot}: {recognition.reason}"
         return "; ".join(problems.values()) or None
 
     def current(self, model: torch.nn.Module) -> dict[str, Any]:
@@ -662,19 +758,20 @@ class RotarySlotInterface:
                 described = ", ".join(filter(None, (form.describe(), call.describe())))
                 forms.add(f"{described}, through {name_called}")
                 function = slot_function(stock, kernel_apply, form, call)
-                forward = _with_global(cls.forward, name_called, _nested(outer, function))
+                forward = _with_globals(cls.forward, {name_called: _nested(outer, function)})
             elif complex_slot is not None:
                 stock, recognition = complex_slot
                 forms.add(f"{COMPLEX_FORM.describe()}, complex freqs_cis")
                 function = complex_slot_function(stock, kernel_apply, recognition.unsqueeze_dim)
-                forward = _with_global(cls.forward, COMPLEX_SLOT, function)
+                forward = _with_globals(cls.forward, {COMPLEX_SLOT: function})
             else:
-                stock = stock_function(cls)
-                recognition = recognise_rotary(stock)
-                form, call = recognition.form, recognition.call
-                forms.add(", ".join(filter(None, (form.describe(), call.describe()))))
-                function = slot_function(stock, kernel_apply, form, call)
-                forward = _with_global(cls.forward, SLOT, function)
+                functions = {}
+                for slot, stock in _plain_slots(cls).items():
+                    recognition = _RECOGNISERS[slot](stock)
+                    form, call = recognition.form, recognition.call
+                    forms.add(", ".join(filter(None, (form.describe(), call.describe()))))
+                    functions[slot] = slot_function(stock, kernel_apply, form, call)
+                forward = _with_globals(cls.forward, functions)
             forward.__dict__[_STATE] = name
             module.__dict__["forward"] = types.MethodType(forward, module)
         label = f"{name} ({'; '.join(sorted(forms))})"

@@ -34,12 +34,12 @@ MODELS = {
         {"head_dim": 16, "final_logit_softcapping": 5.0},
         DENSE,
     ),
-    # MoE: its loss stays stock (the router's auxiliary loss is not fused), experts through gmm
+    # MoE: experts through gmm; the loss fused (router logits off: no auxiliary loss to add)
     "mixtral": (
         "MixtralConfig",
         "MixtralForCausalLM",
         {"num_local_experts": 4, "num_experts_per_tok": 2},
-        {"ExpertsInterface", "AttentionInterface", "rotary_pos_emb"},
+        {"ForCausalLMLoss", "ExpertsInterface", "AttentionInterface", "rotary_pos_emb"},
     ),
 }
 # Liger's fp32 convergence tolerances (loss: atol 1e-8 / rtol 2e-5; params: 5e-3 / 1e-5, here as
