@@ -257,7 +257,7 @@ def test_models_with_differing_layers_scale_by_layer_type(model_type, tmp_path):
     needs_torchax_and_libtpu()
     fields = TINY_STRUCTURES[model_type]
     _, rows = model_bench(
-        tmp_path, "--mode=train", "--seq=256", "--batch=2", model_type=model_type, fields=fields
+        tmp_path, "--mode=train", "--seq=256", model_type=model_type, fields=fields
     )
     stock, kernelized = rows
     assert (stock["variant"], kernelized["variant"]) == ("stock", "kernelized")
