@@ -69,6 +69,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="decoder layers compiled per layer type (default 2; then scaled)",
     )
     parser.add_argument("--tpu", choices=("v5e", "v6e"), required=True)
+    parser.add_argument(
+        "--topology",
+        metavar="GRID",
+        help="shard the step over a multi-chip grid of the generation (2x2, 4x4): Transformers' "
+        "tensor-parallel plan over --tp chips, FSDP over the rest; figures per chip "
+        "(default: one chip)",
+    )
+    parser.add_argument(
+        "--tp", type=int, help="with --topology: chips on the tensor-parallel axis (default: all)"
+    )
     parser.add_argument("--json", metavar="PATH", help="write one object per variant")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG: stock vs kernelized bars")
     parser.set_defaults(func=run_model_bench_command)
@@ -88,6 +98,8 @@ def _spec(args: argparse.Namespace) -> Any:
         "context": args.context,
         "cache": args.cache,
         "layers": args.layers,
+        "topology": args.topology,
+        "tp": args.tp,
         "overrides": dict(args.set),
     }
     if args.preset:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_hub.bench.compile_check import no_persistent_cache
+from kernel_hub.bench.mesh_compile import count_collectives
 from kernel_hub.bench.model_figures import (
     ProgramFigures,
     VariantResult,
@@ -37,8 +38,9 @@ from kernel_hub.bench.model_figures import (
 )
 from kernel_hub.bench.roofline import TPU_CHIPS
 from kernel_hub.errors import KernelInputError, UnknownNameError
-from kernel_hub.topologies import TOPOLOGIES, filtered_libtpu_stderr, tpu_device
+from kernel_hub.topologies import TOPOLOGIES, filtered_libtpu_stderr
 
+from .bench_sharding import Placement, placement, topology_chips
 from .decode_bench import CACHES, DecodeShape, decode_step
 from .presets import preset
 
@@ -66,6 +68,11 @@ class BenchSpec:
     """decode: tokens per sequence in the KV cache after the step (the new one included)."""
     cache: str = "paged"
     """decode: ``static`` (Transformers' StaticCache) or ``paged`` (continuous batching)."""
+    topology: str | None = None
+    """A multi-chip grid of the generation (``2x2``, ``4x4``): the step sharded over it
+    (``bench_sharding``); None: one chip."""
+    tp: int | None = None
+    """Chips on the mesh's tensor-parallel axis (default: all); the rest are FSDP."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -74,6 +81,19 @@ class BenchSpec:
             raise UnknownNameError("decode cache", self.cache, CACHES)
         if self.tpu not in TOPOLOGIES or self.tpu not in TPU_CHIPS:
             raise UnknownNameError("TPU generation", self.tpu, set(TOPOLOGIES) & set(TPU_CHIPS))
+        if self.topology is not None:
+            chips = topology_chips(self.topology)
+            if self.mode == "decode" and self.cache == "paged":
+                raise KernelInputError(
+                    "--cache paged on a --topology: not built (stock continuous batching keeps one "
+                    "flat buffer with no head axis to shard); use --cache static"
+                )
+            if self.tp is not None and (self.tp < 1 or chips % self.tp):
+                raise KernelInputError(
+                    f"--tp {self.tp} must divide the {chips} chips of {self.topology}"
+                )
+        elif self.tp not in (None, 1):
+            raise KernelInputError(f"--tp {self.tp} needs a multi-chip --topology")
         for name in ("batch", "seq", "context"):
             if getattr(self, name) < 1:
                 raise KernelInputError(f"--{name} must be >= 1, got {getattr(self, name)}")
@@ -219,12 +239,14 @@ def _kernelize(model: Any, mode: str) -> dict[str, str]:
     return {target: f"{op} x{count}" for target, (op, count) in sorted(replaced.items())}
 
 
-def _abstract(tensors: Mapping[str, Any], sharding: Any) -> dict[str, Any]:
+def _abstract(tensors: Mapping[str, Any], place: Placement, fsdp: bool) -> dict[str, Any]:
     import jax
     from torchax.ops.mappings import t2j_dtype
 
     return {
-        name: jax.ShapeDtypeStruct(tuple(t.shape), t2j_dtype(t.dtype), sharding=sharding)
+        name: jax.ShapeDtypeStruct(
+            tuple(t.shape), t2j_dtype(t.dtype), sharding=place.weight(name, t.shape, fsdp)
+        )
         for name, t in tensors.items()
     }
 
@@ -257,6 +279,10 @@ class CompiledStep:
     loops: bool
     function: Callable[..., Any]
     arguments: tuple[Any, ...]
+    collectives: dict[str, int]
+    """Collective ops in the compiled program (a sharded step's all-reduces, all-gathers...)."""
+    chips: int
+    sharding_note: str | None
 
 
 @dataclass(frozen=True)
@@ -266,34 +292,46 @@ class TracedStep:
     function: Callable[..., Any]
     arguments: tuple[Any, ...]
     min_bytes_correction: float
+    placement: Placement
 
 
 def trace_step(model: Any, spec: BenchSpec) -> TracedStep:
-    """Trace ``model``'s step for the spec's TPU, deviceless (no compile)."""
+    """Trace ``model``'s step for the spec's TPU (one chip or the spec's mesh), deviceless (no
+    compile)."""
     import jax
-    from jax.sharding import SingleDeviceSharding
 
-    device = tpu_device(spec.tpu)
-    sharding = SingleDeviceSharding(device)
+    place = placement(spec.tpu, spec.topology, spec.tp, model)
+    device = place.device
     weights = (
-        _abstract(dict(model.named_parameters()), sharding),
-        _abstract(dict(model.named_buffers()), sharding),
+        _abstract(dict(model.named_parameters()), place, fsdp=True),
+        _abstract(dict(model.named_buffers()), place, fsdp=False),
     )
-    correction, donated = 0.0, ()
+    correction, donated, placed = 0.0, (), {}
+    if spec.mode == "train" and place.mesh is not None:
+        # gradients placed like their parameters, as a sharded trainer keeps them (else the
+        # partitioner may return a kernel's replicated weight gradient whole on every chip)
+        params = {name: s.sharding for name, s in weights[0].items()}
+        placed = {"out_shardings": (place.batch(()), params)}
     if spec.mode == "decode":
         decode = decode_step(
             model,
             DecodeShape(spec.batch, spec.context, spec.cache),
-            lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding),
+            lambda shape, dtype, heads_dim=None: jax.ShapeDtypeStruct(
+                shape, dtype, sharding=place.batch(shape, heads_dim)
+            ),
         )
         function, arguments = decode.function, (*weights, decode.cache, *decode.inputs)
         correction, donated = decode.min_bytes_correction, (2,)  # the cache, updated in place
     else:
-        ids = jax.ShapeDtypeStruct((spec.batch, spec.seq), jax.numpy.int32, sharding=sharding)
+        ids = jax.ShapeDtypeStruct(
+            (spec.batch, spec.seq), jax.numpy.int32, sharding=place.batch((spec.batch, spec.seq))
+        )
         function, arguments = _step(model, spec), (*weights, ids)
     with filtered_libtpu_stderr(), jax.default_device(device):
-        traced = jax.jit(function, donate_argnums=donated, keep_unused=True).trace(*arguments)
-    return TracedStep(traced, function, arguments, correction)
+        traced = jax.jit(function, donate_argnums=donated, keep_unused=True, **placed).trace(
+            *arguments
+        )
+    return TracedStep(traced, function, arguments, correction, place)
 
 
 def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
@@ -302,28 +340,36 @@ def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
 
     step = trace_step(model, spec)
     with filtered_libtpu_stderr(), no_persistent_cache():
-        with jax.default_device(tpu_device(spec.tpu)):
+        with jax.default_device(step.placement.device):
             lowered = step.traced.lower()
         compiled = lowered.compile()
+    hlo = compiled.as_text() or ""
+    collectives = count_collectives(hlo)
+    collectives.pop("mosaic")
     return CompiledStep(
         program_figures(compiled, min_bytes_correction=step.min_bytes_correction),
         pallas_kernels(str(step.traced.jaxpr)),
-        has_loops(compiled.as_text() or ""),
+        has_loops(hlo),
         step.function,
         step.arguments,
+        collectives,
+        step.placement.chips,
+        step.placement.describe(),
     )
 
 
-def _measured_ms(step: CompiledStep, tpu: str) -> float | None:
+def _measured_ms(step: CompiledStep, tpu: str, spec_topology: str | None) -> float | None:
     """Median time of the step on a local TPU of this generation (zero weights), else None.
 
     The deviceless executable cannot run on a chip: the step is compiled again for the local one
-    (during the warm-up calls).
+    (during the warm-up calls). A step sharded over a topology is not timed (None).
     """
     import jax
 
     from kernel_hub.platform import tpu_generation
 
+    if spec_topology is not None:
+        return None
     local = [d for d in jax.devices() if d.platform == "tpu"]
     if not local or tpu_generation(local[0]) != tpu:
         return None
@@ -363,8 +409,20 @@ def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
         kernels=sorted({k for step in steps.values() for k in step.kernels}),
         replaced=replaced,
         loops=any(step.loops for step in steps.values()),
-        measured_ms=_measured_ms(deep, spec.tpu),
-        notes=(_shape_note(spec),),
+        measured_ms=_measured_ms(deep, spec.tpu, spec.topology),
+        notes=(_shape_note(spec), *_mesh_notes(deep)),
+        chips=deep.chips,
+    )
+
+
+def _mesh_notes(step: CompiledStep) -> tuple[str, ...]:
+    if step.chips == 1:
+        return ()
+    found = ", ".join(f"{name} x{n}" for name, n in sorted(step.collectives.items()) if n)
+    return (
+        step.sharding_note,
+        f"collectives in the largest compiled program: {found or 'none'}",
+        "not timed on a chip (the timing path runs one-chip cells only)",
     )
 
 

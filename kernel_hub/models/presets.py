@@ -38,6 +38,22 @@ PRESETS: dict[str, Preset] = {
         },
         "meta-llama/Meta-Llama-3-8B",
     ),
+    "llama-3-70b": Preset(
+        "llama",
+        {
+            "vocab_size": 128256,
+            "hidden_size": 8192,
+            "intermediate_size": 28672,
+            "num_hidden_layers": 80,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 8192,
+            "rms_norm_eps": 1e-5,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+            "tie_word_embeddings": False,
+        },
+        "meta-llama/Meta-Llama-3-70B (140 GB of bf16 weights: run it with --topology)",
+    ),
     "qwen3-8b": Preset(
         "qwen3",
         {
