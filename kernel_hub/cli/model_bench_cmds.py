@@ -44,7 +44,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="override a config field (repeatable)",
     )
-    parser.add_argument("--mode", choices=("train", "prefill", "decode"), required=True)
+    parser.add_argument(
+        "--mode",
+        choices=("train", "prefill", "decode", "denoise"),
+        required=True,
+        help="a causal LM's training step, prefill or decode step; a Diffusers transformer's "
+        "denoising step (denoise)",
+    )
+    parser.add_argument(
+        "--image",
+        type=int,
+        default=1024,
+        help="denoise: the image's side in pixels (default 1024)",
+    )
     parser.add_argument(
         "--seq", type=int, default=4096, help="train/prefill: tokens per sequence (default 4096)"
     )
@@ -100,6 +112,7 @@ def _spec(args: argparse.Namespace) -> Any:
         "layers": args.layers,
         "topology": args.topology,
         "tp": args.tp,
+        "image": args.image,
         "overrides": dict(args.set),
     }
     if args.preset:

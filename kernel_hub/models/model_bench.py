@@ -42,9 +42,16 @@ from kernel_hub.topologies import TOPOLOGIES, filtered_libtpu_stderr
 
 from .bench_sharding import Placement, placement, topology_chips
 from .decode_bench import CACHES, DecodeShape, decode_step
+from .diffusion_bench import TEXT_TOKENS, image_tokens
+from .diffusion_bench import build as build_diffusion_model
+from .diffusion_bench import layer_types as diffusion_layer_types
+from .diffusion_bench import step as diffusion_step
 from .presets import preset
 
-MODES = ("train", "prefill", "decode")
+MODES = ("train", "prefill", "decode", "denoise")
+"""``denoise``: one denoising step of a Diffusers transformer (``diffusion_bench``); the others
+are a Transformers causal LM's."""
+LIBRARIES = ("transformers", "diffusers")
 VARIANTS = ("stock", "kernelized")
 UNNAMED_TYPE = "decoder"
 """The layer type of a model whose config names none (all its decoder layers alike)."""
@@ -73,6 +80,10 @@ class BenchSpec:
     (``bench_sharding``); None: one chip."""
     tp: int | None = None
     """Chips on the mesh's tensor-parallel axis (default: all); the rest are FSDP."""
+    library: str = "transformers"
+    """Where ``model_type`` comes from: a Transformers model type, or a Diffusers model class."""
+    image: int = 1024
+    """denoise: the image's side in pixels."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -81,6 +92,20 @@ class BenchSpec:
             raise UnknownNameError("decode cache", self.cache, CACHES)
         if self.tpu not in TOPOLOGIES or self.tpu not in TPU_CHIPS:
             raise UnknownNameError("TPU generation", self.tpu, set(TOPOLOGIES) & set(TPU_CHIPS))
+        if self.library not in LIBRARIES:
+            raise UnknownNameError("model library", self.library, LIBRARIES)
+        if (self.mode == "denoise") != (self.library == "diffusers"):
+            raise KernelInputError(
+                f"--mode {self.mode} is not one for {self.name} ({self.library}): a Diffusers "
+                "transformer runs --mode denoise, a causal LM train, prefill or decode"
+            )
+        if self.mode == "denoise":
+            image_tokens(self.image)
+            if self.topology is not None:
+                raise KernelInputError(
+                    "--topology with --mode denoise: not built (Flux's TP plan packs its "
+                    "single-stream output projection, which model-bench does not shard)"
+                )
         if self.topology is not None:
             chips = topology_chips(self.topology)
             if self.mode == "decode" and self.cache == "paged":
@@ -110,6 +135,8 @@ class BenchSpec:
     def layer_types(self) -> list[str]:
         """The full model's layer type per decoder layer (``decoder`` for a model that names
         none)."""
+        if self.library == "diffusers":
+            return diffusion_layer_types(self.fields())
         kinds = self.fields().get("layer_types")
         if kinds is None:
             kinds = getattr(_config(self, None), "layer_types", None)
@@ -131,6 +158,8 @@ class BenchSpec:
 
     @property
     def full_layers(self) -> int:
+        if self.library == "diffusers":
+            return len(self.layer_types())
         return int(self.fields()["num_hidden_layers"])
 
     def fields(self) -> dict[str, Any]:
@@ -139,7 +168,7 @@ class BenchSpec:
 
 def spec_for_preset(name: str, **kwargs: Any) -> BenchSpec:
     chosen = preset(name)
-    return BenchSpec(name, chosen.model_type, chosen.config, **kwargs)
+    return BenchSpec(name, chosen.model_type, chosen.config, library=chosen.library, **kwargs)
 
 
 def spec_for_config_file(path: str | Path, **kwargs: Any) -> BenchSpec:
@@ -191,6 +220,8 @@ def _build(spec: BenchSpec, kinds: list[str]) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
+    if spec.library == "diffusers":
+        return build_diffusion_model(spec.model_type, spec.fields(), kinds)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(_config(spec, kinds), dtype=torch.bfloat16)
     if model._can_set_experts_implementation():
@@ -322,6 +353,14 @@ def trace_step(model: Any, spec: BenchSpec) -> TracedStep:
         )
         function, arguments = decode.function, (*weights, decode.cache, *decode.inputs)
         correction, donated = decode.min_bytes_correction, (2,)  # the cache, updated in place
+    elif spec.mode == "denoise":
+        denoise = diffusion_step(
+            model,
+            spec.batch,
+            spec.image,
+            lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=place.batch(shape)),
+        )
+        function, arguments = denoise.function, (*weights, *denoise.inputs)
     else:
         ids = jax.ShapeDtypeStruct(
             (spec.batch, spec.seq), jax.numpy.int32, sharding=place.batch((spec.batch, spec.seq))
@@ -427,6 +466,12 @@ def _mesh_notes(step: CompiledStep) -> tuple[str, ...]:
 
 
 def _shape_note(spec: BenchSpec) -> str:
+    if spec.mode == "denoise":
+        return (
+            f"one denoising step of batch {spec.batch} at {spec.image}x{spec.image} pixels "
+            f"({image_tokens(spec.image)} image tokens + {TEXT_TOKENS} text tokens), bf16 "
+            "weights and activations"
+        )
     if spec.mode == "decode":
         return (
             f"one new token for each of {spec.batch} sequences over a {spec.cache} KV cache of "
