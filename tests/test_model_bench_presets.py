@@ -104,3 +104,65 @@ def test_a_sharded_training_step_compiles_per_chip(tmp_path):
     # gradients come back placed like their parameters in both programs
     assert stock["compiled"]["output_bytes"] == kernelized["compiled"]["output_bytes"]
     assert kernelized["peak_hbm_bytes"] <= stock["peak_hbm_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["flux-1-dev", "--mode=train"], "--mode train is not one for flux-1-dev (diffusers)"),
+        (["llama-3-8b", "--mode=denoise"], "--mode denoise is not one for llama-3-8b"),
+        (["flux-1-dev", "--mode=denoise", "--image=1000"], "multiple of 16 pixels"),
+        (["flux-1-dev", "--mode=denoise", "--topology=2x2"], "--topology with --mode denoise"),
+    ],
+)
+def test_bad_diffusion_input_is_refused_before_any_compile(args, message, capsys):
+    assert main(["model-bench", *args, "--tpu=v6e"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_flux_preset_builds_at_real_width_on_meta():
+    from kernel_hub.models.model_bench import _build, spec_for_preset
+
+    spec = spec_for_preset("flux-1-dev", mode="denoise", tpu="v6e")
+    assert spec.full_layers == 57  # 19 double-stream + 38 single-stream blocks
+    model = _build(spec, ["double_stream", "single_stream"])
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    assert (len(model.transformer_blocks), len(model.single_transformer_blocks)) == (1, 1)
+    assert model.config.num_attention_heads * model.config.attention_head_dim == 3072
+
+
+# Flux's layout at tiny width: head_dim 128 (the rope axes sum to it), 2 heads, 2 blocks of each
+# type (1 of each in the base program), a 256 x 256 image (256 image tokens)
+TINY_FLUX = {
+    "num_layers": 2,
+    "num_single_layers": 2,
+    "num_attention_heads": 2,
+    "joint_attention_dim": 256,
+    "pooled_projection_dim": 64,
+    "in_channels": 16,
+}
+
+
+@pytest.mark.tpu_compile
+def test_a_flux_denoising_step_compiles_stock_and_kernelized(tmp_path):
+    if importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None:
+        pytest.skip("model-bench needs torchax and libtpu (the torchax and tpu extras)")
+    pytest.importorskip("diffusers")
+    out = tmp_path / "out.json"
+    settings = [f"--set={key}={json.dumps(value)}" for key, value in TINY_FLUX.items()]
+    command = [sys.executable, "-m", "kernel_hub.cli", "model-bench", "flux-1-dev"]
+    args = ["--mode=denoise", "--image=256", "--tpu=v6e", f"--json={out}"]
+    result = subprocess.run(
+        [*command, *settings, *args], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    stock, kernelized = rows = json.loads(out.read_text())
+    for row in rows:
+        assert (row["mode"], row["full_layers"], row["compiled_layers"]) == ("denoise", 4, 3)
+        assert "(2 double_stream, 2 single_stream)" in row["notes"][0]
+        assert "256 image tokens + 512 text tokens" in row["notes"][2]
+    assert stock["kernels"] == [] and stock["replaced"] == {}
+    assert {"flash_attention_forward", "layer_norm_forward", "rms_norm_forward"} <= set(
+        kernelized["kernels"]
+    )
+    assert kernelized["peak_hbm_bytes"] <= stock["peak_hbm_bytes"]
