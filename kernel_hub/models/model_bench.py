@@ -8,6 +8,9 @@ TPU (``torch.func.functional_call`` over "jax" tensors); the function is traced 
 ``ShapeDtypeStruct`` arguments on a deviceless TPU of the chosen generation, so the kernels'
 implementation tables pick their Pallas TPU implementations, and compiled by libtpu. The figures
 of the compiles are scaled to the full depth per layer type (``kernel_hub.bench.model_figures``).
+A spec with a ``topology`` compiles one SPMD program for every chip of a multi-chip grid, the model
+sharded by its tensor-parallel plan and FSDP (``bench_sharding``); a Diffusers transformer's step
+is one denoising step (``diffusion_bench``), its block types the layer types.
 
 Importing torchax renames torch's PrivateUse1 device for the rest of the process (torch.compile
 breaks there): run this in a process of its own, as the ``kernel-hub model-bench`` command does.
@@ -397,7 +400,7 @@ def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
     )
 
 
-def _measured_ms(step: CompiledStep, tpu: str, spec_topology: str | None) -> float | None:
+def _measured_ms(step: CompiledStep, tpu: str) -> float | None:
     """Median time of the step on a local TPU of this generation (zero weights), else None.
 
     The deviceless executable cannot run on a chip: the step is compiled again for the local one
@@ -407,7 +410,7 @@ def _measured_ms(step: CompiledStep, tpu: str, spec_topology: str | None) -> flo
 
     from kernel_hub.platform import tpu_generation
 
-    if spec_topology is not None:
+    if step.chips > 1:
         return None
     local = [d for d in jax.devices() if d.platform == "tpu"]
     if not local or tpu_generation(local[0]) != tpu:
@@ -448,7 +451,7 @@ def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
         kernels=sorted({k for step in steps.values() for k in step.kernels}),
         replaced=replaced,
         loops=any(step.loops for step in steps.values()),
-        measured_ms=_measured_ms(deep, spec.tpu, spec.topology),
+        measured_ms=_measured_ms(deep, spec.tpu),
         notes=(_shape_note(spec), *_mesh_notes(deep)),
         chips=deep.chips,
     )
