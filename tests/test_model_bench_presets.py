@@ -120,15 +120,18 @@ def test_bad_diffusion_input_is_refused_before_any_compile(args, message, capsys
     assert message in capsys.readouterr().err
 
 
-def test_the_flux_preset_builds_at_real_width_on_meta():
-    from kernel_hub.models.model_bench import _build, spec_for_preset
+def test_the_flux_preset_has_flux_1_dev_blocks():
+    from kernel_hub.models.model_bench import spec_for_preset
 
     spec = spec_for_preset("flux-1-dev", mode="denoise", tpu="v6e")
     assert spec.full_layers == 57  # 19 double-stream + 38 single-stream blocks
-    model = _build(spec, ["double_stream", "single_stream"])
-    assert {p.device.type for p in model.parameters()} == {"meta"}
-    assert (len(model.transformer_blocks), len(model.single_transformer_blocks)) == (1, 1)
-    assert model.config.num_attention_heads * model.config.attention_head_dim == 3072
+    assert spec.plan() == (
+        ["double_stream", "single_stream"],
+        {
+            "double_stream": ["double_stream", "single_stream", "double_stream"],
+            "single_stream": ["double_stream", "single_stream", "single_stream"],
+        },
+    )
 
 
 # Flux's layout at tiny width: head_dim 128 (the rope axes sum to it), 2 heads, 2 blocks of each
@@ -152,8 +155,9 @@ def test_a_flux_denoising_step_compiles_stock_and_kernelized(tmp_path):
     settings = [f"--set={key}={json.dumps(value)}" for key, value in TINY_FLUX.items()]
     command = [sys.executable, "-m", "kernel_hub.cli", "model-bench", "flux-1-dev"]
     args = ["--mode=denoise", "--image=256", "--tpu=v6e", f"--json={out}"]
+    # six compiles, about 70 s of CPU time
     result = subprocess.run(
-        [*command, *settings, *args], capture_output=True, text=True, timeout=600
+        [*command, *settings, *args], capture_output=True, text=True, timeout=1500
     )
     assert result.returncode == 0, result.stderr[-4000:]
     stock, kernelized = rows = json.loads(out.read_text())
