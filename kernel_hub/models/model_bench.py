@@ -236,18 +236,22 @@ def _build(spec: BenchSpec, kinds: list[str]) -> Any:
 
 
 def _replace_tensors(model: Any, make: Callable[[Any], Any]) -> None:
-    """Every parameter and buffer of ``model`` replaced by ``make(tensor)`` (same shape, dtype)."""
+    """Every parameter and buffer of ``model`` replaced by ``make(tensor)`` (same shape, dtype);
+    a tensor shared by several modules (tied embeddings) gets one replacement, still shared."""
     import torch
 
+    made: dict[int, Any] = {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is not None:
-                module._parameters[name] = torch.nn.Parameter(
-                    make(param), requires_grad=param.requires_grad
-                )
+                if id(param) not in made:
+                    made[id(param)] = torch.nn.Parameter(
+                        make(param), requires_grad=param.requires_grad
+                    )
+                module._parameters[name] = made[id(param)]
         for name, buffer in list(module._buffers.items()):
             if buffer is not None:
-                module._buffers[name] = make(buffer)
+                module._buffers[name] = made.setdefault(id(buffer), make(buffer))
 
 
 def _kernelize(model: Any, mode: str) -> dict[str, str]:
