@@ -69,8 +69,9 @@ def tpu_device(generation: str) -> Any:
 
 
 @functools.cache
-def tpu_devices(generation: str) -> tuple[Any, ...]:
-    """Every device of the deviceless topology for ``generation`` (4 chips; v4: 8 cores)."""
+def tpu_devices(generation: str, shape: str | None = None) -> tuple[Any, ...]:
+    """Every device of the deviceless topology for ``generation`` (4 chips; v4: 8 cores), or of
+    ``generation:shape`` (``shape`` such as ``4x4``) when given."""
     if generation not in TOPOLOGIES:
         raise UnknownNameError("TPU generation", generation, TOPOLOGIES)
     if importlib.util.find_spec("libtpu") is None:
@@ -82,4 +83,5 @@ def tpu_devices(generation: str) -> tuple[Any, ...]:
     from jax.experimental import topologies
 
     with filtered_libtpu_stderr():
-        return tuple(topologies.get_topology_desc(TOPOLOGIES[generation], "tpu").devices)
+        name = TOPOLOGIES[generation] if shape is None else f"{generation}:{shape}"
+        return tuple(topologies.get_topology_desc(name, "tpu").devices)

@@ -271,7 +271,9 @@ def test_models_with_differing_layers_scale_by_layer_type(model_type, tmp_path):
     assert kernelized["peak_hbm_bytes"] <= stock["peak_hbm_bytes"]
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize(
+    "name", sorted(n for n, p in PRESETS.items() if p.library == "transformers")
+)  # the Diffusers one: tests/test_model_bench_presets.py
 def test_every_preset_builds_at_real_width_on_meta(name):
     from kernel_hub.models.model_bench import _build, spec_for_preset
 

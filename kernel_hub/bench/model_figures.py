@@ -170,6 +170,8 @@ class VariantResult:
     notes: list[str] = field(default_factory=list)
     compiled: dict[str, float] = field(default_factory=dict)
     """The largest program compiled (``compiled_layers`` layers), unscaled."""
+    chips: int = 1
+    """Chips the step is sharded over; the figures are one chip's."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,6 +192,7 @@ def variant_result(
     loops: bool,
     measured_ms: float | None = None,
     notes: tuple[str, ...] = (),
+    chips: int = 1,
 ) -> VariantResult:
     """A row at full depth, with the notes that say which figures to distrust and why; the
     programs as ``scale_by_type`` takes them. ``compiled`` keeps the last program of
@@ -236,6 +239,7 @@ def variant_result(
         measured_ms=measured_ms,
         notes=notes,
         compiled={**asdict(deep), "peak_hbm_bytes": deep.peak_hbm_bytes},
+        chips=chips,
     )
 
 
@@ -259,7 +263,7 @@ def model_bench_row(result: VariantResult) -> list[str]:
     return [
         result.model,
         result.mode,
-        result.tpu,
+        result.tpu if result.chips == 1 else f"{result.tpu} x{result.chips} (per chip)",
         result.variant,
         f"{result.peak_hbm_bytes / 2**30:.4g}",
         f"{result.bytes_accessed / 1e9:.4g}",

@@ -44,7 +44,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="override a config field (repeatable)",
     )
-    parser.add_argument("--mode", choices=("train", "prefill", "decode"), required=True)
+    parser.add_argument(
+        "--mode",
+        choices=("train", "prefill", "decode", "denoise"),
+        required=True,
+        help="a causal LM's training step, prefill or decode step; a Diffusers transformer's "
+        "denoising step (denoise)",
+    )
+    parser.add_argument(
+        "--image",
+        type=int,
+        default=1024,
+        help="denoise: the image's side in pixels (default 1024)",
+    )
     parser.add_argument(
         "--seq", type=int, default=4096, help="train/prefill: tokens per sequence (default 4096)"
     )
@@ -69,6 +81,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="decoder layers compiled per layer type (default 2; then scaled)",
     )
     parser.add_argument("--tpu", choices=("v5e", "v6e"), required=True)
+    parser.add_argument(
+        "--topology",
+        metavar="GRID",
+        help="shard the step over a multi-chip grid of the generation (2x2, 4x4): Transformers' "
+        "tensor-parallel plan over --tp chips, FSDP over the rest; figures per chip "
+        "(default: one chip)",
+    )
+    parser.add_argument(
+        "--tp", type=int, help="with --topology: chips on the tensor-parallel axis (default: all)"
+    )
     parser.add_argument("--json", metavar="PATH", help="write one object per variant")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG: stock vs kernelized bars")
     parser.set_defaults(func=run_model_bench_command)
@@ -88,6 +110,9 @@ def _spec(args: argparse.Namespace) -> Any:
         "context": args.context,
         "cache": args.cache,
         "layers": args.layers,
+        "topology": args.topology,
+        "tp": args.tp,
+        "image": args.image,
         "overrides": dict(args.set),
     }
     if args.preset:

@@ -72,7 +72,9 @@ def _token_kv_bytes(config: Any) -> int:
 
 
 def decode_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -> DecodeStep:
-    """The step for ``shape.cache``; ``abstract(shape, dtype)`` makes an abstract argument."""
+    """The step for ``shape.cache``; ``abstract(shape, dtype)`` makes an abstract argument
+    (``abstract(shape, dtype, heads_dim=1)`` a static cache's ``[B, Hkv, C, D]`` tensor, whose
+    heads a sharded step splits)."""
     build = {"static": _static_step, "paged": _paged_step}[shape.cache]
     return build(model, shape, abstract)
 
@@ -88,7 +90,9 @@ def _static_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -
     _, heads, head_dim = _kv_geometry(model.config)
     # A sliding-window layer keeps min(window, C) tokens; a full one C.
     lengths = [layer.max_cache_len for layer in StaticCache(model.config, context).layers]
-    kv = [abstract((batch, heads, length, head_dim), jnp.bfloat16) for length in lengths]
+    kv = [
+        abstract((batch, heads, length, head_dim), jnp.bfloat16, heads_dim=1) for length in lengths
+    ]
     cache = {"keys": kv, "values": kv}
     inputs = (abstract((batch, 1), jnp.int32), abstract((), jnp.int32))
 

@@ -8,6 +8,9 @@ TPU (``torch.func.functional_call`` over "jax" tensors); the function is traced 
 ``ShapeDtypeStruct`` arguments on a deviceless TPU of the chosen generation, so the kernels'
 implementation tables pick their Pallas TPU implementations, and compiled by libtpu. The figures
 of the compiles are scaled to the full depth per layer type (``kernel_hub.bench.model_figures``).
+A spec with a ``topology`` compiles one SPMD program for every chip of a multi-chip grid, the model
+sharded by its tensor-parallel plan and FSDP (``bench_sharding``); a Diffusers transformer's step
+is one denoising step (``diffusion_bench``), its block types the layer types.
 
 Importing torchax renames torch's PrivateUse1 device for the rest of the process (torch.compile
 breaks there): run this in a process of its own, as the ``kernel-hub model-bench`` command does.
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kernel_hub.bench.compile_check import no_persistent_cache
+from kernel_hub.bench.mesh_compile import count_collectives
 from kernel_hub.bench.model_figures import (
     ProgramFigures,
     VariantResult,
@@ -37,12 +41,20 @@ from kernel_hub.bench.model_figures import (
 )
 from kernel_hub.bench.roofline import TPU_CHIPS
 from kernel_hub.errors import KernelInputError, UnknownNameError
-from kernel_hub.topologies import TOPOLOGIES, filtered_libtpu_stderr, tpu_device
+from kernel_hub.topologies import TOPOLOGIES, filtered_libtpu_stderr
 
+from .bench_sharding import Placement, placement, topology_chips
 from .decode_bench import CACHES, DecodeShape, decode_step
+from .diffusion_bench import TEXT_TOKENS, image_tokens
+from .diffusion_bench import build as build_diffusion_model
+from .diffusion_bench import layer_types as diffusion_layer_types
+from .diffusion_bench import step as diffusion_step
 from .presets import preset
 
-MODES = ("train", "prefill", "decode")
+MODES = ("train", "prefill", "decode", "denoise")
+"""``denoise``: one denoising step of a Diffusers transformer (``diffusion_bench``); the others
+are a Transformers causal LM's."""
+LIBRARIES = ("transformers", "diffusers")
 VARIANTS = ("stock", "kernelized")
 UNNAMED_TYPE = "decoder"
 """The layer type of a model whose config names none (all its decoder layers alike)."""
@@ -66,6 +78,15 @@ class BenchSpec:
     """decode: tokens per sequence in the KV cache after the step (the new one included)."""
     cache: str = "paged"
     """decode: ``static`` (Transformers' StaticCache) or ``paged`` (continuous batching)."""
+    topology: str | None = None
+    """A multi-chip grid of the generation (``2x2``, ``4x4``): the step sharded over it
+    (``bench_sharding``); None: one chip."""
+    tp: int | None = None
+    """Chips on the mesh's tensor-parallel axis (default: all); the rest are FSDP."""
+    library: str = "transformers"
+    """Where ``model_type`` comes from: a Transformers model type, or a Diffusers model class."""
+    image: int = 1024
+    """denoise: the image's side in pixels."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -74,6 +95,33 @@ class BenchSpec:
             raise UnknownNameError("decode cache", self.cache, CACHES)
         if self.tpu not in TOPOLOGIES or self.tpu not in TPU_CHIPS:
             raise UnknownNameError("TPU generation", self.tpu, set(TOPOLOGIES) & set(TPU_CHIPS))
+        if self.library not in LIBRARIES:
+            raise UnknownNameError("model library", self.library, LIBRARIES)
+        if (self.mode == "denoise") != (self.library == "diffusers"):
+            raise KernelInputError(
+                f"--mode {self.mode} is not one for {self.name} ({self.library}): a Diffusers "
+                "transformer runs --mode denoise, a causal LM train, prefill or decode"
+            )
+        if self.mode == "denoise":
+            image_tokens(self.image)
+            if self.topology is not None:
+                raise KernelInputError(
+                    "--topology with --mode denoise: not built (Flux's TP plan packs its "
+                    "single-stream output projection, which model-bench does not shard)"
+                )
+        if self.topology is not None:
+            chips = topology_chips(self.topology)
+            if self.mode == "decode" and self.cache == "paged":
+                raise KernelInputError(
+                    "--cache paged on a --topology: not built (stock continuous batching keeps one "
+                    "flat buffer with no head axis to shard); use --cache static"
+                )
+            if self.tp is not None and (self.tp < 1 or chips % self.tp):
+                raise KernelInputError(
+                    f"--tp {self.tp} must divide the {chips} chips of {self.topology}"
+                )
+        elif self.tp not in (None, 1):
+            raise KernelInputError(f"--tp {self.tp} needs a multi-chip --topology")
         for name in ("batch", "seq", "context"):
             if getattr(self, name) < 1:
                 raise KernelInputError(f"--{name} must be >= 1, got {getattr(self, name)}")
@@ -90,6 +138,8 @@ class BenchSpec:
     def layer_types(self) -> list[str]:
         """The full model's layer type per decoder layer (``decoder`` for a model that names
         none)."""
+        if self.library == "diffusers":
+            return diffusion_layer_types(self.fields())
         kinds = self.fields().get("layer_types")
         if kinds is None:
             kinds = getattr(_config(self, None), "layer_types", None)
@@ -111,6 +161,8 @@ class BenchSpec:
 
     @property
     def full_layers(self) -> int:
+        if self.library == "diffusers":
+            return len(self.layer_types())
         return int(self.fields()["num_hidden_layers"])
 
     def fields(self) -> dict[str, Any]:
@@ -119,7 +171,7 @@ class BenchSpec:
 
 def spec_for_preset(name: str, **kwargs: Any) -> BenchSpec:
     chosen = preset(name)
-    return BenchSpec(name, chosen.model_type, chosen.config, **kwargs)
+    return BenchSpec(name, chosen.model_type, chosen.config, library=chosen.library, **kwargs)
 
 
 def spec_for_config_file(path: str | Path, **kwargs: Any) -> BenchSpec:
@@ -171,6 +223,8 @@ def _build(spec: BenchSpec, kinds: list[str]) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
+    if spec.library == "diffusers":
+        return build_diffusion_model(spec.model_type, spec.fields(), kinds)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(_config(spec, kinds), dtype=torch.bfloat16)
     if model._can_set_experts_implementation():
@@ -182,18 +236,22 @@ def _build(spec: BenchSpec, kinds: list[str]) -> Any:
 
 
 def _replace_tensors(model: Any, make: Callable[[Any], Any]) -> None:
-    """Every parameter and buffer of ``model`` replaced by ``make(tensor)`` (same shape, dtype)."""
+    """Every parameter and buffer of ``model`` replaced by ``make(tensor)`` (same shape, dtype);
+    a tensor shared by several modules (tied embeddings) gets one replacement, still shared."""
     import torch
 
+    made: dict[int, Any] = {}
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is not None:
-                module._parameters[name] = torch.nn.Parameter(
-                    make(param), requires_grad=param.requires_grad
-                )
+                if id(param) not in made:
+                    made[id(param)] = torch.nn.Parameter(
+                        make(param), requires_grad=param.requires_grad
+                    )
+                module._parameters[name] = made[id(param)]
         for name, buffer in list(module._buffers.items()):
             if buffer is not None:
-                module._buffers[name] = make(buffer)
+                module._buffers[name] = made.setdefault(id(buffer), make(buffer))
 
 
 def _kernelize(model: Any, mode: str) -> dict[str, str]:
@@ -219,12 +277,14 @@ def _kernelize(model: Any, mode: str) -> dict[str, str]:
     return {target: f"{op} x{count}" for target, (op, count) in sorted(replaced.items())}
 
 
-def _abstract(tensors: Mapping[str, Any], sharding: Any) -> dict[str, Any]:
+def _abstract(tensors: Mapping[str, Any], place: Placement, fsdp: bool) -> dict[str, Any]:
     import jax
     from torchax.ops.mappings import t2j_dtype
 
     return {
-        name: jax.ShapeDtypeStruct(tuple(t.shape), t2j_dtype(t.dtype), sharding=sharding)
+        name: jax.ShapeDtypeStruct(
+            tuple(t.shape), t2j_dtype(t.dtype), sharding=place.weight(name, t.shape, fsdp)
+        )
         for name, t in tensors.items()
     }
 
@@ -257,6 +317,10 @@ class CompiledStep:
     loops: bool
     function: Callable[..., Any]
     arguments: tuple[Any, ...]
+    collectives: dict[str, int]
+    """Collective ops in the compiled program (a sharded step's all-reduces, all-gathers...)."""
+    chips: int
+    sharding_note: str | None
 
 
 @dataclass(frozen=True)
@@ -266,34 +330,54 @@ class TracedStep:
     function: Callable[..., Any]
     arguments: tuple[Any, ...]
     min_bytes_correction: float
+    placement: Placement
 
 
 def trace_step(model: Any, spec: BenchSpec) -> TracedStep:
-    """Trace ``model``'s step for the spec's TPU, deviceless (no compile)."""
+    """Trace ``model``'s step for the spec's TPU (one chip or the spec's mesh), deviceless (no
+    compile)."""
     import jax
-    from jax.sharding import SingleDeviceSharding
 
-    device = tpu_device(spec.tpu)
-    sharding = SingleDeviceSharding(device)
+    place = placement(spec.tpu, spec.topology, spec.tp, model)
+    device = place.device
     weights = (
-        _abstract(dict(model.named_parameters()), sharding),
-        _abstract(dict(model.named_buffers()), sharding),
+        _abstract(dict(model.named_parameters()), place, fsdp=True),
+        _abstract(dict(model.named_buffers()), place, fsdp=False),
     )
-    correction, donated = 0.0, ()
+    correction, donated, placed = 0.0, (), {}
+    if spec.mode == "train" and place.mesh is not None:
+        # gradients placed like their parameters, as a sharded trainer keeps them (else the
+        # partitioner may return a kernel's replicated weight gradient whole on every chip)
+        params = {name: s.sharding for name, s in weights[0].items()}
+        placed = {"out_shardings": (place.batch(()), params)}
     if spec.mode == "decode":
         decode = decode_step(
             model,
             DecodeShape(spec.batch, spec.context, spec.cache),
-            lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding),
+            lambda shape, dtype, heads_dim=None: jax.ShapeDtypeStruct(
+                shape, dtype, sharding=place.batch(shape, heads_dim)
+            ),
         )
         function, arguments = decode.function, (*weights, decode.cache, *decode.inputs)
         correction, donated = decode.min_bytes_correction, (2,)  # the cache, updated in place
+    elif spec.mode == "denoise":
+        denoise = diffusion_step(
+            model,
+            spec.batch,
+            spec.image,
+            lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=place.batch(shape)),
+        )
+        function, arguments = denoise.function, (*weights, *denoise.inputs)
     else:
-        ids = jax.ShapeDtypeStruct((spec.batch, spec.seq), jax.numpy.int32, sharding=sharding)
+        ids = jax.ShapeDtypeStruct(
+            (spec.batch, spec.seq), jax.numpy.int32, sharding=place.batch((spec.batch, spec.seq))
+        )
         function, arguments = _step(model, spec), (*weights, ids)
     with filtered_libtpu_stderr(), jax.default_device(device):
-        traced = jax.jit(function, donate_argnums=donated, keep_unused=True).trace(*arguments)
-    return TracedStep(traced, function, arguments, correction)
+        traced = jax.jit(function, donate_argnums=donated, keep_unused=True, **placed).trace(
+            *arguments
+        )
+    return TracedStep(traced, function, arguments, correction, place)
 
 
 def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
@@ -302,15 +386,21 @@ def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
 
     step = trace_step(model, spec)
     with filtered_libtpu_stderr(), no_persistent_cache():
-        with jax.default_device(tpu_device(spec.tpu)):
+        with jax.default_device(step.placement.device):
             lowered = step.traced.lower()
         compiled = lowered.compile()
+    hlo = compiled.as_text() or ""
+    collectives = count_collectives(hlo)
+    collectives.pop("mosaic")
     return CompiledStep(
         program_figures(compiled, min_bytes_correction=step.min_bytes_correction),
         pallas_kernels(str(step.traced.jaxpr)),
-        has_loops(compiled.as_text() or ""),
+        has_loops(hlo),
         step.function,
         step.arguments,
+        collectives,
+        step.placement.chips,
+        step.placement.describe(),
     )
 
 
@@ -318,12 +408,14 @@ def _measured_ms(step: CompiledStep, tpu: str) -> float | None:
     """Median time of the step on a local TPU of this generation (zero weights), else None.
 
     The deviceless executable cannot run on a chip: the step is compiled again for the local one
-    (during the warm-up calls).
+    (during the warm-up calls). A step sharded over a topology is not timed (None).
     """
     import jax
 
     from kernel_hub.platform import tpu_generation
 
+    if step.chips > 1:
+        return None
     local = [d for d in jax.devices() if d.platform == "tpu"]
     if not local or tpu_generation(local[0]) != tpu:
         return None
@@ -364,11 +456,29 @@ def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
         replaced=replaced,
         loops=any(step.loops for step in steps.values()),
         measured_ms=_measured_ms(deep, spec.tpu),
-        notes=(_shape_note(spec),),
+        notes=(_shape_note(spec), *_mesh_notes(deep)),
+        chips=deep.chips,
+    )
+
+
+def _mesh_notes(step: CompiledStep) -> tuple[str, ...]:
+    if step.chips == 1:
+        return ()
+    found = ", ".join(f"{name} x{n}" for name, n in sorted(step.collectives.items()) if n)
+    return (
+        step.sharding_note,
+        f"collectives in the largest compiled program: {found or 'none'}",
+        "not timed on a chip (the timing path runs one-chip cells only)",
     )
 
 
 def _shape_note(spec: BenchSpec) -> str:
+    if spec.mode == "denoise":
+        return (
+            f"one denoising step of batch {spec.batch} at {spec.image}x{spec.image} pixels "
+            f"({image_tokens(spec.image)} image tokens + {TEXT_TOKENS} text tokens), bf16 "
+            "weights and activations"
+        )
     if spec.mode == "decode":
         return (
             f"one new token for each of {spec.batch} sequences over a {spec.cache} KV cache of "

@@ -19,6 +19,9 @@ class Preset:
     config: dict[str, Any] = field(default_factory=dict)
     source: str = ""
     """The Hub repository whose config.json the fields come from."""
+    library: str = "transformers"
+    """``transformers`` (``model_type`` a Transformers model type) or ``diffusers``
+    (``model_type`` a Diffusers model class)."""
 
 
 PRESETS: dict[str, Preset] = {
@@ -37,6 +40,22 @@ PRESETS: dict[str, Preset] = {
             "tie_word_embeddings": False,
         },
         "meta-llama/Meta-Llama-3-8B",
+    ),
+    "llama-3-70b": Preset(
+        "llama",
+        {
+            "vocab_size": 128256,
+            "hidden_size": 8192,
+            "intermediate_size": 28672,
+            "num_hidden_layers": 80,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 8192,
+            "rms_norm_eps": 1e-5,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+            "tie_word_embeddings": False,
+        },
+        "meta-llama/Meta-Llama-3-70B (140 GB of bf16 weights: run it with --topology)",
     ),
     "qwen3-8b": Preset(
         "qwen3",
@@ -152,6 +171,23 @@ PRESETS: dict[str, Preset] = {
             "tie_word_embeddings": False,
         },
         "Qwen/Qwen3-Next-80B-A3B-Instruct",
+    ),
+    "flux-1-dev": Preset(
+        "FluxTransformer2DModel",
+        {
+            "patch_size": 1,
+            "in_channels": 64,
+            "num_layers": 19,
+            "num_single_layers": 38,
+            "attention_head_dim": 128,
+            "num_attention_heads": 24,
+            "joint_attention_dim": 4096,
+            "pooled_projection_dim": 768,
+            "guidance_embeds": True,
+            "axes_dims_rope": (16, 56, 56),
+        },
+        "black-forest-labs/FLUX.1-dev (transformer/config.json)",
+        library="diffusers",
     ),
 }
 

@@ -1,0 +1,164 @@
+"""Where a model-bench step's arguments live: one chip, or a multi-chip mesh sharded the way
+Transformers' tensor-parallel plan shards the model, with FSDP over the chips the plan leaves.
+
+The mesh is a deviceless topology of the generation (``v5e:2x2``, ``v5e:4x4``, ...) with two
+Auto axes, ``fsdp`` x ``model`` (``chips / tp`` x ``tp``):
+
+* ``model``: the model's own TP plan (``model._tp_plan``, what ``from_pretrained(tp_plan="auto")``
+  applies): a ``colwise`` linear splits its output features (weight dim 0 and its bias), a
+  ``rowwise`` one its input features (weight dim 1), ``embedding_rowwise`` the vocabulary rows,
+  ``colwise_gather_output`` (the LM head) its output features. A plan style this table does not
+  know is an error, not a guess.
+* ``fsdp``: every weight's first dimension the plan leaves whole and ``fsdp`` divides, as FSDP
+  shards a flat parameter (gathered by the partitioner where it is used); the batch of the step's
+  inputs and of a static KV cache, when ``fsdp`` divides it.
+
+A static KV cache ``[B, Hkv, C, D]`` splits its heads over ``model``, as the TP plan's k/v
+projections split them. Everything else is replicated. The compiled program is one SPMD program:
+its ``memory_analysis`` and ``cost_analysis`` are one chip's.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kernel_hub.errors import KernelInputError
+
+MESH_AXES = ("fsdp", "model")
+_TOPOLOGY = re.compile(r"\d+(x\d+){1,2}")
+
+TP_STYLE_DIM: Mapping[str, Mapping[str, int | None]] = {
+    "colwise": {"weight": 0, "bias": 0},
+    "colwise_gather_output": {"weight": 0, "bias": 0},
+    "rowwise": {"weight": 1, "bias": None},
+    "embedding_rowwise": {"weight": 0},
+}
+"""Transformers' TP plan style -> the dimension of each parameter it splits over ``model``
+(None: replicated)."""
+
+
+def topology_chips(topology: str) -> int:
+    """Chips of a topology shape such as ``2x2`` or ``4x4``."""
+    if not _TOPOLOGY.fullmatch(topology):
+        raise KernelInputError(
+            f"--topology {topology!r}: expected a chip grid such as 2x2 or 4x4 (v5e, v6e) or "
+            "2x2x1 (v4, v5p)"
+        )
+    return math.prod(int(n) for n in topology.split("x"))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The device tracing runs under and, on a mesh, the mesh and the model's TP plan."""
+
+    device: Any
+    mesh: Any | None = None
+    tp_plan: Mapping[str, str] | None = None
+
+    @property
+    def chips(self) -> int:
+        return 1 if self.mesh is None else self.mesh.devices.size
+
+    def _sharding(self, spec: Sequence[str | None]) -> Any:
+        from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+        if self.mesh is None:
+            return SingleDeviceSharding(self.device)
+        return NamedSharding(self.mesh, PartitionSpec(*spec))
+
+    def _divides(self, axis: str, size: int) -> bool:
+        return size % self.mesh.shape[axis] == 0
+
+    def weight(self, name: str, shape: Sequence[int], fsdp: bool = True) -> Any:
+        """The sharding of the parameter or buffer ``name`` (``fsdp``: split over the FSDP axis
+        too; buffers are not)."""
+        spec: list[str | None] = [None] * len(shape)
+        if self.mesh is None or not shape:
+            return self._sharding(spec)
+        dim = _plan_dim(self.tp_plan or {}, name)
+        if dim is not None:
+            if not self._divides("model", shape[dim]):
+                raise KernelInputError(
+                    f"{name} {tuple(shape)}: its TP plan splits dim {dim} over "
+                    f"{self.mesh.shape['model']} chips, which do not divide it; choose a --tp that "
+                    "divides the model's heads, KV heads and widths"
+                )
+            spec[dim] = "model"
+        if fsdp and self.mesh.shape["fsdp"] > 1:
+            free = [d for d in range(len(shape)) if spec[d] is None]
+            for d in free:
+                if self._divides("fsdp", shape[d]):
+                    spec[d] = "fsdp"
+                    break
+        return self._sharding(spec)
+
+    def batch(self, shape: Sequence[int], heads_dim: int | None = None) -> Any:
+        """An input or cache tensor: its batch (dim 0) over ``fsdp`` when that divides it, its
+        ``heads_dim`` over ``model`` (a static KV cache's heads) when that divides it."""
+        spec: list[str | None] = [None] * len(shape)
+        if self.mesh is not None and shape:
+            if self._divides("fsdp", shape[0]):
+                spec[0] = "fsdp"
+            if heads_dim is not None and self._divides("model", shape[heads_dim]):
+                spec[heads_dim] = "model"
+        return self._sharding(spec)
+
+    def describe(self) -> str | None:
+        if self.mesh is None:
+            return None
+        fsdp, model = (self.mesh.shape[a] for a in MESH_AXES)
+        return (
+            f"sharded over {self.chips} chips (mesh fsdp {fsdp} x model {model}): Transformers' "
+            f"TP plan over model, FSDP over fsdp; peak HBM, bytes and FLOPs are one chip's, and "
+            "the roofline leaves out the collectives' ICI time"
+        )
+
+
+def _plan_dim(plan: Mapping[str, str], name: str) -> int | None:
+    """The dimension of parameter ``name`` that the TP plan splits, or None."""
+    module, _, leaf = name.rpartition(".")
+    for pattern, style in plan.items():
+        if fnmatch.fnmatchcase(module, pattern):
+            if style not in TP_STYLE_DIM:
+                raise KernelInputError(
+                    f"{module}: TP plan style {style!r} is not one model-bench shards; it knows "
+                    f"{', '.join(sorted(TP_STYLE_DIM))}"
+                )
+            return TP_STYLE_DIM[style].get(leaf)
+    return None
+
+
+def placement(generation: str, topology: str | None, tp: int | None, model: Any) -> Placement:
+    """One chip of ``generation`` (no topology) or a mesh over every chip of
+    ``generation:topology`` with ``tp`` chips (default: all) on the ``model`` axis."""
+    import numpy as np
+    from jax.sharding import AxisType, Mesh
+
+    from kernel_hub.topologies import tpu_device, tpu_devices
+
+    if topology is None:
+        if tp not in (None, 1):
+            raise KernelInputError(f"--tp {tp} needs a multi-chip --topology")
+        return Placement(tpu_device(generation))
+    chips = topology_chips(topology)
+    tp = chips if tp is None else tp
+    if tp < 1 or chips % tp:
+        raise KernelInputError(f"--tp {tp} must divide the {chips} chips of {topology}")
+    devices = tpu_devices(generation, topology)
+    mesh = Mesh(
+        np.array(devices).reshape(chips // tp, tp),
+        MESH_AXES,
+        axis_types=(AxisType.Auto,) * len(MESH_AXES),
+    )
+    plan = getattr(model, "_tp_plan", None) or {}
+    if not plan:
+        raise KernelInputError(
+            f"{type(model).__name__} has no tensor-parallel plan (config.base_model_tp_plan); "
+            "model-bench shards only models that declare one"
+        )
+    return Placement(devices[0], mesh, dict(plan))

@@ -1,0 +1,198 @@
+"""``kernel-hub model-bench`` on a multi-chip topology: a small Llama sharded over a deviceless
+v5e 2x2 mesh (Transformers' TP plan over 2 chips, FSDP over 2), stock and kernelized; and how the
+TP plan maps to parameter dimensions. The real-size ``llama-3-70b`` cells are in
+docs/model-bench.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kernel_hub.cli import main
+from kernel_hub.errors import KernelInputError
+from kernel_hub.models.bench_sharding import _plan_dim, topology_chips
+
+LLAMA_PLAN = {
+    "lm_head": "colwise_gather_output",
+    "model.embed_tokens": "embedding_rowwise",
+    "model.layers.*.self_attn.q_proj": "colwise",
+    "model.layers.*.self_attn.o_proj": "rowwise",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "dim"),
+    [
+        ("model.layers.3.self_attn.q_proj.weight", 0),
+        ("model.layers.3.self_attn.q_proj.bias", 0),
+        ("model.layers.3.self_attn.o_proj.weight", 1),
+        ("model.layers.3.self_attn.o_proj.bias", None),  # rowwise: the bias is whole
+        ("model.embed_tokens.weight", 0),
+        ("lm_head.weight", 0),
+        ("model.layers.3.input_layernorm.weight", None),
+    ],
+)
+def test_the_tp_plan_names_the_split_dimension(name, dim):
+    assert _plan_dim(LLAMA_PLAN, name) == dim
+
+
+def test_an_unknown_tp_style_is_refused_not_guessed():
+    with pytest.raises(KernelInputError, match="'packed_colwise' is not one model-bench shards"):
+        _plan_dim(
+            {"model.layers.*.mlp.gate_up_proj": "packed_colwise"},
+            "model.layers.0.mlp.gate_up_proj.weight",
+        )
+    with pytest.raises(KernelInputError, match="expected a chip grid such as 2x2"):
+        topology_chips("four")
+    assert topology_chips("4x4") == 16
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--topology=2x2", "--tp=3", "--mode=train"], "--tp 3 must divide the 4 chips of 2x2"),
+        (["--tp=2", "--mode=train"], "--tp 2 needs a multi-chip --topology"),
+        (["--topology=2x2", "--mode=decode"], "--cache paged on a --topology: not built"),
+    ],
+)
+def test_bad_mesh_input_is_refused_before_any_compile(args, message, capsys):
+    assert main(["model-bench", "llama-3-70b", *args, "--tpu=v5e"]) == 2
+    assert message in capsys.readouterr().err
+
+
+# head_dim 128, 2 query and 2 KV heads (TP 2 splits both), widths divisible by both mesh axes
+SHARDED_LLAMA = {
+    "vocab_size": 1024,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 3,
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.mark.tpu_compile
+def test_a_sharded_training_step_compiles_per_chip(tmp_path):
+    if importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None:
+        pytest.skip("model-bench needs torchax and libtpu (the torchax and tpu extras)")
+    out = tmp_path / "out.json"
+    settings = [f"--set={key}={json.dumps(value)}" for key, value in SHARDED_LLAMA.items()]
+    command = [sys.executable, "-m", "kernel_hub.cli", "model-bench", "--model-type=llama"]
+    args = ["--mode=train", "--seq=128", "--batch=2", "--tpu=v5e", "--topology=2x2", "--tp=2"]
+    # torchax renames torch's PrivateUse1 device for the rest of a process: a subprocess
+    result = subprocess.run(
+        [*command, *settings, *args, f"--json={out}"], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    stock, kernelized = rows = json.loads(out.read_text())
+    h, i, v = (SHARDED_LLAMA[k] for k in ("hidden_size", "intermediate_size", "vocab_size"))
+    weights = 2 * (2 * (4 * h * h + 3 * h * i) + 2 * v * h)  # 2 compiled layers, bf16
+    for row in rows:
+        assert row["chips"] == 4 and row["tpu"] == "v5e"
+        assert any("mesh fsdp 2 x model 2" in note for note in row["notes"])
+        assert any(note.startswith("collectives") and "all-reduce" in note for note in row["notes"])
+        # one chip holds about a quarter of the weights (whole, they are more than all of them)
+        assert row["compiled"]["argument_bytes"] < weights / 3
+    assert "v5e x4 (per" in result.stdout
+    assert stock["kernels"] == [] and "flash_attention_forward" in kernelized["kernels"]
+    # gradients come back placed like their parameters in both programs
+    assert stock["compiled"]["output_bytes"] == kernelized["compiled"]["output_bytes"]
+    assert kernelized["peak_hbm_bytes"] <= stock["peak_hbm_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["flux-1-dev", "--mode=train"], "--mode train is not one for flux-1-dev (diffusers)"),
+        (["llama-3-8b", "--mode=denoise"], "--mode denoise is not one for llama-3-8b"),
+        (["flux-1-dev", "--mode=denoise", "--image=1000"], "multiple of 16 pixels"),
+        (["flux-1-dev", "--mode=denoise", "--topology=2x2"], "--topology with --mode denoise"),
+    ],
+)
+def test_bad_diffusion_input_is_refused_before_any_compile(args, message, capsys):
+    assert main(["model-bench", *args, "--tpu=v6e"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_flux_preset_has_flux_1_dev_blocks():
+    from kernel_hub.models.model_bench import spec_for_preset
+
+    spec = spec_for_preset("flux-1-dev", mode="denoise", tpu="v6e")
+    assert spec.full_layers == 57  # 19 double-stream + 38 single-stream blocks
+    assert spec.plan() == (
+        ["double_stream", "single_stream"],
+        {
+            "double_stream": ["double_stream", "single_stream", "double_stream"],
+            "single_stream": ["double_stream", "single_stream", "single_stream"],
+        },
+    )
+
+
+# Flux's layout at tiny width: head_dim 128 (the rope axes sum to it), 2 heads, 2 blocks of each
+# type (1 of each in the base program), a 256 x 256 image (256 image tokens)
+TINY_FLUX = {
+    "num_layers": 2,
+    "num_single_layers": 2,
+    "num_attention_heads": 2,
+    "joint_attention_dim": 256,
+    "pooled_projection_dim": 64,
+    "in_channels": 16,
+}
+
+
+@pytest.mark.tpu_compile
+def test_a_flux_denoising_step_compiles_stock_and_kernelized(tmp_path):
+    if importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None:
+        pytest.skip("model-bench needs torchax and libtpu (the torchax and tpu extras)")
+    pytest.importorskip("diffusers")
+    out = tmp_path / "out.json"
+    settings = [f"--set={key}={json.dumps(value)}" for key, value in TINY_FLUX.items()]
+    command = [sys.executable, "-m", "kernel_hub.cli", "model-bench", "flux-1-dev"]
+    args = ["--mode=denoise", "--image=256", "--tpu=v6e", f"--json={out}"]
+    # six compiles, about 70 s of CPU time
+    result = subprocess.run(
+        [*command, *settings, *args], capture_output=True, text=True, timeout=1500
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    stock, kernelized = rows = json.loads(out.read_text())
+    for row in rows:
+        assert (row["mode"], row["full_layers"], row["compiled_layers"]) == ("denoise", 4, 3)
+        assert "(2 double_stream, 2 single_stream)" in row["notes"][0]
+        assert "256 image tokens + 512 text tokens" in row["notes"][2]
+    assert stock["kernels"] == [] and stock["replaced"] == {}
+    assert {"flash_attention_forward", "layer_norm_forward", "rms_norm_forward"} <= set(
+        kernelized["kernels"]
+    )
+    assert kernelized["peak_hbm_bytes"] <= stock["peak_hbm_bytes"]
+
+
+_KERNELIZE_TIED = """
+from kernel_hub.models import model_bench as mb
+spec = mb.spec_for_model_type("llama", mode="decode", tpu="v6e", cache="static", overrides={
+    "vocab_size": 1024, "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "num_hidden_layers": 2, "tie_word_embeddings": True})
+model = mb._build(spec, spec.layer_types())
+before = len(dict(model.named_parameters()))
+mb._kernelize(model, "decode")
+tied = model.lm_head.weight is model.model.embed_tokens.weight
+print(before == len(dict(model.named_parameters())), tied)
+"""
+
+
+def test_kernelizing_keeps_tied_embeddings_one_argument():
+    """A tied LM head stays the embedding's tensor through the zero and meta swaps, so the traced
+    kernelized step has one argument for both, as the stock one does (gemma-3-12b's kernelized
+    decode held the 1.9 GiB embedding twice before)."""
+    if importlib.util.find_spec("torchax") is None:
+        pytest.skip("model-bench needs torchax")
+    result = subprocess.run(
+        [sys.executable, "-c", _KERNELIZE_TIED], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.split()[-2:] == ["True", "True"]
