@@ -84,10 +84,15 @@ def _batch():
 
 
 def _step(model, ids, mask, encoder_decoder: bool):
+    """Logits, loss and every gradient of one training step. The logits come from a forward
+    without labels: with labels, kernelize's fused causal-LM loss returns no logits."""
     extra = {"decoder_input_ids": ids} if encoder_decoder else {}
     out = model(input_ids=ids, attention_mask=mask, labels=ids, **extra)
     out.loss.backward()
-    return out.logits.detach(), {n: p.grad for n, p in model.named_parameters()}
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, **extra).logits
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    return logits, out.loss.detach(), grads
 
 
 def assert_grads_match(want: dict, got: dict, tolerance: float) -> None:
@@ -109,11 +114,12 @@ def test_kernelized_training_step_matches_stock(attention, name):
     attention_entries = [e for e in report.entries if e.kind == "attention"]
     assert attention_entries and all(e.swapped for e in attention_entries), report
     encoder_decoder = name == "t5"
-    want_logits, want_grads = _step(stock, ids, mask, encoder_decoder)
-    got_logits, got_grads = _step(model, ids, mask, encoder_decoder)
+    want_logits, want_loss, want_grads = _step(stock, ids, mask, encoder_decoder)
+    got_logits, got_loss, got_grads = _step(model, ids, mask, encoder_decoder)
     rows = torch.ones_like(mask, dtype=torch.bool) if encoder_decoder else mask.bool()
     error = (got_logits - want_logits)[rows].abs().max().item()
     assert error <= 1e-4, f"{name}: logits max abs error {error:.3g}"
+    assert abs(got_loss - want_loss).item() <= 1e-5 * want_loss.abs().item(), (got_loss, want_loss)
     assert_grads_match(want_grads, got_grads, 1e-4)
     if name == "gpt-oss":
         sinks = got_grads["model.layers.0.self_attn.sinks"]
@@ -127,8 +133,8 @@ def test_gpt_oss_sinks_on_the_pallas_kernel(attention, request):
     stock, model = _build("gpt-oss"), _build("gpt-oss")
     kernelize(model, mode="training")  # applies the registry's implementation order ...
     pallas_first = request.getfixturevalue("pallas_first")  # ... which this then overrides
-    want_logits, want_grads = _step(stock, ids, mask, False)
-    got_logits, got_grads = _step(model, ids, mask, False)
+    want_logits, _, want_grads = _step(stock, ids, mask, False)
+    got_logits, _, got_grads = _step(model, ids, mask, False)
     assert pallas_first, "the Pallas kernel did not run"
     error = (got_logits - want_logits)[mask.bool()].abs().max().item()
     assert error <= 1e-4, f"logits max abs error {error:.3g}"
