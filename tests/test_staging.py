@@ -62,6 +62,22 @@ def test_large_inputs_and_parameters_are_imported(runtime, recorded):
     assert recorded[0].staged_positions == [] and not recorded[0].enabled
 
 
+def test_buffers_made_under_inference_mode_serve_calls_outside_it(runtime, recorded):
+    """A signature first bound inside torch.inference_mode() keeps serving plain calls (its
+    buffers were inference tensors, and copying into them outside inference mode raised)."""
+    w = torch.randn(16)
+    with torch.inference_mode():
+        run = _bound(runtime, torch.randn(4, 16), w)
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(run([x, w]), x * w)
+    x = torch.randn(4, 16)
+    torch.testing.assert_close(run([x, w]), x * w)
+    with torch.inference_mode():
+        torch.testing.assert_close(run([x, w]), x * w)
+    (made,) = recorded
+    assert made.enabled and made.staged_positions == [0, 1]
+
+
 def test_busy_buffers_fall_back_to_importing(runtime, recorded):
     w = torch.randn(16)
     run = _bound(runtime, torch.randn(4, 16), w)

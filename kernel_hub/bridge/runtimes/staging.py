@@ -61,7 +61,10 @@ class InputStaging:
                 and type(tensor) is not torch.nn.Parameter
                 and tensor.numel() * tensor.element_size() <= MAX_STAGED_BYTES
             ):
-                buffer = torch.empty(tensor.shape, dtype=tensor.dtype)
+                # a normal tensor even when the first call runs under torch.inference_mode():
+                # an inference tensor could not be copied into by later calls outside it
+                with torch.inference_mode(False):
+                    buffer = torch.empty(tensor.shape, dtype=tensor.dtype)
                 array = import_array(buffer)
                 if shares_memory(array, buffer):
                     slot = (buffer, array)
