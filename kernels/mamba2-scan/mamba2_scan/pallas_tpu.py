@@ -101,6 +101,36 @@ def _chunk_kernel(
     final_ref[...] = state.astype(final_ref.dtype)
 
 
+def _heads_first(t, padded: int):
+    """[b, L, h, d] -> [b, h, Lp, d], the tokens padded to ``padded``."""
+    return jnp.transpose(chunked.pad_tokens(t, padded), (0, 2, 1, 3))
+
+
+def _chunk_operands(x, dt, A, B, C, seq, chunk: int, acc):
+    """The eight operands both passes read, in their order: x, dt, the in-chunk cumulative sums
+    of dt A, B, C, seq and the two masks (x, B, C head-major; the per-token vectors as
+    ``[.., chunks, 1, chunk]`` rows); and dt padded (in ``acc``), which the backward reuses."""
+    batch, heads = x.shape[0], x.shape[2]
+    padded = seq.shape[1]
+    chunks = padded // chunk
+    reach, to_end = (m.astype(acc) for m in chunked.masks(seq, chunk))
+    dt = chunked.pad_tokens(dt.astype(acc), padded)
+    cum = jnp.cumsum((dt * A).reshape(batch, chunks, chunk, heads), axis=2)
+    cum = jnp.transpose(cum, (0, 3, 1, 2))  # [b, h, c, l]
+    row_shape = (batch, chunks, 1, chunk)
+    operands = [
+        _heads_first(x, padded),
+        jnp.transpose(dt.reshape(batch, chunks, 1, chunk, heads), (0, 4, 1, 2, 3)),
+        cum.reshape(batch, heads, chunks, 1, chunk),
+        _heads_first(B, padded),
+        _heads_first(C, padded),
+        seq.reshape(row_shape),
+        reach.reshape(row_shape),
+        to_end.reshape(row_shape),
+    ]
+    return operands, dt
+
+
 def _chunk_forward(
     x, dt, A, B, C, initial_state, seq, config: ChunkConfig, interpret: bool, save: bool = False
 ):
@@ -113,15 +143,7 @@ def _chunk_forward(
     padded = seq.shape[1]
     chunks = padded // chunk
     per_group = heads // groups
-    reach, to_end = (m.astype(acc) for m in chunked.masks(seq, chunk))
-
-    def heads_first(t):  # [b, L, h, d] -> [b, h, Lp, d]
-        return jnp.transpose(chunked.pad_tokens(t, padded), (0, 2, 1, 3))
-
-    dt = chunked.pad_tokens(dt.astype(acc), padded)
-    cum = jnp.cumsum((dt * A).reshape(batch, chunks, chunk, heads), axis=2)
-    cum = jnp.transpose(cum, (0, 3, 1, 2))  # [b, h, c, l]
-    row_shape = (batch, chunks, 1, chunk)
+    operands, _ = _chunk_operands(x, dt, A, B, C, seq, chunk, acc)
 
     def token_map(b, h, c):
         return (b, h, c, 0)
@@ -182,17 +204,7 @@ def _chunk_forward(
         cost_estimate=cost,
         interpret=interpret,
         name="mamba_chunk_scan",
-    )(
-        heads_first(x),
-        jnp.transpose(dt.reshape(batch, chunks, 1, chunk, heads), (0, 4, 1, 2, 3)),
-        cum.reshape(batch, heads, chunks, 1, chunk),
-        heads_first(B),
-        heads_first(C),
-        seq.reshape(row_shape),
-        reach.reshape(row_shape),
-        to_end.reshape(row_shape),
-        initial_state,
-    )
+    )(*operands, initial_state)
     return (jnp.transpose(y, (0, 2, 1, 3))[:, :length], final, *entering)
 
 
@@ -289,15 +301,7 @@ def _chunk_backward(x, dt, A, B, C, initial_state, seq, entering, dy, dfinal, co
     padded = seq.shape[1]
     chunks = padded // chunk
     per_group = heads // groups
-    reach, to_end = (m.astype(acc) for m in chunked.masks(seq, chunk))
-
-    def heads_first(t):  # [b, L, h, d] -> [b, h, Lp, d]
-        return jnp.transpose(chunked.pad_tokens(t, padded), (0, 2, 1, 3))
-
-    dt_padded = chunked.pad_tokens(dt.astype(acc), padded)
-    cum = jnp.cumsum((dt_padded * A).reshape(batch, chunks, chunk, heads), axis=2)
-    cum = jnp.transpose(cum, (0, 3, 1, 2))  # [b, h, c, l]
-    row_shape = (batch, chunks, 1, chunk)
+    operands, dt_padded = _chunk_operands(x, dt, A, B, C, seq, chunk, acc)
 
     def token_map(b, h, c):
         return (b, h, chunks - 1 - c, 0)
@@ -328,19 +332,7 @@ def _chunk_backward(x, dt, A, B, C, initial_state, seq, entering, dy, dfinal, co
         jax.ShapeDtypeStruct((batch, heads, chunks, 1, chunk), acc),
         jax.ShapeDtypeStruct(initial_state.shape, acc),
     ]
-    inputs = [
-        heads_first(x),
-        jnp.transpose(dt_padded.reshape(batch, chunks, 1, chunk, heads), (0, 4, 1, 2, 3)),
-        cum.reshape(batch, heads, chunks, 1, chunk),
-        heads_first(B),
-        heads_first(C),
-        seq.reshape(row_shape),
-        reach.reshape(row_shape),
-        to_end.reshape(row_shape),
-        entering,
-        heads_first(dy.astype(acc)),
-        dfinal,
-    ]
+    inputs = [*operands, entering, _heads_first(dy.astype(acc), padded), dfinal]
     cost = pl.CostEstimate(
         # per chunk: C B^T, dy xdt^T, scores^T dy, dcb^T C, dcb B (chunk x chunk x P or N each);
         # B dS^T, (xdt w) dS, dy S_in, C S_in^T, dy^T C (chunk x P x N each)
