@@ -23,9 +23,23 @@ pages the block table names (keys and values live in pages of one buffer at offs
 whole buffer) and runs ``paged_attention`` on them. Nothing is written through a view of the
 buffer: under torchax ``Tensor.view`` returns a copy, and a write through it would be lost.
 
-Outside a continuous-batching call (no ``cu_seq_lens_q``) the function refuses: kernel-hub
-switches a model to it only for the life of a batching manager (see kernel-hub's Transformers
-integration). Arguments it does not implement are refused by name, never ignored.
+A third caller is kernel-hub's static serving cache (``generate`` with
+``cache_implementation="static"`` inside ``kernel_hub.layers.integrations.static_kv_cache``'s
+``static_kv_cache``): its update hands over ``static_kv_cache`` (the cache layer: ``kv_pages``
+[2 * B * n, page, Hkv, D], the batch's key pages first then its value pages, sequence ``b``
+owning pages ``b * n`` to ``b * n + n - 1`` of each half; ``kv_scale_pages`` [2 * B * n, Hkv,
+page] f32 when 8-bit; ``pages_per_sequence`` n; ``length``, the keys per sequence, the new
+ones included, a host int) and the new tokens ``static_kv_new`` (key, value [B, Hkv, S, D]); q is
+[B, Hq, S, D]. The new tokens are written (quantized) by index as above; a decode step (S = 1)
+runs ``paged_attention`` on the cache's pages in place (their block table is fixed:
+``arange(B * n)``); a longer step reads each sequence's keys back by index and runs
+``ragged_attention``. Every sequence of a static batch has the same length, so padding (an
+attention mask with a zero) is refused.
+
+Outside those calls (no ``cu_seq_lens_q``, no ``static_kv_cache``) the function refuses:
+kernel-hub switches a model to it only for the life of a batching manager or of a
+``static_kv_cache`` block (see kernel-hub's Transformers integration). Arguments it does not
+implement are refused by name, never ignored.
 """
 
 from __future__ import annotations
@@ -54,6 +68,8 @@ HONOURED = (
     "kv_scale_pages",
     "kv_write_index",
     "kv_read_index",
+    "static_kv_cache",
+    "static_kv_new",
     "s_aux",
 )
 """Keyword arguments this function reads."""
@@ -210,33 +226,39 @@ def continuous_batching_attention(
     """AttentionInterface contract for continuous batching: q [1, Hq, T, D], k/v [1, Hkv, N, D]
     -> (out [1, T, Hq, D], None)."""
     _refuse_unknown(kwargs)
+    if dropout > 0.0:
+        raise KernelInputError(
+            f"continuous_batching_attention: dropout={dropout} is not supported (serving)"
+        )
+    is_causal = kwargs.get("is_causal")
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    options = dict(sliding_window=_kernel_window(sliding_window, causal), softcap=softcap)
+    options["scale"] = scaling
+    cache = kwargs.get("static_kv_cache")
+    if cache is not None:
+        new = kwargs.get("static_kv_new")
+        sinks = kwargs.get("s_aux")
+        return static_cache_attention(query, attention_mask, cache, new, causal, sinks, **options)
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is None or cu_k is None:
         raise KernelInputError(
             "continuous_batching_attention serves continuous batching calls (with cu_seq_lens_q "
-            "and cu_seq_lens_k); this call has none. Outside generate_batch the model runs its "
-            "own attention implementation."
+            "and cu_seq_lens_k) and kernel-hub's static serving cache (static_kv_cache: generate "
+            "with cache_implementation='static' inside static_kv_cache(model, ...)); this call "
+            "has neither. Outside those the model runs its own attention implementation."
         )
     if attention_mask is not None:
         raise KernelInputError(
             "continuous_batching_attention: got an attention mask; continuous batching with a "
             "flash-named implementation passes none (the batch is described by cu_seq_lens)"
         )
-    if dropout > 0.0:
-        raise KernelInputError(
-            f"continuous_batching_attention: dropout={dropout} is not supported (serving)"
-        )
     if query.shape[0] != 1:
         raise KernelInputError(
             f"continuous_batching_attention: query {tuple(query.shape)} must pack every request "
             "into one row (batch 1), as continuous batching does"
         )
-    is_causal = kwargs.get("is_causal")
-    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    window = _kernel_window(sliding_window, causal)
     sinks = kwargs.get("s_aux")
     q = query[0].transpose(0, 1)  # [T, Hq, D]
-    options = dict(sliding_window=window, softcap=softcap, scale=scaling)
     block_table = kwargs.get("block_table")
     key, value = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T or N, Hkv, D]
     kv_pages, offsets = kwargs.get("kv_pages"), kwargs.get("kv_page_offsets")
@@ -266,6 +288,78 @@ def continuous_batching_attention(
         key, value, scales = _history(kv_pages, offsets, key, value, scale_pages, kwargs)
     out = ragged_attention(q, key, value, cu_q, cu_k, sinks, **scales, causal=causal, **options)
     return out.unsqueeze(0), None
+
+
+def static_cache_attention(
+    query: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    cache,
+    new: tuple[torch.Tensor, torch.Tensor] | None,
+    causal: bool,
+    sinks: torch.Tensor | None = None,
+    **options,
+) -> tuple[torch.Tensor, None]:
+    """A step on kernel-hub's static serving cache (see the module doc): q [B, Hq, S, D], the
+    new key/value [B, Hkv, S, D] in ``new`` -> (out [B, S, Hq, D], None)."""
+    op = "continuous_batching_attention (static cache)"
+    if new is None:
+        raise KernelInputError(f"{op}: static_kv_cache came without static_kv_new (the new K/V)")
+    if not causal:
+        raise KernelInputError(f"{op}: the static serving cache runs causal decoders only")
+    key, value = new
+    batch, heads, tokens, dim = query.shape
+    pages, scale_pages = cache.kv_pages, cache.kv_scale_pages
+    half, page = pages.shape[0] // 2, pages.shape[1]
+    span = cache.pages_per_sequence * page  # token slots a sequence owns in each half
+    if key.shape[0] != batch or half != batch * cache.pages_per_sequence:
+        raise KernelInputError(
+            f"{op}: query batch {batch}, new keys {tuple(key.shape)} and cache pages "
+            f"{tuple(pages.shape)} ({cache.pages_per_sequence} per sequence) disagree"
+        )
+    length = cache.length  # keys per sequence, new ones included
+    _check_static_mask(op, attention_mask, batch, length)
+    first = torch.arange(batch, device=pages.device) * span
+    slots = first[:, None] + torch.arange(length - tokens, length, device=pages.device)
+    kv_heads = key.shape[1]
+    packed = [x.transpose(1, 2).reshape(batch * tokens, kv_heads, -1) for x in (key, value)]
+    write_tokens(pages, (0, half), *packed, slots.reshape(-1), scale_pages)
+    q = query.transpose(1, 2).reshape(batch * tokens, heads, dim)
+    if tokens == 1:
+        table = torch.arange(half, dtype=torch.int32, device=pages.device).view(batch, -1)
+        lens = torch.full((batch,), length, dtype=torch.int32, device=pages.device)
+        scales = {"k_scales": None, "v_scales": None}
+        if scale_pages is not None:
+            scales = {"k_scales": scale_pages[:half], "v_scales": scale_pages[half:]}
+        k_pages, v_pages = pages[:half], pages[half:]
+        out = paged_attention(q, k_pages, v_pages, table, lens, sinks, **scales, **options)
+    else:
+        index = (first[:, None] + torch.arange(length, device=pages.device)).reshape(-1)
+        k, k_scales = read_tokens(pages, 0, index, scale_pages)
+        v, v_scales = read_tokens(pages, half, index, scale_pages)
+        steps = torch.arange(batch + 1, dtype=torch.int32, device=pages.device)
+        out = ragged_attention(
+            q, k, v, steps * tokens, steps * length, sinks, k_scales=k_scales, v_scales=v_scales,
+            causal=True, **options,
+        )  # fmt: skip
+    return out.view(batch, tokens, heads, -1), None
+
+
+def _check_static_mask(op: str, attention_mask, batch: int, keys: int) -> None:
+    """Every key of a static batch is real: no mask, or a [B, keys] mask of ones (what
+    Transformers hands a flash-named attention with a static cache)."""
+    if attention_mask is None:
+        return
+    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, keys):
+        raise KernelInputError(
+            f"{op}: attention_mask {tuple(attention_mask.shape)} must be the [batch, keys] = "
+            f"({batch}, {keys}) padding mask Transformers passes a flash-named attention"
+        )
+    if not bool(attention_mask.bool().all()):
+        raise KernelInputError(
+            f"{op}: the attention mask pads some sequences; the static serving cache holds "
+            "sequences of one length (pass prompts of equal length, or use generate_batch, "
+            "whose requests need no padding)"
+        )
 
 
 def _history(kv_pages, offsets, key, value, scale_pages, kwargs):
