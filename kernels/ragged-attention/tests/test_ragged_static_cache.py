@@ -63,7 +63,7 @@ def test_generate_with_an_8bit_static_cache(llama, pallas_traces):
         for kind, bound in BOUND.items():
             with static_kv_cache(llama, kind, page_size=8):
                 out, quantized = _generate(llama, logits)
-            layer = out.past_key_values.layers[0]
+            layer = out.cache.layers[0]
             assert layer.kv_pages.dtype == getattr(torch, kind)
             assert layer.kv_pages.shape == (2 * 3 * 2, 8, 2, 16)  # 15 slots: 2 pages a sequence
             assert llama.config._attn_implementation == "kernel_hub_attention", "restored"
