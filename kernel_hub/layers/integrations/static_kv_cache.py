@@ -20,10 +20,11 @@ second, sequence ``b`` owning pages ``b * n`` to ``b * n + n - 1`` of each half 
 ``[B, L, Hkv, D]`` in page form, so a decode step's block table is fixed); ``kv_scale_pages``
 [2 * B * n, Hkv, page].
 
-Refused, with the reason: a model that was not kernelized, layer types other than full
-attention (sliding windows keep a ring buffer), a cache other than ``"static"`` inside the block,
-beam search (``reorder_cache``), and padded batches (the attention refuses a mask with a zero:
-every sequence of a static batch has one length). Not ``torch.compile``-able (the serving
+Refused, with the reason: a model that was not kernelized, an encoder-decoder, layer types
+other than full attention (sliding windows keep a ring buffer), a cache other than ``"static"``
+inside the block, beam search (``reorder_cache``), more tokens than the cache holds, and padded
+batches (the attention refuses a mask with a zero: every sequence of a static batch has one
+length). Not ``torch.compile``-able (the serving
 attention runs eagerly). Written against Transformers 5.24's ``StaticCache`` and
 ``_prepare_static_cache``.
 """
@@ -181,6 +182,11 @@ def static_kv_cache(
         raise KernelHubError(
             f"kv_cache_dtype={kv_cache_dtype!r} needs a kernelized model: only kernel-hub's "
             "serving attention reads an 8-bit KV cache (kernelize(model) first)"
+        )
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise KernelHubError(
+            f"the static serving cache holds a decoder's self-attention; {type(model).__name__} "
+            "is an encoder-decoder (its cross-attention cache would stay Transformers')"
         )
     if _PREPARE in model.__dict__:
         raise KernelHubError("static_kv_cache blocks do not nest on one model")

@@ -93,6 +93,12 @@ def test_what_the_static_cache_refuses(llama):
         static_kv_cache(build_tiny_model("llama"), "int8"),
     ):
         pass
+    llama.config.is_encoder_decoder = True
+    try:
+        with pytest.raises(KernelHubError, match="is an encoder-decoder"):
+            static_kv_cache(llama, "int8").__enter__()
+    finally:
+        llama.config.is_encoder_decoder = False
     with static_kv_cache(llama, "int8"):
         with pytest.raises(KernelHubError, match="do not nest"), static_kv_cache(llama, "int8"):
             pass
