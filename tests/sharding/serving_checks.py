@@ -143,7 +143,7 @@ def tensor_parallel_8bit_static_cache(mesh):
     def generate(model):
         with torch.no_grad(), static_kv_cache(model, "float8_e4m3fn", page_size=8):
             out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=greedy)
-        return out.sequences[:, ids.shape[1] :].tolist(), out.cache.layers[0].kv_pages
+        return out.sequences[:, ids.shape[1] :].tolist(), out.cache.layers[0].k_pages
 
     unsharded = _llama()
     kernelize(unsharded)

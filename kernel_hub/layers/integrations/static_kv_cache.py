@@ -15,10 +15,11 @@ sequence's keys read back for a prefill. Both kernels dequantize in VMEM. On lea
 the model's attention and ``generate``'s cache are restored.
 
 Layout of a layer (batch B, ``n`` pages of ``page_size`` tokens per sequence, ``n * page_size >=
-max_cache_len``): ``kv_pages`` [2 * B * n, page, Hkv, D], keys in the first half, values in the
-second, sequence ``b`` owning pages ``b * n`` to ``b * n + n - 1`` of each half (a static cache's
-``[B, L, Hkv, D]`` in page form, so a decode step's block table is fixed); ``kv_scale_pages``
-[2 * B * n, Hkv, page].
+max_cache_len``): ``k_pages`` and ``v_pages`` [B * n, page, Hkv, D], sequence ``b`` owning pages
+``b * n`` to ``b * n + n - 1`` (a static cache's ``[B, L, Hkv, D]`` in page form, so a decode
+step's block table is fixed), and ``k_scale_pages`` and ``v_scale_pages`` [B * n, Hkv, page].
+Keys and values are separate tensors, so a decode step hands the kernel the cache itself, never a
+slice (under torchax a slice or view is a copy).
 
 Refused, with the reason: a model that was not kernelized, an encoder-decoder, layer types
 other than full attention (sliding windows keep a ring buffer), a cache other than ``"static"``
@@ -86,12 +87,15 @@ def static_cache_class() -> type:
                 )
             self.device, self.batch_size, self.num_heads = key_states.device, batch, kv_heads
             self.k_head_dim = self.v_head_dim = dim
-            half = batch * self.pages_per_sequence
-            shape = (2 * half, self.page, kv_heads, dim)
-            self.kv_pages = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-            scale_shape = (2 * half, kv_heads, self.page)
-            self.kv_scale_pages = torch.ones(scale_shape, dtype=torch.float32, device=self.device)
-            self.keys, self.values = self.kv_pages[:half], self.kv_pages[half:]
+            pages = batch * self.pages_per_sequence
+            shape, scale_shape = (pages, self.page, kv_heads, dim), (pages, kv_heads, self.page)
+            self.k_pages, self.v_pages = (
+                torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in "kv"
+            )
+            self.k_scale_pages, self.v_scale_pages = (
+                torch.ones(scale_shape, dtype=torch.float32, device=self.device) for _ in "kv"
+            )
+            self.keys, self.values = self.k_pages, self.v_pages
             self.cumulative_length = self.cumulative_length.to(self.device)
             self.is_initialized = True
 
@@ -99,17 +103,19 @@ def static_cache_class() -> type:
             self,
             key_states: torch.Tensor,
             value_states: torch.Tensor,
-            *args: Any,
+            cache_kwargs: dict[str, Any] | None = None,
+            *,
             kwargs: dict[str, Any] | None = None,
-            **more: Any,
         ) -> tuple[torch.Tensor, torch.Tensor]:
             """Count the new tokens and hand the layer and them to the attention (through the
             layer's ``kwargs``, which the model passes on to its attention function). Returns
-            the 8-bit pages: an attention other than kernel-hub's serving one fails on them."""
+            the 8-bit key and value pages: an attention other than kernel-hub's serving one
+            fails on them."""
             if kwargs is None:
                 raise KernelHubError(
                     "the static serving cache needs a model that passes its attention kwargs to "
-                    "cache.update(..., kwargs=kwargs) (as Transformers 5.24's Llama does)"
+                    "cache.update(..., kwargs=kwargs) (as Transformers 5.24's Llama does); this "
+                    f"one passed {'cache_kwargs' if cache_kwargs is not None else 'none'}"
                 )
             tokens = key_states.shape[-2]
             if self.length + tokens > self.max_cache_len:
@@ -127,8 +133,12 @@ def static_cache_class() -> type:
 
         def reset(self) -> None:
             if self.is_initialized:
-                self.kv_pages.view(torch.uint8).zero_()
-                self.kv_scale_pages.fill_(1.0)
+                for pages, scales in (
+                    (self.k_pages, self.k_scale_pages),
+                    (self.v_pages, self.v_scale_pages),
+                ):
+                    pages.view(torch.uint8).zero_()
+                    scales.fill_(1.0)
             self.cumulative_length.zero_()
             self.length = 0
 

@@ -25,16 +25,16 @@ buffer: under torchax ``Tensor.view`` returns a copy, and a write through it wou
 
 A third caller is kernel-hub's static serving cache (``generate`` with
 ``cache_implementation="static"`` inside ``kernel_hub.layers.integrations.static_kv_cache``'s
-``static_kv_cache``): its update hands over ``static_kv_cache`` (the cache layer: ``kv_pages``
-[2 * B * n, page, Hkv, D], the batch's key pages first then its value pages, sequence ``b``
-owning pages ``b * n`` to ``b * n + n - 1`` of each half; ``kv_scale_pages`` [2 * B * n, Hkv,
-page] f32 when 8-bit; ``pages_per_sequence`` n; ``length``, the keys per sequence, the new
-ones included, a host int) and the new tokens ``static_kv_new`` (key, value [B, Hkv, S, D]); q is
-[B, Hq, S, D]. The new tokens are written (quantized) by index as above; a decode step (S = 1)
-runs ``paged_attention`` on the cache's pages in place (their block table is fixed:
-``arange(B * n)``); a longer step reads each sequence's keys back by index and runs
-``ragged_attention``. Every sequence of a static batch has the same length, so padding (an
-attention mask with a zero) is refused.
+``static_kv_cache``): its update hands over ``static_kv_cache`` (the cache layer: ``k_pages`` and
+``v_pages`` [B * n, page, Hkv, D], sequence ``b`` owning pages ``b * n`` to ``b * n + n - 1``;
+``k_scale_pages`` and ``v_scale_pages`` [B * n, Hkv, page] f32 when 8-bit, else None;
+``pages_per_sequence`` n; ``length``, the keys per sequence, the new ones included, a host
+int) and the new tokens ``static_kv_new`` (key, value [B, Hkv, S, D]); q is [B, Hq, S, D]. The
+new tokens are written (quantized) by index as above; a decode step (S = 1) runs
+``paged_attention`` on the cache's own key and value pages in place, no slice or view of them
+(the block table is fixed: ``arange(B * n)`` by rows); a longer step reads each sequence's keys
+back by index and runs ``ragged_attention``. Every sequence of a static batch has the same
+length, so padding (an attention mask with a zero) is refused.
 
 Outside those calls (no ``cu_seq_lens_q``, no ``static_kv_cache``) the function refuses:
 kernel-hub switches a model to it only for the life of a batching manager or of a
@@ -142,13 +142,25 @@ def write_tokens(
     ``scale_pages`` [P, Hkv, page] the cache is 8-bit: quantize on write (``kv_quant``), the
     scale of a token at ``[its page, :, its row]``."""
     for offset, states in zip(offsets, (key, value), strict=True):
-        pages, rows = _rows(kv_pages, offset, tokens)
-        if scale_pages is None:
-            kv_pages.index_put_((pages, rows), states.to(kv_pages.dtype))
-            continue
-        values, scale = kv_quant.quantize(states, kv_pages.dtype)
-        kv_pages.view(torch.uint8).index_put_((pages, rows), values.view(torch.uint8))
-        scale_pages[pages, :, rows] = scale
+        write_states(kv_pages, offset, states, tokens, scale_pages)
+
+
+def write_states(
+    kv_pages: torch.Tensor,
+    offset: int,
+    states: torch.Tensor,
+    tokens: torch.Tensor,
+    scale_pages: torch.Tensor | None = None,
+) -> None:
+    """``write_tokens`` for one of key or value: states [T, Hkv, D] at token ``tokens`` of the
+    view whose pages start at ``offset``."""
+    pages, rows = _rows(kv_pages, offset, tokens)
+    if scale_pages is None:
+        kv_pages.index_put_((pages, rows), states.to(kv_pages.dtype))
+        return
+    values, scale = kv_quant.quantize(states, kv_pages.dtype)
+    kv_pages.view(torch.uint8).index_put_((pages, rows), values.view(torch.uint8))
+    scale_pages[pages, :, rows] = scale
 
 
 def read_tokens(
@@ -306,37 +318,38 @@ def static_cache_attention(
         raise KernelInputError(f"{op}: static_kv_cache came without static_kv_new (the new K/V)")
     if not causal:
         raise KernelInputError(f"{op}: the static serving cache runs causal decoders only")
-    key, value = new
     batch, heads, tokens, dim = query.shape
-    pages, scale_pages = cache.kv_pages, cache.kv_scale_pages
-    half, page = pages.shape[0] // 2, pages.shape[1]
-    span = cache.pages_per_sequence * page  # token slots a sequence owns in each half
-    if key.shape[0] != batch or half != batch * cache.pages_per_sequence:
+    k_pages, v_pages = cache.k_pages, cache.v_pages
+    k_scale_pages, v_scale_pages = cache.k_scale_pages, cache.v_scale_pages
+    sequences, page = k_pages.shape[0], k_pages.shape[1]
+    if new[0].shape[0] != batch or sequences != batch * cache.pages_per_sequence:
         raise KernelInputError(
-            f"{op}: query batch {batch}, new keys {tuple(key.shape)} and cache pages "
-            f"{tuple(pages.shape)} ({cache.pages_per_sequence} per sequence) disagree"
+            f"{op}: query batch {batch}, new keys {tuple(new[0].shape)} and cache pages "
+            f"{tuple(k_pages.shape)} ({cache.pages_per_sequence} per sequence) disagree"
         )
     length = cache.length  # keys per sequence, new ones included
     _check_static_mask(op, attention_mask, batch, length)
-    first = torch.arange(batch, device=pages.device) * span
-    slots = first[:, None] + torch.arange(length - tokens, length, device=pages.device)
-    kv_heads = key.shape[1]
-    packed = [x.transpose(1, 2).reshape(batch * tokens, kv_heads, -1) for x in (key, value)]
-    write_tokens(pages, (0, half), *packed, slots.reshape(-1), scale_pages)
+    device = k_pages.device
+    first = torch.arange(batch, device=device) * (cache.pages_per_sequence * page)
+    slots = (first[:, None] + torch.arange(length - tokens, length, device=device)).reshape(-1)
+    for pages, scale_pages, states in zip(
+        (k_pages, v_pages), (k_scale_pages, v_scale_pages), new, strict=True
+    ):
+        packed = states.transpose(1, 2).reshape(batch * tokens, states.shape[1], -1)
+        write_states(pages, 0, packed, slots, scale_pages)
     q = query.transpose(1, 2).reshape(batch * tokens, heads, dim)
-    if tokens == 1:
-        table = torch.arange(half, dtype=torch.int32, device=pages.device).view(batch, -1)
-        lens = torch.full((batch,), length, dtype=torch.int32, device=pages.device)
-        scales = {"k_scales": None, "v_scales": None}
-        if scale_pages is not None:
-            scales = {"k_scales": scale_pages[:half], "v_scales": scale_pages[half:]}
-        k_pages, v_pages = pages[:half], pages[half:]
-        out = paged_attention(q, k_pages, v_pages, table, lens, sinks, **scales, **options)
+    if tokens == 1:  # decode: the pages in place, sequence b's in table row b
+        table = torch.arange(sequences, dtype=torch.int32, device=device).view(batch, -1)
+        lens = torch.full((batch,), length, dtype=torch.int32, device=device)
+        out = paged_attention(
+            q, k_pages, v_pages, table, lens, sinks, k_scales=k_scale_pages,
+            v_scales=v_scale_pages, **options,
+        )  # fmt: skip
     else:
-        index = (first[:, None] + torch.arange(length, device=pages.device)).reshape(-1)
-        k, k_scales = read_tokens(pages, 0, index, scale_pages)
-        v, v_scales = read_tokens(pages, half, index, scale_pages)
-        steps = torch.arange(batch + 1, dtype=torch.int32, device=pages.device)
+        index = (first[:, None] + torch.arange(length, device=device)).reshape(-1)
+        k, k_scales = read_tokens(k_pages, 0, index, k_scale_pages)
+        v, v_scales = read_tokens(v_pages, 0, index, v_scale_pages)
+        steps = torch.arange(batch + 1, dtype=torch.int32, device=device)
         out = ragged_attention(
             q, k, v, steps * tokens, steps * length, sinks, k_scales=k_scales, v_scales=v_scales,
             causal=True, **options,

@@ -64,8 +64,9 @@ def test_generate_with_an_8bit_static_cache(llama, pallas_traces):
             with static_kv_cache(llama, kind, page_size=8):
                 out, quantized = _generate(llama, logits)
             layer = out.cache.layers[0]
-            assert layer.kv_pages.dtype == getattr(torch, kind)
-            assert layer.kv_pages.shape == (2 * 3 * 2, 8, 2, 16)  # 15 slots: 2 pages a sequence
+            for pages in (layer.k_pages, layer.v_pages):
+                assert pages.dtype == getattr(torch, kind)
+                assert pages.shape == (3 * 2, 8, 2, 16)  # 15 slots: 2 pages a sequence
             assert llama.config._attn_implementation == "kernel_hub_attention", "restored"
             assert [x.shape for x in quantized] == [x.shape for x in exact]
             error = max(
@@ -116,6 +117,8 @@ def test_what_the_static_cache_refuses(llama):
     five = torch.zeros(1, 2, 5, 16)
     with pytest.raises(KernelHubError, match="holds 4 tokens a sequence; 0 are cached and 5"):
         cache.update(five, five, 0, kwargs={})
+    with pytest.raises(KernelHubError, match=r"update\(\.\.\., kwargs=kwargs\).*cache_kwargs"):
+        cache.update(five, five, 0, {"cache_position": None})  # an older model's call
     mistral = tiny_model(MistralForCausalLM, sliding_window=8).config
     mistral.layer_types = ["sliding_attention"] * mistral.num_hidden_layers
     with pytest.raises(KernelHubError, match=r"full-attention layers only.*sliding_attention"):
