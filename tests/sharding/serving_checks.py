@@ -6,7 +6,9 @@ records the mesh and plan as ``from_pretrained(tp_plan=...)`` does, which is wha
 paged cache reads to hold 1/N of the kv heads), kernelized, serves four prompts with kernel-hub's
 ``generate_batch`` (chunked prefill mixed with decode; then with block tables, so decode batches
 take the paged kernel): its greedy tokens must equal the unsharded stock model's ``generate()``,
-and the Pallas ragged and paged kernels must have run on each rank's local heads.
+and the Pallas ragged and paged kernels must have run on each rank's local heads. The same
+model generates with the fp8 static KV cache (``static_kv_cache``): each rank caches its kv heads
+in fp8 and the tokens equal the unsharded model's with that cache.
 """
 
 from __future__ import annotations
@@ -113,6 +115,55 @@ def tensor_parallel_continuous_batching(mesh):
         "tokens_paged": paged,
         "expected": expected,
         "heads_seen": {k: sorted(v) for k, v in heads.items()},
+    }
+
+
+@check
+def tensor_parallel_8bit_static_cache(mesh):
+    """``generate`` with the fp8 static cache (``static_kv_cache``) on the tensor-parallel model:
+    each rank's cache holds its 1/N of the kv heads in fp8, and the greedy tokens equal the
+    unsharded kernelized model's with the same cache (quantization is per token and kv head, so
+    splitting heads does not change what is cached)."""
+    from transformers import GenerationConfig
+    from transformers.distributed import DistributedConfig
+    from transformers.integrations.tensor_parallel import apply_tensor_parallelism
+
+    from kernel_hub.layers.integrations.static_kv_cache import static_kv_cache
+
+    ids = torch.tensor([prompt[:11] for prompt in PROMPTS if len(prompt) >= 11])
+    greedy = GenerationConfig(
+        max_new_tokens=5,
+        do_sample=False,
+        eos_token_id=-1,
+        pad_token_id=0,
+        cache_implementation="static",
+        return_dict_in_generate=True,
+    )
+
+    def generate(model):
+        with torch.no_grad(), static_kv_cache(model, "float8_e4m3fn", page_size=8):
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=greedy)
+        return out.sequences[:, ids.shape[1] :].tolist(), out.cache.layers[0].k_pages
+
+    unsharded = _llama()
+    kernelize(unsharded)
+    expected, _ = generate(unsharded)
+    model = _llama()
+    size = mesh.size()
+    apply_tensor_parallelism(
+        model, mesh, model._resolve_parallel_plans(DistributedConfig(tp_size=size))[0]
+    )
+    model._device_mesh, model.tp_plan = mesh, dict(model.config.base_model_tp_plan)
+    kernelize(model)
+    got, pages = generate(model)
+    return {
+        "ok": got == expected
+        and pages.dtype == torch.float8_e4m3fn
+        and pages.shape[2] == KV_HEADS // size,
+        "tp": size,
+        "tokens": got,
+        "expected": expected,
+        "pages": [str(pages.dtype), list(pages.shape)],
     }
 
 

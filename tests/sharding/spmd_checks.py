@@ -315,6 +315,49 @@ def auto_ragged_and_paged():
     }
 
 
+@check
+def auto_8bit_kv_cache():
+    """The serving ops on an 8-bit KV cache (int8 ragged keys, fp8 pages) with their f32 scales,
+    one per token and kv head: the scales follow their heads over model, sequences over data
+    (paged); TPU-shaped blocks, two per axis (ragged 32 queries x 128 keys, paged 2 pages)."""
+    api = get_kernel("ragged_attention").jax
+    keys = jax.random.randint(jax.random.key(40), (2, 256, 4, 32), -127, 128).astype(jnp.int8)
+    scales = 0.01 + jnp.abs(rand(41, (2, 4, 256))) / 100
+    cu_q, cu_k = jnp.array([0, 10, 40, 64], jnp.int32), jnp.array([0, 50, 180, 256], jnp.int32)
+    heads = P(None, "model")
+    ragged = auto_compare(
+        "Auto mesh: ragged attention on int8 K/V, heads (and scales) over model",
+        lambda q, k, v, a, b, ks, vs: api.ragged_attention(
+            q, k, v, a, b, None, ks, vs, block_q=32, block_k=128, implementation="pallas"
+        ),
+        [rand(42, (64, 8, 32)), keys[0], keys[1], cu_q, cu_k, scales[0], scales[1]],
+        [heads, heads, heads, P(), P(), P("model"), P("model")],
+        (),
+    )
+    pages = rand(43, (2, 16, 32, 4, 32)).astype(jnp.float8_e4m3fn)
+    page_scales = 0.01 + jnp.abs(rand(44, (2, 16, 4, 32))) / 100
+    table = jnp.arange(16, dtype=jnp.int32).reshape(4, 4)[::-1]
+    on_heads = P(None, None, "model")
+    paged = auto_compare(
+        "Auto mesh: paged decode on fp8 pages, heads (and scales) over model, sequences over data",
+        lambda q, kp, vp, t, n, ks, vs: api.paged_attention(
+            q, kp, vp, t, n, None, ks, vs, pages_per_block=2, implementation="pallas"
+        ),
+        [
+            rand(45, (4, 8, 32)),
+            pages[0],
+            pages[1],
+            table,
+            jnp.array([5, 128, 70, 1], jnp.int32),
+            page_scales[0],
+            page_scales[1],
+        ],
+        [P("data", "model"), on_heads, on_heads, P(), P(), heads, heads],
+        (),
+    )
+    return all_of("Auto mesh: ragged + paged on an 8-bit cache", [ragged, paged])
+
+
 def all_of(name, checks):
     return {"name": name, "ok": all(c["ok"] for c in checks), "checks": checks}
 

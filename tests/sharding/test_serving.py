@@ -1,7 +1,8 @@
 """Continuous batching under 2- and 4-way tensor parallelism and expert parallelism (torchrun,
 gloo, CPU): greedy tokens equal the unsharded model's ``generate()``, the serving kernels run on
-each rank's heads, the MoE kernels on its experts. Each world size runs ``serving_checks.py`` in
-its own torchrun."""
+each rank's heads, the MoE kernels on its experts; ``generate`` with the fp8 static KV cache
+holds each rank's heads in fp8 and matches the unsharded model with that cache. Each world size
+runs ``serving_checks.py`` in its own torchrun."""
 
 from __future__ import annotations
 

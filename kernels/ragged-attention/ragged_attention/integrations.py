@@ -23,9 +23,23 @@ pages the block table names (keys and values live in pages of one buffer at offs
 whole buffer) and runs ``paged_attention`` on them. Nothing is written through a view of the
 buffer: under torchax ``Tensor.view`` returns a copy, and a write through it would be lost.
 
-Outside a continuous-batching call (no ``cu_seq_lens_q``) the function refuses: kernel-hub
-switches a model to it only for the life of a batching manager (see kernel-hub's Transformers
-integration). Arguments it does not implement are refused by name, never ignored.
+A third caller is kernel-hub's static serving cache (``generate`` with
+``cache_implementation="static"`` inside ``kernel_hub.layers.integrations.static_kv_cache``'s
+``static_kv_cache``): its update hands over ``static_kv_cache`` (the cache layer: ``k_pages`` and
+``v_pages`` [B * n, page, Hkv, D], sequence ``b`` owning pages ``b * n`` to ``b * n + n - 1``;
+``k_scale_pages`` and ``v_scale_pages`` [B * n, Hkv, page] f32 when 8-bit, else None;
+``pages_per_sequence`` n; ``length``, the keys per sequence, the new ones included, a host
+int) and the new tokens ``static_kv_new`` (key, value [B, Hkv, S, D]); q is [B, Hq, S, D]. The
+new tokens are written (quantized) by index as above; a decode step (S = 1) runs
+``paged_attention`` on the cache's own key and value pages in place, no slice or view of them
+(the block table is fixed: ``arange(B * n)`` by rows); a longer step reads each sequence's keys
+back by index and runs ``ragged_attention``. Every sequence of a static batch has the same
+length, so padding (an attention mask with a zero) is refused.
+
+Outside those calls (no ``cu_seq_lens_q``, no ``static_kv_cache``) the function refuses:
+kernel-hub switches a model to it only for the life of a batching manager or of a
+``static_kv_cache`` block (see kernel-hub's Transformers integration). Arguments it does not
+implement are refused by name, never ignored.
 """
 
 from __future__ import annotations
@@ -54,6 +68,8 @@ HONOURED = (
     "kv_scale_pages",
     "kv_write_index",
     "kv_read_index",
+    "static_kv_cache",
+    "static_kv_new",
     "s_aux",
 )
 """Keyword arguments this function reads."""
@@ -126,13 +142,25 @@ def write_tokens(
     ``scale_pages`` [P, Hkv, page] the cache is 8-bit: quantize on write (``kv_quant``), the
     scale of a token at ``[its page, :, its row]``."""
     for offset, states in zip(offsets, (key, value), strict=True):
-        pages, rows = _rows(kv_pages, offset, tokens)
-        if scale_pages is None:
-            kv_pages.index_put_((pages, rows), states.to(kv_pages.dtype))
-            continue
-        values, scale = kv_quant.quantize(states, kv_pages.dtype)
-        kv_pages.view(torch.uint8).index_put_((pages, rows), values.view(torch.uint8))
-        scale_pages[pages, :, rows] = scale
+        write_states(kv_pages, offset, states, tokens, scale_pages)
+
+
+def write_states(
+    kv_pages: torch.Tensor,
+    offset: int,
+    states: torch.Tensor,
+    tokens: torch.Tensor,
+    scale_pages: torch.Tensor | None = None,
+) -> None:
+    """``write_tokens`` for one of key or value: states [T, Hkv, D] at token ``tokens`` of the
+    view whose pages start at ``offset``."""
+    pages, rows = _rows(kv_pages, offset, tokens)
+    if scale_pages is None:
+        kv_pages.index_put_((pages, rows), states.to(kv_pages.dtype))
+        return
+    values, scale = kv_quant.quantize(states, kv_pages.dtype)
+    kv_pages.view(torch.uint8).index_put_((pages, rows), values.view(torch.uint8))
+    scale_pages[pages, :, rows] = scale
 
 
 def read_tokens(
@@ -210,33 +238,39 @@ def continuous_batching_attention(
     """AttentionInterface contract for continuous batching: q [1, Hq, T, D], k/v [1, Hkv, N, D]
     -> (out [1, T, Hq, D], None)."""
     _refuse_unknown(kwargs)
+    if dropout > 0.0:
+        raise KernelInputError(
+            f"continuous_batching_attention: dropout={dropout} is not supported (serving)"
+        )
+    is_causal = kwargs.get("is_causal")
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    options = dict(sliding_window=_kernel_window(sliding_window, causal), softcap=softcap)
+    options["scale"] = scaling
+    cache = kwargs.get("static_kv_cache")
+    if cache is not None:
+        new = kwargs.get("static_kv_new")
+        sinks = kwargs.get("s_aux")
+        return static_cache_attention(query, attention_mask, cache, new, causal, sinks, **options)
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is None or cu_k is None:
         raise KernelInputError(
             "continuous_batching_attention serves continuous batching calls (with cu_seq_lens_q "
-            "and cu_seq_lens_k); this call has none. Outside generate_batch the model runs its "
-            "own attention implementation."
+            "and cu_seq_lens_k) and kernel-hub's static serving cache (static_kv_cache: generate "
+            "with cache_implementation='static' inside static_kv_cache(model, ...)); this call "
+            "has neither. Outside those the model runs its own attention implementation."
         )
     if attention_mask is not None:
         raise KernelInputError(
             "continuous_batching_attention: got an attention mask; continuous batching with a "
             "flash-named implementation passes none (the batch is described by cu_seq_lens)"
         )
-    if dropout > 0.0:
-        raise KernelInputError(
-            f"continuous_batching_attention: dropout={dropout} is not supported (serving)"
-        )
     if query.shape[0] != 1:
         raise KernelInputError(
             f"continuous_batching_attention: query {tuple(query.shape)} must pack every request "
             "into one row (batch 1), as continuous batching does"
         )
-    is_causal = kwargs.get("is_causal")
-    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    window = _kernel_window(sliding_window, causal)
     sinks = kwargs.get("s_aux")
     q = query[0].transpose(0, 1)  # [T, Hq, D]
-    options = dict(sliding_window=window, softcap=softcap, scale=scaling)
     block_table = kwargs.get("block_table")
     key, value = key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T or N, Hkv, D]
     kv_pages, offsets = kwargs.get("kv_pages"), kwargs.get("kv_page_offsets")
@@ -266,6 +300,79 @@ def continuous_batching_attention(
         key, value, scales = _history(kv_pages, offsets, key, value, scale_pages, kwargs)
     out = ragged_attention(q, key, value, cu_q, cu_k, sinks, **scales, causal=causal, **options)
     return out.unsqueeze(0), None
+
+
+def static_cache_attention(
+    query: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    cache,
+    new: tuple[torch.Tensor, torch.Tensor] | None,
+    causal: bool,
+    sinks: torch.Tensor | None = None,
+    **options,
+) -> tuple[torch.Tensor, None]:
+    """A step on kernel-hub's static serving cache (see the module doc): q [B, Hq, S, D], the
+    new key/value [B, Hkv, S, D] in ``new`` -> (out [B, S, Hq, D], None)."""
+    op = "continuous_batching_attention (static cache)"
+    if new is None:
+        raise KernelInputError(f"{op}: static_kv_cache came without static_kv_new (the new K/V)")
+    if not causal:
+        raise KernelInputError(f"{op}: the static serving cache runs causal decoders only")
+    batch, heads, tokens, dim = query.shape
+    k_pages, v_pages = cache.k_pages, cache.v_pages
+    k_scale_pages, v_scale_pages = cache.k_scale_pages, cache.v_scale_pages
+    sequences, page = k_pages.shape[0], k_pages.shape[1]
+    if new[0].shape[0] != batch or sequences != batch * cache.pages_per_sequence:
+        raise KernelInputError(
+            f"{op}: query batch {batch}, new keys {tuple(new[0].shape)} and cache pages "
+            f"{tuple(k_pages.shape)} ({cache.pages_per_sequence} per sequence) disagree"
+        )
+    length = cache.length  # keys per sequence, new ones included
+    _check_static_mask(op, attention_mask, batch, length)
+    device = k_pages.device
+    first = torch.arange(batch, device=device) * (cache.pages_per_sequence * page)
+    slots = (first[:, None] + torch.arange(length - tokens, length, device=device)).reshape(-1)
+    for pages, scale_pages, states in zip(
+        (k_pages, v_pages), (k_scale_pages, v_scale_pages), new, strict=True
+    ):
+        packed = states.transpose(1, 2).reshape(batch * tokens, states.shape[1], -1)
+        write_states(pages, 0, packed, slots, scale_pages)
+    q = query.transpose(1, 2).reshape(batch * tokens, heads, dim)
+    if tokens == 1:  # decode: the pages in place, sequence b's in table row b
+        table = torch.arange(sequences, dtype=torch.int32, device=device).view(batch, -1)
+        lens = torch.full((batch,), length, dtype=torch.int32, device=device)
+        out = paged_attention(
+            q, k_pages, v_pages, table, lens, sinks, k_scales=k_scale_pages,
+            v_scales=v_scale_pages, **options,
+        )  # fmt: skip
+    else:
+        index = (first[:, None] + torch.arange(length, device=device)).reshape(-1)
+        k, k_scales = read_tokens(k_pages, 0, index, k_scale_pages)
+        v, v_scales = read_tokens(v_pages, 0, index, v_scale_pages)
+        steps = torch.arange(batch + 1, dtype=torch.int32, device=device)
+        out = ragged_attention(
+            q, k, v, steps * tokens, steps * length, sinks, k_scales=k_scales, v_scales=v_scales,
+            causal=True, **options,
+        )  # fmt: skip
+    return out.view(batch, tokens, heads, -1), None
+
+
+def _check_static_mask(op: str, attention_mask, batch: int, keys: int) -> None:
+    """Every key of a static batch is real: no mask, or a [B, keys] mask of ones (what
+    Transformers hands a flash-named attention with a static cache)."""
+    if attention_mask is None:
+        return
+    if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, keys):
+        raise KernelInputError(
+            f"{op}: attention_mask {tuple(attention_mask.shape)} must be the [batch, keys] = "
+            f"({batch}, {keys}) padding mask Transformers passes a flash-named attention"
+        )
+    if not bool(attention_mask.bool().all()):
+        raise KernelInputError(
+            f"{op}: the attention mask pads some sequences; the static serving cache holds "
+            "sequences of one length (pass prompts of equal length, or use generate_batch, "
+            "whose requests need no padding)"
+        )
 
 
 def _history(kv_pages, offsets, key, value, scale_pages, kwargs):
