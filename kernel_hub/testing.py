@@ -103,6 +103,23 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"kernel_hub: {Path(__file__).resolve().parent}"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Apply the bridge's thread policy before collection imports any test module.
+
+    The policy (JAX's CPU dispatch mode, and with it the bridge's input staging) only applies if
+    kernel-hub's first call comes before JAX's backends start, and then holds for the process. A
+    test module that makes a JAX array at import (``jnp.int32(1234)`` in a module constant)
+    starts them during collection, so whether the whole session ran as a user's process does
+    (kernel-hub starting JAX: inline dispatch, staging on) depended on which modules were
+    collected: the full suite ran with JAX's async dispatch and no staging at all. Applied here,
+    every session runs in that state, whatever the selection. Checks of how a process starts
+    (the policy at the first call, ``KERNEL_HUB_THREADS=default``) use fresh interpreters
+    (tests/test_bridge.py's ``run_child``)."""
+    from .bridge.threads import apply_default_policy
+
+    apply_default_policy()
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     package = Path(__file__).resolve().parent
     checkout = Path(session.config.rootpath).resolve() / "kernel_hub"

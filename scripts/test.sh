@@ -18,11 +18,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 extras="test,tpu,tokamax,hub,transformers,bench,torchax"
-# The suite's wall-time budget: the test step fails past it (its tests may all pass), so growth
-# shows the day it happens, not the day a run passes the 90-minute limit and nothing lands. It is
-# the landing limit less the other steps (~10 min) and a margin for a slower machine; lower it as
-# the suite shrinks (the aim is 30 minutes).
-suite_budget_s=$((70 * 60))
+# The suite's wall-time budget, the one place it is set: the test step fails past it (its tests
+# may all pass), so growth shows the day it happens, not the day a run passes the 90-minute limit
+# and nothing lands. The step took 2,429 s (40.5 min) in a fresh-clone run on the project's 2-core
+# machine kind (77b3f45); 45 minutes leaves about a tenth for a slower machine of that kind and
+# nothing for growth. Lower it as the suite shrinks (the aim is 30 minutes for the whole run).
+suite_budget_s=$((45 * 60))
 
 # Each step's name and start (seconds since the script began); the table of their durations is
 # printed at exit, also when a step fails (its row then runs to the failure). Work running beside
@@ -116,9 +117,9 @@ if [ "$suite" -ne 0 ] || [ "$matrix_status" -ne 0 ]; then
     failed=1
 fi
 if [ "$suite_seconds" -gt "$suite_budget_s" ]; then
-    echo "the tests took ${suite_seconds}s, over their budget of ${suite_budget_s}s" \
-        "(suite_budget_s in scripts/test.sh): find the new slow tests in --durations above" \
-        "and make them smaller" >&2
+    echo "the tests took ${suite_seconds}s ($((suite_seconds / 60)) min), over their budget of" \
+        "${suite_budget_s}s ($((suite_budget_s / 60)) min, suite_budget_s in scripts/test.sh):" \
+        "find the new slow tests in the slowest durations above and make them smaller" >&2
     failed=1
 fi
 [ "$failed" -eq 0 ] || exit 1

@@ -4,9 +4,6 @@ mode, with gradients, and with the staging buffers in use."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -19,7 +16,6 @@ from kernel_hub.loading.resolver import get_kernel
 THREADS = 8
 CALLS = 40
 JOIN_TIMEOUT_S = 180  # a deadlock shows as threads still alive after this
-STAGED_MARKER = "kernel-hub staging buffers were in use"
 
 
 @pytest.fixture(scope="module")
@@ -86,22 +82,9 @@ def test_eight_threads_first_calls_and_staged_calls_are_correct(ops, stagings, m
                     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
     assert run_threads(work) == []
-    if staging.synchronous_cpu_dispatch():  # staging applies: it must have been in use
-        assert any(s.enabled and s.staged_positions for s in stagings)
-        print(STAGED_MARKER)
-
-
-@pytest.mark.slow
-def test_staging_buffers_in_use_from_eight_threads_in_a_fresh_process():
-    """In a process where kernel-hub starts JAX (so its inline policy, and staging, apply)."""
-    result = subprocess.run(
-        [sys.executable, "-P", "-m", "pytest", __file__, "-q", "-s", "-p", "no:cacheprovider",
-         "-k", "first_calls_and_staged"],
-        capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.count(STAGED_MARKER) == 2, result.stdout[-3000:]
+    # the test plugin applies the inline policy before collection, so staging applies here
+    assert staging.synchronous_cpu_dispatch()
+    assert any(s.enabled and s.staged_positions for s in stagings)
 
 
 def test_eight_threads_gradients_are_correct(ops):

@@ -980,8 +980,12 @@ def moe_inputs(tokens=64, hidden=128, inner=64, experts=16, top_k=2):
 
 
 def compare_to_reference(name, fn, reference, args, specs, m, diff, expect_out):
-    """Sharded ``fn`` vs single-device ``reference``: forward and gradients, output specs."""
-    ref_out, ref_grads = with_grads(reference, [jnp.asarray(np.asarray(a)) for a in args], diff)
+    """Sharded ``fn`` vs single-device ``reference``: forward and gradients, output specs.
+
+    The reference is jitted like the sharded side (one compile, where eagerly its gradient
+    dispatched and compiled op by op)."""
+    local = [jnp.asarray(np.asarray(a)) for a in args]
+    ref_out, ref_grads = jax.jit(lambda *a: with_grads(reference, a, diff))(*local)
     placed = [put(m, np.asarray(a), s) for a, s in zip(args, specs, strict=True)]
     out, grads = jax.jit(lambda *a: with_grads(fn, a, diff))(*placed)
     fwd, grad = max_err(out, ref_out), max_err(grads, ref_grads)
