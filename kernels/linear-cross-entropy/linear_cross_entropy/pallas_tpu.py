@@ -22,6 +22,13 @@ as large as VMEM allows next to the resident f32 dW block.
 
 Ragged edges (tokens or vocabulary not a multiple of the block) are masked in the kernels, so
 the weight is never padded (a copy of a 152k x 4096 head would be 1.2 GiB).
+
+Mosaic unrolls a kernel body into straight-line vector code, so a big block's tile costs compile
+time and program size in proportion to its size. The forward therefore runs its token block in
+``fori_loop`` chunks of rows (rows are independent), and the backward its two gradient products
+in chunks of hidden columns (columns are independent); the logits of the backward stay whole
+(chunking them would split dW's sum over tokens). The same products as one whole-block step,
+with the same blocks and DMAs: only the loop body is compiled once.
 """
 
 from __future__ import annotations
@@ -204,8 +211,8 @@ def _tile(h, w, b_ref, ti, vi, shape: _Shape, acc):
     return transform(logits, shape.form), columns, columns < shape.vocab
 
 
-def _weight_block(w_ref, vi, shape: _Shape):
-    w = w_ref[...]
+def _weight_block(w_ref, vi, shape: _Shape, columns=slice(None)):
+    w = w_ref[:, columns]
     if shape.ragged_vocab:
         row = vi * shape.block_vocab + jax.lax.broadcasted_iota(
             jnp.int32, (shape.block_vocab, 1), 0
@@ -214,9 +221,29 @@ def _weight_block(w_ref, vi, shape: _Shape):
     return w
 
 
-def _hidden_block(h_ref, ti, shape: _Shape):
-    h = h_ref[...]
+def _hidden_block(h_ref, ti, shape: _Shape, columns=slice(None)):
+    h = h_ref[:, columns]
     return _masked(h, _rows_inside(ti, shape)) if shape.ragged_tokens else h
+
+
+_ROW_CHUNK = 256
+"""Token rows of one forward chunk: a [chunk, vocab block] tile is what the loop body compiles."""
+_COLUMN_CHUNK = 512
+"""Hidden columns of one chunk of the backward's two gradient products."""
+
+
+def _chunked(size: int, chunk: int, body) -> None:
+    """``body(pl.ds(start, chunk))`` over ``size`` in a ``fori_loop`` (compiled once, not
+    unrolled), or ``body(pl.ds(0, size))`` once when ``chunk`` does not split it evenly."""
+    if size <= chunk or size % chunk:
+        body(pl.ds(0, size))
+        return
+
+    def step(i, carry):
+        body(pl.ds(pl.multiple_of(i * chunk, chunk), chunk))
+        return carry
+
+    jax.lax.fori_loop(0, size // chunk, step, None)
 
 
 def _forward_kernel(*refs, shape: _Shape):
@@ -235,16 +262,19 @@ def _forward_kernel(*refs, shape: _Shape):
         t_sc[...] = jnp.zeros(t_sc.shape, acc)
         s_sc[...] = jnp.zeros(s_sc.shape, acc)
 
-    z, columns, inside = _tile(h_ref[...], w_ref[...], b_ref, ti, vi, shape, acc)
-    z_in = jnp.where(inside, z, -jnp.inf)
-    m_prev = m_sc[...]
-    m_new = jnp.maximum(m_prev, jnp.max(z_in, axis=1, keepdims=True))
-    l_sc[...] = l_sc[...] * jnp.exp(m_prev - m_new) + jnp.sum(
-        jnp.exp(z_in - m_new), axis=1, keepdims=True
-    )
-    m_sc[...] = m_new
-    t_sc[...] += jnp.sum(jnp.where(columns == t_ref[...], z, 0.0), axis=1, keepdims=True)
-    s_sc[...] += jnp.sum(jnp.where(inside, z, 0.0), axis=1, keepdims=True)
+    def rows(r):  # one chunk of the token block: rows are independent, so the tile is chunked
+        z, columns, inside = _tile(h_ref[r, :], w_ref[...], b_ref, ti, vi, shape, acc)
+        z_in = jnp.where(inside, z, -jnp.inf)
+        m_prev = m_sc[r, :]
+        m_new = jnp.maximum(m_prev, jnp.max(z_in, axis=1, keepdims=True))
+        l_sc[r, :] = l_sc[r, :] * jnp.exp(m_prev - m_new) + jnp.sum(
+            jnp.exp(z_in - m_new), axis=1, keepdims=True
+        )
+        m_sc[r, :] = m_new
+        t_sc[r, :] += jnp.sum(jnp.where(columns == t_ref[r, :], z, 0.0), axis=1, keepdims=True)
+        s_sc[r, :] += jnp.sum(jnp.where(inside, z, 0.0), axis=1, keepdims=True)
+
+    _chunked(shape.block_tokens, _ROW_CHUNK, rows)
 
     @pl.when(vi == pl.num_programs(1) - 1)
     def _finish():
@@ -290,8 +320,6 @@ def _backward_kernel(*refs, shape: _Shape, in_place: bool):
     w = _weight_block(w_ref, vi, shape)
     dz_acc = _dz(h, w, b_ref, t_ref, lse_ref, g_ref, ti, vi, shape, acc_sc.dtype)
     dz = dz_acc.astype(h.dtype)  # both products share the one recomputed tile
-    acc_sc[...] += _dot(dz, h, 0, 0, acc_sc.dtype)
-    dh = _dot(dz, w, 1, 0, dh_ref.dtype)
     if shape.has_bias:
         bias_sc[...] += jnp.sum(dz_acc, axis=0, keepdims=True)
     if in_place:
@@ -301,10 +329,13 @@ def _backward_kernel(*refs, shape: _Shape, in_place: bool):
         def _first():
             dh_ref[...] = jnp.zeros(dh_ref.shape, dh_ref.dtype)
 
-        dh_ref[...] += dh
-    else:
-        # dh_in aliases dh: this block as the previous vocabulary block left it in HBM.
-        dh_ref[...] = dh_in_ref[...] + dh
+    def columns(c):  # both products column by column of hidden: each column is independent
+        acc_sc[:, c] += _dot(dz, _hidden_block(h_ref, ti, shape, c), 0, 0, acc_sc.dtype)
+        dh = _dot(dz, _weight_block(w_ref, vi, shape, c), 1, 0, dh_ref.dtype)
+        # in place, or from dh_in (aliases dh: the block as the previous vocabulary block left it)
+        dh_ref[:, c] = (dh_ref if in_place else dh_in_ref)[:, c] + dh
+
+    _chunked(h_ref.shape[1], _COLUMN_CHUNK, columns)
 
     @pl.when(ti == pl.num_programs(1) - 1)
     def _finish():

@@ -29,10 +29,10 @@ OPTIONS = {
 }
 
 
-def _inputs():
+def _inputs(hidden_dim=HIDDEN):
     rng = np.random.default_rng(3)
-    hidden = rng.standard_normal((TOKENS, HIDDEN))
-    weight = rng.standard_normal((VOCAB, HIDDEN)) / np.sqrt(HIDDEN) * 3
+    hidden = rng.standard_normal((TOKENS, hidden_dim))
+    weight = rng.standard_normal((VOCAB, hidden_dim)) / np.sqrt(hidden_dim) * 3
     bias = rng.standard_normal(VOCAB)
     labels = rng.integers(0, VOCAB, TOKENS)
     labels[rng.random(TOKENS) < 0.2] = OPTIONS["ignore_index"]
@@ -61,12 +61,28 @@ def _oracle_grads(hidden, weight, bias, labels, cotangent):
 
 
 @pytest.mark.parametrize(
-    "block_tokens, dtype, tol",
-    [(16, jnp.float64, 1e-12), (TOKENS, jnp.float64, 1e-12), (32, jnp.float32, 2e-5)],
-    ids=["f64 3 token blocks", "f64 1 token block", "f32 2 -> 3 token blocks (TPU interpreter)"],
+    "block_tokens, dtype, tol, chunks",
+    [
+        (16, jnp.float64, 1e-12, None),
+        (TOKENS, jnp.float64, 1e-12, None),
+        (32, jnp.float32, 2e-5, (16, 128)),
+    ],
+    ids=[
+        "f64 3 token blocks",
+        "f64 1 token block",
+        "f32 2 -> 3 token blocks, chunked tiles (TPU interpreter)",
+    ],
 )
-def test_gradients_match_float64_oracle(block_tokens, dtype, tol):
-    hidden, weight, bias, labels, cotangent = _inputs()
+def test_gradients_match_float64_oracle(block_tokens, dtype, tol, chunks, monkeypatch):
+    """``chunks``: (token rows, hidden columns) of the kernels' inner loops, small enough that the
+    blocks here take them (the forward's two row chunks per 32-token block, the backward's two
+    column chunks of a 256-wide hidden, both fori_loops), as the model-size blocks do."""
+    hidden_dim = HIDDEN
+    if chunks is not None:
+        monkeypatch.setattr(api.pallas_tpu, "_ROW_CHUNK", chunks[0])
+        monkeypatch.setattr(api.pallas_tpu, "_COLUMN_CHUNK", chunks[1])
+        hidden_dim = 2 * chunks[1]
+    hidden, weight, bias, labels, cotangent = _inputs(hidden_dim)
     want = _oracle_grads(hidden, weight, bias, labels, cotangent)
     with jax.enable_x64(dtype == jnp.float64):
 
