@@ -9,15 +9,8 @@ Grid (sequence, page step). Each step reads ``pages_per_block`` pages, one Block
 slot (the same pages array is passed once per slot). Steps start at the first page the sliding
 window can see and stop after the sequence's last page; later steps repeat the last page's block
 index, so they fetch nothing, and compute nothing. Each sequence has one query (the token just
-written, at position ``kv_lens[s] - 1``); its Hq heads are one [Hkv, G, D] block (a free
-reshape), kv head ``h`` serving ``q[h]``. ``kv_lens[s] == 0`` marks a padding sequence: zero
-output.
-
-The kv heads of a page are a ``fori_loop``, not unrolled, so the program (and its compile time)
-does not grow with the head count. Head ``h`` of a [page, Hkv, D] page is a strided load (rows
-``h, h + Hkv, ...`` of the page viewed as [page * Hkv, D]) at a dynamic start, which Mosaic does
-for 32-bit data only: bf16 and 8-bit pages are first widened whole to an f32 VMEM scratch (exact),
-and each head is converted back to q's dtype (exact) for the MXU.
+written, at position ``kv_lens[s] - 1``); its Hq heads are one [Hq, D] block, kv head ``h``
+serving rows ``h * G:(h + 1) * G``. ``kv_lens[s] == 0`` marks a padding sequence: zero output.
 
 8-bit pages (``kv_quant``: float8_e4m3fn or int8, one f32 scale per token and kv head) come with
 scale pages [P, Hkv, page] (lane-dense: a page's scales of one head are one row), fetched with
@@ -125,18 +118,15 @@ def paged_attention(
         )
 
     quantized = k_scales is not None
-    widen = jnp.dtype(k_pages.dtype).itemsize != 4
-    # [S, Hkv, G, D]: kv head h's query rows are q_ref[h] (a leading index, dynamic in the loop)
-    q = q.reshape(seqs, kv_heads, groups, head_dim)
-    q_spec = pl.BlockSpec((None, kv_heads, groups, head_dim), lambda s, j, t, n: (s, 0, 0, 0))
+    q_spec = pl.BlockSpec((None, q_heads, head_dim), lambda s, j, t, n: (s, 0, 0))
     in_specs = [q_spec] + [page_spec(i) for i in range(per_step)] * 2
     operands = [q] + [k_pages] * per_step + [v_pages] * per_step
     if quantized:
         in_specs += [scale_spec(i) for i in range(per_step)] * 2
         operands += [k_scales] * per_step + [v_scales] * per_step
     if sinks is not None:
-        in_specs.append(pl.BlockSpec((kv_heads, groups, 1), lambda s, j, t, n: (0, 0, 0)))
-        operands.append(sinks.astype(acc).reshape(kv_heads, groups, 1))
+        in_specs.append(pl.BlockSpec((q_heads, 1), lambda s, j, t, n: (0, 0)))
+        operands.append(sinks.astype(acc).reshape(q_heads, 1))
 
     def kernel(table_ref, lens_ref, q_ref, *refs):
         k_refs, v_refs = refs[:per_step], refs[per_step : 2 * per_step]
@@ -146,7 +136,7 @@ def paged_attention(
             ks_refs, vs_refs = rest[:per_step], rest[per_step : 2 * per_step]
             rest = rest[2 * per_step :]
         sink_ref = rest[0] if sinks is not None else None
-        o_ref, m_ref, l_ref, acc_ref, *wide = rest[1 if sinks is not None else 0 :]
+        o_ref, m_ref, l_ref, acc_ref = rest[-4:]
         s_id, j = pl.program_id(0), pl.program_id(1)
         length = lens_ref[s_id]
         first = _first_page(length, page, spec)
@@ -158,47 +148,40 @@ def paged_attention(
             l_ref[...] = jnp.zeros(l_ref.shape, l_ref.dtype)
             acc_ref[...] = jnp.zeros(acc_ref.shape, acc_ref.dtype)
 
-        def head(ref, h):
-            """Head h's [page, D] keys or values of a page widened to f32 (rows h, h + Hkv, ...
-            viewed 2-D: a strided load at a dynamic start, 32-bit only), in q's dtype (exact)."""
-            flat = ref.reshape(page * kv_heads, head_dim)
-            return flat[pl.ds(h, page, stride=kv_heads), :].astype(q.dtype)
+        def head(refs, slot, h):
+            """Head h's [page, D] keys or values of this slot's page, in q's dtype. An 8-bit
+            page is converted whole, then sliced (Mosaic cannot slice one head out of a packed
+            int8 page on v6e)."""
+            if not quantized:
+                return refs[slot][:, h, :]
+            return refs[slot][...].astype(q.dtype)[:, h, :]
 
         def scales(scale_refs, slot, h):
             """[1, page]: head h's per-token scales of this slot's page (1 when unquantized)."""
-            return scale_refs[slot][pl.ds(h, 1), :].astype(acc) if quantized else 1.0
+            return scale_refs[slot][h : h + 1, :].astype(acc) if quantized else 1.0
 
         def attend(slot, offset):
             key = (first + offset) * page + jax.lax.broadcasted_iota(jnp.int32, (groups, page), 1)
             ok = key < length
             if spec.sliding_window is not None:
                 ok &= key >= length - spec.sliding_window
-            # a 16- or 8-bit page widened whole, once (exact), then a fori_loop over its kv
-            # heads: the loop body is compiled once, not once per head
-            keys, values = k_refs[slot], v_refs[slot]
-            if wide:
-                wide[0][...] = keys[...].astype(jnp.float32)
-                wide[1][...] = values[...].astype(jnp.float32)
-                keys, values = wide
-
-            def one_head(h, carry):
-                s = _dot(q_ref[h], head(keys, h), 1, 1)
+            for h in range(kv_heads):
+                rows = slice(h * groups, (h + 1) * groups)
+                s = _dot(q_ref[rows, :], head(k_refs, slot, h), 1, 1)
                 s = s * scales(ks_refs, slot, h) * spec.scale
                 if spec.softcap is not None:
                     s = spec.softcap * jnp.tanh(s / spec.softcap)
-                m_prev = m_ref[h]
+                m_prev = m_ref[rows, :]
                 m_new = jnp.maximum(
                     m_prev, jnp.max(jnp.where(ok, s, _MASK_VALUE), axis=1, keepdims=True)
                 )
                 alpha = jnp.exp(m_prev - m_new)
                 p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
-                l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=1, keepdims=True)
-                pv = _dot((p * scales(vs_refs, slot, h)).astype(q.dtype), head(values, h), 1, 0)
-                acc_ref[h] = alpha * acc_ref[h] + pv
-                m_ref[h] = m_new
-                return carry
-
-            jax.lax.fori_loop(0, kv_heads, one_head, None)
+                l_ref[rows, :] = alpha * l_ref[rows, :] + jnp.sum(p, axis=1, keepdims=True)
+                v = head(v_refs, slot, h)
+                pv = _dot((p * scales(vs_refs, slot, h)).astype(v.dtype), v, 1, 0)
+                acc_ref[rows, :] = alpha * acc_ref[rows, :] + pv
+                m_ref[rows, :] = m_new
 
         for slot in range(per_step):
             offset = j * per_step + slot
@@ -225,11 +208,9 @@ def paged_attention(
             in_specs=in_specs,
             out_specs=q_spec,
             scratch_shapes=[
-                pltpu.VMEM((kv_heads, groups, 1), acc),
-                pltpu.VMEM((kv_heads, groups, 1), acc),
-                pltpu.VMEM((kv_heads, groups, head_dim), acc),
-                # a K and a V page widened to f32 (strided loads are 32-bit)
-                *[pltpu.VMEM((page, kv_heads, head_dim), jnp.float32) for _ in range(2 * widen)],
+                pltpu.VMEM((q_heads, 1), acc),
+                pltpu.VMEM((q_heads, 1), acc),
+                pltpu.VMEM((q_heads, head_dim), acc),
             ],
         ),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -240,7 +221,7 @@ def paged_attention(
         interpret=interpret,
         name="paged_attention",
     )(table, lengths, *operands)
-    return out.reshape(seqs, q_heads, head_dim)
+    return out
 
 
 def cost(seqs, max_pages, page, q_heads, kv_heads, head_dim, q_dtype, page_dtype, quantized):

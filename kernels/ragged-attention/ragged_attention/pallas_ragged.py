@@ -17,12 +17,6 @@ keys, cut by causality and the window) is computed before the kernel and prefetc
 The grid's kv axis has as many steps as the longest possible span; steps past a q block's own
 span are skipped, and their index map repeats the last visited block so they fetch nothing.
 
-The kv heads of a block are a ``fori_loop``, not unrolled, so the program (and its compile time)
-does not grow with the head count. Head ``h`` of a [block_k, Hkv, D] block is a strided load
-(rows ``h, h + Hkv, ...`` of the block viewed as [block_k * Hkv, D]) at a dynamic start, which
-Mosaic does for 32-bit data only: bf16 and 8-bit blocks are first widened whole to an f32 VMEM
-scratch (exact), and each head is converted back to q's dtype (exact) for the MXU.
-
 8-bit keys and values (an 8-bit cache read back, ``kv_quant``) come with f32 scales [Hkv, N]
 (lane-dense: a kv block's scales of one head are one row). Each head's [block_k, D] slice is
 converted to q's dtype in VMEM (exact) and the per-key scales are applied to the scores and to
@@ -175,8 +169,6 @@ def _kernel(
     m_ref,
     l_ref,
     acc_ref,
-    kw_ref,
-    vw_ref,
     *,
     spec: RaggedSpec,
 ):
@@ -194,20 +186,13 @@ def _kernel(
         dtype = q_ref.dtype
 
         def scales(ref, h):  # [1, block_k] per-key scales of head h (1 for unquantized K/V)
-            return 1.0 if ref is None else ref[pl.ds(h, 1), :].astype(m_ref.dtype)
+            return 1.0 if ref is None else ref[h : h + 1, :].astype(m_ref.dtype)
 
-        block_k, heads, head_dim = k_ref.shape
-        if kw_ref is not None:  # widened whole, once a step (exact): strided loads are 32-bit
-            kw_ref[...] = k_ref[...].astype(kw_ref.dtype)
-            vw_ref[...] = v_ref[...].astype(vw_ref.dtype)
-        keys, values = (k_ref, v_ref) if kw_ref is None else (kw_ref, vw_ref)
+        def head(ref, h):  # [block_k, D]; 8-bit blocks converted whole (see pallas_paged)
+            return ref[:, h, :] if ks_ref is None else ref[...].astype(dtype)[:, h, :]
 
-        def head(ref, h):  # [block_k, D]: rows h, h + heads, ... of the block viewed 2-D
-            flat = ref.reshape(block_k * heads, head_dim)
-            return flat[pl.ds(h, block_k, stride=heads), :].astype(dtype)
-
-        def attend(h, carry):  # one kv head: the loop body is compiled once
-            s = _dot(q_ref[h], head(keys, h), 1, 1) * scales(ks_ref, h)
+        for h in range(k_ref.shape[1]):
+            s = _dot(q_ref[h], head(k_ref, h), 1, 1) * scales(ks_ref, h)
             s = s * spec.scale
             if spec.softcap is not None:
                 s = spec.softcap * jnp.tanh(s / spec.softcap)
@@ -218,13 +203,10 @@ def _kernel(
             alpha = jnp.exp(m_prev - m_new)
             p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
             l_ref[h] = alpha * l_ref[h] + jnp.sum(p, axis=1, keepdims=True)
-            v = head(values, h)
+            v = head(v_ref, h)
             pv = _dot((p * scales(vs_ref, h)).astype(dtype), v, 1, 0)
             acc_ref[h] = alpha * acc_ref[h] + pv
             m_ref[h] = m_new
-            return carry
-
-        jax.lax.fori_loop(0, heads, attend, None)
 
     @pl.when(ki == pl.num_programs(1) - 1)
     def _finish():
@@ -343,18 +325,12 @@ def ragged_attention(
         operands += [jnp.pad(x, [(0, 0), (0, pad)]) if pad else x for x in (k_scales, v_scales)]
         in_specs += [scale_spec, scale_spec]
 
-    # Mosaic's strided loads (one kv head of a block) take 32-bit data only
-    widen = jnp.dtype(k.dtype).itemsize != 4
-
     def kernel(lo_ref, count_ref, *refs):
         inputs, outputs = refs[: len(in_specs)], refs[len(in_specs) :]
         extra = list(inputs[7:])
         sink_ref = extra.pop(0) if sinks is not None else None
         ks_ref, vs_ref = extra if quantized else (None, None)
-        wide = outputs[4:] if widen else (None, None)
-        _kernel(
-            lo_ref, count_ref, *inputs[:7], sink_ref, ks_ref, vs_ref, *outputs[:4], *wide, spec=spec
-        )
+        _kernel(lo_ref, count_ref, *inputs[:7], sink_ref, ks_ref, vs_ref, *outputs, spec=spec)
 
     out = pl.pallas_call(
         kernel,
@@ -367,7 +343,6 @@ def ragged_attention(
                 pltpu.VMEM((heads, bq, 1), acc),
                 pltpu.VMEM((heads, bq, 1), acc),
                 pltpu.VMEM((heads, bq, d), acc),
-                *[pltpu.VMEM((bk, heads, d), jnp.float32) for _ in range(2 * widen)],
             ],
         ),
         out_shape=jax.ShapeDtypeStruct((layout.kv_heads, layout.rows_padded, d), q.dtype),
