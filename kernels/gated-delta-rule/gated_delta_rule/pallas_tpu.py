@@ -392,7 +392,7 @@ def _chunk_backward(
     out_shape = [
         jax.ShapeDtypeStruct((batch, heads, length, key_dim), acc),
         jax.ShapeDtypeStruct((batch, heads, length, key_dim), acc),
-        jax.ShapeDtypeStruct(v.shape, acc),
+        jax.ShapeDtypeStruct(v.shape, v.dtype),
         jax.ShapeDtypeStruct((batch, heads, chunks, 1, chunk), acc),
         jax.ShapeDtypeStruct((batch, heads, chunks, 1, chunk), acc),
         jax.ShapeDtypeStruct(initial_state.shape, acc),
@@ -445,7 +445,7 @@ def _chunk_backward(
     return (
         per_group_sum(dq).astype(q.dtype),
         per_group_sum(dk).astype(k.dtype),
-        dv.astype(v.dtype),
+        dv,
         dg.reshape(g.shape).astype(g.dtype),
         dbeta.reshape(beta.shape).astype(beta.dtype),
         dinit.astype(initial_state.dtype),

@@ -347,3 +347,34 @@ def test_pallas_backward_matches_vjp_of_the_reference():
     for name, (a, b) in zip(names, pairs, strict=True):
         a, b = (torch.from_numpy(np.asarray(x)) for x in (a, b))
         check_close(name, a, b, torch.float32)
+
+
+@pytest.mark.tpu_compile
+@pytest.mark.parametrize("generation", ["v5e", "v6e"])
+def test_pallas_backward_compiles_for_tpu(generation):
+    """Forward + backward with packed sequences, initial states and GQA for TPU generations
+    without a TPU (Mosaic lowers both kernels; the compile matrix covers the unpacked 8k cells)."""
+    from kernel_hub.bench.cases import KernelCase
+    from kernel_hub.bench.compile_check import compile_case
+
+    struct = jax.ShapeDtypeStruct
+    tokens, sequences = 300, 3
+    qk = struct((1, tokens, 2, 128), jnp.bfloat16)
+    gates = struct((1, tokens, 4), jnp.float32)
+    case = KernelCase(
+        name="packed-300-gqa",
+        fn=gdr.jax.chunk_gated_delta_rule,
+        args=(
+            qk,
+            qk,
+            struct((1, tokens, 4, 128), jnp.bfloat16),
+            gates,
+            gates,
+            struct((sequences, 4, 128, 128), jnp.float32),
+            struct((sequences + 1,), jnp.int32),
+        ),
+        kwargs={"use_qk_l2norm": True},
+        differentiable=(0, 1, 2, 3, 4, 5),
+    )
+    result = compile_case("gated-delta-rule", case, generation, "backward")
+    assert result.ok, f"{generation}: {result.error}"
