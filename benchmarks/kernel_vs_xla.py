@@ -24,6 +24,10 @@ schedule (tested against ``kernel_hub.bench.block_schedule``), attention's is it
   dt softplus, D and dt_bias), one 8192-token sequence, forward + backward in (x, dt, A, B, C,
   D, dt_bias) with the gradients from above (y and the final state) arguments: the Pallas
   kernel; its XLA implementation (the chunked form).
+* gated delta rule, Qwen3-Next-80B-A3B's linear-attention layer (16 q/k heads, 32 value heads,
+  head dims 128, bf16 q/k/v, q/k L2 norm in the op), one 8192-token sequence, forward + backward
+  in (q, k, v, g, beta, initial state) with the gradients from above (o and the final state)
+  arguments: the Pallas kernel; its XLA implementation (the chunked form).
 
 When XLA refuses a program because its temporaries exceed the chip's HBM, the figure it reports
 is recorded instead. Compiler figures for a deviceless topology: a model of the TPU, not a
@@ -46,6 +50,7 @@ BATCH, LENGTH, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8192, 32, 8, 128
 CONV_LENGTH, CONV_CHANNELS, CONV_WIDTH = 8192, 8192, 4
 NORM_ROWS, NORM_HIDDEN = 8192 * 32, 128
 SCAN_LENGTH, SCAN_HEADS, SCAN_HEAD_DIM, SCAN_STATE = 8192, 80, 64, 128
+DELTA_LENGTH, DELTA_KEY_HEADS, DELTA_HEADS, DELTA_DIM = 8192, 16, 32, 128
 _TOO_BIG = re.compile(r"required for HLO temporaries \(([\d.]+)([MG])\)")
 
 
@@ -62,6 +67,7 @@ def _programs() -> dict[str, tuple[Callable[..., Any], tuple, tuple[int, ...]]]:
     conv = get_kernel("causal-conv1d").KERNEL.jax
     norm = get_kernel("rmsnorm").KERNEL.jax
     scan = get_kernel("mamba2-scan").KERNEL.jax
+    delta = get_kernel("gated-delta-rule").KERNEL.jax
     struct = jax.ShapeDtypeStruct
     head = (
         struct((TOKENS, HIDDEN), jnp.bfloat16),
@@ -143,6 +149,22 @@ def _programs() -> dict[str, tuple[Callable[..., Any], tuple, tuple[int, ...]]]:
 
         return run
 
+    delta_qk = struct((1, DELTA_LENGTH, DELTA_KEY_HEADS, DELTA_DIM), jnp.bfloat16)
+    delta_v = struct((1, DELTA_LENGTH, DELTA_HEADS, DELTA_DIM), jnp.bfloat16)
+    delta_gates = struct((1, DELTA_LENGTH, DELTA_HEADS), jnp.float32)
+    delta_state = struct((1, DELTA_HEADS, DELTA_DIM, DELTA_DIM), jnp.float32)
+    delta_args = (delta_qk, delta_qk, delta_v, delta_gates, delta_gates, delta_state)
+    delta_args += (delta_v, delta_state)
+
+    def delta_with(implementation: str):
+        def run(q, k, v, g, beta, state, upstream, upstream_final):
+            out, final = delta.chunk_gated_delta_rule(
+                q, k, v, g, beta, state, use_qk_l2norm=True, implementation=implementation
+            )
+            return jnp.sum(out * upstream) + jnp.sum(final * upstream_final)
+
+        return run
+
     return {
         "linear-cross-entropy kernel": (kernel_loss, head, (0, 1)),
         "linear-cross-entropy optax (f32 logits)": (optax_loss, head, (0, 1)),
@@ -157,6 +179,8 @@ def _programs() -> dict[str, tuple[Callable[..., Any], tuple, tuple[int, ...]]]:
         "gated RMSNorm XLA, fwd+bwd": (norm_with("xla"), norm_args, (0, 1, 2)),
         "Mamba-2 scan kernel, fwd+bwd": (scan_with("pallas"), scan_args, tuple(range(7))),
         "Mamba-2 scan XLA, fwd+bwd": (scan_with("xla"), scan_args, tuple(range(7))),
+        "gated-delta-rule kernel, fwd+bwd": (delta_with("pallas"), delta_args, tuple(range(6))),
+        "gated-delta-rule XLA, fwd+bwd": (delta_with("xla"), delta_args, tuple(range(6))),
     }
 
 

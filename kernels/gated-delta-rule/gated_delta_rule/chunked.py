@@ -1,5 +1,5 @@
-"""The chunked gated delta rule in XLA (the ``xla`` implementation, and the backward of every
-chunked implementation: ``jax.vjp`` of this function).
+"""The chunked gated delta rule in XLA (the ``xla`` implementation; its backward is ``jax.vjp``
+of this function, the Pallas implementation has its own backward kernel).
 
 Within a chunk of C tokens the delta-rule updates are condensed by a unit-lower-triangular solve
 (the UT transform, as in Transformers' ``torch_chunk_gated_delta_rule``); across chunks a scan
