@@ -248,14 +248,22 @@ def _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids, *token_arrays):
     return None if tokens.empty else tokens
 
 
-def _dropout_words(spec: AttentionSpec, dropout_seed):
-    """The implementations' ``seed``: None without dropout, else ``dropout.words``."""
+def _dropout_words(spec: AttentionSpec, dropout_seed, query, split_axes):
+    """The implementations' ``seed``: None without dropout, else ``dropout.words`` with this
+    shard's first global batch index and query head (``split_axes``: the mesh axes splitting
+    them, from the sharding boundary; each shard holds an equal block)."""
     if not spec.dropout_rate:
         return None
-    return dropout.words(dropout_seed)
+    axes = split_axes or {}
+    batch, heads = query.shape[:2]
+    offsets = (
+        jax.lax.axis_index(axes[factor]) * size if axes.get(factor) else 0
+        for factor, size in (("batch", batch), ("heads", heads))
+    )
+    return dropout.words(dropout_seed, *offsets)
 
 
-def _attention(*arrays, options: AttentionSpec, with_lse: bool):
+def _attention(*arrays, options: AttentionSpec, with_lse: bool, split_axes):
     """The forward of ``arrays`` (the public functions' array arguments, in order)."""
     query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, *token_arrays, seed = arrays
     spec = options.resolved(query.shape[-1])
@@ -268,7 +276,7 @@ def _attention(*arrays, options: AttentionSpec, with_lse: bool):
         sinks,
         spec=spec,
         with_lse=with_lse,
-        seed=_dropout_words(spec, seed),
+        seed=_dropout_words(spec, seed, query, split_axes),
         implementation=spec.implementation,
     )
 
@@ -334,6 +342,20 @@ RULE_OPTIONS = {
     "handled_by": {"q_len": _RING, "kv_len": _RING},
 }
 """The factors every attention rule keeps whole or splits together (also ``dense_mask``'s)."""
+
+
+def _rule(name: str, text: str):
+    """The rule of ``name`` for a call's options: with dropout, batch and heads are ``located``
+    (the mask hashes global indices, so a shard needs its offsets; DTensor does not split them)."""
+    plain = ShardingRule.parse(name, text, **RULE_OPTIONS)
+    dropping = ShardingRule.parse(name, text, located=("batch", "heads"), **RULE_OPTIONS)
+
+    def rule(dropout_rate: float = 0.0, **_) -> ShardingRule:
+        return dropping if dropout_rate else plain
+
+    return rule
+
+
 _QKV = ("query", "key", "value")
 # The torch ops' 1.0 options follow the 1.0 tensors; tensors added since (sinks, positions,
 # groups) and options added since come last, so positional calls written for 1.0 keep their
@@ -343,6 +365,7 @@ _QKV = ("query", "key", "value")
 _TORCH = {
     "torch_after": {"kv_segment_ids": TORCH_1_0, "kv_groups": ("window_bounds_groups",)},
     "autocast": _QKV,
+    "jax_only": ("split_axes",),
 }
 
 
@@ -350,7 +373,7 @@ _TORCH = {
     name="attention_forward_only",
     check=check_call,
     differentiable=(*_QKV, "sinks"),
-    sharding=ShardingRule.parse("dot_product_attention", f"{_INPUTS} -> {OUT}", **RULE_OPTIONS),
+    sharding=_rule("dot_product_attention", f"{_INPUTS} -> {OUT}"),
     **_TORCH,
 )
 @takes_options(AttentionSpec)
@@ -368,6 +391,7 @@ def dot_product_attention(
     kv_groups: jax.Array | None = None,
     dropout_seed: jax.Array | None = None,
     *,
+    split_axes: dict[str, tuple[str, ...]] | None = None,
     options: AttentionSpec,
 ) -> jax.Array:
     """softmax(scale * q k^T [soft-capped, masked]) v for q [B, Hq, Sq, D], k [B, Hkv, Sk, D],
@@ -390,16 +414,16 @@ def dot_product_attention(
     return _attention(
         query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, q_positions,
         kv_positions, q_groups, kv_groups, dropout_seed, options=options, with_lse=False,
+        split_axes=split_axes,
     )  # fmt: skip
 
 
 @sharded(
-    ShardingRule.parse(
+    _rule(
         "attention_backward",
         # d_sinks ("heads") sums over batch and queries: with batch split, the boundary sums it
         # over the batch axes (a result lacking a split factor is summed, einsum-style).
         f"{_INPUTS}, {OUT}, {LSE}, {OUT}, {LSE} -> {GRADIENTS}, heads",
-        **RULE_OPTIONS,
     )
 )
 @takes_options(AttentionSpec)
@@ -421,6 +445,7 @@ def attention_backward(
     d_out,
     d_lse,
     *,
+    split_axes: dict[str, tuple[str, ...]] | None = None,
     options: AttentionSpec,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
     """(dq, dk, dv, d_sinks) of ``dot_product_attention_with_lse`` from its saved outputs
@@ -441,7 +466,7 @@ def attention_backward(
         q_groups,
         kv_groups,
     )
-    seed = _dropout_words(spec, dropout_seed)
+    seed = _dropout_words(spec, dropout_seed, query, split_axes)
     chosen = TABLE.select(
         query,
         key,
@@ -483,9 +508,7 @@ def attention_backward(
     name="attention_with_lse",
     check=check_call,
     differentiable=(*_QKV, "sinks"),
-    sharding=ShardingRule.parse(
-        "dot_product_attention_with_lse", f"{_INPUTS} -> {OUT}, {LSE}", **RULE_OPTIONS
-    ),
+    sharding=_rule("dot_product_attention_with_lse", f"{_INPUTS} -> {OUT}, {LSE}"),
     # the backward reuses the forward's saved outputs instead of recomputing it
     jax_backward=SavedBackward(attention_backward, ("out", "lse", "d_out", "d_lse")),
     **_TORCH,
@@ -505,6 +528,7 @@ def dot_product_attention_with_lse(
     kv_groups: jax.Array | None = None,
     dropout_seed: jax.Array | None = None,
     *,
+    split_axes: dict[str, tuple[str, ...]] | None = None,
     options: AttentionSpec,
 ) -> tuple[jax.Array, jax.Array]:
     """``dot_product_attention`` plus the f32 logsumexp of each query's scores [B, Hq, Sq]
@@ -512,4 +536,5 @@ def dot_product_attention_with_lse(
     return _attention(
         query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, q_positions,
         kv_positions, q_groups, kv_groups, dropout_seed, options=options, with_lse=True,
+        split_axes=split_axes,
     )  # fmt: skip

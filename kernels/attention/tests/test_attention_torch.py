@@ -271,10 +271,10 @@ def test_backward_contract_is_checked_by_name_at_definition(attention):
 
     def declare(saved):
         backward = SavedBackward(api.attention_backward, saved)
-        op(name="kh_test_contract", jax_backward=backward)(forward)
+        op(name="kh_test_contract", jax_backward=backward, jax_only=("split_axes",))(forward)
 
     with pytest.raises(TypeError, match=r"JAX backward disagree: .*\(.*, lse, out, d_out"):
         declare(("lse", "out", "d_out", "d_lse"))
-    with pytest.raises(TypeError, match=r"attention_backward.* has 16 operands, the stub 15"):
+    with pytest.raises(TypeError, match="requires d_lse, which the stub lacks"):
         declare(("out", "lse", "d_out"))
     declare(("out", "lse", "d_out", "d_lse"))  # agrees
