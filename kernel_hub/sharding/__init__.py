@@ -29,8 +29,10 @@ functions that are no op of their own, such as a custom backward entry point.)
    match), ``whole`` (never split: the normalised axis, a scanned sequence; ``handled_by`` names the
    layer that does shard it, quoted in the error), ``reduced`` (in no result: split, each shard
    returns a partial result and they are summed), ``combined`` (split; the function is called with
-   ``split_axes`` and combines the shards itself, e.g. a log-sum-exp over vocabulary shards), or
-   split ``together`` with another (query and kv heads). A result lacking a split factor that other
+   ``split_axes`` and combines the shards itself, e.g. a log-sum-exp over vocabulary shards),
+   ``located`` (split; the function is called with ``split_axes`` to find its shard's global
+   offset, e.g. attention dropout hashing global batch and head indices), or split ``together``
+   with another (query and kv heads). A result lacking a split factor that other
    results keep is summed over its axes (a weight's gradient). ``factor?`` marks a dimension that
    may have size 1 and broadcast.
 3. A rule that depends on an option (a layout flag) is a function of the keyword options

@@ -279,7 +279,8 @@ def _shard_mapped(rule, fn, mesh, arrays, solution: Solution, options, explicit)
     def summed(result, axes):
         return result if result is None or not axes else jax.lax.psum(result, axes)
 
-    combined = {"split_axes": solution.combined_axes(rule)} if rule.combined else {}
+    told = rule.combined or rule.located
+    combined = {"split_axes": solution.split_axes(rule)} if told else {}
 
     def body(*local):
         supplied = iter(local)
@@ -299,7 +300,7 @@ def sharded(rule: RuleSource) -> Callable[[Callable[..., Any]], Callable[..., An
 
     The function's first ``len(rule.operands)`` parameters are its array operands (optional ones
     may be None); the rest are options, passed unchanged (plus ``split_axes`` when the rule has
-    ``combined`` factors). ``rule_of`` gives the decorated
+    ``combined`` or ``located`` factors). ``rule_of`` gives the decorated
     function's rule, ``__wrapped__`` the plain function.
     """
 

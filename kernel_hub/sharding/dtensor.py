@@ -3,7 +3,8 @@
 For one mesh dimension each strategy splits one factor (with its grouped partner): operands
 holding it are ``Shard(dim)``, the others ``Replicate()``; results holding it are ``Shard(dim)``,
 and results without it (a ``reduced`` factor, or einsum-style a factor only other results keep)
-are ``Partial()`` (each rank holds a partial sum); ``combined`` factors are never split. All-
+are ``Partial()`` (each rank holds a partial sum); ``combined`` and ``located`` factors are never
+split. All-
 replicate is always offered. DTensor expands these over every mesh dimension and redistributes
 inputs to the cheapest one. The backward op gets the matching strategies: gradients of operands
 that lack the split factor (replicated weights) come out ``Partial()``, summed when used.
@@ -62,6 +63,8 @@ def split_factors(rule: ShardingRule, ranks: Sequence[int | None]) -> list[froze
             if not factor or base in rule.whole | rule.combined:
                 continue
             group = frozenset({factor} | ({rule.partner(factor)} - {None}))
+            if group & rule.located:  # a grouped partner's offset is needed as much
+                continue
             if group not in seen:
                 seen.append(group)
     return seen

@@ -15,6 +15,10 @@ dimensions (the same count wherever it appears), each one a free factor. Each fa
   itself (a log-sum-exp over vocabulary shards is no sum): under a split the boundary calls it
   with ``split_axes={factor: mesh axes}`` for its collectives. DTensor strategies never split it
   (each rank would need those collectives); such an operand is replicated there;
+* ``located``: free, and the function needs its shard's place along it (a hash of global indices,
+  such as attention dropout's mask): under a split the boundary calls it with
+  ``split_axes={factor: mesh axes}``, whose ``axis_index`` gives the shard's offset. DTensor
+  strategies never split it (no rank knows its offset there);
 * grouped with another (``together``): both split over the same mesh axes, e.g. query heads and
   kv heads under grouped-query attention, so each shard keeps whole head groups.
 
@@ -72,6 +76,7 @@ class ShardingRule:
     whole: frozenset[str] = frozenset()
     reduced: frozenset[str] = frozenset()
     combined: frozenset[str] = frozenset()
+    located: frozenset[str] = frozenset()
     together: tuple[tuple[str, str], ...] = ()
     handled_by: Mapping[str, str] = field(default_factory=dict)
     broadcast_operands: frozenset[Dim] = frozenset()
@@ -86,6 +91,7 @@ class ShardingRule:
         whole: Sequence[str] = (),
         reduced: Sequence[str] = (),
         combined: Sequence[str] = (),
+        located: Sequence[str] = (),
         together: Sequence[tuple[str, str]] = (),
         handled_by: Mapping[str, str] | None = None,
     ) -> ShardingRule:
@@ -104,6 +110,7 @@ class ShardingRule:
             frozenset(whole),
             frozenset(reduced),
             frozenset(combined),
+            frozenset(located),
             tuple(tuple(pair) for pair in together),
             dict(handled_by or {}),
             broadcast_operands,
@@ -119,7 +126,7 @@ class ShardingRule:
     def _validate(self) -> None:
         known = self.factors
         in_results = {f for dims in self.results for f in dims}
-        declared = set(self.whole) | set(self.reduced) | set(self.combined)
+        declared = set(self.whole) | set(self.reduced) | set(self.combined) | set(self.located)
         declared |= {f for pair in self.together for f in pair}
         unknown = (declared | (in_results - {ELLIPSIS})) - known
         if unknown:
@@ -171,6 +178,7 @@ class Einsum:
     whole: Sequence[str] = ()
     reduced: Sequence[str] = ()
     combined: Sequence[str] = ()
+    located: Sequence[str] = ()
     together: Sequence[tuple[str, str]] = ()
     handled_by: Mapping[str, str] | None = None
 
@@ -181,6 +189,7 @@ class Einsum:
             whole=self.whole,
             reduced=self.reduced,
             combined=self.combined,
+            located=self.located,
             together=self.together,
             handled_by=self.handled_by,
         )

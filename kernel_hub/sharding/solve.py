@@ -39,9 +39,11 @@ class Solution:
     result_reductions: tuple[Axes, ...]
     factor_axes: Mapping[str, Axes]
 
-    def combined_axes(self, rule: ShardingRule) -> dict[str, Axes]:
-        """The rule's ``combined`` factors that are split, with their mesh axes."""
-        return {f: a for f, a in self.factor_axes.items() if f in rule.combined}
+    def split_axes(self, rule: ShardingRule) -> dict[str, Axes]:
+        """The rule's ``combined`` and ``located`` factors that are split, with their mesh axes
+        (what the function is told as ``split_axes``)."""
+        told = rule.combined | rule.located
+        return {f: a for f, a in self.factor_axes.items() if f in told}
 
 
 def expand(rule: ShardingRule, dims: tuple[str, ...], rank: int, name: str) -> tuple[str, ...]:

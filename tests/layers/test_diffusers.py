@@ -245,6 +245,32 @@ def test_backend_matches_native_dispatch(case):
         assert max_errors(g, w)[0] <= 1e-5
 
 
+def test_backend_dropout_runs_in_the_kernel_seeded_by_torch(caplog):
+    """``dropout_p`` without a mask or with key padding runs the kernel's dropout (a seed per
+    call from torch's generator: ``torch.manual_seed`` repeats it); a dense mask runs SDPA."""
+    import logging
+
+    key = _backend_key()
+    q = torch.randn(2, 12, 4, 16)
+    keep = torch.ones(2, 12, dtype=torch.bool)
+    keep[1, 9:] = False
+
+    def run(seed, **kwargs):
+        torch.manual_seed(seed)
+        return dispatch_attention_fn(q, q, q, backend=key, dropout_p=0.5, **kwargs)
+
+    with caplog.at_level(logging.WARNING):
+        for kwargs in ({}, {"attn_mask": keep}):
+            first = run(0, **kwargs)
+            assert torch.equal(first, run(0, **kwargs))
+            assert not torch.equal(first, run(1, **kwargs))
+            assert not torch.allclose(first, dispatch_attention_fn(q, q, q, backend=key, **kwargs))
+    assert not caplog.text
+    with caplog.at_level(logging.WARNING):
+        run(0, attn_mask=torch.randn(2, 1, 12, 12))
+    assert "with a dense attn_mask runs torch SDPA" in caplog.text
+
+
 def test_backend_refuses_what_it_does_not_implement():
     key = _backend_key()
     q = torch.randn(1, 8, 2, 16)

@@ -28,7 +28,7 @@ def tiny_llama(**fields):
 
 
 def tiny_bert(**fields):
-    # No dropout: attention dropout would run torch's SDPA instead of the kernel.
+    # No dropout: runs are compared step by step, and the kernel's dropout stream is not torch's.
     return tiny_model(
         BertForMaskedLM,
         max_position_embeddings=64,

@@ -654,12 +654,13 @@ def attention_backward_sinks_batch_split_2x4():
     sinks = 3.0 * rand(13, (8,))
     out, lse = api.dot_product_attention_with_lse(q, k, v, sinks=sinks, causal=True)
     d_out, d_lse = rand(14, out.shape), jnp.zeros_like(lse)
-    # kv_mask, q/kv segment ids; sinks; q/kv positions, q/kv groups; then the saved values
-    args = [q, k, v, None, None, None, sinks, None, None, None, None, out, lse, d_out, d_lse]
+    # kv_mask, q/kv segment ids; sinks; q/kv positions, q/kv groups; dropout_seed; then the
+    # saved values
+    args = [q, k, v, None, None, None, sinks, None, None, None, None, None, out, lse, d_out, d_lse]
     backward = lambda *a: api.attention_backward(*a, causal=True, implementation="pallas")
     expected = backward(*args)
     spec = P("data", "model")
-    specs = [spec, spec, spec, None, None, None, P("model"), None, None, None, None]
+    specs = [spec, spec, spec, None, None, None, P("model"), None, None, None, None, None]
     specs += [spec, spec, spec, spec]
     placed = [
         a if s is None else put(m, np.asarray(a), s) for a, s in zip(args, specs, strict=True)

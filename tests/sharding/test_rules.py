@@ -88,11 +88,29 @@ def test_combined_factor_is_split_but_never_summed() -> None:
     assert solution.operands[2] == (("data",),)
     assert solution.results == ((("data",),), (("data",),))
     assert solution.result_reductions == ((), ())
-    assert solution.combined_axes(LOSS) == {"v": ("model",)}
-    assert solve(MATMUL, [h, Operand("b", (16, 4), ((), ()))], SIZES).combined_axes(MATMUL) == {}
+    assert solution.split_axes(LOSS) == {"v": ("model",)}
+    assert solve(MATMUL, [h, Operand("b", (16, 4), ((), ()))], SIZES).split_axes(MATMUL) == {}
     strategies = forward_strategies(LOSS, [2, 2, 1])
     assert ([Shard(0), Shard(0)], [Shard(0), Replicate(), Shard(0)]) in strategies
     assert all(inputs[1] == Replicate() for _, inputs in strategies)
+
+
+def test_located_factor_is_told_to_the_function_and_never_split_by_dtensor() -> None:
+    """A ``located`` factor splits like a free one, and the function is told its axes
+    (``split_axes``, for its shard's global offset); DTensor never splits it."""
+    from torch.distributed.tensor import Replicate
+
+    rule = ShardingRule.parse(
+        "drop", "b h s e, b g s e -> b h s e", whole=("s", "e"), together=(("h", "g"),),
+        located=("b", "h"),
+    )  # fmt: skip
+    q = Operand("q", (2, 8, 64, 32), (("data",), ("model",), (), ()))
+    k = Operand("k", (2, 4, 64, 32), ((), (), (), ()))
+    solution = solve(rule, [q, k], SIZES)
+    assert solution.results == ((("data",), ("model",), (), ()),)
+    assert solution.split_axes(rule) == {"b": ("data",), "h": ("model",)}
+    strategies = forward_strategies(rule, [4, 4])
+    assert all(inputs == [Replicate(), Replicate()] for _, inputs in strategies), strategies
 
 
 def test_optional_operand_and_rank_errors() -> None:

@@ -27,7 +27,7 @@ from kernel_hub.kernel_api import (
     tpu_generation,
 )
 
-from . import masking, pallas_tpu, reference
+from . import dropout, masking, pallas_tpu, reference
 from . import tokamax as tokamax_impl
 from .masking import TokenMask
 from .options import TORCH_1_0, AttentionSpec
@@ -56,6 +56,7 @@ def check_inputs(
     kv_positions=None,
     q_groups=None,
     kv_groups=None,
+    dropout_seed=None,
 ) -> None:
     """Shape and dtype rules shared by the JAX functions and the torch ops (the options check
     themselves, see ``AttentionSpec``)."""
@@ -114,11 +115,15 @@ def check_inputs(
     if sinks is not None:
         _check_shape("sinks", sinks, (q_heads,), "one logit per query head")
         check_dtype(OP, "sinks", sinks, FLOAT_DTYPES)
+    if dropout_seed is not None:
+        _check_shape("dropout_seed", dropout_seed, (), "one integer: a scalar")
+        check_dtype(OP, "dropout_seed", dropout_seed, INT_DTYPES)
 
 
 # --------------------------------------------------------------------------------------------
-# Implementations: fn(q, k, v, tokens: TokenMask | None, sinks, *, spec, with_lse), ``spec``
-# resolved (``AttentionSpec.resolved``).
+# Implementations: fn(q, k, v, tokens: TokenMask | None, sinks, *, spec, with_lse, seed), ``spec``
+# resolved (``AttentionSpec.resolved``), ``seed`` the dropout's ``dropout.words`` (None when
+# ``spec.dropout_rate`` is 0).
 
 
 def _interpret() -> bool:
@@ -138,14 +143,13 @@ def _kernel_blocks(q, k, v, spec: AttentionSpec) -> pallas_tpu.KernelBlocks:
     return pallas_tpu.KernelBlocks(override(defaults.forward), override(defaults.backward))
 
 
-def _pallas(q, k, v, tokens, sinks, *, spec, with_lse):
+def _pallas(q, k, v, tokens, sinks, *, spec, with_lse, seed=None):
     blocks = _kernel_blocks(q, k, v, spec)
-    if with_lse:
-        return pallas_tpu.attention(q, k, v, tokens, sinks, spec, blocks, _interpret())
-    return pallas_tpu.attention_out(q, k, v, tokens, sinks, spec, blocks, _interpret())
+    kernel = pallas_tpu.attention if with_lse else pallas_tpu.attention_out
+    return kernel(q, k, v, tokens, sinks, spec, blocks, _interpret(), seed, spec.dropout_rate)
 
 
-def _pallas_problem(q, k, v, tokens, sinks, *, spec, with_lse):
+def _pallas_problem(q, k, v, tokens, sinks, *, spec, with_lse, seed=None):
     if q.dtype == jnp.float64 and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
     if spec.block_q is None and spec.block_k is None:
@@ -154,12 +158,17 @@ def _pallas_problem(q, k, v, tokens, sinks, *, spec, with_lse):
     return pallas_tpu.blocks_problem(q.shape, k.shape, q.dtype, blocks, interpret=_interpret())
 
 
-def _tokamax(q, k, v, tokens, sinks, *, spec, with_lse):
+def _tokamax(q, k, v, tokens, sinks, *, spec, with_lse, seed=None):
     ids = (None, None) if tokens is None else (tokens.q_segment_ids, tokens.kv_segment_ids)
     return tokamax_impl.attention(q, k, v, *ids, spec)
 
 
-def _tokamax_problem(q, k, v, tokens, sinks, *, spec, with_lse):
+def _tokamax_problem(q, k, v, tokens, sinks, *, spec, with_lse, seed=None):
+    if spec.dropout_rate:
+        return (
+            "Tokamax's public dot_product_attention has no attention dropout (its splash kernel "
+            "takes no dropout mask or seed)"
+        )
     if missing := tokamax_impl.missing():
         return missing
     # Tokamax 0.0.12 has no form of positions or groups its kernel runs: the public
@@ -199,8 +208,9 @@ def _tokamax_problem(q, k, v, tokens, sinks, *, spec, with_lse):
     return None
 
 
-def _xla(q, k, v, tokens, sinks, *, spec, with_lse):
-    out, lse = reference.attention(q, k, v, tokens, spec, sinks=sinks)
+def _xla(q, k, v, tokens, sinks, *, spec, with_lse, seed=None):
+    drop = (seed, spec.dropout_rate) if spec.dropout_rate else None
+    out, lse = reference.attention(q, k, v, tokens, spec, sinks=sinks, dropout=drop)
     return (out, lse) if with_lse else out
 
 
@@ -238,9 +248,24 @@ def _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids, *token_arrays):
     return None if tokens.empty else tokens
 
 
-def _attention(*arrays, options: AttentionSpec, with_lse: bool):
+def _dropout_words(spec: AttentionSpec, dropout_seed, query, split_axes):
+    """The implementations' ``seed``: None without dropout, else ``dropout.words`` with this
+    shard's first global batch index and query head (``split_axes``: the mesh axes splitting
+    them, from the sharding boundary; each shard holds an equal block)."""
+    if not spec.dropout_rate:
+        return None
+    axes = split_axes or {}
+    batch, heads = query.shape[:2]
+    offsets = (
+        jax.lax.axis_index(axes[factor]) * size if axes.get(factor) else 0
+        for factor, size in (("batch", batch), ("heads", heads))
+    )
+    return dropout.words(dropout_seed, *offsets)
+
+
+def _attention(*arrays, options: AttentionSpec, with_lse: bool, split_axes):
     """The forward of ``arrays`` (the public functions' array arguments, in order)."""
-    query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, *token_arrays = arrays
+    query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, *token_arrays, seed = arrays
     spec = options.resolved(query.shape[-1])
     tokens = _prepare(query, key, kv_mask, q_segment_ids, kv_segment_ids, *token_arrays)
     return TABLE(
@@ -251,6 +276,7 @@ def _attention(*arrays, options: AttentionSpec, with_lse: bool):
         sinks,
         spec=spec,
         with_lse=with_lse,
+        seed=_dropout_words(spec, seed, query, split_axes),
         implementation=spec.implementation,
     )
 
@@ -267,18 +293,31 @@ def check_call(
     kv_positions=None,
     q_groups=None,
     kv_groups=None,
+    dropout_seed=None,
     causal: bool = False,
     sliding_window: int | None = None,
     softcap: float | None = None,
     scale: float | None = None,
+    dropout_rate: float = 0.0,
 ) -> None:
     """The ops' input check: the score options' value rules (``AttentionSpec``), then
-    ``check_inputs``."""
-    AttentionSpec(causal=causal, sliding_window=sliding_window, softcap=softcap, scale=scale)
+    ``check_inputs``; dropout needs its seed."""
+    AttentionSpec(
+        causal=causal,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        scale=scale,
+        dropout_rate=dropout_rate,
+    )
     check_inputs(
         query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, q_positions,
-        kv_positions, q_groups, kv_groups,
+        kv_positions, q_groups, kv_groups, dropout_seed,
     )  # fmt: skip
+    require(
+        not dropout_rate or dropout_seed is not None,
+        f"{OP}: dropout_rate={dropout_rate} needs dropout_seed (an integer scalar: the same seed "
+        "draws the same mask)",
+    )
 
 
 # Sharding: batch and heads split (query and kv heads together, so each shard keeps whole GQA
@@ -287,7 +326,8 @@ def check_call(
 _INPUTS = (
     "batch heads q_len head_dim, batch kv_heads kv_len head_dim, batch kv_heads kv_len value_dim, "
     "batch kv_len, batch q_len, batch kv_len, heads, "  # ..., sinks
-    "batch q_len, batch kv_len, batch q_len, batch kv_len"  # positions, groups
+    "batch q_len, batch kv_len, batch q_len, batch kv_len, "  # positions, groups
+    ""  # dropout_seed (a scalar)
 )
 OUT = "batch heads q_len value_dim"
 LSE = "batch heads q_len"
@@ -302,19 +342,38 @@ RULE_OPTIONS = {
     "handled_by": {"q_len": _RING, "kv_len": _RING},
 }
 """The factors every attention rule keeps whole or splits together (also ``dense_mask``'s)."""
+
+
+def _rule(name: str, text: str):
+    """The rule of ``name`` for a call's options: with dropout, batch and heads are ``located``
+    (the mask hashes global indices, so a shard needs its offsets; DTensor does not split them)."""
+    plain = ShardingRule.parse(name, text, **RULE_OPTIONS)
+    dropping = ShardingRule.parse(name, text, located=("batch", "heads"), **RULE_OPTIONS)
+
+    def rule(dropout_rate: float = 0.0, **_) -> ShardingRule:
+        return dropping if dropout_rate else plain
+
+    return rule
+
+
 _QKV = ("query", "key", "value")
 # The torch ops' 1.0 options follow the 1.0 tensors; tensors added since (sinks, positions,
 # groups) and options added since come last, so positional calls written for 1.0 keep their
-# meaning. Under ``torch.autocast`` query, key and value are cast to the autocast dtype, as
-# autocast casts SDPA's inputs; masks and sinks keep theirs (scores and softmax run in f32).
-_TORCH = {"torch_after": {"kv_segment_ids": TORCH_1_0}, "autocast": _QKV}
+# meaning; dropout's seed and rate follow window_bounds_groups (1.3) for the same reason. Under
+# ``torch.autocast`` query, key and value are cast to the autocast dtype, as autocast casts
+# SDPA's inputs; masks and sinks keep theirs (scores and softmax run in f32).
+_TORCH = {
+    "torch_after": {"kv_segment_ids": TORCH_1_0, "kv_groups": ("window_bounds_groups",)},
+    "autocast": _QKV,
+    "jax_only": ("split_axes",),
+}
 
 
 @op(
     name="attention_forward_only",
     check=check_call,
     differentiable=(*_QKV, "sinks"),
-    sharding=ShardingRule.parse("dot_product_attention", f"{_INPUTS} -> {OUT}", **RULE_OPTIONS),
+    sharding=_rule("dot_product_attention", f"{_INPUTS} -> {OUT}"),
     **_TORCH,
 )
 @takes_options(AttentionSpec)
@@ -330,7 +389,9 @@ def dot_product_attention(
     kv_positions: jax.Array | None = None,
     q_groups: jax.Array | None = None,
     kv_groups: jax.Array | None = None,
+    dropout_seed: jax.Array | None = None,
     *,
+    split_axes: dict[str, tuple[str, ...]] | None = None,
     options: AttentionSpec,
 ) -> jax.Array:
     """softmax(scale * q k^T [soft-capped, masked]) v for q [B, Hq, Sq, D], k [B, Hkv, Sk, D],
@@ -345,21 +406,24 @@ def dot_product_attention(
     ``kv_positions`` [B, Sk] replace the end-aligned indices in the causal/window rule (a cache
     prefilled at an offset); ``q_groups`` / ``kv_groups`` let tokens of one group >= 0 see each
     other whatever the rule (bidirectional image tokens; ``window_bounds_groups`` keeps the
-    window on them too); see ``masking``. Rows with no visible key give zeros.
+    window on them too); see ``masking``. Rows with no visible key give zeros. ``dropout_rate``
+    > 0 drops attention probabilities (scaling the kept ones by 1 / (1 - rate)) where
+    ``dropout``'s hash of ``dropout_seed`` (an integer scalar) and (batch, query head, query,
+    key) says, in the forward and again in the backward: the same seed draws the same mask.
     """
     return _attention(
         query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, q_positions,
-        kv_positions, q_groups, kv_groups, options=options, with_lse=False,
+        kv_positions, q_groups, kv_groups, dropout_seed, options=options, with_lse=False,
+        split_axes=split_axes,
     )  # fmt: skip
 
 
 @sharded(
-    ShardingRule.parse(
+    _rule(
         "attention_backward",
         # d_sinks ("heads") sums over batch and queries: with batch split, the boundary sums it
         # over the batch axes (a result lacking a split factor is summed, einsum-style).
         f"{_INPUTS}, {OUT}, {LSE}, {OUT}, {LSE} -> {GRADIENTS}, heads",
-        **RULE_OPTIONS,
     )
 )
 @takes_options(AttentionSpec)
@@ -375,11 +439,13 @@ def attention_backward(
     kv_positions,
     q_groups,
     kv_groups,
+    dropout_seed,
     out,
     lse,
     d_out,
     d_lse,
     *,
+    split_axes: dict[str, tuple[str, ...]] | None = None,
     options: AttentionSpec,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
     """(dq, dk, dv, d_sinks) of ``dot_product_attention_with_lse`` from its saved outputs
@@ -400,6 +466,7 @@ def attention_backward(
         q_groups,
         kv_groups,
     )
+    seed = _dropout_words(spec, dropout_seed, query, split_axes)
     chosen = TABLE.select(
         query,
         key,
@@ -408,6 +475,7 @@ def attention_backward(
         sinks,
         spec=spec,
         with_lse=True,
+        seed=seed,
         implementation=spec.implementation,
     )
     if chosen.name == "pallas":
@@ -425,10 +493,12 @@ def attention_backward(
             spec,
             blocks,
             _interpret(),
+            seed,
+            spec.dropout_rate,
         )
 
     def forward(q, k, v, s):
-        return chosen.fn(q, k, v, tokens, s, spec=spec, with_lse=True)
+        return chosen.fn(q, k, v, tokens, s, spec=spec, with_lse=True, seed=seed)
 
     _, pullback = jax.vjp(forward, query, key, value, sinks)
     return pullback((d_out, d_lse))
@@ -438,9 +508,7 @@ def attention_backward(
     name="attention_with_lse",
     check=check_call,
     differentiable=(*_QKV, "sinks"),
-    sharding=ShardingRule.parse(
-        "dot_product_attention_with_lse", f"{_INPUTS} -> {OUT}, {LSE}", **RULE_OPTIONS
-    ),
+    sharding=_rule("dot_product_attention_with_lse", f"{_INPUTS} -> {OUT}, {LSE}"),
     # the backward reuses the forward's saved outputs instead of recomputing it
     jax_backward=SavedBackward(attention_backward, ("out", "lse", "d_out", "d_lse")),
     **_TORCH,
@@ -458,12 +526,15 @@ def dot_product_attention_with_lse(
     kv_positions: jax.Array | None = None,
     q_groups: jax.Array | None = None,
     kv_groups: jax.Array | None = None,
+    dropout_seed: jax.Array | None = None,
     *,
+    split_axes: dict[str, tuple[str, ...]] | None = None,
     options: AttentionSpec,
 ) -> tuple[jax.Array, jax.Array]:
     """``dot_product_attention`` plus the f32 logsumexp of each query's scores [B, Hq, Sq]
     (-inf for a row with no visible key). Differentiable in both outputs."""
     return _attention(
         query, key, value, kv_mask, q_segment_ids, kv_segment_ids, sinks, q_positions,
-        kv_positions, q_groups, kv_groups, options=options, with_lse=True,
+        kv_positions, q_groups, kv_groups, dropout_seed, options=options, with_lse=True,
+        split_axes=split_axes,
     )  # fmt: skip

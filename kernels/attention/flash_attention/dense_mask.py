@@ -47,8 +47,9 @@ OP = "attention_with_dense_mask"
 STRUCTURES = ("padding", "packed")
 _REFERENCE_QUERY_BLOCK = 128
 _BIAS_REASON = "it adds a dense bias (position_bias), which the Pallas kernel does not take"
-UNUSED_OPTIONS = ("block_q", "block_k", "window_bounds_groups")
-"""``AttentionSpec`` fields the dense-mask functions do not take (a dense mask has no groups)."""
+UNUSED_OPTIONS = ("block_q", "block_k", "window_bounds_groups", "dropout_rate")
+"""``AttentionSpec`` fields the dense-mask functions do not take (a dense mask has no groups;
+dropout runs in ``api``'s functions, which take its seed)."""
 
 
 def check_mask(query, key, mask) -> None:
@@ -255,7 +256,22 @@ def attention_with_dense_mask_backward(
 
     def structured(ids):
         return lambda q, k, v, s: api.attention_backward(
-            q, k, v, None, *ids, s, None, None, None, None, out, lse, d_out, d_lse, **keywords
+            q,
+            k,
+            v,
+            None,
+            *ids,
+            s,
+            None,
+            None,
+            None,
+            None,
+            None,
+            out,
+            lse,
+            d_out,
+            d_lse,
+            **keywords,
         )
 
     def fallback(q, k, v, s):

@@ -127,11 +127,13 @@ def attention(
             f"{key.shape[1]}; SDPA's top-left causal mask for that case is not implemented"
         )
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    if dropout_p > 0.0:
+    mask = None if attn_mask is None else _sdpa_mask_4d(attn_mask, q.shape[0], k.shape[2])
+    if dropout_p > 0.0 and not (mask is None or _key_padding(mask)):
         log.warning(
-            "attention: dropout_p=%s > 0 runs torch SDPA (no dropout in the kernel)", dropout_p
+            "attention: dropout_p=%s > 0 with a dense attn_mask runs torch SDPA (the kernel's "
+            "dropout takes no dense mask)",
+            dropout_p,
         )
-        mask = None if attn_mask is None else _sdpa_mask_4d(attn_mask, q.shape[0], k.shape[2])
         out = torch.nn.functional.scaled_dot_product_attention(
             q,
             k,
@@ -143,19 +145,27 @@ def attention(
             enable_gqa=enable_gqa,
         )
     else:
-        out = _kernel_attention(q, k, v, attn_mask, is_causal, scale)
+        out = _kernel_attention(q, k, v, mask, is_causal, scale, dropout_p)
     return out.transpose(1, 2)
 
 
-def _kernel_attention(q, k, v, attn_mask, causal, scale):
-    """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] through the kernel's torch ops."""
-    if attn_mask is None:
-        return torch_api.dot_product_attention(q, k, v, causal=causal, scale=scale)
+def _key_padding(mask: torch.Tensor) -> bool:
+    """Whether a 4-D mask is key padding alone (boolean, one row for every head and query)."""
+    return mask.dtype == torch.bool and mask.shape[1] == mask.shape[2] == 1
+
+
+def _kernel_attention(q, k, v, mask, causal, scale, dropout_p):
+    """q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D] through the kernel's torch ops; ``mask`` 4-D or
+    None; dropout (in the kernel, seeded from torch's generator) only without a dense mask."""
+    drop = {}
+    if dropout_p > 0.0:
+        drop = {"dropout_rate": dropout_p, "dropout_seed": torch_api.dropout_seed(q.device)}
+    if mask is None:
+        return torch_api.dot_product_attention(q, k, v, causal=causal, scale=scale, **drop)
     batch, heads, q_len, kv_len = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-    mask = _sdpa_mask_4d(attn_mask, batch, kv_len)
-    if mask.dtype == torch.bool and mask.shape[1] == mask.shape[2] == 1:
+    if _key_padding(mask):
         kv_mask = mask[:, 0, 0, :].expand(batch, kv_len)  # key padding: the kernel's own mask
-        return torch_api.dot_product_attention(q, k, v, kv_mask, scale=scale)
+        return torch_api.dot_product_attention(q, k, v, kv_mask, scale=scale, **drop)
     m_batch, m_heads = mask.shape[0], mask.shape[1]
     dense = mask.expand(m_batch, heads if m_heads != 1 else 1, q_len, kv_len)
     return torch_api.attention_with_dense_mask(q, k, v, dense, scale=scale)[0]

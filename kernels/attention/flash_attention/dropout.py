@@ -4,8 +4,10 @@ Nothing is stored: the flash kernels compute the bits of each score block from t
 indices, in the forward and again in the backward, and the XLA reference computes the same bits
 for the whole ``[B, Hq, Sq, Sk]`` array. All arithmetic is int32 with wrapping multiplies and
 logical shifts (what Mosaic lowers and the CPU interpreter runs alike), so a seed gives one mask
-everywhere. The mixer is murmur3's 32-bit finaliser, a bijection: within a row every key gets a
-distinct word.
+everywhere. The kernels take the seed as ``words``: (seed, first batch index, first query head) of
+the arrays they see, so a shard of a batch- or head-split call hashes global indices and draws
+the unsharded call's mask. The mixer is murmur3's 32-bit finaliser, a bijection: within a row
+every key gets a distinct word.
 
 A key is kept when the top 24 bits of its word are at least ``threshold(rate)``, so the keep
 probability is ``1 - threshold / 2**24`` (``rate`` rounded to a multiple of 2**-24); kept
@@ -43,6 +45,19 @@ def row_key(seed, batch, head, query):
     return key
 
 
+def words(seed, batch_offset=0, head_offset=0):
+    """int32 [3]: the seed and the global index of the first batch entry and query head."""
+    return jnp.stack(
+        [jnp.asarray(x).astype(jnp.int32).reshape(()) for x in (seed, batch_offset, head_offset)]
+    )
+
+
+def as_words(seed):
+    """``seed`` (int []) or ``words`` (int32 [3]) as ``words``."""
+    seed = jnp.asarray(seed)
+    return seed.astype(jnp.int32) if seed.shape == (3,) else words(seed)
+
+
 def threshold(rate: float) -> int:
     return round(rate * (1 << _BITS))
 
@@ -67,9 +82,12 @@ def check_rate(rate: float, where: str) -> None:
 
 
 def mask(seed, batch: int, heads: int, q_len: int, kv_len: int, rate: float):
-    """The whole keep mask [B, Hq, Sq, Sk] (the reference's; O(S^2))."""
+    """The whole keep mask [B, Hq, Sq, Sk] (the reference's; O(S^2)); ``seed`` as ``as_words``
+    takes it."""
+    seed, batch_offset, head_offset = as_words(seed)
     b, h, q, k = (
         jax.lax.broadcasted_iota(jnp.int32, (batch, heads, q_len, kv_len), axis)
         for axis in range(4)
     )
-    return keep(row_key(seed, b[..., :1], h[..., :1], q[..., :1]), k, rate)
+    rows = row_key(seed, b[..., :1] + batch_offset, h[..., :1] + head_offset, q[..., :1])
+    return keep(rows, k, rate)

@@ -19,6 +19,11 @@ Masks ``attention_forward`` takes:
   packed segments, checked on device to reproduce the mask exactly; a mask it cannot express
   runs on the reference implementation and a warning says why.
 
+Attention dropout (``dropout`` > 0: Transformers passes the module's rate in training, 0 in eval)
+runs in the kernel with a seed drawn from torch's default generator (``torch_api.dropout_seed``):
+``torch.manual_seed`` reproduces the masks. A dense 4-D mask or a position bias has no kernel
+path with dropout; such calls run torch's SDPA with its own dropout, and a warning says so.
+
 Every keyword is honoured or refused (``keywords``): GPT-OSS's sinks (``s_aux``) run in the
 kernel, T5's ``position_bias`` through the dense path (reference implementation, with its
 gradient), MLA's value head dim natively. ``module_problem(module)`` tells ``kernelize`` which
@@ -34,7 +39,12 @@ import torch
 from kernel_hub.kernel_api import KernelInputError
 
 from . import keywords
-from .torch_api import attention_with_dense_mask, attention_with_lse, dot_product_attention
+from .torch_api import (
+    attention_with_dense_mask,
+    attention_with_lse,
+    dot_product_attention,
+    dropout_seed,
+)
 from .transformers_masks import (
     MaskDescription,
     describe_nested,
@@ -71,16 +81,22 @@ def _kernel_window(sliding_window: int | None, causal: bool) -> int | None:
 def _dropout_attention(
     query, key, value, attention_mask, dropout, scaling, causal, softcap, sinks, position_bias
 ):
-    """The kernel has no dropout: training with attention dropout runs torch's SDPA instead, as
-    Transformers' SDPA integration would (a position bias joins the additive mask)."""
+    """Dropout under a dense mask or a position bias (no kernel path: the dense-mask op takes no
+    dropout) runs torch's SDPA, as Transformers' SDPA integration would (a position bias joins
+    the additive mask)."""
     for name, given in (("softcap", softcap), ("s_aux (attention sinks)", sinks)):
         if given is not None:
             raise KernelInputError(
-                f"attention: dropout > 0 together with {name} is not supported by kernel-hub "
-                f"attention (the kernel has no dropout and torch SDPA no {name}); use "
-                f"attn_implementation='eager' for this configuration"
+                f"attention: dropout > 0 together with {name} under a dense mask or a position "
+                f"bias is not supported by kernel-hub attention (its dense-mask path has no "
+                f"dropout and torch SDPA no {name}); use attn_implementation='eager' for this "
+                f"configuration"
             )
-    log.warning("attention: dropout=%s > 0 runs torch SDPA, the kernel has no dropout", dropout)
+    log.warning(
+        "attention: dropout=%s > 0 with a dense mask or a position bias runs torch SDPA (the "
+        "kernel's dropout needs a mask it describes)",
+        dropout,
+    )
     q_len, kv_len = query.shape[2], key.shape[2]
     if position_bias is not None:
         attention_mask = _biased_mask(attention_mask, position_bias, causal, q_len, kv_len)
@@ -94,6 +110,13 @@ def _dropout_attention(
         is_causal=causal and attention_mask is None and q_len == kv_len,
         enable_gqa=query.shape[1] != key.shape[1],
     )
+
+
+def _dropout(rate: float, query: torch.Tensor) -> dict:
+    """The kernel's dropout options for ``rate`` (none at 0: eval, or a model without dropout)."""
+    if rate <= 0.0:
+        return {}
+    return {"dropout_rate": float(rate), "dropout_seed": dropout_seed(query.device)}
 
 
 def _visibility(attention_mask, causal: bool, window, q_len: int, kv_len: int, device):
@@ -173,7 +196,12 @@ def attention_forward(
             position_bias = position_bias[..., :q_len]
         kv_len = q_len
     options = dict(causal=causal, sliding_window=window, softcap=softcap, scale=scaling)
-    if dropout > 0.0:
+    dense = attention_mask is not None or position_bias is not None
+    if dropout > 0.0 and not dense:
+        out = dot_product_attention(
+            query, key, value, sinks=s_aux, **options, **_dropout(dropout, query)
+        )
+    elif dropout > 0.0:
         out = _dropout_attention(
             query,
             key,
@@ -219,8 +247,8 @@ def _described_attention(
     module: torch.nn.Module,
 ):
     """Attention under a ``MaskDescription``: its rule replaces the module's (as a mask replaces
-    ``is_causal`` and ``sliding_window`` under SDPA). Dropout and an additive bias have no
-    kernel path; they get the description's dense mask (their paths are dense anyway)."""
+    ``is_causal`` and ``sliding_window`` under SDPA). An additive bias has no kernel path; it gets
+    the description's dense mask (its path is dense anyway), and so does dropout beside it."""
     expected = (mask.q_len, mask.kv_len)
     if (query.shape[2], key.shape[2]) != expected:
         raise KernelInputError(
@@ -230,7 +258,7 @@ def _described_attention(
     options = dict(
         causal=mask.causal, sliding_window=mask.sliding_window, softcap=softcap, scale=scaling
     )
-    if dropout > 0.0:
+    if dropout > 0.0 and position_bias is not None:
         out = _dropout_attention(
             query, key, value, mask.dense(), dropout, scaling, False, softcap, sinks, position_bias
         )
@@ -247,6 +275,7 @@ def _described_attention(
             q_groups=mask.q_groups,
             kv_groups=mask.kv_groups,
             window_bounds_groups=mask.window_bounds_groups,
+            **_dropout(dropout, query),
         )
         # only key padding or explicit positions can leave a query row without a key
         may_be_empty = mask.kv_valid is not None or mask.q_positions is not None
@@ -333,7 +362,7 @@ def module_problem(
             "(the last padding position predicts the first token); with a soft-cap kernel-hub "
             "finds those rows with a host read that torch.compile cannot trace"
         )
-    return keywords.module_problem(module, training=training)
+    return keywords.module_problem(module)
 
 
 def register(name: str = DEFAULT_NAME) -> str:

@@ -123,26 +123,6 @@ def soft_caps(module: torch.nn.Module) -> bool:
     return any(getattr(module, a, None) is not None for a in _SOFTCAP_ATTRIBUTES)
 
 
-def _dropout_problem(module: torch.nn.Module, names: set[str]) -> str | None:
-    """A training forward with attention dropout runs torch SDPA (the kernel has no dropout),
-    which has neither soft-capping nor sinks: such a module cannot be served in training."""
-    rate = getattr(module, "attention_dropout", 0.0)
-    if not isinstance(rate, int | float) or rate <= 0 or "dropout" not in names:
-        return None
-    features = []
-    if "softcap" in names and soft_caps(module):
-        features.append("soft-capping")
-    if "s_aux" in names:
-        features.append("attention sinks (s_aux)")
-    if not features:
-        return None
-    return (
-        f"{type(module).__name__} trains with attention_dropout={rate} and "
-        f"{' and '.join(features)}: kernel-hub attention runs dropout on torch SDPA, which has "
-        f"no {' or '.join(features)}"
-    )
-
-
 _MASK_AS_TENSOR = re.compile(r"\battention_mask\s*(\.(?!__)\w+|\[)")
 
 
@@ -170,17 +150,12 @@ def _mask_tensor_problem(module: torch.nn.Module) -> str | None:
     )
 
 
-def module_problem(module: torch.nn.Module, training: bool = True) -> str | None:
+def module_problem(module: torch.nn.Module) -> str | None:
     """Why ``module``'s attention cannot run on this kernel, or None: its forward passes a
-    refused keyword by name, reads the mask as a tensor, or (``training``) needs dropout with a
-    feature the dropout path lacks. An inference kernelize followed by ``model.train()`` is
-    refused at the call."""
+    refused keyword by name or reads the mask as a tensor."""
     names = _keyword_names(getattr(type(module), "forward", None))
     passed = names & REFUSED.keys()
     if passed:
         features = "; ".join(f"{name!r}: {REFUSED[name]}" for name in sorted(passed))
         return f"{type(module).__name__}.forward passes {features}, not implemented by the kernel"
-    problem = _mask_tensor_problem(module)
-    if problem is None and training:
-        problem = _dropout_problem(module, names)
-    return problem
+    return _mask_tensor_problem(module)

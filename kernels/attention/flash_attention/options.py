@@ -12,6 +12,8 @@ from dataclasses import dataclass, replace
 
 from kernel_hub.kernel_api import check_score_options, resolved_scores
 
+from . import dropout
+
 OP = "dot_product_attention"
 
 TORCH_1_0 = ("causal", "sliding_window", "softcap", "scale", "implementation", "block_q", "block_k")
@@ -39,9 +41,14 @@ class AttentionSpec:
     window_bounds_groups: bool = False
     """Group pairs must also be inside the window: ``(causal | group) & window`` (Gemma 3's
     sliding layers) rather than ``(causal & window) | group``."""
+    dropout_rate: float = 0.0
+    """Attention dropout: each probability is dropped with this chance (the mask is
+    ``dropout``'s hash of the call's ``dropout_seed`` and the indices) and the kept ones are scaled
+    by 1 / (1 - rate); in [0, 1)."""
 
     def __post_init__(self) -> None:
         check_score_options(self, OP)
+        dropout.check_rate(self.dropout_rate, OP)
 
     def resolved(self, head_dim: int) -> AttentionSpec:
         """These options with the default scale 1/sqrt(head_dim) filled in (numbers as floats)."""
@@ -49,4 +56,5 @@ class AttentionSpec:
             self,
             **resolved_scores(self, head_dim),
             window_bounds_groups=bool(self.window_bounds_groups),
+            dropout_rate=float(self.dropout_rate),
         )

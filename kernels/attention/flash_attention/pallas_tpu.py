@@ -529,12 +529,15 @@ def _split_refs(refs, num_inputs: int, fields: tuple[str, ...]):
 def _kept(seed_ref, b, h, qi, ki, shape, layout: Layout, rate: float):
     """``dropout.keep`` for block pair (qi, ki) of batch ``b``, kv head ``h`` (program ids, read
     at the kernel's top: the interpreter has none inside ``pl.when``): the rows' query heads and
-    queries from their packed index, the seed from its [1, 128] block."""
+    queries from their packed index, the seed and the global offsets from their block."""
     rows = qi * layout.block_q + jax.lax.broadcasted_iota(jnp.int32, (shape[0], 1), 0)
     group = _div(rows, layout.q_len_padded)
     query = rows - group * layout.q_len_padded
-    seed = seed_ref[...][:, :1]
-    row_keys = dropout.row_key(seed, b, h * layout.groups + group, query)
+    seed, batch_offset, head_offset = (
+        seed_ref[:, pl.ds(i * _LANES, _LANES)][:, :1] for i in range(3)
+    )
+    head = head_offset + h * layout.groups + group
+    row_keys = dropout.row_key(seed, batch_offset + b, head, query)
     keys = ki * layout.block_k + jax.lax.broadcasted_iota(jnp.int32, shape, 1)
     return dropout.keep(row_keys, keys, rate)
 
@@ -752,7 +755,7 @@ class _Specs:
     stats: pl.BlockSpec  # per-row statistics (logsumexp, delta), a row [1, bq] per q block
     tokens: list  # per-token (q [bq, 1], kv [1, bk]) pairs, one per field
     sinks: pl.BlockSpec  # packed sinks [Hkv, rows, 1]
-    seed: pl.BlockSpec  # the dropout seed in every lane of a [1, 128] block
+    seed: pl.BlockSpec  # the dropout words (``_seed_block``), each in every lane of 128
 
 
 def _specs(layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], *, kv_outer: bool):
@@ -804,7 +807,7 @@ def _specs(layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], *, kv_o
         stats=pl.BlockSpec((None, None, None, 1, bq), lambda *idx: (*q_block(*idx), 0)),
         tokens=tokens,
         sinks=pl.BlockSpec((None, bq, 1), lambda *idx: (q_block(*idx)[1], q_block(*idx)[2], 0)),
-        seed=pl.BlockSpec((1, _LANES), lambda *idx: (0, 0)),
+        seed=pl.BlockSpec((1, 3 * _LANES), lambda *idx: (0, 0)),
     )
 
 
@@ -858,7 +861,7 @@ def _forward(
 ):
     """Packed-layout forward: [out [B, Hkv, rows, Dv], lse [B, Hkv, q blocks, 1, bq]], or [out]
     without ``with_lse``; ``tokens`` is (fields, packed arrays) from ``_pack_tokens``; ``seed``
-    the [1, 128] dropout seed block (None without dropout)."""
+    the dropout block (``_seed_block``; None without dropout)."""
     (fields, token_arrays), has_sinks = tokens, sinks is not None
     specs = _specs(layout, spec, fields, kv_outer=False)
     ranges = _block_ranges(fields, token_arrays, layout, spec)[:2] if fields else ()
@@ -992,10 +995,11 @@ def _layout(q, k, v, blocks: BlockSizes) -> Layout:
 
 
 def _seed_block(seed, dropout_rate: float):
-    """The dropout seed (int32 []) in every lane of a [1, 128] block; None without dropout."""
+    """The dropout ``seed`` (``dropout.as_words``: seed, batch and head offsets) as a [1, 384]
+    block, each word in every lane of its 128 (read at aligned lanes); None without dropout."""
     if not dropout_rate:
         return None
-    return jnp.full((1, _LANES), seed, jnp.int32)
+    return jnp.repeat(dropout.as_words(seed), _LANES)[None]
 
 
 def attention_forward(
@@ -1013,7 +1017,8 @@ def attention_forward(
 ):
     """(out [B, Hq, Sq, Dv], logsumexp [B, Hq, Sq] f32), or out alone without ``with_lse`` (the
     kernel then writes no statistics); no autodiff rule (see ``attention``). ``dropout_rate`` >
-    0 drops probabilities as ``dropout.keep`` marks them for ``seed`` (int32 [])."""
+    0 drops probabilities as ``dropout.keep`` marks them for ``seed`` (int32 [] or
+    ``dropout.words``)."""
     layout = _layout(q, k, v, blocks.forward)
     out, *lse = _forward(
         _pack_rows(q, layout),

@@ -50,9 +50,9 @@ def attention(
     ``sinks`` [Hq] is a per-head logit that joins every row's softmax denominator (attention
     sinks; it attends to a zero value). ``mask`` (boolean, True = attend) and ``bias`` (added to
     the scores) broadcast to [B, Hq, Sq, Sk] and combine with the rules of ``spec`` and the
-    per-token arrays ``tokens`` (``masking.TokenMask`` or None). ``dropout`` (seed int32 [],
-    rate) drops the probabilities ``dropout.mask`` marks and scales the others by 1 / (1 - rate);
-    the logsumexp is the undropped softmax's.
+    per-token arrays ``tokens`` (``masking.TokenMask`` or None). ``dropout`` (seed: int32 [] or
+    ``dropout.words``, rate) drops the probabilities ``dropout.mask`` marks and scales the others
+    by 1 / (1 - rate); the logsumexp is the undropped softmax's.
     """
     kv_heads = k.shape[1]
     q_len, kv_len = q.shape[2], k.shape[2]

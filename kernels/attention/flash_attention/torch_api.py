@@ -4,6 +4,7 @@
 ``attention_with_lse`` and ``attention_with_dense_mask`` return (out, logsumexp) so the backward
 reuses the forward's saved outputs instead of recomputing it; ``attention_forward_only`` returns
 out alone, so a program that takes no gradient (inference) writes no logsumexp.
+``dropout_seed`` draws the seed the integrations pass with attention dropout.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from . import api, dense_mask
 attention_with_lse = api.dot_product_attention_with_lse.torch
 attention_forward_only = api.dot_product_attention.torch
 attention_with_dense_mask = dense_mask.attention_with_dense_mask.torch
+
+
+def dropout_seed(device: torch.device | str) -> torch.Tensor:
+    """A fresh dropout seed (int32 scalar on ``device``) drawn from torch's default CPU
+    generator: ``torch.manual_seed`` reproduces a run's masks, and every call draws another."""
+    return torch.randint(torch.iinfo(torch.int32).max, (), dtype=torch.int32).to(device)
 
 
 def needs_gradient(*args: Any, **kwargs: Any) -> bool:

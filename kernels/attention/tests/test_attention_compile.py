@@ -4,6 +4,8 @@ Transformers passes them) gives eager's gradients; under autocast q/k/v run in i
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -28,6 +30,11 @@ def _step(attention, op_name):
         v = h[..., 48:].view(2, 6, 2, 8).transpose(1, 2)
         if op_name == "attention_with_lse":
             out, lse = attention.attention_with_lse(q, k, v, causal=True, sinks=sinks)
+        elif op_name == "dropout":  # the integrations' call: a seed from torch's generator
+            seed = sys.modules[f"{attention.__name__}.torch_api"].dropout_seed(q.device)
+            out, lse = attention.attention_with_lse(
+                q, k, v, causal=True, sinks=sinks, dropout_seed=seed, dropout_rate=0.3
+            )
         else:
             mask = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
             out, lse = attention.attention_with_dense_mask(
@@ -39,14 +46,18 @@ def _step(attention, op_name):
     return step
 
 
-@pytest.mark.parametrize("op_name", ["attention_with_lse", "attention_with_dense_mask"])
+@pytest.mark.parametrize("op_name", ["attention_with_lse", "attention_with_dense_mask", "dropout"])
 def test_fullgraph_aot_eager_training_step_on_transposed_inputs(attention, op_name):
+    """With dropout the seed is drawn inside the graph: ``torch.manual_seed`` gives compiled and
+    eager the same one."""
     step = _step(attention, op_name)
     hidden, *params = _projections()
+    torch.manual_seed(0)
     want_loss = step(hidden, *params)
     want = torch.autograd.grad(want_loss, params, allow_unused=True)
     torch._dynamo.reset()
     compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    torch.manual_seed(0)
     got_loss = compiled(hidden, *params)
     got = torch.autograd.grad(got_loss, params, allow_unused=True)
     assert abs(got_loss.item() - want_loss.item()) <= 1e-5
@@ -68,8 +79,8 @@ def test_backward_fake_has_the_real_gradient_layout(attention):
     sinks = torch.randn(4, dtype=torch.float64)
     op = attention.attention_with_lse
     out, lse = op(q, k, v, causal=True, sinks=sinks.float())
-    inputs = [q, k, v, None, None, None, sinks.float(), None, None, None, None]
-    static = (True, None, None, None, None, None, None, False)
+    inputs = [q, k, v, None, None, None, sinks.float(), None, None, None, None, None]
+    static = (True, None, None, None, None, None, None, False, 0.0)
     real = op.backward_op(inputs, [out, lse], [torch.ones_like(out), torch.ones_like(lse)], *static)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake_inputs = [None if t is None else mode.from_tensor(t) for t in inputs]

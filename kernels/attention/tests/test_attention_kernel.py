@@ -178,6 +178,18 @@ def test_tokamax_refuses_logsumexp(attention):
     assert "logsumexp" in reasons["tokamax"]
 
 
+def test_tokamax_declines_dropout(attention):
+    """Tokamax has no dropout: it declines with the reason and the order moves on."""
+    spec = attention.jax.AttentionSpec(causal=True, dropout_rate=0.1).resolved(16)
+    reasons = dict(
+        attention.jax.TABLE.explain(
+            *Case().arrays().values(), None, None, spec=spec, with_lse=False,
+            implementation="tokamax",
+        )
+    )  # fmt: skip
+    assert "has no attention dropout" in reasons["tokamax"]
+
+
 def test_results_do_not_depend_on_block_sizes(attention):
     """Online softmax across many blocks equals one block, values and gradients."""
     case, options = Case(q_len=24, kv_len=24), {"causal": True, "sliding_window": 9}

@@ -79,9 +79,22 @@ def test_opcheck(attention):
     )
 
 
+_SEED = torch.tensor(3, dtype=torch.int32)
+
+
+def test_opcheck_with_dropout(attention):
+    q, k, v = _qkv(requires_grad=True)
+    seed = _SEED
+    torch.library.opcheck(
+        attention.attention_with_lse.op,
+        (q, k, v),
+        {"causal": True, "dropout_seed": seed, "dropout_rate": 0.25},
+    )
+
+
 def test_schemas_keep_earlier_positions(attention):
     """The schemas derived from ``AttentionSpec`` keep 1.0's positions (its options right after
-    its tensors), with what 1.1 and 1.2 added after them: a 1.0 positional call keeps its
+    its tensors), with what 1.1 to 1.6 added after them: a 1.0 positional call keeps its
     meaning, and the derived layout cannot drift unnoticed."""
     names = {
         op: [a.name for a in getattr(attention, op).op._schema.arguments]
@@ -92,7 +105,7 @@ def test_schemas_keep_earlier_positions(attention):
     assert names["attention_with_lse"] == [
         "query", "key", "value", "kv_mask", "q_segment_ids", "kv_segment_ids", *v1_0, "block_q",
         "block_k", "sinks", "q_positions", "kv_positions", "q_groups", "kv_groups",
-        "window_bounds_groups",
+        "window_bounds_groups", "dropout_seed", "dropout_rate",
     ]  # fmt: skip
     assert names["attention_with_dense_mask"] == [
         "query", "key", "value", "attention_mask", *v1_0, "sinks", "bias",
@@ -175,6 +188,11 @@ def test_no_logsumexp_is_written_without_a_gradient(attention, monkeypatch):
         ({}, {"sliding_window": 0}, "sliding_window=0; it must be an integer >= 1"),
         ({}, {"sliding_window": -3}, "sliding_window=-3; it must be an integer >= 1"),
         ({}, {"softcap": 0.0}, "softcap=0.0; it must be a finite number > 0"),
+        ({}, {"dropout_rate": 1.0, "dropout_seed": _SEED}, r"dropout_rate=1.0; .* in \[0, 1\)"),
+        ({}, {"dropout_rate": -0.1, "dropout_seed": _SEED}, r"dropout_rate=-0.1; .* \[0, 1\)"),
+        ({}, {"dropout_rate": 0.1}, "dropout_rate=0.1 needs dropout_seed"),
+        ({}, {"dropout_rate": 0.1, "dropout_seed": _SEED[None]}, "dropout_seed has shape"),
+        ({}, {"dropout_rate": 0.1, "dropout_seed": _SEED.float()}, "dropout_seed"),
     ],
 )
 def test_bad_inputs_are_rejected(attention, shapes, options, message):
@@ -193,8 +211,11 @@ def test_bad_inputs_are_rejected(attention, shapes, options, message):
 
     arrays = [jnp.asarray(t.numpy()) for t in (q, k, v)]
     jax_mask = None if kv_mask is None else jnp.asarray(kv_mask.numpy())
+    jax_options = {
+        n: jnp.asarray(o.numpy()) if isinstance(o, torch.Tensor) else o for n, o in options.items()
+    }
     with pytest.raises(KernelInputError, match=message):
-        attention.jax.dot_product_attention(*arrays, jax_mask, **options)
+        attention.jax.dot_product_attention(*arrays, jax_mask, **jax_options)
 
 
 def test_dense_mask_of_wrong_shape_is_rejected(attention):
@@ -250,10 +271,10 @@ def test_backward_contract_is_checked_by_name_at_definition(attention):
 
     def declare(saved):
         backward = SavedBackward(api.attention_backward, saved)
-        op(name="kh_test_contract", jax_backward=backward)(forward)
+        op(name="kh_test_contract", jax_backward=backward, jax_only=("split_axes",))(forward)
 
     with pytest.raises(TypeError, match=r"JAX backward disagree: .*\(.*, lse, out, d_out"):
         declare(("lse", "out", "d_out", "d_lse"))
-    with pytest.raises(TypeError, match=r"attention_backward.* has 15 operands, the stub 14"):
+    with pytest.raises(TypeError, match="requires d_lse, which the stub lacks"):
         declare(("out", "lse", "d_out"))
     declare(("out", "lse", "d_out", "d_lse"))  # agrees

@@ -236,19 +236,31 @@ def test_additive_masks(attention, caplog):
     assert "additive mask with values other than 0" in caplog.text
 
 
-def test_dropout_runs_torch_sdpa_with_a_reason(attention, caplog):
+def test_dropout_runs_in_the_kernel_and_under_a_dense_mask_on_torch_sdpa(attention, caplog):
+    """Without a mask the kernel drops (no warning; a seed per call from torch's generator, so
+    ``torch.manual_seed`` repeats it); a dense 4-D mask has no kernel path with dropout: torch
+    SDPA runs with its own dropout, and a warning says why."""
+    forward = attention.KERNEL.integration("transformers").attention_forward
     generator = torch.Generator().manual_seed(5)
     q = torch.randn(1, 4, 6, 8, generator=generator)
     k = torch.randn(1, 2, 6, 8, generator=generator)
+    runs = []
+    with caplog.at_level(logging.WARNING):
+        for seed in (0, 0, 1):
+            torch.manual_seed(seed)
+            runs.append(forward(torch.nn.Module(), q, k, k, None, 0.5)[0])
+    assert not caplog.text
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+    undropped = forward(torch.nn.Module(), q, k, k, None)[0]
+    assert not torch.allclose(runs[0], undropped)
+    dense = torch.ones(1, 1, 6, 6, dtype=torch.bool).tril()
     torch.manual_seed(0)
     with caplog.at_level(logging.WARNING):
-        got, _ = attention.KERNEL.integration("transformers").attention_forward(
-            torch.nn.Module(), q, k, k, None, 0.5
-        )
-    assert "the kernel has no dropout" in caplog.text
+        got, _ = forward(torch.nn.Module(), q, k, k, dense, 0.5)
+    assert "with a dense mask or a position bias runs torch SDPA" in caplog.text
     torch.manual_seed(0)
     want = torch.nn.functional.scaled_dot_product_attention(
-        q, k, k, dropout_p=0.5, is_causal=True, enable_gqa=True
+        q, k, k, attn_mask=dense, dropout_p=0.5, enable_gqa=True
     )
     assert torch.equal(got, want.transpose(1, 2))
 
