@@ -1475,6 +1475,81 @@ def fused_experts_ep_refuses_uneven_experts():
     )
 
 
+# Attention dropout: the mask hashes global (batch, query head) indices; each shard of a batch x
+# heads split gets its offsets from the boundary (``located`` factors), so the sharded call draws
+# the unsharded call's mask (forward and gradients, Explicit and Auto, the torch backward's entry).
+DROPOUT_OPTIONS = dict(
+    causal=True, dropout_rate=0.3, implementation="pallas", block_q=16, block_k=16
+)
+DROPOUT_SPEC = P("data", "model")
+
+
+def _dropout_attention(q, k, v, seed):
+    return get_kernel("dot_product_attention").jax.dot_product_attention(
+        q, k, v, dropout_seed=seed, **DROPOUT_OPTIONS
+    )
+
+
+def _dropout_arrays():
+    return [*qkv(2, 8, 4, seq=32, dim=16), jnp.int32(1234)]
+
+
+@check
+def dropout_explicit_batch_heads():
+    result = compare(
+        "attention dropout GQA 8/4, batch x heads over (2,4), Explicit",
+        _dropout_attention,
+        _dropout_arrays(),
+        [DROPOUT_SPEC] * 3 + [P()],
+        mesh((2, 4), ("data", "model")),
+        (0, 1, 2),
+        [DROPOUT_SPEC],
+    )
+    q, k, v, seed = _dropout_arrays()
+    undropped = _dropout_attention(q, k, v, seed) - get_kernel(
+        "dot_product_attention"
+    ).jax.dot_product_attention(q, k, v, causal=True, implementation="pallas")
+    result["dropped"] = float(jnp.max(jnp.abs(undropped)))  # the mask does drop
+    result["ok"] = result["ok"] and result["dropped"] > 0.1
+    return result
+
+
+@check
+def dropout_auto_batch_heads():
+    return auto_compare(
+        "attention dropout GQA 8/4, batch x heads over (2,4), Auto",
+        _dropout_attention,
+        _dropout_arrays(),
+        [DROPOUT_SPEC] * 3 + [P()],
+        (0, 1, 2),
+    )
+
+
+@check
+def dropout_backward_batch_heads():
+    """The backward entry point (the torch backward op's) regenerates the same global mask."""
+    m = mesh((2, 4), ("data", "model"))
+    api = get_kernel("dot_product_attention").jax
+    q, k, v, seed = _dropout_arrays()
+    out, lse = api.dot_product_attention_with_lse(q, k, v, dropout_seed=seed, **DROPOUT_OPTIONS)
+    d_out, d_lse = rand(14, out.shape), jnp.zeros_like(lse)
+    # kv_mask, q/kv segment ids; sinks; q/kv positions, q/kv groups; dropout_seed; saved values
+    args = [q, k, v, None, None, None, None, None, None, None, None, seed, out, lse, d_out, d_lse]
+    backward = lambda *a: api.attention_backward(*a, **DROPOUT_OPTIONS)
+    expected = backward(*args)
+    specs = [DROPOUT_SPEC] * 3 + [None] * 8 + [P()] + [DROPOUT_SPEC] * 4
+    placed = [
+        a if s is None else put(m, np.asarray(a), s) for a, s in zip(args, specs, strict=True)
+    ]
+    got = jax.jit(backward)(*placed)
+    err = max_err([g for g in got if g is not None], [e for e in expected if e is not None])
+    return {
+        "name": "attention_backward dropout, batch x heads over (2,4)",
+        "ok": err <= 1e-5,
+        "grad_err": err,
+    }
+
+
 def main() -> int:
     only = set(sys.argv[1:])
     for fn in CHECKS:
