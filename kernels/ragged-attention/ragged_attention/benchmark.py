@@ -10,6 +10,7 @@ mode.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -204,6 +205,18 @@ KV8_CASES = [paged_decode_case(64, 32768, kv_dtype=kind) for kind in ("float8_e4
     ragged_decode_case(64, 2048, kv_dtype="float8_e4m3fn")
 ]
 
+
+def _named(case: KernelCase, suffix: str) -> KernelCase:
+    return dataclasses.replace(case, name=f"{case.name}-{suffix}")
+
+
+# Head dim 256 (Gemma 2/3) beside the serving cases' 128: both kernels take a head as a slice of
+# a [tokens, Hkv, D] block, and how Mosaic lowers that slice depends on D (a strided per-head load
+# that compiled at 128 failed at 256).
+HEAD_DIM_256_CASES = [
+    _named(make(16, 2048, 16, 8, 256), "d256") for make in (ragged_decode_case, paged_decode_case)
+]
+
 # The registry's compile matrix (every generation, in CI): shapes that fit one chip, and CPU
 # cases for kernel-hub bench.
 CASES = (
@@ -218,6 +231,7 @@ CASES = (
         )
     ]
     + KV8_CASES
+    + HEAD_DIM_256_CASES
     + [
         ragged_decode_case(8, 64, 4, 2, 16, dtype=jnp.float32, tags=(CPU_TAG,)),
         paged_decode_case(8, 64, 4, 2, 16, page_size=16, dtype=jnp.float32, tags=(CPU_TAG,)),
