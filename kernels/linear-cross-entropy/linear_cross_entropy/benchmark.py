@@ -21,6 +21,10 @@ linear_cross_entropy_op = api.linear_cross_entropy.torch
 SHAPES = (
     ("llama3-8b-head-2k", 2048, 4096, 128256),
     ("qwen3-8b-head-2k", 2048, 4096, 151936),
+    # Llama-3-70B's head on one chip of a tensor-parallel 8 split (hidden 8192, the vocabulary's
+    # 1/8): at this hidden size the whole-tile forward body overflowed v5e's scoped VMEM before
+    # 1.2.1 chunked it (model-bench's llama-3-70b training step on v5e 4x4 stopped there).
+    ("llama3-70b-head-tp8-4k", 4096, 8192, 16032),
 )
 
 # (name, tokens, hidden, vocab, dtype): small enough for Pallas interpret mode on a 2-core CPU.
