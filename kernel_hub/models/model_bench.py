@@ -40,6 +40,7 @@ from kernel_hub.bench.model_figures import (
     program_figures,
     variant_result,
 )
+from kernel_hub.bench.overflow import memory_overflow
 from kernel_hub.bench.roofline import TPU_CHIPS
 from kernel_hub.errors import KernelInputError, UnknownNameError
 from kernel_hub.sharding import use_mesh
@@ -442,7 +443,18 @@ def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
         if variant == "kernelized":
             found = _kernelize(model, spec.mode)
             replaced = replaced | found
-        steps[name] = compile_step(model, spec)
+        try:
+            steps[name] = compile_step(model, spec)
+        except Exception as exc:  # libtpu's refusal is a JaxRuntimeError: read its message
+            overflow = memory_overflow(str(exc))
+            if overflow is None or overflow.space != "HBM":
+                raise
+            raise KernelInputError(
+                f"{spec.name} {variant} --mode {spec.mode} on {spec.tpu}: the step compiled with "
+                f"{len(kinds)} decoder layers does not fit a chip's HBM ({overflow}), so libtpu "
+                "refuses to compile it and there are no figures; shard it (--topology) or take a "
+                "smaller --seq or --batch"
+            ) from None
         del model
     base = steps.pop("")
     deep = list(steps.values())[-1]
