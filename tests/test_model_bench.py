@@ -282,3 +282,32 @@ def test_every_preset_builds_at_real_width_on_meta(name):
     assert {p.device.type for p in model.parameters()} == {"meta"}
     assert model.config.hidden_size == PRESETS[name].config["hidden_size"]
     assert len(model.model.layers) == 2
+
+
+def test_a_step_that_overflows_the_chip_is_a_clear_error(monkeypatch):
+    """libtpu refuses to compile a step whose temporaries exceed the chip's HBM (llama-3-8b's
+    stock training step at 8k tokens on v5e: 18.22 GiB against 15.75); model-bench says which
+    variant, how many layers and by how much, instead of a traceback."""
+    from kernel_hub.errors import KernelInputError
+    from kernel_hub.models import model_bench as bench
+
+    refusal = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (18.22G) exceeds available HBM (15.75G)."
+    )
+
+    def failing(message):
+        def compile_step(model, spec):
+            raise RuntimeError(message)
+
+        return compile_step
+
+    monkeypatch.setattr(bench, "_build", lambda spec, kinds: None)  # no model needed
+    monkeypatch.setattr(bench, "compile_step", failing(refusal))
+    spec = bench.spec_for_model_type("llama", mode="train", tpu="v5e", overrides=SMALL_LLAMA)
+    with pytest.raises(KernelInputError, match=r"stock --mode train on v5e.*1 decoder layers") as e:
+        bench.bench_variant(spec, "stock")
+    assert "HBM 18.2 GiB > 15.8 GiB" in str(e.value) and "--topology" in str(e.value)
+    monkeypatch.setattr(bench, "compile_step", failing("INTERNAL: something else"))
+    with pytest.raises(RuntimeError, match="something else"):  # other failures pass unchanged
+        bench.bench_variant(spec, "stock")

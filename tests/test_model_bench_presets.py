@@ -65,6 +65,12 @@ def test_bad_mesh_input_is_refused_before_any_compile(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_a_static_decode_over_linear_attention_layers_is_refused_before_any_compile(capsys):
+    args = ["model-bench", "qwen3-next-80b-a3b", "--mode=decode", "--cache=static", "--tpu=v6e"]
+    assert main(args) == 2
+    assert "not built for its linear_attention layers" in capsys.readouterr().err
+
+
 # head_dim 128, 2 query and 2 KV heads (TP 2 splits both), widths divisible by both mesh axes
 SHARDED_LLAMA = {
     "vocab_size": 1024,
@@ -196,3 +202,94 @@ def test_kernelizing_keeps_tied_embeddings_one_argument():
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.split()[-2:] == ["True", "True"]
+
+
+def _decode_mlp(x, norm, w_gate, w_up, w_down, *, explicit_mesh=None):
+    """A kernelized Llama decode step's MLP: RMSNorm, gate/up linears (TP column-wise over
+    ``model``), the gated-MLP kernel, the down linear (row-wise), RMSNorm, weights FSDP over
+    ``fsdp``. The kernels need whole features (gated-mlp's intermediate, the norms' hidden): on
+    an Explicit mesh the caller gathers those activations; on an Auto mesh the partitioner
+    chooses what to gather."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from kernel_hub import get_kernel
+
+    rms = get_kernel("rmsnorm").jax.rms_norm
+    act = get_kernel("gated-mlp").jax.gated_activation
+    whole, placed = (lambda a: a), {}
+    if explicit_mesh is not None:
+        whole = lambda a: jax.sharding.reshard(a, NamedSharding(explicit_mesh, P()))
+        placed = {"out_sharding": NamedSharding(explicit_mesh, P(None, None, "fsdp"))}
+    h = rms(x, norm, 1e-6)
+    gate, up = (whole(jnp.einsum("bsh,ih->bsi", h, w)) for w in (w_gate, w_up))
+    down = jnp.einsum("bsi,hi->bsh", act(gate, up, "silu"), w_down, **placed)
+    return rms(whole(down), norm, 1e-6)
+
+
+@pytest.mark.tpu_compile
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+def test_a_sharded_decode_step_keeps_fsdp_weights_in_place(kind):
+    """model-bench's decode rules leave the norms' rows whole, so the linears between them keep
+    their FSDP-split weights (the llama-3-70b decode row lost 4 GiB a chip to their gathers
+    under the conventions, which split the rows over fsdp: the negative control). On an
+    Explicit mesh the norms follow the arrays: rows whole there too."""
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("deviceless TPU compiles need libtpu")
+    import contextlib
+    import math
+    import re
+
+    import jax
+    import numpy as np
+    from jax.sharding import AxisType, Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from kernel_hub.bench.compile_check import no_persistent_cache
+    from kernel_hub.bench.mesh_compile import collective_shapes
+    from kernel_hub.models.bench_sharding import MESH_AXES, Placement
+    from kernel_hub.sharding import use_mesh
+    from kernel_hub.topologies import filtered_libtpu_stderr, tpu_devices
+
+    b, h, i = 16, 1024, 2048
+    devices = tpu_devices("v5e")
+    axis_type = AxisType.Explicit if kind == "explicit" else AxisType.Auto
+    mesh = Mesh(np.array(devices).reshape(2, 2), MESH_AXES, axis_types=(axis_type,) * 2)
+    rows, norm = (None, None) if kind == "explicit" else ("fsdp", "fsdp")  # as model-bench
+    specs = [P(rows), P(norm), P("model", "fsdp"), P("model", "fsdp"), P("fsdp", "model")]
+    shapes = [(b, 1, h), (h,), (i, h), (i, h), (h, i)]
+    args = [
+        jax.ShapeDtypeStruct(s, jax.numpy.bfloat16, sharding=NamedSharding(mesh, p))
+        for s, p in zip(shapes, specs, strict=True)
+    ]
+    fn = _decode_mlp
+    if kind == "explicit":
+        fn = lambda *a: _decode_mlp(*a, explicit_mesh=mesh)
+    weight_shard = i * h // mesh.shape["model"]  # a gate weight's TP shard, whole over fsdp
+
+    def weight_gathers(rules):
+        region = contextlib.nullcontext() if rules is None else use_mesh(mesh, rules)
+        with (
+            filtered_libtpu_stderr(),
+            no_persistent_cache(),
+            jax.default_device(devices[0]),
+            region,
+        ):
+            # a new function each time: jit's trace cache does not key on use_mesh
+            hlo = jax.jit(lambda *a: fn(*a)).trace(*args).lower().compile().as_text()
+        assert "tpu_custom_call" in hlo  # the Pallas norm kernels, under their boundary
+        sizes = [
+            math.prod(int(d) for d in dims.split(",") if d)
+            for op, shape in collective_shapes(hlo)
+            if op == "all-gather"
+            for dims in re.findall(r"\[([\d,]*)\]", shape)
+        ]
+        return sum(size >= weight_shard for size in sizes)
+
+    rules = Placement(devices[0], mesh).kernel_axis_rules("decode", b)
+    assert weight_gathers(rules) == 0
+    if kind == "auto":
+        assert weight_gathers(None) > 0  # the conventions split the rows: FSDP's gathers
+    assert Placement(devices[0], mesh).kernel_axis_rules("train", b) is None

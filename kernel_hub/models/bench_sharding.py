@@ -16,6 +16,13 @@ Auto axes, ``fsdp`` x ``model`` (``chips / tp`` x ``tp``):
 A static KV cache ``[B, Hkv, C, D]`` splits its heads over ``model``, as the TP plan's k/v
 projections split them. Everything else is replicated. The compiled program is one SPMD program:
 its ``memory_analysis`` and ``cost_analysis`` are one chip's.
+
+The kernels' ``shard_map`` boundaries place their inputs by the mesh-axis conventions
+(``sharding.CONVENTIONAL_AXES``: ``batch`` and the rows of row-wise ops over ``fsdp``, heads and
+vocabulary over ``model``), except in a decode step (``kernel_axis_rules``), whose rows stay
+whole: a decode step's rows are its few new tokens, and a boundary that splits them over
+``fsdp`` makes the partitioner gather every FSDP-split weight of the linears between two
+kernels (FSDP's weight all-gather, per layer) instead of moving the tokens.
 """
 
 from __future__ import annotations
@@ -107,6 +114,22 @@ class Placement:
             if heads_dim is not None and self._divides("model", shape[heads_dim]):
                 spec[heads_dim] = "model"
         return self._sharding(spec)
+
+    def kernel_axis_rules(self, mode: str, batch: int) -> dict[str, str | None] | None:
+        """``use_mesh`` rules for the kernels' boundaries in a ``mode`` step of ``batch``
+        sequences, or None (one chip, or the mesh-axis conventions: train, prefill).
+
+        Decode: the conventions less their row rule. ``batch`` (attention's and rotary's) over
+        ``fsdp`` as the static cache is placed (when ``fsdp`` divides it); heads, KV heads,
+        channels and vocabulary over ``model``; no rule for ``...``, so the rows of row-wise
+        ops (rms_norm, the gated MLP's product) stay whole and the linears between kernels keep
+        their weights in place."""
+        if self.mesh is None or mode != "decode":
+            return None
+        rules: dict[str, str | None] = dict.fromkeys(
+            ("heads", "kv_heads", "channels", "vocab"), "model"
+        )
+        return {"batch": "fsdp" if self._divides("fsdp", batch) else None, **rules}
 
     def describe(self) -> str | None:
         if self.mesh is None:

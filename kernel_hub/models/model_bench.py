@@ -22,6 +22,7 @@ before tracing: the traced program reads every parameter from its arguments.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,8 +40,10 @@ from kernel_hub.bench.model_figures import (
     program_figures,
     variant_result,
 )
+from kernel_hub.bench.overflow import memory_overflow
 from kernel_hub.bench.roofline import TPU_CHIPS
 from kernel_hub.errors import KernelInputError, UnknownNameError
+from kernel_hub.sharding import use_mesh
 from kernel_hub.topologies import TOPOLOGIES, filtered_libtpu_stderr
 
 from .bench_sharding import Placement, placement, topology_chips
@@ -59,6 +62,9 @@ VARIANTS = ("stock", "kernelized")
 UNNAMED_TYPE = "decoder"
 """The layer type of a model whose config names none (all its decoder layers alike)."""
 STOCK_EXPERTS = "batched_mm"
+LINEAR_TYPE = "linear_attention"
+"""Transformers' layer type of a linear-attention (recurrent) decoder layer (Qwen3-Next's gated
+delta rule)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +155,12 @@ class BenchSpec:
         """The layer types of the base program (N - 1 of each type, in order of first use) and,
         per type, of the base plus one of it."""
         kinds = self.layer_types()
+        if self.mode == "decode" and self.cache == "static" and LINEAR_TYPE in kinds:
+            raise KernelInputError(
+                f"--mode decode --cache static for {self.name}: not built for its "
+                f"{LINEAR_TYPE} layers (Transformers' static cache keeps their convolution and "
+                "recurrent states in a LinearAttentionLayer, which model-bench does not bind)"
+            )
         order = list(dict.fromkeys(kinds))
         base = order * (self.layers - 1)
         for kind in order:
@@ -373,7 +385,9 @@ def trace_step(model: Any, spec: BenchSpec) -> TracedStep:
             (spec.batch, spec.seq), jax.numpy.int32, sharding=place.batch((spec.batch, spec.seq))
         )
         function, arguments = _step(model, spec), (*weights, ids)
-    with filtered_libtpu_stderr(), jax.default_device(device):
+    rules = place.kernel_axis_rules(spec.mode, spec.batch)
+    kernel_mesh = contextlib.nullcontext() if rules is None else use_mesh(place.mesh, rules)
+    with filtered_libtpu_stderr(), jax.default_device(device), kernel_mesh:
         traced = jax.jit(function, donate_argnums=donated, keep_unused=True, **placed).trace(
             *arguments
         )
@@ -438,7 +452,18 @@ def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
         if variant == "kernelized":
             found = _kernelize(model, spec.mode)
             replaced = replaced | found
-        steps[name] = compile_step(model, spec)
+        try:
+            steps[name] = compile_step(model, spec)
+        except Exception as exc:  # libtpu's refusal is a JaxRuntimeError: read its message
+            overflow = memory_overflow(str(exc))
+            if overflow is None or overflow.space != "HBM":
+                raise
+            raise KernelInputError(
+                f"{spec.name} {variant} --mode {spec.mode} on {spec.tpu}: the step compiled with "
+                f"{len(kinds)} decoder layers does not fit a chip's HBM ({overflow}), so libtpu "
+                "refuses to compile it and there are no figures; shard it (--topology) or take a "
+                "smaller --seq or --batch"
+            ) from None
         del model
     base = steps.pop("")
     deep = list(steps.values())[-1]
