@@ -271,6 +271,24 @@ def test_models_with_differing_layers_scale_by_layer_type(model_type, tmp_path):
     assert kernelized["peak_hbm_bytes"] <= stock["peak_hbm_bytes"]
 
 
+def test_an_eager_attention_model_decodes_over_a_static_cache_under_torchax_jit(tmp_path):
+    """gpt-oss runs Transformers' eager attention; over a static cache its mask has key padding,
+    so kernelize serves eager's rows that see no key. torchax's jit is not torch.compile, so that
+    must take the traced form there (the host read met a tracer: ConcretizationTypeError)."""
+    needs_torchax_and_libtpu()
+    _, rows = model_bench(
+        tmp_path,
+        "--mode=decode",
+        "--batch=2",
+        "--context=256",
+        "--cache=static",
+        model_type="gpt_oss",
+        fields=TINY_STRUCTURES["gpt_oss"],
+    )
+    assert [r["variant"] for r in rows] == ["stock", "kernelized"]
+    assert "flash_attention_forward" in rows[1]["kernels"]
+
+
 @pytest.mark.parametrize(
     "name", sorted(n for n, p in PRESETS.items() if p.library == "transformers")
 )  # the Diffusers one: tests/test_model_bench_presets.py

@@ -283,7 +283,7 @@ def _described_attention(
         if not (eager and may_be_empty):
             return dot_product_attention(*arguments, **options).transpose(1, 2).contiguous(), None
         out, lse = attention_with_lse(*arguments, **options)
-        if not torch.compiler.is_compiling():
+        if not (torch.compiler.is_compiling() or _traced(lse)):
             out = _eager_empty_rows(query, key, value, out, lse, scaling, softcap)
         else:
             out = _traced_eager_empty_rows(query, key, value, out, lse, scaling, softcap, module)
@@ -294,6 +294,18 @@ STOCK_IMPLEMENTATION = "_kernel_hub_stock_attention"
 """Attribute ``module_problem`` sets on an attention module: the implementation it ran before
 kernelize. On the module, not in a side table, so a copy of a kernelized model (``deepcopy``)
 keeps the convention; read only by this kernel's attention function."""
+
+
+def _traced(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a torchax tensor holding a JAX tracer: inside torchax's jit (how
+    TorchTPU and model-bench trace a torch model) no value can be read on the host, yet
+    ``torch.compiler.is_compiling()`` is False there."""
+    array = getattr(tensor, "_elem", None)
+    if array is None:
+        return False
+    import jax  # only reached for torchax tensors, whose arrays are JAX's
+
+    return isinstance(array, jax.core.Tracer)
 
 
 def _eager_empty_rows(query, key, value, out, lse, scaling, softcap):
@@ -318,22 +330,22 @@ def _eager_empty_rows(query, key, value, out, lse, scaling, softcap):
 
 
 def _traced_eager_empty_rows(query, key, value, out, lse, scaling, softcap, module):
-    """``_eager_empty_rows`` without a host read, for torch.compile: eager's row (every key
-    weighted 1/n) is the mean of the values, and its backward, the softmax's at that uniform
-    point, is linear in the scores: the gradient of ``q @ K^T (V - mean V) * scale / n`` (V held
-    constant there) plus the mean's. Every row gets it, O(Sq x D x Dv) per head, and a ``where``
-    keeps it on rows that see no key. A soft-cap makes that backward depend on each score, so
-    with one only the value is served: training is refused (``module_problem`` leaves such
-    modules alone under a compiled training kernelize); in eval mode those rows' gradient holds
-    the mean's part only (they are padding positions)."""
+    """``_eager_empty_rows`` without a host read, for torch.compile and torchax's jit: eager's row
+    (every key weighted 1/n) is the mean of the values, and its backward, the softmax's at that
+    uniform point, is linear in the scores: the gradient of ``q @ K^T (V - mean V) * scale / n`` (V
+    held constant there) plus the mean's. Every row gets it, O(Sq x D x Dv) per head, and a
+    ``where`` keeps it on rows that see no key. A soft-cap makes that backward depend on each score,
+    so with one only the value is served: training is refused (``module_problem`` leaves such
+    modules alone under a compiled training kernelize); in eval mode those rows' gradient holds the
+    mean's part only (they are padding positions)."""
     gradient = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     if softcap is not None and gradient and module.training:
         raise KernelInputError(
             f"attention: {type(module).__name__} ran eager attention, whose fully masked query "
             "rows average every value; with soft-capping kernel-hub follows that backward only "
-            "after a host read that torch.compile cannot trace. Kernelize with "
-            "mode='training+torch_compile' (which leaves this attention alone) or train "
-            "without torch.compile"
+            "after a host read, which a traced step (torch.compile, torchax's jit) cannot make. "
+            "Kernelize with mode='training+torch_compile' (which leaves this attention alone) "
+            "or train without tracing the step"
         )
     groups = query.shape[1] // key.shape[1]
     mean = value.mean(-2, keepdim=True)  # [B, Hkv, 1, Dv]
