@@ -16,10 +16,16 @@ model would use.
   model builds): the serving attention writes the new K/V into the buffer by index, gathers the
   pages the block table names and runs the paged kernel on them; no per-layer copy of the buffer.
 
+An 8-bit cache (``kv_cache_dtype`` "float8_e4m3fn" or "int8", kernelized paged decode only):
+kernel-hub's serving cache in that dtype, its pages one byte an element beside f32 scale pages
+(one scale per token and kv head), which the serving attention quantizes on write and the paged
+kernel dequantizes; both are the traced cache argument.
+
 The cache is an argument of the traced step and donated: the step returns it updated, as the
 serving loop reuses it. ``min_bytes_correction`` makes the hand count of least traffic the
-weights read once + the live KV (B x C tokens) read once + the new tokens' K/V written + the
-logits: the cache buffer's unused room (a paged cache's spare pages) is not counted.
+weights read once + the live KV (B x C tokens, with their scales when 8-bit) read once + the new
+tokens' K/V written + the logits: the cache buffer's unused room (a paged cache's spare pages)
+is not counted.
 """
 
 from __future__ import annotations
@@ -32,17 +38,27 @@ from typing import Any
 from kernel_hub.errors import KernelInputError
 
 CACHES = ("static", "paged")
+KV_CACHE_DTYPES = ("bfloat16", "float8_e4m3fn", "int8")
+"""The decode cache's element dtype: the model's bf16, or the serving cache's 8-bit formats."""
+SCALE_BYTES = 4
+"""An 8-bit cache's f32 scale per token and kv head."""
 PAGE_SIZE = 256
 """Tokens per page of the paged cache (continuous batching's default)."""
 
 
 @dataclass(frozen=True)
 class DecodeShape:
-    """Batch, context (tokens per sequence in the cache after this step) and the cache kind."""
+    """Batch, context (tokens per sequence in the cache after this step), the cache kind and
+    its element dtype (``KV_CACHE_DTYPES``)."""
 
     batch: int
     context: int
     cache: str
+    kv_cache_dtype: str = "bfloat16"
+
+    @property
+    def quantized(self) -> bool:
+        return self.kv_cache_dtype != "bfloat16"
 
 
 @dataclass(frozen=True)
@@ -65,16 +81,24 @@ def _kv_geometry(config: Any) -> tuple[int, int, int]:
     return text.num_hidden_layers, heads, head_dim
 
 
-def _token_kv_bytes(config: Any) -> int:
-    """Bytes of one token's keys and values over every layer (bf16)."""
+def _token_kv_bytes(config: Any, kv_cache_dtype: str = "bfloat16") -> int:
+    """Bytes of one token's keys and values over every layer: bf16, or 8-bit with one f32 scale
+    per kv head."""
     layers, heads, head_dim = _kv_geometry(config)
-    return 2 * layers * heads * head_dim * 2
+    if kv_cache_dtype == "bfloat16":
+        return 2 * layers * heads * head_dim * 2
+    return 2 * layers * heads * (head_dim + SCALE_BYTES)
 
 
 def decode_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -> DecodeStep:
     """The step for ``shape.cache``; ``abstract(shape, dtype)`` makes an abstract argument
     (``abstract(shape, dtype, heads_dim=1)`` a static cache's ``[B, Hkv, C, D]`` tensor, whose
     heads a sharded step splits)."""
+    if shape.quantized and shape.cache != "paged":
+        raise KernelInputError(
+            f"kv_cache_dtype {shape.kv_cache_dtype} with the {shape.cache} cache: model-bench "
+            "builds the 8-bit cache for --cache paged only"
+        )
     build = {"static": _static_step, "paged": _paged_step}[shape.cache]
     return build(model, shape, abstract)
 
@@ -128,8 +152,8 @@ def _static_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -
 
 def _paged_cache(config: Any, shape: DecodeShape, serving: bool) -> Any:
     """Continuous batching's cache on the meta device, sized to hold B x C tokens: Transformers'
-    own, or kernel-hub's serving cache (``serving``); its buffer is replaced by the traced
-    argument (``_bind``)."""
+    own, or kernel-hub's serving cache (``serving``, 8-bit when ``shape`` says); its buffer is
+    replaced by the traced argument (``_bind``)."""
     import torch
     from transformers import ContinuousBatchingConfig
     from transformers.generation.continuous_batching.cache import PagedAttentionCache
@@ -145,6 +169,9 @@ def _paged_cache(config: Any, shape: DecodeShape, serving: bool) -> Any:
         max_blocks_per_request=pages,
         max_memory_percent=1.0,  # sizes are given; only checked against host memory
     )
+    options = {}
+    if shape.quantized:
+        options["kv_cache_dtype"] = getattr(torch, shape.kv_cache_dtype)
     kind = serving_cache_class() if serving else PagedAttentionCache
     return kind(
         config,
@@ -152,6 +179,7 @@ def _paged_cache(config: Any, shape: DecodeShape, serving: bool) -> Any:
         device="meta",
         distributed_helper=DistributedHelper(None, None),
         dtype=torch.bfloat16,
+        **options,
     )
 
 
@@ -168,9 +196,12 @@ class _BytesView:
 
 
 def _bind(cache: Any, buffer: Any) -> None:
-    """Point ``cache`` at ``buffer`` (the traced cache, bf16): a serving cache reads and writes
-    its pages, ``buffer`` itself; Transformers' cache, every allocator through its own layout
-    code."""
+    """Point ``cache`` at ``buffer`` (the traced cache): a serving cache reads and writes its
+    pages, ``buffer`` itself (8-bit: ``{"pages", "scales"}``); Transformers' cache (bf16),
+    every allocator through its own layout code."""
+    if isinstance(buffer, dict):
+        cache.kv_pages, cache.kv_scale_pages = buffer["pages"], buffer["scales"]
+        return
     if hasattr(cache, "kv_pages"):
         cache.kv_pages = buffer
         return
@@ -182,6 +213,7 @@ def _bind(cache: Any, buffer: Any) -> None:
 
 
 def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -> DecodeStep:
+    import jax
     import jax.numpy as jnp
     import torch
     import torchax
@@ -196,6 +228,11 @@ def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
     # FlashAttention on CUDA).
     serving = serving_attention(model)
     block_table = serving is not None
+    if shape.quantized and not block_table:
+        raise KernelInputError(
+            f"kv_cache_dtype {shape.kv_cache_dtype}: only kernel-hub's serving attention reads "
+            "an 8-bit cache, and kernelize installed none on this model (see its report)"
+        )
     paged = _paged_cache(model.config, shape, block_table)
     kinds = list(paged.cache_allocators)
     if kinds != ["full_attention"]:
@@ -206,7 +243,10 @@ def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
         )
     groups = len(kinds)
     if block_table:  # the serving cache's pages: the buffer itself, written by index
-        buffer = abstract(tuple(paged.kv_pages.shape), jnp.bfloat16)
+        buffer = abstract(tuple(paged.kv_pages.shape), getattr(jnp, shape.kv_cache_dtype))
+        if shape.quantized:
+            scales = abstract(tuple(paged.kv_scale_pages.shape), jnp.float32)
+            buffer = {"pages": buffer, "scales": scales}
     else:
         buffer = abstract((paged.cache_tensor.numel() // 2,), jnp.bfloat16)
     ids = abstract((1, batch), jnp.int32)
@@ -256,7 +296,9 @@ def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
 
     # Live KV: B x C tokens (read once), the B new tokens written; the rest of the buffer
     # (trash sectors, spare pages) is not traffic.
-    token = _token_kv_bytes(model.config)
-    buffer_bytes = 2 * math.prod(buffer.shape)
+    token = _token_kv_bytes(model.config, shape.kv_cache_dtype)
+    buffer_bytes = sum(
+        math.prod(part.shape) * part.dtype.itemsize for part in jax.tree.leaves(buffer)
+    )
     correction = batch * context * token + batch * token - buffer_bytes
     return DecodeStep(function, buffer, inputs, correction)
