@@ -391,30 +391,37 @@ def test_the_quantized_decode_hand_count_holds_8bit_weights_and_cache(decode_fp8
         assert 0 <= row["min_bytes"] - floor < slack, row["variant"]
 
 
-# Traces (no compile) the kernelized paged decode step with an fp8 cache: the cache argument's
-# dtype, and whether the step returns its pages and its scales unchanged.
+# Traces (no compile) the kernelized decode step with an 8-bit cache, paged (fp8) and static
+# (int8); per cache: the dtypes of the cache argument's leaves, and how many of them the step
+# returns unchanged.
 _TRACE_8BIT_DECODE = """
 import json, sys
+import jax
 from kernel_hub.models import model_bench as mb
 
-spec = mb.spec_for_model_type("llama", overrides=json.loads(sys.argv[1]), mode="decode",
-                              batch=int(sys.argv[2]), context=int(sys.argv[3]), tpu="v6e",
-                              kv_cache_dtype="float8_e4m3fn")
-model = mb._build(spec, spec.layer_types()[:2])
-mb._kernelize(model, "decode")
-step = mb.trace_step(model, spec)
-jaxpr = step.traced.jaxpr.jaxpr
-n = len(step.arguments[0]) + len(step.arguments[1])
-pages, scales = jaxpr.invars[n : n + 2]
-print(json.dumps({"dtype": str(pages.aval.dtype), "unchanged": [
-    jaxpr.outvars[-2] is pages, jaxpr.outvars[-1] is scales]}))
+found = {}
+for cache, dtype in (("paged", "float8_e4m3fn"), ("static", "int8")):
+    spec = mb.spec_for_model_type("llama", overrides=json.loads(sys.argv[1]), mode="decode",
+                                  batch=int(sys.argv[2]), context=int(sys.argv[3]), tpu="v6e",
+                                  cache=cache, kv_cache_dtype=dtype)
+    model = mb._build(spec, spec.layer_types()[:2])
+    mb._kernelize(model, "decode")
+    step = mb.trace_step(model, spec)
+    jaxpr = step.traced.jaxpr.jaxpr
+    n = len(step.arguments[0]) + len(step.arguments[1])
+    leaves = len(jax.tree.leaves(step.arguments[2]))
+    ins, outs = jaxpr.invars[n : n + leaves], jaxpr.outvars[-leaves:]
+    found[cache] = {"dtypes": sorted({str(v.aval.dtype) for v in ins}),
+                    "unchanged": sum(o is i for o, i in zip(outs, ins, strict=True))}
+print(json.dumps(found))
 """
 
 
-def test_the_8bit_paged_decode_program_writes_its_pages_and_scales():
-    """The serving attention writes the new tokens into the 8-bit pages in their own dtype: a
-    write through a byte view of them (ragged-attention before 1.3.2) does not trace under
-    torchax, which has no dtype-reinterpreting view."""
+def test_the_8bit_decode_programs_write_their_pages_and_scales():
+    """The serving attention writes the new tokens into the 8-bit pages in their own dtype (a
+    write through a byte view, ragged-attention before 1.3.2, does not trace under torchax,
+    which has no dtype-reinterpreting view), and their scales; every page and scale tensor of
+    the donated cache comes back written."""
     needs_torchax_and_libtpu()
     args = [json.dumps(SMALL_LLAMA), str(DECODE_BATCH), str(DECODE_CONTEXT)]
     result = subprocess.run(
@@ -425,23 +432,27 @@ def test_the_8bit_paged_decode_program_writes_its_pages_and_scales():
     )
     assert result.returncode == 0, result.stderr[-4000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
-    assert found == {"dtype": "float8_e4m3fn", "unchanged": [False, False]}
+    assert found == {
+        "paged": {"dtypes": ["float32", "float8_e4m3fn"], "unchanged": 0},
+        "static": {"dtypes": ["float32", "int8"], "unchanged": 0},
+    }
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--mode=train", "--weights=fp8"], "--weights fp8 with --mode train: not built"),
+        (["llama-3-8b", "--mode=train", "--weights=fp8"], "--weights fp8 with --mode train"),
         (
-            ["--mode=decode", "--cache=static", "--kv-cache-dtype=int8"],
-            "--kv-cache-dtype int8 with --cache static: not built",
+            ["gemma-3-12b", "--mode=decode", "--cache=static", "--kv-cache-dtype=int8"],
+            "8-bit serving caches hold full-attention layers only; this model has "
+            "sliding_attention layers",
         ),
         (
-            ["--mode=decode", "--cache=static", "--weights=int4", "--topology=2x2"],
+            ["llama-3-8b", "--mode=decode", "--weights=int4", "--topology=2x2", "--cache=static"],
             "--weights int4 on a --topology: not built",
         ),
     ],
 )
 def test_unsupported_quantized_cells_are_refused_before_any_compile(args, message, capsys):
-    assert main(["model-bench", "llama-3-8b", *args, "--tpu=v6e"]) == 2
+    assert main(["model-bench", *args, "--tpu=v6e"]) == 2
     assert message in capsys.readouterr().err

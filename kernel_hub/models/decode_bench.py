@@ -16,10 +16,12 @@ model would use.
   model builds): the serving attention writes the new K/V into the buffer by index, gathers the
   pages the block table names and runs the paged kernel on them; no per-layer copy of the buffer.
 
-An 8-bit cache (``kv_cache_dtype`` "float8_e4m3fn" or "int8", kernelized paged decode only):
-kernel-hub's serving cache in that dtype, its pages one byte an element beside f32 scale pages
-(one scale per token and kv head), which the serving attention quantizes on write and the paged
-kernel dequantizes; both are the traced cache argument.
+An 8-bit cache (``kv_cache_dtype`` "float8_e4m3fn" or "int8", kernelized only): kernel-hub's
+serving caches in that dtype, pages of one byte an element beside f32 scale pages (one scale per
+token and kv head), which the serving attention quantizes on write and the paged kernel
+dequantizes on read; pages and scales are the traced cache argument. ``paged``: the serving
+paged cache above, 8-bit. ``static``: ``static_kv_cache``'s ``ServingStaticCache`` (a static
+cache in page form, each sequence owning its pages; the paged kernel reads them in place).
 
 The cache is an argument of the traced step and donated: the step returns it updated, as the
 serving loop reuses it. ``min_bytes_correction`` makes the hand count of least traffic the
@@ -94,12 +96,9 @@ def decode_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
     """The step for ``shape.cache``; ``abstract(shape, dtype)`` makes an abstract argument
     (``abstract(shape, dtype, heads_dim=1)`` a static cache's ``[B, Hkv, C, D]`` tensor, whose
     heads a sharded step splits)."""
-    if shape.quantized and shape.cache != "paged":
-        raise KernelInputError(
-            f"kv_cache_dtype {shape.kv_cache_dtype} with the {shape.cache} cache: model-bench "
-            "builds the 8-bit cache for --cache paged only"
-        )
     build = {"static": _static_step, "paged": _paged_step}[shape.cache]
+    if shape.quantized and shape.cache == "static":
+        build = _static_8bit_step
     return build(model, shape, abstract)
 
 
@@ -148,6 +147,89 @@ def _static_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -
     # The whole buffer is live (C tokens a sequence in a full layer, min(window, C) in a sliding
     # one) and read once; the new token's K/V is written.
     return DecodeStep(forward, cache, inputs, batch * _token_kv_bytes(model.config))
+
+
+def _serving_attention(model: Any, shape: DecodeShape) -> str:
+    """The serving attention kernelize installed, which alone reads an 8-bit cache."""
+    from kernel_hub.layers.integrations.continuous_batching import serving_attention
+
+    serving = serving_attention(model)
+    if serving is None:
+        raise KernelInputError(
+            f"kv_cache_dtype {shape.kv_cache_dtype}: only kernel-hub's serving attention reads "
+            "an 8-bit cache, and kernelize installed none on this model (see its report)"
+        )
+    return serving
+
+
+def _on_attention(model: Any, name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` run with the model's attention implementation switched to ``name``."""
+
+    def function(*args: Any) -> Any:
+        previous = model.config._attn_implementation
+        model.config._attn_implementation = name
+        try:
+            return forward(*args)
+        finally:
+            model.config._attn_implementation = previous
+
+    return function
+
+
+def _static_8bit_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -> DecodeStep:
+    """The static cache 8-bit: ``static_kv_cache``'s ``ServingStaticCache``, its layers' pages
+    and scale pages bound to the traced cache, on the serving attention (as inside a
+    ``static_kv_cache`` block)."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    import torchax
+
+    from kernel_hub.layers.integrations.static_kv_cache import static_cache_class
+
+    env = torchax.default_env()
+    serving = _serving_attention(model, shape)
+    batch, context = shape.batch, shape.context
+    _, heads, head_dim = _kv_geometry(model.config)
+    build = static_cache_class()
+    layers = build(model.config, context, kv_cache_dtype=shape.kv_cache_dtype).layers
+    pages = batch * layers[0].pages_per_sequence
+    page = layers[0].page
+    kv = abstract((pages, page, heads, head_dim), getattr(jnp, shape.kv_cache_dtype))
+    scales = abstract((pages, heads, page), jnp.float32)
+    cache = {
+        name: [part] * len(layers)
+        for name, part in (("keys", kv), ("values", kv), ("k_scales", scales), ("v_scales", scales))
+    }
+    inputs = (abstract((batch, 1), jnp.int32), abstract((), jnp.int32))
+
+    def forward(params: Any, buffers: Any, kv_cache: Any, ids: Any, past: Any) -> Any:
+        t_params, t_buffers, t_cache, t_ids, t_past = env.j2t_iso(
+            (params, buffers, kv_cache, ids, past)
+        )
+        with env:
+            static = build(model.config, context, kv_cache_dtype=shape.kv_cache_dtype)
+            for i, layer in enumerate(static.layers):
+                layer.k_pages, layer.v_pages = t_cache["keys"][i], t_cache["values"][i]
+                layer.k_scale_pages = t_cache["k_scales"][i]
+                layer.v_scale_pages = t_cache["v_scales"][i]
+                layer.keys, layer.values = layer.k_pages, layer.v_pages
+                layer.device, layer.batch_size, layer.num_heads = t_ids.device, batch, heads
+                layer.k_head_dim = layer.v_head_dim = head_dim
+                layer.cumulative_length = t_past.clone()
+                layer.length = context - 1  # the new token makes C
+                layer.is_initialized = True
+            out = torch.func.functional_call(
+                model, {**t_params, **t_buffers}, (t_ids,), {"cache": static, "use_cache": True}
+            )
+            return env.t2j_iso((out.logits, t_cache))
+
+    # Live: B x C tokens a layer (read once), the B new ones written; a last page's spare rows
+    # are not traffic.
+    token = _token_kv_bytes(model.config, shape.kv_cache_dtype)
+    buffer_bytes = sum(math.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(cache))
+    correction = batch * context * token + batch * token - buffer_bytes
+    return DecodeStep(_on_attention(model, serving, forward), cache, inputs, correction)
 
 
 def _paged_cache(config: Any, shape: DecodeShape, serving: bool) -> Any:
@@ -226,13 +308,8 @@ def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
     # attention, which takes the block-table path on kernel-hub's serving cache. Stock continuous
     # batching on a TPU runs SDPA on the index path (Transformers keeps block tables for
     # FlashAttention on CUDA).
-    serving = serving_attention(model)
+    serving = _serving_attention(model, shape) if shape.quantized else serving_attention(model)
     block_table = serving is not None
-    if shape.quantized and not block_table:
-        raise KernelInputError(
-            f"kv_cache_dtype {shape.kv_cache_dtype}: only kernel-hub's serving attention reads "
-            "an 8-bit cache, and kernelize installed none on this model (see its report)"
-        )
     paged = _paged_cache(model.config, shape, block_table)
     kinds = list(paged.cache_allocators)
     if kinds != ["full_attention"]:
@@ -283,16 +360,7 @@ def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
             out = torch.func.functional_call(model, {**t_params, **t_buffers}, (input_ids,), kwargs)
             return env.t2j_iso((out.logits, t_cache))
 
-    previous = model.config._attn_implementation
-    function = forward
-    if block_table:
-
-        def function(*args: Any) -> Any:
-            model.config._attn_implementation = serving
-            try:
-                return forward(*args)
-            finally:
-                model.config._attn_implementation = previous
+    function = _on_attention(model, serving, forward) if block_table else forward
 
     # Live KV: B x C tokens (read once), the B new tokens written; the rest of the buffer
     # (trash sectors, spare pages) is not traffic.

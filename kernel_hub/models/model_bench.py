@@ -64,6 +64,7 @@ VARIANTS = ("stock", "kernelized")
 UNNAMED_TYPE = "decoder"
 """The layer type of a model whose config names none (all its decoder layers alike)."""
 STOCK_EXPERTS = "batched_mm"
+FULL_TYPE = "full_attention"
 LINEAR_TYPE = "linear_attention"
 """Transformers' layer type of a linear-attention (recurrent) decoder layer (Qwen3-Next's gated
 delta rule)."""
@@ -155,8 +156,7 @@ class BenchSpec:
             )
 
     def _check_quantization(self) -> None:
-        """Quantized weights and an 8-bit cache are built for a one-chip decode step (8-bit
-        cache: the paged one)."""
+        """Quantized weights and an 8-bit cache are built for a one-chip decode step."""
         asked = [
             f"--{name} {value}"
             for name, value, default in (
@@ -177,11 +177,6 @@ class BenchSpec:
                 f"{' '.join(asked)} on a --topology: not built (the sharding plan splits bf16 "
                 "weights; a quantized weight's packing and block scales are not placed); "
                 "compile it on one chip"
-            )
-        if self.kv_cache_dtype != "bfloat16" and self.cache != "paged":
-            raise KernelInputError(
-                f"--kv-cache-dtype {self.kv_cache_dtype} with --cache {self.cache}: not built "
-                "(the 8-bit cache is kernel-hub's serving paged cache; use --cache paged)"
             )
 
     def stock(self) -> BenchSpec:
@@ -207,6 +202,13 @@ class BenchSpec:
                 f"--mode decode --cache static for {self.name}: not built for its "
                 f"{LINEAR_TYPE} layers (Transformers' static cache keeps their convolution and "
                 "recurrent states in a LinearAttentionLayer, which model-bench does not bind)"
+            )
+        others = sorted(set(kinds) - {FULL_TYPE, UNNAMED_TYPE})
+        if self.kv_cache_dtype != "bfloat16" and others:
+            raise KernelInputError(
+                f"--kv-cache-dtype {self.kv_cache_dtype} for {self.name}: kernel-hub's 8-bit "
+                f"serving caches hold full-attention layers only; this model has "
+                f"{', '.join(others)} layers"
             )
         order = list(dict.fromkeys(kinds))
         base = order * (self.layers - 1)
