@@ -100,8 +100,8 @@ class BenchSpec:
     """decode: the kernelized variant's linear weights, bf16 or held quantized
     (``quantized_bench``); the stock variant holds them dequantized (bf16)."""
     kv_cache_dtype: str = "bfloat16"
-    """decode: the kernelized variant's cache dtype (8-bit: paged only); the stock variant's
-    cache stays bf16."""
+    """decode: the kernelized variant's cache dtype (8-bit: models whose layers are all full
+    attention); the stock variant's cache stays bf16."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -6,8 +6,10 @@ dtypes, and nothing is quantized (the traced program reads every parameter from 
 
 The layers chosen are ``quantize_linear``'s: every ``torch.nn.Linear`` but the LM head (its
 default ``skip``), and for int4 only those whose inputs are whole groups of 128; the others stay
-bf16 and are named in the row's notes. The stock variant is the same model holding the
-dequantized weights (bf16 ``nn.Linear``), which a quantized layer is exact against.
+bf16 and are named in the row's notes, as do weights that are no ``nn.Linear`` (fused MoE
+experts: kernel-hub keeps those quantized through fused-moe, which this does not build). The
+stock variant is the same model holding the dequantized weights (bf16 ``nn.Linear``), which a
+quantized layer is exact against.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ def weights_note(fmt: str, left: list[tuple[str, str]]) -> str:
         return "bf16 linear weights"
     kept = sorted({name.rsplit(".", 1)[-1] for name, _ in left})
     return (
-        f"linear weights held {fmt} (QuantizedLinear on the quantized-matmul kernel, as "
-        f"quantize_linear or from_pretrained keep them; abstract, nothing quantized)"
+        f"nn.Linear weights held {fmt} (QuantizedLinear on the quantized-matmul kernel, as "
+        f"quantize_linear or from_pretrained keep them; abstract, nothing quantized; other "
+        f"weights, MoE experts included, bf16)"
         + (f"; left bf16: {', '.join(kept)}" if kept else "")
     )
