@@ -32,8 +32,10 @@ is not counted.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -232,6 +234,28 @@ def _static_8bit_step(model: Any, shape: DecodeShape, abstract: Callable[..., An
     return DecodeStep(_on_attention(model, serving, forward), cache, inputs, correction)
 
 
+@contextlib.contextmanager
+def _sized_as_given() -> Iterator[None]:
+    """Inside, a continuous-batching cache is sized by the ``num_blocks`` given alone:
+    Transformers checks its footprint against its device's free memory, here this host's (the
+    cache is on the meta device and allocates nothing; whether the step fits the TPU's HBM is
+    libtpu's check when it compiles). Its memory handler is swapped for one that sees no limit,
+    in this block only."""
+    from transformers.generation.continuous_batching import cache as module
+
+    stock = module.PagedAttentionMemoryHandler
+
+    class Unbounded(stock):
+        def get_available_memory(self) -> int:
+            return sys.maxsize
+
+    module.PagedAttentionMemoryHandler = Unbounded
+    try:
+        yield
+    finally:
+        module.PagedAttentionMemoryHandler = stock
+
+
 def _paged_cache(config: Any, shape: DecodeShape, serving: bool) -> Any:
     """Continuous batching's cache on the meta device, sized to hold B x C tokens: Transformers'
     own, or kernel-hub's serving cache (``serving``, 8-bit when ``shape`` says); its buffer is
@@ -249,20 +273,20 @@ def _paged_cache(config: Any, shape: DecodeShape, serving: bool) -> Any:
         num_blocks=shape.batch * pages,
         max_batch_tokens=shape.batch,
         max_blocks_per_request=pages,
-        max_memory_percent=1.0,  # sizes are given; only checked against host memory
     )
     options = {}
     if shape.quantized:
         options["kv_cache_dtype"] = getattr(torch, shape.kv_cache_dtype)
     kind = serving_cache_class() if serving else PagedAttentionCache
-    return kind(
-        config,
-        settings,
-        device="meta",
-        distributed_helper=DistributedHelper(None, None),
-        dtype=torch.bfloat16,
-        **options,
-    )
+    with _sized_as_given():
+        return kind(
+            config,
+            settings,
+            device="meta",
+            distributed_helper=DistributedHelper(None, None),
+            dtype=torch.bfloat16,
+            **options,
+        )
 
 
 class _BytesView:
