@@ -137,11 +137,37 @@ def test_bad_input_is_refused_before_any_compile(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def _weight_bytes(layers: int) -> int:
+def _weight_bytes(layers: int, weights: str = "bf16", *, lane_padding: bool = False) -> int:
+    """Bytes of the small Llama's parameters, its linear layers held in ``weights`` (scales
+    included); ``lane_padding``: only what the fp8 block scales' rows would take at 128 lanes
+    a row (the most their TPU layout adds: a row holds 2 to 4 scales here)."""
     from kernel_hub.models.model_bench import _build, spec_for_model_type
+    from kernel_hub.models.quantized_bench import hold_quantized
 
     spec = spec_for_model_type("llama", mode="decode", tpu="v6e", overrides=SMALL_LLAMA)
-    return sum(2 * p.numel() for p in _build(spec, spec.layer_types()[:layers]).parameters())
+    model = _build(spec, spec.layer_types()[:layers])
+    if weights != "bf16":
+        hold_quantized(model, weights)
+    if lane_padding:
+        scales = [p for name, p in model.named_parameters() if name.endswith("weight_scale_inv")]
+        return sum(p.shape[0] * 128 * 4 - p.numel() * 4 for p in scales)
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+# The small Llama's decode hand count: 3 layers, one KV head of 128, B x C tokens read + B new
+# tokens written; the inputs: ids, positions, cu_seq_lens q and k, write indices (int32), then
+# each path's own (stock: read index and CB's mask; kernelized: the block table).
+KV_TOKEN_BF16 = 2 * 3 * 1 * 128 * 2
+STOCK_INPUTS = 4 * DECODE_BATCH * DECODE_CONTEXT + 2 * DECODE_BATCH**2 * DECODE_CONTEXT
+KERNELIZED_INPUTS = 4 * DECODE_BATCH * (DECODE_CONTEXT // 256)
+
+
+def _decode_floor(weights: str, kv_token: int, path_inputs: int) -> int:
+    b = DECODE_BATCH
+    kv = b * DECODE_CONTEXT * kv_token + b * kv_token
+    logits = b * SMALL_LLAMA["vocab_size"] * 2
+    batch_inputs = 4 * (b + b + 2 * (b + 1) + b)
+    return _weight_bytes(3, weights) + kv + logits + batch_inputs + path_inputs
 
 
 def test_a_paged_decode_step_runs_the_paged_kernel_over_the_donated_cache(decode):
@@ -157,21 +183,12 @@ def test_a_paged_decode_step_runs_the_paged_kernel_over_the_donated_cache(decode
 
 def test_the_decode_hand_count_is_weights_live_kv_new_tokens_and_logits(decode):
     _, (stock, kernelized) = decode
-    layers, kv_heads, head_dim = 3, 1, 128
-    token = 2 * layers * kv_heads * head_dim * 2  # K and V of every layer, bf16
-    kv = DECODE_BATCH * DECODE_CONTEXT * token + DECODE_BATCH * token  # read once + new written
-    logits = DECODE_BATCH * SMALL_LLAMA["vocab_size"] * 2
-    b = DECODE_BATCH
-    # ids, positions, cu_seq_lens q and k, write indices (int32), then the path's own inputs
-    batch_inputs = 4 * (b + b + 2 * (b + 1) + b)
-    stock_inputs = 4 * b * DECODE_CONTEXT + 2 * b * b * DECODE_CONTEXT  # read index, CB's mask
-    kernelized_inputs = 4 * b * (DECODE_CONTEXT // 256)  # the block table
-    base = _weight_bytes(layers) + kv + logits + batch_inputs
     # above it only the rotary buffer and the TPU layout padding of the small integer inputs
     # (under the new tokens' K/V: leaving those out, or counting the paged buffer's spare pages,
     # would break the bounds)
-    for row, inputs in ((stock, stock_inputs), (kernelized, kernelized_inputs)):
-        assert 0 <= row["min_bytes"] - (base + inputs) < DECODE_BATCH * token, row["variant"]
+    for row, inputs in ((stock, STOCK_INPUTS), (kernelized, KERNELIZED_INPUTS)):
+        floor = _decode_floor("bf16", KV_TOKEN_BF16, inputs)
+        assert 0 <= row["min_bytes"] - floor < DECODE_BATCH * KV_TOKEN_BF16, row["variant"]
 
 
 # Traces (no compile) the paged decode step of both variants at the small cell; per variant:
@@ -329,3 +346,113 @@ def test_a_step_that_overflows_the_chip_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(bench, "compile_step", failing("INTERNAL: something else"))
     with pytest.raises(RuntimeError, match="something else"):  # other failures pass unchanged
         bench.bench_variant(spec, "stock")
+
+
+# Quantized decode: the kernelized variant holds fp8 linear weights (QuantizedLinear, as
+# quantize_linear keeps them) and an fp8 paged cache; stock the same model dequantized, in bf16.
+KV_TOKEN_8BIT = 2 * 3 * 1 * (128 + 4)  # 8-bit K and V with one f32 scale per token and kv head
+
+
+@pytest.fixture(scope="module")
+def decode_fp8(tmp_path_factory):
+    needs_torchax_and_libtpu()
+    return model_bench(
+        tmp_path_factory.mktemp("decode_fp8"),
+        "--mode=decode",
+        f"--batch={DECODE_BATCH}",
+        f"--context={DECODE_CONTEXT}",
+        "--cache=paged",
+        "--weights=fp8",
+        "--kv-cache-dtype=float8_e4m3fn",
+    )
+
+
+def test_fp8_weights_and_an_fp8_paged_cache_run_their_kernels_in_fewer_bytes(decode_fp8):
+    _, (stock, kernelized) = decode_fp8
+    assert stock["kernels"] == [] and stock["replaced"] == {}
+    assert {"quantized_matmul_fp8", "paged_attention"} <= set(kernelized["kernels"])
+    # q, k, v, o, gate, up, down of 2 compiled layers; the LM head stays bf16
+    assert kernelized["replaced"]["QuantizedLinear"] == "quantized-matmul x14"
+    assert any("stock holds the dequantized (bf16) weights" in n for n in stock["notes"])
+    assert any("left bf16: lm_head" in n for n in kernelized["notes"])
+    assert kernelized["bytes_accessed"] < stock["bytes_accessed"]
+    assert kernelized["min_bytes"] < stock["min_bytes"]
+
+
+def test_the_quantized_decode_hand_count_holds_8bit_weights_and_cache(decode_fp8):
+    _, (stock, kernelized) = decode_fp8
+    for row, weights, token, inputs in (
+        (stock, "bf16", KV_TOKEN_BF16, STOCK_INPUTS),
+        (kernelized, "fp8", KV_TOKEN_8BIT, KERNELIZED_INPUTS),
+    ):
+        # above the floor: as for bf16, and the block scales' layout padding
+        slack = DECODE_BATCH * token + _weight_bytes(3, weights, lane_padding=True)
+        floor = _decode_floor(weights, token, inputs)
+        assert 0 <= row["min_bytes"] - floor < slack, row["variant"]
+
+
+# Traces (no compile) the kernelized decode step with an 8-bit cache, paged (fp8) and static
+# (int8); per cache: the dtypes of the cache argument's leaves, and how many of them the step
+# returns unchanged.
+_TRACE_8BIT_DECODE = """
+import json, sys
+import jax
+from kernel_hub.models import model_bench as mb
+
+found = {}
+for cache, dtype in (("paged", "float8_e4m3fn"), ("static", "int8")):
+    spec = mb.spec_for_model_type("llama", overrides=json.loads(sys.argv[1]), mode="decode",
+                                  batch=int(sys.argv[2]), context=int(sys.argv[3]), tpu="v6e",
+                                  cache=cache, kv_cache_dtype=dtype)
+    model = mb._build(spec, spec.layer_types()[:2])
+    mb._kernelize(model, "decode")
+    step = mb.trace_step(model, spec)
+    jaxpr = step.traced.jaxpr.jaxpr
+    n = len(step.arguments[0]) + len(step.arguments[1])
+    leaves = len(jax.tree.leaves(step.arguments[2]))
+    ins, outs = jaxpr.invars[n : n + leaves], jaxpr.outvars[-leaves:]
+    found[cache] = {"dtypes": sorted({str(v.aval.dtype) for v in ins}),
+                    "unchanged": sum(o is i for o, i in zip(outs, ins, strict=True))}
+print(json.dumps(found))
+"""
+
+
+def test_the_8bit_decode_programs_write_their_pages_and_scales():
+    """The serving attention writes the new tokens into the 8-bit pages in their own dtype (a
+    write through a byte view, ragged-attention before 1.3.2, does not trace under torchax,
+    which has no dtype-reinterpreting view), and their scales; every page and scale tensor of
+    the donated cache comes back written."""
+    needs_torchax_and_libtpu()
+    args = [json.dumps(SMALL_LLAMA), str(DECODE_BATCH), str(DECODE_CONTEXT)]
+    result = subprocess.run(
+        [sys.executable, "-c", _TRACE_8BIT_DECODE, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found == {
+        "paged": {"dtypes": ["float32", "float8_e4m3fn"], "unchanged": 0},
+        "static": {"dtypes": ["float32", "int8"], "unchanged": 0},
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["llama-3-8b", "--mode=train", "--weights=fp8"], "--weights fp8 with --mode train"),
+        (
+            ["gemma-3-12b", "--mode=decode", "--cache=static", "--kv-cache-dtype=int8"],
+            "8-bit serving caches hold full-attention layers only; this model has "
+            "sliding_attention layers",
+        ),
+        (
+            ["llama-3-8b", "--mode=decode", "--weights=int4", "--topology=2x2", "--cache=static"],
+            "--weights int4 on a --topology: not built",
+        ),
+    ],
+)
+def test_unsupported_quantized_cells_are_refused_before_any_compile(args, message, capsys):
+    assert main(["model-bench", *args, "--tpu=v6e"]) == 2
+    assert message in capsys.readouterr().err

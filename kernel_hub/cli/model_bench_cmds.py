@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from kernel_hub.errors import KernelHubError
+from kernel_hub.models.decode_bench import KV_CACHE_DTYPES
+from kernel_hub.models.quantized_bench import WEIGHTS
 
 from .output import print_table
 
@@ -75,6 +77,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "StaticCache (default paged)",
     )
     parser.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default="bf16",
+        help="decode: the kernelized variant's linear layers held quantized (QuantizedLinear on "
+        "the quantized-matmul kernel, as quantize_linear keeps them); stock holds the "
+        "dequantized bf16 weights (default bf16)",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default="bfloat16",
+        help="decode with --cache paged: the kernelized variant's KV cache, 8-bit with one f32 "
+        "scale per token and kv head; stock keeps bf16 (default bfloat16)",
+    )
+    parser.add_argument(
         "--layers",
         type=int,
         default=2,
@@ -113,6 +130,8 @@ def _spec(args: argparse.Namespace) -> Any:
         "topology": args.topology,
         "tp": args.tp,
         "image": args.image,
+        "weights": args.weights,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "overrides": dict(args.set),
     }
     if args.preset:

@@ -16,33 +16,53 @@ model would use.
   model builds): the serving attention writes the new K/V into the buffer by index, gathers the
   pages the block table names and runs the paged kernel on them; no per-layer copy of the buffer.
 
+An 8-bit cache (``kv_cache_dtype`` "float8_e4m3fn" or "int8", kernelized only): kernel-hub's
+serving caches in that dtype, pages of one byte an element beside f32 scale pages (one scale per
+token and kv head), which the serving attention quantizes on write and the paged kernel
+dequantizes on read; pages and scales are the traced cache argument. ``paged``: the serving
+paged cache above, 8-bit. ``static``: ``static_kv_cache``'s ``ServingStaticCache`` (a static
+cache in page form, each sequence owning its pages; the paged kernel reads them in place).
+
 The cache is an argument of the traced step and donated: the step returns it updated, as the
 serving loop reuses it. ``min_bytes_correction`` makes the hand count of least traffic the
-weights read once + the live KV (B x C tokens) read once + the new tokens' K/V written + the
-logits: the cache buffer's unused room (a paged cache's spare pages) is not counted.
+weights read once + the live KV (B x C tokens, with their scales when 8-bit) read once + the new
+tokens' K/V written + the logits: the cache buffer's unused room (a paged cache's spare pages)
+is not counted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from kernel_hub.errors import KernelInputError
 
 CACHES = ("static", "paged")
+KV_CACHE_DTYPES = ("bfloat16", "float8_e4m3fn", "int8")
+"""The decode cache's element dtype: the model's bf16, or the serving cache's 8-bit formats."""
+SCALE_BYTES = 4
+"""An 8-bit cache's f32 scale per token and kv head."""
 PAGE_SIZE = 256
 """Tokens per page of the paged cache (continuous batching's default)."""
 
 
 @dataclass(frozen=True)
 class DecodeShape:
-    """Batch, context (tokens per sequence in the cache after this step) and the cache kind."""
+    """Batch, context (tokens per sequence in the cache after this step), the cache kind and
+    its element dtype (``KV_CACHE_DTYPES``)."""
 
     batch: int
     context: int
     cache: str
+    kv_cache_dtype: str = "bfloat16"
+
+    @property
+    def quantized(self) -> bool:
+        return self.kv_cache_dtype != "bfloat16"
 
 
 @dataclass(frozen=True)
@@ -65,10 +85,13 @@ def _kv_geometry(config: Any) -> tuple[int, int, int]:
     return text.num_hidden_layers, heads, head_dim
 
 
-def _token_kv_bytes(config: Any) -> int:
-    """Bytes of one token's keys and values over every layer (bf16)."""
+def _token_kv_bytes(config: Any, kv_cache_dtype: str = "bfloat16") -> int:
+    """Bytes of one token's keys and values over every layer: bf16, or 8-bit with one f32 scale
+    per kv head."""
     layers, heads, head_dim = _kv_geometry(config)
-    return 2 * layers * heads * head_dim * 2
+    if kv_cache_dtype == "bfloat16":
+        return 2 * layers * heads * head_dim * 2
+    return 2 * layers * heads * (head_dim + SCALE_BYTES)
 
 
 def decode_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -> DecodeStep:
@@ -76,6 +99,8 @@ def decode_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
     (``abstract(shape, dtype, heads_dim=1)`` a static cache's ``[B, Hkv, C, D]`` tensor, whose
     heads a sharded step splits)."""
     build = {"static": _static_step, "paged": _paged_step}[shape.cache]
+    if shape.quantized and shape.cache == "static":
+        build = _static_8bit_step
     return build(model, shape, abstract)
 
 
@@ -126,10 +151,115 @@ def _static_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -
     return DecodeStep(forward, cache, inputs, batch * _token_kv_bytes(model.config))
 
 
+def _serving_attention(model: Any, shape: DecodeShape) -> str:
+    """The serving attention kernelize installed, which alone reads an 8-bit cache."""
+    from kernel_hub.layers.integrations.continuous_batching import serving_attention
+
+    serving = serving_attention(model)
+    if serving is None:
+        raise KernelInputError(
+            f"kv_cache_dtype {shape.kv_cache_dtype}: only kernel-hub's serving attention reads "
+            "an 8-bit cache, and kernelize installed none on this model (see its report)"
+        )
+    return serving
+
+
+def _on_attention(model: Any, name: str, forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` run with the model's attention implementation switched to ``name``."""
+
+    def function(*args: Any) -> Any:
+        previous = model.config._attn_implementation
+        model.config._attn_implementation = name
+        try:
+            return forward(*args)
+        finally:
+            model.config._attn_implementation = previous
+
+    return function
+
+
+def _static_8bit_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -> DecodeStep:
+    """The static cache 8-bit: ``static_kv_cache``'s ``ServingStaticCache``, its layers' pages
+    and scale pages bound to the traced cache, on the serving attention (as inside a
+    ``static_kv_cache`` block)."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    import torchax
+
+    from kernel_hub.layers.integrations.static_kv_cache import static_cache_class
+
+    env = torchax.default_env()
+    serving = _serving_attention(model, shape)
+    batch, context = shape.batch, shape.context
+    _, heads, head_dim = _kv_geometry(model.config)
+    build = static_cache_class()
+    layers = build(model.config, context, kv_cache_dtype=shape.kv_cache_dtype).layers
+    pages = batch * layers[0].pages_per_sequence
+    page = layers[0].page
+    kv = abstract((pages, page, heads, head_dim), getattr(jnp, shape.kv_cache_dtype))
+    scales = abstract((pages, heads, page), jnp.float32)
+    cache = {
+        name: [part] * len(layers)
+        for name, part in (("keys", kv), ("values", kv), ("k_scales", scales), ("v_scales", scales))
+    }
+    inputs = (abstract((batch, 1), jnp.int32), abstract((), jnp.int32))
+
+    def forward(params: Any, buffers: Any, kv_cache: Any, ids: Any, past: Any) -> Any:
+        t_params, t_buffers, t_cache, t_ids, t_past = env.j2t_iso(
+            (params, buffers, kv_cache, ids, past)
+        )
+        with env:
+            static = build(model.config, context, kv_cache_dtype=shape.kv_cache_dtype)
+            for i, layer in enumerate(static.layers):
+                layer.k_pages, layer.v_pages = t_cache["keys"][i], t_cache["values"][i]
+                layer.k_scale_pages = t_cache["k_scales"][i]
+                layer.v_scale_pages = t_cache["v_scales"][i]
+                layer.keys, layer.values = layer.k_pages, layer.v_pages
+                layer.device, layer.batch_size, layer.num_heads = t_ids.device, batch, heads
+                layer.k_head_dim = layer.v_head_dim = head_dim
+                layer.cumulative_length = t_past.clone()
+                layer.length = context - 1  # the new token makes C
+                layer.is_initialized = True
+            out = torch.func.functional_call(
+                model, {**t_params, **t_buffers}, (t_ids,), {"cache": static, "use_cache": True}
+            )
+            return env.t2j_iso((out.logits, t_cache))
+
+    # Live: B x C tokens a layer (read once), the B new ones written; a last page's spare rows
+    # are not traffic.
+    token = _token_kv_bytes(model.config, shape.kv_cache_dtype)
+    buffer_bytes = sum(math.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(cache))
+    correction = batch * context * token + batch * token - buffer_bytes
+    return DecodeStep(_on_attention(model, serving, forward), cache, inputs, correction)
+
+
+@contextlib.contextmanager
+def _sized_as_given() -> Iterator[None]:
+    """Inside, a continuous-batching cache is sized by the ``num_blocks`` given alone:
+    Transformers checks its footprint against its device's free memory, here this host's (the
+    cache is on the meta device and allocates nothing; whether the step fits the TPU's HBM is
+    libtpu's check when it compiles). Its memory handler is swapped for one that sees no limit,
+    in this block only."""
+    from transformers.generation.continuous_batching import cache as module
+
+    stock = module.PagedAttentionMemoryHandler
+
+    class Unbounded(stock):
+        def get_available_memory(self) -> int:
+            return sys.maxsize
+
+    module.PagedAttentionMemoryHandler = Unbounded
+    try:
+        yield
+    finally:
+        module.PagedAttentionMemoryHandler = stock
+
+
 def _paged_cache(config: Any, shape: DecodeShape, serving: bool) -> Any:
     """Continuous batching's cache on the meta device, sized to hold B x C tokens: Transformers'
-    own, or kernel-hub's serving cache (``serving``); its buffer is replaced by the traced
-    argument (``_bind``)."""
+    own, or kernel-hub's serving cache (``serving``, 8-bit when ``shape`` says); its buffer is
+    replaced by the traced argument (``_bind``)."""
     import torch
     from transformers import ContinuousBatchingConfig
     from transformers.generation.continuous_batching.cache import PagedAttentionCache
@@ -143,16 +273,20 @@ def _paged_cache(config: Any, shape: DecodeShape, serving: bool) -> Any:
         num_blocks=shape.batch * pages,
         max_batch_tokens=shape.batch,
         max_blocks_per_request=pages,
-        max_memory_percent=1.0,  # sizes are given; only checked against host memory
     )
+    options = {}
+    if shape.quantized:
+        options["kv_cache_dtype"] = getattr(torch, shape.kv_cache_dtype)
     kind = serving_cache_class() if serving else PagedAttentionCache
-    return kind(
-        config,
-        settings,
-        device="meta",
-        distributed_helper=DistributedHelper(None, None),
-        dtype=torch.bfloat16,
-    )
+    with _sized_as_given():
+        return kind(
+            config,
+            settings,
+            device="meta",
+            distributed_helper=DistributedHelper(None, None),
+            dtype=torch.bfloat16,
+            **options,
+        )
 
 
 class _BytesView:
@@ -168,9 +302,12 @@ class _BytesView:
 
 
 def _bind(cache: Any, buffer: Any) -> None:
-    """Point ``cache`` at ``buffer`` (the traced cache, bf16): a serving cache reads and writes
-    its pages, ``buffer`` itself; Transformers' cache, every allocator through its own layout
-    code."""
+    """Point ``cache`` at ``buffer`` (the traced cache): a serving cache reads and writes its
+    pages, ``buffer`` itself (8-bit: ``{"pages", "scales"}``); Transformers' cache (bf16),
+    every allocator through its own layout code."""
+    if isinstance(buffer, dict):
+        cache.kv_pages, cache.kv_scale_pages = buffer["pages"], buffer["scales"]
+        return
     if hasattr(cache, "kv_pages"):
         cache.kv_pages = buffer
         return
@@ -182,6 +319,7 @@ def _bind(cache: Any, buffer: Any) -> None:
 
 
 def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -> DecodeStep:
+    import jax
     import jax.numpy as jnp
     import torch
     import torchax
@@ -194,7 +332,7 @@ def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
     # attention, which takes the block-table path on kernel-hub's serving cache. Stock continuous
     # batching on a TPU runs SDPA on the index path (Transformers keeps block tables for
     # FlashAttention on CUDA).
-    serving = serving_attention(model)
+    serving = _serving_attention(model, shape) if shape.quantized else serving_attention(model)
     block_table = serving is not None
     paged = _paged_cache(model.config, shape, block_table)
     kinds = list(paged.cache_allocators)
@@ -206,7 +344,10 @@ def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
         )
     groups = len(kinds)
     if block_table:  # the serving cache's pages: the buffer itself, written by index
-        buffer = abstract(tuple(paged.kv_pages.shape), jnp.bfloat16)
+        buffer = abstract(tuple(paged.kv_pages.shape), getattr(jnp, shape.kv_cache_dtype))
+        if shape.quantized:
+            scales = abstract(tuple(paged.kv_scale_pages.shape), jnp.float32)
+            buffer = {"pages": buffer, "scales": scales}
     else:
         buffer = abstract((paged.cache_tensor.numel() // 2,), jnp.bfloat16)
     ids = abstract((1, batch), jnp.int32)
@@ -243,20 +384,13 @@ def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
             out = torch.func.functional_call(model, {**t_params, **t_buffers}, (input_ids,), kwargs)
             return env.t2j_iso((out.logits, t_cache))
 
-    previous = model.config._attn_implementation
-    function = forward
-    if block_table:
-
-        def function(*args: Any) -> Any:
-            model.config._attn_implementation = serving
-            try:
-                return forward(*args)
-            finally:
-                model.config._attn_implementation = previous
+    function = _on_attention(model, serving, forward) if block_table else forward
 
     # Live KV: B x C tokens (read once), the B new tokens written; the rest of the buffer
     # (trash sectors, spare pages) is not traffic.
-    token = _token_kv_bytes(model.config)
-    buffer_bytes = 2 * math.prod(buffer.shape)
+    token = _token_kv_bytes(model.config, shape.kv_cache_dtype)
+    buffer_bytes = sum(
+        math.prod(part.shape) * part.dtype.itemsize for part in jax.tree.leaves(buffer)
+    )
     correction = batch * context * token + batch * token - buffer_bytes
     return DecodeStep(function, buffer, inputs, correction)

@@ -23,6 +23,7 @@ before tracing: the traced program reads every parameter from its arguments.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -47,12 +48,13 @@ from kernel_hub.sharding import use_mesh
 from kernel_hub.topologies import TOPOLOGIES, filtered_libtpu_stderr
 
 from .bench_sharding import Placement, placement, topology_chips
-from .decode_bench import CACHES, DecodeShape, decode_step
+from .decode_bench import CACHES, KV_CACHE_DTYPES, DecodeShape, decode_step
 from .diffusion_bench import TEXT_TOKENS, image_tokens
 from .diffusion_bench import build as build_diffusion_model
 from .diffusion_bench import layer_types as diffusion_layer_types
 from .diffusion_bench import step as diffusion_step
 from .presets import preset
+from .quantized_bench import WEIGHTS, hold_quantized, weights_note
 
 MODES = ("train", "prefill", "decode", "denoise")
 """``denoise``: one denoising step of a Diffusers transformer (``diffusion_bench``); the others
@@ -62,6 +64,7 @@ VARIANTS = ("stock", "kernelized")
 UNNAMED_TYPE = "decoder"
 """The layer type of a model whose config names none (all its decoder layers alike)."""
 STOCK_EXPERTS = "batched_mm"
+FULL_TYPE = "full_attention"
 LINEAR_TYPE = "linear_attention"
 """Transformers' layer type of a linear-attention (recurrent) decoder layer (Qwen3-Next's gated
 delta rule)."""
@@ -93,12 +96,23 @@ class BenchSpec:
     """Where ``model_type`` comes from: a Transformers model type, or a Diffusers model class."""
     image: int = 1024
     """denoise: the image's side in pixels."""
+    weights: str = "bf16"
+    """decode: the kernelized variant's linear weights, bf16 or held quantized
+    (``quantized_bench``); the stock variant holds them dequantized (bf16)."""
+    kv_cache_dtype: str = "bfloat16"
+    """decode: the kernelized variant's cache dtype (8-bit: models whose layers are all full
+    attention); the stock variant's cache stays bf16."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise UnknownNameError("model-bench mode", self.mode, MODES)
         if self.cache not in CACHES:
             raise UnknownNameError("decode cache", self.cache, CACHES)
+        if self.weights not in WEIGHTS:
+            raise UnknownNameError("model-bench weights", self.weights, WEIGHTS)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise UnknownNameError("KV cache dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        self._check_quantization()
         if self.tpu not in TOPOLOGIES or self.tpu not in TPU_CHIPS:
             raise UnknownNameError("TPU generation", self.tpu, set(TOPOLOGIES) & set(TPU_CHIPS))
         if self.library not in LIBRARIES:
@@ -141,6 +155,34 @@ class BenchSpec:
                 f"--layers {self.layers} is more than the model's {self.full_layers} layers"
             )
 
+    def _check_quantization(self) -> None:
+        """Quantized weights and an 8-bit cache are built for a one-chip decode step."""
+        asked = [
+            f"--{name} {value}"
+            for name, value, default in (
+                ("weights", self.weights, "bf16"),
+                ("kv-cache-dtype", self.kv_cache_dtype, "bfloat16"),
+            )
+            if value != default
+        ]
+        if not asked:
+            return
+        if self.mode != "decode":
+            raise KernelInputError(
+                f"{' '.join(asked)} with --mode {self.mode}: not built (model-bench holds "
+                "quantized weights and an 8-bit KV cache in --mode decode only)"
+            )
+        if self.topology is not None:
+            raise KernelInputError(
+                f"{' '.join(asked)} on a --topology: not built (the sharding plan splits bf16 "
+                "weights; a quantized weight's packing and block scales are not placed); "
+                "compile it on one chip"
+            )
+
+    def stock(self) -> BenchSpec:
+        """The stock variant's cell: dequantized (bf16) weights and a bf16 cache."""
+        return dataclasses.replace(self, weights="bf16", kv_cache_dtype="bfloat16")
+
     def layer_types(self) -> list[str]:
         """The full model's layer type per decoder layer (``decoder`` for a model that names
         none)."""
@@ -160,6 +202,13 @@ class BenchSpec:
                 f"--mode decode --cache static for {self.name}: not built for its "
                 f"{LINEAR_TYPE} layers (Transformers' static cache keeps their convolution and "
                 "recurrent states in a LinearAttentionLayer, which model-bench does not bind)"
+            )
+        others = sorted(set(kinds) - {FULL_TYPE, UNNAMED_TYPE})
+        if self.kv_cache_dtype != "bfloat16" and others:
+            raise KernelInputError(
+                f"--kv-cache-dtype {self.kv_cache_dtype} for {self.name}: kernel-hub's 8-bit "
+                f"serving caches hold full-attention layers only; this model has "
+                f"{', '.join(others)} layers"
             )
         order = list(dict.fromkeys(kinds))
         base = order * (self.layers - 1)
@@ -365,7 +414,7 @@ def trace_step(model: Any, spec: BenchSpec) -> TracedStep:
     if spec.mode == "decode":
         decode = decode_step(
             model,
-            DecodeShape(spec.batch, spec.context, spec.cache),
+            DecodeShape(spec.batch, spec.context, spec.cache, spec.kv_cache_dtype),
             lambda shape, dtype, heads_dim=None: jax.ShapeDtypeStruct(
                 shape, dtype, sharding=place.batch(shape, heads_dim)
             ),
@@ -441,19 +490,24 @@ def _measured_ms(step: CompiledStep, tpu: str) -> float | None:
 
 
 def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
-    """Compile one variant's programs (``BenchSpec.plan``); the row at full depth."""
+    """Compile one variant's programs (``BenchSpec.plan``); the row at full depth. The stock
+    variant holds bf16 weights and a bf16 cache whatever ``spec`` asks (``BenchSpec.stock``)."""
     if variant not in VARIANTS:
         raise UnknownNameError("model-bench variant", variant, VARIANTS)
+    cell = spec if variant == "kernelized" else spec.stock()
     base_types, plans = spec.plan()
     steps: dict[str, CompiledStep] = {}
     replaced: dict[str, str] = {}
+    kept_bf16: list[tuple[str, str]] = []
     for name, kinds in {"": base_types, **plans}.items():
-        model = _build(spec, kinds)
+        model = _build(cell, kinds)
+        if cell.weights != "bf16":
+            kept_bf16 = hold_quantized(model, cell.weights)
         if variant == "kernelized":
             found = _kernelize(model, spec.mode)
             replaced = replaced | found
         try:
-            steps[name] = compile_step(model, spec)
+            steps[name] = compile_step(model, cell)
         except Exception as exc:  # libtpu's refusal is a JaxRuntimeError: read its message
             overflow = memory_overflow(str(exc))
             if overflow is None or overflow.space != "HBM":
@@ -481,7 +535,7 @@ def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
         replaced=replaced,
         loops=any(step.loops for step in steps.values()),
         measured_ms=_measured_ms(deep, spec.tpu),
-        notes=(_shape_note(spec), *_mesh_notes(deep)),
+        notes=(_shape_note(cell), *_quantization_notes(spec, cell, kept_bf16), *_mesh_notes(deep)),
         chips=deep.chips,
     )
 
@@ -497,6 +551,26 @@ def _mesh_notes(step: CompiledStep) -> tuple[str, ...]:
     )
 
 
+def _quantization_notes(
+    spec: BenchSpec, cell: BenchSpec, kept_bf16: list[tuple[str, str]]
+) -> tuple[str, ...]:
+    """What this variant holds when the cell asks for quantized weights or an 8-bit cache."""
+    if spec.weights == "bf16" and spec.kv_cache_dtype == "bfloat16":
+        return ()
+    if cell is not spec:
+        return (
+            f"stock holds the dequantized (bf16) weights and a bf16 KV cache; the kernelized "
+            f"row holds {spec.weights} weights and a {spec.kv_cache_dtype} cache",
+        )
+    notes = [weights_note(spec.weights, kept_bf16)]
+    if spec.kv_cache_dtype != "bfloat16":
+        notes.append(
+            f"KV cache {spec.kv_cache_dtype} with one f32 scale per token and kv head "
+            "(kernel-hub's serving cache, quantized on write, dequantized in the paged kernel)"
+        )
+    return tuple(notes)
+
+
 def _shape_note(spec: BenchSpec) -> str:
     if spec.mode == "denoise":
         return (
@@ -505,10 +579,13 @@ def _shape_note(spec: BenchSpec) -> str:
             "weights and activations"
         )
     if spec.mode == "decode":
+        held = "bf16 weights and cache"
+        if (spec.weights, spec.kv_cache_dtype) != ("bf16", "bfloat16"):
+            held = f"{spec.weights} linear weights, {spec.kv_cache_dtype} cache"
         return (
             f"one new token for each of {spec.batch} sequences over a {spec.cache} KV cache of "
-            f"{spec.context} tokens each (the new one included), bf16 weights and cache; the "
-            "cache is donated and returned updated"
+            f"{spec.context} tokens each (the new one included), {held}; the cache is donated "
+            "and returned updated"
         )
     return f"batch {spec.batch} x seq {spec.seq}, bf16 weights" + (
         ", loss and bf16 gradients (no optimizer state)"

@@ -122,13 +122,6 @@ def _rows(pages: torch.Tensor, offset: int, tokens: torch.Tensor):
     return tokens // page + offset, tokens % page
 
 
-def _take(pages: torch.Tensor, *index: torch.Tensor) -> torch.Tensor:
-    """``pages[index]``; 8-bit pages indexed as bytes (torch's CPU indexing takes no float8)."""
-    if pages.dtype.itemsize != 1:
-        return pages[index]
-    return pages.view(torch.uint8)[index].view(pages.dtype)
-
-
 def write_tokens(
     kv_pages: torch.Tensor,
     offsets: tuple[int, int],
@@ -158,8 +151,10 @@ def write_states(
     if scale_pages is None:
         kv_pages.index_put_((pages, rows), states.to(kv_pages.dtype))
         return
+    # indexed in their own dtype: a dtype-reinterpreting view (to bytes) is a copy under torchax,
+    # or no view at all, and the write would not reach the cache
     values, scale = kv_quant.quantize(states, kv_pages.dtype)
-    kv_pages.view(torch.uint8).index_put_((pages, rows), values.view(torch.uint8))
+    kv_pages.index_put_((pages, rows), values)
     scale_pages[pages, :, rows] = scale
 
 
@@ -172,7 +167,7 @@ def read_tokens(
     """Tokens ``tokens`` of the layer view starting at page ``offset``: values [len(tokens),
     Hkv, D] and, 8-bit, their scales [Hkv, len(tokens)] (``ragged_attention``'s layout)."""
     pages, rows = _rows(kv_pages, offset, tokens)
-    values = _take(kv_pages, pages, rows)
+    values = kv_pages[pages, rows]
     if scale_pages is None:
         return values, None
     return values, scale_pages[pages, :, rows].T.contiguous()
@@ -192,7 +187,7 @@ def gather_pages(
     scales: dict[str, torch.Tensor | None] = {"k_scales": None, "v_scales": None}
     gathered = []
     for offset, name in zip(offsets, ("k_scales", "v_scales"), strict=True):
-        gathered.append(_take(kv_pages, ids + offset))
+        gathered.append(kv_pages[ids + offset])
         if scale_pages is not None:
             scales[name] = scale_pages[ids + offset]
     positions = torch.arange(ids.shape[0], device=table.device).view(table.shape)
