@@ -103,6 +103,33 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"kernel_hub: {Path(__file__).resolve().parent}"
 
 
+def _count_lines(path: str) -> int | None:
+    try:
+        with open(path) as lines:
+            return sum(1 for _ in lines)
+    except OSError:
+        return None
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Report the process's memory mappings against the kernel's limit (Linux only).
+
+    Each XLA CPU executable holds a few mappings of JIT code, and the bridge keeps its
+    executables for the life of the process (bounded per op by row buckets in a user's process).
+    A test session compiles thousands: one that reaches ``vm.max_map_count`` dies in LLVM with a
+    segmentation fault, not an error, so the count is shown where its growth can be seen."""
+    mappings = _count_lines("/proc/self/maps")
+    if mappings is None:
+        return
+    try:
+        limit = Path("/proc/sys/vm/max_map_count").read_text().strip()
+    except OSError:
+        limit = "unknown"
+    terminalreporter.write_line(
+        f"kernel-hub: this process holds {mappings} memory mappings (vm.max_map_count: {limit})"
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Apply the bridge's thread policy before collection imports any test module.
 
