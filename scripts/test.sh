@@ -88,35 +88,79 @@ export KERNEL_HUB_COMPILATION_CACHE_DIR=$run_cache
 
 step "tests against the installed wheel"
 suite_start=$SECONDS
-# The all-kernels TPU compile matrix is the longest test and runs in its own 2 worker processes
-# beside the rest of the suite (one process: it keeps one core busy). The matrix runs at a lower
-# CPU priority: the suite then keeps its core and the workers share what it leaves (the other
-# core, then both once the suite is done), where at equal priority the three processes split two
-# cores evenly and the single-process suite, the longer of the two, ran on two thirds of a core.
+# Two lanes, one per core. One pytest process keeps one core busy, so the suite runs as parts,
+# each its own process over whole directories (a conftest's session fixtures stay in one
+# process), taken from a queue by whichever lane is free. Lane 1 starts on the queue; lane 2
+# starts with the all-kernels TPU compile matrix (its own 2 worker processes, at a lower CPU
+# priority so lane 1 keeps its core) and then takes parts too, so neither core idles once the
+# matrix is done (with one suite process, one core sat idle for the last ~15 minutes). Parts
+# also keep each process's memory mappings well under vm.max_map_count: every XLA CPU
+# executable maps its JIT code and the bridge keeps its executables for the process's life; one
+# process of ~2,500 tests reached the limit (65,530) at 95 % and died in LLVM with a
+# segmentation fault (exit 139). Each process prints its count at the end of its log.
 matrix=tests/bench/test_compile_matrix.py::test_every_registry_kernel_compiles_for_every_generation
-matrix_log=$(mktemp)
-matrix_time=$(mktemp)
+# roughly longest first (estimated from the last fresh-clone runs), so the last to start is short
+parts=(
+    "tests/test_*.py"
+    "tests/sharding tests/hub tests/bench"
+    "kernels/attention kernels/ragged-attention kernels/fused-moe"
+    "tests/layers kernels/moe-gemm kernels/quantized-matmul"
+    "kernels/causal-conv1d kernels/gated-delta-rule kernels/gated-mlp kernels/layernorm"
+    "kernels/linear-cross-entropy kernels/mamba2-scan kernels/rmsnorm kernels/rotary"
+)
+covered=" ${parts[*]} "
+for path in tests/*/ kernels/*/; do
+    path=${path%/}
+    if compgen -G "$path/test_*.py" >/dev/null || compgen -G "$path/tests/test_*.py" >/dev/null; then
+        [[ $covered == *" $path "* ]] || {
+            echo "scripts/test.sh: $path holds tests but is in no part of the suite: add it to parts" >&2
+            exit 1
+        }
+    fi
+done
+logs=$(mktemp -d)
+for i in "${!parts[@]}"; do printf '%s\n' "$i" >>"$logs/queue"; done
+next_part() {  # the next part's index, or nothing when the queue is empty
+    flock "$logs/queue.lock" bash -c 'head -n 1 "$1"; sed -i 1d "$1"' _ "$logs/queue"
+}
+run_parts() {
+    local i start status
+    while i=$(next_part) && [ -n "$i" ]; do
+        start=$SECONDS
+        status=0
+        echo "part $i starts at ${start}s: ${parts[$i]}"
+        # shellcheck disable=SC2086  # a part is a list of paths and globs
+        .venv/bin/python -P -m pytest -p no:cacheprovider --deselect "$matrix" --durations=30 ${parts[$i]} \
+            >"$logs/part-$i.log" 2>&1 || status=$?
+        echo "$status $((SECONDS - start))" >"$logs/part-$i.result"
+        echo "part $i ends at ${SECONDS}s (exit $status)"
+    done
+}
+run_parts &
+lane1=$!
 (
     start=$SECONDS
     status=0
-    nice -n 10 .venv/bin/python -P -m pytest -p no:cacheprovider "$matrix" || status=$?
-    echo "$((SECONDS - start))" >"$matrix_time"
-    exit "$status"
-) >"$matrix_log" 2>&1 &
-matrix_pid=$!
-# The suite runs as two processes, one per test root, one after the other. Every XLA CPU
-# executable maps its JIT code (a few mappings each) and the bridge keeps its executables for the
-# process's life; one process running all ~2,500 tests reached vm.max_map_count (65,530) at 95 %
-# and died in LLVM with a segmentation fault (exit 139). Each process prints its count at the end.
+    nice -n 10 .venv/bin/python -P -m pytest -p no:cacheprovider "$matrix" \
+        >"$logs/matrix.log" 2>&1 || status=$?
+    echo "$status $((SECONDS - start))" >"$logs/matrix.result"
+    echo "compile matrix ends at ${SECONDS}s (exit $status)"
+    run_parts
+) &
+lane2=$!
+wait "$lane1" "$lane2"
 suite=0
-for root_dir in tests kernels; do
-    .venv/bin/python -P -m pytest --deselect "$matrix" --durations=30 "$root_dir" || suite=$?
+for i in "${!parts[@]}"; do
+    printf '\n== part %s: %s\n' "$i" "${parts[$i]}"
+    cat "$logs/part-$i.log"
+    read -r status seconds <"$logs/part-$i.result"
+    [ "$status" -eq 0 ] || suite=$status
+    side_rows+=("$(printf '%-72.72s %8s' "  part $i: ${parts[$i]}" "$seconds")")
 done
-matrix_status=0
-wait "$matrix_pid" || matrix_status=$?
-cat "$matrix_log" && rm -f "$matrix_log"
-side_rows+=("$(printf '%-72s %8s' "  beside it: TPU compile matrix (2 workers)" "$(cat "$matrix_time")")")
-rm -f "$matrix_time"
+cat "$logs/matrix.log"
+read -r matrix_status seconds <"$logs/matrix.result"
+side_rows+=("$(printf '%-72s %8s' "  TPU compile matrix (2 workers)" "$seconds")")
+rm -rf "$logs"
 suite_seconds=$((SECONDS - suite_start))
 side_rows+=("$(printf '%-72s %8s' "  budget for this step (suite_budget_s in scripts/test.sh)" "$suite_budget_s")")
 failed=0
