@@ -131,6 +131,10 @@ def test_commits_are_streamed_to_disk_and_capped(tmp_path):
 def test_requests_beyond_the_limit_get_503_until_one_ends(tmp_path):
     with running(tmp_path, write_token=TOKEN, max_requests=1) as server:
         assert call(server, *CREATE, token=TOKEN)[0] == 200
+        deadline = time.monotonic() + 10
+        while not server.slots._value:  # the create's handler frees the slot after it answers
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         slow = socket.create_connection(server.server_address[:2])
         slow.sendall(post_headers(f"/api/kernels/{REPO}/commit/main", 100))
         deadline = time.monotonic() + 10
