@@ -161,8 +161,8 @@ def test_hub_attention_flash_functions_reach_jax_op_from_the_torch_tpu_variant(
     assert [w.key[1] for w in wrapping.wrapped] == ["forward", "backward"]
     assert all(w.key[0].endswith("::attention_with_lse") for w in wrapping.wrapped)
     assert len(recorded_jax_ops) == 2
-    forward = wrapping.wrapped[0].tensors  # q, k, v, kv_mask, segments, sinks, positions, groups,
-    # dropout_seed
+    # q, k, v, kv_mask, segments, sinks, positions, groups, dropout_seed
+    forward = wrapping.wrapped[0].tensors
     for given, x in zip(forward[:3], (q, k, v), strict=True):
         torch.testing.assert_close(given.cpu(), x.transpose(0, 1)[None], rtol=0, atol=0)
     segments = torch.tensor([[0] * 3 + [1] * 7], dtype=torch.int32)
