@@ -18,14 +18,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 extras="test,tpu,tokamax,hub,transformers,bench,torchax"
-# The suite's wall-time budget, the one place it is set: the test step fails past it (its tests
+# The suite's wall-time budget, the one place it is set: the test step (the suite, the compile
+# matrix, the main job and the TorchTPU tests, side by side in two lanes) fails past it (its tests
 # may all pass), so growth shows the day it happens, not the day a run passes the 90-minute limit
 # and nothing lands. The step took 2,122 s (35.4 min) in a fresh-clone run on the project's 2-core
-# machine kind with the suite in two lanes (4dba0f2; 2,897 s in one lane before). 45 minutes leaves
-# about a quarter for a slower or busier machine of that kind while keeping the whole run (wheel,
-# install, main job, TorchTPU: about 5 minutes more) well inside 90; a tenth proved too thin to
-# risk a red run on timing alone. Lower it as the suite shrinks (the aim is 30 minutes for the
-# whole run).
+# machine kind with the suite in two lanes (4dba0f2; 2,897 s in one lane before), and the main job
+# and TorchTPU tests about 200 s more after it. 45 minutes leaves about a quarter for a slower or
+# busier machine of that kind while keeping the whole run (wheel, install, lint: about 2 minutes
+# more) well inside 90; a tenth proved too thin to risk a red run on timing alone. Lower it as the
+# suite shrinks (the aim is 30 minutes for the whole run).
 suite_budget_s=$((45 * 60))
 
 # Each step's name and start (seconds since the script began); the table of their durations is
@@ -87,21 +88,59 @@ fi
 run_cache=$(mktemp -d)
 export KERNEL_HUB_COMPILATION_CACHE_DIR=$run_cache
 
-step "tests against the installed wheel"
+# The README's main job, in an environment holding only the wheel and what that job installs:
+# `get_kernel` of every registry op, `kernel-hub list` and `kernel-hub demo`, run from a directory
+# outside the checkout.
+main_job() {
+    python3 -m venv .venv-main
+    .venv-main/bin/python -m pip install --quiet --upgrade pip
+    .venv-main/bin/python -m pip install --quiet -c constraints.txt "$wheel[transformers,tokamax,hub]"
+    .venv-main/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
+    local outside
+    outside=$(mktemp -d)
+    (
+        cd "$outside"
+        "$root/.venv-main/bin/python" -P -c '
+import kernel_hub
+from kernel_hub import get_kernel, load_registry
+print("kernel_hub from", kernel_hub.__file__)
+for op in load_registry().ops:
+    print(op, get_kernel(op).manifest.version)
+'
+        "$root/.venv-main/bin/kernel-hub" list
+        "$root/.venv-main/bin/kernel-hub" demo
+    )
+    rm -rf "$outside"
+}
+
+# The TorchTPU tests, in their own environment: torch-tpu loads itself into every `import torch`.
+torch_tpu_tests() {
+    python3 -m venv .venv-torch-tpu
+    .venv-torch-tpu/bin/python -m pip install --quiet --upgrade pip
+    # hub: the Hugging Face kernels test publishes a signed build to a local kernel-hub serve
+    .venv-torch-tpu/bin/python -m pip install --quiet -c constraints.txt "$wheel[test,tokamax,torch-tpu,hub]"
+    .venv-torch-tpu/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
+    TORCH_DEVICE_BACKEND_AUTOLOAD=0 .venv-torch-tpu/bin/python -P -m pytest -p no:cacheprovider \
+        tests/test_torch_tpu_runtime.py tests/hub/test_torch_tpu_hf_kernels.py
+}
+
+step "tests, main job and TorchTPU tests against the installed wheel"
 suite_start=$SECONDS
-# Two lanes, one per core. One pytest process keeps one core busy, so the suite runs as parts,
-# each its own process over whole directories (a conftest's session fixtures stay in one
-# process), taken from a queue by whichever lane is free. Lane 1 starts on the queue; lane 2
-# starts with the all-kernels TPU compile matrix (its own 2 worker processes, at a lower CPU
-# priority so lane 1 keeps its core) and then takes parts too, so neither core idles once the
-# matrix is done (with one suite process, one core sat idle for the step's last ~29 minutes). Parts
-# also keep each process's memory mappings well under vm.max_map_count: every XLA CPU
-# executable maps its JIT code and the bridge keeps its executables for the process's life; one
-# process of ~2,500 tests reached the limit (65,530) at 95 % and died in LLVM with a
-# segmentation fault (exit 139). Each process prints its count at the end of its log.
+# Two lanes, one per core, take jobs from a queue. One pytest process keeps one core busy, so the
+# suite runs as parts, each its own process over whole directories (a conftest's session fixtures
+# stay in one process); the main job and the TorchTPU tests are jobs of the same queue (their
+# environments install while the other lane runs tests, where they used to run one after the
+# other at the end). Lane 1 starts on the queue; lane 2 starts with the all-kernels TPU compile
+# matrix (its own 2 worker processes, at a lower CPU priority so lane 1 keeps its core) and then
+# takes jobs too, so neither core idles once the matrix is done (with one suite process, one core
+# sat idle for the step's last ~29 minutes). Parts also keep each process's memory mappings well
+# under vm.max_map_count: every XLA CPU executable maps its JIT code and the bridge keeps its
+# executables for the process's life; one process of ~2,500 tests reached the limit (65,530) at
+# 95 % and died in LLVM with a segmentation fault (exit 139). Each process prints its count at
+# the end of its log.
 matrix=tests/bench/test_compile_matrix.py::test_every_registry_kernel_compiles_for_every_generation
-# longest first, as measured in the fresh-clone run of 4dba0f2 (769, 655, 593, 387, 262, 224 s),
-# so the parts that start last are the short ones
+# longest first, as measured in the fresh-clone run of 4dba0f2 (769, 655, 593, 387, 262, 224 s;
+# the main job ~100 s and the TorchTPU tests ~110 s), so the jobs that start last are short
 parts=(
     "kernels/attention kernels/ragged-attention kernels/fused-moe"
     "tests/sharding tests/hub tests/bench"
@@ -120,25 +159,39 @@ for path in tests/*/ kernels/*/; do
         }
     fi
 done
+# a job is a part's index, or the name of one of the two functions above
+jobs=("${!parts[@]}" main_job torch_tpu_tests)
+describe() {
+    case $1 in
+        main_job) echo "main job from a fresh environment holding only the wheel" ;;
+        torch_tpu_tests) echo "TorchTPU tests in .venv-torch-tpu" ;;
+        *) echo "part $1: ${parts[$1]}" ;;
+    esac
+}
 logs=$(mktemp -d)
-for i in "${!parts[@]}"; do printf '%s\n' "$i" >>"$logs/queue"; done
-next_part() {  # the next part's index, or nothing when the queue is empty
+printf '%s\n' "${jobs[@]}" >"$logs/queue"
+next_job() {  # the next job, or nothing when the queue is empty
     flock "$logs/queue.lock" bash -c 'head -n 1 "$1"; sed -i 1d "$1"' _ "$logs/queue"
 }
-run_parts() {
-    local i start status
-    while i=$(next_part) && [ -n "$i" ]; do
+run_jobs() {
+    local job start status
+    while job=$(next_job) && [ -n "$job" ]; do
         start=$SECONDS
         status=0
-        echo "part $i starts at ${start}s: ${parts[$i]}"
-        # shellcheck disable=SC2086  # a part is a list of paths and globs
-        .venv/bin/python -P -m pytest -p no:cacheprovider --deselect "$matrix" --durations=30 ${parts[$i]} \
-            >"$logs/part-$i.log" 2>&1 || status=$?
-        echo "$status $((SECONDS - start))" >"$logs/part-$i.result"
-        echo "part $i ends at ${SECONDS}s (exit $status)"
+        echo "$(describe "$job") starts at ${start}s"
+        case $job in
+            # in the background and waited for: `set -e` holds in the job's shell (it would not
+            # in a command whose status `||` tests)
+            main_job | torch_tpu_tests) { "$job" >"$logs/$job.log" 2>&1 & wait $! || status=$?; } ;;
+            # shellcheck disable=SC2086  # a part is a list of paths and globs
+            *) .venv/bin/python -P -m pytest -p no:cacheprovider --deselect "$matrix" --durations=30 \
+                ${parts[$job]} >"$logs/$job.log" 2>&1 || status=$? ;;
+        esac
+        echo "$status $((SECONDS - start))" >"$logs/$job.result"
+        echo "$(describe "$job") ends at ${SECONDS}s (exit $status)"
     done
 }
-run_parts &
+run_jobs &
 lane1=$!
 (
     start=$SECONDS
@@ -147,29 +200,31 @@ lane1=$!
         >"$logs/matrix.log" 2>&1 || status=$?
     echo "$status $((SECONDS - start))" >"$logs/matrix.result"
     echo "compile matrix ends at ${SECONDS}s (exit $status)"
-    run_parts
+    run_jobs
 ) &
 lane2=$!
 wait "$lane1" "$lane2"
-suite=0
-for i in "${!parts[@]}"; do
-    printf '\n== part %s: %s\n' "$i" "${parts[$i]}"
-    cat "$logs/part-$i.log"
-    read -r status seconds <"$logs/part-$i.result"
-    [ "$status" -eq 0 ] || suite=$status
-    side_rows+=("$(printf '%-72.72s %8s' "  part $i: ${parts[$i]}" "$seconds")")
+failures=()
+for job in "${jobs[@]}"; do
+    printf '\n== %s\n' "$(describe "$job")"
+    cat "$logs/$job.log"
+    read -r status seconds <"$logs/$job.result"
+    [ "$status" -eq 0 ] || failures+=("$(describe "$job"): exit $status")
+    side_rows+=("$(printf '%-72.72s %8s' "  $(describe "$job")" "$seconds")")
 done
+printf '\n== TPU compile matrix\n'
 cat "$logs/matrix.log"
-read -r matrix_status seconds <"$logs/matrix.result"
+read -r status seconds <"$logs/matrix.result"
+[ "$status" -eq 0 ] || failures+=("TPU compile matrix: exit $status")
 side_rows+=("$(printf '%-72s %8s' "  TPU compile matrix (2 workers)" "$seconds")")
 rm -rf "$logs"
 suite_seconds=$((SECONDS - suite_start))
 side_rows+=("$(printf '%-72s %8s' "  budget for this step (suite_budget_s in scripts/test.sh)" "$suite_budget_s")")
 failed=0
-if [ "$suite" -ne 0 ] || [ "$matrix_status" -ne 0 ]; then
-    echo "tests failed (suite: $suite, compile matrix: $matrix_status)" >&2
+for i in "${failures[@]+"${failures[@]}"}"; do
+    echo "failed: $i" >&2
     failed=1
-fi
+done
 if [ "$suite_seconds" -gt "$suite_budget_s" ]; then
     echo "the tests took ${suite_seconds}s ($((suite_seconds / 60)) min), over their budget of" \
         "${suite_budget_s}s ($((suite_budget_s / 60)) min, suite_budget_s in scripts/test.sh):" \
@@ -177,33 +232,4 @@ if [ "$suite_seconds" -gt "$suite_budget_s" ]; then
     failed=1
 fi
 [ "$failed" -eq 0 ] || exit 1
-
-step "main job from a fresh environment holding only the wheel"
-python3 -m venv .venv-main
-.venv-main/bin/python -m pip install --quiet --upgrade pip
-.venv-main/bin/python -m pip install --quiet -c constraints.txt "$wheel[transformers,tokamax,hub]"
-.venv-main/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
-outside=$(mktemp -d)
-(
-    cd "$outside"
-    "$root/.venv-main/bin/python" -P -c '
-import kernel_hub
-from kernel_hub import get_kernel, load_registry
-print("kernel_hub from", kernel_hub.__file__)
-for op in load_registry().ops:
-    print(op, get_kernel(op).manifest.version)
-'
-    "$root/.venv-main/bin/kernel-hub" list
-    "$root/.venv-main/bin/kernel-hub" demo
-)
-rm -rf "$outside"
-
-step "TorchTPU tests in .venv-torch-tpu"
-python3 -m venv .venv-torch-tpu
-.venv-torch-tpu/bin/python -m pip install --quiet --upgrade pip
-# hub: the Hugging Face kernels test publishes a signed build to a local kernel-hub serve
-.venv-torch-tpu/bin/python -m pip install --quiet -c constraints.txt "$wheel[test,tokamax,torch-tpu,hub]"
-.venv-torch-tpu/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
-TORCH_DEVICE_BACKEND_AUTOLOAD=0 .venv-torch-tpu/bin/python -P -m pytest \
-    tests/test_torch_tpu_runtime.py tests/hub/test_torch_tpu_hf_kernels.py
 printf '\n== done (%ss)\n' "$SECONDS"
