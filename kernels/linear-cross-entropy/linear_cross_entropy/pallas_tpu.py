@@ -15,20 +15,25 @@ TPU has no atomic adds, so one of the two gradients must travel). Three [tokens,
 matmuls in the backward, one in the forward: four in all, the floor when only per-token
 statistics are kept (the backward needs each logit again before it can form ``dz``).
 
-The forward's token block (``forward_block_tokens``) is its own: a larger one re-reads the head
-less often, and the forward holds no [tokens, hidden] accumulator. The backward's vocabulary block
-sets how often the hidden states and the f32 dh travel (once per vocabulary block each), so it is
-as large as VMEM allows next to the resident f32 dW block.
+Bytes: the backward's vocabulary block sets how often the hidden states and the f32 dh travel
+(once per vocabulary block each: ``vocab / block_vocab x tokens x hidden x (2 + 4 + 4)`` bytes,
+whatever the token block), and the forward's token block how often the head does. Both are as
+large as VMEM allows: blocks indexed by the outer grid axis alone (the backward's W and dW blocks,
+the forward's h block) are single-buffered (``pl.Buffered(1)``: one fetch or write-back per outer
+step, waited for), the backward sweeps its weight block in vocabulary chunks (so its tiles are
+[tokens, chunk], not [tokens, block_vocab]), and the per-token values travel as one [tokens, w]
+array each way (a [tokens, w <= 128] block takes a 128-lane row per token whatever w is). On
+v5e/v6e (128 MiB of VMEM) that is 3,072 vocabulary rows beside a 4,096-wide hidden.
 
 Ragged edges (tokens or vocabulary not a multiple of the block) are masked in the kernels, so
 the weight is never padded (a copy of a 152k x 4096 head would be 1.2 GiB).
 
 Mosaic unrolls a kernel body into straight-line vector code, so a big block's tile costs compile
 time and program size in proportion to its size. The forward therefore runs its token block in
-``fori_loop`` chunks of rows (rows are independent), and the backward its two gradient products
-in chunks of hidden columns (columns are independent); the logits of the backward stay whole
-(chunking them would split dW's sum over tokens). The same products as one whole-block step,
-with the same blocks and DMAs: only the loop body is compiled once.
+``fori_loop`` chunks of rows (rows are independent), and the backward its vocabulary block in
+chunks of rows of W (each logit needs only its token's saved log-sum-exp) and, within each, its
+two gradient products in chunks of hidden columns (columns are independent). The same products
+as one whole-block step, with the same blocks and DMAs: only the loop body is compiled once.
 """
 
 from __future__ import annotations
@@ -47,13 +52,21 @@ from .reference import LogitForm, accumulation_dtype, transform
 
 DEFAULT_BUDGET_BYTES = 40 << 20
 """What the default blocks may use off TPU (interpret mode: the blocks need only be legal)."""
-_CAP_BYTES = 96 << 20
-"""At most this much VMEM on a TPU (v5e/v6e have 128 MiB; 12 MiB on v4, 60 MiB on v5p, their
-default scoped VMEM less a reserve); the compiler limit is set a little above the estimate."""
-_BLOCKS = ((256, 1024), (256, 512), (128, 512), (128, 256), (64, 256), (64, 128))
+_RESERVE_BYTES = 4 << 20
+"""VMEM left to Mosaic's own scratch: the blocks may plan the generation's VMEM less this (124
+MiB on v5e/v6e, 60 on v5p, 12 on v4), and the compiler limit is their estimate plus this."""
+_BLOCKS = (
+    *((256, rows) for rows in range(8192, 0, -512)),
+    (128, 512),
+    (128, 256),
+    (64, 256),
+    (64, 128),
+)
 """Default backward (tokens, vocab) blocks, largest vocabulary first: the hidden states and the
-f32 dh travel once per vocabulary block. 256 tokens fill the v6e MXU's contraction for dW."""
-_FORWARD_TOKENS = (2048, 1024, 512, 256, 128, 64)
+f32 dh travel once per vocabulary block, whatever the token block (3,072 rows at H 4096 fill v5e
+and v6e's VMEM with the resident weight and dW blocks). 256 tokens fill the v6e MXU's
+contraction for dW."""
+_FORWARD_TOKENS = (4096, 2048, 1024, 512, 256, 128, 64)
 """Default forward token blocks, largest first: the forward re-reads the head once per block."""
 
 
@@ -75,21 +88,34 @@ class BlockConfig:
 def forward_vmem_bytes(
     tokens_block: int, vocab_block: int, hidden: int, itemsize: int, acc_itemsize: int = 4
 ) -> int:
-    """The forward's VMEM: double-buffered h and W blocks, and four f32 tiles of logits."""
-    return 2 * (tokens_block + vocab_block) * hidden * itemsize + (
-        4 * tokens_block * vocab_block * acc_itemsize
+    """The forward's VMEM: the h block (single-buffered: it changes with the outer axis only),
+    double-buffered W blocks, four f32 tiles of one row chunk, and three per-token blocks (the
+    running statistics, the statistics out, the targets)."""
+    rows = _chunk(tokens_block, _ROW_CHUNK)
+    return (
+        (tokens_block + 2 * vocab_block) * hidden * itemsize
+        + 4 * rows * vocab_block * acc_itemsize
+        + 3 * _column_bytes(tokens_block, acc_itemsize)
     )
 
 
 def backward_vmem_bytes(
     tokens_block: int, vocab_block: int, hidden: int, itemsize: int, acc_itemsize: int = 4
 ) -> int:
-    """The backward's VMEM: double-buffered h and W blocks, the f32 dh block in and out (double
-    buffered), the resident f32 dW block and its output block, and four f32 tiles."""
-    inputs = 2 * (tokens_block + vocab_block) * hidden * itemsize
+    """The backward's VMEM: double-buffered h blocks, the W block and the dW output block
+    (single-buffered: they change with the outer axis only), the resident f32 dW block, the f32
+    dh block in and out (double-buffered), four f32 tiles of one vocabulary chunk and two
+    double-buffered per-token blocks (targets; log-sum-exp and cotangents)."""
+    inputs = (2 * tokens_block + vocab_block) * hidden * itemsize
     dh = 4 * tokens_block * hidden * acc_itemsize
-    dw = vocab_block * hidden * (acc_itemsize + 2 * itemsize)
-    return inputs + dh + dw + 4 * tokens_block * vocab_block * acc_itemsize
+    dw = vocab_block * hidden * (acc_itemsize + itemsize)
+    tiles = 4 * tokens_block * _chunk(vocab_block, _VOCAB_CHUNK) * acc_itemsize
+    return inputs + dh + dw + tiles + 4 * _column_bytes(tokens_block, acc_itemsize)
+
+
+def _column_bytes(tokens_block: int, acc_itemsize: int) -> int:
+    """VMEM of a [tokens, width <= 128] block: each token's row takes a whole 128-lane row."""
+    return tokens_block * 128 * acc_itemsize
 
 
 def vmem_bytes(config: BlockConfig, hidden: int, itemsize: int, acc_itemsize: int = 4) -> int:
@@ -107,21 +133,22 @@ def vmem_bytes(config: BlockConfig, hidden: int, itemsize: int, acc_itemsize: in
 def budget(generation: str | None) -> int:
     if generation is None:  # not on a TPU (interpret mode): the blocks need only be legal
         return DEFAULT_BUDGET_BYTES
-    return tiling.vmem_budget(generation, reserve=4 << 20, cap=_CAP_BYTES)
+    return tiling.vmem_budget(generation, reserve=_RESERVE_BYTES)
 
 
 def default_config(
     tokens: int, vocab: int, hidden: int, dtype, generation: str | None = None
 ) -> BlockConfig:
     """The largest default blocks that fit the generation's VMEM budget (whole axes when
-    smaller): the backward's pair first, then the largest forward token block with its vocabulary
-    block."""
+    smaller): the largest vocabulary block (with its token block) both kernels fit, then the
+    largest forward token block with that vocabulary block."""
     itemsize = jnp.dtype(dtype).itemsize
     acc = accumulation_dtype(dtype).itemsize
     limit = budget(generation)
     bn, bv = _BLOCKS[-1]
-    for bn, bv in _BLOCKS:
-        if backward_vmem_bytes(min(bn, tokens), min(bv, vocab), hidden, itemsize, acc) <= limit:
+    for bn, bv in _BLOCKS:  # both kernels at this pair (the forward's token block at its least)
+        pair = BlockConfig(min(bn, tokens), min(bv, vocab))
+        if vmem_bytes(pair, hidden, itemsize, acc) <= limit:
             break
     bn, bv = min(bn, tokens), min(bv, vocab)
     forward = next(
@@ -193,30 +220,26 @@ def _rows_inside(ti, shape: _Shape):
     return row < shape.tokens
 
 
-def _columns(vi, shape: _Shape):
-    return vi * shape.block_vocab + jax.lax.broadcasted_iota(jnp.int32, (1, shape.block_vocab), 1)
-
-
 def _masked(block, inside):
     """Zero the rows of a block past the end of its array (they hold garbage, maybe NaN)."""
     return jnp.where(inside, block, jnp.zeros_like(block))
 
 
-def _tile(h, w, b_ref, ti, vi, shape: _Shape, acc):
-    """(z, columns, column inside vocab) of one tile; z is the transformed logits in ``acc``."""
+def _tile(h, w, bias, first, shape: _Shape, acc):
+    """(z, columns, column inside vocab) of the tile of vocabulary rows ``first`` onwards (as many
+    as ``w`` has); z is the transformed logits in ``acc``, ``bias`` that tile's bias or None."""
     logits = _dot(h, w, 1, 1, acc)
-    if shape.has_bias:
-        logits = logits + b_ref[...].astype(acc)
-    columns = _columns(vi, shape)
+    if bias is not None:
+        logits = logits + bias.astype(acc)
+    columns = first + jax.lax.broadcasted_iota(jnp.int32, (1, w.shape[0]), 1)
     return transform(logits, shape.form), columns, columns < shape.vocab
 
 
-def _weight_block(w_ref, vi, shape: _Shape, columns=slice(None)):
-    w = w_ref[:, columns]
+def _weight_block(w_ref, first, shape: _Shape, rows=slice(None), columns=slice(None)):
+    """``w_ref[rows, columns]``, the vocabulary rows from ``first`` on, zeroed past the vocab."""
+    w = w_ref[rows, columns]
     if shape.ragged_vocab:
-        row = vi * shape.block_vocab + jax.lax.broadcasted_iota(
-            jnp.int32, (shape.block_vocab, 1), 0
-        )
+        row = first + jax.lax.broadcasted_iota(jnp.int32, (w.shape[0], 1), 0)
         w = _masked(w, row < shape.vocab)
     return w
 
@@ -230,12 +253,21 @@ _ROW_CHUNK = 256
 """Token rows of one forward chunk: a [chunk, vocab block] tile is what the loop body compiles."""
 _COLUMN_CHUNK = 512
 """Hidden columns of one chunk of the backward's two gradient products."""
+_VOCAB_CHUNK = 512
+"""Vocabulary rows of one backward tile: the resident weight block is swept in such chunks (each
+logit needs only its row's saved log-sum-exp, so vocabulary chunks are independent)."""
+
+
+def _chunk(size: int, chunk: int) -> int:
+    """The chunk ``_chunked`` takes: ``chunk`` when it splits ``size`` evenly, else ``size``."""
+    return chunk if size > chunk and size % chunk == 0 else size
 
 
 def _chunked(size: int, chunk: int, body) -> None:
     """``body(pl.ds(start, chunk))`` over ``size`` in a ``fori_loop`` (compiled once, not
     unrolled), or ``body(pl.ds(0, size))`` once when ``chunk`` does not split it evenly."""
-    if size <= chunk or size % chunk:
+    chunk = _chunk(size, chunk)
+    if chunk == size:
         body(pl.ds(0, size))
         return
 
@@ -248,47 +280,49 @@ def _chunked(size: int, chunk: int, body) -> None:
 
 def _forward_kernel(*refs, shape: _Shape):
     if shape.has_bias:
-        h_ref, w_ref, b_ref, t_ref, lse_ref, zt_ref, zs_ref, m_sc, l_sc, t_sc, s_sc = refs
+        h_ref, w_ref, b_ref, t_ref, stats_ref, run_sc = refs
     else:
-        h_ref, w_ref, t_ref, lse_ref, zt_ref, zs_ref, m_sc, l_sc, t_sc, s_sc = refs
+        h_ref, w_ref, t_ref, stats_ref, run_sc = refs
         b_ref = None
-    ti, vi = pl.program_id(0), pl.program_id(1)
-    acc = m_sc.dtype
+    vi = pl.program_id(1)
+    acc = run_sc.dtype
+    first = vi * shape.block_vocab
+    # run_sc's columns: running max, running sum of exponentials, target logit, sum of logits.
+    peak, sum_exp, target, total = (slice(i, i + 1) for i in range(4))
 
     @pl.when(vi == 0)
     def _init():
-        m_sc[...] = jnp.full(m_sc.shape, -jnp.inf, acc)
-        l_sc[...] = jnp.zeros(l_sc.shape, acc)
-        t_sc[...] = jnp.zeros(t_sc.shape, acc)
-        s_sc[...] = jnp.zeros(s_sc.shape, acc)
+        run_sc[:, peak] = jnp.full((shape.block_tokens, 1), -jnp.inf, acc)
+        run_sc[:, 1:] = jnp.zeros((shape.block_tokens, 3), acc)
 
     def rows(r):  # one chunk of the token block: rows are independent, so the tile is chunked
-        z, columns, inside = _tile(h_ref[r, :], w_ref[...], b_ref, ti, vi, shape, acc)
+        bias = None if b_ref is None else b_ref[...]
+        z, columns, inside = _tile(h_ref[r, :], w_ref[...], bias, first, shape, acc)
         z_in = jnp.where(inside, z, -jnp.inf)
-        m_prev = m_sc[r, :]
+        m_prev = run_sc[r, peak]
         m_new = jnp.maximum(m_prev, jnp.max(z_in, axis=1, keepdims=True))
-        l_sc[r, :] = l_sc[r, :] * jnp.exp(m_prev - m_new) + jnp.sum(
+        run_sc[r, sum_exp] = run_sc[r, sum_exp] * jnp.exp(m_prev - m_new) + jnp.sum(
             jnp.exp(z_in - m_new), axis=1, keepdims=True
         )
-        m_sc[r, :] = m_new
-        t_sc[r, :] += jnp.sum(jnp.where(columns == t_ref[r, :], z, 0.0), axis=1, keepdims=True)
-        s_sc[r, :] += jnp.sum(jnp.where(inside, z, 0.0), axis=1, keepdims=True)
+        run_sc[r, peak] = m_new
+        picked = jnp.where(columns == t_ref[r, :], z, 0.0)
+        run_sc[r, target] += jnp.sum(picked, axis=1, keepdims=True)
+        run_sc[r, total] += jnp.sum(jnp.where(inside, z, 0.0), axis=1, keepdims=True)
 
     _chunked(shape.block_tokens, _ROW_CHUNK, rows)
 
     @pl.when(vi == pl.num_programs(1) - 1)
-    def _finish():
-        lse_ref[...] = m_sc[...] + jnp.log(l_sc[...])
-        zt_ref[...] = t_sc[...]
-        zs_ref[...] = s_sc[...]
+    def _finish():  # stats' columns: log-sum-exp, target logit, sum of logits
+        stats_ref[:, 0:1] = run_sc[:, peak] + jnp.log(run_sc[:, sum_exp])
+        stats_ref[:, 1:3] = run_sc[:, 2:4]
 
 
-def _dz(h, w, b_ref, t_ref, lse_ref, g_ref, ti, vi, shape: _Shape, acc):
+def _dz(h, w, bias, t_ref, rows_ref, ti, first, shape: _Shape, acc):
     """Gradient of the loss with respect to the raw logits of one tile (zero outside)."""
-    z, columns, inside = _tile(h, w, b_ref, ti, vi, shape, acc)
-    g = g_ref[...]  # [bn, 3]: cotangents of lse, target logit, sum of logits
-    p = jnp.exp(z - lse_ref[...])
-    dz = g[:, 0:1] * p + jnp.where(columns == t_ref[...], g[:, 1:2], 0.0) + g[:, 2:3]
+    z, columns, inside = _tile(h, w, bias, first, shape, acc)
+    rows = rows_ref[...]  # [bn, 4]: lse, and the cotangents of lse, target logit, sum of logits
+    p = jnp.exp(z - rows[:, 0:1])
+    dz = rows[:, 1:2] * p + jnp.where(columns == t_ref[...], rows[:, 2:3], 0.0) + rows[:, 3:4]
     form = shape.form
     if form.softcap is not None:
         capped = z / form.softcap
@@ -303,12 +337,13 @@ def _dz(h, w, b_ref, t_ref, lse_ref, g_ref, ti, vi, shape: _Shape, acc):
 
 def _backward_kernel(*refs, shape: _Shape, in_place: bool):
     if shape.has_bias:
-        (h_ref, w_ref, b_ref, t_ref, lse_ref, g_ref, dh_in_ref) = refs[:7]
-        dh_ref, dw_ref, db_ref, acc_sc, bias_sc = refs[7:]
+        (h_ref, w_ref, b_ref, t_ref, rows_ref, dh_in_ref) = refs[:6]
+        dh_ref, dw_ref, db_ref, acc_sc, bias_sc = refs[6:]
     else:
-        h_ref, w_ref, t_ref, lse_ref, g_ref, dh_in_ref, dh_ref, dw_ref, acc_sc = refs
+        h_ref, w_ref, t_ref, rows_ref, dh_in_ref, dh_ref, dw_ref, acc_sc = refs
         b_ref = db_ref = bias_sc = None
     vi, ti = pl.program_id(0), pl.program_id(1)
+    hidden_dim = h_ref.shape[1]
 
     @pl.when(ti == 0)
     def _init():
@@ -316,12 +351,6 @@ def _backward_kernel(*refs, shape: _Shape, in_place: bool):
         if shape.has_bias:
             bias_sc[...] = jnp.zeros(bias_sc.shape, bias_sc.dtype)
 
-    h = _hidden_block(h_ref, ti, shape)
-    w = _weight_block(w_ref, vi, shape)
-    dz_acc = _dz(h, w, b_ref, t_ref, lse_ref, g_ref, ti, vi, shape, acc_sc.dtype)
-    dz = dz_acc.astype(h.dtype)  # both products share the one recomputed tile
-    if shape.has_bias:
-        bias_sc[...] += jnp.sum(dz_acc, axis=0, keepdims=True)
     if in_place:
         # One token block (the dh block never leaves VMEM), or the generic interpreter (which
         # loads output blocks from the output array): dh accumulates in its output block.
@@ -329,13 +358,31 @@ def _backward_kernel(*refs, shape: _Shape, in_place: bool):
         def _first():
             dh_ref[...] = jnp.zeros(dh_ref.shape, dh_ref.dtype)
 
-    def columns(c):  # both products column by column of hidden: each column is independent
-        acc_sc[:, c] += _dot(dz, _hidden_block(h_ref, ti, shape, c), 0, 0, acc_sc.dtype)
-        dh = _dot(dz, _weight_block(w_ref, vi, shape, c), 1, 0, dh_ref.dtype)
-        # in place, or from dh_in (aliases dh: the block as the previous vocabulary block left it)
-        dh_ref[:, c] = (dh_ref if in_place else dh_in_ref)[:, c] + dh
+    else:  # dh_in aliases dh: the block as the previous vocabulary block left it
 
-    _chunked(h_ref.shape[1], _COLUMN_CHUNK, columns)
+        def carry_in(c):
+            dh_ref[:, c] = dh_in_ref[:, c]
+
+        _chunked(hidden_dim, _COLUMN_CHUNK, carry_in)
+
+    def vocab_rows(r):  # one chunk of the resident weight block: its logits, dz and products
+        first = vi * shape.block_vocab + r.start
+        bias = None if b_ref is None else b_ref[:, r]
+        h = _hidden_block(h_ref, ti, shape)
+        w = _weight_block(w_ref, first, shape, r)
+        dz_acc = _dz(h, w, bias, t_ref, rows_ref, ti, first, shape, acc_sc.dtype)
+        dz = dz_acc.astype(h.dtype)  # both products share the one recomputed tile
+        if shape.has_bias:
+            bias_sc[:, r] += jnp.sum(dz_acc, axis=0, keepdims=True)
+
+        def columns(c):  # both products column by column of hidden: each column is independent
+            acc_sc[r, c] += _dot(dz, _hidden_block(h_ref, ti, shape, c), 0, 0, acc_sc.dtype)
+            w_c = _weight_block(w_ref, first, shape, r, c)
+            dh_ref[:, c] += _dot(dz, w_c, 1, 0, dh_ref.dtype)
+
+        _chunked(hidden_dim, _COLUMN_CHUNK, columns)
+
+    _chunked(shape.block_vocab, _VOCAB_CHUNK, vocab_rows)
 
     @pl.when(ti == pl.num_programs(1) - 1)
     def _finish():
@@ -345,8 +392,10 @@ def _backward_kernel(*refs, shape: _Shape, in_place: bool):
 
 
 def _params(semantics, need: int) -> pltpu.CompilerParams:
+    """Mosaic's VMEM limit: the blocks' estimate plus the reserve ``budget`` keeps for Mosaic's
+    own scratch (so at most the generation's VMEM when the blocks fit the budget)."""
     return pltpu.CompilerParams(
-        dimension_semantics=semantics, vmem_limit_bytes=max(16 << 20, need * 5 // 4)
+        dimension_semantics=semantics, vmem_limit_bytes=max(16 << 20, need + _RESERVE_BYTES)
     )
 
 
@@ -386,21 +435,23 @@ def _exps(form: LogitForm) -> int:
 
 def _operand_specs(shape: _Shape, hidden_dim: int, token_axis: int, vocab_axis: int):
     """BlockSpecs of h, W, bias, targets and per-token arrays for a grid whose token and vocab
-    indices are at positions ``token_axis`` / ``vocab_axis``."""
+    indices are at positions ``token_axis`` / ``vocab_axis``.
 
-    def tok(*ids):
-        return ids[token_axis]
+    A block indexed by the outer grid axis (0) stays put while the inner axis sweeps, so it is
+    single-buffered (``pl.Buffered(1)``): one VMEM copy, not two, and one fetch (or write-back)
+    per outer step that the pipeline waits for instead of overlapping."""
 
-    def voc(*ids):
-        return ids[vocab_axis]
+    def spec(block, axis: int, index):
+        mode = pl.Buffered(1) if axis == 0 else None
+        return pl.BlockSpec(block, lambda *ids: index(ids[axis]), pipeline_mode=mode)
 
     bn, bv = shape.block_tokens, shape.block_vocab
-    h = pl.BlockSpec((bn, hidden_dim), lambda *ids: (tok(*ids), 0))
-    w = pl.BlockSpec((bv, hidden_dim), lambda *ids: (voc(*ids), 0))
-    b = pl.BlockSpec((1, bv), lambda *ids: (0, voc(*ids)))
+    h = spec((bn, hidden_dim), token_axis, lambda t: (t, 0))
+    w = spec((bv, hidden_dim), vocab_axis, lambda v: (v, 0))
+    b = spec((1, bv), vocab_axis, lambda v: (0, v))
 
     def per_token(width: int = 1):
-        return pl.BlockSpec((bn, width), lambda *ids: (tok(*ids), 0))
+        return spec((bn, width), token_axis, lambda t: (t, 0))
 
     return h, w, b, per_token
 
@@ -414,17 +465,16 @@ def forward(hidden, weight, bias, targets, form: LogitForm, config: BlockConfig,
     grid = (pl.cdiv(tokens, shape.block_tokens), pl.cdiv(vocab, shape.block_vocab))
     h, w, b, per_token = _operand_specs(shape, hidden_dim, 0, 1)
     operands = (hidden, weight, *(() if bias is None else (bias.reshape(1, vocab),)))
-    stats = jax.ShapeDtypeStruct((tokens, 1), acc)
     need = forward_vmem_bytes(
         shape.block_tokens, shape.block_vocab, hidden_dim, hidden.dtype.itemsize, acc.itemsize
     )
-    lse, target, total = pl.pallas_call(
+    stats = pl.pallas_call(
         functools.partial(_forward_kernel, shape=shape),
         grid=grid,
         in_specs=[h, w, *([b] if bias is not None else []), per_token()],
-        out_specs=[per_token(), per_token(), per_token()],
-        out_shape=[stats, stats, stats],
-        scratch_shapes=[pltpu.VMEM((shape.block_tokens, 1), acc) for _ in range(4)],
+        out_specs=per_token(3),
+        out_shape=jax.ShapeDtypeStruct((tokens, 3), acc),
+        scratch_shapes=[pltpu.VMEM((shape.block_tokens, 4), acc)],
         compiler_params=_params(("parallel", "arbitrary"), need),
         cost_estimate=_cost(
             shape,
@@ -439,7 +489,7 @@ def forward(hidden, weight, bias, targets, form: LogitForm, config: BlockConfig,
         interpret=interpret,
         name="linear_cross_entropy_forward",
     )(*operands, targets.reshape(tokens, 1))
-    return lse[:, 0], target[:, 0], total[:, 0]
+    return stats[:, 0], stats[:, 1], stats[:, 2]
 
 
 def backward_token_block(tokens: int, block_tokens: int, dtype) -> int:
@@ -474,10 +524,11 @@ def backward(
     token_blocks = pl.cdiv(tokens, shape.block_tokens)
     vocab_blocks = pl.cdiv(vocab, shape.block_vocab)
     with_bias = bias is not None
+    # One [tokens, 4] array for the log-sum-exp and the cotangents: in HBM and VMEM a
+    # [tokens, width <= 128] array takes a 128-lane row per token, whatever its width.
     side = (
         targets.reshape(tokens, 1),
-        lse.reshape(tokens, 1).astype(acc),
-        cotangents.astype(acc),
+        jnp.concatenate([lse.reshape(tokens, 1), cotangents], axis=1).astype(acc),
     )
     # Whole blocks (the TPU interpreter cannot alias a ragged output); sliced off below.
     dh_acc = jnp.zeros((token_blocks * shape.block_tokens, hidden_dim), acc)
@@ -494,7 +545,6 @@ def backward(
     if with_bias:
         out_shape.append(jax.ShapeDtypeStruct((1, vocab), bias.dtype))
         scratch.append(pltpu.VMEM((1, shape.block_vocab), acc))
-    h_acc = pl.BlockSpec((shape.block_tokens, hidden_dim), lambda vi, ti: (ti, 0))
     # Per-token operands, the hidden states and dh travel once per vocabulary block (once in
     # all when there is one token block); the head and its gradients once.
     per_sweep = _reads(vocab_blocks, token_blocks)
@@ -509,8 +559,8 @@ def backward(
     grads = pl.pallas_call(
         functools.partial(_backward_kernel, shape=shape, in_place=in_place),
         grid=(vocab_blocks, token_blocks),
-        in_specs=[h, w, *([b] if with_bias else []), per_token(), per_token(), per_token(3), h_acc],
-        out_specs=[h_acc, w, b][: len(out_shape)],
+        in_specs=[h, w, *([b] if with_bias else []), per_token(), per_token(4), h],  # dh as h
+        out_specs=[h, w, b][: len(out_shape)],
         out_shape=[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_shape],
         scratch_shapes=scratch,
         input_output_aliases={len(operands) - 1: 0},

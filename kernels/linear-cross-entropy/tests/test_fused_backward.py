@@ -65,23 +65,25 @@ def _oracle_grads(hidden, weight, bias, labels, cotangent):
     [
         (16, jnp.float64, 1e-12, None),
         (TOKENS, jnp.float64, 1e-12, None),
-        (32, jnp.float32, 2e-5, (16, 128)),
+        (32, jnp.float32, 2e-5, (16, 128, 128)),
     ],
     ids=[
         "f64 3 token blocks",
         "f64 1 token block",
-        "f32 2 -> 3 token blocks, chunked tiles (TPU interpreter)",
+        "f32 2 -> 3 token blocks, 2 vocabulary blocks, chunked tiles (TPU interpreter)",
     ],
 )
 def test_gradients_match_float64_oracle(block_tokens, dtype, tol, chunks, monkeypatch):
-    """``chunks``: (token rows, hidden columns) of the kernels' inner loops, small enough that the
-    blocks here take them (the forward's two row chunks per 32-token block, the backward's two
-    column chunks of a 256-wide hidden, both fori_loops), as the model-size blocks do."""
-    hidden_dim = HIDDEN
+    """``chunks``: (token rows, hidden columns, vocabulary rows) of the kernels' inner loops, small
+    enough that the blocks here take them (the forward's two row chunks per 32-token block, the
+    backward's two vocabulary chunks of a 256-row block, each with two column chunks of a
+    256-wide hidden, all fori_loops), as the model-size blocks do."""
+    hidden_dim, block_vocab = HIDDEN, BLOCK_VOCAB
     if chunks is not None:
         monkeypatch.setattr(api.pallas_tpu, "_ROW_CHUNK", chunks[0])
         monkeypatch.setattr(api.pallas_tpu, "_COLUMN_CHUNK", chunks[1])
-        hidden_dim = 2 * chunks[1]
+        monkeypatch.setattr(api.pallas_tpu, "_VOCAB_CHUNK", chunks[2])
+        hidden_dim, block_vocab = 2 * chunks[1], 2 * chunks[2]
     hidden, weight, bias, labels, cotangent = _inputs(hidden_dim)
     want = _oracle_grads(hidden, weight, bias, labels, cotangent)
     with jax.enable_x64(dtype == jnp.float64):
@@ -94,7 +96,7 @@ def test_gradients_match_float64_oracle(block_tokens, dtype, tol, chunks, monkey
                 b,
                 implementation="pallas",
                 block_tokens=block_tokens,
-                block_vocab=BLOCK_VOCAB,
+                block_vocab=block_vocab,
                 **OPTIONS,
             )
             return jnp.sum(per_token * jnp.asarray(cotangent, dtype))
