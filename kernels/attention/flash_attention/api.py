@@ -135,7 +135,7 @@ def _kernel_blocks(q, k, v, spec: AttentionSpec) -> pallas_tpu.KernelBlocks:
         q.shape, k.shape, q.dtype, interpret=_interpret(), value_dim=v.shape[-1]
     )
     if spec.block_q is None and spec.block_k is None:
-        return defaults
+        return pallas_tpu.unpadded(defaults, q.shape[2], k.shape[2])
 
     def override(blocks: pallas_tpu.BlockSizes) -> pallas_tpu.BlockSizes:
         return pallas_tpu.BlockSizes(spec.block_q or blocks.q, spec.block_k or blocks.k)

@@ -107,34 +107,36 @@ def token_allowed(q_position, k_position, spec: AttentionSpec, q_group=None, k_g
     return allowed
 
 
-def key_range(q_first, q_last, q_len: int, kv_len: int, spec: AttentionSpec):
-    """(first, last) key index any query in ``[q_first, q_last]`` may see; empty if last < first."""
+def key_range(q_first, q_last, q_len: int, kv_len: int, spec: AttentionSpec, xp=jnp):
+    """(first, last) key index any query in ``[q_first, q_last]`` may see; empty if last < first.
+    ``xp``: jnp (traced block indices) or numpy (the host's cost count; a bound no rule sets
+    stays a Python int)."""
     offset = kv_len - q_len
     first = 0
     last = kv_len - 1
     window = spec.sliding_window
     if window is not None:
-        first = jnp.maximum(first, q_first + offset - window + 1)
+        first = xp.maximum(first, q_first + offset - window + 1)
     if spec.causal:
-        last = jnp.minimum(last, q_last + offset)
+        last = xp.minimum(last, q_last + offset)
     elif window is not None:
-        last = jnp.minimum(last, q_last + offset + window - 1)
+        last = xp.minimum(last, q_last + offset + window - 1)
     return first, last
 
 
-def query_range(k_first, k_last, q_len: int, kv_len: int, spec: AttentionSpec):
+def query_range(k_first, k_last, q_len: int, kv_len: int, spec: AttentionSpec, xp=jnp):
     """(first, last) query index that may see some key in ``[k_first, k_last]`` (inverse of
-    ``key_range``); empty if last < first."""
+    ``key_range``); empty if last < first. ``xp`` as in ``key_range``."""
     offset = kv_len - q_len
     first = 0
     last = q_len - 1
     window = spec.sliding_window
     if spec.causal:
-        first = jnp.maximum(first, k_first - offset)
+        first = xp.maximum(first, k_first - offset)
     elif window is not None:
-        first = jnp.maximum(first, k_first - offset - window + 1)
+        first = xp.maximum(first, k_first - offset - window + 1)
     if window is not None:
-        last = jnp.minimum(last, k_last - offset + window - 1)
+        last = xp.minimum(last, k_last - offset + window - 1)
     return first, last
 
 
@@ -168,17 +170,9 @@ def dense_mask(q_len: int, kv_len: int, spec: AttentionSpec, tokens: TokenMask |
 
 def allowed_pairs(q_len: int, kv_len: int, spec: AttentionSpec) -> int:
     """How many (query, key) pairs the position rules allow (segments ignored): FLOP counting."""
-    position = np.arange(q_len)[:, None] + (kv_len - q_len)
-    first = np.zeros_like(position)
-    last = np.full_like(position, kv_len - 1)
-    window = spec.sliding_window
-    if window is not None:
-        first = np.maximum(first, position - window + 1)
-    if spec.causal:
-        last = np.minimum(last, position)
-    elif window is not None:
-        last = np.minimum(last, position + window - 1)
-    return int(np.maximum(last - first + 1, 0).sum())
+    queries = np.arange(q_len)
+    first, last = key_range(queries, queries, q_len, kv_len, spec, xp=np)
+    return int(np.broadcast_to(np.maximum(last - first + 1, 0), queries.shape).sum())
 
 
 def merge_key_padding(q_len: int, kv_len: int, batch: int, kv_mask, q_segment_ids, kv_segment_ids):

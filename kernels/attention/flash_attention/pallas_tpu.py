@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -69,7 +70,8 @@ def _rem(a, b: int):
 
 @dataclass(frozen=True)
 class BlockSizes:
-    """Block sizes of one kernel: ``q`` packed query rows, ``k`` keys. Powers of two."""
+    """Block sizes of one kernel: ``q`` packed query rows, ``k`` keys. Powers of two when a
+    user gives them; the defaults may be other multiples of 128 (``unpadded``)."""
 
     q: int
     k: int
@@ -262,6 +264,29 @@ def default_blocks(
         _largest_fitting(rows, kv_len, dims, itemsize, _forward_vmem_bytes),
         _largest_fitting(rows, kv_len, dims, itemsize, _backward_vmem_bytes),
     )
+
+
+def _dividing(length: int, cap: int) -> int:
+    """The largest multiple of 128 that divides ``length``, at most ``cap`` and at least half
+    of it; ``cap`` when there is none (the length is then padded to a multiple of ``cap``)."""
+    if length <= cap or length % _LANES:
+        return cap
+    for size in range(cap - cap % _LANES, cap // 2 - 1, -_LANES):
+        if size and length % size == 0:
+            return size
+    return cap
+
+
+def unpadded(blocks: KernelBlocks, q_len: int, kv_len: int) -> KernelBlocks:
+    """``blocks`` shrunk, where a multiple of 128 lanes of at least half their size divides
+    the sequence, to one that does: no padded rows or keys are copied, fetched or computed
+    (Flux at 1024 x 1024 px: 4,608 tokens; at 256 x 256 px: 768, padded to 1,024 by 512-row
+    blocks)."""
+
+    def fit(b: BlockSizes) -> BlockSizes:
+        return BlockSizes(_dividing(q_len, b.q), _dividing(kv_len, b.k))
+
+    return KernelBlocks(fit(blocks.forward), fit(blocks.backward))
 
 
 def blocks_problem(q_shape, kv_shape, dtype, blocks: BlockSizes, *, interpret: bool) -> str | None:
@@ -828,21 +853,101 @@ def _compiler_params() -> pltpu.CompilerParams:
     )
 
 
-def _cost(layout: Layout, spec: AttentionSpec, itemsize: int, matmul_dims: int, tensors: int):
-    """``matmul_dims``: summed contraction/output dims of the kernel's matmuls per visible pair."""
-    pairs = (
-        layout.batch
-        * layout.kv_heads
-        * layout.groups
-        * masking.allowed_pairs(layout.q_len, layout.kv_len, spec)
+@dataclass(frozen=True)
+class Schedule:
+    """What one (batch, kv head) of a kernel's grid computes and fetches under the static rule:
+    the ranges of ``Layout.key_block_range`` and ``Layout.clamped_query_block``, counted on the
+    host. Per-token masks (segments, positions, groups) skip more blocks at run time."""
+
+    visible: int
+    """(q block, kv block) pairs computed."""
+    kv_fetches: int
+    """kv blocks fetched with the q blocks outer (forward, dq): the pipeline fetches a block
+    when its index differs from the previous step's."""
+    q_fetches: int
+    """q blocks fetched with the kv blocks outer (dk and dv)."""
+
+
+def _changes(first, last, counts) -> int:
+    """Fetches of a sequence of runs: run i fetches ``counts[i]`` distinct blocks from
+    ``first[i]`` to ``last[i]``, less one where it starts on the block the run before ended on."""
+    return int(np.sum(counts) - np.sum(first[1:] == last[:-1]))
+
+
+def schedule(layout: Layout, spec: AttentionSpec) -> Schedule:
+    """The block schedule of ``layout`` under the static rule ``spec`` (``masking.block_rule``)."""
+    bq, bk, nk = layout.block_q, layout.block_k, layout.num_k_blocks
+    per_head = layout.num_q_blocks if layout.whole_groups else layout.q_len_padded // bq
+    repeats = 1 if layout.whole_groups else layout.groups
+    if layout.whole_groups:
+        q_first = np.zeros(per_head, np.int64)
+        q_last = np.full(per_head, layout.q_len - 1)
+    else:
+        q_first = np.arange(per_head) * bq
+        q_last = np.minimum(q_first + bq - 1, layout.q_len - 1)
+    k_first, k_last = (
+        np.broadcast_to(bound, q_first.shape)
+        for bound in masking.key_range(q_first, q_last, layout.q_len, layout.kv_len, spec, xp=np)
     )
-    mean_dim = (layout.head_dim + layout.value_dim) // 2
-    q_bytes = layout.batch * layout.kv_heads * layout.rows * mean_dim * itemsize
-    kv_bytes = layout.batch * layout.kv_heads * layout.kv_len_padded * mean_dim * itemsize
+    lo = np.maximum(k_first, 0) // bk
+    empty = (k_last < k_first) | (q_last < q_first)
+    hi = np.where(empty, -1, np.maximum(k_last, 0) // bk)
+    visible = int(np.where(empty, 0, hi - lo + 1).sum()) * repeats
+    # q blocks outer: kv block ki clamped into [min(lo, nk - 1), max(hi, lo)] (``_clamp``)
+    first = np.minimum(lo, nk - 1)
+    last = np.maximum(first, np.minimum(np.maximum(hi, lo), nk - 1))
+    kv_fetches = _changes(*(np.tile(x, repeats) for x in (first, last, last - first + 1)))
+    # kv blocks outer: q block qi clamped within its head (``clamped_query_block``)
+    if layout.whole_groups:  # q block qi itself, every one for every kv block
+        blocks = np.tile(np.arange(per_head), nk)
+        q_fetches = _changes(blocks, blocks, np.ones_like(blocks))
+    else:
+        k_first = np.arange(nk) * bk
+        k_last = np.minimum(k_first + bk - 1, layout.kv_len - 1)
+        q_lo, q_hi = (
+            np.clip(np.broadcast_to(bound, k_first.shape), 0, layout.q_len - 1) // bq
+            for bound in masking.query_range(
+                k_first, k_last, layout.q_len, layout.kv_len, spec, xp=np
+            )
+        )
+        q_end = np.minimum(np.maximum(q_hi, q_lo), per_head - 1)
+        # every kv block visits each head's clamped q range in turn (ki outer, head inner)
+        offsets = (np.arange(layout.groups) * per_head)[None, :]
+        q_fetches = _changes(
+            (offsets + q_lo[:, None]).reshape(-1),
+            (offsets + q_end[:, None]).reshape(-1),
+            np.repeat(q_end - q_lo + 1, layout.groups),
+        )
+    return Schedule(visible, kv_fetches, q_fetches)
+
+
+def _stat_dims(dtype) -> int:
+    """A per-row statistic (logsumexp, delta: f32, or f64 with f64 inputs) in ``dtype`` items."""
+    return jnp.dtype(jnp.promote_types(dtype, jnp.float32)).itemsize // jnp.dtype(dtype).itemsize
+
+
+def _cost(
+    layout: Layout, spec: AttentionSpec, itemsize: int, matmul_dims: int, *, q_dims, kv_dims,
+    kv_outer: bool,
+):  # fmt: skip
+    """The block schedule's count (``schedule``): each computed pair multiplies a whole
+    ``block_q x block_k`` tile (``matmul_dims``: the summed contraction/output dims of the
+    kernel's matmuls per score); the outer axis's blocks (``q_dims`` or ``kv_dims``: feature
+    dims of each array over the packed rows or the keys, inputs and outputs) move once, the
+    inner axis's once per fetch. Per-token mask arrays, sinks and the dropout seed (O(S) or
+    less) are not counted."""
+    plan = schedule(layout, spec)
+    heads = layout.batch * layout.kv_heads
+    rows, keys = heads * layout.rows, heads * layout.kv_len_padded
+    if kv_outer:
+        rows = heads * plan.q_fetches * layout.block_q
+    else:
+        keys = heads * plan.kv_fetches * layout.block_k
+    scores = heads * plan.visible * layout.block_q * layout.block_k
     return pl.CostEstimate(
-        flops=2 * matmul_dims * pairs,
-        transcendentals=pairs,
-        bytes_accessed=tensors * (q_bytes + kv_bytes),
+        flops=2 * matmul_dims * scores,
+        transcendentals=scores,
+        bytes_accessed=(rows * sum(q_dims) + keys * sum(kv_dims)) * itemsize,
     )
 
 
@@ -903,7 +1008,13 @@ def _forward(
         ],
         compiler_params=_compiler_params(),
         cost_estimate=_cost(
-            layout, rule, q.dtype.itemsize, layout.head_dim + layout.value_dim, tensors=2
+            layout,
+            rule,
+            q.dtype.itemsize,
+            layout.head_dim + layout.value_dim,
+            q_dims=(layout.head_dim, layout.value_dim, *[_stat_dims(q.dtype)] * with_lse),
+            kv_dims=(layout.head_dim, layout.value_dim),
+            kv_outer=False,
         ),
         interpret=interpret,
         name="flash_attention_forward",
@@ -959,7 +1070,15 @@ def _backward(
         ),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         compiler_params=_compiler_params(),
-        cost_estimate=_cost(layout, rule, q.dtype.itemsize, 2 * d + dv, tensors=3),
+        cost_estimate=_cost(
+            layout,
+            rule,
+            q.dtype.itemsize,
+            2 * d + dv,
+            q_dims=(d, dv, d, _stat_dims(q.dtype), _stat_dims(q.dtype)),  # q, do, dq, lse, delta
+            kv_dims=(d, dv),
+            kv_outer=False,
+        ),
         interpret=interpret,
         name="flash_attention_backward_dq",
     )(*ranges[:2], *operands)
@@ -979,7 +1098,15 @@ def _backward(
         ),
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         compiler_params=_compiler_params(),
-        cost_estimate=_cost(layout, rule, q.dtype.itemsize, 2 * d + 2 * dv, tensors=4),
+        cost_estimate=_cost(
+            layout,
+            rule,
+            q.dtype.itemsize,
+            2 * d + 2 * dv,
+            q_dims=(d, dv, _stat_dims(q.dtype), _stat_dims(q.dtype)),  # q, do, lse, delta
+            kv_dims=(d, dv, d, dv),  # k, v, dk, dv
+            kv_outer=True,
+        ),
         interpret=interpret,
         name="flash_attention_backward_dkv",
     )(*ranges[2:], *operands)

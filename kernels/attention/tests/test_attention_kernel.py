@@ -250,6 +250,74 @@ def test_visited_blocks_are_exactly_the_needed_ones(
                 assert int(layout.clamped_query_block(qi, ki, spec)) == qi, (qi, ki)
 
 
+@pytest.mark.parametrize(
+    ("q_heads", "q_len", "kv_len", "block_q", "block_k", "options"),
+    [
+        (2, 40, 40, 8, 8, {"causal": True}),
+        (2, 21, 37, 8, 16, {"causal": True, "sliding_window": 11}),
+        (1, 30, 20, 16, 8, {"causal": True, "sliding_window": 4}),
+        (3, 40, 40, 16, 8, {"sliding_window": 7}),
+        (2, 48, 48, 16, 16, {}),
+        (8, 3, 70, 16, 16, {"causal": True, "sliding_window": 20}),
+        (8, 3, 16, 16, 16, {"causal": True}),
+    ],
+)
+def test_declared_cost_is_the_block_schedule(
+    attention, q_heads, q_len, kv_len, block_q, block_k, options
+):
+    """Each kernel's pl.CostEstimate (all cost_analysis() sees of it) is its block schedule:
+    bytes as the pipeline moves them (block_schedule walks the grid's index maps: K and V once
+    per q block that reaches them, q/do once per kv block for dk/dv) and the matmuls of every
+    block pair holding a visible (query, key) pair, whole tiles (a causal diagonal and padded
+    rows included, as the MXU runs them)."""
+    from kernel_hub.bench import block_schedule
+
+    pallas_tpu, masking = attention.jax.pallas_tpu, attention.jax.masking
+    batch, kv_heads, d = 2, 1, 16
+    q, k, v = Case(batch, q_heads, kv_heads, q_len, kv_len, d).arrays().values()
+
+    def loss(q, k, v):
+        out, lse = attention.jax.dot_product_attention_with_lse(
+            q, k, v, implementation="pallas", block_q=block_q, block_k=block_k, **options
+        )
+        return jnp.sum(out) + jnp.sum(lse)
+
+    calls = block_schedule.pallas_calls(jax.grad(loss, argnums=(0, 1, 2)), q, k, v)
+    layout = pallas_tpu.make_layout(
+        q.shape, k.shape, pallas_tpu.BlockSizes(block_q, block_k), value_dim=d
+    )
+    spec = masking.AttentionSpec(**options)
+    visible = sum(
+        bool(layout.visible(qi, ki, spec))
+        for qi in range(layout.num_q_blocks)
+        for ki in range(layout.num_k_blocks)
+    )
+    tile = batch * kv_heads * visible * layout.block_q * layout.block_k
+    matmul_dims = {  # q.k, p.v; q.k, do.v, ds.k; q.k, do.v, p.do, ds.q
+        "flash_attention_forward": 2 * d,
+        "flash_attention_backward_dq": 3 * d,
+        "flash_attention_backward_dkv": 4 * d,
+    }
+    assert [c.params["name"] for c in calls] == list(matmul_dims)
+    for call in calls:
+        name, declared = call.params["name"], call.params["cost_estimate"]
+        assert declared.bytes_accessed == block_schedule.bytes_moved(call), name
+        assert declared.flops == 2 * matmul_dims[name] * tile, name
+
+
+def test_default_blocks_do_not_pad_a_length_they_can_divide(attention):
+    """Flux's 768 tokens (256 x 256 px) run in 384-row blocks, not padded to 1,024 by 512-row
+    ones; a length no multiple of 128 of at least half the block divides is padded as before."""
+    pallas_tpu = attention.jax.pallas_tpu
+    caps = pallas_tpu.KernelBlocks(*[pallas_tpu.BlockSizes(512, 512)] * 2)
+    for length, block, padded in ((768, 384, 768), (4608, 512, 4608), (640, 512, 1024)):
+        blocks = pallas_tpu.unpadded(caps, length, length)
+        assert blocks.forward == blocks.backward == pallas_tpu.BlockSizes(block, block)
+        shape = (1, 2, length, 128)
+        layout = pallas_tpu.make_layout(shape, shape, blocks.forward)
+        assert (layout.q_len_padded, layout.kv_len_padded) == (padded, padded), length
+
+
 def test_row_statistics_reach_hbm_lane_dense(attention):
     """No floating operand or result of the forward and backward kernels is a one-lane column
     ([..., rows, 1]): in HBM such a column takes a 128-lane tile per row (the logsumexp was
