@@ -40,8 +40,14 @@ def arrays(batch, q_heads, kv_heads, q_len, kv_len, dim=16):
 
 
 def outputs_and_grads(fn, q, k, v, sinks, d_out, d_lse):
-    (out, lse), pullback = jax.vjp(fn, q, k, v, sinks)
-    return (out, lse, *pullback((d_out, d_lse)))
+    """(out, lse, dq, dk, dv, d_sinks) of ``fn`` in one jitted call."""
+
+    @jax.jit
+    def run(q, k, v, sinks, d_out, d_lse):
+        (out, lse), pullback = jax.vjp(fn, q, k, v, sinks)
+        return (out, lse, *pullback((d_out, d_lse)))
+
+    return run(q, k, v, sinks, d_out, d_lse)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ Transformers' causal_conv1d_fn / causal_conv1d_update fallbacks, the torch op co
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -178,7 +179,8 @@ def test_pallas_backward_equals_xla_vjp(width, cu_seqlens):
     grad = jax.random.normal(keys[4], x.shape)
     config = conv.jax.pallas_tpu.BlockConfig(256, 128)
 
-    def vjp(implementation):
+    @functools.partial(jax.jit, static_argnums=0)  # one program each, not primitive by primitive
+    def vjp(implementation, x, weight, bias, state, grad):
         def run(x, weight, bias, state):
             return conv.jax.causal_conv1d(
                 x,
@@ -194,7 +196,10 @@ def test_pallas_backward_equals_xla_vjp(width, cu_seqlens):
         return jax.vjp(run, x, weight, bias, state)[1](grad)
 
     for name, got, want in zip(
-        ("dx", "dweight", "dbias", "dstate"), vjp("pallas"), vjp("xla"), strict=True
+        ("dx", "dweight", "dbias", "dstate"),
+        vjp("pallas", x, weight, bias, state, grad),
+        vjp("xla", x, weight, bias, state, grad),
+        strict=True,
     ):
         if want is None:
             assert got is None, name

@@ -100,10 +100,11 @@ def test_loss_and_gradients_match_float64_oracle(implementation, options, bias, 
             h, w, lab, bb, implementation=implementation, **extra, **options
         )
 
-    value = loss(hidden, weight, labels, b)
-    grads = jax.grad(lambda *a: jnp.sum(loss(*a) * cotangent), argnums=diff)(
-        hidden, weight, labels, b
-    )
+    @jax.jit  # one program: run eagerly, each primitive of the loss and its backward compiles alone
+    def value_and_grads(*a):
+        return loss(*a), jax.grad(lambda *a: jnp.sum(loss(*a) * cotangent), argnums=diff)(*a)
+
+    value, grads = value_and_grads(hidden, weight, labels, b)
     assert value.dtype == jnp.float32
 
     leaves = [None if a is None else as_torch(a).requires_grad_() for a in (hidden, weight, b)]

@@ -5,6 +5,8 @@ passes them, the z gate), the torch op contract and input errors."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -88,6 +90,11 @@ def expected(inputs, seq_idx=None, limit=(0.0, float("inf"))):
     i = inputs
     dt = prepared_dt(i["dt"], i["dt_bias"], limit)
     return oracle(i["x"], dt, i["A"], i["B"], i["C"], i["D"], i["initial_states"], seq_idx)
+
+
+def jitted(fn, **options):
+    """fn with these options as one jitted program (eagerly, each primitive compiles alone)."""
+    return jax.jit(functools.partial(fn, **options))
 
 
 def scaled_error(got, want) -> float:
@@ -263,6 +270,9 @@ def test_pallas_backward_equals_xla_vjp():
 
         return jax.vjp(run, x, dt, A, B, C, D, dt_bias, init)[1](upstream)
 
+    # one jitted program each: run eagerly, every primitive of the two backwards compiles alone
+    vjp = jax.jit(vjp, static_argnums=0)
+
     names = ("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_states")
     for name, got, want in zip(names, vjp("pallas"), vjp("xla"), strict=True):
         scale = float(jnp.max(jnp.abs(want)))
@@ -280,9 +290,9 @@ def test_pallas_interpret_at_tpu_block_sizes_equals_xla():
     B = jax.random.normal(key[3], (1, 2 * 128, 1, 128), jnp.bfloat16) * 0.3
     C = jax.random.normal(key[4], (1, 2 * 128, 1, 128), jnp.bfloat16) * 0.3
     out = {
-        impl: m2.jax.mamba_chunk_scan_combined(
-            x, dt, A, B, C, chunk_size=128, dt_softplus=True, implementation=impl
-        )
+        impl: jitted(
+            m2.jax.mamba_chunk_scan_combined, chunk_size=128, dt_softplus=True, implementation=impl
+        )(x, dt, A, B, C)
         for impl in IMPLEMENTATIONS
     }
     for got, want in zip(out["pallas"], out["xla"], strict=True):
@@ -295,8 +305,8 @@ def test_pallas_interpret_at_tpu_block_sizes_equals_xla():
     D, bias = jnp.ones((heads, 64)), jnp.zeros((heads, 64))
     B, C = (0.3 * jax.random.normal(k, (2, 2, 128), jnp.bfloat16) for k in key[:2])
     step = {
-        impl: m2.jax.selective_state_update(
-            state, x, dt, A, B, C, D, z, bias, dt_softplus=True, implementation=impl
+        impl: jitted(m2.jax.selective_state_update, dt_softplus=True, implementation=impl)(
+            state, x, dt, A, B, C, D, z, bias
         )
         for impl in IMPLEMENTATIONS
     }
