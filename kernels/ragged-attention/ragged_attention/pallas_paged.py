@@ -148,13 +148,11 @@ def paged_attention(
             l_ref[...] = jnp.zeros(l_ref.shape, l_ref.dtype)
             acc_ref[...] = jnp.zeros(acc_ref.shape, acc_ref.dtype)
 
-        def head(refs, slot, h):
-            """Head h's [page, D] keys or values of this slot's page, in q's dtype. An 8-bit
-            page is converted whole, then sliced (Mosaic cannot slice one head out of a packed
-            int8 page on v6e)."""
-            if not quantized:
-                return refs[slot][:, h, :]
-            return refs[slot][...].astype(q.dtype)[:, h, :]
+        def page_of(refs, slot):
+            """This slot's [page, Hkv, D] keys or values in q's dtype, head h read as
+            ``[:, h, :]``. An 8-bit page is converted whole, once per slot and step, then sliced
+            per head (Mosaic cannot slice one head out of a packed int8 page on v6e)."""
+            return refs[slot][...].astype(q.dtype) if quantized else refs[slot]
 
         def scales(scale_refs, slot, h):
             """[1, page]: head h's per-token scales of this slot's page (1 when unquantized)."""
@@ -165,9 +163,10 @@ def paged_attention(
             ok = key < length
             if spec.sliding_window is not None:
                 ok &= key >= length - spec.sliding_window
+            keys, values = page_of(k_refs, slot), page_of(v_refs, slot)
             for h in range(kv_heads):
                 rows = slice(h * groups, (h + 1) * groups)
-                s = _dot(q_ref[rows, :], head(k_refs, slot, h), 1, 1)
+                s = _dot(q_ref[rows, :], keys[:, h, :], 1, 1)
                 s = s * scales(ks_refs, slot, h) * spec.scale
                 if spec.softcap is not None:
                     s = spec.softcap * jnp.tanh(s / spec.softcap)
@@ -178,7 +177,7 @@ def paged_attention(
                 alpha = jnp.exp(m_prev - m_new)
                 p = jnp.where(ok, jnp.exp(s - m_new), 0.0)
                 l_ref[rows, :] = alpha * l_ref[rows, :] + jnp.sum(p, axis=1, keepdims=True)
-                v = head(v_refs, slot, h)
+                v = values[:, h, :]
                 pv = _dot((p * scales(vs_refs, slot, h)).astype(v.dtype), v, 1, 0)
                 acc_ref[rows, :] = alpha * acc_ref[rows, :] + pv
                 m_ref[rows, :] = m_new

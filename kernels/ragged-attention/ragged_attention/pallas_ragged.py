@@ -188,7 +188,9 @@ def _kernel(
         def scales(ref, h):  # [1, block_k] per-key scales of head h (1 for unquantized K/V)
             return 1.0 if ref is None else ref[h : h + 1, :].astype(m_ref.dtype)
 
-        def head(ref, h):  # [block_k, D]; 8-bit blocks converted whole (see pallas_paged)
+        # [block_k, D]; 8-bit blocks converted whole (see pallas_paged), per head: converting
+        # k and v once per step keeps both whole blocks live, over v4's VMEM at b64 x 2k fp8
+        def head(ref, h):
             return ref[:, h, :] if ks_ref is None else ref[...].astype(dtype)[:, h, :]
 
         for h in range(k_ref.shape[1]):
