@@ -83,12 +83,14 @@ def with_grads(fn, args, diff):
     return out, grads
 
 
-@functools.cache
+@functools.lru_cache(maxsize=8)
 def grads_program(fn, diff):
     """``with_grads(fn, args, diff)`` as one jitted program, made once per (fn, diff): checks
     that run the same function on the same shapes and shardings (the single-device reference of
-    two meshes' checks, one sharded program fed other routing) reuse its compile, where a fresh
-    ``jax.jit`` of a new lambda compiled the same program again."""
+    neighbouring checks, one sharded program fed other routing) reuse its compile, where a fresh
+    ``jax.jit`` of a new lambda compiled the same program again. Only the last 8 are kept: each
+    kept program holds its executables and their memory mappings (keeping all of them: 19,500
+    mappings at the end of the run against 5,100, for the limit of 65,530 a process)."""
     return jax.jit(lambda *a: with_grads(fn, a, diff))
 
 
