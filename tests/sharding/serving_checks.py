@@ -47,6 +47,24 @@ def _llama():
     )
 
 
+def on_reporting_rank(reference):
+    """``reference()`` on rank 0, the rank whose results ``main`` prints; None elsewhere. The
+    unsharded references are the same on every rank: the other ranks would only build, compile
+    and run them again (N times the reference's work for one reported comparison)."""
+    return reference() if dist.get_rank() == 0 else None
+
+
+def greedy_tokens(model, greedy):
+    """Each prompt's greedy continuation by the model's own ``generate()``, one prompt a call."""
+    tokens = []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            ids = torch.tensor([prompt])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=greedy)
+            tokens.append(out[0, len(prompt) :].tolist())
+    return tokens
+
+
 def _recorded_heads():
     """Record the query heads each Pallas serving kernel traces with (Pallas put first)."""
     import jax
@@ -79,13 +97,7 @@ def tensor_parallel_continuous_batching(mesh):
     from kernel_hub.layers.integrations.continuous_batching import generate_batch
 
     greedy = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    stock = _llama()
-    expected = []
-    with torch.no_grad():
-        for prompt in PROMPTS:
-            ids = torch.tensor([prompt])
-            out = stock.generate(ids, attention_mask=torch.ones_like(ids), generation_config=greedy)
-            expected.append(out[0, len(prompt) :].tolist())
+    expected = on_reporting_rank(lambda: greedy_tokens(_llama(), greedy))
     model = _llama()
     size = mesh.size()
     apply_tensor_parallelism(
@@ -145,9 +157,12 @@ def tensor_parallel_8bit_static_cache(mesh):
             out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=greedy)
         return out.sequences[:, ids.shape[1] :].tolist(), out.cache.layers[0].k_pages
 
-    unsharded = _llama()
-    kernelize(unsharded)
-    expected, _ = generate(unsharded)
+    def unsharded_tokens():
+        unsharded = _llama()
+        kernelize(unsharded)
+        return generate(unsharded)[0]
+
+    expected = on_reporting_rank(unsharded_tokens)
     model = _llama()
     size = mesh.size()
     apply_tensor_parallelism(
@@ -190,13 +205,7 @@ def expert_parallel_continuous_batching(mesh):
         )
 
     greedy = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    stock = mixtral()
-    expected = []
-    with torch.no_grad():
-        for prompt in PROMPTS:
-            ids = torch.tensor([prompt])
-            out = stock.generate(ids, attention_mask=torch.ones_like(ids), generation_config=greedy)
-            expected.append(out[0, len(prompt) :].tolist())
+    expected = on_reporting_rank(lambda: greedy_tokens(mixtral(), greedy))
     model = mixtral()
     size = mesh.size()
     plans = model._resolve_parallel_plans(DistributedConfig(tp_size=size, ep_size=size))

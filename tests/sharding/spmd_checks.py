@@ -83,6 +83,17 @@ def with_grads(fn, args, diff):
     return out, grads
 
 
+@functools.lru_cache(maxsize=8)
+def grads_program(fn, diff):
+    """``with_grads(fn, args, diff)`` as one jitted program, made once per (fn, diff): checks
+    that run the same function on the same shapes and shardings (the single-device reference of
+    neighbouring checks, one sharded program fed other routing) reuse its compile, where a fresh
+    ``jax.jit`` of a new lambda compiled the same program again. Only the last 8 are kept: each
+    kept program holds its executables and their memory mappings (keeping all of them: 19,500
+    mappings at the end of the run against 5,100, for the limit of 65,530 a process)."""
+    return jax.jit(lambda *a: with_grads(fn, a, diff))
+
+
 def compare(name, fn, args, specs, m, diff, expect_out):
     """Sharded vs single-device forward and gradients; the output specs; shard_map in jaxpr.
 
@@ -90,7 +101,7 @@ def compare(name, fn, args, specs, m, diff, expect_out):
     of the interpret-mode kernels' gradients dispatches (and compiles) op by op: 2-4x the CPU.
     """
     local = [np.asarray(a) for a in args]
-    jitted = jax.jit(lambda *a: with_grads(fn, a, diff))
+    jitted = grads_program(fn, diff)
     ref_out, ref_grads = jitted(*[jnp.asarray(a) for a in local])
     placed = [put(m, a, s) for a, s in zip(local, specs, strict=True)]
     out, grads = jitted(*placed)
@@ -591,6 +602,7 @@ def auto_rotary():
 # --- attention ----------------------------------------------------------------------------------
 
 
+@functools.cache  # one pair of functions, so checks on the same shapes share their programs
 def attention_fns():
     api = get_kernel("dot_product_attention").jax
     plain = lambda q, k, v: api.dot_product_attention(q, k, v, causal=True, implementation="pallas")
@@ -986,9 +998,9 @@ def compare_to_reference(name, fn, reference, args, specs, m, diff, expect_out):
     The reference is jitted like the sharded side (one compile, where eagerly its gradient
     dispatched and compiled op by op)."""
     local = [jnp.asarray(np.asarray(a)) for a in args]
-    ref_out, ref_grads = jax.jit(lambda *a: with_grads(reference, a, diff))(*local)
+    ref_out, ref_grads = grads_program(reference, diff)(*local)
     placed = [put(m, np.asarray(a), s) for a, s in zip(args, specs, strict=True)]
-    out, grads = jax.jit(lambda *a: with_grads(fn, a, diff))(*placed)
+    out, grads = grads_program(fn, diff)(*placed)
     fwd, grad = max_err(out, ref_out), max_err(grads, ref_grads)
     got = [
         tuple(o.sharding.spec)[: len(e)]
@@ -1004,6 +1016,7 @@ def compare_to_reference(name, fn, reference, args, specs, m, diff, expect_out):
     }
 
 
+@functools.cache  # one function per transport, so checks on the same mesh share its program
 def moe_ep_fn(transport="dense"):
     ep = get_kernel("gmm").expert_parallel
     return lambda *a: ep.moe_ep(*a, activation=swiglu, transport=transport, implementation="pallas")
