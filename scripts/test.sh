@@ -21,13 +21,14 @@ extras="test,tpu,tokamax,hub,transformers,bench,torchax"
 # The suite's wall-time budget, the one place it is set: the test step (the suite, the compile
 # matrix, the main job and the TorchTPU tests, side by side in two lanes) fails past it (its tests
 # may all pass), so growth shows the day it happens, not the day a run passes the 90-minute limit
-# and nothing lands. The step took 2,122 s (35.4 min) in a fresh-clone run on the project's 2-core
-# machine kind with the suite in two lanes (4dba0f2; 2,897 s in one lane before), and the main job
-# and TorchTPU tests about 200 s more after it. 45 minutes leaves about a quarter for a slower or
-# busier machine of that kind while keeping the whole run (wheel, install, lint: about 2 minutes
-# more) well inside 90; a tenth proved too thin to risk a red run on timing alone. Lower it as the
-# suite shrinks (the aim is 30 minutes for the whole run).
-suite_budget_s=$((45 * 60))
+# and nothing lands. It must also hold on a slower day of the same machine kind: the step took
+# 2,822 s (47 min) in a fresh-clone run of 9a0a9a1 on the project's 2-core machine kind, on a day
+# that machine ran unchanged tests 20-40 % slower than before (the sdist test 11.5 s alone against
+# 9.6 s under load in an earlier run), while the same checks had taken about 2,320 s there
+# (2,122 s of suite and ~200 s of main job and TorchTPU tests, 4dba0f2). 55 minutes leaves about a
+# sixth over the slow day and keeps the whole run (wheel, install, lint: about 1.5 minutes more)
+# well inside 90. Lower it as the suite shrinks (the aim is 30 minutes for the whole run).
+suite_budget_s=$((55 * 60))
 
 # Each step's name and start (seconds since the script began); the table of their durations is
 # printed at exit, also when a step fails (its row then runs to the failure). Work running beside
