@@ -32,6 +32,22 @@ def max_errors(actual: Any, expected: Any) -> tuple[float, float]:
     return float(diff.max()) if diff.numel() else 0.0, float(rel.max()) if rel.numel() else 0.0
 
 
+def greedy_continuations(
+    model: torch.nn.Module, prompts: list[list[int]], generation_config: Any
+) -> list[list[int]]:
+    """Each prompt's continuation by the model's own ``generate()``, one prompt a call: the
+    unbatched reference that batched and sharded serving is compared against (no padding)."""
+    tokens = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), generation_config=generation_config
+            )
+            tokens.append(out[0, len(prompt) :].tolist())
+    return tokens
+
+
 def count_slot_calls(model: torch.nn.Module, names: Any) -> dict[str, int]:
     """Wrap the function slots ``names`` that kernelize filled on ``model``'s modules with call
     counters; the returned dict counts each slot's calls from then on."""

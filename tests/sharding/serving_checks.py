@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from kernel_hub import get_kernel, kernelize
+from kernel_hub.testing import greedy_continuations
 
 PROMPTS = [[(7 * i + 3 * j) % 120 + 2 for j in range(n)] for i, n in enumerate([30, 3, 19, 5])]
 HEADS, KV_HEADS = 8, 4
@@ -52,17 +53,6 @@ def on_reporting_rank(reference):
     unsharded references are the same on every rank: the other ranks would only build, compile
     and run them again (N times the reference's work for one reported comparison)."""
     return reference() if dist.get_rank() == 0 else None
-
-
-def greedy_tokens(model, greedy):
-    """Each prompt's greedy continuation by the model's own ``generate()``, one prompt a call."""
-    tokens = []
-    with torch.no_grad():
-        for prompt in PROMPTS:
-            ids = torch.tensor([prompt])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=greedy)
-            tokens.append(out[0, len(prompt) :].tolist())
-    return tokens
 
 
 def _recorded_heads():
@@ -97,7 +87,7 @@ def tensor_parallel_continuous_batching(mesh):
     from kernel_hub.layers.integrations.continuous_batching import generate_batch
 
     greedy = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    expected = on_reporting_rank(lambda: greedy_tokens(_llama(), greedy))
+    expected = on_reporting_rank(lambda: greedy_continuations(_llama(), PROMPTS, greedy))
     model = _llama()
     size = mesh.size()
     apply_tensor_parallelism(
@@ -205,7 +195,7 @@ def expert_parallel_continuous_batching(mesh):
         )
 
     greedy = GenerationConfig(max_new_tokens=5, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    expected = on_reporting_rank(lambda: greedy_tokens(mixtral(), greedy))
+    expected = on_reporting_rank(lambda: greedy_continuations(mixtral(), PROMPTS, greedy))
     model = mixtral()
     size = mesh.size()
     plans = model._resolve_parallel_plans(DistributedConfig(tp_size=size, ep_size=size))

@@ -15,6 +15,7 @@ from transformers import ContinuousBatchingConfig, GenerationConfig  # noqa: E40
 import kernel_hub as kh  # noqa: E402
 from kernel_hub import get_kernel  # noqa: E402
 from kernel_hub.layers.integrations.continuous_batching import generate_batch  # noqa: E402
+from kernel_hub.testing import greedy_continuations  # noqa: E402
 
 fused = get_kernel("fused-moe")
 TOLERANCE = 1e-4
@@ -82,17 +83,6 @@ def test_gradients_through_the_fused_forward_match_stock(name):
     kh.unkernelize(kernelized)
 
 
-def _greedy(model):
-    out = []
-    with torch.no_grad():
-        for prompt in PROMPTS:
-            ids = torch.tensor([prompt])
-            tokens = model.generate(ids, attention_mask=torch.ones_like(ids),
-                                    generation_config=GREEDY)  # fmt: skip
-            out.append(tokens[0, len(prompt) :].tolist())
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "gpt_oss"])
 def test_generate_batch_matches_generate(name, implementation):
@@ -101,7 +91,7 @@ def test_generate_batch_matches_generate(name, implementation):
     Transformers 5.24."""
     _, chosen, use = implementation
     model = build(name)
-    expected = _greedy(model)
+    expected = greedy_continuations(model, PROMPTS, GREEDY)
     kh.kernelize(model, mode="inference")
     use()
     calls = []

@@ -28,6 +28,7 @@ from kernel_hub.layers.integrations.continuous_batching import (  # noqa: E402
     generate_batch,
 )
 from kernel_hub.models.tiny import build_tiny_model, tiny_model  # noqa: E402
+from kernel_hub.testing import greedy_continuations  # noqa: E402
 
 PROMPTS = [[(7 * i + 3 * j) % 120 + 2 for j in range(n)] for i, n in enumerate([30, 3, 19, 5])]
 NEW_TOKENS = 5
@@ -48,16 +49,6 @@ MODELS = {
 }
 
 
-def _greedy_generate(model) -> list[list[int]]:
-    tokens = []
-    with torch.no_grad():
-        for prompt in PROMPTS:
-            ids = torch.tensor([prompt])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=GREEDY)
-            tokens.append(out[0, len(prompt) :].tolist())
-    return tokens
-
-
 def _batching_config(**extra) -> ContinuousBatchingConfig:
     return ContinuousBatchingConfig(num_blocks=32, max_batch_tokens=24, page_size=16, **extra)
 
@@ -76,7 +67,7 @@ def _generate_batch(model, kv_cache_dtype=None, **extra) -> list[list[int]]:
 @pytest.mark.parametrize("name", list(MODELS))
 def test_generate_batch_matches_generate(pallas_traces, name):
     model = MODELS[name]()
-    expected = _greedy_generate(model)
+    expected = greedy_continuations(model, PROMPTS, GREEDY)
     report = kh.kernelize(model)
     batching = [e for e in report.entries if e.kind == "continuous batching"]
     assert batching and all(e.swapped for e in batching), report
@@ -91,7 +82,9 @@ def test_generate_batch_matches_generate(pallas_traces, name):
     if name != "mistral-window":  # sliding-window layers have no block tables
         assert _generate_batch(model, max_blocks_per_request=4) == expected
         assert pallas_traces["paged"], "decode batches ran the paged kernel"
-    assert _greedy_generate(model) == expected, "generate() after batching is unchanged"
+    assert greedy_continuations(model, PROMPTS, GREEDY) == expected, (
+        "generate() after batching is unchanged"
+    )
 
     kh.unkernelize(model)
     assert "init_continuous_batching" not in model.__dict__
