@@ -217,16 +217,19 @@ def test_tokamax_refuses_bf16_on_cpu(attention):
         attention.jax.dot_product_attention(**arrays, implementation="tokamax")
 
 
-@pytest.mark.parametrize(
-    ("q_heads", "q_len", "kv_len", "block_q", "block_k", "options"),
-    [
-        (2, 40, 40, 8, 8, {"causal": True}),
-        (2, 21, 37, 8, 16, {"causal": True, "sliding_window": 11}),
-        (1, 30, 20, 16, 8, {"causal": True, "sliding_window": 4}),
-        (3, 40, 40, 16, 8, {"sliding_window": 7}),
-        (8, 3, 70, 16, 16, {"causal": True, "sliding_window": 20}),
-    ],
-)
+# (q heads, q length, kv length, block_q, block_k, mask options): causal, windowed and plain
+# masks over ragged lengths and unequal blocks, so some block pairs are skipped and some clamped
+BLOCK_SCHEDULES = [
+    (2, 40, 40, 8, 8, {"causal": True}),
+    (2, 21, 37, 8, 16, {"causal": True, "sliding_window": 11}),
+    (1, 30, 20, 16, 8, {"causal": True, "sliding_window": 4}),
+    (3, 40, 40, 16, 8, {"sliding_window": 7}),
+    (8, 3, 70, 16, 16, {"causal": True, "sliding_window": 20}),
+]
+SCHEDULE_PARAMS = ("q_heads", "q_len", "kv_len", "block_q", "block_k", "options")
+
+
+@pytest.mark.parametrize(SCHEDULE_PARAMS, BLOCK_SCHEDULES)
 def test_visited_blocks_are_exactly_the_needed_ones(
     attention, q_heads, q_len, kv_len, block_q, block_k, options
 ):
@@ -251,16 +254,9 @@ def test_visited_blocks_are_exactly_the_needed_ones(
 
 
 @pytest.mark.parametrize(
-    ("q_heads", "q_len", "kv_len", "block_q", "block_k", "options"),
-    [
-        (2, 40, 40, 8, 8, {"causal": True}),
-        (2, 21, 37, 8, 16, {"causal": True, "sliding_window": 11}),
-        (1, 30, 20, 16, 8, {"causal": True, "sliding_window": 4}),
-        (3, 40, 40, 16, 8, {"sliding_window": 7}),
-        (2, 48, 48, 16, 16, {}),
-        (8, 3, 70, 16, 16, {"causal": True, "sliding_window": 20}),
-        (8, 3, 16, 16, 16, {"causal": True}),
-    ],
+    SCHEDULE_PARAMS,
+    # and a mask that skips nothing, and a causal one with fewer queries than one block
+    [*BLOCK_SCHEDULES, (2, 48, 48, 16, 16, {}), (8, 3, 16, 16, 16, {"causal": True})],
 )
 def test_declared_cost_is_the_block_schedule(
     attention, q_heads, q_len, kv_len, block_q, block_k, options
