@@ -75,9 +75,9 @@ def _oracle_grads(hidden, weight, bias, labels, cotangent):
 )
 def test_gradients_match_float64_oracle(block_tokens, dtype, tol, chunks, monkeypatch):
     """``chunks``: (token rows, hidden columns, vocabulary rows) of the kernels' inner loops, small
-    enough that the blocks here take them (the forward's two row chunks per 32-token block, the
-    backward's two vocabulary chunks of a 256-row block, each with two column chunks of a
-    256-wide hidden, all fori_loops), as the model-size blocks do."""
+    enough that the blocks here take them (the forward's two row chunks per 32-token block, each
+    in two vocabulary chunks of a 256-row block, the backward's two vocabulary chunks, each with
+    two column chunks of a 256-wide hidden, all fori_loops), as the model-size blocks do."""
     hidden_dim, block_vocab = HIDDEN, BLOCK_VOCAB
     if chunks is not None:
         monkeypatch.setattr(api.pallas_tpu, "_ROW_CHUNK", chunks[0])
