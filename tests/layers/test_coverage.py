@@ -12,12 +12,13 @@ import math
 
 import pytest
 import torch
-from coverage_runs import coverage_results
 
 from kernel_hub.cli import main
 from kernel_hub.models import architectures as archs
 from kernel_hub.models import coverage
 from kernel_hub.models.coverage import DEFECTS, EXACT, run_coverage, summary
+
+from .coverage_runs import coverage_results
 
 STRIDE = 4
 NAMED = ("gpt_oss", "t5", "deepseek_v3", "llama", "gemma", "olmo2")

@@ -1,9 +1,10 @@
 """One coverage run per (mode, architecture) in a test session, shared by the tests that read it.
 
-The coverage sweep (tests/layers/test_coverage.py) and the docs/coverage.md check
-(tests/test_docs_coverage.py) both need architectures' inference results; a result does not
-depend on which other architectures ran beside it (each is built, run and compared on its own),
-so an architecture checked once is not built, kernelized and compared again.
+The coverage sweep (test_coverage.py) and the docs/coverage.md check (test_docs_coverage.py)
+both need architectures' inference results; a result does not depend on which other
+architectures ran beside it (each is built, run and compared on its own), so an architecture
+checked once is not built, kernelized and compared again. Both files live here, in one directory,
+so that they run in one pytest process (one part of scripts/test.sh) and share the results.
 """
 
 from __future__ import annotations

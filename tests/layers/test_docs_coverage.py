@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 import transformers
-from coverage_runs import coverage_results
 from doc_snippets import ROOT
 
 from kernel_hub.cli.models_cmds import result_rows
+
+from .coverage_runs import coverage_results
 
 COVERAGE = ROOT / "docs" / "coverage.md"
 # attention sinks, MLA, T5 position bias, MoE experts, an encoder with LayerNorm, plain Llama
