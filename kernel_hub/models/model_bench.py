@@ -65,9 +65,6 @@ UNNAMED_TYPE = "decoder"
 """The layer type of a model whose config names none (all its decoder layers alike)."""
 STOCK_EXPERTS = "batched_mm"
 FULL_TYPE = "full_attention"
-LINEAR_TYPE = "linear_attention"
-"""Transformers' layer type of a linear-attention (recurrent) decoder layer (Qwen3-Next's gated
-delta rule)."""
 
 
 @dataclass(frozen=True)
@@ -197,12 +194,6 @@ class BenchSpec:
         """The layer types of the base program (N - 1 of each type, in order of first use) and,
         per type, of the base plus one of it."""
         kinds = self.layer_types()
-        if self.mode == "decode" and self.cache == "static" and LINEAR_TYPE in kinds:
-            raise KernelInputError(
-                f"--mode decode --cache static for {self.name}: not built for its "
-                f"{LINEAR_TYPE} layers (Transformers' static cache keeps their convolution and "
-                "recurrent states in a LinearAttentionLayer, which model-bench does not bind)"
-            )
         others = sorted(set(kinds) - {FULL_TYPE, UNNAMED_TYPE})
         if self.kv_cache_dtype != "bfloat16" and others:
             raise KernelInputError(
