@@ -65,6 +65,9 @@ UNNAMED_TYPE = "decoder"
 """The layer type of a model whose config names none (all its decoder layers alike)."""
 STOCK_EXPERTS = "batched_mm"
 FULL_TYPE = "full_attention"
+LINEAR_TYPE = "linear_attention"
+"""Transformers' layer type of a linear-attention (recurrent) decoder layer (Qwen3-Next's gated
+delta rule)."""
 
 
 @dataclass(frozen=True)
@@ -573,6 +576,8 @@ def _shape_note(spec: BenchSpec) -> str:
         held = "bf16 weights and cache"
         if (spec.weights, spec.kv_cache_dtype) != ("bf16", "bfloat16"):
             held = f"{spec.weights} linear weights, {spec.kv_cache_dtype} cache"
+        if spec.cache == "static" and LINEAR_TYPE in spec.layer_types():
+            held += " (its linear-attention layers: a conv state and an f32 recurrent state)"
         return (
             f"one new token for each of {spec.batch} sequences over a {spec.cache} KV cache of "
             f"{spec.context} tokens each (the new one included), {held}; the cache is donated "
