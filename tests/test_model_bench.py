@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 
@@ -363,6 +364,24 @@ def test_a_hybrid_model_decodes_over_a_static_cache_on_its_decode_kernels(tmp_pa
         assert row["compiled"]["alias_bytes"] == 2 * batch * context * token_kv + states
         # new K/V of the two attention layers; the states rewritten whole
         assert row["compiled"]["min_bytes_correction"] == 2 * batch * token_kv + states
+
+
+def test_static_decode_binds_gated_delta_net_states_and_refuses_other_mixers():
+    """Shapes from the mixer (Qwen3-Next's); OLMo-hybrid's gated delta net reads the same kind
+    of cache, but model-bench has not checked its states, so its static decode is refused."""
+    from kernel_hub.errors import KernelInputError
+    from kernel_hub.models import model_bench as mb
+    from kernel_hub.models.decode_bench import _linear_states
+
+    kinds = ["linear_attention", "full_attention"]
+    spec = mb.spec_for_model_type("qwen3_next", overrides=TINY_QWEN3_NEXT, mode="decode", tpu="v6e")
+    conv, recurrent = _linear_states(mb._build(spec, kinds), 0, batch=3)
+    assert conv[0] == recurrent[0] == 3
+    assert 3 * math.prod(conv[1:]) * 2 + 3 * math.prod(recurrent[1:]) * 4 == _linear_state_bytes(3)
+    assert conv[2] == TINY_QWEN3_NEXT["linear_conv_kernel_dim"]
+    olmo = mb.spec_for_model_type("olmo_hybrid", mode="decode", cache="static", tpu="v6e")
+    with pytest.raises(KernelInputError, match="whose mixer is not one model-bench binds"):
+        _linear_states(mb._build(olmo, kinds), 0, batch=1)
 
 
 # Eager Transformers on CPU (f32) prefills a static cache and decodes one token; model-bench's

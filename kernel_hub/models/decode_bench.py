@@ -111,23 +111,24 @@ def decode_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
     return build(model, shape, abstract)
 
 
-STATE_MIXER_FIELDS = ("conv_dim", "conv_kernel_size", "num_v_heads", "head_k_dim", "head_v_dim")
-"""The gated-delta-net mixer's sizes that give its decode states' shapes (Qwen3-Next, Qwen3.5)."""
+STATE_MIXERS = ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
+"""The linear-attention mixers whose decode states model-bench binds: Qwen3-Next's gated delta net
+and Qwen3.5's copies of it (one conv state and one f32 recurrent state a layer)."""
 
 
 def _linear_states(model: Any, index: int, batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Shapes of linear-attention layer ``index``'s conv state ``[B, channels, width]`` (model
     dtype) and recurrent state ``[B, value heads, key dim, value dim]`` (f32), as the stock mixer
-    initialises them in prefill; a mixer without these sizes is refused."""
+    initialises them in prefill; any other mixer is refused (its states may differ in number,
+    layout or dtype)."""
     for module in model.modules():
-        if getattr(module, "layer_idx", None) == index and all(
-            hasattr(module, name) for name in STATE_MIXER_FIELDS
-        ):
+        names = {kind.__name__ for kind in type(module).__mro__}
+        if getattr(module, "layer_idx", None) == index and names & set(STATE_MIXERS):
             conv = (batch, module.conv_dim, module.conv_kernel_size)
             return conv, (batch, module.num_v_heads, module.head_k_dim, module.head_v_dim)
     raise KernelInputError(
-        f"--cache static: layer {index} is a linear-attention layer whose mixer model-bench does "
-        f"not know (it binds gated-delta-net states, sized by {', '.join(STATE_MIXER_FIELDS)})"
+        f"--cache static: layer {index} is a linear-attention layer whose mixer is not one "
+        f"model-bench binds the states of ({', '.join(STATE_MIXERS)}); not built"
     )
 
 
