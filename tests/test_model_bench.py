@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 
@@ -243,7 +244,7 @@ def test_the_paged_decode_program_writes_the_cache_and_copies_no_buffer():
 
 # The layer structure of the presets whose layers differ, at tiny width (head_dim 128, 2 query
 # heads per KV head, 4 experts): Gemma 3's 5 sliding : 1 full attention, gpt-oss's alternating
-# sliding/full attention with MoE and sinks (Qwen3-Next's hybrid is not run here yet).
+# sliding/full attention with MoE and sinks (Qwen3-Next's hybrid: its static decode below).
 _TINY = {"vocab_size": 1024, "hidden_size": 256, "num_attention_heads": 2, "head_dim": 128}
 _TINY_KV = {**_TINY, "num_key_value_heads": 1}
 TINY_STRUCTURES = {
@@ -304,6 +305,161 @@ def test_an_eager_attention_model_decodes_over_a_static_cache_under_torchax_jit(
     )
     assert [r["variant"] for r in rows] == ["stock", "kernelized"]
     assert "flash_attention_forward" in rows[1]["kernels"]
+
+
+# Qwen3-Next's hybrid at tiny width: linear attention and full attention alternating (4 layers,
+# 2 of each type; head dims 128, 2 value heads per q/k head in the gated delta net), 4 experts.
+TINY_QWEN3_NEXT = {
+    **_TINY_KV,
+    "intermediate_size": 512,
+    "linear_num_key_heads": 1,
+    "linear_num_value_heads": 2,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "full_attention_interval": 2,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 256,
+    "shared_expert_intermediate_size": 256,
+    "num_hidden_layers": 4,
+}
+
+
+def _linear_state_bytes(batch: int) -> int:
+    """One gated-delta-net layer's decode states: the bf16 conv state over q, k and v channels
+    and the f32 recurrent state per value head, by hand from TINY_QWEN3_NEXT."""
+    f = TINY_QWEN3_NEXT
+    channels = 2 * f["linear_num_key_heads"] * f["linear_key_head_dim"] + (
+        f["linear_num_value_heads"] * f["linear_value_head_dim"]
+    )
+    conv = batch * channels * f["linear_conv_kernel_dim"] * 2
+    heads = f["linear_num_value_heads"]
+    return conv + batch * heads * f["linear_key_head_dim"] * f["linear_value_head_dim"] * 4
+
+
+def test_a_hybrid_model_decodes_over_a_static_cache_on_its_decode_kernels(tmp_path):
+    """The linear-attention layers' conv and recurrent states are donated cache arguments beside
+    the attention layers' K/V (the largest compiled program: 1 linear + 2 full attention layers);
+    kernelized, the step runs the decode kernels on them; the hand count reads and writes them."""
+    needs_torchax_and_libtpu()
+    batch, context = 2, 256
+    _, rows = model_bench(
+        tmp_path,
+        "--mode=decode",
+        f"--batch={batch}",
+        f"--context={context}",
+        "--cache=static",
+        model_type="qwen3_next",
+        fields=TINY_QWEN3_NEXT,
+    )
+    stock, kernelized = rows
+    assert stock["kernels"] == []
+    assert {"causal_conv1d_update", "recurrent_gated_delta_rule"} <= set(kernelized["kernels"])
+    assert {"GatedDeltaNet", "CausalConv1dSlots"} <= set(kernelized["replaced"])
+    token_kv = 2 * TINY_QWEN3_NEXT["num_key_value_heads"] * TINY_QWEN3_NEXT["head_dim"] * 2
+    states = _linear_state_bytes(batch)
+    for row in rows:
+        assert any("an f32 recurrent state" in note for note in row["notes"])
+        assert row["compiled"]["alias_bytes"] == 2 * batch * context * token_kv + states
+        # new K/V of the two attention layers; the states rewritten whole
+        assert row["compiled"]["min_bytes_correction"] == 2 * batch * token_kv + states
+
+
+def test_static_decode_binds_gated_delta_net_states_and_refuses_other_mixers():
+    """Shapes from the mixer (Qwen3-Next's); OLMo-hybrid's gated delta net reads the same kind
+    of cache, but model-bench has not checked its states, so its static decode is refused."""
+    from kernel_hub.errors import KernelInputError
+    from kernel_hub.models import model_bench as mb
+    from kernel_hub.models.decode_bench import _linear_states
+
+    kinds = ["linear_attention", "full_attention"]
+    spec = mb.spec_for_model_type("qwen3_next", overrides=TINY_QWEN3_NEXT, mode="decode", tpu="v6e")
+    conv, recurrent = _linear_states(mb._build(spec, kinds), 0, batch=3)
+    assert conv[0] == recurrent[0] == 3
+    assert 3 * math.prod(conv[1:]) * 2 + 3 * math.prod(recurrent[1:]) * 4 == _linear_state_bytes(3)
+    assert conv[2] == TINY_QWEN3_NEXT["linear_conv_kernel_dim"]
+    olmo = mb.spec_for_model_type("olmo_hybrid", mode="decode", cache="static", tpu="v6e")
+    with pytest.raises(KernelInputError, match="whose mixer is not one model-bench binds"):
+        _linear_states(mb._build(olmo, kinds), 0, batch=1)
+
+
+# Eager Transformers on CPU (f32) prefills a static cache and decodes one token; model-bench's
+# static decode step, stock and kernelized, runs on jax's CPU from the prefilled cache (K/V and
+# the linear layers' states); prints, per variant and cache part, the largest difference from
+# Transformers' next logits and updated cache, and how far that part moved in the step.
+_HYBRID_DECODE_NUMERICS = """
+import json, sys
+import jax, jax.numpy as jnp, torch
+from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
+from kernel_hub.models import model_bench as mb
+from kernel_hub.models.decode_bench import DecodeShape, decode_step
+
+config = AutoConfig.for_model("qwen3_next", **json.loads(sys.argv[1]))
+batch, prompt_len = 2, 7
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+model.set_experts_implementation(mb.STOCK_EXPERTS)
+prompt = torch.randint(0, config.vocab_size, (batch, prompt_len))
+new = torch.randint(0, config.vocab_size, (batch, 1))
+cache = StaticCache(config=config, max_cache_len=prompt_len + 1)
+
+def held(cache):
+    array = lambda t: jnp.asarray(t.detach().numpy())
+    linear = [layer for layer in cache.layers if hasattr(layer, "conv_states")]
+    attention = [layer for layer in cache.layers if not hasattr(layer, "conv_states")]
+    return {"keys": [array(l.keys) for l in attention],
+            "values": [array(l.values) for l in attention],
+            "conv_states": [array(l.conv_states[0]) for l in linear],
+            "recurrent_states": [array(l.recurrent_states[0]) for l in linear]}
+
+with torch.no_grad():
+    model(prompt, cache=cache, use_cache=True)
+    before = held(cache)
+    logits = jnp.asarray(model(new, cache=cache, use_cache=True).logits.numpy())
+    after = held(cache)
+params = {n: jnp.asarray(p.detach().numpy()) for n, p in model.named_parameters()}
+buffers = {n: jnp.asarray(b.detach().numpy()) for n, b in model.named_buffers()}
+found = {}
+for variant in mb.VARIANTS:
+    if variant == "kernelized":
+        mb._kernelize(model, "decode")
+    step = decode_step(model, DecodeShape(batch, prompt_len + 1, "static"),
+                       lambda shape, dtype, heads_dim=None: jax.ShapeDtypeStruct(shape, dtype))
+    ids = jnp.asarray(new.numpy(), jnp.int32)
+    got_logits, got = jax.jit(step.function)(params, buffers, before, ids, jnp.int32(prompt_len))
+    errors = {}
+    for part in after:
+        errors[part] = [
+            max(float(jnp.max(jnp.abs(g - w))) for g, w in zip(got[part], after[part])),
+            min(float(jnp.max(jnp.abs(b - w))) for b, w in zip(before[part], after[part])),
+        ]
+    found[variant] = {"logits": float(jnp.max(jnp.abs(got_logits - logits))), "cache": errors}
+print(json.dumps(found))
+"""
+
+
+def test_the_hybrid_static_decode_step_returns_transformers_next_logits_and_states():
+    """From a cache Transformers prefilled, both variants' steps give Transformers' next-token
+    logits and return the cache Transformers' decode leaves: K/V and the linear layers' conv and
+    recurrent states updated (each moved in the step), not the states they were given."""
+    needs_torchax_and_libtpu()
+    fields = {**TINY_QWEN3_NEXT, "num_hidden_layers": 2}  # one linear + one full attention
+    result = subprocess.run(
+        [sys.executable, "-c", _HYBRID_DECODE_NUMERICS, json.dumps(fields)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    for variant, errors in found.items():
+        assert errors["logits"] < 1e-4, variant
+        parts = errors["cache"]
+        assert set(parts) == {"keys", "values", "conv_states", "recurrent_states"}
+        for part, (error, moved) in parts.items():
+            assert moved > 1e-3, (variant, part, moved)
+            assert error < 1e-4, (variant, part, error)
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,11 @@ model would use.
 * ``static``: Transformers' ``StaticCache`` (``generate`` with ``cache_implementation="static"``),
   ``[B, Hkv, C, D]`` keys and values per layer. Stock attention is SDPA over the whole cache under
   the causal mask; kernelized attention gets the mask as a description (key positions) and runs the
-  flash kernel.
+  flash kernel. A linear-attention layer (Qwen3-Next's gated delta net) holds a
+  ``LinearAttentionLayer`` instead: its conv state ``[B, channels, width]`` and f32 recurrent
+  state ``[B, value heads, key dim, value dim]`` as after a prefill, which the step updates in
+  place (stock: Transformers' torch fallbacks; kernelized: ``causal_conv1d_update`` and
+  ``recurrent_gated_delta_rule``).
 * ``paged``: Transformers' continuous-batching ``PagedAttentionCache`` (what ``generate_batch``
   runs), one flat buffer of pages. Stock continuous batching on a TPU takes the index path: the
   new K/V written at ``write_index``, every sequence's history gathered at ``read_index`` into one
@@ -26,8 +30,8 @@ cache in page form, each sequence owning its pages; the paged kernel reads them 
 The cache is an argument of the traced step and donated: the step returns it updated, as the
 serving loop reuses it. ``min_bytes_correction`` makes the hand count of least traffic the
 weights read once + the live KV (B x C tokens, with their scales when 8-bit) read once + the new
-tokens' K/V written + the logits: the cache buffer's unused room (a paged cache's spare pages)
-is not counted.
+tokens' K/V written + linear-attention states read and written once + the logits: the cache
+buffer's unused room (a paged cache's spare pages) is not counted.
 """
 
 from __future__ import annotations
@@ -85,10 +89,13 @@ def _kv_geometry(config: Any) -> tuple[int, int, int]:
     return text.num_hidden_layers, heads, head_dim
 
 
-def _token_kv_bytes(config: Any, kv_cache_dtype: str = "bfloat16") -> int:
-    """Bytes of one token's keys and values over every layer: bf16, or 8-bit with one f32 scale
-    per kv head."""
-    layers, heads, head_dim = _kv_geometry(config)
+def _token_kv_bytes(
+    config: Any, kv_cache_dtype: str = "bfloat16", layers: int | None = None
+) -> int:
+    """Bytes of one token's keys and values over every layer (or ``layers`` of them): bf16, or
+    8-bit with one f32 scale per kv head."""
+    every, heads, head_dim = _kv_geometry(config)
+    layers = every if layers is None else layers
     if kv_cache_dtype == "bfloat16":
         return 2 * layers * heads * head_dim * 2
     return 2 * layers * heads * (head_dim + SCALE_BYTES)
@@ -104,32 +111,95 @@ def decode_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
     return build(model, shape, abstract)
 
 
+STATE_MIXERS = ("Qwen3NextGatedDeltaNet", "Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
+"""The linear-attention mixers whose decode states model-bench binds: Qwen3-Next's gated delta net
+and Qwen3.5's copies of it (one conv state and one f32 recurrent state a layer)."""
+
+
+def _linear_states(model: Any, index: int, batch: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of linear-attention layer ``index``'s conv state ``[B, channels, width]`` (model
+    dtype) and recurrent state ``[B, value heads, key dim, value dim]`` (f32), as the stock mixer
+    initialises them in prefill; any other mixer is refused (its states may differ in number,
+    layout or dtype)."""
+    for module in model.modules():
+        names = {kind.__name__ for kind in type(module).__mro__}
+        if getattr(module, "layer_idx", None) == index and names & set(STATE_MIXERS):
+            conv = (batch, module.conv_dim, module.conv_kernel_size)
+            return conv, (batch, module.num_v_heads, module.head_k_dim, module.head_v_dim)
+    raise KernelInputError(
+        f"--cache static: layer {index} is a linear-attention layer whose mixer is not one "
+        f"model-bench binds the states of ({', '.join(STATE_MIXERS)}); not built"
+    )
+
+
+@contextlib.contextmanager
+def _copy_from_views(env: Any) -> Iterator[None]:
+    """torchax's ``copy_`` into a tensor reads the source's array directly, which a view (a slice)
+    does not have (AttributeError): Transformers' conv-state update copies a slice into the
+    state. In this block a view source is materialised first (the same values)."""
+    import dataclasses
+
+    import torch
+    from torchax.view import View
+
+    key = torch.ops.aten.copy_
+    stock = env._ops[key]
+
+    def copy(x: Any, y: Any, *args: Any, **kwargs: Any) -> Any:
+        return stock.func(x, y.torch() if isinstance(y, View) else y, *args, **kwargs)
+
+    env._ops[key] = dataclasses.replace(stock, func=copy)
+    try:
+        yield
+    finally:
+        env._ops[key] = stock
+
+
 def _static_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -> DecodeStep:
+    import jax
     import jax.numpy as jnp
     import torch
     import torchax
+    from torchax.ops.mappings import t2j_dtype
     from transformers import StaticCache
+    from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
 
     env = torchax.default_env()
     batch, context = shape.batch, shape.context
     _, heads, head_dim = _kv_geometry(model.config)
-    # A sliding-window layer keeps min(window, C) tokens; a full one C.
-    lengths = [layer.max_cache_len for layer in StaticCache(model.config, context).layers]
-    kv = [
-        abstract((batch, heads, length, head_dim), jnp.bfloat16, heads_dim=1) for length in lengths
+    layers = StaticCache(model.config, context).layers
+    attention = [i for i, layer in enumerate(layers) if isinstance(layer, CacheLayerMixin)]
+    linear = [
+        i for i, layer in enumerate(layers) if isinstance(layer, LinearAttentionCacheLayerMixin)
     ]
-    cache = {"keys": kv, "values": kv}
+    if set(attention) & set(linear) or len(attention) + len(linear) != len(layers):
+        raise KernelInputError(
+            "--cache static: a layer that holds both K/V and linear-attention states, or "
+            "neither, is not bound by model-bench"
+        )
+    # A sliding-window layer keeps min(window, C) tokens; a full one C.
+    kv = [
+        abstract((batch, heads, layers[i].max_cache_len, head_dim), jnp.bfloat16, heads_dim=1)
+        for i in attention
+    ]
+    states = [_linear_states(model, i, batch) for i in linear]
+    conv_dtype = t2j_dtype(next(model.parameters()).dtype)
+    cache = {
+        "keys": kv,
+        "values": kv,
+        "conv_states": [abstract(conv, conv_dtype) for conv, _ in states],
+        "recurrent_states": [abstract(recurrent, jnp.float32) for _, recurrent in states],
+    }
     inputs = (abstract((batch, 1), jnp.int32), abstract((), jnp.int32))
 
     def forward(params: Any, buffers: Any, kv_cache: Any, ids: Any, past: Any) -> Any:
         t_params, t_buffers, t_cache, t_ids, t_past = env.j2t_iso(
             (params, buffers, kv_cache, ids, past)
         )
-        with env:
+        with env, _copy_from_views(env):
             static = StaticCache(config=model.config, max_cache_len=context)
-            for layer, keys, values in zip(
-                static.layers, t_cache["keys"], t_cache["values"], strict=True
-            ):
+            for i, keys, values in zip(attention, t_cache["keys"], t_cache["values"], strict=True):
+                layer = static.layers[i]
                 layer.keys, layer.values = keys, values
                 layer.device, layer.batch_size, layer.num_heads = keys.device, batch, heads
                 layer.k_head_dim = layer.v_head_dim = head_dim
@@ -137,18 +207,35 @@ def _static_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -
                 if hasattr(layer, "cumulative_length_int"):  # sliding: its ring is full or not
                     layer.cumulative_length_int = context - 1
                 layer.is_initialized = True
+            for i, conv, recurrent in zip(
+                linear, t_cache["conv_states"], t_cache["recurrent_states"], strict=True
+            ):
+                # after a prefill: both states held, updated in place (copy_) by the step
+                layer = static.layers[i]
+                layer.conv_states[0], layer.recurrent_states[0] = conv, recurrent
+                layer.conv_kernel_size[0] = conv.shape[-1]
+                layer.device, layer.dtype = conv.device, conv.dtype
+                layer.is_conv_states_initialized[0] = True
+                layer.is_recurrent_states_initialized[0] = True
+                layer.has_previous_state[0] = True
             out = torch.func.functional_call(
                 model, {**t_params, **t_buffers}, (t_ids,), {"cache": static, "use_cache": True}
             )
             updated = {
-                "keys": [layer.keys for layer in static.layers],
-                "values": [layer.values for layer in static.layers],
+                "keys": [static.layers[i].keys for i in attention],
+                "values": [static.layers[i].values for i in attention],
+                "conv_states": [static.layers[i].conv_states[0] for i in linear],
+                "recurrent_states": [static.layers[i].recurrent_states[0] for i in linear],
             }
             return env.t2j_iso((out.logits, updated))
 
     # The whole buffer is live (C tokens a sequence in a full layer, min(window, C) in a sliding
-    # one) and read once; the new token's K/V is written.
-    return DecodeStep(forward, cache, inputs, batch * _token_kv_bytes(model.config))
+    # one) and read once; the new token's K/V is written in each attention layer; a linear layer's
+    # states are read once (arguments) and rewritten whole (aliased outputs, so added here).
+    new_kv = batch * _token_kv_bytes(model.config, layers=len(attention))
+    written = cache["conv_states"] + cache["recurrent_states"]
+    state_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(written))
+    return DecodeStep(forward, cache, inputs, new_kv + state_bytes)
 
 
 def _serving_attention(model: Any, shape: DecodeShape) -> str:

@@ -197,12 +197,6 @@ class BenchSpec:
         """The layer types of the base program (N - 1 of each type, in order of first use) and,
         per type, of the base plus one of it."""
         kinds = self.layer_types()
-        if self.mode == "decode" and self.cache == "static" and LINEAR_TYPE in kinds:
-            raise KernelInputError(
-                f"--mode decode --cache static for {self.name}: not built for its "
-                f"{LINEAR_TYPE} layers (Transformers' static cache keeps their convolution and "
-                "recurrent states in a LinearAttentionLayer, which model-bench does not bind)"
-            )
         others = sorted(set(kinds) - {FULL_TYPE, UNNAMED_TYPE})
         if self.kv_cache_dtype != "bfloat16" and others:
             raise KernelInputError(
@@ -582,6 +576,8 @@ def _shape_note(spec: BenchSpec) -> str:
         held = "bf16 weights and cache"
         if (spec.weights, spec.kv_cache_dtype) != ("bf16", "bfloat16"):
             held = f"{spec.weights} linear weights, {spec.kv_cache_dtype} cache"
+        if spec.cache == "static" and LINEAR_TYPE in spec.layer_types():
+            held += " (its linear-attention layers: a conv state and an f32 recurrent state)"
         return (
             f"one new token for each of {spec.batch} sequences over a {spec.cache} KV cache of "
             f"{spec.context} tokens each (the new one included), {held}; the cache is donated "
