@@ -498,10 +498,60 @@ def test_a_step_that_overflows_the_chip_is_a_clear_error(monkeypatch):
     spec = bench.spec_for_model_type("llama", mode="train", tpu="v5e", overrides=SMALL_LLAMA)
     with pytest.raises(KernelInputError, match=r"stock --mode train on v5e.*1 decoder layers") as e:
         bench.bench_variant(spec, "stock")
-    assert "HBM 18.2 GiB > 15.8 GiB" in str(e.value) and "--topology" in str(e.value)
+    assert "HBM (18.22 GiB > 15.75 GiB)" in str(e.value) and "--topology" in str(e.value)
     monkeypatch.setattr(bench, "compile_step", failing("INTERNAL: something else"))
     with pytest.raises(RuntimeError, match="something else"):  # other failures pass unchanged
         bench.bench_variant(spec, "stock")
+
+
+def test_a_variant_that_does_not_fit_is_a_row_beside_the_other(monkeypatch, tmp_path, capsys):
+    """Stock refused for lack of HBM (llama-3-8b's training step on v5e), kernelized compiled:
+    the command reports both, the refused one without figures (table, JSON null, plot label),
+    and exits 0; with neither compiled it is an error naming both refusals."""
+    from kernel_hub.bench.model_figures import ProgramFigures
+    from kernel_hub.models import model_bench as bench
+
+    refusal = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (18.22G) exceeds available HBM (15.75G)."
+    )
+    refused = {"stock"}
+
+    def compile_step(model, spec):
+        if model["variant"] in refused:
+            raise RuntimeError(refusal)
+        layers = model["layers"]
+        figures = ProgramFigures(100.0 * layers, 1.0, 10.0 * layers, 0.0, 50.0 * layers, 7.0)
+        return bench.CompiledStep(figures, ["rms_norm_forward"], False, None, (), {}, 1, None)
+
+    def kernelize(model, mode):
+        model["variant"] = "kernelized"
+        return {"RMSNorm": "rmsnorm x1"}
+
+    monkeypatch.setattr(
+        bench, "_build", lambda spec, kinds: {"variant": "stock", "layers": len(kinds)}
+    )
+    monkeypatch.setattr(bench, "_kernelize", kernelize)
+    monkeypatch.setattr(bench, "compile_step", compile_step)
+    settings = [f"--set={key}={json.dumps(value)}" for key, value in SMALL_LLAMA.items()]
+    out, plot = tmp_path / "out.json", tmp_path / "out.png"
+    command = ["model-bench", "--model-type=llama", *settings, "--mode=train", "--tpu=v5e"]
+    monkeypatch.setenv("COLUMNS", "300")  # the table unwrapped
+    assert main([*command, f"--json={out}", f"--plot={plot}"]) == 0
+    table = capsys.readouterr().out
+    assert "does not fit one chip's HBM: 18.22 GiB > 15.75 GiB" in table
+    stock, kernelized = json.loads(out.read_text())
+    assert stock["variant"] == "stock" and stock["hbm_overflow"] == "18.22 GiB > 15.75 GiB"
+    for key in ("peak_hbm_bytes", "bytes_accessed", "flops", "roofline_ms", "min_bytes"):
+        assert stock[key] is None and kernelized[key] > 0
+    assert stock["compiled_layers"] == 1 and "1 decoder layers does not fit" in stock["notes"][0]
+    assert kernelized["hbm_overflow"] is None and kernelized["kernels"] == ["rms_norm_forward"]
+    assert kernelized["peak_hbm_bytes"] == 100.0 * 3 + 1.0 + 10.0 * 3  # scaled to 3 layers
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    refused.add("kernelized")
+    assert main(command) == 2
+    error = capsys.readouterr().err
+    assert "llama stock --mode train" in error and "llama kernelized --mode train" in error
 
 
 # Quantized decode: the kernelized variant holds fp8 linear weights (QuantizedLinear, as

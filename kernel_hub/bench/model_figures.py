@@ -153,15 +153,16 @@ class VariantResult:
     tpu: str
     variant: str
     """``stock`` or ``kernelized``."""
-    peak_hbm_bytes: float
-    bytes_accessed: float
-    flops: float
-    roofline_ms: float
+    peak_hbm_bytes: float | None
+    """None (like every figure) when the step does not fit one chip's HBM (``hbm_overflow``)."""
+    bytes_accessed: float | None
+    flops: float | None
+    roofline_ms: float | None
     kernels: list[str]
     """Pallas kernels (by name) in the compiled program."""
     replaced: dict[str, str]
     """Stock slot or layer -> the kernel-hub op that replaced it and how many modules."""
-    min_bytes: float
+    min_bytes: float | None
     """Hand count (``ProgramFigures.min_bytes``) at full depth."""
     compiled_layers: int
     full_layers: int
@@ -172,6 +173,9 @@ class VariantResult:
     """The largest program compiled (``compiled_layers`` layers), unscaled."""
     chips: int = 1
     """Chips the step is sharded over; the figures are one chip's."""
+    hbm_overflow: str | None = None
+    """libtpu's figure (needed > available) when it refused the step for lack of one chip's HBM:
+    a row without figures, kept so the other variant is reported beside it."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -243,6 +247,41 @@ def variant_result(
     )
 
 
+def overflow_result(
+    *,
+    model: str,
+    mode: str,
+    tpu: str,
+    variant: str,
+    hbm_overflow: str,
+    compiled_layers: int,
+    full_layers: int,
+    message: str,
+    chips: int = 1,
+) -> VariantResult:
+    """A row for a variant libtpu refused to compile (``compiled_layers``: the refused program's
+    layers): no figures, the refusal in its notes."""
+    return VariantResult(
+        model=model,
+        mode=mode,
+        tpu=tpu,
+        variant=variant,
+        peak_hbm_bytes=None,
+        bytes_accessed=None,
+        flops=None,
+        roofline_ms=None,
+        kernels=[],
+        replaced={},
+        min_bytes=None,
+        compiled_layers=compiled_layers,
+        full_layers=full_layers,
+        measured_ms=None,
+        notes=[message],
+        chips=chips,
+        hbm_overflow=hbm_overflow,
+    )
+
+
 MODEL_BENCH_HEADERS = (
     "model",
     "mode",
@@ -259,12 +298,18 @@ MODEL_BENCH_HEADERS = (
 
 
 def model_bench_row(result: VariantResult) -> list[str]:
-    measured = "-" if result.measured_ms is None else f"{result.measured_ms:.4g}"
-    return [
+    cell = [
         result.model,
         result.mode,
         result.tpu if result.chips == 1 else f"{result.tpu} x{result.chips} (per chip)",
         result.variant,
+    ]
+    if result.hbm_overflow is not None:
+        blank = ["-"] * (len(MODEL_BENCH_HEADERS) - len(cell) - 1)
+        return [*cell, f"does not fit one chip's HBM: {result.hbm_overflow}", *blank]
+    measured = "-" if result.measured_ms is None else f"{result.measured_ms:.4g}"
+    return [
+        *cell,
         f"{result.peak_hbm_bytes / 2**30:.4g}",
         f"{result.bytes_accessed / 1e9:.4g}",
         f"{result.flops / 1e12:.4g}",

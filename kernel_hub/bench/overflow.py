@@ -33,18 +33,23 @@ class MemoryOverflow:
     """Bytes the program needs there (the whole requirement; v4 reports one allocation)."""
     available: int
 
+    def sizes(self, digits: int = 1) -> str:
+        """Needed > available, e.g. ``18.22 GiB > 15.75 GiB`` at libtpu's two digits (one can
+        print a need that barely overflows as equal to the chip's HBM)."""
+        return f"{_human(self.asked, digits)} > {_human(self.available, digits)}"
+
     def __str__(self) -> str:
-        return f"{self.space} {_human(self.asked)} > {_human(self.available)}"
+        return f"{self.space} {self.sizes()}"
 
 
 def _bytes(number: str, unit: str) -> int:
     return round(float(number) * _UNITS[unit.upper()])
 
 
-def _human(size: int) -> str:
+def _human(size: int, digits: int = 1) -> str:
     for unit in ("T", "G", "M", "K"):
         if size >= _UNITS[unit]:
-            return f"{size / _UNITS[unit]:.1f} {unit}iB"
+            return f"{size / _UNITS[unit]:.{digits}f} {unit}iB"
     return f"{size} B"
 
 

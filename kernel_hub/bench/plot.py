@@ -71,7 +71,8 @@ def save_plot(results: Sequence[Mapping[str, Any]], path: str | Path, title: str
 
 def plot_model_bench(results: Sequence[Mapping[str, Any]]) -> Any:
     """Stock vs kernelized bars per model, mode and TPU: peak HBM and roofline time.
-    ``results`` are model-bench JSON objects (``VariantResult.to_json``)."""
+    ``results`` are model-bench JSON objects (``VariantResult.to_json``); a variant that does not
+    fit one chip's HBM (figures null) is a label where its bar would be."""
     from matplotlib.figure import Figure
 
     cells = list(dict.fromkeys((r["model"], r["mode"], r["tpu"]) for r in results))
@@ -86,12 +87,17 @@ def plot_model_bench(results: Sequence[Mapping[str, Any]]) -> Any:
             offset = (index - (len(variants) - 1) / 2) * width
             present = [(i, by_cell.get((*c, variant))) for i, c in enumerate(cells)]
             present = [(i, r) for i, r in present if r is not None]
+            bars = [(i, r) for i, r in present if r[key] is not None]
             axes.bar(
-                [i + offset for i, _ in present],
-                [r[key] / unit for _, r in present],
+                [i + offset for i, _ in bars],
+                [r[key] / unit for _, r in bars],
                 width,
                 label=variant,
             )
+            for i in (i for i, r in present if r[key] is None):
+                text = "does not fit\none chip's HBM"
+                axes.text(i + offset, 0, text, rotation=90, ha="center", va="bottom")
+        axes.set_xlim(-0.5, len(cells) - 0.5)  # a label is no artist the limits follow
         axes.set_ylabel(label)
         axes.grid(axis="y", alpha=0.3)
     panels[0].legend(fontsize="small")

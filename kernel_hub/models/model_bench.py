@@ -37,11 +37,12 @@ from kernel_hub.bench.model_figures import (
     VariantResult,
     has_loops,
     median_ms,
+    overflow_result,
     pallas_kernels,
     program_figures,
     variant_result,
 )
-from kernel_hub.bench.overflow import memory_overflow
+from kernel_hub.bench.overflow import MemoryOverflow, memory_overflow
 from kernel_hub.bench.roofline import TPU_CHIPS
 from kernel_hub.errors import KernelInputError, UnknownNameError
 from kernel_hub.sharding import use_mesh
@@ -68,6 +69,16 @@ FULL_TYPE = "full_attention"
 LINEAR_TYPE = "linear_attention"
 """Transformers' layer type of a linear-attention (recurrent) decoder layer (Qwen3-Next's gated
 delta rule)."""
+
+
+class HbmOverflowError(KernelInputError):
+    """libtpu refused a variant's step: it does not fit one chip's HBM."""
+
+    def __init__(self, message: str, overflow: MemoryOverflow, layers: int) -> None:
+        super().__init__(message)
+        self.overflow = overflow
+        self.layers = layers
+        """Decoder layers of the refused program."""
 
 
 @dataclass(frozen=True)
@@ -506,11 +517,13 @@ def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
             overflow = memory_overflow(str(exc))
             if overflow is None or overflow.space != "HBM":
                 raise
-            raise KernelInputError(
+            raise HbmOverflowError(
                 f"{spec.name} {variant} --mode {spec.mode} on {spec.tpu}: the step compiled with "
-                f"{len(kinds)} decoder layers does not fit a chip's HBM ({overflow}), so libtpu "
-                "refuses to compile it and there are no figures; shard it (--topology) or take a "
-                "smaller --seq or --batch"
+                f"{len(kinds)} decoder layers does not fit a chip's HBM ({overflow.sizes(2)}), so "
+                "libtpu refuses to compile it and there are no figures; shard it (--topology) or "
+                "take a smaller --seq or --batch",
+                overflow,
+                len(kinds),
             ) from None
         del model
     base = steps.pop("")
@@ -592,6 +605,29 @@ def _shape_note(spec: BenchSpec) -> str:
 
 def run_model_bench(spec: BenchSpec) -> list[VariantResult]:
     """Both variants; a config Transformers refuses, or too few layers of a type for the
-    scaling, is reported before any compile."""
+    scaling, is reported before any compile. A variant that does not fit one chip's HBM is a row
+    without figures (stock often does not where kernelized does, the comparison a user wants);
+    when neither fits there is nothing to compare and both refusals are the error."""
     spec.plan()
-    return [bench_variant(spec, variant) for variant in VARIANTS]
+    results, refusals = [], []
+    for variant in VARIANTS:
+        try:
+            results.append(bench_variant(spec, variant))
+        except HbmOverflowError as exc:
+            refusals.append(str(exc))
+            results.append(
+                overflow_result(
+                    model=spec.name,
+                    mode=spec.mode,
+                    tpu=spec.tpu,
+                    variant=variant,
+                    hbm_overflow=exc.overflow.sizes(2),
+                    compiled_layers=exc.layers,
+                    full_layers=spec.full_layers,
+                    message=str(exc),
+                    chips=topology_chips(spec.topology) if spec.topology else 1,
+                )
+            )
+    if len(refusals) == len(VARIANTS):
+        raise KernelInputError("; ".join(refusals))
+    return results
