@@ -140,13 +140,16 @@ suite_start=$SECONDS
 # 95 % and died in LLVM with a segmentation fault (exit 139). Each process prints its count at
 # the end of its log.
 matrix=tests/bench/test_compile_matrix.py::test_every_registry_kernel_compiles_for_every_generation
-# longest first, as measured in the fresh-clone run of 4dba0f2 (769, 655, 593, 387, 262, 224 s;
-# the main job ~100 s and the TorchTPU tests ~110 s), so the jobs that start last are short
+# Queue order (the part times of the fresh-clone run of 9a0a9a1, in s): lane 1 runs alone until
+# the matrix ends (~1,770 s), so the queue opens with two parts that fill that time (820, 789) and
+# a shorter one (432); the longest part (868, and more since: the model-bench cells) goes to
+# whichever lane frees first after the matrix, and the shortest jobs come last, so the lanes end
+# together (longest-first left one lane about 100 s alone at the end of that run)
 parts=(
-    "kernels/attention kernels/ragged-attention kernels/fused-moe"
     "tests/sharding tests/hub tests/bench"
-    "tests/test_*.py"
+    "kernels/attention kernels/ragged-attention kernels/fused-moe"
     "tests/layers kernels/moe-gemm kernels/quantized-matmul"
+    "tests/test_*.py"
     "kernels/linear-cross-entropy kernels/mamba2-scan kernels/rmsnorm kernels/rotary"
     "kernels/causal-conv1d kernels/gated-delta-rule kernels/gated-mlp kernels/layernorm"
 )
