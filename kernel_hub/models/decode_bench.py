@@ -89,6 +89,13 @@ def _kv_geometry(config: Any) -> tuple[int, int, int]:
     return text.num_hidden_layers, heads, head_dim
 
 
+def _tree_bytes(tree: Any) -> int:
+    """Bytes of every (abstract) array in ``tree``."""
+    import jax
+
+    return sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
+
+
 def _token_kv_bytes(
     config: Any, kv_cache_dtype: str = "bfloat16", layers: int | None = None
 ) -> int:
@@ -156,7 +163,6 @@ def _copy_from_views(env: Any) -> Iterator[None]:
 
 
 def _static_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -> DecodeStep:
-    import jax
     import jax.numpy as jnp
     import torch
     import torchax
@@ -234,7 +240,7 @@ def _static_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -
     # states are read once (arguments) and rewritten whole (aliased outputs, so added here).
     new_kv = batch * _token_kv_bytes(model.config, layers=len(attention))
     written = cache["conv_states"] + cache["recurrent_states"]
-    state_bytes = sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(written))
+    state_bytes = _tree_bytes(written)
     return DecodeStep(forward, cache, inputs, new_kv + state_bytes)
 
 
@@ -269,7 +275,6 @@ def _static_8bit_step(model: Any, shape: DecodeShape, abstract: Callable[..., An
     """The static cache 8-bit: ``static_kv_cache``'s ``ServingStaticCache``, its layers' pages
     and scale pages bound to the traced cache, on the serving attention (as inside a
     ``static_kv_cache`` block)."""
-    import jax
     import jax.numpy as jnp
     import torch
     import torchax
@@ -316,7 +321,7 @@ def _static_8bit_step(model: Any, shape: DecodeShape, abstract: Callable[..., An
     # Live: B x C tokens a layer (read once), the B new ones written; a last page's spare rows
     # are not traffic.
     token = _token_kv_bytes(model.config, shape.kv_cache_dtype)
-    buffer_bytes = sum(math.prod(p.shape) * p.dtype.itemsize for p in jax.tree.leaves(cache))
+    buffer_bytes = _tree_bytes(cache)
     correction = batch * context * token + batch * token - buffer_bytes
     return DecodeStep(_on_attention(model, serving, forward), cache, inputs, correction)
 
@@ -406,7 +411,6 @@ def _bind(cache: Any, buffer: Any) -> None:
 
 
 def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) -> DecodeStep:
-    import jax
     import jax.numpy as jnp
     import torch
     import torchax
@@ -476,8 +480,6 @@ def _paged_step(model: Any, shape: DecodeShape, abstract: Callable[..., Any]) ->
     # Live KV: B x C tokens (read once), the B new tokens written; the rest of the buffer
     # (trash sectors, spare pages) is not traffic.
     token = _token_kv_bytes(model.config, shape.kv_cache_dtype)
-    buffer_bytes = sum(
-        math.prod(part.shape) * part.dtype.itemsize for part in jax.tree.leaves(buffer)
-    )
+    buffer_bytes = _tree_bytes(buffer)
     correction = batch * context * token + batch * token - buffer_bytes
     return DecodeStep(function, buffer, inputs, correction)
