@@ -65,22 +65,25 @@ def max_err(a, b) -> float:
 
 
 def with_grads(fn, args, diff):
-    """(outputs, gradients of sum(outputs * fixed cotangents) w.r.t. args[diff])."""
+    """(outputs, gradients of sum(outputs * fixed cotangents) w.r.t. args[diff]).
 
-    def loss(*diff_args):
+    One ``jax.vjp``: the forward is traced, lowered and compiled once and its outputs are the
+    ones returned (a separate ``fn(*args)`` beside ``jax.grad`` put a second copy of the forward,
+    interpret-mode kernels and all, in every compared program)."""
+
+    def on_diff(*diff_args):
         full = list(args)
         for i, v in zip(diff, diff_args, strict=True):
             full[i] = v
-        out = fn(*full)
-        return sum(
-            jnp.sum(o * jnp.cos(jnp.arange(o.size).reshape(o.shape))) for o in jax.tree.leaves(out)
-        )
+        return fn(*full)
 
-    out = fn(*args)
     if not diff:  # a forward-only op
-        return out, ()
-    grads = jax.grad(loss, argnums=tuple(range(len(diff))))(*(args[i] for i in diff))
-    return out, grads
+        return fn(*args), ()
+    out, pullback = jax.vjp(on_diff, *(args[i] for i in diff))
+    cotangents = jax.tree.map(
+        lambda o: jnp.cos(jnp.arange(o.size).reshape(o.shape)).astype(o.dtype), out
+    )
+    return out, pullback(cotangents)
 
 
 @functools.lru_cache(maxsize=8)
@@ -664,20 +667,22 @@ def attention_backward_sinks_batch_split_2x4():
     api = get_kernel("dot_product_attention").jax
     q, k, v = qkv(2, 8, 4)
     sinks = 3.0 * rand(13, (8,))
-    out, lse = api.dot_product_attention_with_lse(q, k, v, sinks=sinks, causal=True)
+    out, lse = jax.jit(
+        lambda q, k, v, s: api.dot_product_attention_with_lse(q, k, v, sinks=s, causal=True)
+    )(q, k, v, sinks)
     d_out, d_lse = rand(14, out.shape), jnp.zeros_like(lse)
     # kv_mask, q/kv segment ids; sinks; q/kv positions, q/kv groups; dropout_seed; then the
     # saved values
     args = [q, k, v, None, None, None, sinks, None, None, None, None, None, out, lse, d_out, d_lse]
-    backward = lambda *a: api.attention_backward(*a, causal=True, implementation="pallas")
-    expected = backward(*args)
+    backward = jax.jit(lambda *a: api.attention_backward(*a, causal=True, implementation="pallas"))
+    expected = backward(*args)  # the sharded call's program on one device
     spec = P("data", "model")
     specs = [spec, spec, spec, None, None, None, P("model"), None, None, None, None, None]
     specs += [spec, spec, spec, spec]
     placed = [
         a if s is None else put(m, np.asarray(a), s) for a, s in zip(args, specs, strict=True)
     ]
-    got = jax.jit(backward)(*placed)
+    got = backward(*placed)
     err = max_err(got, expected)
     return {
         "name": "attention_backward sinks, batch x heads over (2,4)",
@@ -735,10 +740,10 @@ def dense_mask_fwd_bwd():
                 None,
             )
         )
-        out, lse = fwd(*args)
+        out, lse = jax.jit(fwd)(*args)
         cot = [rand(16, out.shape), rand(17, lse.shape)]
-        backward = lambda *a: dense_mask.attention_with_dense_mask_backward(
-            *a, implementation="pallas"
+        backward = jax.jit(
+            lambda *a: dense_mask.attention_with_dense_mask_backward(*a, implementation="pallas")
         )
         full = [*args, out, lse, *cot]
         expected = backward(*full)
@@ -747,7 +752,7 @@ def dense_mask_fwd_bwd():
             put(m, np.asarray(a), sp)
             for a, sp in zip(full, [*specs, spec, spec, spec, spec], strict=True)
         ]
-        got = jax.jit(backward)(*placed)
+        got = backward(*placed)
         err = max_err(got, expected)
         results.append(
             {
@@ -1519,9 +1524,12 @@ def dropout_explicit_batch_heads():
         [DROPOUT_SPEC],
     )
     q, k, v, seed = _dropout_arrays()
-    undropped = _dropout_attention(q, k, v, seed) - get_kernel(
-        "dot_product_attention"
-    ).jax.dot_product_attention(q, k, v, causal=True, implementation="pallas")
+    plain = get_kernel("dot_product_attention").jax.dot_product_attention
+    undropped = jax.jit(
+        lambda q, k, v, seed: (
+            _dropout_attention(q, k, v, seed) - plain(q, k, v, causal=True, implementation="pallas")
+        )
+    )(q, k, v, seed)
     result["dropped"] = float(jnp.max(jnp.abs(undropped)))  # the mask does drop
     result["ok"] = result["ok"] and result["dropped"] > 0.1
     return result
@@ -1544,17 +1552,19 @@ def dropout_backward_batch_heads():
     m = mesh((2, 4), ("data", "model"))
     api = get_kernel("dot_product_attention").jax
     q, k, v, seed = _dropout_arrays()
-    out, lse = api.dot_product_attention_with_lse(q, k, v, dropout_seed=seed, **DROPOUT_OPTIONS)
+    out, lse = jax.jit(
+        lambda *a: api.dot_product_attention_with_lse(*a[:3], dropout_seed=a[3], **DROPOUT_OPTIONS)
+    )(q, k, v, seed)
     d_out, d_lse = rand(14, out.shape), jnp.zeros_like(lse)
     # kv_mask, q/kv segment ids; sinks; q/kv positions, q/kv groups; dropout_seed; saved values
     args = [q, k, v, None, None, None, None, None, None, None, None, seed, out, lse, d_out, d_lse]
-    backward = lambda *a: api.attention_backward(*a, **DROPOUT_OPTIONS)
-    expected = backward(*args)
+    backward = jax.jit(lambda *a: api.attention_backward(*a, **DROPOUT_OPTIONS))
+    expected = backward(*args)  # the sharded call's program on one device
     specs = [DROPOUT_SPEC] * 3 + [None] * 8 + [P()] + [DROPOUT_SPEC] * 4
     placed = [
         a if s is None else put(m, np.asarray(a), s) for a, s in zip(args, specs, strict=True)
     ]
-    got = jax.jit(backward)(*placed)
+    got = backward(*placed)
     err = max_err([g for g in got if g is not None], [e for e in expected if e is not None])
     return {
         "name": "attention_backward dropout, batch x heads over (2,4)",
