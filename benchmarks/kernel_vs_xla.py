@@ -13,7 +13,9 @@ schedule (tested against ``kernel_hub.bench.block_schedule``), attention's is it
   ``softmax_cross_entropy_with_integer_labels`` on f32 logits; Transformers' stock loss (bf16
   logits, f32 log-softmax).
 * attention, Llama-3-8B heads (32 q / 8 kv, D 128, bf16, causal), batch 2 x 8192, forward and
-  forward + backward: the kernel; ``jax.nn.dot_product_attention`` (XLA).
+  forward + backward: the kernel; ``jax.nn.dot_product_attention`` (XLA). And Flux's joint
+  attention at 1024 x 1024 px (24 heads of 128, 4,608 tokens, no mask, bf16): the kernel forward
+  and forward + backward; ``jax.nn.dot_product_attention``'s XLA forward.
 * causal conv1d, Qwen3-Next-80B-A3B's short convolution (8192 channels, width 4, SiLU, no bias,
   bf16), one 8192-token sequence, forward + backward in (x, weight) with the gradient from
   above an argument: the Pallas kernel; its XLA implementation.
@@ -47,6 +49,7 @@ from typing import Any
 
 TOKENS, HIDDEN, VOCAB = 32768, 4096, 151936
 BATCH, LENGTH, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 8192, 32, 8, 128
+FLUX_TOKENS, FLUX_HEADS = 4608, 24
 CONV_LENGTH, CONV_CHANNELS, CONV_WIDTH = 8192, 8192, 4
 NORM_ROWS, NORM_HIDDEN = 8192 * 32, 128
 SCAN_LENGTH, SCAN_HEADS, SCAN_HEAD_DIM, SCAN_STATE = 8192, 80, 64, 128
@@ -102,6 +105,16 @@ def _programs() -> dict[str, tuple[Callable[..., Any], tuple, tuple[int, ...]]]:
         out = jax.nn.dot_product_attention(
             *(x.swapaxes(1, 2) for x in (q, k, v)), is_causal=True, implementation="xla"
         )
+        return out.swapaxes(1, 2)
+
+    flux_qkv = (struct((1, FLUX_HEADS, FLUX_TOKENS, HEAD_DIM), jnp.bfloat16),) * 3
+
+    def kernel_joint_attention(q, k, v):
+        return attention.dot_product_attention(q, k, v, implementation="pallas")
+
+    def xla_joint_attention(q, k, v):
+        swapped = (x.swapaxes(1, 2) for x in (q, k, v))
+        out = jax.nn.dot_product_attention(*swapped, implementation="xla")
         return out.swapaxes(1, 2)
 
     # The last argument of the conv and norm programs is the gradient arriving from above (the
@@ -173,6 +186,9 @@ def _programs() -> dict[str, tuple[Callable[..., Any], tuple, tuple[int, ...]]]:
         "attention XLA, forward": (xla_attention, qkv, ()),
         "attention kernel, fwd+bwd": (kernel_attention, qkv, (0, 1, 2)),
         "attention XLA, fwd+bwd": (xla_attention, qkv, (0, 1, 2)),
+        "attention kernel, Flux forward": (kernel_joint_attention, flux_qkv, ()),
+        "attention XLA, Flux forward": (xla_joint_attention, flux_qkv, ()),
+        "attention kernel, Flux fwd+bwd": (kernel_joint_attention, flux_qkv, (0, 1, 2)),
         "causal-conv1d kernel, fwd+bwd": (conv_with("pallas"), conv_args, (0, 1)),
         "causal-conv1d XLA, fwd+bwd": (conv_with("xla"), conv_args, (0, 1)),
         "gated RMSNorm kernel, fwd+bwd": (norm_with("pallas"), norm_args, (0, 1, 2)),

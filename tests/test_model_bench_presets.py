@@ -166,9 +166,9 @@ def test_a_flux_denoising_step_compiles_stock_and_kernelized(tmp_path):
         assert "(2 double_stream, 2 single_stream)" in row["notes"][0]
         assert "256 image tokens + 512 text tokens" in row["notes"][2]
     assert stock["kernels"] == [] and stock["replaced"] == {}
-    assert {"flash_attention_forward", "layer_norm_forward", "rms_norm_forward"} <= set(
-        kernelized["kernels"]
-    )
+    assert {"flash_attention_forward", "layer_norm_forward"} <= set(kernelized["kernels"])
+    # the q/k RMSNorms are per head before the rotary: left to XLA (integrations.diffusers)
+    assert "rms_norm_forward" not in kernelized["kernels"]
     assert kernelized["peak_hbm_bytes"] <= stock["peak_hbm_bytes"]
 
 

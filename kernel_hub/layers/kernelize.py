@@ -28,6 +28,10 @@ What a kernel provides for this:
   ``integrations.module_problem(module) -> reason | None`` for modules that need a feature the
   integration does not implement (the model then keeps its stock implementation).
 
+A candidate that XLA compiles better where it sits (an integration's
+``layers_left_to_xla(model)``: Diffusers' per-head q/k norms before a rotary) is left alone with
+that reason.
+
 The report lists every candidate, swapped or left alone with the reason; ``kernelize_report``
 rebuilds it later from what is still in place (``swaps.py``). A model that Hugging Face
 ``kernels`` manages (``use_kernels=True``) is refused: that library re-kernelizes it on every
@@ -190,7 +194,8 @@ def _transformers_integration() -> types.ModuleType | None:
 
 def _integrations() -> list[types.ModuleType]:
     """The integrations whose framework is imported (else no model uses it): torch.nn layers,
-    Transformers, Diffusers. Each has ``recognised_layer(cls)`` and ``MODEL_INTERFACES``."""
+    Transformers, Diffusers. Each has ``recognised_layer(cls)`` and ``MODEL_INTERFACES`` (and
+    may have ``layers_left_to_xla(model)``)."""
     from .integrations import torch_nn
 
     found = [torch_nn]
@@ -347,8 +352,24 @@ def _module_problem(
     return problem and f"unsupported by {_kernel_label(kernel)} layers.{layer_name}: {problem}"
 
 
+def _left_to_xla(model: torch.nn.Module) -> dict[torch.nn.Module, str]:
+    """Candidate layers whose stock form XLA compiles better where they sit -> why: each
+    integration's ``layers_left_to_xla(model)`` (Diffusers: per-head q/k norms before a
+    rotary)."""
+    kept: dict[torch.nn.Module, str] = {}
+    for integration in _integrations():
+        found = getattr(integration, "layers_left_to_xla", None)
+        if found is not None:
+            kept |= found(model)
+    return kept
+
+
 def _swap_layer(
-    source: _KernelSource, name: str, module: torch.nn.Module, mark: tuple[str, str]
+    source: _KernelSource,
+    name: str,
+    module: torch.nn.Module,
+    mark: tuple[str, str],
+    left_to_xla: str | None,
 ) -> ReportEntry:
     layer_name, found_by = mark
     entry = ReportEntry(
@@ -360,6 +381,8 @@ def _swap_layer(
         op=source.owner(layer_name),
     )
     try:
+        if left_to_xla:
+            raise _LeftAlone(left_to_xla)
         kernel, layer_cls = source.layer(layer_name)
         replaced_by = swaps.foreign_forward(module)
         if replaced_by is not None:
@@ -560,11 +583,15 @@ def kernelize(
 
         give_own_config(model)
     entries = []
+    left_to_xla = _left_to_xla(model)
     for name, module in model.named_modules():
         mark = find_mark(module)
         if _registry_bound(mark and mark[0], module) and source.owner("GatedMLP") is None:
             continue  # gated MLPs are candidates only with a registry that serves them
-        entry = _swap_layer(source, name, module, mark) if mark else _unrecognised(name, module)
+        if mark:
+            entry = _swap_layer(source, name, module, mark, left_to_xla.get(module))
+        else:
+            entry = _unrecognised(name, module)
         if entry is not None:
             entries.append(entry)
     for integration in _integrations():

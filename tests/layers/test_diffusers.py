@@ -109,7 +109,9 @@ def test_kernelized_transformer_matches_stock_and_restores_exactly(name, attenti
     attention = [e for e in report.entries if e.kind == "attention"]
     norms = [e for e in report.entries if e.kind == "layer" and "Norm" in e.target]
     assert attention and all(e.swapped_to for e in attention), report
-    assert norms and all(e.swapped_to for e in norms), report
+    # all but the per-head q/k norms before a rotary (see the next test)
+    assert norms and all(e.swapped_to or "per-head q/k norm" in e.reason for e in norms), report
+    assert any(e.swapped_to for e in norms), report
     out, grads = run(model, inputs)
     assert attention_calls, "kernel-hub attention never ran"
     assert _AttentionBackendRegistry.get_active_backend() == active_before
@@ -134,14 +136,28 @@ def test_kernelized_transformer_matches_stock_and_restores_exactly(name, attenti
 
 
 @pytest.mark.parametrize(
-    ("name", "layers"),
-    [("flux", {"LayerNorm", "TorchRMSNorm"}), ("wan", {"FP32LayerNorm", "TorchRMSNorm"})],
+    ("name", "swapped", "left_to_xla"),
+    [
+        # Flux's norm_q, norm_k, norm_added_q, norm_added_k: over the head dim, then rotated
+        ("flux", {"LayerNorm"}, {"norm_q", "norm_k", "norm_added_q", "norm_added_k"}),
+        # Wan's q/k norms are over all heads
+        ("wan", {"FP32LayerNorm", "TorchRMSNorm"}, set()),
+    ],
 )
-def test_every_norm_is_swapped(name, layers):
+def test_norms_are_swapped_but_per_head_qk_norms_before_a_rotary(name, swapped, left_to_xla):
+    """Every norm gets its kernel except a per-head q/k norm whose processor then applies
+    ``apply_rotary_emb``: XLA fuses that norm into the rotary, and after a kernel call it
+    relayouts the norm's output instead (docs/model-bench.md), so kernelize leaves it to XLA
+    and says why."""
     model, _ = MODELS[name]()
     report = kernelize(model, mode="inference")
     norms = [e for e in report.entries if e.kind == "layer"]
-    assert {e.target for e in norms} == layers and all(e.swapped_to for e in norms), report
+    kept = [e for e in norms if not e.swapped]
+    assert {e.target for e in norms if e.swapped} == swapped, report
+    assert {e.module.rsplit(".", 1)[-1] for e in kept} == left_to_xla, report
+    for entry in kept:
+        assert entry.target == "TorchRMSNorm" and "per-head q/k norm before" in entry.reason
+        assert "FluxAttnProcessor's apply_rotary_emb" in entry.reason, entry.reason
     unkernelize(model)
 
 

@@ -16,10 +16,18 @@ Layers. ``FP32LayerNorm`` (Wan, ...) is the ``FP32LayerNorm`` layer of the ``lay
 Diffusers' ``RMSNorm`` (SD3's q/k norms) the ``DiffusersRMSNorm`` layer of the ``rmsnorm`` op (one
 with a bias is left alone); Diffusers' ``LayerNorm`` is ``torch.nn.LayerNorm`` (see
 ``integrations.torch_nn``).
+
+Per-head q/k norms before a rotary (``layers_left_to_xla``: Flux's ``norm_q``, ``norm_k``,
+``norm_added_q``, ``norm_added_k``, a norm over the head dim in an attention module whose processor
+then calls ``apply_rotary_emb``) are left to XLA: XLA fuses such a norm into the rotary that splits
+each head into pairs, and after a kernel call it relayouts the norm's output through a chain of
+copies instead (measured on Flux: docs/model-bench.md, item 4 of "Where kernelized lost"). Norms
+over all heads (Wan's) are not per-head and keep their kernel.
 """
 
 from __future__ import annotations
 
+import math
 import types
 from typing import Any
 
@@ -83,6 +91,41 @@ def _processors(model: torch.nn.Module):
         processor = getattr(module, "processor", None)
         if processor is not None and callable(processor) and not isinstance(processor, type):
             yield name, module, processor
+
+
+_QK_NORMS = ("norm_q", "norm_k", "norm_added_q", "norm_added_k")
+"""Where Diffusers' attention modules hold their q/k norms (the added ones: the text stream's)."""
+_ROTARY = "apply_rotary_emb"
+_ROTARY_QK_NORM_REASON = (
+    "a per-head q/k norm before {processor}'s apply_rotary_emb: XLA fuses the norm into the "
+    "rotary's split of each head into pairs, and after a kernel it copies the norm's output "
+    "through relayouts instead, so kernelize leaves it to XLA"
+)
+
+
+def _normalized_width(norm: torch.nn.Module) -> int | None:
+    """The width a norm normalizes over (torch's ``normalized_shape``, Diffusers' ``dim``)."""
+    shape = getattr(norm, "normalized_shape", getattr(norm, "dim", None))
+    if not isinstance(shape, tuple) or not shape or not all(isinstance(n, int) for n in shape):
+        return None
+    return math.prod(shape)
+
+
+def layers_left_to_xla(model: torch.nn.Module) -> dict[torch.nn.Module, str]:
+    """Per-head q/k norms (over the module's ``head_dim``) of attention modules whose processor
+    calls ``apply_rotary_emb`` -> why kernelize leaves them to XLA (see the module doc)."""
+    kept = {}
+    for _, module, processor in _processors(model):
+        code = getattr(type(processor).__call__, "__code__", None)
+        head_dim = getattr(module, "head_dim", None)
+        if code is None or _ROTARY not in code.co_names or not isinstance(head_dim, int):
+            continue
+        reason = _ROTARY_QK_NORM_REASON.format(processor=type(processor).__name__)
+        for attribute in _QK_NORMS:
+            norm = getattr(module, attribute, None)
+            if isinstance(norm, torch.nn.Module) and _normalized_width(norm) == head_dim:
+                kept[norm] = reason
+    return kept
 
 
 _NO_ATTRIBUTE = object()

@@ -130,9 +130,16 @@ def _interpret() -> bool:
     return jax_platform() == "cpu"
 
 
-def _kernel_blocks(q, k, v, spec: AttentionSpec) -> pallas_tpu.KernelBlocks:
+def _kernel_blocks(q, k, v, tokens, spec: AttentionSpec) -> pallas_tpu.KernelBlocks:
+    interpret = _interpret()
     defaults = pallas_tpu.default_blocks(
-        q.shape, k.shape, q.dtype, interpret=_interpret(), value_dim=v.shape[-1]
+        q.shape,
+        k.shape,
+        q.dtype,
+        interpret=interpret,
+        value_dim=v.shape[-1],
+        generation=None if interpret else tpu_generation(jax_default_device()),
+        every_pair=tokens is None and not spec.causal and spec.sliding_window is None,
     )
     if spec.block_q is None and spec.block_k is None:
         return pallas_tpu.unpadded(defaults, q.shape[2], k.shape[2])
@@ -144,7 +151,7 @@ def _kernel_blocks(q, k, v, spec: AttentionSpec) -> pallas_tpu.KernelBlocks:
 
 
 def _pallas(q, k, v, tokens, sinks, *, spec, with_lse, seed=None):
-    blocks = _kernel_blocks(q, k, v, spec)
+    blocks = _kernel_blocks(q, k, v, tokens, spec)
     kernel = pallas_tpu.attention if with_lse else pallas_tpu.attention_out
     return kernel(q, k, v, tokens, sinks, spec, blocks, _interpret(), seed, spec.dropout_rate)
 
@@ -154,7 +161,7 @@ def _pallas_problem(q, k, v, tokens, sinks, *, spec, with_lse, seed=None):
         return "float64 runs only in interpret mode (CPU)"
     if spec.block_q is None and spec.block_k is None:
         return None
-    blocks = _kernel_blocks(q, k, v, spec).forward
+    blocks = _kernel_blocks(q, k, v, tokens, spec).forward
     return pallas_tpu.blocks_problem(q.shape, k.shape, q.dtype, blocks, interpret=_interpret())
 
 
@@ -479,7 +486,7 @@ def attention_backward(
         implementation=spec.implementation,
     )
     if chosen.name == "pallas":
-        blocks = _kernel_blocks(query, key, value, spec)
+        blocks = _kernel_blocks(query, key, value, tokens, spec)
         return pallas_tpu.attention_backward(
             query,
             key,

@@ -4,6 +4,7 @@ torch paths ``kernel-hub bench`` times beside the JAX implementations.
 Llama-3-8B-like attention: 32 query heads, 8 kv heads, head_dim 128; causal FLOPs count only the
 visible (query, key) pairs, about half of the square. Besides plain prefill and decode, cases
 cover what Transformers sends with padded batches (key padding) and packed sequences (segments).
+One case is Flux's (24 heads of 128, 4,608 tokens, no mask).
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ SHAPES = (
         "bfloat16",
         (),
     ),
+    # Flux's joint attention at 1024 x 1024 px (4,096 image + 512 text tokens, every pair
+    # visible): the default blocks grown past 512 query rows (pallas_tpu._EVERY_PAIR_FORWARD)
+    ("flux-joint-4608", 1, 24, 24, 4608, 4608, 128, {}, "", "bfloat16", ()),
     ("cpu-prefill-512-gqa", 1, 32, 8, 512, 512, 128, {"causal": True}, "", "float32", (CPU_TAG,)),
     (
         "cpu-decode-q1-kv4096-gqa",

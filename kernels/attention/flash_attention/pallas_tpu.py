@@ -46,11 +46,26 @@ from .masking import AttentionSpec, TokenMask
 # Score given to masked entries while tracking the running row maximum: finite, so a row with no
 # visible key so far keeps exp(m_prev - m_new) = 1 instead of NaN.
 _MASK_VALUE = -1e30
+_VMEM_RESERVE = 6 << 20
+"""VMEM left to Mosaic's own scratch beside the blocks' estimate."""
 # Fits v4's default scoped VMEM (16 MiB) with room for Mosaic's own scratch.
-VMEM_BUDGET_BYTES = tiling.vmem_budget(reserve=6 << 20)
+VMEM_BUDGET_BYTES = tiling.vmem_budget(reserve=_VMEM_RESERVE)
 _LANES = 128
 _MAX_BLOCK_Q = 512
 _BLOCK_K_CHOICES = (2048, 1024, 512, 256, 128)
+_EVERY_PAIR_FORWARD = tuple(
+    (block_q, block_k) for block_q in (2048, 1024) for block_k in (512, 256)
+)
+"""Forward blocks tried first, within the generation's VMEM, when the call visits every block
+pair (no causal or window rule, no per-token mask): the forward fetches K and V once per q
+block, so a q block of 2,048 rows (1,536 at Flux's 4,608 tokens, see ``unpadded``) reads them
+3 times where 512-row blocks read them 9 times, at the same FLOPs (with a mask the block
+schedule skips, larger q blocks would compute more of the diagonal's masked tiles). The kv
+block stays at most 512 keys: the bytes do not depend on it, the score tiles' VMEM does."""
+_EVERY_PAIR_BACKWARD = ((1024, 1024),)
+"""The same for the backward's shared blocks: dq fetches K and V once per q block and dk/dv
+fetch q and dO once per kv block, so both axes grow together (a larger q block with a smaller
+kv block would move more bytes in dk/dv than it saves in dq)."""
 _INTERPRET_BLOCK = 2048
 
 
@@ -248,10 +263,31 @@ def _largest_fitting(
     return BlockSizes(_MAX_BLOCK_Q // 4, _BLOCK_K_CHOICES[-1])
 
 
+def _first_fitting(
+    candidates, rows: int, kv_len: int, dims: tuple[int, int], itemsize: int, vmem_bytes, budget
+) -> BlockSizes | None:
+    """The first (block_q, block_k) of ``candidates`` whose blocks (whole rows or keys when
+    fewer) fit ``budget``, or None."""
+    for block_q, block_k in candidates:
+        q, k = min(block_q, rows), min(block_k, _round_up(kv_len, _LANES))
+        if vmem_bytes(q, k, dims, itemsize) <= budget:
+            return BlockSizes(block_q, block_k)
+    return None
+
+
 def default_blocks(
-    q_shape, kv_shape, dtype, *, interpret: bool, value_dim: int | None = None
+    q_shape,
+    kv_shape,
+    dtype,
+    *,
+    interpret: bool,
+    value_dim: int | None = None,
+    generation: str | None = None,
+    every_pair: bool = False,
 ) -> KernelBlocks:
-    """Largest blocks that fit the VMEM budget; few, big blocks in interpret mode (CPU)."""
+    """Largest blocks that fit the VMEM budget; few, big blocks in interpret mode (CPU). A call
+    that visits ``every_pair`` of blocks first tries ``_EVERY_PAIR_FORWARD`` and
+    ``_EVERY_PAIR_BACKWARD`` within ``generation``'s VMEM (v4's without one)."""
     if interpret:
         big = BlockSizes(_INTERPRET_BLOCK, _INTERPRET_BLOCK)
         return KernelBlocks(big, big)
@@ -260,10 +296,27 @@ def default_blocks(
     rows = q_heads // kv_heads * q_len
     itemsize = jnp.dtype(dtype).itemsize
     dims = (head_dim, head_dim if value_dim is None else value_dim)
-    return KernelBlocks(
-        _largest_fitting(rows, kv_len, dims, itemsize, _forward_vmem_bytes),
-        _largest_fitting(rows, kv_len, dims, itemsize, _backward_vmem_bytes),
-    )
+    budget = tiling.vmem_budget(generation, reserve=_VMEM_RESERVE)
+    blocks = []
+    for grown, vmem_bytes in (
+        (_EVERY_PAIR_FORWARD, _forward_vmem_bytes),
+        (_EVERY_PAIR_BACKWARD, _backward_vmem_bytes),
+    ):
+        # (rows that fit one 512-row block gain nothing: they are read once already)
+        chosen = (
+            every_pair
+            and rows > _MAX_BLOCK_Q
+            and _first_fitting(grown, rows, kv_len, dims, itemsize, vmem_bytes, budget)
+        )
+        blocks.append(chosen or _largest_fitting(rows, kv_len, dims, itemsize, vmem_bytes))
+    return KernelBlocks(*blocks)
+
+
+def _vmem_limit(need: int) -> int | None:
+    """Mosaic's scoped VMEM limit for blocks needing ``need`` bytes: the default (None) when
+    they fit v4's budget, else the estimate plus the reserve (``default_blocks`` planned it
+    within the generation's VMEM)."""
+    return None if need <= VMEM_BUDGET_BYTES else need + _VMEM_RESERVE
 
 
 def _dividing(length: int, cap: int) -> int:
@@ -847,9 +900,14 @@ def _grid_spec(grid, ranges: tuple, in_specs, out_specs, scratch_shapes):
     )
 
 
-def _compiler_params() -> pltpu.CompilerParams:
+def _compiler_params(layout: Layout, itemsize: int, vmem_bytes) -> pltpu.CompilerParams:
+    """The grid's semantics and the VMEM limit of ``layout``'s blocks (``vmem_bytes`` is the
+    kernel's estimate, ``_forward_vmem_bytes`` or ``_backward_vmem_bytes``)."""
+    dims = (layout.head_dim, layout.value_dim)
+    need = vmem_bytes(layout.block_q, layout.block_k, dims, itemsize)
     return pltpu.CompilerParams(
-        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")
+        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"),
+        vmem_limit_bytes=_vmem_limit(need),
     )
 
 
@@ -1006,7 +1064,7 @@ def _forward(
             *[jax.ShapeDtypeStruct((*q.shape[:2], layout.num_q_blocks, 1, layout.block_q), acc)]
             * with_lse,
         ],
-        compiler_params=_compiler_params(),
+        compiler_params=_compiler_params(layout, q.dtype.itemsize, _forward_vmem_bytes),
         cost_estimate=_cost(
             layout,
             rule,
@@ -1069,7 +1127,7 @@ def _backward(
             scratch_shapes=[pltpu.VMEM((layout.block_q, d), acc)],
         ),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        compiler_params=_compiler_params(),
+        compiler_params=_compiler_params(layout, q.dtype.itemsize, _backward_vmem_bytes),
         cost_estimate=_cost(
             layout,
             rule,
@@ -1097,7 +1155,7 @@ def _backward(
             ],
         ),
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        compiler_params=_compiler_params(),
+        compiler_params=_compiler_params(layout, q.dtype.itemsize, _backward_vmem_bytes),
         cost_estimate=_cost(
             layout,
             rule,

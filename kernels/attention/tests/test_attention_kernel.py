@@ -255,8 +255,15 @@ def test_visited_blocks_are_exactly_the_needed_ones(
 
 @pytest.mark.parametrize(
     SCHEDULE_PARAMS,
-    # and a mask that skips nothing, and a causal one with fewer queries than one block
-    [*BLOCK_SCHEDULES, (2, 48, 48, 16, 16, {}), (8, 3, 16, 16, 16, {"causal": True})],
+    # and a mask that skips nothing, a causal one with fewer queries than one block, and q
+    # blocks past 512 rows with ragged tails (the default blocks of a call with no mask)
+    [
+        *BLOCK_SCHEDULES,
+        (2, 48, 48, 16, 16, {}),
+        (8, 3, 16, 16, 16, {"causal": True}),
+        (2, 1300, 700, 1024, 256, {}),
+        (2, 1300, 1300, 1024, 256, {"causal": True}),
+    ],
 )
 def test_declared_cost_is_the_block_schedule(
     attention, q_heads, q_len, kv_len, block_q, block_k, options
@@ -312,6 +319,81 @@ def test_default_blocks_do_not_pad_a_length_they_can_divide(attention):
         shape = (1, 2, length, 128)
         layout = pallas_tpu.make_layout(shape, shape, blocks.forward)
         assert (layout.q_len_padded, layout.kv_len_padded) == (padded, padded), length
+
+
+# Flux's joint attention at 1024 x 1024 px: 24 heads of 128 over 4,608 tokens, no mask. Forward
+# and backward (q, k) blocks by generation: the forward reads K and V once per q block (3 times
+# at 1,536 rows, 6 at 768, was 9 at 512), dq K and V once per q block and dk/dv q and dO once
+# per kv block (6 times each at 768, was 9).
+GROWN_BLOCKS = {
+    "v4": ((768, 256), (512, 512)),
+    "v5e": ((1536, 512), (768, 768)),
+    "v5p": ((1536, 512), (768, 768)),
+    "v6e": ((1536, 512), (768, 768)),
+}
+
+
+@pytest.mark.parametrize("generation", list(GROWN_BLOCKS))
+def test_default_blocks_grow_where_every_block_pair_is_visited(attention, generation):
+    """Without a mask the block schedule skips nothing, so larger q blocks cut K/V re-reads at
+    the same FLOPs: the default blocks grow past 512 rows within the generation's VMEM; a
+    masked call (causal, window or per-token: larger q blocks would compute more masked tiles)
+    keeps the 512-row blocks of before, whatever the generation."""
+    from kernel_hub.kernel_api import tiling
+
+    pallas_tpu = attention.jax.pallas_tpu
+    shape, length = (1, 24, 4608, 128), 4608
+
+    def blocks(**options):
+        chosen = pallas_tpu.default_blocks(
+            shape, shape, jnp.bfloat16, interpret=False, generation=generation, **options
+        )
+        return pallas_tpu.unpadded(chosen, length, length)
+
+    grown = blocks(every_pair=True)
+    assert ((grown.forward.q, grown.forward.k), (grown.backward.q, grown.backward.k)) == (
+        GROWN_BLOCKS[generation]
+    )
+    budget = tiling.vmem_budget(generation, reserve=6 << 20)
+    for kernel_blocks, vmem in (
+        (grown.forward, pallas_tpu._forward_vmem_bytes),
+        (grown.backward, pallas_tpu._backward_vmem_bytes),
+    ):
+        assert vmem(kernel_blocks.q, kernel_blocks.k, (128, 128), 2) <= budget
+    masked = blocks(every_pair=False)
+    assert masked.forward == masked.backward == pallas_tpu.BlockSizes(512, 512)
+
+
+@pytest.mark.parametrize(
+    "options, case",
+    [
+        ({}, Case(q_len=1300, kv_len=700)),
+        ({"causal": True}, Case(q_len=1300, kv_len=1300)),
+        ({"causal": True}, Case(batch=2, q_len=1300, kv_len=700, kv_mask=True, segments=True)),
+    ],
+    ids=["every-pair", "causal", "segments-key-padding"],
+)
+def test_blocks_past_512_rows_match_reference(attention, monkeypatch, options, case):
+    """Default blocks as the TPU may now choose them, past 512 rows and not powers of two:
+    640-row forward q blocks (1,300 queries of 4 heads over 2 kv heads: each head padded to
+    1,920, the third block ragged) by 256 keys, and 768 x 384 for the backward, against the XLA
+    reference, values and gradients."""
+    pallas_tpu = attention.jax.pallas_tpu
+    grown = pallas_tpu.KernelBlocks(
+        pallas_tpu.BlockSizes(640, 256), pallas_tpu.BlockSizes(768, 384)
+    )
+    monkeypatch.setattr(pallas_tpu, "default_blocks", lambda *args, **kwargs: grown)
+    arrays, cotangents = case.arrays(), case.cotangents()
+    api = attention.jax
+    got = outputs_and_grads(
+        api.dot_product_attention_with_lse, arrays, cotangents, implementation="pallas", **options
+    )
+    want = outputs_and_grads(
+        api.dot_product_attention_with_lse, arrays, cotangents, implementation="xla", **options
+    )
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, want, strict=True):
+        tolerance = TOLERANCE if name in ("out", "lse") else GRAD_TOLERANCE
+        assert_close(a, b, tolerance[case.dtype], f"{name}")
 
 
 def test_row_statistics_reach_hbm_lane_dense(attention):
