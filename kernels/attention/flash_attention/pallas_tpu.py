@@ -223,8 +223,8 @@ def make_layout(q_shape, kv_shape, blocks: BlockSizes, value_dim: int | None = N
 class SequenceMinor:
     """Which of K and V the forward reads transposed, ``[B, Hkv, D, Sk]`` in ``[D, bk]`` blocks.
 
-    TPU lays out a ``[.., S, D]`` array whose D leaves lanes of its 128 empty sequence-minor
-    (``{2,3,1,0}``, unpadded), and a decode step's cache arrives so (gpt-oss-20b's
+    TPU lays out a ``[.., S, D]`` array whose D pads more of its 128-lane tiles than S would
+    sequence-minor (``{2,3,1,0}``), and a decode step's cache arrives so (gpt-oss-20b's
     ``bf16[64,8,4096,64]``). Read ``[bk, D]``, XLA copied the whole cache into the padded D-minor
     layout and back in every layer; read transposed, the transpose is a bitcast of the cache."""
 
