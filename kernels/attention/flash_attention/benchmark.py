@@ -9,6 +9,8 @@ One case is Flux's (24 heads of 128, 4,608 tokens, no mask).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -195,7 +197,18 @@ PRODUCTION_CASES = [
     production_case("deepseek-v3-prefill-4k-mla", 128, 128, 4096, 192, 128, {}, sinks=False),
 ]
 
-CASES = [case(*shape) for shape in SHAPES]
+CASES = [
+    case(*shape) for shape in SHAPES
+] + [
+    # A decode step with GPT-OSS-20B's heads (64 q / 8 kv of 64) forward only, as a serving
+    # step calls it: the kernel reads K and V sequence-minor (``pallas_tpu.SequenceMinor``).
+    dataclasses.replace(
+        case("decode-q1-kv4k-d64-forward", 8, 64, 8, 1, 4096, 64, {"causal": True}, "",
+             "bfloat16", ()),
+        fn=api.dot_product_attention,
+        differentiable=(),
+    ),
+]  # fmt: skip
 
 MEMORY_MASKS = ("unpadded", "padded", "image-prefix")
 """Masks of ``mask_memory_case``: none; key padding; Gemma-3-style image groups + key padding."""

@@ -234,6 +234,40 @@ def make_layout(q_shape, kv_shape, blocks: BlockSizes, value_dim: int | None = N
     )
 
 
+@dataclass(frozen=True)
+class SequenceMinor:
+    """Which of K and V the forward reads transposed, ``[B, Hkv, D, Sk]`` in ``[D, bk]`` blocks.
+
+    TPU lays out a ``[.., S, D]`` array whose D pads more of its 128-lane tiles than S would
+    sequence-minor (``{2,3,1,0}``), and a decode step's cache arrives so (gpt-oss-20b's
+    ``bf16[64,8,4096,64]``). Read ``[bk, D]``, XLA copied the whole cache into the padded D-minor
+    layout and back in every layer; read transposed, the transpose is a bitcast of the cache."""
+
+    keys: bool = False
+    values: bool = False
+
+
+def _fewer_lanes_sequence_minor(length: int, dim: int) -> bool:
+    """Whether ``[.., length, dim]`` pads fewer lanes sequence-minor: the layout TPU gives such
+    an array (deviceless libtpu, ``entry_computation_layout``: ``[64, 8, 4096, 64]``,
+    ``[8, 8, 300, 192]`` sequence-minor; ``[.., 4096, 128]``, ``[8, 8, 64, 64]`` not)."""
+    return _round_up(length, _LANES) * dim < _round_up(dim, _LANES) * length
+
+
+def sequence_minor(layout: Layout) -> SequenceMinor:
+    """How the forward reads K and V: sequence-minor where TPU lays them out so, for a cache
+    (fewer queries than keys). The backward kernels read ``[bk, D]``: a program differentiating
+    through a cache copies it for them as it did for the forward before (one relayout either
+    way); keys computed in the program with fewer queries than keys (cross-attention) would be
+    laid out twice."""
+    if layout.q_len >= layout.kv_len:
+        return SequenceMinor()
+    return SequenceMinor(
+        keys=_fewer_lanes_sequence_minor(layout.kv_len, layout.head_dim),
+        values=_fewer_lanes_sequence_minor(layout.kv_len, layout.value_dim),
+    )
+
+
 def _forward_vmem_bytes(block_q: int, block_k: int, dims: tuple[int, int], itemsize: int) -> int:
     d, dv = dims
     streamed = 2 * (block_q * (d + dv) + block_k * (d + dv)) * itemsize  # q, o, k, v
@@ -453,13 +487,16 @@ def _dot(a, b, contract_a: int, contract_b: int):
     )
 
 
-def _block_scores(q, k, qi, ki, tokens: dict, layout: Layout, spec: AttentionSpec):
+def _block_scores(
+    q, k, qi, ki, tokens: dict, layout: Layout, spec: AttentionSpec, keys_minor: bool = False
+):
     """Scores of one (q block, kv block) pair and which entries are allowed (``masking``'s rule
-    with the block's per-token values ``tokens``: field -> (q [bq, 1], kv [1, bk])).
+    with the block's per-token values ``tokens``: field -> (q [bq, 1], kv [1, bk])); ``k`` is a
+    [bk, D] block, or [D, bk] with ``keys_minor`` (see ``SequenceMinor``).
 
     Returns (s, allowed, capped): ``capped`` is tanh(raw / softcap) when soft-capping, else None.
     """
-    s = _dot(q, k, 1, 1) * spec.scale
+    s = _dot(q, k, 1, 0 if keys_minor else 1) * spec.scale
     capped = None
     if spec.softcap is not None:
         capped = jnp.tanh(s / spec.softcap)
@@ -627,6 +664,7 @@ def _forward_kernel(
     fields: tuple[str, ...],
     has_sinks: bool,
     dropout_rate: float,
+    minor: SequenceMinor,
 ):
     ranges, (q_ref, k_ref, v_ref), tokens, rest = _split_refs(refs, 3, fields)
     extra = has_sinks + (dropout_rate > 0)
@@ -648,7 +686,9 @@ def _forward_kernel(
 
     @pl.when(visible)
     def _step():
-        s, allowed, _ = _block_scores(q_ref[...], k_ref[...], qi, ki, tokens, layout, spec)
+        s, allowed, _ = _block_scores(
+            q_ref[...], k_ref[...], qi, ki, tokens, layout, spec, minor.keys
+        )
         m_prev = m_ref[...]
         m_new = jnp.maximum(
             m_prev, jnp.max(jnp.where(allowed, s, _MASK_VALUE), axis=1, keepdims=True)
@@ -660,7 +700,7 @@ def _forward_kernel(
             kept = _kept(seed_ref, b, h, qi, ki, s.shape, layout, dropout_rate)
             p = jnp.where(kept, p * dropout.scale(dropout_rate), 0.0)
         v = v_ref[...]
-        acc_ref[...] = alpha * acc_ref[...] + _dot(p.astype(v.dtype), v, 1, 0)
+        acc_ref[...] = alpha * acc_ref[...] + _dot(p.astype(v.dtype), v, 1, int(minor.values))
         m_ref[...] = m_new
 
     @pl.when(ki == pl.num_programs(3) - 1)
@@ -836,11 +876,19 @@ class _Specs:
     seed: pl.BlockSpec  # the dropout words (``_seed_block``), each in every lane of 128
 
 
-def _specs(layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], *, kv_outer: bool):
+def _specs(
+    layout: Layout,
+    spec: AttentionSpec,
+    fields: tuple[str, ...],
+    *,
+    kv_outer: bool,
+    minor: SequenceMinor = SequenceMinor(),
+):
     """BlockSpecs for q-row inputs, kv inputs, row statistics, per-token arrays and sinks.
 
     Index maps clamp the inner block to the static rule's range, or with per-token fields to
-    the range in the scalar-prefetch refs (``_block_ranges``) they then receive last."""
+    the range in the scalar-prefetch refs (``_block_ranges``) they then receive last. K or V
+    marked in ``minor`` come as ``[D, bk]`` blocks of ``[B, Hkv, D, Sk]``."""
     d, dv, bq, bk = layout.head_dim, layout.value_dim, layout.block_q, layout.block_k
     spec = masking.block_rule(spec, _token_mask_shape(fields))
     nt, nk = layout.num_token_blocks, layout.num_k_blocks
@@ -873,6 +921,13 @@ def _specs(layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], *, kv_o
         b, _, qi, _ = q_block(*idx)
         return b, _rem(qi, nt), 0
 
+    def kv_spec(dim: int, transposed: bool) -> pl.BlockSpec:
+        if not transposed:
+            return pl.BlockSpec((None, None, bk, dim), k_block)
+        return pl.BlockSpec(
+            (None, None, dim, bk), lambda *idx: (*k_block(*idx)[:2], 0, k_block(*idx)[2])
+        )
+
     tokens = [
         pl.BlockSpec((None, bq, 1), token_block),
         pl.BlockSpec((None, 1, bk), lambda *idx: (k_block(*idx)[0], 0, k_block(*idx)[2])),
@@ -880,8 +935,8 @@ def _specs(layout: Layout, spec: AttentionSpec, fields: tuple[str, ...], *, kv_o
     return _Specs(
         rows=pl.BlockSpec((None, None, bq, d), q_block),
         out_rows=pl.BlockSpec((None, None, bq, dv), q_block),
-        keys=pl.BlockSpec((None, None, bk, d), k_block),
-        values=pl.BlockSpec((None, None, bk, dv), k_block),
+        keys=kv_spec(d, minor.keys),
+        values=kv_spec(dv, minor.values),
         stats=pl.BlockSpec((None, None, None, 1, bq), lambda *idx: (*q_block(*idx), 0)),
         tokens=tokens,
         sinks=pl.BlockSpec((None, bq, 1), lambda *idx: (q_block(*idx)[1], q_block(*idx)[2], 0)),
@@ -1021,12 +1076,14 @@ def _forward(
     interpret: bool,
     with_lse: bool,
     dropout_rate: float,
+    minor: SequenceMinor,
 ):
     """Packed-layout forward: [out [B, Hkv, rows, Dv], lse [B, Hkv, q blocks, 1, bq]], or [out]
     without ``with_lse``; ``tokens`` is (fields, packed arrays) from ``_pack_tokens``; ``seed``
-    the dropout block (``_seed_block``; None without dropout)."""
+    the dropout block (``_seed_block``; None without dropout); K or V transposed as ``minor``
+    marks them."""
     (fields, token_arrays), has_sinks = tokens, sinks is not None
-    specs = _specs(layout, spec, fields, kv_outer=False)
+    specs = _specs(layout, spec, fields, kv_outer=False, minor=minor)
     ranges = _block_ranges(fields, token_arrays, layout, spec)[:2] if fields else ()
     shape = (layout.batch, layout.kv_heads, layout.num_q_blocks, layout.num_k_blocks)
     acc = jnp.promote_types(q.dtype, jnp.float32)
@@ -1038,6 +1095,7 @@ def _forward(
         fields=fields,
         has_sinks=has_sinks,
         dropout_rate=dropout_rate,
+        minor=minor,
     )
     return pl.pallas_call(
         kernel,
@@ -1205,10 +1263,18 @@ def attention_forward(
     0 drops probabilities as ``dropout.keep`` marks them for ``seed`` (int32 [] or
     ``dropout.words``)."""
     layout = _layout(q, k, v, blocks.forward)
+    minor = sequence_minor(layout)
+    k, v = (
+        jnp.swapaxes(x, 2, 3) if transposed else x
+        for x, transposed in (
+            (_pad_keys(k, layout), minor.keys),
+            (_pad_keys(v, layout), minor.values),
+        )
+    )
     out, *lse = _forward(
         _pack_rows(q, layout),
-        _pad_keys(k, layout),
-        _pad_keys(v, layout),
+        k,
+        v,
         _pack_tokens(tokens, layout),
         None
         if sinks is None
@@ -1219,6 +1285,7 @@ def attention_forward(
         interpret,
         with_lse,
         dropout_rate,
+        minor,
     )
     if not with_lse:
         return _unpack_rows(out, layout)

@@ -419,3 +419,53 @@ def test_row_statistics_reach_hbm_lane_dense(attention):
             shape, dtype = block.array_aval.shape, block.array_aval.dtype
             if jnp.issubdtype(dtype, jnp.floating):
                 assert shape[-1] != 1, f"{call.params['name']}: a [..., {shape[-2]}, 1] column"
+
+
+# Decode over a cache whose head dim leaves lanes empty (GPT-OSS: 64 q / 8 kv heads of 64, sinks,
+# a 128-token window on alternate layers) in 128-key blocks: 3-4 kv blocks, key padding, and a
+# length the blocks pad (300 -> 384).
+DECODE_OPTIONS = {
+    "causal": {"causal": True},
+    "window": {"causal": True, "sliding_window": 200},
+}
+
+
+@pytest.mark.parametrize("options", list(DECODE_OPTIONS))
+@pytest.mark.parametrize("q_len, kv_len", [(1, 512), (4, 300)])
+def test_decode_reads_a_lane_padded_cache_transposed(attention, q_len, kv_len, options):
+    """The forward reads a decode step's K and V of head dim 64 as [B, Hkv, 64, Sk]
+    (``SequenceMinor``: a bitcast of the layout TPU gives such a cache), with or without the
+    logsumexp (eager-attention models read it to find rows that see no key), and gives the
+    reference's values; at head dim 128 it reads [B, Hkv, Sk, D] as before."""
+    from kernel_hub.bench import block_schedule
+
+    api = attention.jax
+    arrays = Case(2, 16, 2, q_len, kv_len, 64, dtype="bfloat16", kv_mask=True).arrays()
+    arrays["sinks"] = jnp.asarray(np.random.default_rng(3).standard_normal(16), jnp.bfloat16)
+    blocks = {"block_q": 128, "block_k": 128}
+    options = DECODE_OPTIONS[options]
+    got = _attention(api, arrays, implementation="pallas", **blocks, **options)
+    want = _attention(api, upcast(arrays), implementation="xla", **options)
+    assert_close(got, want, TOLERANCE["bfloat16"], f"decode {q_len} x {kv_len}")
+
+    def kv_operands(function, arrays):
+        (call,) = block_schedule.pallas_calls(
+            lambda: function(**arrays, implementation="pallas", **blocks, **options)
+        )
+        return [m.array_aval.shape for m in call.params["grid_mapping"].block_mappings[1:3]]
+
+    padded = -(-kv_len // 128) * 128
+    assert kv_operands(api.dot_product_attention, arrays) == [(2, 2, 64, padded)] * 2
+    assert kv_operands(api.dot_product_attention_with_lse, arrays) == [(2, 2, 64, padded)] * 2
+    got = jax.jit(
+        lambda a: api.dot_product_attention_with_lse(
+            **a, implementation="pallas", **blocks, **options
+        )
+    )(arrays)
+    want = jax.jit(
+        lambda a: api.dot_product_attention_with_lse(**a, implementation="xla", **options)
+    )(upcast(arrays))
+    for name, actual, expected in zip(("out", "lse"), got, want, strict=True):
+        assert_close(actual, expected, TOLERANCE["bfloat16"], f"decode {name} with the lse")
+    wide = Case(2, 16, 2, q_len, kv_len, 128, dtype="bfloat16").arrays()
+    assert kv_operands(api.dot_product_attention, wide) == [(2, 2, padded, 128)] * 2

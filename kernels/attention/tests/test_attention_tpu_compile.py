@@ -132,3 +132,25 @@ def test_every_per_token_input_compiles(attention, q_len, options):
         differentiable=(0, 1, 2),
     )
     _assert_compiles(attention.manifest.name, case, "v5e")
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_reads_the_cache_in_its_own_layout(attention, head_dim):
+    """A decode step's K and V arrive in the layout TPU gives them, sequence-minor where the
+    head dim leaves lanes empty (GPT-OSS's 64): the forward-only kernel reads them there, so the
+    compiled program holds no copy of them (at version 1.6.2 it copied both into the padded
+    head-dim-minor layout, each twice the cache's size), nor at head dim 128 (Llama, Qwen3)."""
+    struct = jax.ShapeDtypeStruct
+    batch, q_heads, kv_heads, kv_len = 8, 64, 8, 4096
+    cache = struct((batch, kv_heads, kv_len, head_dim), jnp.bfloat16)
+    case = KernelCase(
+        name=f"decode-q1-kv4k-d{head_dim}",
+        fn=attention.jax.dot_product_attention,
+        args=(struct((batch, q_heads, 1, head_dim), jnp.bfloat16), cache, cache),
+        kwargs={"causal": True},
+    )
+    for generation in ("v5e", "v6e"):
+        result = compile_case(attention.manifest.name, case, generation)
+        assert result.ok, f"{generation}: {result.error}"
+        cache_bytes = cache.size * cache.dtype.itemsize
+        assert result.memory["temp_size"] < cache_bytes / 8, (generation, result.memory)

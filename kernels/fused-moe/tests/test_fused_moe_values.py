@@ -244,3 +244,37 @@ def test_w8a8_matches_its_float64_oracle_and_reports_error(implementation, dtype
     error = np.abs(got - w8a16).max() / scale
     print(f"w8a8 {implementation} {jnp.dtype(dtype).name}: max error vs W8A16 {error:.3g}")
     assert 0 < error < 0.05
+
+
+def test_declared_flops_are_the_rows_the_kernel_multiplies():
+    """The Pallas call's declared FLOPs (all cost_analysis() sees of it) are the matmuls of the
+    tm-row chunks it multiplies (gate/up and down, 2 x rows x H x 3I; the selection matmuls that
+    gather and scatter them, 4 x rows x T x H) at the most chunks T x k pairs can make
+    (``padded_rows``): 19 tokens on experts (0, 1) 17 times and (2, 3), (4, 5) once make that
+    many (8 chunks: 2 + 2 + 4 x 1), as the dispatch counts them; a random routing makes fewer."""
+    from kernel_hub.bench.block_schedule import pallas_calls
+
+    rng = np.random.default_rng(0)
+    tokens, top_k = 19, 2
+    w1, w2 = (jnp.asarray(w) for w in weights_for(False, rng, np.float32))
+    x = jnp.asarray(rng.standard_normal((tokens, H)), jnp.float32)
+    weights = jnp.full((tokens, top_k), 0.5, jnp.float32)
+    dispatch = api.pallas_tpu.dispatch
+
+    def declared_and_counted(ids):
+        ids = jnp.asarray(ids)
+        (call,) = pallas_calls(
+            lambda: api.fused_experts(
+                x, ids, weights, w1, w2, implementation="pallas", blocks=BLOCKS
+            )
+        )
+        plan = dispatch(ids, weights, E, BLOCKS.tm, INTER // BLOCKS.ti)
+        rows = int(np.sum(plan.chunks)) * BLOCKS.tm
+        counted = 2 * rows * H * 3 * INTER + 4 * rows * tokens * H
+        return call.params["cost_estimate"].flops, counted, rows
+
+    most = np.array([[0, 1]] * 17 + [[2, 3], [4, 5]], np.int32)
+    declared, counted, rows = declared_and_counted(most)
+    assert rows == 8 * BLOCKS.tm and declared == counted
+    declared, counted, rows = declared_and_counted(routing("spread", tokens, top_k, rng))
+    assert rows < 8 * BLOCKS.tm and declared > counted
