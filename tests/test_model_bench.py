@@ -270,22 +270,57 @@ TYPE_COUNTS = {
 }
 
 
+# The scaling is the same code in every mode; gemma3's cell trains (its kernelized training step
+# holds no more HBM than stock's; its prefill at this size holds more), gpt-oss's prefills (its
+# training step, MoE backward and sinks, compiles below in a one-type model: 4 programs, not 6).
+SCALING_MODES = {"gemma3_text": "train", "gpt_oss": "prefill"}
+
+
 @pytest.mark.parametrize("model_type", sorted(TINY_STRUCTURES))
 def test_models_with_differing_layers_scale_by_layer_type(model_type, tmp_path):
     needs_torchax_and_libtpu()
     fields = TINY_STRUCTURES[model_type]
+    mode = SCALING_MODES[model_type]
     _, rows = model_bench(
-        tmp_path, "--mode=train", "--seq=256", model_type=model_type, fields=fields
+        tmp_path, f"--mode={mode}", "--seq=256", model_type=model_type, fields=fields
     )
     stock, kernelized = rows
     assert (stock["variant"], kernelized["variant"]) == ("stock", "kernelized")
     for row in rows:
+        assert row["mode"] == mode
         assert row["full_layers"] == fields["num_hidden_layers"] and row["compiled_layers"] == 3
         assert (
             f"scaled by layer type to {row['full_layers']} layers ({TYPE_COUNTS[model_type]})"
             in (row["notes"][0])
         )
     assert stock["kernels"] == [] and "flash_attention_forward" in kernelized["kernels"]
+    assert kernelized["peak_hbm_bytes"] <= stock["peak_hbm_bytes"]
+
+
+def test_a_moe_model_with_attention_sinks_trains_on_the_backward_kernels(tmp_path):
+    """gpt-oss's training step (the one MoE training cell): its clamped SwiGLU experts run the
+    moe-gemm kernels forward and backward, its attention with sinks the flash kernels' backward;
+    full-attention layers only, so the command compiles 4 programs (one layer type)."""
+    needs_torchax_and_libtpu()
+    fields = {
+        **TINY_STRUCTURES["gpt_oss"],
+        "num_hidden_layers": 2,
+        "layer_types": ["full_attention", "full_attention"],
+    }
+    _, rows = model_bench(
+        tmp_path, "--mode=train", "--seq=256", model_type="gpt_oss", fields=fields
+    )
+    stock, kernelized = rows
+    assert [r["mode"] for r in rows] == ["train", "train"]
+    assert stock["kernels"] == [] and stock["replaced"] == {}
+    backward = {
+        "moe_gmm",
+        "moe_tgmm",
+        "flash_attention_backward_dq",
+        "flash_attention_backward_dkv",
+    }
+    assert backward <= set(kernelized["kernels"])
+    assert kernelized["replaced"]["ExpertsInterface"] == "moe-gemm x2"
     assert kernelized["peak_hbm_bytes"] <= stock["peak_hbm_bytes"]
 
 
