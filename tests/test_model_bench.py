@@ -697,3 +697,22 @@ def test_the_8bit_decode_programs_write_their_pages_and_scales():
 def test_unsupported_quantized_cells_are_refused_before_any_compile(args, message, capsys):
     assert main(["model-bench", *args, "--tpu=v6e"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_only_a_training_step_scales_its_temporaries(monkeypatch):
+    """A training row multiplies the per-layer growth of temporaries (saved activations); a
+    forward-only row keeps the largest compiled program's (1 and 2 of 3 layers here)."""
+    from kernel_hub.bench.model_figures import ProgramFigures
+    from kernel_hub.models import model_bench as bench
+
+    def compile_step(model, spec):
+        figures = ProgramFigures(100.0 * model, 1.0, 10.0 * model + 5.0, 0.0, 0.0, 0.0)
+        return bench.CompiledStep(figures, [], False, None, (), {}, 1, None)
+
+    monkeypatch.setattr(bench, "_build", lambda spec, kinds: len(kinds))
+    monkeypatch.setattr(bench, "compile_step", compile_step)
+    peaks = {}
+    for mode in ("train", "prefill"):
+        spec = bench.spec_for_model_type("llama", mode=mode, tpu="v6e", overrides=SMALL_LLAMA)
+        peaks[mode] = bench.bench_variant(spec, "stock").peak_hbm_bytes
+    assert peaks == {"train": 300.0 + 1.0 + 35.0, "prefill": 300.0 + 1.0 + 25.0}

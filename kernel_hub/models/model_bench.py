@@ -541,6 +541,7 @@ def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
         kernels=sorted({k for step in steps.values() for k in step.kernels}),
         replaced=replaced,
         loops=any(step.loops for step in steps.values()),
+        layers_keep_activations=spec.mode == "train",
         measured_ms=_measured_ms(deep, spec.tpu),
         notes=(_shape_note(cell), *_quantization_notes(spec, cell, kept_bf16), *_mesh_notes(deep)),
         chips=deep.chips,

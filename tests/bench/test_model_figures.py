@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -33,8 +34,13 @@ def figures(layers: int) -> ProgramFigures:
 
 
 def test_scaling_from_two_compiles_gives_the_full_depth():
-    assert scale_by_type(figures(1), {"decoder": figures(2)}, 1, {"decoder": 32}) == figures(32)
-    assert scale_by_type(figures(3), {"decoder": figures(4)}, 3, {"decoder": 48}) == figures(48)
+    grows = {"layers_keep_activations": True}
+    assert scale_by_type(figures(1), {"decoder": figures(2)}, 1, {"decoder": 32}, **grows) == (
+        figures(32)
+    )
+    assert scale_by_type(figures(3), {"decoder": figures(4)}, 3, {"decoder": 48}, **grows) == (
+        figures(48)
+    )
 
 
 def two_types(sliding: int, full: int) -> ProgramFigures:
@@ -47,14 +53,35 @@ def test_scaling_by_layer_type_adds_each_types_own_layer_cost():
     base = two_types(1, 1)
     one_more = {"sliding": two_types(2, 1), "full": two_types(1, 2)}
     counts = {"sliding": 40, "full": 8}
-    assert scale_by_type(base, one_more, 1, counts) == two_types(40, 8)
+    full = scale_by_type(base, one_more, 1, counts, layers_keep_activations=True)
+    assert full == two_types(40, 8)
+
+
+def test_a_forward_steps_temporaries_are_the_largest_compiled_peak_not_scaled():
+    """Temporaries that jump from one compiled program to the next (the compiler's placement)
+    are not multiplied by depth; everything else still scales."""
+    base = two_types(1, 1)
+    one_more = {
+        "sliding": replace(two_types(2, 1), temp_bytes=base.temp_bytes + 900),
+        "full": replace(two_types(1, 2), temp_bytes=base.temp_bytes - 40),
+    }
+    counts = {"sliding": 40, "full": 8}
+    full = scale_by_type(base, one_more, 1, counts, layers_keep_activations=False)
+    assert full.temp_bytes == base.temp_bytes + 900
+    assert replace(full, temp_bytes=0) == replace(two_types(40, 8), temp_bytes=0)
+    scaled = scale_by_type(base, one_more, 1, counts, layers_keep_activations=True)
+    assert scaled.temp_bytes == base.temp_bytes + 39 * 900 - 7 * 40
+    assert full.peak_hbm_bytes == scaled.peak_hbm_bytes - (39 * 900 - 7 * 40) + 900
+
+
+_FORWARD = {"layers_keep_activations": False}
 
 
 def test_scaling_needs_every_type_and_enough_layers_of_it():
     with pytest.raises(KernelInputError, match=r"compiled \(decoder\) are not the model's"):
-        scale_by_type(figures(1), {"decoder": figures(2)}, 1, {"sliding": 4, "full": 1})
+        scale_by_type(figures(1), {"decoder": figures(2)}, 1, {"sliding": 4, "full": 1}, **_FORWARD)
     with pytest.raises(KernelInputError, match="1 full layers: scaling compiles 2"):
-        scale_by_type(figures(1), {"full": figures(2)}, 1, {"full": 1})
+        scale_by_type(figures(1), {"full": figures(2)}, 1, {"full": 1}, **_FORWARD)
 
 
 def test_peak_counts_aliased_outputs_once_and_min_bytes_reads_and_writes_once():
@@ -124,6 +151,7 @@ def test_a_row_scales_says_so_and_flags_declared_costs_and_loops():
         kernels=["rms_norm_forward"],
         replaced={"RMSNorm": "rmsnorm x5"},
         loops=True,
+        layers_keep_activations=True,
     )
     full = figures(10)
     assert result.peak_hbm_bytes == full.peak_hbm_bytes
@@ -132,6 +160,7 @@ def test_a_row_scales_says_so_and_flags_declared_costs_and_loops():
     assert result.compiled["flops"] == figures(2).flops
     notes = " ".join(result.notes)
     assert "scaled from 2 compiled decoder layers to 10" in notes
+    assert "temporaries scaled with depth" in notes
     assert "declared CostEstimate (rms_norm_forward)" in notes
     assert "counts a loop body once" in notes
     keys = result.to_json().keys()
