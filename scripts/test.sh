@@ -54,13 +54,9 @@ summary() {
     return "$status"
 }
 run_cache=""  # this run's compilation cache (set below), removed at exit
-envs=""  # the background installs' logs and statuses (install_beside), removed at exit
 on_exit() {
     local status=$?
     [ -z "$run_cache" ] || rm -rf "$run_cache"
-    # a run that stops early (lint) leaves no install running behind it
-    kill $(jobs -p) 2>/dev/null || true
-    [ -z "$envs" ] || rm -rf "$envs"
     summary "$status"
 }
 trap on_exit EXIT
@@ -73,41 +69,9 @@ rm -rf dist build ./*.egg-info  # setuptools reuses a stale build/lib
 rm -rf build ./*.egg-info
 wheel=$(ls "$root"/dist/kernel_hub-*.whl)
 
-# A fresh environment (a venv path) holding the wheel with these extras (a comma list).
-install_env() {
-    python3 -m venv "$1"
-    "$1"/bin/python -m pip install --quiet --upgrade pip
-    "$1"/bin/python -m pip install --quiet -c constraints.txt "$wheel[$2]"
-    # an editable install of the same version would otherwise satisfy pip and stay in place
-    "$1"/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
-}
-
-# The main job's and the TorchTPU tests' environments install in the background from here, at a
-# lower CPU priority: .venv's install below keeps one core busy and the other would sit idle
-# (about 90 s), where these installs used to take ~130 s of a lane's time later. Each job waits
-# for its environment (await_env) and fails with its install's status and log.
-envs=$(mktemp -d)
-install_beside() {  # venv, extras
-    (
-        status=0
-        { (renice -n 10 -p "$BASHPID" >/dev/null && install_env "$1" "$2") >"$envs/$1.log" 2>&1 &
-            wait $! || status=$?; }
-        echo "$status" >"$envs/$1.status"
-    ) &
-}
-await_env() {  # venv
-    while [ ! -e "$envs/$1.status" ]; do sleep 1; done
-    cat "$envs/$1.log"
-    return "$(cat "$envs/$1.status")"
-}
-if [ "$#" -eq 0 ]; then
-    install_beside .venv-main "transformers,tokamax,hub"
-    # hub: the Hugging Face kernels test publishes a signed build to a local kernel-hub serve
-    install_beside .venv-torch-tpu "test,tokamax,torch-tpu,hub"
-fi
-
 step "install $(basename "$wheel") with [$extras] into .venv"
 .venv/bin/python -m pip install --quiet -c constraints.txt "$wheel[$extras]"
+# an editable install of the same version would otherwise satisfy pip and stay in place
 .venv/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
 
 step "lint"
@@ -129,7 +93,10 @@ export KERNEL_HUB_COMPILATION_CACHE_DIR=$run_cache
 # `get_kernel` of every registry op, `kernel-hub list` and `kernel-hub demo`, run from a directory
 # outside the checkout.
 main_job() {
-    await_env .venv-main
+    python3 -m venv .venv-main
+    .venv-main/bin/python -m pip install --quiet --upgrade pip
+    .venv-main/bin/python -m pip install --quiet -c constraints.txt "$wheel[transformers,tokamax,hub]"
+    .venv-main/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
     local outside
     outside=$(mktemp -d)
     (
@@ -149,7 +116,11 @@ for op in load_registry().ops:
 
 # The TorchTPU tests, in their own environment: torch-tpu loads itself into every `import torch`.
 torch_tpu_tests() {
-    await_env .venv-torch-tpu
+    python3 -m venv .venv-torch-tpu
+    .venv-torch-tpu/bin/python -m pip install --quiet --upgrade pip
+    # hub: the Hugging Face kernels test publishes a signed build to a local kernel-hub serve
+    .venv-torch-tpu/bin/python -m pip install --quiet -c constraints.txt "$wheel[test,tokamax,torch-tpu,hub]"
+    .venv-torch-tpu/bin/python -m pip install --quiet --no-deps --force-reinstall "$wheel"
     TORCH_DEVICE_BACKEND_AUTOLOAD=0 .venv-torch-tpu/bin/python -P -m pytest -p no:cacheprovider \
         tests/test_torch_tpu_runtime.py tests/hub/test_torch_tpu_hf_kernels.py
 }
@@ -159,8 +130,8 @@ suite_start=$SECONDS
 # Two lanes, one per core, take jobs from a queue. One pytest process keeps one core busy, so the
 # suite runs as parts, each its own process over whole directories (a conftest's session fixtures
 # stay in one process); the main job and the TorchTPU tests are jobs of the same queue (their
-# environments installed beside .venv's, above; they used to run one after the other at the
-# end). Lane 1 starts on the queue; lane 2 starts with the all-kernels TPU compile
+# environments install while the other lane runs tests, where they used to run one after the
+# other at the end). Lane 1 starts on the queue; lane 2 starts with the all-kernels TPU compile
 # matrix (its own 2 worker processes, at a lower CPU priority so lane 1 keeps its core) and then
 # takes jobs too, so neither core idles once the matrix is done (with one suite process, one core
 # sat idle for the step's last ~29 minutes). Parts also keep each process's memory mappings well

@@ -52,7 +52,7 @@ def test_install_line_and_extras_table_match_the_package() -> None:
     (install,) = re.findall(r'pip install -q -c constraints.txt "\.\[([\w,-]+)\]"', section)
     # the main job as CI runs it from a fresh environment (scripts/test.sh, .venv-main)
     script = (ROOT / "scripts" / "test.sh").read_text()
-    assert f'install_beside .venv-main "{install}"' in script
+    assert f'pip install --quiet -c constraints.txt "$wheel[{install}]"' in script
     named = set(re.findall(r"^\| `([\w-]+)`(?:, `([\w-]+)`)? \|", section, re.M))
     in_table = {name for pair in named for name in pair if name}
     assert in_table == set(extras) - {"test"}
