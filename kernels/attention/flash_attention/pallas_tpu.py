@@ -287,14 +287,19 @@ def _backward_vmem_bytes(block_q: int, block_k: int, dims: tuple[int, int], item
 def _largest_fitting(
     rows: int, kv_len: int, dims: tuple[int, int], itemsize: int, vmem_bytes
 ) -> BlockSizes:
-    for block_q in (_MAX_BLOCK_Q, _MAX_BLOCK_Q // 2, _MAX_BLOCK_Q // 4):
-        q = min(block_q, rows)
-        for block_k in _BLOCK_K_CHOICES:
-            if block_k > _round_up(kv_len, _LANES) and block_k != _BLOCK_K_CHOICES[-1]:
-                continue
-            if vmem_bytes(q, block_k, dims, itemsize) <= VMEM_BUDGET_BYTES:
-                return BlockSizes(block_q, block_k)
-    return BlockSizes(_MAX_BLOCK_Q // 4, _BLOCK_K_CHOICES[-1])
+    """The largest q block, then the largest kv block not past the (lane-padded) keys, that fit
+    v4's budget; the smallest pair when none does."""
+    padded_keys = _round_up(kv_len, _LANES)
+    candidates = [
+        (block_q, block_k)
+        for block_q in (_MAX_BLOCK_Q, _MAX_BLOCK_Q // 2, _MAX_BLOCK_Q // 4)
+        for block_k in _BLOCK_K_CHOICES
+        if block_k <= padded_keys or block_k == _BLOCK_K_CHOICES[-1]
+    ]
+    fitting = _first_fitting(
+        candidates, rows, kv_len, dims, itemsize, vmem_bytes, VMEM_BUDGET_BYTES
+    )
+    return fitting or BlockSizes(_MAX_BLOCK_Q // 4, _BLOCK_K_CHOICES[-1])
 
 
 def _first_fitting(
