@@ -1,0 +1,47 @@
+"""Runs ``kernel-hub model-bench`` cells one after the other in this process; writes a JSON file
+of each cell's exit status, output and rows.
+
+test_model_bench.py runs its cells here, in one subprocess, instead of one subprocess per cell:
+each process pays its own imports of torch, JAX, torchax and Transformers and its own first
+traces. A subprocess all the same: importing torchax renames torch's PrivateUse1 device for the
+rest of a process.
+
+Usage: ``python model_bench_cells.py CELLS.json OUT_DIR``, CELLS.json mapping a cell's name to
+its command-line arguments (without ``--json``); writes ``OUT_DIR/results.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from kernel_hub.cli import main
+
+
+def run_cell(argv: list[str], rows_path: Path) -> dict:
+    """One cell as the command runs it; an exception is its traceback and status 1, so the
+    cells after it still run."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            status = main([*argv, f"--json={rows_path}"])
+        except Exception:
+            traceback.print_exc()
+            status = 1
+    rows = json.loads(rows_path.read_text()) if status == 0 else None
+    return {
+        "status": status,
+        "stdout": stdout.getvalue(),
+        "stderr": stderr.getvalue(),
+        "rows": rows,
+    }
+
+
+if __name__ == "__main__":
+    cells, out_dir = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
+    results = {name: run_cell(argv, out_dir / f"{name}.json") for name, argv in cells.items()}
+    (out_dir / "results.json").write_text(json.dumps(results))
