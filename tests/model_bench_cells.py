@@ -1,5 +1,5 @@
-"""Runs ``kernel-hub model-bench`` cells one after the other in this process; writes a JSON file
-of each cell's exit status, output and rows.
+"""Runs model-bench cells one after the other in this process; writes a JSON file of each
+cell's exit status, output and rows.
 
 test_model_bench.py runs its cells here, in one subprocess, instead of one subprocess per cell:
 each process pays its own imports of torch, JAX, torchax and Transformers and its own first
@@ -7,7 +7,8 @@ traces. A subprocess all the same: importing torchax renames torch's PrivateUse1
 rest of a process.
 
 Usage: ``python model_bench_cells.py CELLS.json OUT_DIR``, CELLS.json mapping a cell's name to
-its command-line arguments (without ``--json``); writes ``OUT_DIR/results.json``.
+``{"argv": [...]}``, the command's arguments (without ``--json``), or ``{"code": ..., "argv":
+[...]}``, a Python script's text and its arguments; writes ``OUT_DIR/results.json``.
 """
 
 from __future__ import annotations
@@ -22,17 +23,23 @@ from pathlib import Path
 from kernel_hub.cli import main
 
 
-def run_cell(argv: list[str], rows_path: Path) -> dict:
-    """One cell as the command runs it; an exception is its traceback and status 1, so the
-    cells after it still run."""
+def run_cell(cell: dict, rows_path: Path) -> dict:
+    """One cell as the command (or ``python -c``) runs it; its rows: the command's ``--json``
+    (None for a script). An exception is its traceback and status 1, so the cells after it
+    still run."""
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         try:
-            status = main([*argv, f"--json={rows_path}"])
+            if "code" in cell:
+                sys.argv = ["-c", *cell["argv"]]
+                exec(compile(cell["code"], "<cell>", "exec"), {"__name__": "__main__"})
+                status = 0
+            else:
+                status = main([*cell["argv"], f"--json={rows_path}"])
         except Exception:
             traceback.print_exc()
             status = 1
-    rows = json.loads(rows_path.read_text()) if status == 0 else None
+    rows = json.loads(rows_path.read_text()) if status == 0 and "code" not in cell else None
     return {
         "status": status,
         "stdout": stdout.getvalue(),
@@ -43,5 +50,5 @@ def run_cell(argv: list[str], rows_path: Path) -> dict:
 
 if __name__ == "__main__":
     cells, out_dir = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
-    results = {name: run_cell(argv, out_dir / f"{name}.json") for name, argv in cells.items()}
+    results = {name: run_cell(cell, out_dir / f"{name}.json") for name, cell in cells.items()}
     (out_dir / "results.json").write_text(json.dumps(results))

@@ -54,9 +54,10 @@ def needs_torchax_and_libtpu() -> None:
         pytest.skip("model-bench needs torchax and libtpu (the torchax and tpu extras)")
 
 
-def cells() -> dict[str, list[str]]:
-    """Every cell of this module by name; a test takes a cell through the fixture of that name
-    (``scaled``: the cell ``scaled_<model_type>`` of the test's model type)."""
+def cells() -> dict[str, dict]:
+    """Every cell of this module by name (model_bench_cells.py: the command's arguments, or a
+    script and its arguments); a test takes a cell through the fixture of that name (``scaled``:
+    the cell ``scaled_<model_type>`` of the test's model type)."""
     decode = ["--mode=decode", f"--batch={DECODE_BATCH}", f"--context={DECODE_CONTEXT}"]
     static = ["--mode=decode", "--batch=2", "--context=256", "--cache=static"]
     scaled = {
@@ -68,7 +69,7 @@ def cells() -> dict[str, list[str]]:
         )
         for model_type, fields in TINY_STRUCTURES.items()
     }
-    return {
+    commands = {
         "train": cell_args("--mode=train", "--seq=128"),
         "decode": cell_args(*decode, "--cache=paged"),
         "decode_fp8": cell_args(
@@ -80,6 +81,19 @@ def cells() -> dict[str, list[str]]:
             *static, model_type="gpt_oss", fields=TINY_STRUCTURES["gpt_oss"]
         ),
         "hybrid_static_decode": cell_args(*static, model_type="qwen3_next", fields=TINY_QWEN3_NEXT),
+    }
+    small_decode = [json.dumps(SMALL_LLAMA), str(DECODE_BATCH), str(DECODE_CONTEXT)]
+    scripts = {
+        "trace_paged_decode": (_TRACE_PAGED_DECODE, small_decode),
+        "trace_8bit_decode": (_TRACE_8BIT_DECODE, small_decode),
+        "hybrid_decode_numerics": (
+            _HYBRID_DECODE_NUMERICS,
+            [json.dumps({**TINY_QWEN3_NEXT, "num_hidden_layers": 2})],  # 1 linear + 1 full
+        ),
+    }
+    return {
+        **{name: {"argv": argv} for name, argv in commands.items()},
+        **{name: {"code": code, "argv": argv} for name, (code, argv) in scripts.items()},
     }
 
 
@@ -116,8 +130,8 @@ def bench_cells(request, tmp_path_factory) -> dict[str, dict]:
     return json.loads((out / "results.json").read_text())
 
 
-def ran(bench_cells: dict[str, dict], name: str) -> tuple[str, list[dict]]:
-    """A cell's table and JSON rows; its error output when the command failed."""
+def ran(bench_cells: dict[str, dict], name: str) -> tuple[str, list[dict] | None]:
+    """A cell's output (the command's table) and JSON rows; its error output when it failed."""
     cell = bench_cells[name]
     assert cell["status"] == 0, cell["stderr"][-4000:]
     return cell["stdout"], cell["rows"]
@@ -274,21 +288,17 @@ print(json.dumps(found))
 """
 
 
-def test_the_paged_decode_program_writes_the_cache_and_copies_no_buffer():
+@pytest.fixture
+def trace_paged_decode(bench_cells):
+    return ran(bench_cells, "trace_paged_decode")
+
+
+def test_the_paged_decode_program_writes_the_cache_and_copies_no_buffer(trace_paged_decode):
     """Kernelized: the returned cache is the input with the new tokens scattered in (K and V of
     each compiled layer), and nothing else the size of the buffer (no per-layer view of it
     copied in front of the kernel). Stock under torchax: Transformers writes through per-layer
     views, which torchax's ``Tensor.view`` copies, so its step returns the cache unchanged."""
-    needs_torchax_and_libtpu()
-    args = [json.dumps(SMALL_LLAMA), str(DECODE_BATCH), str(DECODE_CONTEXT)]
-    result = subprocess.run(
-        [sys.executable, "-c", _TRACE_PAGED_DECODE, *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    found = json.loads(trace_paged_decode[0].strip().splitlines()[-1])
     assert found["kernelized"] == {"unchanged": False, "large": ["scatter"] * 4}
     assert found["stock"]["unchanged"], "stock's write reaches the cache under torchax now"
 
@@ -528,20 +538,18 @@ print(json.dumps(found))
 """
 
 
-def test_the_hybrid_static_decode_step_returns_transformers_next_logits_and_states():
+@pytest.fixture
+def hybrid_decode_numerics(bench_cells):
+    return ran(bench_cells, "hybrid_decode_numerics")
+
+
+def test_the_hybrid_static_decode_step_returns_transformers_next_logits_and_states(
+    hybrid_decode_numerics,
+):
     """From a cache Transformers prefilled, both variants' steps give Transformers' next-token
     logits and return the cache Transformers' decode leaves: K/V and the linear layers' conv and
     recurrent states updated (each moved in the step), not the states they were given."""
-    needs_torchax_and_libtpu()
-    fields = {**TINY_QWEN3_NEXT, "num_hidden_layers": 2}  # one linear + one full attention
-    result = subprocess.run(
-        [sys.executable, "-c", _HYBRID_DECODE_NUMERICS, json.dumps(fields)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    found = json.loads(hybrid_decode_numerics[0].strip().splitlines()[-1])
     for variant, errors in found.items():
         assert errors["logits"] < 1e-4, variant
         parts = errors["cache"]
@@ -703,21 +711,17 @@ print(json.dumps(found))
 """
 
 
-def test_the_8bit_decode_programs_write_their_pages_and_scales():
+@pytest.fixture
+def trace_8bit_decode(bench_cells):
+    return ran(bench_cells, "trace_8bit_decode")
+
+
+def test_the_8bit_decode_programs_write_their_pages_and_scales(trace_8bit_decode):
     """The serving attention writes the new tokens into the 8-bit pages in their own dtype (a
     write through a byte view, ragged-attention before 1.3.2, does not trace under torchax,
     which has no dtype-reinterpreting view), and their scales; every page and scale tensor of
     the donated cache comes back written."""
-    needs_torchax_and_libtpu()
-    args = [json.dumps(SMALL_LLAMA), str(DECODE_BATCH), str(DECODE_CONTEXT)]
-    result = subprocess.run(
-        [sys.executable, "-c", _TRACE_8BIT_DECODE, *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    found = json.loads(trace_8bit_decode[0].strip().splitlines()[-1])
     assert found == {
         "paged": {"dtypes": ["float32", "float8_e4m3fn"], "unchanged": 0},
         "static": {"dtypes": ["float32", "int8"], "unchanged": 0},
