@@ -164,7 +164,7 @@ def test_a_flux_denoising_step_compiles_stock_and_kernelized(tmp_path):
     for row in rows:
         assert (row["mode"], row["full_layers"], row["compiled_layers"]) == ("denoise", 4, 3)
         assert "(2 double_stream, 2 single_stream)" in row["notes"][0]
-        assert "256 image tokens + 512 text tokens" in row["notes"][2]
+        assert any("256 image tokens + 512 text tokens" in note for note in row["notes"])
     assert stock["kernels"] == [] and stock["replaced"] == {}
     assert {"flash_attention_forward", "layer_norm_forward"} <= set(kernelized["kernels"])
     # the q/k RMSNorms are per head before the rotary: left to XLA (integrations.diffusers)
