@@ -1,7 +1,8 @@
 """Runs model-bench cells one after the other in this process; writes a JSON file of each
 cell's exit status, output and rows.
 
-test_model_bench.py runs its cells here, in one subprocess, instead of one subprocess per cell:
+test_model_bench.py and test_model_bench_presets.py run their cells here, one subprocess per
+test module (``run_cells``) instead of one per cell:
 each process pays its own imports of torch, JAX, torchax and Transformers and its own first
 traces. A subprocess all the same: importing torchax renames torch's PrivateUse1 device for the
 rest of a process.
@@ -16,9 +17,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import subprocess
 import sys
 import traceback
 from pathlib import Path
+
+import pytest
 
 from kernel_hub.cli import main
 
@@ -46,6 +50,32 @@ def run_cell(cell: dict, rows_path: Path) -> dict:
         "stderr": stderr.getvalue(),
         "rows": rows,
     }
+
+
+def selected(request: pytest.FixtureRequest, item_cells) -> set[str]:
+    """The cells the selected tests of the requesting module use (``item_cells(item)`` of each)."""
+    items = [i for i in request.session.items if getattr(i, "module", None) is request.module]
+    return set().union(*map(item_cells, items))
+
+
+def run_cells(cells: dict[str, dict], out_dir: Path) -> dict[str, dict]:
+    """``cells`` run by this script in one subprocess; each cell's status, output and rows."""
+    (out_dir / "cells.json").write_text(json.dumps(cells))
+    result = subprocess.run(
+        [sys.executable, __file__, str(out_dir / "cells.json"), str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads((out_dir / "results.json").read_text())
+
+
+def ran(results: dict[str, dict], name: str) -> tuple[str, list[dict] | None]:
+    """A cell's output (the command's table) and JSON rows; its error output when it failed."""
+    cell = results[name]
+    assert cell["status"] == 0, cell["stderr"][-4000:]
+    return cell["stdout"], cell["rows"]
 
 
 if __name__ == "__main__":

@@ -12,11 +12,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from model_bench_cells import ran, run_cells, selected
 
 from kernel_hub.cli import main
 from kernel_hub.models.presets import PRESETS
@@ -107,34 +105,11 @@ def _cells_of(item: pytest.Item) -> set[str]:
 @pytest.fixture(scope="module")
 def bench_cells(request, tmp_path_factory) -> dict[str, dict]:
     """The cells of this module's selected tests, run in one subprocess (model_bench_cells.py:
-    the imports and first traces once, not once a cell); each cell's status, output and rows."""
+    the imports and first traces once, not once a cell)."""
     needs_torchax_and_libtpu()
-    wanted = set().union(
-        *(
-            _cells_of(i)
-            for i in request.session.items
-            if getattr(i, "module", None) is request.module
-        )
-    )
-    out = tmp_path_factory.mktemp("cells")
-    chosen = {name: args for name, args in cells().items() if name in wanted}
-    (out / "cells.json").write_text(json.dumps(chosen))
-    script = Path(__file__).with_name("model_bench_cells.py")
-    result = subprocess.run(
-        [sys.executable, str(script), str(out / "cells.json"), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads((out / "results.json").read_text())
-
-
-def ran(bench_cells: dict[str, dict], name: str) -> tuple[str, list[dict] | None]:
-    """A cell's output (the command's table) and JSON rows; its error output when it failed."""
-    cell = bench_cells[name]
-    assert cell["status"] == 0, cell["stderr"][-4000:]
-    return cell["stdout"], cell["rows"]
+    wanted = selected(request, _cells_of)
+    chosen = {name: cell for name, cell in cells().items() if name in wanted}
+    return run_cells(chosen, tmp_path_factory.mktemp("cells"))
 
 
 @pytest.fixture
