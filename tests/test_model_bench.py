@@ -2,8 +2,9 @@
 step): a narrow Llama, stock and kernelized, traced through torchax and compiled deviceless for
 v6e.
 
-torchax renames torch's PrivateUse1 device for the rest of a process, so the command runs in a
-subprocess; the real-size cells are in docs/model-bench.md.
+torchax renames torch's PrivateUse1 device for the rest of a process, so the command's cells run
+in a subprocess (one for all of them: model_bench_cells.py); the real-size cells are in
+docs/model-bench.md.
 """
 
 from __future__ import annotations
@@ -11,10 +12,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import subprocess
-import sys
 
 import pytest
+from model_bench_cells import ran, run_cells, selected
 
 from kernel_hub.cli import main
 from kernel_hub.models.presets import PRESETS
@@ -41,22 +41,10 @@ TRAIN_KERNELS = {
 }
 
 
-def model_bench(
-    tmp_path, *args: str, model_type: str = "llama", fields: dict = SMALL_LLAMA
-) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """The command on a small model (the Llama by default) in a subprocess of its own; its
-    table and JSON rows."""
-    out = tmp_path / "out.json"
+def cell_args(*args: str, model_type: str = "llama", fields: dict = SMALL_LLAMA) -> list[str]:
+    """The command's arguments for a cell on a small model (the Llama by default)."""
     settings = [f"--set={key}={json.dumps(value)}" for key, value in fields.items()]
-    command = [sys.executable, "-m", "kernel_hub.cli", "model-bench", f"--model-type={model_type}"]
-    result = subprocess.run(
-        [*command, *settings, *args, "--tpu=v6e", f"--json={out}"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result, json.loads(out.read_text())
+    return ["model-bench", f"--model-type={model_type}", *settings, *args, "--tpu=v6e"]
 
 
 def needs_torchax_and_libtpu() -> None:
@@ -64,26 +52,78 @@ def needs_torchax_and_libtpu() -> None:
         pytest.skip("model-bench needs torchax and libtpu (the torchax and tpu extras)")
 
 
+def cells() -> dict[str, dict]:
+    """Every cell of this module by name (model_bench_cells.py: the command's arguments, or a
+    script and its arguments); a test takes a cell through the fixture of that name (``scaled``:
+    the cell ``scaled_<model_type>`` of the test's model type)."""
+    decode = ["--mode=decode", f"--batch={DECODE_BATCH}", f"--context={DECODE_CONTEXT}"]
+    static = ["--mode=decode", "--batch=2", "--context=256", "--cache=static"]
+    scaled = {
+        f"scaled_{model_type}": cell_args(
+            f"--mode={SCALING_MODES[model_type]}",
+            "--seq=256",
+            model_type=model_type,
+            fields=fields,
+        )
+        for model_type, fields in TINY_STRUCTURES.items()
+    }
+    commands = {
+        "train": cell_args("--mode=train", "--seq=128"),
+        "decode": cell_args(*decode, "--cache=paged"),
+        "decode_fp8": cell_args(
+            *decode, "--cache=paged", "--weights=fp8", "--kv-cache-dtype=float8_e4m3fn"
+        ),
+        **scaled,
+        "moe_train": cell_args("--mode=train", "--seq=128", model_type="gpt_oss", fields=MOE_TRAIN),
+        "eager_static_decode": cell_args(
+            *static, model_type="gpt_oss", fields=TINY_STRUCTURES["gpt_oss"]
+        ),
+        "hybrid_static_decode": cell_args(*static, model_type="qwen3_next", fields=TINY_QWEN3_NEXT),
+    }
+    small_decode = [json.dumps(SMALL_LLAMA), str(DECODE_BATCH), str(DECODE_CONTEXT)]
+    scripts = {
+        "trace_paged_decode": (_TRACE_PAGED_DECODE, small_decode),
+        "trace_8bit_decode": (_TRACE_8BIT_DECODE, small_decode),
+        "hybrid_decode_numerics": (
+            _HYBRID_DECODE_NUMERICS,
+            [json.dumps({**TINY_QWEN3_NEXT, "num_hidden_layers": 2})],  # 1 linear + 1 full
+        ),
+    }
+    return {
+        **{name: {"argv": argv} for name, argv in commands.items()},
+        **{name: {"code": code, "argv": argv} for name, (code, argv) in scripts.items()},
+    }
+
+
+def _cells_of(item: pytest.Item) -> set[str]:
+    names = set(item.fixturenames) & set(cells())
+    if "scaled" in item.fixturenames:
+        names.add(f"scaled_{item.callspec.params['model_type']}")
+    return names
+
+
 @pytest.fixture(scope="module")
-def train(tmp_path_factory):
+def bench_cells(request, tmp_path_factory) -> dict[str, dict]:
+    """The cells of this module's selected tests, run in one subprocess (model_bench_cells.py:
+    the imports and first traces once, not once a cell)."""
     needs_torchax_and_libtpu()
-    return model_bench(tmp_path_factory.mktemp("train"), "--mode=train", "--seq=128")
+    wanted = selected(request, _cells_of)
+    chosen = {name: cell for name, cell in cells().items() if name in wanted}
+    return run_cells(chosen, tmp_path_factory.mktemp("cells"))
+
+
+@pytest.fixture
+def train(bench_cells):
+    return ran(bench_cells, "train")
 
 
 # Two pages of 256 tokens per sequence, more than one block per axis for the paged kernel.
 DECODE_BATCH, DECODE_CONTEXT = 4, 512
 
 
-@pytest.fixture(scope="module")
-def decode(tmp_path_factory):
-    needs_torchax_and_libtpu()
-    return model_bench(
-        tmp_path_factory.mktemp("decode"),
-        "--mode=decode",
-        f"--batch={DECODE_BATCH}",
-        f"--context={DECODE_CONTEXT}",
-        "--cache=paged",
-    )
+@pytest.fixture
+def decode(bench_cells):
+    return ran(bench_cells, "decode")
 
 
 def test_both_variants_at_full_depth(train):
@@ -113,9 +153,9 @@ def test_the_kernelized_program_holds_the_training_kernels(train):
 
 
 def test_the_table_names_both_variants(train):
-    result, _ = train
-    assert "stock" in result.stdout and "kernelized" in result.stdout
-    assert "replaced RMSNorm -> rmsnorm x5" in result.stdout
+    table, _ = train
+    assert "stock" in table and "kernelized" in table
+    assert "replaced RMSNorm -> rmsnorm x5" in table
 
 
 @pytest.mark.parametrize(
@@ -172,11 +212,11 @@ def _decode_floor(weights: str, kv_token: int, path_inputs: int) -> int:
 
 
 def test_a_paged_decode_step_runs_the_paged_kernel_over_the_donated_cache(decode):
-    result, (stock, kernelized) = decode
+    table, (stock, kernelized) = decode
     assert [stock["variant"], kernelized["variant"]] == ["stock", "kernelized"]
     assert stock["kernels"] == [] and "paged_attention" in kernelized["kernels"]
     assert "ragged-attention x2" in kernelized["replaced"]["ContinuousBatching"]
-    assert "paged KV cache of 512 tokens" in result.stdout
+    assert "paged KV cache of 512 tokens" in table
     for row in (stock, kernelized):
         assert row["mode"] == "decode" and row["compiled"]["alias_bytes"] > 0  # cache in place
         assert row["peak_hbm_bytes"] > row["compiled"]["peak_hbm_bytes"]
@@ -223,21 +263,17 @@ print(json.dumps(found))
 """
 
 
-def test_the_paged_decode_program_writes_the_cache_and_copies_no_buffer():
+@pytest.fixture
+def trace_paged_decode(bench_cells):
+    return ran(bench_cells, "trace_paged_decode")
+
+
+def test_the_paged_decode_program_writes_the_cache_and_copies_no_buffer(trace_paged_decode):
     """Kernelized: the returned cache is the input with the new tokens scattered in (K and V of
     each compiled layer), and nothing else the size of the buffer (no per-layer view of it
     copied in front of the kernel). Stock under torchax: Transformers writes through per-layer
     views, which torchax's ``Tensor.view`` copies, so its step returns the cache unchanged."""
-    needs_torchax_and_libtpu()
-    args = [json.dumps(SMALL_LLAMA), str(DECODE_BATCH), str(DECODE_CONTEXT)]
-    result = subprocess.run(
-        [sys.executable, "-c", _TRACE_PAGED_DECODE, *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    found = json.loads(trace_paged_decode[0].strip().splitlines()[-1])
     assert found["kernelized"] == {"unchanged": False, "large": ["scatter"] * 4}
     assert found["stock"]["unchanged"], "stock's write reaches the cache under torchax now"
 
@@ -276,14 +312,16 @@ TYPE_COUNTS = {
 SCALING_MODES = {"gemma3_text": "train", "gpt_oss": "prefill"}
 
 
+@pytest.fixture
+def scaled(bench_cells, model_type):
+    return ran(bench_cells, f"scaled_{model_type}")
+
+
 @pytest.mark.parametrize("model_type", sorted(TINY_STRUCTURES))
-def test_models_with_differing_layers_scale_by_layer_type(model_type, tmp_path):
-    needs_torchax_and_libtpu()
+def test_models_with_differing_layers_scale_by_layer_type(model_type, scaled):
     fields = TINY_STRUCTURES[model_type]
     mode = SCALING_MODES[model_type]
-    _, rows = model_bench(
-        tmp_path, f"--mode={mode}", "--seq=256", model_type=model_type, fields=fields
-    )
+    _, rows = scaled
     stock, kernelized = rows
     assert (stock["variant"], kernelized["variant"]) == ("stock", "kernelized")
     for row in rows:
@@ -297,19 +335,26 @@ def test_models_with_differing_layers_scale_by_layer_type(model_type, tmp_path):
     assert kernelized["peak_hbm_bytes"] <= stock["peak_hbm_bytes"]
 
 
-def test_a_moe_model_with_attention_sinks_trains_on_the_backward_kernels(tmp_path):
+# gpt-oss's MoE training cell: full-attention layers only (one layer type: 4 programs, not 6) at
+# 128 tokens: the command took 42 CPU-s against 62 at 256 (libtpu's training compiles), and the
+# flash kernels take the whole sequence in one block at either length (query blocks of 512 packed
+# rows), so 256 crossed no more block edges.
+MOE_TRAIN = {
+    **TINY_STRUCTURES["gpt_oss"],
+    "num_hidden_layers": 2,
+    "layer_types": ["full_attention", "full_attention"],
+}
+
+
+@pytest.fixture
+def moe_train(bench_cells):
+    return ran(bench_cells, "moe_train")
+
+
+def test_a_moe_model_with_attention_sinks_trains_on_the_backward_kernels(moe_train):
     """gpt-oss's training step (the one MoE training cell): its clamped SwiGLU experts run the
-    moe-gemm kernels forward and backward, its attention with sinks the flash kernels' backward;
-    full-attention layers only, so the command compiles 4 programs (one layer type)."""
-    needs_torchax_and_libtpu()
-    fields = {
-        **TINY_STRUCTURES["gpt_oss"],
-        "num_hidden_layers": 2,
-        "layer_types": ["full_attention", "full_attention"],
-    }
-    _, rows = model_bench(
-        tmp_path, "--mode=train", "--seq=256", model_type="gpt_oss", fields=fields
-    )
+    moe-gemm kernels forward and backward, its attention with sinks the flash kernels' backward."""
+    _, rows = moe_train
     stock, kernelized = rows
     assert [r["mode"] for r in rows] == ["train", "train"]
     assert stock["kernels"] == [] and stock["replaced"] == {}
@@ -324,20 +369,18 @@ def test_a_moe_model_with_attention_sinks_trains_on_the_backward_kernels(tmp_pat
     assert kernelized["peak_hbm_bytes"] <= stock["peak_hbm_bytes"]
 
 
-def test_an_eager_attention_model_decodes_over_a_static_cache_under_torchax_jit(tmp_path):
+@pytest.fixture
+def eager_static_decode(bench_cells):
+    return ran(bench_cells, "eager_static_decode")
+
+
+def test_an_eager_attention_model_decodes_over_a_static_cache_under_torchax_jit(
+    eager_static_decode,
+):
     """gpt-oss runs Transformers' eager attention; over a static cache its mask has key padding,
     so kernelize serves eager's rows that see no key. torchax's jit is not torch.compile, so that
     must take the traced form there (the host read met a tracer: ConcretizationTypeError)."""
-    needs_torchax_and_libtpu()
-    _, rows = model_bench(
-        tmp_path,
-        "--mode=decode",
-        "--batch=2",
-        "--context=256",
-        "--cache=static",
-        model_type="gpt_oss",
-        fields=TINY_STRUCTURES["gpt_oss"],
-    )
+    _, rows = eager_static_decode
     assert [r["variant"] for r in rows] == ["stock", "kernelized"]
     assert "flash_attention_forward" in rows[1]["kernels"]
 
@@ -373,21 +416,17 @@ def _linear_state_bytes(batch: int) -> int:
     return conv + batch * heads * f["linear_key_head_dim"] * f["linear_value_head_dim"] * 4
 
 
-def test_a_hybrid_model_decodes_over_a_static_cache_on_its_decode_kernels(tmp_path):
+@pytest.fixture
+def hybrid_static_decode(bench_cells):
+    return ran(bench_cells, "hybrid_static_decode")
+
+
+def test_a_hybrid_model_decodes_over_a_static_cache_on_its_decode_kernels(hybrid_static_decode):
     """The linear-attention layers' conv and recurrent states are donated cache arguments beside
     the attention layers' K/V (the largest compiled program: 1 linear + 2 full attention layers);
     kernelized, the step runs the decode kernels on them; the hand count reads and writes them."""
-    needs_torchax_and_libtpu()
-    batch, context = 2, 256
-    _, rows = model_bench(
-        tmp_path,
-        "--mode=decode",
-        f"--batch={batch}",
-        f"--context={context}",
-        "--cache=static",
-        model_type="qwen3_next",
-        fields=TINY_QWEN3_NEXT,
-    )
+    batch, context = 2, 256  # the cell's (cells())
+    _, rows = hybrid_static_decode
     stock, kernelized = rows
     assert stock["kernels"] == []
     assert {"causal_conv1d_update", "recurrent_gated_delta_rule"} <= set(kernelized["kernels"])
@@ -474,20 +513,18 @@ print(json.dumps(found))
 """
 
 
-def test_the_hybrid_static_decode_step_returns_transformers_next_logits_and_states():
+@pytest.fixture
+def hybrid_decode_numerics(bench_cells):
+    return ran(bench_cells, "hybrid_decode_numerics")
+
+
+def test_the_hybrid_static_decode_step_returns_transformers_next_logits_and_states(
+    hybrid_decode_numerics,
+):
     """From a cache Transformers prefilled, both variants' steps give Transformers' next-token
     logits and return the cache Transformers' decode leaves: K/V and the linear layers' conv and
     recurrent states updated (each moved in the step), not the states they were given."""
-    needs_torchax_and_libtpu()
-    fields = {**TINY_QWEN3_NEXT, "num_hidden_layers": 2}  # one linear + one full attention
-    result = subprocess.run(
-        [sys.executable, "-c", _HYBRID_DECODE_NUMERICS, json.dumps(fields)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    found = json.loads(hybrid_decode_numerics[0].strip().splitlines()[-1])
     for variant, errors in found.items():
         assert errors["logits"] < 1e-4, variant
         parts = errors["cache"]
@@ -594,18 +631,9 @@ def test_a_variant_that_does_not_fit_is_a_row_beside_the_other(monkeypatch, tmp_
 KV_TOKEN_8BIT = 2 * 3 * 1 * (128 + 4)  # 8-bit K and V with one f32 scale per token and kv head
 
 
-@pytest.fixture(scope="module")
-def decode_fp8(tmp_path_factory):
-    needs_torchax_and_libtpu()
-    return model_bench(
-        tmp_path_factory.mktemp("decode_fp8"),
-        "--mode=decode",
-        f"--batch={DECODE_BATCH}",
-        f"--context={DECODE_CONTEXT}",
-        "--cache=paged",
-        "--weights=fp8",
-        "--kv-cache-dtype=float8_e4m3fn",
-    )
+@pytest.fixture
+def decode_fp8(bench_cells):
+    return ran(bench_cells, "decode_fp8")
 
 
 def test_fp8_weights_and_an_fp8_paged_cache_run_their_kernels_in_fewer_bytes(decode_fp8):
@@ -658,21 +686,17 @@ print(json.dumps(found))
 """
 
 
-def test_the_8bit_decode_programs_write_their_pages_and_scales():
+@pytest.fixture
+def trace_8bit_decode(bench_cells):
+    return ran(bench_cells, "trace_8bit_decode")
+
+
+def test_the_8bit_decode_programs_write_their_pages_and_scales(trace_8bit_decode):
     """The serving attention writes the new tokens into the 8-bit pages in their own dtype (a
     write through a byte view, ragged-attention before 1.3.2, does not trace under torchax,
     which has no dtype-reinterpreting view), and their scales; every page and scale tensor of
     the donated cache comes back written."""
-    needs_torchax_and_libtpu()
-    args = [json.dumps(SMALL_LLAMA), str(DECODE_BATCH), str(DECODE_CONTEXT)]
-    result = subprocess.run(
-        [sys.executable, "-c", _TRACE_8BIT_DECODE, *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    found = json.loads(trace_8bit_decode[0].strip().splitlines()[-1])
     assert found == {
         "paged": {"dtypes": ["float32", "float8_e4m3fn"], "unchanged": 0},
         "static": {"dtypes": ["float32", "int8"], "unchanged": 0},

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 
 import pytest
+from model_bench_cells import ran, run_cells, selected
 
 from kernel_hub.cli import main
 from kernel_hub.errors import KernelInputError
@@ -78,19 +77,9 @@ SHARDED_LLAMA = {
 
 
 @pytest.mark.tpu_compile
-def test_a_sharded_training_step_compiles_per_chip(tmp_path):
-    if importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None:
-        pytest.skip("model-bench needs torchax and libtpu (the torchax and tpu extras)")
-    out = tmp_path / "out.json"
-    settings = [f"--set={key}={json.dumps(value)}" for key, value in SHARDED_LLAMA.items()]
-    command = [sys.executable, "-m", "kernel_hub.cli", "model-bench", "--model-type=llama"]
-    args = ["--mode=train", "--seq=128", "--batch=2", "--tpu=v5e", "--topology=2x2", "--tp=2"]
-    # torchax renames torch's PrivateUse1 device for the rest of a process: a subprocess
-    result = subprocess.run(
-        [*command, *settings, *args, f"--json={out}"], capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    stock, kernelized = rows = json.loads(out.read_text())
+def test_a_sharded_training_step_compiles_per_chip(sharded_train):
+    table, rows = sharded_train
+    stock, kernelized = rows
     h, i, v = (SHARDED_LLAMA[k] for k in ("hidden_size", "intermediate_size", "vocab_size"))
     weights = 2 * (2 * (4 * h * h + 3 * h * i) + 2 * v * h)  # 2 compiled layers, bf16
     for row in rows:
@@ -99,7 +88,7 @@ def test_a_sharded_training_step_compiles_per_chip(tmp_path):
         assert any(note.startswith("collectives") and "all-reduce" in note for note in row["notes"])
         # one chip holds about a quarter of the weights (whole, they are more than all of them)
         assert row["compiled"]["argument_bytes"] < weights / 3
-    assert "v5e x4 (per" in result.stdout
+    assert "v5e x4 (per" in table
     assert stock["kernels"] == [] and "flash_attention_forward" in kernelized["kernels"]
     # gradients come back placed like their parameters in both programs
     assert stock["compiled"]["output_bytes"] == kernelized["compiled"]["output_bytes"]
@@ -147,24 +136,13 @@ TINY_FLUX = {
 
 
 @pytest.mark.tpu_compile
-def test_a_flux_denoising_step_compiles_stock_and_kernelized(tmp_path):
-    if importlib.util.find_spec("torchax") is None or importlib.util.find_spec("libtpu") is None:
-        pytest.skip("model-bench needs torchax and libtpu (the torchax and tpu extras)")
-    pytest.importorskip("diffusers")
-    out = tmp_path / "out.json"
-    settings = [f"--set={key}={json.dumps(value)}" for key, value in TINY_FLUX.items()]
-    command = [sys.executable, "-m", "kernel_hub.cli", "model-bench", "flux-1-dev"]
-    args = ["--mode=denoise", "--image=256", "--tpu=v6e", f"--json={out}"]
-    # six compiles, about 70 s of CPU time
-    result = subprocess.run(
-        [*command, *settings, *args], capture_output=True, text=True, timeout=1500
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    stock, kernelized = rows = json.loads(out.read_text())
+def test_a_flux_denoising_step_compiles_stock_and_kernelized(flux_denoise):
+    _, rows = flux_denoise  # six compiles, about 50 s of CPU time
+    stock, kernelized = rows
     for row in rows:
         assert (row["mode"], row["full_layers"], row["compiled_layers"]) == ("denoise", 4, 3)
         assert "(2 double_stream, 2 single_stream)" in row["notes"][0]
-        assert "256 image tokens + 512 text tokens" in row["notes"][2]
+        assert any("256 image tokens + 512 text tokens" in note for note in row["notes"])
     assert stock["kernels"] == [] and stock["replaced"] == {}
     assert {"flash_attention_forward", "layer_norm_forward"} <= set(kernelized["kernels"])
     # the q/k RMSNorms are per head before the rotary: left to XLA (integrations.diffusers)
@@ -185,17 +163,78 @@ print(before == len(dict(model.named_parameters())), tied)
 """
 
 
-def test_kernelizing_keeps_tied_embeddings_one_argument():
+def test_kernelizing_keeps_tied_embeddings_one_argument(kernelize_tied):
     """A tied LM head stays the embedding's tensor through the zero and meta swaps, so the traced
     kernelized step has one argument for both, as the stock one does (gemma-3-12b's kernelized
     decode held the 1.9 GiB embedding twice before)."""
-    if importlib.util.find_spec("torchax") is None:
-        pytest.skip("model-bench needs torchax")
-    result = subprocess.run(
-        [sys.executable, "-c", _KERNELIZE_TIED], capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert result.stdout.split()[-2:] == ["True", "True"]
+    assert kernelize_tied[0].split()[-2:] == ["True", "True"]
+
+
+def _settings(fields: dict) -> list[str]:
+    return [f"--set={key}={json.dumps(value)}" for key, value in fields.items()]
+
+
+# This module's cells (model_bench_cells.py), run in one subprocess: torchax renames torch's
+# PrivateUse1 device for the rest of a process. Each with the packages it needs.
+CELLS = {
+    "sharded_train": (
+        {
+            "argv": [
+                "model-bench",
+                "--model-type=llama",
+                *_settings(SHARDED_LLAMA),
+                *("--mode=train", "--seq=128", "--batch=2"),
+                *("--tpu=v5e", "--topology=2x2", "--tp=2"),
+            ]
+        },
+        ("torchax", "libtpu"),
+    ),
+    "flux_denoise": (
+        {
+            "argv": [
+                "model-bench",
+                "flux-1-dev",
+                *_settings(TINY_FLUX),
+                *("--mode=denoise", "--image=256", "--tpu=v6e"),
+            ]
+        },
+        ("torchax", "libtpu", "diffusers"),
+    ),
+    "kernelize_tied": ({"code": _KERNELIZE_TIED, "argv": []}, ("torchax",)),
+}
+
+
+def _missing(name: str) -> list[str]:
+    return [module for module in CELLS[name][1] if importlib.util.find_spec(module) is None]
+
+
+@pytest.fixture(scope="module")
+def bench_cells(request, tmp_path_factory) -> dict[str, dict]:
+    """The cells of this module's selected tests whose packages are installed."""
+    wanted = selected(request, lambda item: set(item.fixturenames) & set(CELLS))
+    chosen = {name: CELLS[name][0] for name in sorted(wanted) if not _missing(name)}
+    return run_cells(chosen, tmp_path_factory.mktemp("cells")) if chosen else {}
+
+
+def _cell(bench_cells: dict[str, dict], name: str) -> tuple[str, list[dict] | None]:
+    if missing := _missing(name):
+        pytest.skip(f"this cell needs {', '.join(missing)} (the torchax, tpu and diffusers extras)")
+    return ran(bench_cells, name)
+
+
+@pytest.fixture
+def sharded_train(bench_cells):
+    return _cell(bench_cells, "sharded_train")
+
+
+@pytest.fixture
+def flux_denoise(bench_cells):
+    return _cell(bench_cells, "flux_denoise")
+
+
+@pytest.fixture
+def kernelize_tied(bench_cells):
+    return _cell(bench_cells, "kernelize_tied")
 
 
 def _decode_mlp(x, norm, w_gate, w_up, w_down, *, explicit_mesh=None):
