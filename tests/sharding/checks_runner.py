@@ -10,6 +10,7 @@ import ast
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,8 +28,10 @@ def check_names(script: Path) -> list[str]:
     ]
 
 
-def run_checks(command: Sequence[str], script: Path, timeout: int = 900) -> dict[str, dict]:
-    """Results by check name of ``command + [script]`` (with this checkout on the path)."""
+def run_checks(
+    command: Sequence[str], script: Path, *args: str, timeout: int = 900
+) -> dict[str, dict]:
+    """Results by check name of ``command + [script, *args]`` (with this checkout on the path)."""
     root = Path(kernel_hub.__file__).resolve().parents[1]
     path = [str(root), str(script.parent), os.environ.get("PYTHONPATH", "")]
     # LLVM at -O0: the checks compile many small programs and run each once, so LLVM's
@@ -44,7 +47,7 @@ def run_checks(command: Sequence[str], script: Path, timeout: int = 900) -> dict
         "XLA_FLAGS": flags,
     }
     done = subprocess.run(
-        [*command, str(script)], capture_output=True, text=True, env=env, timeout=timeout
+        [*command, str(script), *args], capture_output=True, text=True, env=env, timeout=timeout
     )
     results = {}
     for line in done.stdout.splitlines():
@@ -53,3 +56,10 @@ def run_checks(command: Sequence[str], script: Path, timeout: int = 900) -> dict
             results[result["check"]] = result
     assert results, f"no results (exit {done.returncode}):\n{done.stderr[-3000:]}"
     return results
+
+
+def run_torchrun(ranks: int, *modules: str) -> dict[str, dict]:
+    """Results of the checks scripts ``modules`` in one torchrun of ``ranks`` ranks."""
+    torchrun = [sys.executable, "-P", "-m", "torch.distributed.run", "--standalone"]
+    command = [*torchrun, "--nproc-per-node", str(ranks)]
+    return run_checks(command, Path(__file__).with_name("rank_checks.py"), *modules)

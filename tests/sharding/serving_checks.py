@@ -1,5 +1,5 @@
 """Continuous batching with attention heads split over tensor parallelism: run with ``torchrun
---nproc-per-node N`` (gloo, CPU), N = 2 or 4. Rank 0 prints one JSON line per check.
+--nproc-per-node N rank_checks.py serving_checks`` (gloo, CPU), N = 2 or 4.
 
 A tiny Llama under Transformers' tensor-parallel plan (``apply_tensor_parallelism``; the model
 records the mesh and plan as ``from_pretrained(tp_plan=...)`` does, which is what Transformers'
@@ -13,19 +13,15 @@ in fp8 and the tokens equal the unsharded model's with that cache.
 
 from __future__ import annotations
 
-import json
-import os
-import traceback
-
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from kernel_hub import get_kernel, kernelize
 from kernel_hub.testing import greedy_continuations
 
 PROMPTS = [[(7 * i + 3 * j) % 120 + 2 for j in range(n)] for i, n in enumerate([30, 3, 19, 5])]
 HEADS, KV_HEADS = 8, 4
+MESH_DIM = "tp"
 CHECKS = []
 
 
@@ -216,22 +212,3 @@ def expert_parallel_continuous_batching(mesh):
         "expected": expected,
         "local_gate_up": local,
     }
-
-
-def main() -> None:
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
-    for fn in CHECKS:
-        try:
-            result = fn(mesh)
-        except Exception:
-            result = {"ok": False, "message": traceback.format_exc()[-3000:]}
-        if rank == 0:
-            print(json.dumps({"check": fn.__name__, **result}), flush=True)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()

@@ -44,8 +44,10 @@ def mesh(shape, names, kind=AxisType.Explicit):
     return jax.make_mesh(shape, names, axis_types=(kind,) * len(names))
 
 
-def rand(seed, shape, dtype=jnp.float32):
-    return jax.random.normal(jax.random.key(seed), shape, dtype)
+def rand(seed, shape):
+    """Standard normal f32 values drawn by NumPy: a ``jax.random`` draw compiles a program for
+    each new shape (46 draws in five of these checks took 8.6 CPU-s)."""
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape, np.float32))
 
 
 def put(m, array, spec):
@@ -335,7 +337,7 @@ def auto_8bit_kv_cache():
     one per token and kv head: the scales follow their heads over model, sequences over data
     (paged); TPU-shaped blocks, two per axis (ragged 32 queries x 128 keys, paged 2 pages)."""
     api = get_kernel("ragged_attention").jax
-    keys = jax.random.randint(jax.random.key(40), (2, 256, 4, 32), -127, 128).astype(jnp.int8)
+    keys = jnp.asarray(np.random.default_rng(40).integers(-127, 128, (2, 256, 4, 32), np.int8))
     scales = 0.01 + jnp.abs(rand(41, (2, 4, 256))) / 100
     cu_q, cu_k = jnp.array([0, 10, 40, 64], jnp.int32), jnp.array([0, 50, 180, 256], jnp.int32)
     heads = P(None, "model")
@@ -428,8 +430,8 @@ def gdr_inputs(length, batch=2, key_heads=4, heads=8, dim=32):
     """q, k [B, T, HK, K], v [B, T, HV, V], g (log decay <= 0), beta in (0, 1), a state."""
     q, k = rand(45, (batch, length, key_heads, dim)), rand(46, (batch, length, key_heads, dim))
     v = rand(47, (batch, length, heads, dim))
-    g = -0.1 * jax.random.uniform(jax.random.key(48), (batch, length, heads))
-    beta = jax.random.uniform(jax.random.key(49), (batch, length, heads))
+    g = jnp.asarray(-0.1 * np.random.default_rng(48).random((batch, length, heads), np.float32))
+    beta = jnp.asarray(np.random.default_rng(49).random((batch, length, heads), np.float32))
     return [q, k, v, g, beta, 0.1 * rand(50, (batch, heads, dim, dim))]
 
 
@@ -1219,8 +1221,10 @@ def ring_bidirectional_batch_2x4():
 
 def lce_inputs(tokens=64, hidden=32, vocab=256):
     """Labels with ignored tokens, a bias; the vocabulary divisible 8 ways."""
-    labels = jax.random.randint(jax.random.key(33), (tokens,), 0, vocab).at[::7].set(-100)
-    return [rand(30, (tokens, hidden)), 0.3 * rand(31, (vocab, hidden)), rand(32, (vocab,)), labels]
+    labels = np.random.default_rng(33).integers(0, vocab, tokens, np.int32)
+    labels[::7] = -100
+    weight, bias = 0.3 * rand(31, (vocab, hidden)), rand(32, (vocab,))
+    return [rand(30, (tokens, hidden)), weight, bias, jnp.asarray(labels)]
 
 
 def lce_compare(name, options, specs, kind=AxisType.Explicit, implementations=("pallas",)):

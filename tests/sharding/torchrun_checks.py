@@ -1,6 +1,5 @@
-"""kernel-hub ops under torch.distributed: run with ``torchrun --nproc-per-node 2`` (gloo, CPU).
-
-Rank 0 prints one JSON line per check. Checks: DTensor inputs to rms_norm (sequence-parallel)
+"""kernel-hub ops under torch.distributed: run with ``torchrun --nproc-per-node 2 rank_checks.py
+torchrun_checks`` (gloo, CPU). Checks: DTensor inputs to rms_norm (sequence-parallel)
 and to attention (heads) through the ops' registered strategies, forward and backward; a tiny
 Llama with Transformers' tensor-parallel plan and a tiny Mixtral with its expert-parallel plan
 (``AllToAllEP`` kernelized for training: moe-gemm; the default ``auto`` at inference: fused-moe
@@ -11,10 +10,6 @@ unsharded stock models.
 """
 
 from __future__ import annotations
-
-import json
-import os
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -414,22 +409,3 @@ def diffusers_flux_context_parallel(mesh):
         "error": error,
         "report": swapped[-400:],
     }
-
-
-def main() -> None:
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    for fn in CHECKS:
-        try:
-            result = fn(mesh)
-        except Exception:
-            result = {"ok": False, "message": traceback.format_exc()[-3000:]}
-        if rank == 0:
-            print(json.dumps({"check": fn.__name__, **result}), flush=True)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()
