@@ -127,6 +127,14 @@ torch_tpu_tests() {
 
 step "tests, main job and TorchTPU tests against the installed wheel"
 suite_start=$SECONDS
+# One torch (OpenMP) thread per process: the two lanes and the matrix's workers already keep both
+# cores busy, and a torch parallel region whose second thread is descheduled spins until it runs.
+# On the 2-core machine beside other work, back to back: test_convergence.py's Llama f32 case 29.5
+# and 32.1 -> 11.1 and 10.9 CPU-s; kernels/causal-conv1d 54.6 -> 23.4 and 36.4 -> 25.1 CPU-s (34
+# passed in each run).
+# Tests that set their own thread count (the demo's --threads) still do; XLA's pools are left as
+# they are (a test guards a deadlock of XLA's CPU pool on two cores).
+export OMP_NUM_THREADS=1
 # Two lanes, one per core, take jobs from a queue. One pytest process keeps one core busy, so the
 # suite runs as parts, each its own process over whole directories (a conftest's session fixtures
 # stay in one process); the main job and the TorchTPU tests are jobs of the same queue (their
