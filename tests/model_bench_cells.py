@@ -52,6 +52,11 @@ def run_cell(cell: dict, rows_path: Path) -> dict:
     }
 
 
+def set_args(fields: dict) -> list[str]:
+    """The command's ``--set`` arguments for a config's ``fields``."""
+    return [f"--set={key}={json.dumps(value)}" for key, value in fields.items()]
+
+
 def selected(request: pytest.FixtureRequest, item_cells) -> set[str]:
     """The cells the selected tests of the requesting module use (``item_cells(item)`` of each)."""
     items = [i for i in request.session.items if getattr(i, "module", None) is request.module]

@@ -14,7 +14,7 @@ import json
 import math
 
 import pytest
-from model_bench_cells import ran, run_cells, selected
+from model_bench_cells import ran, run_cells, selected, set_args
 
 from kernel_hub.cli import main
 from kernel_hub.models.presets import PRESETS
@@ -43,8 +43,7 @@ TRAIN_KERNELS = {
 
 def cell_args(*args: str, model_type: str = "llama", fields: dict = SMALL_LLAMA) -> list[str]:
     """The command's arguments for a cell on a small model (the Llama by default)."""
-    settings = [f"--set={key}={json.dumps(value)}" for key, value in fields.items()]
-    return ["model-bench", f"--model-type={model_type}", *settings, *args, "--tpu=v6e"]
+    return ["model-bench", f"--model-type={model_type}", *set_args(fields), *args, "--tpu=v6e"]
 
 
 def needs_torchax_and_libtpu() -> None:
@@ -57,7 +56,10 @@ def cells() -> dict[str, dict]:
     script and its arguments); a test takes a cell through the fixture of that name (``scaled``:
     the cell ``scaled_<model_type>`` of the test's model type)."""
     decode = ["--mode=decode", f"--batch={DECODE_BATCH}", f"--context={DECODE_CONTEXT}"]
-    static = ["--mode=decode", "--batch=2", "--context=256", "--cache=static"]
+    static = [
+        *("--mode=decode", "--cache=static"),
+        *(f"--batch={STATIC_BATCH}", f"--context={STATIC_CONTEXT}"),
+    ]
     scaled = {
         f"scaled_{model_type}": cell_args(
             f"--mode={SCALING_MODES[model_type]}",
@@ -119,6 +121,8 @@ def train(bench_cells):
 
 # Two pages of 256 tokens per sequence, more than one block per axis for the paged kernel.
 DECODE_BATCH, DECODE_CONTEXT = 4, 512
+# The static-cache decode cells (gpt-oss's eager attention, Qwen3-Next's hybrid).
+STATIC_BATCH, STATIC_CONTEXT = 2, 256
 
 
 @pytest.fixture
@@ -425,7 +429,7 @@ def test_a_hybrid_model_decodes_over_a_static_cache_on_its_decode_kernels(hybrid
     """The linear-attention layers' conv and recurrent states are donated cache arguments beside
     the attention layers' K/V (the largest compiled program: 1 linear + 2 full attention layers);
     kernelized, the step runs the decode kernels on them; the hand count reads and writes them."""
-    batch, context = 2, 256  # the cell's (cells())
+    batch, context = STATIC_BATCH, STATIC_CONTEXT
     _, rows = hybrid_static_decode
     stock, kernelized = rows
     assert stock["kernels"] == []
@@ -605,7 +609,7 @@ def test_a_variant_that_does_not_fit_is_a_row_beside_the_other(monkeypatch, tmp_
     )
     monkeypatch.setattr(bench, "_kernelize", kernelize)
     monkeypatch.setattr(bench, "compile_step", compile_step)
-    settings = [f"--set={key}={json.dumps(value)}" for key, value in SMALL_LLAMA.items()]
+    settings = set_args(SMALL_LLAMA)
     out, plot = tmp_path / "out.json", tmp_path / "out.png"
     command = ["model-bench", "--model-type=llama", *settings, "--mode=train", "--tpu=v5e"]
     monkeypatch.setenv("COLUMNS", "300")  # the table unwrapped

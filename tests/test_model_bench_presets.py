@@ -7,10 +7,9 @@ docs/model-bench.md.
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
-from model_bench_cells import ran, run_cells, selected
+from model_bench_cells import ran, run_cells, selected, set_args
 
 from kernel_hub.cli import main
 from kernel_hub.errors import KernelInputError
@@ -170,10 +169,6 @@ def test_kernelizing_keeps_tied_embeddings_one_argument(kernelize_tied):
     assert kernelize_tied[0].split()[-2:] == ["True", "True"]
 
 
-def _settings(fields: dict) -> list[str]:
-    return [f"--set={key}={json.dumps(value)}" for key, value in fields.items()]
-
-
 # This module's cells (model_bench_cells.py), run in one subprocess: torchax renames torch's
 # PrivateUse1 device for the rest of a process. Each with the packages it needs.
 CELLS = {
@@ -182,7 +177,7 @@ CELLS = {
             "argv": [
                 "model-bench",
                 "--model-type=llama",
-                *_settings(SHARDED_LLAMA),
+                *set_args(SHARDED_LLAMA),
                 *("--mode=train", "--seq=128", "--batch=2"),
                 *("--tpu=v5e", "--topology=2x2", "--tp=2"),
             ]
@@ -194,7 +189,7 @@ CELLS = {
             "argv": [
                 "model-bench",
                 "flux-1-dev",
-                *_settings(TINY_FLUX),
+                *set_args(TINY_FLUX),
                 *("--mode=denoise", "--image=256", "--tpu=v6e"),
             ]
         },
