@@ -13,7 +13,7 @@ from model_bench_cells import ran, run_cells, selected, set_args
 
 from kernel_hub.cli import main
 from kernel_hub.errors import KernelInputError
-from kernel_hub.models.bench_sharding import _plan_dim, topology_chips
+from kernel_hub.models.bench_sharding import _plan_dim, placement, topology_chips
 
 LLAMA_PLAN = {
     "lm_head": "colwise_gather_output",
@@ -48,6 +48,27 @@ def test_an_unknown_tp_style_is_refused_not_guessed():
     with pytest.raises(KernelInputError, match="expected a chip grid such as 2x2"):
         topology_chips("four")
     assert topology_chips("4x4") == 16
+
+
+QWEN3_MOE_PLAN = {
+    "model.layers.*.self_attn.q_norm": "replicated_with_grad_allreduce",
+    "model.layers.*.mlp.experts": "moe_tp_experts",
+}
+
+
+def test_replicated_norms_split_nothing_and_tp_1_reads_no_plan():
+    """Qwen3-MoE's plan: its q/k norms stay whole; with ``--tp 1`` (FSDP alone over the 4
+    chips) its expert style, which model-bench does not map, is never read, and the experts
+    split their first dimension over ``fsdp``; with ``--tp 2`` the style is refused."""
+    assert _plan_dim(QWEN3_MOE_PLAN, "model.layers.0.self_attn.q_norm.weight") is None
+    model = type("Qwen3MoeLike", (), {"_tp_plan": QWEN3_MOE_PLAN})()
+    fsdp_only = placement("v5e", "2x2", 1, model)
+    experts = fsdp_only.weight("model.layers.0.mlp.experts.gate_up_proj", (128, 1536, 2048))
+    assert tuple(experts.spec) == ("fsdp", None, None)
+    with pytest.raises(KernelInputError, match="'moe_tp_experts' is not one model-bench shards"):
+        placement("v5e", "2x2", 2, model).weight(
+            "model.layers.0.mlp.experts.gate_up_proj", (128, 1536, 2048)
+        )
 
 
 @pytest.mark.parametrize(

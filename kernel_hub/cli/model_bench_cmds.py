@@ -106,7 +106,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: one chip)",
     )
     parser.add_argument(
-        "--tp", type=int, help="with --topology: chips on the tensor-parallel axis (default: all)"
+        "--tp",
+        type=int,
+        help="with --topology: chips on the tensor-parallel axis (default: all; 1: FSDP alone, "
+        "the model's TP plan not read)",
     )
     parser.add_argument("--json", metavar="PATH", help="write one object per variant")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG: stock vs kernelized bars")

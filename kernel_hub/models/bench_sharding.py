@@ -7,8 +7,9 @@ Auto axes, ``fsdp`` x ``model`` (``chips / tp`` x ``tp``):
 * ``model``: the model's own TP plan (``model._tp_plan``, what ``from_pretrained(tp_plan="auto")``
   applies): a ``colwise`` linear splits its output features (weight dim 0 and its bias), a
   ``rowwise`` one its input features (weight dim 1), ``embedding_rowwise`` the vocabulary rows,
-  ``colwise_gather_output`` (the LM head) its output features. A plan style this table does not
-  know is an error, not a guess.
+  ``colwise_gather_output`` (the LM head) its output features, ``replicated_with_grad_allreduce``
+  nothing. A plan style this table does not know is an error, not a guess. With ``--tp 1`` the
+  ``model`` axis is one chip and the plan is not read: FSDP alone.
 * ``fsdp``: every weight's first dimension the plan leaves whole and ``fsdp`` divides, as FSDP
   shards a flat parameter (gathered by the partitioner where it is used); the batch of the step's
   inputs and of a static KV cache, when ``fsdp`` divides it.
@@ -44,6 +45,7 @@ TP_STYLE_DIM: Mapping[str, Mapping[str, int | None]] = {
     "colwise_gather_output": {"weight": 0, "bias": 0},
     "rowwise": {"weight": 1, "bias": None},
     "embedding_rowwise": {"weight": 0},
+    "replicated_with_grad_allreduce": {},  # Qwen3-MoE's q/k norms: whole on every TP chip
 }
 """Transformers' TP plan style -> the dimension of each parameter it splits over ``model``
 (None: replicated)."""
@@ -87,7 +89,8 @@ class Placement:
         spec: list[str | None] = [None] * len(shape)
         if self.mesh is None or not shape:
             return self._sharding(spec)
-        dim = _plan_dim(self.tp_plan or {}, name)
+        # with one chip on ``model`` (``--tp 1``: FSDP alone) the plan splits nothing
+        dim = _plan_dim(self.tp_plan or {}, name) if self.mesh.shape["model"] > 1 else None
         if dim is not None:
             if not self._divides("model", shape[dim]):
                 raise KernelInputError(
@@ -135,10 +138,15 @@ class Placement:
         if self.mesh is None:
             return None
         fsdp, model = (self.mesh.shape[a] for a in MESH_AXES)
+        how = (
+            "Transformers' TP plan over model, FSDP over fsdp"
+            if model > 1
+            else "FSDP alone (--tp 1: the TP plan is not read)"
+        )
         return (
-            f"sharded over {self.chips} chips (mesh fsdp {fsdp} x model {model}): Transformers' "
-            f"TP plan over model, FSDP over fsdp; peak HBM, bytes and FLOPs are one chip's, and "
-            "the roofline leaves out the collectives' ICI time"
+            f"sharded over {self.chips} chips (mesh fsdp {fsdp} x model {model}): {how}; peak "
+            "HBM, bytes and FLOPs are one chip's, and the roofline leaves out the collectives' "
+            "ICI time"
         )
 
 
@@ -179,7 +187,7 @@ def placement(generation: str, topology: str | None, tp: int | None, model: Any)
         axis_types=(AxisType.Auto,) * len(MESH_AXES),
     )
     plan = getattr(model, "_tp_plan", None) or {}
-    if not plan:
+    if not plan and tp > 1:
         raise KernelInputError(
             f"{type(model).__name__} has no tensor-parallel plan (config.base_model_tp_plan); "
             "model-bench shards only models that declare one"
