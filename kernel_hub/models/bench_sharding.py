@@ -67,7 +67,7 @@ class Placement:
 
     device: Any
     mesh: Any | None = None
-    tp_plan: Mapping[str, str] | None = None
+    tp_plan: Mapping[str, str] | None = None  # None on a mesh: FSDP alone (``--tp 1``)
 
     @property
     def chips(self) -> int:
@@ -89,8 +89,7 @@ class Placement:
         spec: list[str | None] = [None] * len(shape)
         if self.mesh is None or not shape:
             return self._sharding(spec)
-        # with one chip on ``model`` (``--tp 1``: FSDP alone) the plan splits nothing
-        dim = _plan_dim(self.tp_plan or {}, name) if self.mesh.shape["model"] > 1 else None
+        dim = _plan_dim(self.tp_plan or {}, name)
         if dim is not None:
             if not self._divides("model", shape[dim]):
                 raise KernelInputError(
@@ -140,7 +139,7 @@ class Placement:
         fsdp, model = (self.mesh.shape[a] for a in MESH_AXES)
         how = (
             "Transformers' TP plan over model, FSDP over fsdp"
-            if model > 1
+            if self.tp_plan
             else "FSDP alone (--tp 1: the TP plan is not read)"
         )
         return (
@@ -186,8 +185,10 @@ def placement(generation: str, topology: str | None, tp: int | None, model: Any)
         MESH_AXES,
         axis_types=(AxisType.Auto,) * len(MESH_AXES),
     )
+    if tp == 1:  # one chip on ``model``: the plan would split nothing, so it is not read
+        return Placement(devices[0], mesh)
     plan = getattr(model, "_tp_plan", None) or {}
-    if not plan and tp > 1:
+    if not plan:
         raise KernelInputError(
             f"{type(model).__name__} has no tensor-parallel plan (config.base_model_tp_plan); "
             "model-bench shards only models that declare one"
