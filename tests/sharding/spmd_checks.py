@@ -1434,9 +1434,10 @@ def torchax_mixtral_experts_over_ep():
 # --- fused-moe expert parallelism (decode: tokens whole, experts over ep, psum) ------------------
 
 
-def _fused_ep_case(m, quantization=None, implementation="pallas"):
-    """fused_experts_ep on mesh ``m`` vs the unsharded fused_experts (XLA path), f32, with an
-    empty expert and every routing slot of one token on one shard."""
+def _fused_ep_case(m, quantization=None, implementation="pallas", axis="ep", run=None):
+    """fused_experts_ep (or ``run(*args, **options)``) with the experts over ``axis`` of mesh
+    ``m`` vs the unsharded fused_experts (XLA path), f32, with an empty expert and every routing
+    slot of one token on one shard."""
     fused = get_kernel("fused-moe")
     tokens, hidden, inter, experts, top_k = 24, 128, 256, 16, 2
     rng = np.random.default_rng(40)
@@ -1453,15 +1454,16 @@ def _fused_ep_case(m, quantization=None, implementation="pallas"):
         w1, w2, scales = np.asarray(w1), np.asarray(w2), [np.asarray(s1), np.asarray(s2)]
     args = [x, ids, weights, w1, w2, None, None, *scales]
     expected = fused.jax.fused_experts(*args, quantization=quantization, implementation="xla")
-    ep = P("ep")
+    ep = P(axis)
     placed = [None if a is None else put(m, a, P() if i < 3 else ep) for i, a in enumerate(args)]
-    run = jax.jit(
-        lambda *a: fused.expert_parallel.fused_experts_ep(
+    run = run or fused.expert_parallel.fused_experts_ep
+    jitted = jax.jit(
+        lambda *a: run(
             *a, quantization=quantization, implementation=implementation,
             blocks=fused.jax.Blocks(8, 128) if implementation == "pallas" else None,
         )
     )  # fmt: skip
-    got = run(*placed)
+    got = jitted(*placed)
     err = max_err(got, expected) / max(1.0, float(jnp.max(jnp.abs(expected))))
     return {"ok": err <= 1e-5 and tuple(got.sharding.spec) in ((), (None,), (None, None)),
             "forward_err": err, "out_spec": str(got.sharding.spec)}  # fmt: skip
@@ -1479,6 +1481,49 @@ def fused_experts_ep_int8_data_x_ep_2x4():
         "name": "fused-moe EP int8, ep of a (2,4) mesh, XLA",
         **_fused_ep_case(m, "int8", "xla"),
     }
+
+
+@check
+def fused_experts_splits_experts_by_use_mesh_rule():
+    """On an Auto mesh, ``use_mesh``'s rule ``experts -> model`` makes ``fused_experts`` itself
+    expert-parallel (its rule's ``combined`` experts factor; what model-bench's sharded decode
+    runs): Pallas, forward."""
+    m = mesh((2, 4), ("fsdp", "model"), AxisType.Auto)
+
+    def run(*args, **options):
+        with use_mesh(m, {"experts": "model"}):
+            return get_kernel("fused-moe").jax.fused_experts(*args, **options)
+
+    return {
+        "name": "fused_experts, experts over model of an Auto (2,4) mesh by use_mesh, Pallas",
+        **_fused_ep_case(m, axis="model", run=run),
+    }
+
+
+@check
+def fused_experts_splits_experts_explicit_2x4():
+    """``fused_experts`` with tokens split over ``data`` and weights split by expert over ``ep``
+    (Explicit): each shard's experts on its tokens, one psum; forward and gradients (XLA)."""
+    fused = get_kernel("fused-moe")
+    tokens, hidden, inter, experts, top_k = 16, 128, 128, 8, 2
+    rng = np.random.default_rng(41)
+    ids = np.stack([rng.choice(experts, top_k, replace=False) for _ in range(tokens)])
+    args = [
+        rand(1, (tokens, hidden)),
+        jnp.asarray(ids.astype(np.int32)),
+        jnp.asarray(rng.random((tokens, top_k)).astype(np.float32)),
+        rand(2, (experts, 2 * inter, hidden)) / 11,
+        rand(3, (experts, hidden, inter)) / 16,
+    ]
+    return compare(
+        "fused_experts, tokens over data x experts over ep (2,4), Explicit, XLA",
+        lambda *a: fused.jax.fused_experts(*a, implementation="xla"),
+        args,
+        [P("data"), P("data"), P("data"), P("ep"), P("ep")],
+        mesh((2, 4), ("data", "ep")),
+        (0, 2, 3, 4),
+        [P("data")],
+    )
 
 
 @check

@@ -264,11 +264,13 @@ def _check_moe(
     )  # fmt: skip
 
 
-# Sharding: tokens split freely (each token's experts are its own), expert weights stay whole.
-# Splitting experts over devices is expert parallelism (``expert_parallel.fused_experts_ep`` for
-# decode, the moe-gemm kernel's ``moe_ep``); splitting the intermediate dimension would need the
-# gate and up halves split alike, which the stacked [gate; up] layout does not allow.
-_EP = "expert parallelism: the moe-gemm kernel's moe_ep over an 'ep' mesh axis"
+# Sharding: tokens split freely (each token's experts are its own). ``fused_experts`` splits the
+# experts too (expert parallelism for decode, a ``combined`` factor): each shard runs its own
+# experts on every token it holds and one psum adds the shards' f32 partial sums. ``fused_moe``
+# keeps them whole: its top-k reads every expert's logit (the moe-gemm kernel's ``moe_ep`` is the
+# prefill form). Splitting the intermediate dimension would need the gate and up halves split
+# alike, which the stacked [gate; up] layout does not allow.
+_EP = "expert parallelism: fused_experts after the routing, or the moe-gemm kernel's moe_ep"
 _WEIGHT_FACTORS = ("k", "experts", "gu", "h", "i", "gu_s", "h_s", "i_s", "h_p", "i_p", "h_g",
                    "i_g", "o", "p")  # fmt: skip
 
@@ -287,15 +289,17 @@ def _weights(transposed: bool, quantization: str | None) -> str:
     return f"{w}, {bias}, {scales}"
 
 
-def _einsum(text: str) -> Einsum:
+def _einsum(text: str, split_experts: bool = False) -> Einsum:
     factors = {f for side in text.replace("->", ",").split(",") for f in side.split()}
-    whole = [f for f in _WEIGHT_FACTORS if f in factors]
+    whole = [f for f in _WEIGHT_FACTORS if f in factors and not (split_experts and f == "experts")]
+    if split_experts:
+        return Einsum(text, whole=whole, combined=("experts",))
     return Einsum(text, whole=whole, handled_by={"experts": _EP})
 
 
 def _experts_rule(transposed: bool = False, quantization: str | None = None, **options) -> Einsum:
     weights = _weights(transposed, quantization)
-    return _einsum(f"tokens h, tokens k, tokens k, {weights} -> tokens h")
+    return _einsum(f"tokens h, tokens k, tokens k, {weights} -> tokens h", split_experts=True)
 
 
 def _moe_rule(transposed: bool = False, quantization: str | None = None, **options) -> Einsum:
@@ -339,7 +343,7 @@ def _experts_backward(inputs, outputs, cotangents, **static):
     check=_check_experts,
     differentiable=_DIFFERENTIABLE,
     sharding=_experts_rule,
-    jax_only=("blocks",),
+    jax_only=("blocks", "split_axes"),
     jax_backward=_experts_backward,
 )
 def fused_experts(
@@ -361,6 +365,7 @@ def fused_experts(
     quantization: str | None = None,
     implementation: str | None = None,
     blocks: Blocks | None = None,
+    split_axes: dict[str, tuple[str, ...]] | None = None,
 ) -> jax.Array:
     """Mixture-of-experts experts for a routed batch -> [T, H] in the dtype of hidden_states.
 
@@ -370,6 +375,10 @@ def fused_experts(
     [gate; up]; optional biases [E, 2I] / [E, H]; ``quantization`` "int8" / "fp8" / "mxfp4" /
     "w8a8" with weights and scales in ``quant``'s layouts. ``activation``: silu, gelu, gelu_tanh or
     gpt_oss (``alpha``, ``limit``). Forward only (see the module docstring).
+
+    ``split_axes`` (set by the sharding boundary): inside a shard_map whose mesh splits the
+    experts over ``split_axes["experts"]``, the weights, biases and scales are this shard's
+    experts (expert parallelism; see ``local_experts_sum``).
     """
     config = make_config(activation, alpha, limit, transposed, interleaved, quantization)
     args = (hidden_states, top_k_index, top_k_weights, w_gate_up, w_down, gate_up_bias,
@@ -377,6 +386,11 @@ def fused_experts(
     tokens, hidden = hidden_states.shape
     if tokens == 0 or top_k_index.shape[1] == 0:
         return jnp.zeros((tokens, hidden), hidden_states.dtype)
+    experts_axes = (split_axes or {}).get("experts", ())
+    if experts_axes:
+        return local_experts_sum(
+            *args, axes=experts_axes, config=config, blocks=blocks, implementation=implementation
+        )
     return TABLE(
         *args,
         config=config,
@@ -384,6 +398,26 @@ def fused_experts(
         blocks=blocks,
         implementation=implementation,
     )
+
+
+def local_experts_sum(
+    hidden_states: jax.Array,
+    top_k_index: jax.Array,
+    *arrays: jax.Array | None,
+    axes: str | tuple[str, ...],
+    config: ExpertsConfig,
+    **options,
+) -> jax.Array:
+    """Expert parallelism inside a shard_map over ``axes``: this shard holds experts
+    [first, first + E_local) (global ids shifted by ``first``; ids outside the shard's range
+    contribute nothing, which the kernel guarantees), runs them on every token it holds into an f32
+    partial sum, and one ``psum`` over ``axes`` adds the shards' sums."""
+    first = jax.lax.axis_index(axes) * arrays[1].shape[0]  # arrays: weights, w_gate_up, ...
+    partial = TABLE(
+        hidden_states, top_k_index - first, *arrays, config=config, out_dtype=jnp.float32,
+        **options,
+    )  # fmt: skip
+    return jax.lax.psum(partial, axes).astype(hidden_states.dtype)
 
 
 @op(check=_check_moe, sharding=_moe_rule, jax_only=("blocks",))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import inspect
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from kernel_hub.kernel_api import KernelInputError, find_mesh, require, shard_map_all
@@ -24,7 +23,11 @@ from . import api
 
 OP = "fused_experts_ep"
 _EXPERTS = inspect.signature(api.fused_experts)
-"""``fused_experts_ep`` takes ``fused_experts``'s arguments (and ``axis``): read from there."""
+_EXPERTS = _EXPERTS.replace(
+    parameters=[p for n, p in _EXPERTS.parameters.items() if n != "split_axes"]
+)
+"""``fused_experts_ep`` takes ``fused_experts``'s arguments (and ``axis``), less the boundary's
+``split_axes``: read from there."""
 _ARRAYS = [n for n, p in _EXPERTS.parameters.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
 _REQUIRED = sum(_EXPERTS.parameters[n].default is inspect.Parameter.empty for n in _ARRAYS)
 _CONFIG = tuple(inspect.signature(api.make_config).parameters)
@@ -65,11 +68,9 @@ def fused_experts_ep(*args, axis: str = "ep", **kwargs) -> jax.Array:
     def body(x, ids, weights, w1, w2, *rest):
         it = iter(rest)
         local = [None if a is None else next(it) for a in optional]
-        first = jax.lax.axis_index(axis) * w1.shape[0]
-        partial = api.TABLE(
-            x, ids - first, weights, w1, w2, *local, config=config, out_dtype=jnp.float32, **passed
+        return api.local_experts_sum(
+            x, ids, weights, w1, w2, *local, axes=axis, config=config, **passed
         )
-        return jax.lax.psum(partial, axis).astype(x.dtype)
 
     split = lambda rank: ((axis,),) + ((),) * (rank - 1)
     whole = lambda rank: ((),) * rank

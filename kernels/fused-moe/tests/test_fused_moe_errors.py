@@ -103,8 +103,9 @@ def test_zero_tokens_give_an_empty_result():
 
 
 def test_expert_parallel_takes_fused_experts_arguments():
-    """``fused_experts_ep``'s parameters are ``fused_experts``'s (read from it) and ``axis``;
-    an unknown keyword is named; on a one-device ep mesh it gives ``fused_experts``'s result."""
+    """``fused_experts_ep``'s parameters are ``fused_experts``'s (read from it), less the sharding
+    boundary's ``split_axes``, and ``axis``; an unknown keyword is named; on a one-device ep mesh
+    it gives ``fused_experts``'s result."""
     import inspect
 
     import jax
@@ -113,6 +114,8 @@ def test_expert_parallel_takes_fused_experts_arguments():
 
     ep = fused.expert_parallel.fused_experts_ep
     own = list(inspect.signature(api.fused_experts).parameters.values())
+    assert own[-1].name == "split_axes"
+    own = own[:-1]
     assert list(inspect.signature(ep).parameters.values())[:-1] == own
     assert str(list(inspect.signature(ep).parameters.values())[-1]) == "axis: str = 'ep'"
     a = args()
