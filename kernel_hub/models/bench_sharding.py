@@ -6,10 +6,15 @@ Auto axes, ``fsdp`` x ``model`` (``chips / tp`` x ``tp``):
 
 * ``model``: the model's own TP plan (``model._tp_plan``, what ``from_pretrained(tp_plan="auto")``
   applies): a ``colwise`` linear splits its output features (weight dim 0 and its bias), a
-  ``rowwise`` one its input features (weight dim 1), ``embedding_rowwise`` the vocabulary rows,
-  ``colwise_gather_output`` (the LM head) its output features, ``replicated_with_grad_allreduce``
-  nothing. A plan style this table does not know is an error, not a guess. With ``--tp 1`` the
-  ``model`` axis is one chip and the plan is not read: FSDP alone.
+  ``rowwise`` one its input features (the weight's last dim), ``embedding_rowwise`` the
+  vocabulary rows, ``colwise_gather_output`` (the LM head) its output features,
+  ``replicated_with_grad_allreduce`` nothing. A model with an expert-parallel plan
+  (``model._ep_plan``: Qwen3-MoE, GPT-OSS, Qwen3-Next) has its experts split by that plan over the
+  same chips, as Transformers does when a ``DistributedConfig`` asks for both (the EP plan's
+  entries replace the TP plan's on the experts modules and their parameters): ``grouped_gemm``
+  splits an expert weight's experts (dim 0), ``ep_dispatch_experts`` (the experts module) nothing
+  of its own. A plan style this table does not know is an error, not a guess. With ``--tp 1``
+  the ``model`` axis is one chip and no plan is read: FSDP alone.
 * ``fsdp``: every weight's first dimension the plan leaves whole and ``fsdp`` divides, as FSDP
   shards a flat parameter (gathered by the partitioner where it is used); the batch of the step's
   inputs and of a static KV cache, when ``fsdp`` divides it.
@@ -40,14 +45,20 @@ from kernel_hub.errors import KernelInputError
 MESH_AXES = ("fsdp", "model")
 _TOPOLOGY = re.compile(r"\d+(x\d+){1,2}")
 
-TP_STYLE_DIM: Mapping[str, Mapping[str, int | None]] = {
+PARAMETER = ""
+"""The key of a style's own dimension in ``PLAN_STYLE_DIM``, for a plan entry that names a
+parameter (``layers.*.mlp.experts.gate_up_proj``) rather than a module."""
+
+PLAN_STYLE_DIM: Mapping[str, Mapping[str, int | None]] = {
     "colwise": {"weight": 0, "bias": 0},
     "colwise_gather_output": {"weight": 0, "bias": 0},
-    "rowwise": {"weight": 1, "bias": None},
+    "rowwise": {"weight": -1, "bias": None},
     "embedding_rowwise": {"weight": 0},
     "replicated_with_grad_allreduce": {},  # Qwen3-MoE's q/k norms: whole on every TP chip
+    "grouped_gemm": {PARAMETER: 0},  # EP plan: an expert weight or bias, split by expert
+    "ep_dispatch_experts": {},  # EP plan: the experts module; its parameters have entries
 }
-"""Transformers' TP plan style -> the dimension of each parameter it splits over ``model``
+"""Transformers' TP or EP plan style -> the dimension of each parameter it splits over ``model``
 (None: replicated)."""
 
 
@@ -63,11 +74,17 @@ def topology_chips(topology: str) -> int:
 
 @dataclass(frozen=True)
 class Placement:
-    """The device tracing runs under and, on a mesh, the mesh and the model's TP plan."""
+    """The device tracing runs under and, on a mesh, the mesh and the model's TP plan (with its
+    EP plan's entries)."""
 
     device: Any
     mesh: Any | None = None
-    tp_plan: Mapping[str, str] | None = None  # None on a mesh: FSDP alone (``--tp 1``)
+    plan: Mapping[str, str] | None = None  # None on a mesh: FSDP alone (``--tp 1``)
+
+    @property
+    def splits_experts(self) -> bool:
+        """Whether the plan splits experts over ``model`` (the model's EP plan)."""
+        return "grouped_gemm" in (self.plan or {}).values()
 
     @property
     def chips(self) -> int:
@@ -89,7 +106,7 @@ class Placement:
         spec: list[str | None] = [None] * len(shape)
         if self.mesh is None or not shape:
             return self._sharding(spec)
-        dim = _plan_dim(self.tp_plan or {}, name)
+        dim = _plan_dim(self.plan or {}, name)
         if dim is not None:
             if not self._divides("model", shape[dim]):
                 raise KernelInputError(
@@ -125,23 +142,25 @@ class Placement:
         ``fsdp`` as the static cache is placed (when ``fsdp`` divides it); heads, KV heads,
         channels and vocabulary over ``model``; no rule for ``...``, so the rows of row-wise
         ops (rms_norm, the gated MLP's product) stay whole and the linears between kernels keep
-        their weights in place."""
+        their weights in place. ``experts`` over ``model`` when the plan splits them there: the
+        fused experts kernel then runs each chip's own experts (expert parallelism)."""
         if self.mesh is None or mode != "decode":
             return None
-        rules: dict[str, str | None] = dict.fromkeys(
-            ("heads", "kv_heads", "channels", "vocab"), "model"
-        )
+        factors = ("heads", "kv_heads", "channels", "vocab")
+        factors += ("experts",) if self.splits_experts else ()
+        rules: dict[str, str | None] = dict.fromkeys(factors, "model")
         return {"batch": "fsdp" if self._divides("fsdp", batch) else None, **rules}
 
     def describe(self) -> str | None:
         if self.mesh is None:
             return None
         fsdp, model = (self.mesh.shape[a] for a in MESH_AXES)
-        how = (
-            "Transformers' TP plan over model, FSDP over fsdp"
-            if self.tp_plan
-            else "FSDP alone (--tp 1: the TP plan is not read)"
-        )
+        if not self.plan:
+            how = "FSDP alone (--tp 1: the TP plan is not read)"
+        elif self.splits_experts:
+            how = "Transformers' TP plan and EP plan (experts) over model, FSDP over fsdp"
+        else:
+            how = "Transformers' TP plan over model, FSDP over fsdp"
         return (
             f"sharded over {self.chips} chips (mesh fsdp {fsdp} x model {model}): {how}; peak "
             "HBM, bytes and FLOPs are one chip's, and the roofline leaves out the collectives' "
@@ -150,17 +169,30 @@ class Placement:
 
 
 def _plan_dim(plan: Mapping[str, str], name: str) -> int | None:
-    """The dimension of parameter ``name`` that the TP plan splits, or None."""
+    """The dimension of parameter ``name`` that the plan splits, or None: an entry naming the
+    parameter itself first, else one naming its module."""
     module, _, leaf = name.rpartition(".")
-    for pattern, style in plan.items():
-        if fnmatch.fnmatchcase(module, pattern):
-            if style not in TP_STYLE_DIM:
-                raise KernelInputError(
-                    f"{module}: TP plan style {style!r} is not one model-bench shards; it knows "
-                    f"{', '.join(sorted(TP_STYLE_DIM))}"
-                )
-            return TP_STYLE_DIM[style].get(leaf)
+    for target, key in ((name, PARAMETER), (module, leaf)):
+        for pattern, style in plan.items():
+            if fnmatch.fnmatchcase(target, pattern):
+                if style not in PLAN_STYLE_DIM:
+                    raise KernelInputError(
+                        f"{target}: plan style {style!r} is not one model-bench shards; it knows "
+                        f"{', '.join(sorted(PLAN_STYLE_DIM))}"
+                    )
+                return PLAN_STYLE_DIM[style].get(key)
     return None
+
+
+def model_plan(model: Any) -> dict[str, str]:
+    """The model's TP plan with its EP plan's entries, which replace the TP plan's on the experts
+    modules and their parameters (Transformers' precedence when both are asked for)."""
+    tp_plan = dict(getattr(model, "_tp_plan", None) or {})
+    ep_plan = dict(getattr(model, "_ep_plan", None) or {})
+    if not ep_plan:
+        return tp_plan
+    is_expert = re.compile(rf"(?:{'|'.join(map(re.escape, ep_plan))})(?:\..+)?").fullmatch
+    return {k: v for k, v in tp_plan.items() if not is_expert(k)} | ep_plan
 
 
 def placement(generation: str, topology: str | None, tp: int | None, model: Any) -> Placement:
@@ -187,10 +219,10 @@ def placement(generation: str, topology: str | None, tp: int | None, model: Any)
     )
     if tp == 1:  # one chip on ``model``: the plan would split nothing, so it is not read
         return Placement(devices[0], mesh)
-    plan = getattr(model, "_tp_plan", None) or {}
-    if not plan:
+    plan = model_plan(model)
+    if not getattr(model, "_tp_plan", None):
         raise KernelInputError(
             f"{type(model).__name__} has no tensor-parallel plan (config.base_model_tp_plan); "
             "model-bench shards only models that declare one"
         )
-    return Placement(devices[0], mesh, dict(plan))
+    return Placement(devices[0], mesh, plan)
