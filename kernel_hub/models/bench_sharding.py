@@ -60,6 +60,9 @@ PLAN_STYLE_DIM: Mapping[str, Mapping[str, int | None]] = {
 }
 """Transformers' TP or EP plan style -> the dimension of each parameter it splits over ``model``
 (None: replicated)."""
+EXPERT_STYLES = frozenset({"grouped_gemm"})
+"""EP plan styles: their dimension splits over ``Placement.experts_axes``, no other dimension
+over ``fsdp``."""
 
 
 def topology_chips(topology: str) -> int:
@@ -84,7 +87,7 @@ class Placement:
     @property
     def splits_experts(self) -> bool:
         """Whether the plan splits experts over ``model`` (the model's EP plan)."""
-        return "grouped_gemm" in (self.plan or {}).values()
+        return bool(EXPERT_STYLES & set((self.plan or {}).values()))
 
     @property
     def chips(self) -> int:
@@ -100,13 +103,32 @@ class Placement:
     def _divides(self, axis: str, size: int) -> bool:
         return size % self.mesh.shape[axis] == 0
 
+    @property
+    def experts_axes(self) -> tuple[str, ...]:
+        """The mesh axes an expert weight's experts split over under the EP plan: ``model`` and
+        then ``fsdp`` (expert parallelism over every chip, so each chip reads only its own
+        experts whole: split over ``fsdp`` on another dimension, a kernel that needs its experts
+        whole would gather them every layer)."""
+        return ("model", "fsdp") if self.mesh.shape["fsdp"] > 1 else ("model",)
+
     def weight(self, name: str, shape: Sequence[int], fsdp: bool = True) -> Any:
         """The sharding of the parameter or buffer ``name`` (``fsdp``: split over the FSDP axis
         too; buffers are not)."""
-        spec: list[str | None] = [None] * len(shape)
+        spec: list[str | tuple[str, ...] | None] = [None] * len(shape)
         if self.mesh is None or not shape:
             return self._sharding(spec)
-        dim = _plan_dim(self.plan or {}, name)
+        style, dim = _plan_entry(self.plan or {}, name)
+        if style in EXPERT_STYLES:
+            axes = self.experts_axes
+            chips = math.prod(self.mesh.shape[a] for a in axes)
+            if shape[dim] % chips:
+                raise KernelInputError(
+                    f"{name} {tuple(shape)}: its EP plan splits its {shape[dim]} experts over "
+                    f"{chips} chips ({' x '.join(axes)}), which do not divide them; choose a "
+                    "topology whose chips divide the model's experts"
+                )
+            spec[dim] = axes
+            return self._sharding(spec)
         if dim is not None:
             if not self._divides("model", shape[dim]):
                 raise KernelInputError(
@@ -142,13 +164,15 @@ class Placement:
         ``fsdp`` as the static cache is placed (when ``fsdp`` divides it); heads, KV heads,
         channels and vocabulary over ``model``; no rule for ``...``, so the rows of row-wise
         ops (rms_norm, the gated MLP's product) stay whole and the linears between kernels keep
-        their weights in place. ``experts`` over ``model`` when the plan splits them there: the
-        fused experts kernel then runs each chip's own experts (expert parallelism)."""
+        their weights in place. ``experts`` over ``experts_axes`` when the EP plan splits them:
+        the fused experts kernel then runs each chip's own experts (expert parallelism)."""
         if self.mesh is None or mode != "decode":
             return None
-        factors = ("heads", "kv_heads", "channels", "vocab")
-        factors += ("experts",) if self.splits_experts else ()
-        rules: dict[str, str | None] = dict.fromkeys(factors, "model")
+        rules: dict[str, str | tuple[str, ...] | None] = dict.fromkeys(
+            ("heads", "kv_heads", "channels", "vocab"), "model"
+        )
+        if self.splits_experts:
+            rules["experts"] = self.experts_axes
         return {"batch": "fsdp" if self._divides("fsdp", batch) else None, **rules}
 
     def describe(self) -> str | None:
@@ -158,7 +182,10 @@ class Placement:
         if not self.plan:
             how = "FSDP alone (--tp 1: the TP plan is not read)"
         elif self.splits_experts:
-            how = "Transformers' TP plan and EP plan (experts) over model, FSDP over fsdp"
+            how = (
+                "Transformers' TP plan over model and EP plan (experts) over "
+                f"{' x '.join(self.experts_axes)}, FSDP over fsdp"
+            )
         else:
             how = "Transformers' TP plan over model, FSDP over fsdp"
         return (
@@ -168,9 +195,9 @@ class Placement:
         )
 
 
-def _plan_dim(plan: Mapping[str, str], name: str) -> int | None:
-    """The dimension of parameter ``name`` that the plan splits, or None: an entry naming the
-    parameter itself first, else one naming its module."""
+def _plan_entry(plan: Mapping[str, str], name: str) -> tuple[str | None, int | None]:
+    """The plan style of parameter ``name`` and the dimension it splits (None: none); an entry
+    naming the parameter itself first, else one naming its module."""
     module, _, leaf = name.rpartition(".")
     for target, key in ((name, PARAMETER), (module, leaf)):
         for pattern, style in plan.items():
@@ -180,8 +207,8 @@ def _plan_dim(plan: Mapping[str, str], name: str) -> int | None:
                         f"{target}: plan style {style!r} is not one model-bench shards; it knows "
                         f"{', '.join(sorted(PLAN_STYLE_DIM))}"
                     )
-                return PLAN_STYLE_DIM[style].get(key)
-    return None
+                return style, PLAN_STYLE_DIM[style].get(key)
+    return None, None
 
 
 def model_plan(model: Any) -> dict[str, str]:
