@@ -1,5 +1,6 @@
 """Where a model-bench step's arguments live: one chip, or a multi-chip mesh sharded the way
-Transformers' tensor-parallel plan shards the model, with FSDP over the chips the plan leaves.
+Transformers' tensor-parallel (and expert-parallel) plans shard the model, with FSDP over the chips
+the plans leave.
 
 The mesh is a deviceless topology of the generation (``v5e:2x2``, ``v5e:4x4``, ...) with two
 Auto axes, ``fsdp`` x ``model`` (``chips / tp`` x ``tp``):
@@ -12,12 +13,13 @@ Auto axes, ``fsdp`` x ``model`` (``chips / tp`` x ``tp``):
   (``model._ep_plan``: Qwen3-MoE, GPT-OSS, Qwen3-Next) has its experts split by that plan over the
   same chips, as Transformers does when a ``DistributedConfig`` asks for both (the EP plan's
   entries replace the TP plan's on the experts modules and their parameters): ``grouped_gemm``
-  splits an expert weight's experts (dim 0), ``ep_dispatch_experts`` (the experts module) nothing
-  of its own. A plan style this table does not know is an error, not a guess. With ``--tp 1``
-  the ``model`` axis is one chip and no plan is read: FSDP alone.
-* ``fsdp``: every weight's first dimension the plan leaves whole and ``fsdp`` divides, as FSDP
-  shards a flat parameter (gathered by the partitioner where it is used); the batch of the step's
-  inputs and of a static KV cache, when ``fsdp`` divides it.
+  splits an expert weight's experts (dim 0) over ``model`` and then ``fsdp`` (expert parallelism
+  over every chip: ``Placement.experts_axes``), ``ep_dispatch_experts`` (the experts module)
+  nothing of its own. A plan style this table does not know is an error, not a guess. With
+  ``--tp 1`` the ``model`` axis is one chip and no plan is read: FSDP alone.
+* ``fsdp``: every other weight's first dimension the plan leaves whole and ``fsdp`` divides, as
+  FSDP shards a flat parameter (gathered by the partitioner where it is used); the batch of the
+  step's inputs and of a static KV cache, when ``fsdp`` divides it.
 
 A static KV cache ``[B, Hkv, C, D]`` splits its heads over ``model``, as the TP plan's k/v
 projections split them. Everything else is replicated. The compiled program is one SPMD program:
