@@ -101,13 +101,23 @@ def test_the_ep_plan_splits_the_experts_and_replaces_the_tp_plan_on_them():
     q_proj = place.weight("model.layers.0.self_attn.q_proj.weight", (4096, 2048))
     assert tuple(q_proj.spec) == ("model", "fsdp")
     assert place.kernel_axis_rules("decode", 64)["experts"] == ("model", "fsdp")
+    # prefill: the conventions, with the experts split as their weights are (fused-moe runs
+    # each chip's experts); training keeps the conventions (moe-gemm keeps experts whole)
+    with place.kernel_mesh("prefill", 1) as context:
+        assert context.conventional and context.axes_of("experts") == ("model", "fsdp")
+        assert context.axes_of("batch") == ("fsdp",)
+    with place.kernel_mesh("train", 1) as context:
+        assert context is None
     with pytest.raises(KernelInputError, match="splits its 6 experts over 4 chips"):
         place.weight("model.layers.0.mlp.experts.down_proj", (6, 2048, 768))
     all_model = placement("v5e", "2x2", 4, model)
     down = all_model.weight("model.layers.0.mlp.experts.down_proj", (8, 4, 2))
     assert tuple(down.spec) == ("model", None, None)  # fsdp 1: over model alone
     dense = type("Llama", (), {"_tp_plan": LLAMA_PLAN})()
-    assert "experts" not in placement("v5e", "2x2", 2, dense).kernel_axis_rules("decode", 64)
+    dense_place = placement("v5e", "2x2", 2, dense)
+    assert "experts" not in dense_place.kernel_axis_rules("decode", 64)
+    with dense_place.kernel_mesh("prefill", 1) as context:
+        assert context is None
 
 
 @pytest.mark.parametrize(

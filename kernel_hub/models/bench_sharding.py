@@ -30,11 +30,14 @@ The kernels' ``shard_map`` boundaries place their inputs by the mesh-axis conven
 vocabulary over ``model``), except in a decode step (``kernel_axis_rules``), whose rows stay
 whole: a decode step's rows are its few new tokens, and a boundary that splits them over
 ``fsdp`` makes the partitioner gather every FSDP-split weight of the linears between two
-kernels (FSDP's weight all-gather, per layer) instead of moving the tokens.
+kernels (FSDP's weight all-gather, per layer) instead of moving the tokens. A prefill step with
+expert-split weights keeps the conventions and adds ``experts`` over ``experts_axes``
+(``kernel_mesh``), so fused-moe runs each chip's experts where its weights are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import math
 import re
@@ -176,6 +179,21 @@ class Placement:
         if self.splits_experts:
             rules["experts"] = self.experts_axes
         return {"batch": "fsdp" if self._divides("fsdp", batch) else None, **rules}
+
+    def kernel_mesh(self, mode: str, batch: int) -> contextlib.AbstractContextManager[Any]:
+        """The ``use_mesh`` region a ``mode`` step is traced in: the decode rules
+        (``kernel_axis_rules``); for a prefill step whose EP plan splits the experts, the
+        mesh-axis conventions plus ``experts`` over ``experts_axes`` (fused-moe runs each chip's
+        experts on every token); else none, so the conventions apply. A training step's experts
+        run moe-gemm, whose rule keeps them whole (its expert parallelism is ``moe_ep``)."""
+        from kernel_hub.sharding import use_mesh
+
+        rules = self.kernel_axis_rules(mode, batch)
+        if rules is not None:
+            return use_mesh(self.mesh, rules)
+        if self.mesh is not None and mode == "prefill" and self.splits_experts:
+            return use_mesh(self.mesh, {"experts": self.experts_axes}, over_conventions=True)
+        return contextlib.nullcontext()
 
     def describe(self) -> str | None:
         if self.mesh is None:

@@ -22,7 +22,6 @@ before tracing: the traced program reads every parameter from its arguments.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 from collections.abc import Callable, Mapping
@@ -45,7 +44,6 @@ from kernel_hub.bench.model_figures import (
 from kernel_hub.bench.overflow import MemoryOverflow, memory_overflow
 from kernel_hub.bench.roofline import TPU_CHIPS
 from kernel_hub.errors import KernelInputError, UnknownNameError
-from kernel_hub.sharding import use_mesh
 from kernel_hub.topologies import TOPOLOGIES, filtered_libtpu_stderr
 
 from .bench_sharding import Placement, placement, topology_chips
@@ -439,9 +437,11 @@ def trace_step(model: Any, spec: BenchSpec) -> TracedStep:
             (spec.batch, spec.seq), jax.numpy.int32, sharding=place.batch((spec.batch, spec.seq))
         )
         function, arguments = _step(model, spec), (*weights, ids)
-    rules = place.kernel_axis_rules(spec.mode, spec.batch)
-    kernel_mesh = contextlib.nullcontext() if rules is None else use_mesh(place.mesh, rules)
-    with filtered_libtpu_stderr(), jax.default_device(device), kernel_mesh:
+    with (
+        filtered_libtpu_stderr(),
+        jax.default_device(device),
+        place.kernel_mesh(spec.mode, spec.batch),
+    ):
         traced = jax.jit(function, donate_argnums=donated, keep_unused=True, **placed).trace(
             *arguments
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .rule import ELLIPSIS, ShardingError
@@ -75,7 +75,10 @@ def _normalised(mesh: Any, rules: Mapping[str, Any]) -> dict[str, tuple[Axes, ..
 
 @contextlib.contextmanager
 def use_mesh(
-    mesh: Any, axis_rules: Mapping[str, AxisRule | tuple[AxisRule, ...]] | None = None
+    mesh: Any,
+    axis_rules: Mapping[str, AxisRule | tuple[AxisRule, ...]] | None = None,
+    *,
+    over_conventions: bool = False,
 ) -> Iterator[MeshContext]:
     """Run kernel-hub's JAX functions called (or traced) in this block sharded over ``mesh``.
 
@@ -83,8 +86,16 @@ def use_mesh(
     "...": ("data",)}`` (``...``: one entry per leading dimension of row-wise ops such as
     rms_norm). Factors without a rule stay unsplit. Needed on Auto-axis meshes, where traced
     arrays carry no sharding; on Explicit-axis meshes kernel-hub reads the arrays' own.
+    ``over_conventions``: the rules are added to the mesh-axis conventions
+    (``CONVENTIONAL_AXES``, what an Auto mesh gets outside ``use_mesh``), and like theirs a
+    placement a dimension's size cannot take leaves that factor unsplit instead of failing.
     """
-    context = MeshContext(mesh, _normalised(mesh, axis_rules or {}))
+    rules = _normalised(mesh, axis_rules or {})
+    if over_conventions:
+        context = conventional_context(mesh)
+        context = replace(context, rules={**context.rules, **rules})
+    else:
+        context = MeshContext(mesh, rules)
     token = _CURRENT.set(context)
     try:
         yield context

@@ -233,3 +233,23 @@ def test_conventional_placement_on_auto_meshes() -> None:
     assert [o.axes[0] for o in placed] == [("data",), ()]
     odd = Operand("cos", (3, 64, 32), (("data",), (), ()))
     assert [o.axes[0] for o in _divisible(rope, [q, odd], mesh)] == [(), ()]
+
+
+def test_rules_over_the_conventions_add_to_them_and_stay_lenient() -> None:
+    """``use_mesh(..., over_conventions=True)``: the conventions of an Auto mesh plus (or
+    overridden by) the given rules, still conventional (an indivisible placement is dropped, not
+    an error); without it the rules alone, strict."""
+    from types import SimpleNamespace
+
+    from kernel_hub.sharding import use_mesh
+
+    mesh = SimpleNamespace(axis_names=("fsdp", "model"), axis_sizes=(2, 4))
+    rules = {"experts": ("model", "fsdp"), "heads": None}
+    with use_mesh(mesh, rules, over_conventions=True) as context:
+        assert context.conventional
+        assert context.axes_of("experts") == ("model", "fsdp")
+        assert context.axes_of("heads") == ()  # overridden
+        assert context.axes_of("batch") == ("fsdp",) and context.axes_of("kv_heads") == ("model",)
+    with use_mesh(mesh, rules) as context:
+        assert not context.conventional
+        assert context.axes_of("experts") == ("model", "fsdp") and context.axes_of("batch") == ()
