@@ -87,6 +87,8 @@ fi
 # before starts as cold as a fresh clone, so the budget above measures every compile.
 run_cache=$(mktemp -d)
 export KERNEL_HUB_COMPILATION_CACHE_DIR=$run_cache
+# model-bench's figure cache likewise: every model-bench command in the run compiles its programs
+export KERNEL_HUB_FIGURE_CACHE_DIR=$(mktemp -d)
 
 # The README's main job, in an environment holding only the wheel and what that job installs:
 # `get_kernel` of every registry op, `kernel-hub list` and `kernel-hub demo`, run from a directory

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 import traceback
@@ -66,11 +67,15 @@ def selected(request: pytest.FixtureRequest, item_cells) -> set[str]:
 def run_cells(cells: dict[str, dict], out_dir: Path) -> dict[str, dict]:
     """``cells`` run by this script in one subprocess; each cell's status, output and rows."""
     (out_dir / "cells.json").write_text(json.dumps(cells))
+    # model-bench's figure cache in the run's own directory: every cell compiles its programs
+    # (no figures from an earlier run or the user's cache), and nothing is left in $HOME
+    figures = {"KERNEL_HUB_FIGURE_CACHE_DIR": str(out_dir / "figures")}
     result = subprocess.run(
         [sys.executable, __file__, str(out_dir / "cells.json"), str(out_dir)],
         capture_output=True,
         text=True,
         timeout=1800,
+        env={**os.environ, **figures},
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads((out_dir / "results.json").read_text())

@@ -564,7 +564,7 @@ def test_a_step_that_overflows_the_chip_is_a_clear_error(monkeypatch):
     )
 
     def failing(message):
-        def compile_step(model, spec):
+        def compile_step(model, spec, figure_cache):
             raise RuntimeError(message)
 
         return compile_step
@@ -593,7 +593,7 @@ def test_a_variant_that_does_not_fit_is_a_row_beside_the_other(monkeypatch, tmp_
     )
     refused = {"stock"}
 
-    def compile_step(model, spec):
+    def compile_step(model, spec, figure_cache):
         if model["variant"] in refused:
             raise RuntimeError(refusal)
         layers = model["layers"]
@@ -733,7 +733,7 @@ def test_only_a_training_step_scales_its_temporaries(monkeypatch):
     from kernel_hub.bench.model_figures import ProgramFigures
     from kernel_hub.models import model_bench as bench
 
-    def compile_step(model, spec):
+    def compile_step(model, spec, figure_cache):
         figures = ProgramFigures(100.0 * model, 1.0, 10.0 * model + 5.0, 0.0, 0.0, 0.0)
         return bench.CompiledStep(figures, [], False, None, (), {}, 1, None)
 

@@ -75,3 +75,41 @@ def test_every_measured_variant_has_its_row(record: dict) -> None:
         f"{record['variant']}: "
         + ", ".join(f"{name} {value(record):.4g}" for name, value in FIGURES)
     )
+
+
+def _table_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("model_bench_table", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+SCRIPT = ROOT / "scripts" / "model_bench_table.py"
+
+
+def test_the_table_script_runs_every_command_the_docs_give_and_each_parses() -> None:
+    """scripts/model_bench_table.py reads the table's commands from the docs: every one is a
+    model-bench command the CLI accepts, each writes its own JSON, and the presets are those
+    of the table's JSONs."""
+    from kernel_hub.cli import build_parser
+
+    script = _table_script()
+    commands = script.table_commands(TABLE.read_text())
+    block = TABLE.read_text().split(script.SECTION, 1)[1].split("```bash", 1)[1].split("```")[0]
+    assert len(commands) == block.count("kernel-hub model-bench ") > 40
+    names = [script.json_name(args) for args in commands]
+    assert len(set(names)) == len(names)  # no command overwrites another's JSON
+    parser = build_parser()
+    for args in commands:
+        parsed = parser.parse_args(["model-bench", *args])
+        assert parsed.json is None and parsed.preset
+    assert {args[0] for args in commands} == {record["model"] for _, record in RECORDS}
+
+
+def test_the_table_script_lists_and_filters_without_running(capsys) -> None:
+    script = _table_script()
+    assert script.main(["unused-dir", "--dry-run", "--only", "flux-1-dev"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed and all(line.startswith("kernel-hub model-bench flux-1-dev ") for line in listed)

@@ -111,6 +111,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="with --topology: chips on the tensor-parallel axis (default: all; 1: FSDP alone, "
         "the model's TP plan not read)",
     )
+    parser.add_argument(
+        "--figure-cache",
+        metavar="DIR",
+        help="where compiled programs' figures are kept across runs, so an unchanged program "
+        "is not compiled again; 'off' compiles every program (default: "
+        "$KERNEL_HUB_FIGURE_CACHE_DIR, else ~/.cache/kernel-hub/model-bench)",
+    )
     parser.add_argument("--json", metavar="PATH", help="write one object per variant")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG: stock vs kernelized bars")
     parser.set_defaults(func=run_model_bench_command)
@@ -144,6 +151,14 @@ def _spec(args: argparse.Namespace) -> Any:
     return model_bench.spec_for_model_type(args.model_type, **shape)
 
 
+def _figure_cache(option: str | None) -> Path | None:
+    from kernel_hub.bench.figure_cache import default_cache_dir
+
+    if option is None:
+        return default_cache_dir()
+    return None if option == "off" else Path(option).expanduser()
+
+
 def run_model_bench_command(args: argparse.Namespace) -> int:
     from kernel_hub.bench.model_figures import MODEL_BENCH_HEADERS, model_bench_row
 
@@ -152,7 +167,7 @@ def run_model_bench_command(args: argparse.Namespace) -> int:
     spec = _spec(args)
     from kernel_hub.models.model_bench import run_model_bench
 
-    results = run_model_bench(spec)
+    results = run_model_bench(spec, _figure_cache(args.figure_cache))
     print_table(MODEL_BENCH_HEADERS, [model_bench_row(r) for r in results])
     for result in results:
         print(f"\n{result.variant}:")

@@ -30,15 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from kernel_hub.bench.compile_check import no_persistent_cache
-from kernel_hub.bench.mesh_compile import count_collectives
+from kernel_hub.bench.figure_cache import compile_figures
 from kernel_hub.bench.model_figures import (
     ProgramFigures,
     VariantResult,
-    has_loops,
     median_ms,
     overflow_result,
     pallas_kernels,
-    program_figures,
     variant_result,
 )
 from kernel_hub.bench.overflow import MemoryOverflow, memory_overflow
@@ -448,22 +446,23 @@ def trace_step(model: Any, spec: BenchSpec) -> TracedStep:
     return TracedStep(traced, function, arguments, correction, place)
 
 
-def compile_step(model: Any, spec: BenchSpec) -> CompiledStep:
-    """Trace ``model``'s step for the spec's TPU, deviceless, and compile it."""
+def compile_step(model: Any, spec: BenchSpec, figure_cache: Path | None = None) -> CompiledStep:
+    """Trace ``model``'s step for the spec's TPU, deviceless, and compile it (or read its
+    figures from ``figure_cache``, where this program was compiled before)."""
     import jax
 
     step = trace_step(model, spec)
     with filtered_libtpu_stderr(), no_persistent_cache():
         with jax.default_device(step.placement.device):
             lowered = step.traced.lower()
-        compiled = lowered.compile()
-    hlo = compiled.as_text() or ""
-    collectives = count_collectives(hlo)
-    collectives.pop("mosaic")
+        target = f"{spec.tpu} topology={spec.topology} tp={spec.tp}"
+        compiled = compile_figures(lowered, target, figure_cache)
+    collectives = dict(compiled.collectives)
+    collectives.pop("mosaic", None)
     return CompiledStep(
-        program_figures(compiled, min_bytes_correction=step.min_bytes_correction),
+        dataclasses.replace(compiled.figures, min_bytes_correction=step.min_bytes_correction),
         pallas_kernels(str(step.traced.jaxpr)),
-        has_loops(hlo),
+        compiled.loops,
         step.function,
         step.arguments,
         collectives,
@@ -494,9 +493,10 @@ def _measured_ms(step: CompiledStep, tpu: str) -> float | None:
     return median_ms(lambda: jax.block_until_ready(jitted(*arrays)))
 
 
-def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
+def bench_variant(spec: BenchSpec, variant: str, figure_cache: Path | None = None) -> VariantResult:
     """Compile one variant's programs (``BenchSpec.plan``); the row at full depth. The stock
-    variant holds bf16 weights and a bf16 cache whatever ``spec`` asks (``BenchSpec.stock``)."""
+    variant holds bf16 weights and a bf16 cache whatever ``spec`` asks (``BenchSpec.stock``).
+    ``figure_cache``: the directory of ``kernel_hub.bench.figure_cache``, or None."""
     if variant not in VARIANTS:
         raise UnknownNameError("model-bench variant", variant, VARIANTS)
     cell = spec if variant == "kernelized" else spec.stock()
@@ -512,7 +512,7 @@ def bench_variant(spec: BenchSpec, variant: str) -> VariantResult:
             found = _kernelize(model, spec.mode)
             replaced = replaced | found
         try:
-            steps[name] = compile_step(model, cell)
+            steps[name] = compile_step(model, cell, figure_cache)
         except Exception as exc:  # libtpu's refusal is a JaxRuntimeError: read its message
             overflow = memory_overflow(str(exc))
             if overflow is None or overflow.space != "HBM":
@@ -604,7 +604,7 @@ def _shape_note(spec: BenchSpec) -> str:
     )
 
 
-def run_model_bench(spec: BenchSpec) -> list[VariantResult]:
+def run_model_bench(spec: BenchSpec, figure_cache: Path | None = None) -> list[VariantResult]:
     """Both variants; a config Transformers refuses, or too few layers of a type for the
     scaling, is reported before any compile. A variant that does not fit one chip's HBM is a row
     without figures (stock often does not where kernelized does, the comparison a user wants);
@@ -613,7 +613,7 @@ def run_model_bench(spec: BenchSpec) -> list[VariantResult]:
     results, refusals = [], []
     for variant in VARIANTS:
         try:
-            results.append(bench_variant(spec, variant))
+            results.append(bench_variant(spec, variant, figure_cache))
         except HbmOverflowError as exc:
             refusals.append(str(exc))
             results.append(
