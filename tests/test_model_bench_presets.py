@@ -443,3 +443,89 @@ def test_a_sharded_decode_step_keeps_fsdp_weights_in_place(kind):
     if kind == "auto":
         assert weight_gathers(None) > 0  # the conventions split the rows: FSDP's gathers
     assert Placement(devices[0], mesh).kernel_axis_rules("train", b) is None
+
+
+def _tp_mlp(x, w_gate, w_up, w_down, *, explicit_mesh=None):
+    """Megatron's tensor-parallel MLP: gate/up column-wise (their outputs' intermediate
+    features over ``model``), the gated-MLP kernel, down row-wise (a sum over ``model`` after
+    it; an Explicit mesh asks for its placement)."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from kernel_hub import get_kernel
+
+    act = get_kernel("gated-mlp").jax.gated_activation
+    placed = {}
+    if explicit_mesh is not None:
+        placed = {"out_sharding": NamedSharding(explicit_mesh, P("fsdp"))}
+    gate, up = (jnp.einsum("bsh,ih->bsi", x, w) for w in (w_gate, w_up))
+    return jnp.einsum("bsi,hi->bsh", act(gate, up, "silu"), w_down, **placed)
+
+
+@pytest.mark.tpu_compile
+@pytest.mark.parametrize("kind", ["auto", "explicit"])
+def test_a_tensor_parallel_mlp_keeps_its_intermediate_split(kind):
+    """gated-mlp's rule lets separate gate and up arrays split their intermediate features, and
+    the conventions split them over ``model``: between the column-wise gate/up and the row-wise
+    down projection nothing is gathered (llama-3-70b's TP training step gathered them at
+    version 1.1 of the kernel, which kept the features whole). The negative control keeps them
+    whole (``use_mesh`` over the conventions) and gathers. On an Explicit mesh the kernel takes
+    the split arrays as they are (version 1.1 refused them)."""
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("deviceless TPU compiles need libtpu")
+    import contextlib
+    import math
+    import re
+
+    import jax
+    import numpy as np
+    from jax.sharding import AxisType, Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from kernel_hub.bench.compile_check import no_persistent_cache
+    from kernel_hub.bench.mesh_compile import collective_shapes
+    from kernel_hub.models.bench_sharding import MESH_AXES
+    from kernel_hub.sharding import use_mesh
+    from kernel_hub.topologies import filtered_libtpu_stderr, tpu_devices
+
+    b, s, h, i = 2, 256, 512, 1024
+    devices = tpu_devices("v5e")
+    axis_type = AxisType.Explicit if kind == "explicit" else AxisType.Auto
+    mesh = Mesh(np.array(devices).reshape(2, 2), MESH_AXES, axis_types=(axis_type,) * 2)
+    specs = [P("fsdp"), P("model"), P("model"), P(None, "model")]
+    shapes = [(b, s, h), (i, h), (i, h), (h, i)]
+    args = [
+        jax.ShapeDtypeStruct(shape, jax.numpy.bfloat16, sharding=NamedSharding(mesh, spec))
+        for shape, spec in zip(shapes, specs, strict=True)
+    ]
+    intermediate_shard = b * s * i // 4  # one chip's part of gate's [b, s, i] output
+    explicit = {"explicit_mesh": mesh} if kind == "explicit" else {}
+
+    def intermediate_gathers(rules):
+        region = (
+            contextlib.nullcontext()
+            if rules is None
+            else use_mesh(mesh, rules, over_conventions=True)
+        )
+        with (
+            filtered_libtpu_stderr(),
+            no_persistent_cache(),
+            jax.default_device(devices[0]),
+            region,
+        ):
+            # a new function each time: jit's trace cache does not key on use_mesh
+            step = jax.jit(lambda *a: _tp_mlp(*a, **explicit))
+            hlo = step.trace(*args).lower().compile().as_text()
+        assert "tpu_custom_call" in hlo
+        sizes = [
+            math.prod(int(d) for d in dims.split(",") if d)
+            for op, shape in collective_shapes(hlo)
+            if op == "all-gather"
+            for dims in re.findall(r"\[([\d,]*)\]", shape)
+        ]
+        return sum(size >= intermediate_shard for size in sizes)
+
+    assert intermediate_gathers(None) == 0
+    if kind == "auto":
+        assert intermediate_gathers({"intermediate": None}) > 0

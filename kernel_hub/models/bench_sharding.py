@@ -167,14 +167,15 @@ class Placement:
 
         Decode: the conventions less their row rule. ``batch`` (attention's and rotary's) over
         ``fsdp`` as the static cache is placed (when ``fsdp`` divides it); heads, KV heads,
-        channels and vocabulary over ``model``; no rule for ``...``, so the rows of row-wise
+        channels, the gated MLP's intermediate features and vocabulary over ``model``; no rule
+        for ``...``, so the rows of row-wise
         ops (rms_norm, the gated MLP's product) stay whole and the linears between kernels keep
         their weights in place. ``experts`` over ``experts_axes`` when the EP plan splits them:
         the fused experts kernel then runs each chip's own experts (expert parallelism)."""
         if self.mesh is None or mode != "decode":
             return None
         rules: dict[str, str | tuple[str, ...] | None] = dict.fromkeys(
-            ("heads", "kv_heads", "channels", "vocab"), "model"
+            ("heads", "kv_heads", "channels", "intermediate", "vocab"), "model"
         )
         if self.splits_experts:
             rules["experts"] = self.experts_axes

@@ -5,7 +5,8 @@ On an Explicit-axis mesh every array carries its sharding (``jax.typeof(x).shard
 partition spec (the partitioner decides it after tracing), so kernel-hub falls back on
 ``CONVENTIONAL_AXES``: the mesh-axis names MaxText-style code gives data and tensor parallelism
 (``data``/``fsdp`` split ``batch`` and the first leading dimension, ``model``/``tp`` split
-``heads``, a depthwise conv's ``channels`` and an LM head's ``vocab``, ``ep`` splits ``experts``).
+``heads``, a depthwise conv's ``channels``, a gated MLP's ``intermediate`` features (Megatron's
+column-split gate and up) and an LM head's ``vocab``, ``ep`` splits ``experts``).
 An input sharded otherwise is resharded to that placement by the partitioner (the collective
 shows in the compiled program). ``use_mesh`` states the rules for a region instead: which mesh,
 and which mesh axes split which rule factor (``batch``, ``heads``, ``...`` for the leading
@@ -109,6 +110,7 @@ CONVENTIONAL_AXES: Mapping[str, tuple[str, ...]] = {
     "heads": ("model", "tp", "tensor", "mp"),
     "kv_heads": ("model", "tp", "tensor", "mp"),
     "channels": ("model", "tp", "tensor", "mp"),
+    "intermediate": ("model", "tp", "tensor", "mp"),
     "experts": ("ep", "expert"),
     "vocab": ("model", "tp", "tensor", "mp"),
 }

@@ -405,6 +405,37 @@ def auto_gated_mlp():
 
 
 @check
+def gated_mlp_intermediate_split_over_model():
+    """Megatron's column-split gate and up: the intermediate features over ``model`` stay split
+    through the kernel (Explicit: the arrays' own placement, output and gradients keep it;
+    Auto: the conventions split ``intermediate`` over ``model``)."""
+    act = get_kernel("gated-mlp").jax.gated_activation
+    g, u = rand(45, (8, 4, 512)), rand(46, (8, 4, 512))
+    tp = P("data", None, "model")
+    return all_of(
+        "gated activation, intermediate over model (TP)",
+        [
+            compare(
+                "Explicit mesh: gated activation silu, intermediate over model",
+                lambda g, u: act(g, u, "silu", implementation="pallas"),
+                [g, u],
+                [tp, tp],
+                mesh((2, 4), ("data", "model")),
+                (0, 1),
+                [tp],
+            ),
+            auto_compare(
+                "Auto mesh: gated activation gelu, intermediate over model",
+                lambda g, u: act(g, u, "gelu", implementation="pallas"),
+                [g, u],
+                [tp, tp],
+                (0, 1),
+            ),
+        ],
+    )
+
+
+@check
 def auto_gated_rms_norm():
     norm = get_kernel("rmsnorm").gated.gated_rms_norm
     x, z, w = rand(42, (8, 4, 128)), rand(43, (8, 4, 128)), 1 + 0.1 * rand(44, (128,))

@@ -253,3 +253,21 @@ def test_rules_over_the_conventions_add_to_them_and_stay_lenient() -> None:
     with use_mesh(mesh, rules) as context:
         assert not context.conventional
         assert context.axes_of("experts") == ("model", "fsdp") and context.axes_of("batch") == ()
+
+
+def test_gated_activation_splits_separate_features_and_keeps_fused_ones_whole() -> None:
+    """gated-mlp's rule by layout: separate gate and up (Megatron's column-split TP) may split
+    their intermediate features, a fused gate_up may not (a split would part gate columns from
+    their up columns); both with ``up`` as the second tensor, present or not, as the DTensor
+    strategies see the op's tensors."""
+    from torch.distributed.tensor import Shard
+
+    from kernel_hub import get_kernel
+    from kernel_hub.sharding.boundary import choose_rule, rule_of
+
+    rule = rule_of(get_kernel("gated-mlp").jax.gated_activation)
+    separate, fused = choose_rule(rule, {}, [3, 3]), choose_rule(rule, {}, [3, None])
+    split_last = ([Shard(2)], [Shard(2), Shard(2)])
+    assert split_last in forward_strategies(separate, [3, 3], [(2, 4, 8), (2, 4, 8)])
+    fused_strategies = forward_strategies(fused, [3, None], [(2, 4, 16), None])
+    assert fused_strategies and all(Shard(2) not in out for out, _ in fused_strategies)

@@ -89,17 +89,27 @@ def _xla(x, up, *, activation, block_rows, block_cols):
 
 TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 
+# Separate gate and up: rows and intermediate features both split freely (the product is
+# elementwise), so a tensor-parallel MLP's column-split gate/up outputs stay where they are.
+_SEPARATE = Einsum("... intermediate, ... intermediate -> ... intermediate")
+# Fused gate_up ([..., 2I], gate half first; ``up`` absent): a split of the last dimension would
+# separate gate columns from their up columns, so it stays whole.
+_FUSED = Einsum(
+    "... gate_up, ... gate_up -> ... gate_up",
+    whole=("gate_up",),
+    handled_by={"gate_up": "separate gate and up arrays (up=...), whose features split"},
+)
+
+
+def sharding_rule(ranks: tuple = (), **options) -> Einsum:
+    """The separate layout's rule when ``up`` is given (``ranks[1]``), else the fused one's."""
+    return _SEPARATE if len(ranks) > 1 and ranks[1] is not None else _FUSED
+
 
 @op(
     check=check_inputs,
     differentiable=("x", "up"),
-    # Rows split freely; the feature axis stays whole, since in the fused layout (``up=None``) a
-    # split would separate gate columns from their up columns.
-    sharding=Einsum(
-        "... i, ... i -> ... i",
-        whole=("i",),
-        handled_by={"i": "nothing yet: gather the intermediate features first"},
-    ),
+    sharding=sharding_rule,
     jax_only=("block_rows", "block_cols"),
     # Rows are independent: the torch op flattens leading dims and pads them to power-of-two
     # buckets.
