@@ -18,16 +18,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 extras="test,tpu,tokamax,hub,transformers,bench,torchax"
-# The suite's wall-time budget, the one place it is set: the test step (the suite, the compile
-# matrix, the main job and the TorchTPU tests, side by side in two lanes) fails past it (its tests
-# may all pass), so growth shows the day it happens, not the day a run passes the 90-minute limit
-# and nothing lands. It must also hold on a slower day of the same machine kind: in fresh-clone
-# runs on the project's 2-core machine kind the step took 1,677 s (28 min) quiet (c108e79) and
-# 2,187 s (36 min) for nearly the same tests with other work beside it (9bc271e; unchanged tests
-# ran 1.3-2x their quiet times). 45 minutes holds that slow day with a quarter to spare, keeps the
-# whole run (wheel, install, lint: about 1.5 minutes more) well inside 90, and fails a suite that
-# grows by three fifths. Lower it as the suite shrinks.
-suite_budget_s=$((45 * 60))
+# The test step's wall time (the suite, the compile matrix, the main job and the TorchTPU tests,
+# side by side in two lanes) against two figures, set here only. Past the target it prints a
+# warning with the step table, so growth shows the day it happens. Past the limit it fails (its
+# tests may all pass): the whole run is then one slow day from CI's 90 minutes, where nothing
+# lands. The same tests took 1,677 s (28 min) in a quiet fresh-clone run (c108e79, 2026-12-03)
+# and 3,062 s (51 min) in the project's CI on 2026-12-04 (9d3ea64); that day the development
+# host spent 1.3x the CPU-seconds on one fixed model-bench command that it had five hours before:
+# a wall-time line that catches a suite grown by half on a fast host fails a green suite on a
+# slow one (a 45-minute limit did, and that run did not land). 70 minutes keeps the whole run (wheel, install, lint:
+# about 2 minutes more) a 1.25x slower day inside 90.
+suite_target_s=$((30 * 60))
+suite_limit_s=$((70 * 60))
 
 # Each step's name and start (seconds since the script began); the table of their durations is
 # printed at exit, also when a step fails (its row then runs to the failure). Work running beside
@@ -84,7 +86,7 @@ fi
 
 # The bridge's persistent compilation cache, fresh for each run and shared by everything in it
 # (the suite, its subprocesses, the main job, the TorchTPU tests): a run on a machine that ran
-# before starts as cold as a fresh clone, so the budget above measures every compile.
+# before starts as cold as a fresh clone, so the target and limit above measure every compile.
 run_cache=$(mktemp -d)
 export KERNEL_HUB_COMPILATION_CACHE_DIR=$run_cache
 # model-bench's figure cache likewise: every model-bench command in the run compiles its programs
@@ -233,17 +235,21 @@ read -r status seconds <"$logs/matrix.result"
 side_rows+=("$(printf '%-72s %8s' "  TPU compile matrix (2 workers)" "$seconds")")
 rm -rf "$logs"
 suite_seconds=$((SECONDS - suite_start))
-side_rows+=("$(printf '%-72s %8s' "  budget for this step (suite_budget_s in scripts/test.sh)" "$suite_budget_s")")
+side_rows+=("$(printf '%-72s %8s' "  target for this step (suite_target_s in scripts/test.sh)" "$suite_target_s")")
+side_rows+=("$(printf '%-72s %8s' "  limit for this step (suite_limit_s in scripts/test.sh)" "$suite_limit_s")")
 failed=0
 for i in "${failures[@]+"${failures[@]}"}"; do
     echo "failed: $i" >&2
     failed=1
 done
-if [ "$suite_seconds" -gt "$suite_budget_s" ]; then
-    echo "the tests took ${suite_seconds}s ($((suite_seconds / 60)) min), over their budget of" \
-        "${suite_budget_s}s ($((suite_budget_s / 60)) min, suite_budget_s in scripts/test.sh):" \
-        "find the new slow tests in the slowest durations above and make them smaller" >&2
+over="the tests took ${suite_seconds}s ($((suite_seconds / 60)) min), over their"
+if [ "$suite_seconds" -gt "$suite_limit_s" ]; then
+    echo "$over limit of ${suite_limit_s}s ($((suite_limit_s / 60)) min, suite_limit_s in" \
+        "scripts/test.sh): find the slow tests in the slowest durations above and make them smaller" >&2
     failed=1
+elif [ "$suite_seconds" -gt "$suite_target_s" ]; then
+    echo "warning: $over target of ${suite_target_s}s ($((suite_target_s / 60)) min," \
+        "suite_target_s in scripts/test.sh); the slowest durations are above" >&2
 fi
 [ "$failed" -eq 0 ] || exit 1
 printf '\n== done (%ss)\n' "$SECONDS"
