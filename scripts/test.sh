@@ -26,8 +26,8 @@ extras="test,tpu,tokamax,hub,transformers,bench,torchax"
 # and 3,062 s (51 min) in the project's CI on 2026-12-04 (9d3ea64); that day the development
 # host spent 1.3x the CPU-seconds on one fixed model-bench command that it had five hours before:
 # a wall-time line that catches a suite grown by half on a fast host fails a green suite on a
-# slow one (a 45-minute limit did, and that run did not land). 70 minutes keeps the whole run (wheel, install, lint:
-# about 2 minutes more) a 1.25x slower day inside 90.
+# slow one (a 45-minute limit did, and that run did not land). 70 minutes keeps the whole run
+# (wheel, install, lint: about 2 minutes more) a 1.25x slower host inside 90.
 suite_target_s=$((30 * 60))
 suite_limit_s=$((70 * 60))
 
