@@ -2,7 +2,10 @@
 
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -136,3 +139,44 @@ def test_every_registry_kernel_compiles_for_every_generation(tmp_path):
         differentiable = [c.name for c in kernel.KERNEL.benchmark_cases if c.differentiable]
         backward = {r["case"] for r in cells if r["direction"] == "backward"}
         assert backward == set(differentiable)
+
+
+# A Pallas kernel's backward and a plain XLA program, compiled deviceless for v5e: the
+# optimized HLO text (with its buffer assignment) and the memory figures.
+_COMPILED_TEXT = """
+import hashlib, jax, jax.numpy as jnp
+from kernel_hub import get_kernel
+from kernel_hub.bench.compile_check import _placed, _staged_function, no_persistent_cache
+from kernel_hub.topologies import tpu_device
+
+device = tpu_device("v5e")
+rmsnorm = get_kernel("rmsnorm")
+case = next(c for c in rmsnorm.KERNEL.benchmark_cases if c.differentiable)
+programs = [
+    _staged_function(case, "backward", "pallas"),
+    (lambda x, w: jnp.tanh(x @ w).sum(0), (jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16),) * 2),
+]
+for fn, args in programs:
+    with no_persistent_cache(), jax.default_device(device):
+        compiled = jax.jit(fn).trace(*_placed(args, device)).lower().compile()
+    stats = compiled.memory_analysis()
+    print(hashlib.sha256(compiled.as_text().encode()).hexdigest(), stats.temp_size_in_bytes)
+"""
+
+
+def test_llvm_at_O0_leaves_deviceless_tpu_compiles_unchanged():
+    """scripts/test.sh runs the suite with XLA's CPU backend at -O0: libtpu ignores the flag, so
+    the TPU programs the suite compiles are the ones a user's environment compiles."""
+    outputs = []
+    for flags in ("", "--xla_backend_optimization_level=0"):
+        env = {**os.environ, "XLA_FLAGS": flags}
+        done = subprocess.run(
+            [sys.executable, "-P", "-c", _COMPILED_TEXT],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        outputs.append(done.stdout.split())
+    assert len(outputs[0]) == 4 and outputs[0] == outputs[1]
