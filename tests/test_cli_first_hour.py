@@ -271,12 +271,13 @@ def test_attention_needs_tokamax_only_where_tokamax_runs(monkeypatch: pytest.Mon
 def test_an_unusable_compile_cache_warns_once(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     import warnings
 
+    from kernel_hub import user_cache
     from kernel_hub.bridge import compile_cache
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")  # the cache directory would have to be made inside a file
     monkeypatch.setattr(compile_cache, "_override", blocker / "jax")
-    monkeypatch.setattr(compile_cache, "_warned", set())
+    monkeypatch.setattr(user_cache, "_warned", set())
     message = (
         rf"compilation cache {blocker / 'jax'} is not used: it cannot be created .*Set "
         r"KERNEL_HUB_COMPILATION_CACHE_DIR to a writable directory"

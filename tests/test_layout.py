@@ -23,6 +23,7 @@ RANKS = {
     "errors": 0,
     "platform": 1,
     "paths": 1,
+    "user_cache": 1,
     "progress": 1,
     "checks": 1,
     "tpu_tiling": 1,

@@ -24,11 +24,12 @@ import hashlib
 import json
 import os
 import tempfile
-import warnings
 from dataclasses import dataclass, fields
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from kernel_hub.user_cache import user_cache_dir, warn_once
 
 from .mesh_compile import count_collectives
 from .model_figures import ProgramFigures, has_loops, program_figures
@@ -36,14 +37,12 @@ from .overflow import memory_overflow
 
 ENABLE_ENV = "KERNEL_HUB_FIGURE_CACHE"
 DIR_ENV = "KERNEL_HUB_FIGURE_CACHE_DIR"
-_OFF_VALUES = ("0", "off", "false", "no")
 FORMAT = 1
 """Part of every key: raise it when what an entry holds, or how it is read from a compiled
 program, changes (older entries are then never read)."""
 _COMPILER_PACKAGES = ("jax", "jaxlib", "libtpu")
 _COMPILER_ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
 _FIGURE_NAMES = tuple(f.name for f in fields(ProgramFigures) if f.name != "min_bytes_correction")
-_warned: set[Path] = set()
 
 
 class CompileRefused(RuntimeError):
@@ -65,13 +64,7 @@ class CompiledFigures:
 def default_cache_dir() -> Path | None:
     """Where figures are kept (``KERNEL_HUB_FIGURE_CACHE_DIR``, else the user cache), or None
     when ``KERNEL_HUB_FIGURE_CACHE`` switches the cache off."""
-    if os.environ.get(ENABLE_ENV, "1").strip().lower() in _OFF_VALUES:
-        return None
-    configured = os.environ.get(DIR_ENV)
-    if configured:
-        return Path(configured).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "kernel-hub" / "model-bench"
+    return user_cache_dir("model-bench", ENABLE_ENV, DIR_ENV)
 
 
 def program_key(program_text: str, target: str) -> str:
@@ -168,21 +161,13 @@ def _write(cache_dir: Path, key: str, entry: dict[str, Any]) -> None:
         if temporary is not None:
             with contextlib.suppress(OSError):
                 temporary.unlink()
-        _warn_once(cache_dir, exc)
-
-
-def _warn_once(cache_dir: Path, exc: OSError) -> None:
-    """Said once per directory and process: silence would look like a slow compiler."""
-    if cache_dir in _warned:
-        return
-    _warned.add(cache_dir)
-    warnings.warn(
-        f"model-bench's figure cache {cache_dir} is not written ({exc.strerror or exc}): every "
-        f"run compiles every program again. Set {DIR_ENV} to a writable directory, or "
-        f"{ENABLE_ENV}=0 to switch the cache off without this warning.",
-        RuntimeWarning,
-        stacklevel=4,
-    )
+        warn_once(
+            ("figure cache", cache_dir),
+            f"model-bench's figure cache {cache_dir} is not written ({exc.strerror or exc}): "
+            f"every run compiles every program again. Set {DIR_ENV} to a writable directory, or "
+            f"{ENABLE_ENV}=0 to switch the cache off without this warning.",
+            stacklevel=3,
+        )
 
 
 def _version(package: str) -> str:

@@ -18,19 +18,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
+
+from kernel_hub.user_cache import user_cache_dir, warn_once
 
 log = logging.getLogger(__name__)
 
 ENABLE_ENV = "KERNEL_HUB_COMPILATION_CACHE"
 DIR_ENV = "KERNEL_HUB_COMPILATION_CACHE_DIR"
-_OFF_VALUES = ("0", "off", "false", "no")
 
 _UNSET = object()
 _override: object = _UNSET  # set_compilation_cache_dir() value: a Path, None (off) or unset
-_warned: set[Path] = set()  # unusable directories already warned about in this process
 
 
 def set_compilation_cache_dir(directory: str | os.PathLike | None) -> None:
@@ -43,13 +42,7 @@ def compilation_cache_dir() -> Path | None:
     """Where the bridge's executables are cached, or None when the cache is off."""
     if _override is not _UNSET:
         return _override  # type: ignore[return-value]
-    if os.environ.get(ENABLE_ENV, "1").strip().lower() in _OFF_VALUES:
-        return None
-    configured = os.environ.get(DIR_ENV)
-    if configured:
-        return Path(configured).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "kernel-hub" / "jax"
+    return user_cache_dir("jax", ENABLE_ENV, DIR_ENV)
 
 
 @contextlib.contextmanager
@@ -86,7 +79,13 @@ def persistent_cache() -> Iterator[None]:
     if own_directory:
         problem = _unwritable(directory)
         if problem is not None:
-            _warn_once(directory, problem)
+            warn_once(
+                ("compilation cache", directory),
+                f"kernel-hub's compilation cache {directory} is not used: {problem}. Kernels are "
+                f"compiled again in every process. Set {DIR_ENV} to a writable directory, or "
+                f"{ENABLE_ENV}=0 to switch the cache off without this warning.",
+                stacklevel=3,
+            )
             yield
             return
         settings.append(jax_config.compilation_cache_dir(str(directory)))
@@ -107,18 +106,3 @@ def _unwritable(directory: Path) -> str | None:
     if not os.access(directory, os.W_OK | os.X_OK):
         return "it is not writable"
     return None
-
-
-def _warn_once(directory: Path, problem: str) -> None:
-    """Caching off for this directory, said once per process: silence would look like a slow
-    machine, every process compiling every kernel again."""
-    if directory in _warned:
-        return
-    _warned.add(directory)
-    warnings.warn(
-        f"kernel-hub's compilation cache {directory} is not used: {problem}. Kernels are compiled "
-        f"again in every process. Set {DIR_ENV} to a writable directory, or {ENABLE_ENV}=0 to "
-        "switch the cache off without this warning.",
-        RuntimeWarning,
-        stacklevel=3,
-    )
