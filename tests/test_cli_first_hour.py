@@ -280,7 +280,7 @@ def test_an_unusable_compile_cache_warns_once(tmp_path, monkeypatch: pytest.Monk
     monkeypatch.setattr(user_cache, "_warned", set())
     message = (
         rf"compilation cache {blocker / 'jax'} is not used: it cannot be created .*Set "
-        r"KERNEL_HUB_COMPILATION_CACHE_DIR to a writable directory"
+        r"KERNEL_HUB_COMPILATION_CACHE_DIR to a directory only you can write"
     )
     with pytest.warns(RuntimeWarning, match=message), compile_cache.persistent_cache():
         pass

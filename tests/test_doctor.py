@@ -102,3 +102,20 @@ def test_caches_must_be_writable_and_the_verdict_says_what_to_fix(
         assert checks[area].status == MISSING, checks[area]
         assert f"{blocker} is not a directory" in checks[area].found
         assert variable in checks[area].todo
+
+
+def test_a_compilation_cache_others_can_write_is_to_fix(monkeypatch, tmp_path) -> None:
+    """The bridge does not use it (a neighbour could plant executables): doctor says so."""
+    shared = tmp_path / "jax"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("KERNEL_HUB_COMPILATION_CACHE_DIR", str(shared))
+    check = _by_area(doctor())["compilation cache"]
+    assert check.status == MISSING, check
+    assert (
+        check.found == f"{shared}: not used, others can write it (mode 777; chmod go-w fixes that)"
+    )
+    assert "only you can write" in check.todo
+    shared.chmod(0o700)
+    assert _by_area(doctor())["compilation cache"].found == f"{shared} (writable)"

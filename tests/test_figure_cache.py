@@ -116,7 +116,7 @@ def test_an_unwritable_cache_warns_once_and_the_figures_still_come(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     directory = blocker / "cache"  # cannot be made: its parent is a file
-    with pytest.warns(RuntimeWarning, match="figure cache .* is not written"):
+    with pytest.warns(RuntimeWarning, match="figure cache .* is not used: it cannot be created"):
         fc.compile_figures(Counting(), "v5e", directory)
     program = Counting()
     fc.compile_figures(program, "v5e", directory)  # warned once per directory and process
@@ -155,3 +155,34 @@ def test_the_command_takes_a_directory_or_off(tmp_path, monkeypatch, option, exp
     monkeypatch.setenv("HOME", str(tmp_path))
     wanted = {"env": tmp_path / "env", "home": tmp_path / "figures", None: None}[expected]
     assert _figure_cache(option) == wanted
+
+
+def test_a_directory_others_can_write_is_not_read(tmp_path):
+    """An entry someone else planted would be reported as libtpu's figures: in a directory the
+    group or everyone may write, the cache is not used (said once) and every program compiles."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o700)
+    fc.compile_figures(Counting(), "v5e", shared)  # an entry, as a neighbour could write one
+    (entry,) = shared.iterdir()
+    planted = json.loads(entry.read_text())
+    planted["figures"]["flops"] = 1.0
+    entry.write_text(json.dumps(planted))
+    program = Counting()
+    assert fc.compile_figures(program, "v5e", shared).figures.flops == 1.0  # read while private
+    shared.chmod(0o770)
+    with pytest.warns(RuntimeWarning, match=r"figure cache .* is not used: others can write it"):
+        figures = fc.compile_figures(program, "v5e", shared).figures
+    assert program.compiles == 1 and figures.flops > 1.0
+    assert json.loads(entry.read_text())["figures"]["flops"] == 1.0  # nothing written there
+
+
+def test_an_entry_that_cannot_be_written_is_said_once(tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fc.tempfile, "NamedTemporaryFile", full)
+    with pytest.warns(RuntimeWarning, match="is not written \\(No space left on device\\)"):
+        fc.compile_figures(Counting(), "v5e", tmp_path)
+    program = Counting()
+    fc.compile_figures(program, "v5e", tmp_path)  # warned once
+    assert program.compiles == 1 and _entries(tmp_path) == []

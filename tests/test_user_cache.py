@@ -4,6 +4,8 @@ cache and directory."""
 from __future__ import annotations
 
 import inspect
+import os
+import stat
 import warnings
 
 import pytest
@@ -75,3 +77,61 @@ def test_the_warning_points_at_the_callers_line():
         calling_line = inspect.currentframe().f_lineno + 1
         inner()
     assert (caught[0].filename, caught[0].lineno) == (__file__, calling_line)
+
+
+def test_a_cache_directory_is_made_for_this_user_alone(tmp_path):
+    directory = tmp_path / "a" / "cache"
+    previous = os.umask(0o002)  # a user-private-group umask: new folders group-writable
+    try:
+        user_cache.make_private_dir(directory)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert user_cache.others_can_write(directory) is None
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o722, 0o1777])
+def test_a_directory_the_group_or_everyone_can_write_is_not_private(tmp_path, mode):
+    directory = tmp_path / "shared"
+    directory.mkdir()
+    directory.chmod(mode)
+    assert user_cache.others_can_write(directory) == (
+        f"others can write it (mode {mode:o}; chmod go-w fixes that)"
+    )
+
+
+def test_a_directory_of_another_user_is_not_private(tmp_path):
+    directory = tmp_path / "theirs"
+    directory.mkdir(mode=0o700)
+    try:
+        os.chown(directory, os.geteuid() + 1, -1)
+    except PermissionError:
+        pytest.skip("giving a folder to another user needs root")
+    assert user_cache.others_can_write(directory) == (
+        f"it belongs to user id {os.geteuid() + 1}, not to this user ({os.geteuid()})"
+    )
+
+
+def test_the_compilation_cache_is_off_in_a_directory_others_can_write(tmp_path, monkeypatch):
+    """JAX runs a cached executable as it reads it: a shared folder would let a neighbour choose
+    a kernel's code, so the bridge compiles without the cache there."""
+    import jax
+
+    from kernel_hub.bridge import compile_cache
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setattr(compile_cache, "_override", shared)
+    match = rf"compilation cache {shared} is not used: others can write it \(mode 777"
+    with pytest.warns(RuntimeWarning, match=match), compile_cache.persistent_cache():
+        assert jax.config.jax_compilation_cache_dir is None
+        jax.jit(lambda x: x * 3.0 + 1.0)(jax.numpy.ones(3)).block_until_ready()
+    assert list(shared.iterdir()) == []
+    private = tmp_path / "private"
+    monkeypatch.setattr(compile_cache, "_override", private)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with compile_cache.persistent_cache():
+            assert jax.config.jax_compilation_cache_dir == str(private)
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700

@@ -15,6 +15,8 @@ model-bench`` or ``~/.cache/kernel-hub/model-bench``); ``KERNEL_HUB_FIGURE_CACHE
 ``off``/``false``/``no``) switches it off, as does ``kernel-hub model-bench --figure-cache off``.
 An entry is written to a temporary file and renamed into place, so a reader never sees half of
 one; an entry that does not read back as the expected figures is compiled again and replaced.
+The cache is used only in a directory no other user can write (``user_cache.others_can_write``):
+an entry planted there would be reported as the compiler's figures.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from kernel_hub.user_cache import user_cache_dir, warn_once
+from kernel_hub.user_cache import make_private_dir, others_can_write, user_cache_dir, warn_once
 
 from .mesh_compile import count_collectives
 from .model_figures import ProgramFigures, has_loops, program_figures
@@ -83,6 +85,8 @@ def compile_figures(lowered: Any, target: str, cache_dir: Path | None) -> Compil
     """``lowered.compile()``'s figures, read from ``cache_dir`` when this program was compiled
     for ``target`` before (None: always compile, keep nothing). A memory refusal is kept too and
     raised again as ``CompileRefused`` with libtpu's message."""
+    if cache_dir is not None:
+        cache_dir = _usable(cache_dir)
     if cache_dir is None:
         return _figures_of(lowered.compile())
     key = program_key(lowered.as_text(), target)
@@ -100,6 +104,26 @@ def compile_figures(lowered: Any, target: str, cache_dir: Path | None) -> Compil
     result = _figures_of(compiled)
     _write(cache_dir, key, _to_entry(result))
     return result
+
+
+def _usable(cache_dir: Path) -> Path | None:
+    """``cache_dir`` (made if missing, for this user alone), or None, said once, where figures
+    cannot be kept: an entry someone else could plant there would be reported as libtpu's."""
+    try:
+        make_private_dir(cache_dir)
+        problem = others_can_write(cache_dir)
+    except OSError as exc:
+        problem = f"it cannot be created ({exc.strerror or exc})"
+    if problem is None:
+        return cache_dir
+    warn_once(
+        ("figure cache", cache_dir),
+        f"model-bench's figure cache {cache_dir} is not used: {problem}. Every run compiles "
+        f"every program again. Set {DIR_ENV} to a directory only you can write, or "
+        f"{ENABLE_ENV}=0 to switch the cache off without this warning.",
+        stacklevel=3,
+    )
+    return None
 
 
 def _figures_of(compiled: Any) -> CompiledFigures:
@@ -150,7 +174,6 @@ def _write(cache_dir: Path, key: str, entry: dict[str, Any]) -> None:
     text = json.dumps({"format": FORMAT, "key": key, **entry}, indent=1, sort_keys=True)
     temporary = None
     try:
-        cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         with tempfile.NamedTemporaryFile(
             "w", dir=cache_dir, prefix=f".{key[:16]}-", suffix=".tmp", delete=False
         ) as handle:
@@ -164,8 +187,8 @@ def _write(cache_dir: Path, key: str, entry: dict[str, Any]) -> None:
         warn_once(
             ("figure cache", cache_dir),
             f"model-bench's figure cache {cache_dir} is not written ({exc.strerror or exc}): "
-            f"every run compiles every program again. Set {DIR_ENV} to a writable directory, or "
-            f"{ENABLE_ENV}=0 to switch the cache off without this warning.",
+            f"every run compiles every program again. Set {DIR_ENV} to a directory only you can "
+            f"write, or {ENABLE_ENV}=0 to switch the cache off without this warning.",
             stacklevel=3,
         )
 

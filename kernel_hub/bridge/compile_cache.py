@@ -10,7 +10,9 @@ written to it.
 ``KERNEL_HUB_COMPILATION_CACHE_DIR`` moves it (default: ``$XDG_CACHE_HOME/kernel-hub/jax`` or
 ``~/.cache/kernel-hub/jax``); ``set_compilation_cache_dir()`` does either from Python. A directory
 the user set with ``jax_compilation_cache_dir`` is used as it is. JAX opens its cache once per
-process, at the first compile that uses it: change the directory before that.
+process, at the first compile that uses it: change the directory before that. JAX runs a cached
+executable as it reads it, so kernel-hub's own directory is used only where no other user can
+write (made for this user alone when missing); elsewhere the cache is off, with a warning.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from kernel_hub.user_cache import user_cache_dir, warn_once
+from kernel_hub.user_cache import make_private_dir, others_can_write, user_cache_dir, warn_once
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +79,13 @@ def persistent_cache() -> Iterator[None]:
         yield
         return
     if own_directory:
-        problem = _unwritable(directory)
+        problem = _unusable(directory)
         if problem is not None:
             warn_once(
                 ("compilation cache", directory),
                 f"kernel-hub's compilation cache {directory} is not used: {problem}. Kernels are "
-                f"compiled again in every process. Set {DIR_ENV} to a writable directory, or "
-                f"{ENABLE_ENV}=0 to switch the cache off without this warning.",
+                f"compiled again in every process. Set {DIR_ENV} to a directory only you can "
+                f"write, or {ENABLE_ENV}=0 to switch the cache off without this warning.",
                 stacklevel=3,
             )
             yield
@@ -97,12 +99,14 @@ def persistent_cache() -> Iterator[None]:
         yield
 
 
-def _unwritable(directory: Path) -> str | None:
-    """Why the cache cannot be written in ``directory`` (made if missing), or None."""
+def _unusable(directory: Path) -> str | None:
+    """Why the cache cannot be kept in ``directory`` (made if missing, for this user alone), or
+    None. JAX loads a cached executable without checking it: a directory someone else can write
+    would let them choose the code a kernel runs."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        make_private_dir(directory)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            return "it is not writable"
+        return others_can_write(directory)
     except OSError as exc:
         return f"it cannot be created ({exc.strerror or exc})"
-    if not os.access(directory, os.W_OK | os.X_OK):
-        return "it is not writable"
-    return None

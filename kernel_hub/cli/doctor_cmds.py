@@ -177,8 +177,9 @@ def registry_checks(registry: str | None) -> list[Check]:
         _cache_check(
             "compilation cache",
             compile_cache,
-            "set KERNEL_HUB_COMPILATION_CACHE_DIR to a writable directory (or "
+            "set KERNEL_HUB_COMPILATION_CACHE_DIR to a directory only you can write (or "
             "KERNEL_HUB_COMPILATION_CACHE=0): every process compiles every kernel again",
+            private=True,
         ),
     ]
     if loaded.publishers:
@@ -246,9 +247,12 @@ def _gap() -> str:
     return MISSING if accelerator_present() else OPTIONAL
 
 
-def _cache_check(area: str, directory: Path | None, todo: str) -> Check:
+def _cache_check(area: str, directory: Path | None, todo: str, *, private: bool = False) -> Check:
     """Whether kernel-hub can write ``directory`` (or make it: its nearest existing parent must
-    be a writable directory); nothing is created."""
+    be a writable directory) and, for a ``private`` cache, whether no one else can; nothing is
+    created."""
+    from kernel_hub.user_cache import others_can_write
+
     if directory is None:
         return Check(area, INFO, "off")
     existing = next(p for p in (directory, *directory.parents) if p.exists())
@@ -256,6 +260,9 @@ def _cache_check(area: str, directory: Path | None, todo: str) -> Check:
         return Check(area, MISSING, f"{directory}: {existing} is not a directory", todo)
     if not os.access(existing, os.W_OK | os.X_OK):
         return Check(area, MISSING, f"{directory}: {existing} is not writable", todo)
+    shared = others_can_write(directory) if private and existing == directory else None
+    if shared is not None:
+        return Check(area, MISSING, f"{directory}: not used, {shared}", todo)
     made = "writable" if existing == directory else f"to be made in {existing}"
     return Check(area, OK, f"{directory} ({made})")
 
