@@ -18,19 +18,14 @@ import warnings
 from collections.abc import Hashable
 from pathlib import Path
 
-OFF_VALUES = ("0", "off", "false", "no")
+_OFF_VALUES = ("0", "off", "false", "no")
 _warned: set[Hashable] = set()
-
-
-def is_switched_off(enable_env: str) -> bool:
-    """Whether ``$enable_env`` switches a cache off."""
-    return os.environ.get(enable_env, "1").strip().lower() in OFF_VALUES
 
 
 def user_cache_dir(folder: str, enable_env: str, dir_env: str) -> Path | None:
     """``$dir_env``, else ``folder`` in kernel-hub's user cache; None when ``$enable_env``
     switches the cache off."""
-    if is_switched_off(enable_env):
+    if os.environ.get(enable_env, "1").strip().lower() in _OFF_VALUES:
         return None
     configured = os.environ.get(dir_env)
     if configured:
