@@ -30,7 +30,7 @@ computed nor fetched from HBM.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -543,25 +543,39 @@ def _positions_meet(q_positions, kv_positions, spec: AttentionSpec):
     """Whether the rule may allow some pair of a q block's and a kv block's positions."""
     q_min, q_max = jnp.min(q_positions), jnp.max(q_positions)
     k_min, k_max = jnp.min(kv_positions), jnp.max(kv_positions)
-    meet = jnp.asarray(True)
+    meet = _window_ranges_meet(q_min, q_max, k_min, k_max, spec)
     if spec.causal:
         meet &= k_min <= q_max
+    return meet
+
+
+def _window_ranges_meet(q_min, q_max, k_min, k_max, spec: AttentionSpec):
+    """Whether the window alone (``masking.window_allowed``) may allow a pair of positions in
+    [q_min, q_max] x [k_min, k_max]: q - k < w, and k - q < w unless the rule is causal (its
+    window bounds only the past; the future is the causal rule's, which a group overrides)."""
     window = spec.sliding_window
-    if window is not None:
-        meet &= q_min - k_max < window
-        if not spec.causal:
-            meet &= k_min - q_max < window
+    if window is None:
+        return jnp.asarray(True)
+    meet = q_min - k_max < window
+    if not spec.causal:
+        meet &= k_min - q_max < window
     return meet
 
 
 def _window_meet(qi, ki, tokens: dict, layout: Layout, spec: AttentionSpec):
-    """Whether the window alone may allow a pair of the block pair (conservative)."""
-    if spec.sliding_window is None:
-        return jnp.asarray(True)
-    two_sided = replace(spec, causal=False)
+    """Whether the window alone may allow a pair of the block pair (conservative): what bounds a
+    group's pairs under ``window_bounds_groups``."""
     if "positions" in tokens:
-        return _positions_meet(*tokens["positions"], two_sided)
-    return layout.visible(qi, ki, two_sided)
+        q_positions, kv_positions = tokens["positions"]
+        q_min, q_max = jnp.min(q_positions), jnp.max(q_positions)
+        k_min, k_max = jnp.min(kv_positions), jnp.max(kv_positions)
+    else:
+        offset = layout.kv_len - layout.q_len
+        q_first, q_last = layout.query_range(qi)
+        q_min, q_max = q_first + offset, q_last + offset
+        k_min = ki * layout.block_k
+        k_max = jnp.minimum(k_min + layout.block_k - 1, layout.kv_len - 1)
+    return _window_ranges_meet(q_min, q_max, k_min, k_max, spec)
 
 
 def _block_visible(qi, ki, tokens: dict, layout: Layout, spec: AttentionSpec):

@@ -37,6 +37,15 @@ def _groups():
     return groups
 
 
+def _long_groups():
+    """Groups spanning three blocks: a group's keys a whole block or more ahead of its queries,
+    past the window (under a causal rule the window bounds only the past)."""
+    groups = np.full((B, S), -1)
+    groups[0, 20:380] = 0
+    groups[1, 100:300] = 0
+    return groups
+
+
 def _decode_groups():
     groups = _groups()
     groups[0, 196:204] = 2  # decoding queries 200..203 inside an image block
@@ -57,6 +66,16 @@ CASES = {
     "groups-window-bounds-groups": (
         {"q_groups": _groups(), "kv_groups": _groups()},
         {"causal": True, "sliding_window": 64, "window_bounds_groups": True},
+    ),
+    "long-groups-window-bounds-groups": (
+        {"q_groups": _long_groups(), "kv_groups": _long_groups()},
+        {"causal": True, "sliding_window": 16, "window_bounds_groups": True},
+    ),
+    "long-groups-window-bounds-groups-positions": (
+        {"q_groups": _long_groups(), "kv_groups": _long_groups(),
+         "q_positions": np.arange(S)[None].repeat(B, 0),
+         "kv_positions": np.arange(S)[None].repeat(B, 0)},
+        {"causal": True, "sliding_window": 16, "window_bounds_groups": True},
     ),
     "static-cache-positions": (
         # 128 queries at positions 100..227 of a 384-slot cache: later slots are empty.
