@@ -16,7 +16,10 @@ blobs no other snapshot links to.
 The cache may be shared with users who can write it (a team's ``HF_HOME``, a CI cache). Every
 folder kernel-hub writes into, deletes from or creates is first checked by :func:`checked_dir`:
 each component below the cache root a real directory (not a symlink) owned by this user, else a
-``HubError`` and nothing is written or removed. Files are created new (``O_EXCL``, no-follow) and
+``HubError`` and nothing is written or removed; none of them writable by its group or everyone
+(made 0755, and a group-writable one left by a shared umask is tightened: only huggingface_hub's
+shared ``.locks`` keep the umask), so a neighbour who can write the cache root cannot plant links
+where kernel-hub reads or deletes. Files are created new (``O_EXCL``, no-follow) and
 renamed into place, which replaces a planted link instead of following it. Stale staging folders
 are removed only when they carry the marker this user's kernel-hub wrote into them.
 """
@@ -42,6 +45,7 @@ from kernel_hub.errors import HubError
 
 from . import settings
 from .client import REPO_TYPE
+from .digests import blob_link_target
 from .lockfile import COMMIT
 from .signing import signature_path
 from .versions import version_of_tag
@@ -55,6 +59,8 @@ logger = logging.getLogger(__name__)
 _private: tuple[int, Path] | None = None
 _private_lock = threading.Lock()
 _warned_writable: set[Path] = set()
+SHARED_LOCKS = ".locks"
+"""huggingface_hub's lock folders, shared with it for every repo: created with the user's umask."""
 _REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*$")
 
 
@@ -75,6 +81,7 @@ def checked_dir(path: Path, *, create: bool = True) -> Path:
             f"{exc.strerror or exc}; point HF_HUB_CACHE at a directory you can write"
         ) from None
     _check_root(root)
+    shared = bool(parts) and parts[0] == SHARED_LOCKS
     current = root
     for part in parts:
         current = current / part
@@ -84,10 +91,22 @@ def checked_dir(path: Path, *, create: bool = True) -> Path:
             if not create:
                 return path
             with contextlib.suppress(FileExistsError):
-                current.mkdir()
+                current.mkdir(mode=0o777 if shared else 0o755)
             info = current.lstat()
         _check_own_dir(current, info)
+        if not shared and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            _only_owner_writes(current, info)
     return path
+
+
+def _only_owner_writes(folder: Path, info: os.stat_result) -> None:
+    """Take write access to ``folder`` (this user's) from its group and everyone: one made under
+    a shared umask (002) would let a neighbour plant links where kernel-hub deletes and reads."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW)
+    try:
+        os.fchmod(fd, stat.S_IMODE(info.st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
+    finally:
+        os.close(fd)
 
 
 def _check_own_dir(path: Path, info: os.stat_result) -> None:
@@ -144,14 +163,17 @@ def cached_refs(repo: str) -> dict[str, str]:
     """Ref name -> commit for every ref of ``repo`` recorded in the cache (malformed ones are
     ignored: they can only come from outside kernel-hub)."""
     refs_dir = repo_cache_dir(repo) / "refs"
-    if not refs_dir.is_dir():
+    if not refs_dir.is_dir() or refs_dir.is_symlink():
         return {}
     refs = {}
-    for path in refs_dir.rglob("*"):
-        if path.is_file() and not path.is_symlink() and path.stat().st_size <= 64:
-            commit = path.read_text(errors="replace").strip()
-            if COMMIT.match(commit):
-                refs[path.relative_to(refs_dir).as_posix()] = commit
+    for directory, _, files in os.walk(refs_dir, followlinks=False):
+        for name in files:
+            path = Path(directory, name)
+            info = path.lstat()
+            if stat.S_ISREG(info.st_mode) and info.st_size <= 64:
+                commit = path.read_text(errors="replace").strip()
+                if COMMIT.match(commit):
+                    refs[path.relative_to(refs_dir).as_posix()] = commit
     return refs
 
 
@@ -188,7 +210,7 @@ def cached_variants(repo: str, commit: str) -> list[str]:
 
 def locks_dir(repo: str) -> Path:
     """Where ``huggingface_hub`` keeps the per-blob download locks of ``repo``."""
-    return settings.cache_dir() / ".locks" / repo_cache_dir(repo).name
+    return settings.cache_dir() / SHARED_LOCKS / repo_cache_dir(repo).name
 
 
 def variant_lock(
@@ -266,7 +288,9 @@ def _remove_private(pid: int, root: Path) -> None:
 def forget_ref(repo: str, ref: str, commit: str) -> None:
     """Remove ``ref`` if it still names ``commit`` (a ref that led to the wrong build)."""
     if cached_refs(repo).get(ref) == commit:
-        (repo_cache_dir(repo) / "refs" / ref).unlink(missing_ok=True)
+        path = repo_cache_dir(repo) / "refs" / ref
+        checked_dir(path.parent, create=False)
+        path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -313,6 +337,12 @@ def install_variant(repo: str, commit: str, staged: Path, variant: str) -> None:
     snapshot = snapshot_dir(repo, commit)
     checked_dir(snapshot / "build")
     checked_dir((snapshot / signature_path(variant)).parent)
+    # its folders were made under the user's umask inside the private staging folder
+    for directory, _, _ in os.walk(staged / "build" / variant, followlinks=False):
+        folder = Path(directory)
+        info = folder.lstat()
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            _only_owner_writes(folder, info)
     os.replace(staged / signature_path(variant), snapshot / signature_path(variant))
     os.rename(staged / "build" / variant, snapshot / "build" / variant)
 
@@ -323,7 +353,9 @@ def discard_variant(repo: str, commit: str, variant: str) -> None:
 
     Called (under ``variant_lock``) when a cached variant did not verify, so nothing of it stays
     importable and the next attempt downloads it again. Nothing another snapshot uses is touched:
-    of the blobs an older cache links to, only those no other snapshot links to are removed.
+    of the blobs an older cache links to, only those no other snapshot links to are removed, and
+    only from a ``blobs/`` folder of this user's (:func:`.digests.blob_link_target`: a link
+    planted to lead elsewhere deletes nothing but itself).
     """
     snapshot = snapshot_dir(repo, commit)
     checked_dir(snapshot / "build", create=False)
@@ -332,25 +364,42 @@ def discard_variant(repo: str, commit: str, variant: str) -> None:
     signature = snapshot / signature_path(variant)
     links = [signature] if signature.is_symlink() else []
     if folder.is_dir() and not folder.is_symlink():
-        links += [link for link in folder.rglob("*") if link.is_symlink()]
-    blobs = (repo_cache_dir(repo) / "blobs").resolve()
-    own = {target for link in links if (target := link.resolve()).parent == blobs}
+        links += _links_under(folder)
+    blobs = repo_cache_dir(repo) / "blobs"
+    own = {target for link in links if (target := blob_link_target(link, blobs)) is not None}
     signature.unlink(missing_ok=True)
     if folder.is_symlink() or folder.is_file():
         folder.unlink()
     else:
         shutil.rmtree(folder, ignore_errors=True)
-    for blob in own - _linked_blobs(repo):
-        blob.unlink(missing_ok=True)
+    if own:
+        checked_dir(blobs, create=False)
+        for blob in own - _linked_blobs(repo):
+            blob.unlink(missing_ok=True)
     if not cached_variants(repo, commit):
         for ref, target in cached_refs(repo).items():
             if target == commit:
-                (repo_cache_dir(repo) / "refs" / ref).unlink(missing_ok=True)
+                forget_ref(repo, ref, commit)
+
+
+def _links_under(folder: Path) -> list[Path]:
+    """Every symlink under ``folder``, without entering linked folders."""
+    return [
+        Path(directory, name)
+        for directory, dirs, files in os.walk(folder, followlinks=False)
+        for name in dirs + files
+        if Path(directory, name).is_symlink()
+    ]
 
 
 def _linked_blobs(repo: str) -> set[Path]:
     """The blobs any snapshot of ``repo`` still links to."""
     snapshots = repo_cache_dir(repo) / "snapshots"
-    if not snapshots.is_dir():
+    if not snapshots.is_dir() or snapshots.is_symlink():
         return set()
-    return {path.resolve() for path in snapshots.rglob("*") if path.is_symlink()}
+    blobs = repo_cache_dir(repo) / "blobs"
+    return {
+        target
+        for link in _links_under(snapshots)
+        if (target := blob_link_target(link, blobs)) is not None
+    }

@@ -114,19 +114,38 @@ def compare_digests(actual: Mapping[str, str], expected: Mapping[str, str], *, l
         raise IntegrityError(f"{label} does not match its digest; " + "; ".join(problems))
 
 
+def blob_link_target(link: Path, blobs: Path | None) -> Path | None:
+    """Where ``link`` points when it is an older cache's link to a regular file directly inside
+    ``blobs``, a real folder (not a link); else None.
+
+    Read from the link's text and the folders' own entries, never by resolving: a ``blobs``
+    planted as a link (to a user's home, say) would otherwise make every link through it look
+    like a blob, and discarding a refused build would delete what it points at."""
+    if blobs is None:
+        return None
+    try:
+        if not stat.S_ISDIR(blobs.lstat().st_mode):
+            return None
+        target = Path(os.path.normpath(link.parent / os.readlink(link)))
+        if target.parent != Path(os.path.normpath(blobs)):
+            return None
+        return target if stat.S_ISREG(target.lstat().st_mode) else None
+    except OSError:
+        return None
+
+
 def check_tree_shape(root: str | Path, *, label: str, links_into: Path | None = None) -> None:
     """Refuse anything in ``root`` but folders and regular files before its code is imported.
 
     Bytecode caches are deleted first (they are never part of a build, and Python would run a
-    planted ``.pyc`` instead of the verified source). A symlink is allowed only when it points at
-    a regular file inside ``links_into`` (the Hugging Face cache links snapshot files to its
-    ``blobs/``); a symlinked folder, a link out of the cache or a special file is refused, since
+    planted ``.pyc`` instead of the verified source). A symlink is allowed only when it is an
+    older cache's link to a blob (:func:`blob_link_target`, ``links_into`` the ``blobs/``
+    folder); a symlinked folder, a link out of the cache or a special file is refused, since
     digests are taken over the files a walk reaches and imports could reach others.
     """
     root = Path(root)
     if root.is_symlink():
         raise IntegrityError(f"refusing {label}: a symlink to {os.readlink(root)}")
-    blobs = links_into.resolve() if links_into is not None else None
     for directory, dirs, files in os.walk(root, followlinks=False):
         for name in [d for d in dirs if d == BYTECODE_DIR]:
             dirs.remove(name)
@@ -135,8 +154,7 @@ def check_tree_shape(root: str | Path, *, label: str, links_into: Path | None = 
             path = Path(directory, name)
             relative = f"{label}/{path.relative_to(root).as_posix()}"
             if path.is_symlink():
-                target = path.resolve()
-                if blobs is None or target.parent != blobs or not target.is_file():
+                if blob_link_target(path, links_into) is None:
                     raise IntegrityError(
                         f"refusing {relative}: a symlink to {os.readlink(path)}, outside the "
                         "build's files"

@@ -22,6 +22,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,7 +44,14 @@ from kernel_hub.registry.registry import OpEntry
 
 from . import cache, index, network, settings
 from .client import REPO_TYPE, list_refs
-from .digests import METADATA_FILE, UNDIGESTED, check_tree_shape, compare_digests, hash_tree
+from .digests import (
+    METADATA_FILE,
+    UNDIGESTED,
+    blob_link_target,
+    check_tree_shape,
+    compare_digests,
+    hash_tree,
+)
 from .json_source import decode
 from .lockfile import COMMIT, LockedOp
 from .metadata import BuildMetadata, read_metadata
@@ -340,14 +348,17 @@ def fetch_all_variants(
     keys: PublisherKeys,
     what: str,
     locked: LockedOp | None = None,
+    *,
+    copy: bool = False,
 ) -> dict[str, VerifiedBuild]:
     """Download and verify every variant of a resolved commit (for locks and mirrors); each
-    result carries the digests of the one read that was verified."""
+    result carries the digests of the one read that was verified (``copy``: and this process's
+    private copy of those bytes)."""
     with network.deadline():
-        return _fetch_all_variants(repo, resolved, keys, what, locked)
+        return _fetch_all_variants(repo, resolved, keys, what, locked, copy)
 
 
-def _fetch_all_variants(repo, resolved, keys, what, locked) -> dict[str, VerifiedBuild]:
+def _fetch_all_variants(repo, resolved, keys, what, locked, copy) -> dict[str, VerifiedBuild]:
     resolved = bind_to_index(repo, resolved, None, keys, True, what)
     keys = index.with_learned_revocations(keys)
     variants = sorted(list_build(repo, resolved.commit, what))
@@ -358,7 +369,7 @@ def _fetch_all_variants(repo, resolved, keys, what, locked) -> dict[str, Verifie
             held.enter_context(_variant_lock(repo, resolved.commit, variant, what))
         download(repo, resolved, variants, locked, keys, what)
         verified = {
-            variant: verify_or_discard(repo, resolved, variant, locked, keys, what=what)
+            variant: verify_or_discard(repo, resolved, variant, locked, keys, what=what, copy=copy)
             for variant in variants
         }
         _record_ref(repo, resolved)
@@ -578,8 +589,12 @@ def stage_variant(
 
 
 def read_capped(path: Path, limit: int) -> bytes:
-    """A file's bytes, refused (before anything parses them) when over ``limit``."""
-    with open(path, "rb") as f:
+    """A regular file's bytes, refused (before anything parses them) when over ``limit``; a
+    planted FIFO or device is refused without waiting on it or reading it."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise IntegrityError(f"{path.name} is not a regular file; not reading it")
         data = f.read(limit + 1)
     if len(data) > limit:
         raise IntegrityError(f"{path.name} is larger than {limit} bytes; not parsing it")
@@ -608,6 +623,9 @@ class VerifiedBuild:
     digests: dict[str, str]
     """Every file's digest (metadata.json included), from the one read that was checked."""
     copy: Path | None
+    """This process's private copy of the files, written from the bytes hashed (``copy=True``)."""
+    signature: bytes
+    """The signature file's bytes, as verified."""
 
 
 def verify_build(
@@ -621,18 +639,26 @@ def verify_build(
     label = f"build/{variant}"
     if not path.is_dir():
         raise IntegrityError(f"{label} is not in the cache")
-    check_tree_shape(path, label=label, links_into=cache.repo_cache_dir(repo) / "blobs")
+    signature_file = path.parent.parent / signature_path(variant)
+    # every folder down to the build and its signature a real one of this user's: the shape
+    # check below deletes bytecode and the refusal of a bad build deletes the build
+    cache.checked_dir(path, create=False)
+    cache.checked_dir(signature_file.parent, create=False)
+    blobs = cache.repo_cache_dir(repo) / "blobs"
+    check_tree_shape(path, label=label, links_into=blobs)
     metadata_file = path / METADATA_FILE
     try:
         metadata_bytes = read_capped(metadata_file, MAX_METADATA_BYTES)
     except FileNotFoundError:
         raise IntegrityError(f"{label}/{METADATA_FILE} is missing") from None
+    signature = _read_signature_file(signature_file, blobs)
     verified = verify_signature(
-        path.parent.parent / signature_path(variant),
+        signature_file,
         metadata_bytes,
         repo=repo,
         variant=variant,
         keys=keys,
+        text=decode(signature_file, signature),
     )
     metadata = read_metadata(metadata_file, decode(metadata_file, metadata_bytes))
     if str(metadata.version) != verified.version:
@@ -647,7 +673,20 @@ def verify_build(
         digest_hex = hashlib.sha256(metadata_bytes).hexdigest()
         target = cache.verified_copy_dir(repo, path.parent.parent.name, variant, digest_hex)
     digests = _hash_and_copy(path, target, metadata.digest, metadata_bytes, label)
-    return VerifiedBuild(metadata, verified.key, digests, target)
+    return VerifiedBuild(metadata, verified.key, digests, target, signature)
+
+
+def _read_signature_file(path: Path, blobs: Path) -> bytes:
+    """The signature's bytes: a regular file (or an older cache's link to a blob), capped."""
+    name = f"{path.parent.name}/{path.name}"
+    if path.is_symlink() and blob_link_target(path, blobs) is None:
+        raise IntegrityError(
+            f"refusing {name}: a symlink to {os.readlink(path)}, outside the build's files"
+        )
+    try:
+        return read_capped(path, MAX_SIGNATURE_BYTES)
+    except FileNotFoundError:
+        raise IntegrityError(f"{name}: the build is not signed (no signature file)") from None
 
 
 def _hash_and_copy(

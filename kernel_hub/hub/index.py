@@ -320,7 +320,7 @@ def _cache_lock(publisher: str, what: str) -> Iterator[None]:
     """Held while the cached index is compared with a fetched one and replaced."""
     org = publisher.split("/", 1)[0]
     with cache.lock_file(
-        settings.cache_dir() / ".locks" / "kernel-hub" / f"index-{org}.lock",
+        settings.cache_dir() / cache.SHARED_LOCKS / "kernel-hub" / f"index-{org}.lock",
         timeout=network.remaining(what),
         expired=lambda detail: network.deadline_error(f"{what}: {detail}"),
         waiting_for=f"another update of {org}'s cached index",

@@ -13,7 +13,7 @@ Serve the directory with ``kernel-hub serve``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,11 +23,11 @@ from kernel_hub.errors import HubError
 from kernel_hub.registry.publisher_keys import PublisherKeys
 from kernel_hub.registry.registry import OpEntry, Registry
 
-from . import cache
 from .client import REPO_TYPE, list_refs
 from .fetch import (
     HubRequest,
     Resolved,
+    VerifiedBuild,
     fetch_all_variants,
     index_keys,
     require_keys,
@@ -82,14 +82,14 @@ def mirror_registry(
         for resolved in _wanted(entry, versions, lock, what):
             pin = locked if locked is not None and locked.commit == resolved.commit else None
             # verified every time (from the local cache when already downloaded)
-            builds = fetch_all_variants(entry.repo, resolved, keys, what, pin)
+            builds = fetch_all_variants(entry.repo, resolved, keys, what, pin, copy=True)
             copied = not (
                 store.has_repo(REPO_TYPE, entry.repo)
                 and store.commit(REPO_TYPE, entry.repo, resolved.commit) is not None
             )
             if copied:
                 try:
-                    _copy(store, entry.repo, resolved.commit, sorted(builds), what)
+                    _copy(store, entry.repo, resolved.commit, builds, what)
                 except OSError as exc:
                     raise HubError(
                         f"{what}: writing {store.root} failed ({exc.strerror or exc}); the store "
@@ -151,19 +151,17 @@ def _wanted(entry: OpEntry, versions, lock: LockFile | None, what: str) -> list[
     return [Resolved(versions[v], tag_name(v), v) for v in wanted]
 
 
-def _copy(store: RepoStore, repo: str, commit: str, variants: list[str], what: str) -> None:
-    """The verified variants' files from the cache snapshot into the store, as ``commit``."""
-    snapshot = cache.snapshot_dir(repo, commit)
+def _copy(
+    store: RepoStore, repo: str, commit: str, builds: Mapping[str, VerifiedBuild], what: str
+) -> None:
+    """The verified variants into the store, as ``commit``: the signature bytes that verified and
+    the files from this process's private copy of the bytes hashed, never read again from the
+    shared cache (a file swapped there after the check would reach every client of the mirror)."""
     files = {}
-    for variant in variants:
-        signature = signature_path(variant)
-        files[signature] = store.put_blob((snapshot / signature).read_bytes())
-        folder = snapshot / "build" / variant
-        for path in sorted(folder.rglob("*")):
-            if path.is_file():
-                files[f"build/{variant}/{path.relative_to(folder).as_posix()}"] = store.put_blob(
-                    path.read_bytes()
-                )
+    for variant, build in sorted(builds.items()):
+        files[signature_path(variant)] = store.put_blob(build.signature)
+        for name in sorted(build.digests):
+            files[f"build/{variant}/{name}"] = store.put_blob((build.copy / name).read_bytes())
     if not files:
         raise HubError(f"{what}: {repo} at {commit[:12]} has no build files")
     store.ensure_repo(REPO_TYPE, repo)

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from kernel_hub.errors import HubError, KernelHubError
+from kernel_hub.errors import HubError, IntegrityError, KernelHubError
 from kernel_hub.hub import cache, index
 from kernel_hub.loading.resolver import get_kernel
 
@@ -192,3 +193,96 @@ def test_an_unusable_hf_hub_cache_is_a_clear_error_naming_it(
     monkeypatch.setenv("HF_HUB_CACHE", str(blocker if kind == "a file" else blocker / "hub"))
     with pytest.raises(KernelHubError, match=r"cache .*not-a-folder.* \(HF_HUB_CACHE, else"):
         get_kernel("rmsnorm", version="1.1.0")
+
+
+@pytest.mark.parametrize("planted", ["a link in the build", "the signature swapped for a link"])
+def test_a_planted_blobs_link_makes_the_refusal_delete_nothing_outside_the_cache(
+    victim, hub_env, tmp_path, monkeypatch, planted
+):
+    """An older cache's links into ``blobs/`` are the one kind of link a build may hold: a
+    ``blobs`` planted as a link to a user's files, and a link through it in the cached build,
+    make the build refused and discarded, but the discard deletes none of the files it leads to."""
+    precious = tmp_path / "home" / "work"
+    precious.mkdir(parents=True)
+    (precious / "thesis.tex").write_text("years of work\n")
+    (repo_cache(tmp_path) / "blobs").symlink_to(precious)
+    snapshot = repo_cache(tmp_path) / "snapshots" / victim.commit
+    through = repo_cache(tmp_path) / "blobs" / "thesis.tex"
+    if planted == "a link in the build":
+        (snapshot / "build" / "torch-cpu" / "notes.txt").symlink_to(through)
+    else:
+        (snapshot / "signatures" / "torch-cpu.sig").unlink()
+        (snapshot / "signatures" / "torch-cpu.sig").symlink_to(through)
+    with pytest.raises(IntegrityError, match=r"a symlink to .*thesis\.tex, outside the build"):
+        get_kernel("rmsnorm", version="1.0.0")
+    assert (precious / "thesis.tex").read_text() == "years of work\n"
+    assert not snapshot.joinpath("build", "torch-cpu").exists()  # discarded
+    assert get_kernel("rmsnorm", version="1.0.0").origin.commit == victim.commit  # fetched again
+    assert (precious / "thesis.tex").read_text() == "years of work\n"
+    assert_clean_and_good_still_loads(tmp_path, monkeypatch, victim)
+
+
+def test_a_snapshot_swapped_for_a_link_deletes_no_bytecode_outside_the_cache(victim, tmp_path):
+    """The bytecode caches a build may not hold are deleted only once every folder down to the
+    build is a real one of this user's: never through a planted snapshot link."""
+    snapshot = repo_cache(tmp_path) / "snapshots" / victim.commit
+    elsewhere = tmp_path / "outside" / "project"
+    shutil.copytree(snapshot, elsewhere)
+    bytecode = elsewhere / "build" / "torch-cpu" / "rmsnorm" / "__pycache__"
+    bytecode.mkdir()
+    (bytecode / "api.cpython-311.pyc").write_bytes(b"someone else's bytecode")
+    shutil.rmtree(snapshot)
+    snapshot.symlink_to(elsewhere)
+    with pytest.raises(HubError, match=r"a symlink .* kernel-hub did not create"):
+        get_kernel("rmsnorm", version="1.0.0")
+    assert (bytecode / "api.cpython-311.pyc").read_bytes() == b"someone else's bytecode"
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_a_signature_swapped_for_a_fifo_is_refused_without_waiting_on_it(
+    victim, hub_env, tmp_path, monkeypatch, offline
+):
+    signature = repo_cache(tmp_path) / "snapshots" / victim.commit / "signatures" / "torch-cpu.sig"
+    signature.unlink()
+    os.mkfifo(signature)
+    if offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    outcome: list[object] = []
+
+    def load() -> None:
+        try:
+            outcome.append(get_kernel("rmsnorm", version="1.0.0").origin.commit)
+        except KernelHubError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "the load waits on a FIFO planted as the signature"
+    (refusal,) = outcome
+    assert "torch-cpu.sig is not a regular file" in str(refusal)
+    assert not signature.exists()  # discarded with its build
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert get_kernel("rmsnorm", version="1.0.0").origin.commit == victim.commit
+    assert stat.S_ISREG(signature.lstat().st_mode)
+
+
+def test_cache_folders_are_writable_by_this_user_only_under_a_shared_umask(
+    victim, publish, hub_env, tmp_path, monkeypatch
+):
+    """Under umask 002 (a team cache) kernel-hub's folders would let the group plant links where
+    it reads and deletes: they are made 0755, and one left group-writable is tightened."""
+    old_umask = os.umask(0o002)
+    try:
+        build = repo_cache(tmp_path) / "snapshots" / victim.commit / "build"
+        build.chmod(0o775)
+        new = publish("1.1.0")
+        assert get_kernel("rmsnorm", version="1.1.0").origin.commit == new.commit
+        assert get_kernel("rmsnorm", version="1.0.0").origin.commit == victim.commit
+    finally:
+        os.umask(old_umask)
+    folders = [repo_cache(tmp_path)] + [
+        p for p in repo_cache(tmp_path).rglob("*") if p.is_dir() and ".staging" not in p.name
+    ]
+    assert [p for p in folders if p.stat().st_mode & (stat.S_IWGRP | stat.S_IWOTH)] == []
+    assert (repo_cache(tmp_path) / "snapshots" / new.commit / "build" / "torch-cpu").is_dir()

@@ -211,3 +211,30 @@ def test_serve_refuses_a_folder_that_is_not_a_store(tmp_path):
         RepoStore(tmp_path / "data")
     with pytest.raises(StoreError, match=r"invalid repo id"):
         RepoStore(tmp_path / "store").repo_dir("kernel", "../../etc")
+
+
+def test_mirror_copies_the_bytes_it_verified_not_the_cache_again(publish, hub_env, tmp_path):
+    """A cached file swapped right after it was verified does not reach the mirror: the store is
+    written from the process's private copy of the bytes hashed, and the signature bytes checked."""
+    from kernel_hub.hub import fetch
+    from kernel_hub.hub.mirror import mirror_registry
+
+    new = publish("1.1.0")
+    genuine = hub_env.files(REPO, new.commit)
+    real_hash_tree = fetch.hash_tree
+
+    def swap_after_hashing(root, **kwargs):
+        digests = real_hash_tree(root, **kwargs)
+        if "snapshots" in Path(root).parts:
+            (Path(root) / "rmsnorm" / "api.py").write_bytes(b"# swapped after the check\n")
+            (Path(root).parent.parent / "signatures" / "torch-cpu.sig").write_bytes(b"{}")
+        return digests
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fetch, "hash_tree", swap_after_hashing)
+        mirror_registry(load_registry(), tmp_path / "mirror")
+    store = RepoStore(tmp_path / "mirror")
+    commit = store.resolve("kernel", REPO, "v1.1.0")
+    served = {path: store.read_blob(entry) for path, entry in commit.files.items()}
+    assert "build/torch-cpu/rmsnorm/api.py" in served and "signatures/torch-cpu.sig" in served
+    assert served == {path: genuine[path] for path in served}
