@@ -314,6 +314,11 @@ def bind_to_index(
             for v in listed
             if resolved.allowed is None or resolved.allowed.contains(v, prereleases=True)
         ]
+        if not fitting:
+            raise IntegrityError(
+                f"{what}: the hub resolved {resolved.ref} to {version}, but {signed.describe()} "
+                f"lists no version in {resolved.allowed}: the hub relabelled {resolved.ref}"
+            )
         if max(fitting) != version:
             raise IntegrityError(
                 f"{what}: the hub resolved {resolved.ref} to {version}, but {signed.describe()} "
@@ -447,7 +452,8 @@ def resolve_online(request: HubRequest, what: str) -> Resolved:
             return Resolved.of(refs[revision], revision, request)
     raise HubError(
         f"{what}: {request.repo} has no branch or tag {revision!r}; branches: "
-        f"{', '.join(sorted(branches)) or '(none)'}; tags: {', '.join(sorted(tags)) or '(none)'}"
+        f"{', '.join(map(repr, sorted(branches))) or '(none)'}; tags: "
+        f"{', '.join(map(repr, sorted(tags))) or '(none)'}"
     )
 
 

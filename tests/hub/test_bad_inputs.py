@@ -65,7 +65,7 @@ def test_no_matching_version_lists_existing_ones(publish, hub_env):
     ):
         get_kernel("rmsnorm", version=">=2")
     with pytest.raises(
-        HubError, match=r"no branch or tag 'v9'; branches: main, v1; tags: v1\.0\.0"
+        HubError, match=r"no branch or tag 'v9'; branches: 'main', 'v1'; tags: 'v1\.0\.0'"
     ):
         get_kernel("rmsnorm", revision="v9")
 

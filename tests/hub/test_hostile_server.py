@@ -430,6 +430,13 @@ def test_a_hub_hiding_the_newest_version_is_detected(
     assert_clean_and_good_still_loads(tmp_path, monkeypatch, indexed)
 
 
+def test_a_major_branch_pointed_at_a_version_outside_it_is_refused(indexed, hub_env):
+    """A ``v3`` branch at the listed 1.0.0 commit: the index lists no 3.x to be the newest of."""
+    hub_env.store.set_ref("kernel", REPO, "branch", "v3", indexed.commit, create=True)
+    with pytest.raises(IntegrityError, match=r"lists no version in .*>=3: the hub relabelled v3"):
+        get_kernel("rmsnorm", revision="v3")
+
+
 def test_a_commit_relabelled_inside_the_range_is_refused(
     indexed, publish, hub_env, tmp_path, monkeypatch, keys
 ):
