@@ -34,7 +34,7 @@ from kernel_hub.kernel_api import (
 
 from . import pallas_tpu, quantized, reference, sharding, tokamax_ragged_dot, vjp, xla_loop
 from .schedule import sanitized_sizes
-from .tiling import Tiling, tiling_problem
+from .tiling import Tiling, contraction_problem, tiling_problem
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float64")
 INT_DTYPES = ("int32", "int64")
@@ -134,9 +134,14 @@ def _interpret() -> bool:
 def _pallas_problem(kind: str, m: int, k: int, n: int, dtype, tiling: Tiling | None) -> str | None:
     if jnp.dtype(dtype).name == "float64" and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
-    if tiling is not None and not _interpret():
-        return tiling_problem(kind, m, k, n, dtype, tiling)
-    return None
+    if tiling is None:
+        return None
+    # interpret mode has no TPU block rules, but a ragged contraction is wrong everywhere
+    return (
+        contraction_problem(kind, k, tiling)
+        if _interpret()
+        else tiling_problem(kind, m, k, n, dtype, tiling)
+    )
 
 
 def _gmm_n(rhs, transpose_rhs: bool) -> int:

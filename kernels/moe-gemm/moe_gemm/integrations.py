@@ -153,8 +153,9 @@ def _grouped_linear(
     else:
         x = torch.nn.functional.pad(x, (0, 0, 0, padded - rows))
         out = gmm_quantized(x, weight, scale, routing.group_sizes)[:rows]
-    if bias is not None:
-        out = out + bias[routing.expert_ids.clamp(max=weight.shape[0] - 1)]
+    if bias is not None:  # a sentinel row (id >= E, after route) takes the zero row
+        with_none = torch.cat([bias, bias.new_zeros(1, bias.shape[-1])])
+        out = out + with_none[routing.expert_ids.clamp(max=weight.shape[0])]
     return out
 
 

@@ -2,8 +2,8 @@
 
 Every shape here depends only on the number of tokens, top-k and the number of experts, never on
 where tokens go, so ``torch.compile(fullgraph=True)`` traces it without a graph break. Expert ids
-at or above ``num_experts`` (expert-parallel sentinels) sort to the end and are left out of
-``group_sizes``: ``gmm`` gives zeros for those rows.
+outside [0, ``num_experts``) (expert-parallel sentinels) sort to the end and are left out of
+``group_sizes``: ``gmm`` gives zeros for those rows, and they take no expert's bias.
 """
 
 from __future__ import annotations
@@ -33,8 +33,11 @@ def group_sizes(expert_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
 
 
 def route(top_k_index: torch.Tensor, num_experts: int) -> Routing:
-    """Sort the [T, k] expert choices by expert (stable: ties keep token order)."""
+    """Sort the [T, k] expert choices by expert (stable: ties keep token order). An id outside
+    [0, num_experts) is a sentinel (a negative one too: it would sort first and be counted as
+    expert 0's): its rows sort to the end and are computed by no expert."""
     flat = top_k_index.reshape(-1)
+    flat = flat.masked_fill(flat < 0, num_experts)
     expert_ids, order = torch.sort(flat, stable=True)
     return Routing(order, expert_ids, group_sizes(flat, num_experts))
 

@@ -68,10 +68,17 @@ def tiling_problem(kind: str, m: int, k: int, n: int, dtype, tiling: Tiling) -> 
         _dim_problem("tk", tiling.tk, k, LANES),
         _dim_problem("tn", tiling.tn, n, LANES),
     ]
-    if kind == "gmm" and k % tiling.tk:
-        problems.append(f"tk={tiling.tk} must divide k={k} (the contraction cannot be ragged)")
+    problems.append(contraction_problem(kind, k, tiling))
     found = [p for p in problems if p]
     return "; ".join(found) or None
+
+
+def contraction_problem(kind: str, k: int, tiling: Tiling) -> str | None:
+    """Why ``tiling`` would give a wrong gmm on any backend, interpret mode included: its last
+    contraction block would read past k."""
+    if kind == "gmm" and k % tiling.tk:
+        return f"tk={tiling.tk} must divide k={k} (the contraction cannot be ragged)"
+    return None
 
 
 def vmem_bytes(kind: str, tiling: Tiling, in_dtype, out_dtype) -> int:

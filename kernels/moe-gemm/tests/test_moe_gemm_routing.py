@@ -48,3 +48,32 @@ def test_routing_compiles_without_graph_breaks(tokens):
     x, index = torch.randn(tokens, 8), torch.randint(0, 4, (tokens, 2))
     explanation = torch._dynamo.explain(routed)(x, index, torch.rand(tokens, 2))
     assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+def test_negative_ids_sort_last_and_count_for_no_expert():
+    """A -1 would sort first and be counted as expert 0's row: it is a sentinel, as ids >= E are."""
+    routing = moe.routing.route(torch.tensor([[1, -1], [0, 1]]), num_experts=2)
+    assert routing.group_sizes.tolist() == [1, 2]
+    assert routing.expert_ids.tolist() == [0, 1, 1, 2]
+
+
+def test_sentinel_slots_contribute_nothing_to_biased_experts():
+    """GPT-OSS's experts carry biases: a sentinel slot (negative or >= E, with a router weight)
+    adds nothing, not the last expert's biases; the same as dropping the slot."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    torch.manual_seed(0)
+    config = GptOssConfig(hidden_size=64, intermediate_size=64, num_local_experts=4)
+    experts = GptOssExperts(config)
+    with torch.no_grad():
+        for param in experts.parameters():
+            param.normal_(0, 0.1)
+        x, weights = torch.randn(3, 64), torch.rand(3, 2)
+        kept = torch.tensor([[0, 2], [0, 3], [1, 2]])
+        dropped = moe.integrations.experts_forward(experts, x, kept, weights * torch.tensor([1, 0]))
+        for sentinel in (4, -1):
+            ids = kept.clone()
+            ids[:, 1] = sentinel
+            out = moe.integrations.experts_forward(experts, x, ids, weights)
+            torch.testing.assert_close(out, dropped, rtol=1e-5, atol=1e-6)

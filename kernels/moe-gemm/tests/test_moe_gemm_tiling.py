@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from kernel_hub import get_kernel
+from kernel_hub.errors import NoImplementationError
 
 moe = get_kernel("moe-gemm")
 
@@ -55,3 +56,17 @@ def test_tiling_problems_name_the_rule():
     )
     assert "tm=24 must equal the dimension (64) or be a multiple of 16" in problem
     assert "tk=200" in problem and "must divide k=256" in problem
+
+
+@pytest.mark.parametrize("tk", [96, 384])
+def test_a_ragged_contraction_tiling_is_refused_in_interpret_mode_too(tk):
+    """Interpret mode has no TPU block rules, but a tk that does not divide k would drop (or
+    read past) part of the contraction there as well."""
+    x, w = jnp.ones((8, 256), jnp.float32), jnp.ones((4, 256, 128), jnp.float32)
+    sizes = jnp.asarray([4, 4, 0, 0], jnp.int32)
+    tiling = moe.tiling.Tiling(8, tk, 128)
+    with pytest.raises(NoImplementationError, match=rf"tk={tk} must divide k=256"):
+        moe.jax.gmm(x, w, sizes, implementation="pallas", tiling=tiling)
+    assert moe.jax.gmm(
+        x, w, sizes, implementation="pallas", tiling=moe.tiling.Tiling(8, 128, 128)
+    ).shape == (8, 128)
