@@ -1,12 +1,14 @@
 """Argument checks shared by a kernel's torch op and its JAX function.
 
 They read only ``.shape`` and ``.dtype``, so the same check runs on torch tensors (real or fake),
-JAX arrays and ``ShapeDtypeStruct``s, before any JAX work starts.
+JAX arrays and ``ShapeDtypeStruct``s, before any JAX work starts; the value checks at the end read
+elements too, where they are already on the host (``host_values``), and pass the rest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import pairwise
 from typing import Any
 
 from .errors import KernelInputError
@@ -54,3 +56,67 @@ def check_rank(op: str, arg: str, value: Any, rank: int | tuple[int, int]) -> No
 def require(condition: bool, message: str) -> None:
     if not condition:
         raise KernelInputError(message)
+
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def host_values(value: Any) -> Any:
+    """``value``'s elements as a numpy array when reading them costs no device round trip and no
+    trace: a numpy array, a JAX array on the CPU (not a tracer), an eager CPU torch tensor of
+    integers (not fake, not while ``torch.compile`` traces); else None. Value checks run on
+    these only, so a program on an accelerator is never stalled to check its indices."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return value
+    if type(value).__module__.startswith("torch"):
+        import torch
+
+        if (
+            type(value) not in (torch.Tensor, torch.nn.Parameter)
+            or value.device.type != "cpu"
+            or torch.compiler.is_compiling()
+            or value.dtype.is_floating_point  # indices only (numpy has no bfloat16)
+        ):
+            return None
+        return value.detach().numpy()
+    import jax
+
+    if (
+        isinstance(value, jax.Array)
+        and not isinstance(value, jax.core.Tracer)
+        and all(device.platform == "cpu" for device in value.devices())
+    ):
+        return np.asarray(value)
+    return None
+
+
+def check_int32_values(op: str, arg: str, value: Any) -> None:
+    """Integer indices the kernel reads as int32: wider values (an int64 tensor's) are refused
+    where they can be read (:func:`host_values`) rather than wrapped into other ids."""
+    values = host_values(value)
+    if values is None or values.size == 0 or values.dtype.itemsize <= 4:
+        return
+    low, high = int(values.min()), int(values.max())
+    require(
+        low >= INT32_MIN and high <= INT32_MAX,
+        f"{op}: {arg} holds {low if low < INT32_MIN else high}, outside int32 "
+        f"[{INT32_MIN}, {INT32_MAX}], which the kernel reads its indices as",
+    )
+
+
+def check_offset_values(op: str, arg: str, offsets: Any, total: int) -> None:
+    """Packed sequences' offsets (``cu_seqlens``: [N + 1]) where they can be read
+    (:func:`host_values`): 0 first, ``total`` last, never decreasing. Others would leave tokens
+    out of every sequence, or run sequences over each other."""
+    check_int32_values(op, arg, offsets)
+    values = host_values(offsets)
+    if values is None or values.size == 0:
+        return
+    values = values.tolist()
+    require(
+        values[0] == 0 and values[-1] == total and all(a <= b for a, b in pairwise(values)),
+        f"{op}: {arg} is {values}; it must start at 0, end at {total} (the packed tokens) and "
+        "never decrease",
+    )

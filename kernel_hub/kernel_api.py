@@ -74,6 +74,14 @@ strategies included, from the one typed signature; see ``kernel_hub.bridge.decla
 ``Einsum`` (a sharding rule's text, named by the op it is declared on). Kernels declared this way
 have no ``torch_ops.py`` stubs and no ``sharding.py`` boundary modules. Every in-tree kernel is;
 ``option_stub`` (1.3's derived stub signature) is gone with the last stub that used it.
+
+Version 1.7 adds value checks that never stall an accelerator: ``host_values`` (an argument's
+elements when they are already on the host: numpy, CPU JAX arrays, eager CPU torch tensors; else
+None), ``check_int32_values`` (integer indices a kernel reads as int32: a wider value is
+refused, not wrapped into another id) and ``check_offset_values`` (packed sequences' offsets:
+0 first, the token count last, never decreasing); and ``op(check_values=...)``, a check that
+runs on every call of the JAX function and the torch op (``check`` runs once per signature in
+the torch op's eager calls, so it may look only at shapes and dtypes).
 """
 
 from __future__ import annotations
@@ -90,9 +98,12 @@ from .checks import (
     FLOATS,
     FLOATS_AND_F64,
     check_dtype,
+    check_int32_values,
+    check_offset_values,
     check_rank,
     check_same_dtype,
     dtype_name,
+    host_values,
     require,
 )
 from .declaration import FrameworkAdapter, KernelDeclaration, submodule_loader
@@ -151,6 +162,8 @@ __all__ = [
     "Transport",
     "UnsupportedDeviceError",
     "check_dtype",
+    "check_int32_values",
+    "check_offset_values",
     "check_rank",
     "check_same_dtype",
     "check_score_options",
@@ -158,6 +171,7 @@ __all__ = [
     "exchange_rows",
     "find_mesh",
     "float64_problem",
+    "host_values",
     "jax_default_device",
     "jax_op",
     "jax_platform",

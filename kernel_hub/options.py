@@ -99,7 +99,9 @@ def check_score_options(options: Any, owner: str) -> None:
     >= 1, ``softcap`` a finite number > 0, ``scale`` finite. ``KernelInputError`` naming
     ``owner``, the option, its value and what is valid."""
     window, softcap, scale = options.sliding_window, options.softcap, options.scale
-    if window is not None and not (isinstance(window, int) and window >= 1):
+    if window is not None and not (
+        isinstance(window, int) and not isinstance(window, bool) and window >= 1
+    ):
         raise KernelInputError(
             f"{owner}: sliding_window={window!r}; it must be an integer >= 1 (keys with 0 <= "
             f"query position - key position < sliding_window are kept) or None"

@@ -5,7 +5,7 @@ A leaf: the manifest check and the hub client read these without importing anyth
 
 __version__ = "0.2.0"
 
-KERNEL_API_VERSION = "1.6"
+KERNEL_API_VERSION = "1.7"
 """Semantic version of ``kernel_hub.kernel_api``: a minor bump adds names, a major bump removes
 or changes one. Kernel manifests ask for it as ``requires: {kernel-hub: ">=1.3"}``."""
 

@@ -101,6 +101,7 @@ class Scores:
     [
         ({"sliding_window": 0}, "k: sliding_window=0; it must be an integer >= 1 (keys with"),
         ({"sliding_window": 2.0}, "k: sliding_window=2.0; it must be an integer >= 1"),
+        ({"sliding_window": True}, "k: sliding_window=True; it must be an integer >= 1"),
         ({"softcap": 0.0}, "k: softcap=0.0; it must be a finite number > 0 or None"),
         ({"softcap": float("inf")}, "k: softcap=inf; it must be a finite number > 0 or None"),
         ({"scale": float("nan")}, "k: scale=nan; it must be finite or None"),

@@ -155,6 +155,7 @@ def op(
     *,
     check: Callable[..., Any] | None = None,
     torch_check: Callable[..., Any] | None = None,
+    check_values: Callable[..., Any] | None = None,
     differentiable: Sequence[str] = (),
     sharding: Sharding | None = None,
     jax_only: Sequence[str] = (),
@@ -169,7 +170,9 @@ def op(
     """Decorator declaring a kernel op on its public JAX function (see the module doc).
 
     ``check(**named arguments)``: the input check shared by the JAX function and the torch op.
-    ``torch_check``: a check only the torch op runs (on tensors). ``differentiable``,
+    ``torch_check``: a check only the torch op runs (on tensors). ``check_values(**named
+    arguments)``: a check of values (``kernel_api.host_values``) that runs on every call of both,
+    where ``check`` runs once per signature in the torch op's eager calls. ``differentiable``,
     ``jax_backward``, ``buckets``, ``autocast`` and ``frozen`` are ``jax_op``'s. ``sharding``: the
     op's rule (an ``Einsum``, a ``ShardingRule`` or a rule function; None: no boundary).
     ``jax_only``: options the torch op leaves at their defaults (block sizes, configs).
@@ -185,12 +188,14 @@ def op(
         signature = inspect.signature(fn, eval_str=True)
         validate = _call_by_name(check)
         validate_torch = _call_by_name(torch_check)
+        validate_values = _call_by_name(check_values)
 
         @functools.wraps(fn)
         def checked(*args: Any, **kwargs: Any) -> Any:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
             validate(bound.arguments)
+            validate_values(bound.arguments)
             return fn(*args, **kwargs)
 
         public = checked if sharding is None else sharded(_rule_source(op_name, sharding))(checked)
@@ -217,6 +222,7 @@ def op(
             buckets=buckets,
             autocast=autocast,
             frozen=frozen,
+            check_values=None if check_values is None else lambda **a: validate_values(a),
         )(stub)
         public.torch = torch_op  # type: ignore[attr-defined]
         return public

@@ -73,8 +73,23 @@ class OpExecutor:
         key = (static, tuple(map(type, static)), _signature(tensors))
         plan = self._forward_plans.get(key)
         if plan is None:
-            plan = self._forward_plans[key] = self._plan_forward(static, tensors)
+            plan = self._forward_plans[key] = self._checking_values(
+                static, self._plan_forward(static, tensors)
+            )
         return plan
+
+    def _checking_values(self, static: Static, plan: Plan) -> Plan:
+        """``plan``, running the op's value check (``OpSpec.check_values``) first on every call."""
+        spec = self.spec
+        if spec.check_values is None:
+            return plan
+        count = len(spec.tensor_params)
+
+        def run(tensors: Sequence[Any]) -> Any:
+            spec.check_values(**spec.arguments(static, list(tensors[:count])))
+            return plan(tensors)
+
+        return run
 
     def backward(
         self, static: Static, inputs: list[Any], outputs: list[Any], cotangents: list[Any]
@@ -106,6 +121,8 @@ class OpExecutor:
         check_argument_types(spec, arguments)
         runtime = check_devices(arguments, spec.tensor_params)
         spec.validate(**arguments)
+        if spec.check_values is not None:  # binding may compile, which runs the kernels' trace
+            spec.check_values(**arguments)
         fn = spec.jitted("forward", static)
         key = (spec.qualname, "forward", static, self._order_generation)
         layout = self._layout(runtime, arguments)

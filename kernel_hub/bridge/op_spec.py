@@ -62,6 +62,9 @@ class OpSpec:
     ``autocast.py``); empty: the op runs in its inputs' dtypes, as autocast leaves it."""
     frozen: tuple[str, ...] = ()
     """Tensor arguments that get no gradient and may not ask for one in grad mode (``jax_op``)."""
+    check_values: Callable[..., Any] | None = None
+    """Run with every call's arguments by name before its kernel (``validate`` runs once per
+    signature): checks of index values where they are on the host (``jax_op``)."""
     _jitted: dict = field(default_factory=dict, repr=False)
 
     @property

@@ -189,6 +189,7 @@ def jax_op(
     buckets: RowBuckets | None = None,
     autocast: Sequence[str] = (),
     frozen: Sequence[str] = (),
+    check_values: Callable[..., Any] | None = None,
 ) -> Callable[[Callable[..., Any]], JaxOp]:
     """Decorator: turn a typed, validating stub into a torch op running ``jax_fn``.
 
@@ -205,7 +206,9 @@ def jax_op(
     (``Tensor | None``); it gets a gradient when given (``jax_backward`` returns None for it when
     it is None). ``frozen`` names tensor arguments that get no gradient (quantized weights): a
     call in grad mode where one requires grad is refused (``KernelInputError``) before any kernel
-    runs, where it would otherwise get none silently.
+    runs, where it would otherwise get none silently. ``check_values(**arguments)`` runs before
+    every call's kernel (the stub, once per signature): checks of values, which a later call with
+    the same shapes may break.
     """
 
     def decorate(stub: Callable[..., Any]) -> JaxOp:
@@ -261,6 +264,7 @@ def jax_op(
             buckets=buckets,
             autocast=tuple(autocast),
             frozen=tuple(frozen),
+            check_values=check_values,
         )
         executor = OpExecutor(spec)
         library = torch.library.Library(namespace, "FRAGMENT")

@@ -16,8 +16,10 @@ from kernel_hub.kernel_api import (
     SavedBackward,
     ShardingRule,
     check_dtype,
+    check_int32_values,
     check_rank,
     dtype_name,
+    host_values,
     jax_default_device,
     jax_platform,
     op,
@@ -145,7 +147,10 @@ def _kernel_blocks(q, k, v, tokens, spec: AttentionSpec) -> pallas_tpu.KernelBlo
         return pallas_tpu.unpadded(defaults, q.shape[2], k.shape[2])
 
     def override(blocks: pallas_tpu.BlockSizes) -> pallas_tpu.BlockSizes:
-        return pallas_tpu.BlockSizes(spec.block_q or blocks.q, spec.block_k or blocks.k)
+        return pallas_tpu.BlockSizes(  # 0 is a block size (refused), not "the default"
+            blocks.q if spec.block_q is None else spec.block_q,
+            blocks.k if spec.block_k is None else spec.block_k,
+        )
 
     return pallas_tpu.KernelBlocks(override(defaults.forward), override(defaults.backward))
 
@@ -288,6 +293,29 @@ def _attention(*arrays, options: AttentionSpec, with_lse: bool, split_axes):
     )
 
 
+def check_token_values(
+    kv_mask=None, q_segment_ids=None, kv_segment_ids=None, q_positions=None, kv_positions=None,
+    q_groups=None, kv_groups=None,
+) -> None:  # fmt: skip
+    """On every call where they can be read (``host_values``): per-token ids and positions that
+    fit int32 (the kernels' type: a wider one would wrap into another segment or position), and
+    no query in the segment kv_mask's padding keys take."""
+    for name, values in (
+        ("q_segment_ids", q_segment_ids), ("kv_segment_ids", kv_segment_ids),
+        ("q_positions", q_positions), ("kv_positions", kv_positions),
+        ("q_groups", q_groups), ("kv_groups", kv_groups),
+    ):  # fmt: skip
+        if values is not None:
+            check_int32_values(OP, name, values)
+    q_ids = None if q_segment_ids is None else host_values(q_segment_ids)
+    if kv_mask is not None and q_ids is not None:
+        require(
+            not (q_ids == masking.KV_PADDING_SEGMENT).any(),
+            f"{OP}: q_segment_ids holds {masking.KV_PADDING_SEGMENT}, the id kv_mask's padding "
+            "keys take; a query with it would see them",
+        )
+
+
 def check_call(
     query,
     key,
@@ -379,6 +407,7 @@ _TORCH = {
 @op(
     name="attention_forward_only",
     check=check_call,
+    check_values=check_token_values,
     differentiable=(*_QKV, "sinks"),
     sharding=_rule("dot_product_attention", f"{_INPUTS} -> {OUT}"),
     **_TORCH,
@@ -514,6 +543,7 @@ def attention_backward(
 @op(
     name="attention_with_lse",
     check=check_call,
+    check_values=check_token_values,
     differentiable=(*_QKV, "sinks"),
     sharding=_rule("dot_product_attention_with_lse", f"{_INPUTS} -> {OUT}, {LSE}"),
     # the backward reuses the forward's saved outputs instead of recomputing it

@@ -230,6 +230,8 @@ def test_blocks_must_be_powers_of_two(attention):
     q, k, v = _qkv()
     with pytest.raises(Exception, match="block_q=12 must be a power of two"):
         attention.dot_product_attention(q, k, v, implementation="pallas", block_q=12)
+    with pytest.raises(Exception, match="block_q=0 must be a power of two"):  # not the default
+        attention.dot_product_attention(q, k, v, implementation="pallas", block_q=0)
 
 
 def test_order_change_takes_effect_for_shapes_that_already_ran(attention, monkeypatch):

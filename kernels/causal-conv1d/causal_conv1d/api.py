@@ -10,6 +10,7 @@ from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
     Einsum,
     check_dtype,
+    check_offset_values,
     check_rank,
     float64_problem,
     jax_platform,
@@ -44,6 +45,12 @@ def _check_common(op, x, weight, bias, activation) -> None:
             tuple(bias.shape) == (x.shape[2],),
             f"{op}: bias has shape {tuple(bias.shape)}; it must be ({x.shape[2]},)",
         )
+
+
+def check_offsets(x, cu_seqlens=None) -> None:
+    """On every call where they can be read: ``cu_seqlens`` covering x's packed tokens."""
+    if cu_seqlens is not None:
+        check_offset_values(OP, "cu_seqlens", cu_seqlens, x.shape[1])
 
 
 def check_inputs(x, weight, bias=None, initial_state=None, cu_seqlens=None, activation=None):
@@ -112,6 +119,7 @@ TABLE = pallas_and_xla(OP, _pallas, _xla, _pallas_problem)
 # kernel width stay whole.
 @op(
     check=check_inputs,
+    check_values=check_offsets,
     differentiable=("x", "weight", "bias", "initial_state"),
     sharding=Einsum(
         "batch length channels, channels width, channels, batch history channels, offsets"

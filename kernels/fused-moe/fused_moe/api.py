@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernel_hub.kernel_api import (
     Einsum,
     check_dtype,
+    check_int32_values,
     check_rank,
     dtype_name,
+    host_values,
     jax_default_device,
     jax_platform,
     op,
@@ -151,6 +154,28 @@ def check_inputs(
             hidden % quant.FP8_BLOCK == 0 and inter % quant.FP8_BLOCK == 0,
             f"{op}: fp8 weights need H ({hidden}) and I ({inter}) to be multiples of "
             f"{quant.FP8_BLOCK} (whole scale blocks)",
+        )
+
+
+def _check_id_values(top_k_index, w_gate_up) -> None:
+    """``fused_experts``' ids, on every call where they can be read (``host_values``): none wider
+    than int32, and no expert twice for one token (the kernel gives an expert at most one row
+    per token; XLA would sum both)."""
+    op, experts = "fused_experts", w_gate_up.shape[0]
+    check_int32_values(op, "top_k_index", top_k_index)
+    ids = host_values(top_k_index)
+    if ids is None or ids.size == 0:
+        return
+    routed = np.where((ids >= 0) & (ids < experts), ids, -1 - np.arange(ids.shape[1]))
+    ordered = np.sort(routed, axis=1)
+    twice = np.argwhere(ordered[:, 1:] == ordered[:, :-1])
+    if len(twice):
+        token, slot = twice[0]
+        require(
+            False,
+            f"{op}: token {token} routes to expert {ordered[token, slot]} twice in top_k_index; "
+            f"a token's expert ids must be distinct (ids outside [0, {experts}) may repeat: "
+            "they contribute nothing)",
         )
 
 
@@ -341,6 +366,7 @@ def _experts_backward(inputs, outputs, cotangents, **static):
 
 @op(
     check=_check_experts,
+    check_values=_check_id_values,
     differentiable=_DIFFERENTIABLE,
     sharding=_experts_rule,
     jax_only=("blocks", "split_axes"),

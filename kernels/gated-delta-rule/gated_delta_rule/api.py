@@ -13,6 +13,7 @@ from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
     Einsum,
     check_dtype,
+    check_offset_values,
     check_rank,
     float64_problem,
     jax_platform,
@@ -27,6 +28,12 @@ from . import chunked, layout, pallas_tpu, reference
 CHUNK_OP = "chunk_gated_delta_rule"
 DECODE_OP = "recurrent_gated_delta_rule"
 INTEGERS = ("int32", "int64")
+
+
+def check_offsets(op, q, cu_seqlens=None) -> None:
+    """On every call where they can be read: ``cu_seqlens`` covering q's packed tokens."""
+    if cu_seqlens is not None:
+        check_offset_values(op, "cu_seqlens", cu_seqlens, q.shape[1])
 
 
 def check_inputs(op, q, k, v, g, beta, initial_state=None, cu_seqlens=None) -> None:
@@ -141,6 +148,7 @@ _DIFFERENTIABLE = ("q", "k", "v", "g", "beta", "initial_state")
 
 @op(
     check=functools.partial(check_inputs, CHUNK_OP),
+    check_values=functools.partial(check_offsets, CHUNK_OP),
     differentiable=_DIFFERENTIABLE,
     sharding=Einsum(
         f"{_QK}, {_QK}, {_V}, {_G}, {_G}, {_STATE}, offsets -> {_V}, {_STATE}",
@@ -224,6 +232,7 @@ DECODE_TABLE = pallas_and_xla(DECODE_OP, _decode_pallas, _decode_xla, _decode_pa
 
 @op(
     check=functools.partial(check_inputs, DECODE_OP),
+    check_values=functools.partial(check_offsets, DECODE_OP),
     differentiable=_DIFFERENTIABLE,
     sharding=Einsum(f"{_QK}, {_QK}, {_V}, {_G}, {_G}, {_STATE} -> {_V}, {_STATE}", **_SHARDING),
 )

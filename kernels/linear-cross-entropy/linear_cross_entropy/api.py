@@ -12,9 +12,11 @@ from kernel_hub.kernel_api import (
     SavedBackward,
     ShardingRule,
     check_dtype,
+    check_int32_values,
     check_rank,
     dtype_name,
     float64_problem,
+    host_values,
     jax_default_device,
     jax_platform,
     op,
@@ -210,6 +212,24 @@ def _loss_rule(reduction: str = "mean", **_) -> Einsum:
     )
 
 
+def check_label_values(labels, weight, ignore_index: int = -100) -> None:
+    """On every call where the labels can be read (``host_values``): each in [0, vocab) or
+    ``ignore_index``, as torch's cross_entropy requires (the kernels would give a NaN loss, or
+    wrap an int64 label into another id)."""
+    vocab = weight.shape[0]
+    check_int32_values(OP, "labels", labels)
+    values = host_values(labels)
+    if values is None:
+        return
+    bad = values[(values != ignore_index) & ((values < 0) | (values >= vocab))]
+    if bad.size:
+        require(
+            False,
+            f"{OP}: labels holds {int(bad[0])}; each label must be in [0, {vocab}) (the "
+            f"vocabulary of weight) or ignore_index ({ignore_index})",
+        )
+
+
 def _targets_and_form(labels, ignore_index: int, logit_scale: float, softcap: float | None):
     """(labels as int32, the kernels' targets: ``NO_TARGET`` where ignored, the logit form)."""
     labels = labels.astype(jnp.int32)
@@ -257,6 +277,7 @@ def _loss_and_lse(
 
 _OP_OPTIONS = {
     "check": check_inputs,
+    "check_values": check_label_values,
     "differentiable": ("hidden", "weight", "bias"),
     "jax_only": ("block_tokens", "block_vocab", "split_axes"),
     "autocast": ("hidden", "weight", "bias"),

@@ -149,9 +149,15 @@ def test_every_token_ignored_gives_nan_mean_and_zero_sum():
     assert float(api.linear_cross_entropy(hidden, weight, labels, reduction="sum")) == 0.0
 
 
-def test_label_outside_vocabulary_gives_nan_not_a_silent_loss():
+def test_label_outside_vocabulary_is_refused_or_gives_nan_not_a_silent_loss():
+    """Labels that can be read are refused, as torch's cross_entropy refuses them; under a trace,
+    where they cannot be, that token's loss is NaN, never a silent number."""
     hidden, weight, labels, _ = inputs(jnp.float32)
-    per_token = api.linear_cross_entropy(hidden, weight, labels.at[7].set(VOCAB), reduction="none")
+    bad = labels.at[7].set(VOCAB)
+    with pytest.raises(KernelInputError, match=rf"labels holds {VOCAB}; each label must be in"):
+        api.linear_cross_entropy(hidden, weight, bad, reduction="none")
+    traced = jax.jit(lambda h, w, y: api.linear_cross_entropy(h, w, y, reduction="none"))
+    per_token = traced(hidden, weight, bad)
     assert np.isnan(float(per_token[7])) and not np.isnan(float(per_token[8]))
 
 

@@ -8,13 +8,16 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from kernel_hub.kernel_api import (
     FLOATS_AND_F64,
     Einsum,
     check_dtype,
+    check_int32_values,
     check_rank,
     float64_problem,
+    host_values,
     jax_platform,
     op,
     pallas_and_xla,
@@ -70,6 +73,25 @@ def check_chunk_inputs(x, dt, A, B, C, D=None, dt_bias=None, initial_states=None
             tuple(seq_idx.shape) == (batch, length),
             f"{op}: seq_idx has shape {tuple(seq_idx.shape)}; it must be [B, L] = "
             f"{[batch, length]} (non-decreasing sequence numbers per row)",
+        )
+
+
+def check_seq_idx_values(seq_idx=None) -> None:
+    """On every call where they can be read (``host_values``): sequence numbers that fit int32
+    and never decrease along a row (the kernels test equality: a number that came back would
+    join an earlier sequence)."""
+    if seq_idx is None:
+        return
+    op = CHUNK_OP
+    check_int32_values(op, "seq_idx", seq_idx)
+    values = host_values(seq_idx)
+    if values is not None and (values[:, 1:] < values[:, :-1]).any():
+        row, at = (int(i) for i in np.argwhere(values[:, 1:] < values[:, :-1])[0])
+        require(
+            False,
+            f"{op}: seq_idx decreases in row {row} ({int(values[row, at])} then "
+            f"{int(values[row, at + 1])} at {at + 1}); a row's sequence numbers must never "
+            "decrease (a sequence is one run of equal numbers)",
         )
 
 
@@ -183,6 +205,7 @@ _SHARDING = {
 
 @op(
     check=check_chunk_inputs,
+    check_values=check_seq_idx_values,
     differentiable=("x", "dt", "A", "B", "C", "D", "dt_bias", "initial_states"),
     sharding=Einsum(
         f"{_X}, batch length heads, heads, {_BC}, {_BC}, heads, heads, {_STATE}, "

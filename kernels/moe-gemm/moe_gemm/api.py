@@ -15,8 +15,6 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from torch._subclasses.fake_tensor import is_fake
 
 from kernel_hub.kernel_api import (
     Implementation,
@@ -26,6 +24,7 @@ from kernel_hub.kernel_api import (
     check_rank,
     check_same_dtype,
     dtype_name,
+    host_values,
     jax_platform,
     op,
     require,
@@ -99,17 +98,6 @@ def check_group_size_values(op: str, sizes: Sequence[int], rows: int) -> None:
         f"{op}: group_sizes sum to {sum(sizes)} but lhs has {rows} rows; they may sum to at "
         f"most {rows} (rows past the sum give zeros)",
     )
-
-
-def _check_concrete_sizes(op: str, group_sizes, rows: int) -> None:
-    """Check values readable without stalling an accelerator: numpy arrays, CPU JAX arrays."""
-    readable = isinstance(group_sizes, np.ndarray) or (
-        isinstance(group_sizes, jax.Array)
-        and not isinstance(group_sizes, jax.core.Tracer)
-        and all(device.platform == "cpu" for device in group_sizes.devices())
-    )
-    if readable:
-        check_group_size_values(op, np.asarray(group_sizes).tolist(), rows)
 
 
 def _out_dtype(dtype, preferred_element_type):
@@ -260,14 +248,15 @@ TGMM_TABLE = ImplementationTable(
 )
 
 
-def _readable_sizes(op_name: str):
-    """The torch ops' check of group size values in real CPU tensors; fake tensors
-    (torch.compile tracing) have none, and reading an accelerator tensor would stall it (see the
-    module doc for what happens then)."""
+def _sizes_check(op_name: str):
+    """The ops' check of group size values on every call, where they can be read without
+    stalling a device (``host_values``: numpy, CPU arrays and eager CPU tensors; see the module
+    doc for what traced or device sizes do)."""
 
     def check(lhs, group_sizes) -> None:
-        if group_sizes.device.type == "cpu" and not is_fake(group_sizes):
-            check_group_size_values(op_name, group_sizes.tolist(), lhs.shape[0])
+        sizes = host_values(group_sizes)
+        if sizes is not None:
+            check_group_size_values(op_name, sizes.tolist(), lhs.shape[0])
 
     return check
 
@@ -314,7 +303,7 @@ def _gmm_quantized_backward(
 
 @op(
     check=check_gmm_inputs,
-    torch_check=_readable_sizes("gmm"),
+    check_values=_sizes_check("gmm"),
     differentiable=("lhs", "rhs"),
     jax_backward=_gmm_backward,
     sharding=sharding.gmm_rule,
@@ -338,7 +327,6 @@ def gmm(
     ``implementation`` forces "pallas", "tokamax", "xla" or "xla_loop" (CPU); ``tiling`` sets the
     Pallas blocks.
     """
-    _check_concrete_sizes("gmm", group_sizes, lhs.shape[0])
     out_dtype = _out_dtype(lhs.dtype, preferred_element_type)
     n = _gmm_n(rhs, transpose_rhs)
     if 0 in (lhs.shape[0], lhs.shape[1], n):
@@ -357,7 +345,7 @@ def gmm(
 
 @op(
     check=check_tgmm_inputs,
-    torch_check=_readable_sizes("tgmm"),
+    check_values=_sizes_check("tgmm"),
     differentiable=("lhs", "grad"),
     jax_backward=_tgmm_backward,
     sharding=sharding.TGMM,
@@ -376,7 +364,6 @@ def tgmm(
     [E, k, n], E = ``len(group_sizes)``. The weight gradient of ``gmm``; groups without rows
     give zeros. Differentiable in ``lhs`` and ``grad``.
     """
-    _check_concrete_sizes("tgmm", group_sizes, lhs.shape[0])
     out_dtype = _out_dtype(lhs.dtype, preferred_element_type)
     shape = (group_sizes.shape[0], lhs.shape[1], grad.shape[1])
     if 0 in (lhs.shape[0], *shape[1:]):
@@ -471,7 +458,7 @@ GMM_QUANTIZED_TABLE = ImplementationTable(
 # before any kernel runs.
 @op(
     check=quantized.check_inputs,
-    torch_check=_readable_sizes("gmm_quantized"),
+    check_values=_sizes_check("gmm_quantized"),
     differentiable=("lhs",),
     frozen=("weight", "scale"),
     jax_backward=_gmm_quantized_backward,
@@ -502,7 +489,6 @@ def gmm_quantized(
     ``implementation``: "pallas" or "xla"; ``tiling``: the Pallas blocks (fp8: tk, tn multiples
     of 128).
     """
-    _check_concrete_sizes("gmm_quantized", group_sizes, lhs.shape[0])
     out_dtype = _out_dtype(lhs.dtype, preferred_element_type)
     n = _gmm_n(weight, transpose_rhs)
     if 0 in (lhs.shape[0], lhs.shape[1], n):

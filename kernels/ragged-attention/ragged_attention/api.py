@@ -18,6 +18,7 @@ from kernel_hub.kernel_api import (
     check_dtype,
     check_rank,
     dtype_name,
+    host_values,
     jax_default_device,
     jax_platform,
     op,
@@ -231,7 +232,10 @@ def _generation() -> str | None:
 
 def _ragged_blocks(q, spec: RaggedSpec) -> pallas_ragged.RaggedBlocks:
     default = block_sizes.ragged_blocks(_generation(), q.dtype.name, interpret=_interpret())
-    return pallas_ragged.RaggedBlocks(spec.block_q or default.q, spec.block_k or default.k)
+    return pallas_ragged.RaggedBlocks(  # 0 is a block size (refused), not "the default"
+        default.q if spec.block_q is None else spec.block_q,
+        default.k if spec.block_k is None else spec.block_k,
+    )
 
 
 def _ragged_pallas(q, k, v, cu_q, cu_k, sinks, k_scales, v_scales, *, spec):
@@ -302,6 +306,13 @@ def _check_ragged_call(
     check_ragged_inputs(query, key, value, cu_seq_lens_q, cu_seq_lens_k, sinks, k_scales, v_scales)
 
 
+def _check_ragged_offsets(query, key, cu_seq_lens_q, cu_seq_lens_k, causal=True) -> None:
+    """On every call where they can be read (``host_values``): the offsets' values."""
+    cu_q, cu_k = host_values(cu_seq_lens_q), host_values(cu_seq_lens_k)
+    if cu_q is not None and cu_k is not None:
+        check_ragged_values(cu_q, cu_k, query.shape[0], key.shape[0], causal)
+
+
 def _check_paged_call(
     query, k_pages, v_pages, block_table, kv_lens, sinks=None, k_scales=None, v_scales=None,
     sliding_window=None, softcap=None, scale=None,
@@ -309,6 +320,13 @@ def _check_paged_call(
     """``paged_attention``'s check: the score options' value rules, then the inputs."""
     RaggedSpec(sliding_window=sliding_window, softcap=softcap, scale=scale)
     check_paged_inputs(query, k_pages, v_pages, block_table, kv_lens, sinks, k_scales, v_scales)
+
+
+def _check_block_table(k_pages, block_table, kv_lens) -> None:
+    """On every call where they can be read (``host_values``): the block table's values."""
+    table, lens = host_values(block_table), host_values(kv_lens)
+    if table is not None and lens is not None:
+        check_paged_values(table, lens, k_pages.shape[0], k_pages.shape[1])
 
 
 # Sharding: query heads split with their kv heads (each shard keeps whole GQA groups and its slice
@@ -327,6 +345,7 @@ _PAGED_OPTIONS = tuple(f.name for f in fields(RaggedSpec) if f.name not in PAGED
 @op(
     name="ragged_attention_op",
     check=_check_ragged_call,
+    check_values=_check_ragged_offsets,
     sharding=ShardingRule.parse(
         "ragged_attention",
         "tokens heads head_dim, keys kv_heads head_dim, keys kv_heads value_dim, offsets, "
@@ -380,6 +399,7 @@ def ragged_attention(
 @op(
     name="paged_attention_op",
     check=_check_paged_call,
+    check_values=_check_block_table,
     sharding=ShardingRule.parse(
         "paged_attention",
         "seqs heads head_dim, pages page kv_heads head_dim, pages page kv_heads value_dim, "

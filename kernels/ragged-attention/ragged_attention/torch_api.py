@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernel_hub.kernel_api import option_values, takes_options
+from kernel_hub.kernel_api import host_values, option_values, takes_options
 
 from . import api
 from .options import PAGED_UNUSED, RAGGED_UNUSED, RaggedSpec
@@ -34,11 +34,6 @@ MIN_TOKENS, MIN_KEYS, MIN_SEQUENCES, MIN_PAGES = 16, 128, 8, 8
 def _bucket(count: int, smallest: int) -> int:
     """The smallest power of two >= ``count`` and >= ``smallest``: log2 buckets."""
     return max(smallest, 1 << (count - 1).bit_length() if count > 0 else 0)
-
-
-def _readable(*tensors: torch.Tensor) -> bool:
-    """Whether values can be checked cheaply: eager CPU tensors."""
-    return not torch.compiler.is_compiling() and all(t.device.type == "cpu" for t in tensors)
 
 
 def _pad_offsets(cu: torch.Tensor, sequences: int) -> torch.Tensor:
@@ -75,8 +70,9 @@ def ragged_attention(
     )
     tokens, keys = query.shape[0], key.shape[0]
     cu_q, cu_k = cu_seq_lens_q.to(torch.int32), cu_seq_lens_k.to(torch.int32)
-    if _readable(cu_q, cu_k):
-        api.check_ragged_values(cu_q.numpy(), cu_k.numpy(), tokens, keys, options.causal)
+    cu_q_values, cu_k_values = host_values(cu_q), host_values(cu_k)
+    if cu_q_values is not None and cu_k_values is not None:  # before the offsets are padded
+        api.check_ragged_values(cu_q_values, cu_k_values, tokens, keys, options.causal)
     sequences = _bucket(cu_q.shape[0] - 1, MIN_SEQUENCES)
     padded_tokens, padded_keys = _bucket(tokens, MIN_TOKENS), _bucket(keys, MIN_KEYS)
     k_scales, v_scales = (
@@ -99,10 +95,9 @@ def ragged_attention(
 
 def check_paged_values(block_table: torch.Tensor, kv_lens: torch.Tensor, k_pages: torch.Tensor):
     """The block table's values against the cache (eager CPU tensors; see the module doc)."""
-    if _readable(block_table, kv_lens):
-        api.check_paged_values(
-            block_table.numpy(), kv_lens.numpy(), k_pages.shape[0], k_pages.shape[1]
-        )
+    table, lens = host_values(block_table), host_values(kv_lens)
+    if table is not None and lens is not None:
+        api.check_paged_values(table, lens, k_pages.shape[0], k_pages.shape[1])
 
 
 @takes_options(RaggedSpec, exclude=PAGED_UNUSED)

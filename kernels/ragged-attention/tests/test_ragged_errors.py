@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from kernel_hub.errors import KernelInputError
+from kernel_hub.errors import KernelInputError, NoImplementationError
 
 
 def _paged_inputs(lens=(5, 9), page=4, num_pages=6, max_pages=3):
@@ -79,6 +79,13 @@ def test_bad_offsets(ragged, no_kernel_runs):
         ragged.ragged_attention(q, k, k, torch.tensor([0, 1]), torch.tensor([0, 7]))
 
 
+def test_a_zero_block_is_refused_not_taken_for_the_default(ragged):
+    q, k = torch.randn(4, 4, 16), torch.randn(6, 2, 16)
+    cu_q, cu_k = torch.tensor([0, 4]), torch.tensor([0, 6])
+    with pytest.raises(NoImplementationError, match=r"blocks must be positive, got block_q=0"):
+        ragged.ragged_attention(q, k, k, cu_q, cu_k, implementation="pallas", block_q=0)
+
+
 def test_page_size_the_tpu_kernel_cannot_tile(ragged):
     problem = ragged.jax.pallas_paged.blocks_problem(
         (8, 32, 128),
@@ -125,3 +132,27 @@ def test_bad_option_values(ragged, no_kernel_runs, option, message):
     cu = torch.tensor([0, 2], dtype=torch.int32)
     with pytest.raises(KernelInputError, match=re.escape(message)):
         ragged.ragged_attention(q[:2], k[0, :2], v[0, :2], cu, cu, **option)
+
+
+def test_the_jax_functions_and_raw_ops_check_readable_values_too(ragged, no_kernel_runs):
+    """The entry points' value checks (offsets, block tables) run in the JAX functions and the
+    raw torch ops as well, wherever the values are on the host."""
+    import numpy as np
+
+    q, k, v, table, lens = _paged_inputs()
+    table[1, 2] = 6
+    message = r"block_table\[1, 2\] = 6 points past the cache"
+    with pytest.raises(KernelInputError, match=message):
+        ragged.jax.paged_attention(*(np.asarray(t) for t in (q, k, v, table, lens)))
+    with pytest.raises(KernelInputError, match=message):
+        ragged.paged_attention_op(q, k, v, table, lens)
+    query, key = torch.randn(6, 4, 16), torch.randn(6, 2, 16)
+    cu_q, cu_k = (
+        torch.tensor([0, 4, 6], dtype=torch.int32),
+        torch.tensor([0, 2, 6], dtype=torch.int32),
+    )
+    message = r"causal sequence 0 has more queries than keys"
+    with pytest.raises(KernelInputError, match=message):
+        ragged.jax.ragged_attention(*(np.asarray(t) for t in (query, key, key, cu_q, cu_k)))
+    with pytest.raises(KernelInputError, match=message):
+        ragged.ragged_attention_op(query, key, key, cu_q, cu_k)
