@@ -92,26 +92,27 @@ def host_values(value: Any) -> Any:
     return None
 
 
-def check_int32_values(op: str, arg: str, value: Any) -> None:
+def check_int32_values(op: str, arg: str, value: Any) -> Any:
     """Integer indices the kernel reads as int32: wider values (an int64 tensor's) are refused
-    where they can be read (:func:`host_values`) rather than wrapped into other ids."""
+    where they can be read (:func:`host_values`) rather than wrapped into other ids. Returns
+    the values read (None where they could not be), for the caller's further checks."""
     values = host_values(value)
     if values is None or values.size == 0 or values.dtype.itemsize <= 4:
-        return
+        return values
     low, high = int(values.min()), int(values.max())
     require(
         low >= INT32_MIN and high <= INT32_MAX,
         f"{op}: {arg} holds {low if low < INT32_MIN else high}, outside int32 "
         f"[{INT32_MIN}, {INT32_MAX}], which the kernel reads its indices as",
     )
+    return values
 
 
 def check_offset_values(op: str, arg: str, offsets: Any, total: int) -> None:
     """Packed sequences' offsets (``cu_seqlens``: [N + 1]) where they can be read
     (:func:`host_values`): 0 first, ``total`` last, never decreasing. Others would leave tokens
     out of every sequence, or run sequences over each other."""
-    check_int32_values(op, arg, offsets)
-    values = host_values(offsets)
+    values = check_int32_values(op, arg, offsets)
     if values is None or values.size == 0:
         return
     values = values.tolist()

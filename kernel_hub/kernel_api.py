@@ -78,8 +78,9 @@ have no ``torch_ops.py`` stubs and no ``sharding.py`` boundary modules. Every in
 Version 1.7 adds value checks that never stall an accelerator: ``host_values`` (an argument's
 elements when they are already on the host: numpy, CPU JAX arrays, eager CPU torch tensors; else
 None), ``check_int32_values`` (integer indices a kernel reads as int32: a wider value is
-refused, not wrapped into another id) and ``check_offset_values`` (packed sequences' offsets:
-0 first, the token count last, never decreasing); and ``op(check_values=...)``, a check that
+refused, not wrapped into another id; it returns the values it read, for further checks) and
+``check_offset_values`` (packed sequences' offsets: 0 first, the token count last, never
+decreasing); and ``op(check_values=...)``, a check that
 runs on every call of the JAX function and the torch op (``check`` runs once per signature in
 the torch op's eager calls, so it may look only at shapes and dtypes).
 """

@@ -19,7 +19,6 @@ from kernel_hub.kernel_api import (
     check_int32_values,
     check_rank,
     dtype_name,
-    host_values,
     jax_default_device,
     jax_platform,
     op,
@@ -300,14 +299,16 @@ def check_token_values(
     """On every call where they can be read (``host_values``): per-token ids and positions that
     fit int32 (the kernels' type: a wider one would wrap into another segment or position), and
     no query in the segment kv_mask's padding keys take."""
-    for name, values in (
-        ("q_segment_ids", q_segment_ids), ("kv_segment_ids", kv_segment_ids),
-        ("q_positions", q_positions), ("kv_positions", kv_positions),
-        ("q_groups", q_groups), ("kv_groups", kv_groups),
-    ):  # fmt: skip
-        if values is not None:
-            check_int32_values(OP, name, values)
-    q_ids = None if q_segment_ids is None else host_values(q_segment_ids)
+    read = {
+        name: check_int32_values(OP, name, values)
+        for name, values in (
+            ("q_segment_ids", q_segment_ids), ("kv_segment_ids", kv_segment_ids),
+            ("q_positions", q_positions), ("kv_positions", kv_positions),
+            ("q_groups", q_groups), ("kv_groups", kv_groups),
+        )
+        if values is not None
+    }  # fmt: skip
+    q_ids = read.get("q_segment_ids")
     if kv_mask is not None and q_ids is not None:
         require(
             not (q_ids == masking.KV_PADDING_SEGMENT).any(),

@@ -21,7 +21,6 @@ from kernel_hub.kernel_api import (
     check_int32_values,
     check_rank,
     dtype_name,
-    host_values,
     jax_default_device,
     jax_platform,
     op,
@@ -162,8 +161,7 @@ def _check_id_values(top_k_index, w_gate_up) -> None:
     than int32, and no expert twice for one token (the kernel gives an expert at most one row
     per token; XLA would sum both)."""
     op, experts = "fused_experts", w_gate_up.shape[0]
-    check_int32_values(op, "top_k_index", top_k_index)
-    ids = host_values(top_k_index)
+    ids = check_int32_values(op, "top_k_index", top_k_index)
     if ids is None or ids.size == 0:
         return
     routed = np.where((ids >= 0) & (ids < experts), ids, -1 - np.arange(ids.shape[1]))

@@ -16,7 +16,6 @@ from kernel_hub.kernel_api import (
     check_rank,
     dtype_name,
     float64_problem,
-    host_values,
     jax_default_device,
     jax_platform,
     op,
@@ -217,8 +216,7 @@ def check_label_values(labels, weight, ignore_index: int = -100) -> None:
     ``ignore_index``, as torch's cross_entropy requires (the kernels would give a NaN loss, or
     wrap an int64 label into another id)."""
     vocab = weight.shape[0]
-    check_int32_values(OP, "labels", labels)
-    values = host_values(labels)
+    values = check_int32_values(OP, "labels", labels)
     if values is None:
         return
     bad = values[(values != ignore_index) & ((values < 0) | (values >= vocab))]

@@ -17,7 +17,6 @@ from kernel_hub.kernel_api import (
     check_int32_values,
     check_rank,
     float64_problem,
-    host_values,
     jax_platform,
     op,
     pallas_and_xla,
@@ -83,8 +82,7 @@ def check_seq_idx_values(seq_idx=None) -> None:
     if seq_idx is None:
         return
     op = CHUNK_OP
-    check_int32_values(op, "seq_idx", seq_idx)
-    values = host_values(seq_idx)
+    values = check_int32_values(op, "seq_idx", seq_idx)
     if values is not None and (values[:, 1:] < values[:, :-1]).any():
         row, at = (int(i) for i in np.argwhere(values[:, 1:] < values[:, :-1])[0])
         require(
