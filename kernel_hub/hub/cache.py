@@ -94,14 +94,17 @@ def checked_dir(path: Path, *, create: bool = True) -> Path:
                 current.mkdir(mode=0o777 if shared else 0o755)
             info = current.lstat()
         _check_own_dir(current, info)
-        if not shared and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        if not shared:
             _only_owner_writes(current, info)
     return path
 
 
 def _only_owner_writes(folder: Path, info: os.stat_result) -> None:
-    """Take write access to ``folder`` (this user's) from its group and everyone: one made under
-    a shared umask (002) would let a neighbour plant links where kernel-hub deletes and reads."""
+    """Take write access to ``folder`` (this user's) from its group and everyone, where they have
+    it: one made under a shared umask (002) would let a neighbour plant links where kernel-hub
+    deletes and reads."""
+    if not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return
     fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW)
     try:
         os.fchmod(fd, stat.S_IMODE(info.st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
@@ -288,9 +291,13 @@ def _remove_private(pid: int, root: Path) -> None:
 def forget_ref(repo: str, ref: str, commit: str) -> None:
     """Remove ``ref`` if it still names ``commit`` (a ref that led to the wrong build)."""
     if cached_refs(repo).get(ref) == commit:
-        path = repo_cache_dir(repo) / "refs" / ref
-        checked_dir(path.parent, create=False)
-        path.unlink(missing_ok=True)
+        _remove_ref(repo, ref)
+
+
+def _remove_ref(repo: str, ref: str) -> None:
+    path = repo_cache_dir(repo) / "refs" / ref
+    checked_dir(path.parent, create=False)
+    path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -339,10 +346,7 @@ def install_variant(repo: str, commit: str, staged: Path, variant: str) -> None:
     checked_dir((snapshot / signature_path(variant)).parent)
     # its folders were made under the user's umask inside the private staging folder
     for directory, _, _ in os.walk(staged / "build" / variant, followlinks=False):
-        folder = Path(directory)
-        info = folder.lstat()
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            _only_owner_writes(folder, info)
+        _only_owner_writes(Path(directory), Path(directory).lstat())
     os.replace(staged / signature_path(variant), snapshot / signature_path(variant))
     os.rename(staged / "build" / variant, snapshot / "build" / variant)
 
@@ -379,7 +383,7 @@ def discard_variant(repo: str, commit: str, variant: str) -> None:
     if not cached_variants(repo, commit):
         for ref, target in cached_refs(repo).items():
             if target == commit:
-                forget_ref(repo, ref, commit)
+                _remove_ref(repo, ref)
 
 
 def _links_under(folder: Path) -> list[Path]:
