@@ -24,9 +24,16 @@ class Routing(NamedTuple):
     """[E] int32 rows per expert."""
 
 
+def _sentinels_last(expert_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """The ids flat, a negative one made the sentinel ``num_experts`` (ids >= it are sentinels
+    already): it would otherwise sort first and count as expert 0's."""
+    flat = expert_ids.reshape(-1)
+    return flat.masked_fill(flat < 0, num_experts)
+
+
 def group_sizes(expert_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Rows per expert as int32 [num_experts]; ids >= num_experts are not counted."""
-    ids = expert_ids.reshape(-1).clamp(0, num_experts).to(torch.int64)
+    """Rows per expert as int32 [num_experts]; ids outside [0, num_experts) are not counted."""
+    ids = _sentinels_last(expert_ids, num_experts).clamp(max=num_experts).to(torch.int64)
     counts = torch.zeros(num_experts + 1, dtype=torch.int32, device=ids.device)
     counts.scatter_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
     return counts[:num_experts]
@@ -34,10 +41,8 @@ def group_sizes(expert_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
 
 def route(top_k_index: torch.Tensor, num_experts: int) -> Routing:
     """Sort the [T, k] expert choices by expert (stable: ties keep token order). An id outside
-    [0, num_experts) is a sentinel (a negative one too: it would sort first and be counted as
-    expert 0's): its rows sort to the end and are computed by no expert."""
-    flat = top_k_index.reshape(-1)
-    flat = flat.masked_fill(flat < 0, num_experts)
+    [0, num_experts) is a sentinel: its rows sort to the end and are computed by no expert."""
+    flat = _sentinels_last(top_k_index, num_experts)
     expert_ids, order = torch.sort(flat, stable=True)
     return Routing(order, expert_ids, group_sizes(flat, num_experts))
 

@@ -20,6 +20,7 @@ def test_group_sizes_count_rows_per_expert_with_fixed_shape():
 def test_group_sizes_leave_out_expert_parallel_sentinels():
     ids = torch.tensor([0, 4, 2, 4, 7])  # 4 and 7 are not local experts of a 4-expert shard
     assert moe.routing.group_sizes(ids, num_experts=4).tolist() == [1, 0, 1, 0]
+    assert moe.routing.group_sizes(torch.tensor([-1, 2]), num_experts=4).tolist() == [0, 0, 1, 0]
 
 
 def test_route_and_combine_reproduce_a_weighted_sum_per_token():
