@@ -318,16 +318,23 @@ def _replace_tensors(model: Any, make: Callable[[Any], Any]) -> None:
 
 def _kernelize(model: Any, mode: str) -> dict[str, str]:
     """kernelize on the "jax" device; returns stock slot -> what replaced it, from its report."""
+    import jax
+    import numpy as np
     import torch
     import torchax
+    from torchax.ops.mappings import t2j_dtype
 
     from kernel_hub.layers.kernelize import kernelize
 
     env = torchax.default_env()
+    host = jax.devices("cpu")[0]
 
     def zeros(tensor: Any) -> Any:
-        with env:
-            return torch.zeros(tensor.shape, dtype=tensor.dtype, device="jax")
+        # numpy's zeros are calloc'd pages the CPU client takes without a copy: nothing is
+        # written unless kernelize reads the weight (torch.zeros filled every byte, a few
+        # seconds a program at real width)
+        array = np.zeros(tuple(tensor.shape), dtype=t2j_dtype(tensor.dtype))
+        return env.j2t_iso(jax.device_put(array, host))
 
     _replace_tensors(model, zeros)
     report = kernelize(model, mode="training" if mode == "train" else "inference", device="jax")
