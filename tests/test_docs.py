@@ -66,6 +66,7 @@ def _environment(tmp_path: Path, snippet: Snippet) -> dict[str, str]:
         PYTHONPATH=os.pathsep.join(python_path),
         HF_HUB_OFFLINE="1",
         HF_HOME=str(tmp_path / ".hf"),
+        KERNEL_HUB_STATE_DIR=str(tmp_path / ".kernel-hub-state"),
         JAX_PLATFORMS="cpu",
         TORCHINDUCTOR_CACHE_DIR=str(tmp_path / ".inductor"),
     )

@@ -46,6 +46,7 @@ def run_printed_steps(steps: list[str], cwd: Path, tmp_path: Path) -> str:
         **_user_env(),
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
+        "XDG_STATE_HOME": str(tmp_path / "state"),  # what the client learns of signed indexes
         "HF_HUB_OFFLINE": "0",
         "HF_HUB_DISABLE_TELEMETRY": "1",
     }

@@ -43,5 +43,8 @@ Environment (read at call time, see :mod:`.settings`):
 ``KERNEL_HUB_MAX_RETRY_AFTER``  longest ``Retry-After`` honoured (30 s)
 ``KERNEL_HUB_MAX_PAGES``        listing pages followed (100)
 ``KERNEL_HUB_MAX_API_BYTES``    decoded bytes of one API answer (16 MiB)
+``KERNEL_HUB_STATE_DIR``        what this user accepted of signed indexes: revocations and
+                                serials (default ``$XDG_STATE_HOME/kernel-hub``, else
+                                ``~/.local/state/kernel-hub``; outside the shared cache)
 ==============================  ==========================================================
 """

@@ -29,9 +29,11 @@ one ordinary key cannot lock the publisher's backup key out. Serials signed by a
 counting, so an index the thief signed with a huge serial does not block the backup's.
 
 Online the index is fetched on every resolve; what the client accepted (the last index, the
-highest serial each key signed, the revocations learned, the time) is one file in the cache,
-replaced atomically under a lock. Offline the cached index is verified again and honoured until
-it expires.
+highest serial each key signed, the revocations learned, the time) is one file per publisher and
+hub cache in this user's state folder (``settings.state_dir``), replaced atomically under a lock.
+It is kept outside the hub cache because a cache may be shared: a neighbour who can write it could
+delete the record, and with it a revocation learned only from an index or the serial that stops a
+rollback. Offline the recorded index is verified again and honoured until it expires.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from packaging.version import InvalidVersion, Version
 
 from kernel_hub.errors import HubError, IntegrityError, SourceError
 from kernel_hub.registry.publisher_keys import PublisherKeys, key_bytes, key_id
+from kernel_hub.user_cache import others_can_write
 
 from . import cache, network, settings
 from .client import REPO_TYPE, hub_api, hub_errors, list_refs
@@ -72,9 +75,11 @@ INDEX_NAME = "kernel-hub-index"
 INDEX_FILE = "index.json"
 SIGNATURE_FILE = "index.sig"
 DEFAULT_EXPIRY_DAYS = 7
+RECORD_FOLDER = "index"
 CACHED_FILE = "index.signed.json"
 """What this client accepted (:class:`Seen`): the index, its signature and the high-water marks in
-one file, so that one write replaces them all."""
+one file, so that one write replaces them all. Earlier versions kept it in the hub cache
+(:func:`cached_index_dir`), where it is still read once, until a record of this user's exists."""
 _MAX_CACHED_BYTES = 2 * (MAX_METADATA_BYTES + MAX_SIGNATURE_BYTES)
 _ORG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -225,7 +230,7 @@ def cached_index_dir(publisher: str) -> Path:
 
 @dataclass(frozen=True)
 class Seen:
-    """What this client accepted of a publisher's index: the cache's one file."""
+    """What this client accepted of a publisher's index: one file of its state folder."""
 
     data: bytes
     signature: bytes
@@ -239,11 +244,42 @@ class Seen:
     """The latest clock reading at which an index was accepted."""
 
 
-def _read_seen(publisher: str) -> Seen | None:
-    """The cache's record (:func:`_write_seen`), unverified; None when absent or unreadable as
-    one (it only holds copies and marks; losing it costs a fetch and the rollback marks, which a
-    user who can delete the cache can take anyway)."""
-    path = cached_index_dir(publisher) / CACHED_FILE
+def seen_record_path(publisher: str) -> Path:
+    """This user's record of ``publisher``'s index for the current hub cache: one folder per cache
+    (named by a hash of its path), so another cache starts afresh, as it did when the record lived
+    in the cache."""
+    cache_key = hashlib.sha256(os.fsencode(os.path.abspath(settings.cache_dir()))).hexdigest()
+    return settings.state_dir() / RECORD_FOLDER / cache_key[:32] / f"{publisher}.{CACHED_FILE}"
+
+
+def _record_folders(folder: Path, *, create: bool) -> Path:
+    """``folder`` and the state folders above it (created private, 0700, when missing and
+    ``create``), each one only this user can write; else a ``HubError``: a record someone else
+    could delete would let a revoked key be trusted again."""
+    root = settings.state_dir()
+    for current in (root, root / RECORD_FOLDER, folder):
+        if create:
+            try:
+                current.mkdir(mode=0o700, parents=current == root, exist_ok=True)
+            except OSError as exc:
+                raise HubError(
+                    f"kernel-hub's state folder {current} cannot be made: {exc.strerror or exc}; "
+                    f"point {settings.ENV_STATE_DIR} at a directory only you can write"
+                ) from None
+        elif not current.is_dir():
+            break
+        problem = others_can_write(current)
+        if problem:
+            raise HubError(
+                f"refusing kernel-hub's state folder {current}: {problem}. It keeps the "
+                f"revocations and index serials this client learned; point "
+                f"{settings.ENV_STATE_DIR} at a directory only you can write"
+            )
+    return folder
+
+
+def _read_capped(path: Path) -> bytes | None:
+    """The bytes of the record at ``path`` (None when there is none); a link is refused."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except (FileNotFoundError, NotADirectoryError):  # an unusable cache is named where it is used
@@ -251,7 +287,22 @@ def _read_seen(publisher: str) -> Seen | None:
     except OSError as exc:  # ELOOP: a planted symlink
         raise HubError(f"refusing the cached index {path}: {exc.strerror or exc}") from None
     with os.fdopen(fd, "rb") as f:
-        raw = f.read(_MAX_CACHED_BYTES + 1)
+        return f.read(_MAX_CACHED_BYTES + 1)
+
+
+def _read_seen(publisher: str) -> Seen | None:
+    """This user's record (:func:`_write_seen`), else the one an earlier version kept in the hub
+    cache; unverified; None when there is none or it does not read as one (it only holds copies
+    and marks: losing this user's own costs a fetch and the rollback marks)."""
+    path = seen_record_path(publisher)
+    _record_folders(path.parent, create=False)
+    raw = _read_capped(path)
+    if raw is None:
+        raw = _read_capped(cached_index_dir(publisher) / CACHED_FILE)
+    return None if raw is None else _parse_seen(raw)
+
+
+def _parse_seen(raw: bytes) -> Seen | None:
     try:
         document = json.loads(raw)
         serials = document.get("serials")
@@ -279,7 +330,8 @@ def _read_seen(publisher: str) -> Seen | None:
 
 def _write_seen(publisher: str, seen: Seen) -> None:
     """The record as one file, replaced atomically: a reader sees one serial's pair and marks."""
-    folder = cache.checked_dir(cached_index_dir(publisher))
+    path = seen_record_path(publisher)
+    folder = _record_folders(path.parent, create=True)
     document = {
         "index": base64.b64encode(seen.data).decode("ascii"),
         "signature": base64.b64encode(seen.signature).decode("ascii"),
@@ -287,11 +339,11 @@ def _write_seen(publisher: str, seen: Seen) -> None:
         "revoked": list(seen.revoked),
         "seen": None if seen.seen is None else seen.seen.isoformat(),
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{CACHED_FILE}-", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=folder)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(document, f)
-        os.replace(tmp, folder / CACHED_FILE)
+        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -29,6 +29,7 @@ ENV_RETRY_TIME = "KERNEL_HUB_RETRY_TIME"
 ENV_MAX_RETRY_AFTER = "KERNEL_HUB_MAX_RETRY_AFTER"
 ENV_MAX_PAGES = "KERNEL_HUB_MAX_PAGES"
 ENV_MAX_API_BYTES = "KERNEL_HUB_MAX_API_BYTES"
+ENV_STATE_DIR = "KERNEL_HUB_STATE_DIR"
 # huggingface_hub's own timeout variables, honoured by kernel-hub's requests too.
 ENV_DOWNLOAD_TIMEOUT = "HF_HUB_DOWNLOAD_TIMEOUT"
 ENV_API_TIMEOUT = "HF_HUB_ETAG_TIMEOUT"
@@ -51,6 +52,15 @@ def cache_dir() -> Path:
     if os.environ.get("HF_HOME"):
         return Path(os.environ["HF_HOME"]).expanduser() / "hub"
     return Path(constants.HF_HUB_CACHE)
+
+
+def state_dir() -> Path:
+    """This user's kernel-hub state, kept outside the (possibly shared) hub cache:
+    ``$KERNEL_HUB_STATE_DIR``, else ``$XDG_STATE_HOME/kernel-hub`` (``~/.local/state``)."""
+    if os.environ.get(ENV_STATE_DIR):
+        return Path(os.environ[ENV_STATE_DIR]).expanduser()
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base).expanduser() / "kernel-hub"
 
 
 def offline() -> bool:

@@ -53,6 +53,7 @@ def hub_env(
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("HF_HUB_CACHE", str(cache_dir(tmp_path)))
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("KERNEL_HUB_STATE_DIR", str(tmp_path / "kernel-hub-state"))
     monkeypatch.setenv("HF_TOKEN", WRITE_TOKEN)  # publishing needs the server's write token
     for name in (
         "HF_HUB_OFFLINE",

@@ -123,16 +123,42 @@ def test_a_planted_ref_link_is_replaced_not_written_through(
 
 
 def test_a_planted_index_cache_link_is_refused(indexed, hub_env, tmp_path):
+    # A client with no record of its own reads the one an earlier version kept in the cache.
+    index.seen_record_path("kernel-hub").unlink()
     cached = index.cached_index_dir("kernel-hub") / index.CACHED_FILE
     secret = tmp_path / "outside-index.txt"
     secret.write_text("someone else's file\n")
-    cached.unlink()
+    cached.parent.mkdir(parents=True, exist_ok=True)
     cached.symlink_to(secret)
     with pytest.raises(HubError, match=r"refusing the cached index"):
         get_kernel("rmsnorm", version="1.0.0")
     assert secret.read_text() == "someone else's file\n"
     cached.unlink()
     assert get_kernel("rmsnorm", version="1.0.0").origin.commit == indexed.commit
+
+
+def test_a_state_folder_others_can_write_is_refused(indexed, hub_env):
+    folder = index.seen_record_path("kernel-hub").parent
+    folder.chmod(0o770)
+    with pytest.raises(HubError, match=r"refusing kernel-hub's state folder .*others can write"):
+        get_kernel("rmsnorm", version="1.0.0")
+    folder.chmod(0o700)
+    assert get_kernel("rmsnorm", version="1.0.0").origin.commit == indexed.commit
+
+
+def test_an_earlier_versions_record_in_the_cache_is_read_until_this_user_has_one(
+    indexed, hub_env, monkeypatch
+):
+    record = index.seen_record_path("kernel-hub")
+    legacy = index.cached_index_dir("kernel-hub") / index.CACHED_FILE
+    legacy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(record, legacy)  # where kernel-hub kept it before
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert get_kernel("rmsnorm", version="1.0.0").origin.commit == indexed.commit
+    assert not record.exists()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    assert get_kernel("rmsnorm", version="1.0.0").origin.commit == indexed.commit
+    assert record.is_file() and stat.S_IMODE(record.parent.stat().st_mode) == 0o700
 
 
 def test_cache_folders_of_another_user_are_refused(victim, publish, hub_env, monkeypatch):

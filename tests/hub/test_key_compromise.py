@@ -12,13 +12,14 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import shutil
 
 import pytest
 import yaml
 
 from kernel_hub.cli import main
 from kernel_hub.errors import IntegrityError, UntrustedSourceError
-from kernel_hub.hub import index
+from kernel_hub.hub import index, settings
 from kernel_hub.hub.publish import publish_kernel
 from kernel_hub.hub.signing import SigningKey
 from kernel_hub.loading.resolver import get_kernel
@@ -202,7 +203,24 @@ def test_a_clock_set_back_does_not_revive_an_old_index(
     revoke_in_registry(registry, keys["publisher"].public_key)
     with pytest.raises(IntegrityError, match=r"has expired \(this machine's clock says .*set back"):
         get_kernel("rmsnorm", version=RANGE)
-    state = json.loads(
-        (index.cached_index_dir("kernel-hub") / index.CACHED_FILE).read_text()
-    )  # one file: the last index and the marks
+    state = json.loads(index.seen_record_path("kernel-hub").read_text())  # the index and marks
     assert state["serials"] == {keys["publisher"].key_id: 2} and state["revoked"] == []
+
+
+def test_a_neighbour_who_empties_the_shared_cache_does_not_undo_a_revocation(
+    registry, publish_as, hub_env, keys
+):
+    good = publish_as("1.0.0", "publisher")
+    backup = str(keys["rotated"].private_path)
+    argv = ["--publisher", "kernel-hub", "--registry", str(registry), "--json"]
+    assert main(["index", "revoke", keys["publisher"].key_id, "--sign-key", backup, *argv]) == 0
+    fresh = publish_as("1.1.0", "rotated")
+    assert get_kernel("rmsnorm", version=RANGE).origin.commit == fresh.commit  # revocation learned
+    record = index.seen_record_path("kernel-hub")
+    assert record.is_file() and settings.cache_dir() not in record.parents
+    # Someone who may write the shared hub cache removes everything in it; the thief, holding
+    # the primary, serves an index that does not revoke it.
+    shutil.rmtree(settings.cache_dir())
+    serve_index(hub_env, keys["publisher"], 10**9, {REPO: {"1.0.0": good.commit}})
+    with pytest.raises(IntegrityError, match=rf"kernel-hub's index is {REVOKED}"):
+        get_kernel("rmsnorm", version=RANGE)
