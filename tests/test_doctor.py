@@ -81,6 +81,7 @@ def test_caches_must_be_writable_and_the_verdict_says_what_to_fix(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("KERNEL_HUB_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("KERNEL_HUB_STATE_DIR", str(tmp_path / "state"))
     checks = doctor()
     if not accelerator_present():  # a correct CPU install: nothing alarming, TPU parts optional
         assert {c.status for c in checks} <= {"ok", OPTIONAL, "info"}
@@ -90,14 +91,16 @@ def test_caches_must_be_writable_and_the_verdict_says_what_to_fix(
     blocker.write_text("")
     monkeypatch.setenv("KERNEL_HUB_COMPILATION_CACHE_DIR", str(blocker / "jax"))
     monkeypatch.setenv("HF_HUB_CACHE", str(blocker / "hub"))
+    monkeypatch.setenv("KERNEL_HUB_STATE_DIR", str(blocker / "state"))
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     last = out.rstrip().splitlines()[-1]
-    assert last.startswith("verdict: 2 to fix (compilation cache, hub cache)"), last
+    assert last.startswith("verdict: 3 to fix (compilation cache, hub cache, hub state)"), last
     checks = _by_area(doctor())
     for area, variable in (
         ("compilation cache", "KERNEL_HUB_COMPILATION_CACHE_DIR"),
         ("hub cache", "HF_HUB_CACHE"),
+        ("hub state", "KERNEL_HUB_STATE_DIR"),
     ):
         assert checks[area].status == MISSING, checks[area]
         assert f"{blocker} is not a directory" in checks[area].found

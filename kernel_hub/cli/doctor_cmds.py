@@ -216,6 +216,14 @@ def hub_checks(timeout: float) -> list[Check]:
             Path(settings.cache_dir()),
             "set HF_HUB_CACHE (or HF_HOME) to a writable directory",
         ),
+        _cache_check(
+            "hub state",
+            settings.state_dir(),
+            f"set {settings.ENV_STATE_DIR} to a directory only you can write: it keeps the "
+            "revocations and index serials this client learned, and loads needing a signed "
+            "index are refused without it",
+            private=True,
+        ),
         Check("trusted publishers", INFO, ", ".join(settings.trusted_publishers()) or "(none)"),
     ]
     if settings.offline():
