@@ -160,7 +160,17 @@ def _pallas(q, k, v, tokens, sinks, *, spec, with_lse, seed=None):
     return kernel(q, k, v, tokens, sinks, spec, blocks, _interpret(), seed, spec.dropout_rate)
 
 
+def _empty_problem(q) -> str | None:
+    """An empty batch or no query heads: the kernels have no block to run (XLA's einsum returns
+    the empty result, as torch's SDPA does)."""
+    if q.shape[0] == 0 or q.shape[1] == 0:
+        return f"an empty batch or no query heads (query {tuple(q.shape)}): nothing to run"
+    return None
+
+
 def _pallas_problem(q, k, v, tokens, sinks, *, spec, with_lse, seed=None):
+    if empty := _empty_problem(q):
+        return empty
     if q.dtype == jnp.float64 and not _interpret():
         return "float64 runs only in interpret mode (CPU)"
     if spec.block_q is None and spec.block_k is None:
@@ -175,6 +185,8 @@ def _tokamax(q, k, v, tokens, sinks, *, spec, with_lse, seed=None):
 
 
 def _tokamax_problem(q, k, v, tokens, sinks, *, spec, with_lse, seed=None):
+    if empty := _empty_problem(q):
+        return empty
     if spec.dropout_rate:
         return (
             "Tokamax's public dot_product_attention has no attention dropout (its splash kernel "

@@ -190,6 +190,28 @@ def test_tokamax_declines_dropout(attention):
     assert "has no attention dropout" in reasons["tokamax"]
 
 
+@pytest.mark.parametrize("shape", [(0, 2, 128, 64), (2, 0, 128, 64)], ids=["batch", "heads"])
+def test_an_empty_batch_or_no_heads_gives_the_empty_result(attention, shape):
+    """The kernels decline (no block to run: Pallas raised a raw TypeError from its index maps);
+    the table's next implementation, XLA, returns the empty output and gradient, as SDPA does."""
+    q = jnp.ones(shape, jnp.float32)
+    kv = jnp.ones((shape[0], 2 if shape[1] else 1, 128, 64), jnp.float32)
+    with pytest.raises(NoImplementationError, match=r"pallas: an empty batch or no query heads"):
+        attention.jax.dot_product_attention(q, kv, kv, causal=True, implementation="pallas")
+    out = attention.jax.dot_product_attention(q, kv, kv, causal=True)
+    grad = jax.grad(
+        lambda a: attention.jax.dot_product_attention_with_lse(a, kv, kv, causal=True)[0].sum()
+    )(q)
+    assert out.shape == shape and grad.shape == shape
+    reasons = dict(
+        attention.jax.TABLE.explain(
+            q, kv, kv, None, None, spec=attention.jax.AttentionSpec(causal=True).resolved(64),
+            with_lse=False, implementation="tokamax",
+        )
+    )  # fmt: skip
+    assert "an empty batch or no query heads" in reasons["tokamax"]
+
+
 def test_results_do_not_depend_on_block_sizes(attention):
     """Online softmax across many blocks equals one block, values and gradients."""
     case, options = Case(q_len=24, kv_len=24), {"causal": True, "sliding_window": 9}
