@@ -79,7 +79,7 @@ RECORD_FOLDER = "index"
 CACHED_FILE = "index.signed.json"
 """What this client accepted (:class:`Seen`): the index, its signature and the high-water marks in
 one file, so that one write replaces them all. Earlier versions kept it in the hub cache
-(:func:`cached_index_dir`), where it is still read once, until a record of this user's exists."""
+(:func:`cached_index_dir`), where it is read while this user has no record of its own."""
 _MAX_CACHED_BYTES = 2 * (MAX_METADATA_BYTES + MAX_SIGNATURE_BYTES)
 _ORG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
